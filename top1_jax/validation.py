@@ -1,0 +1,135 @@
+"""Input checks shared by the public entry points.
+
+Each check raises ``ValueError`` naming the argument, what was expected and what
+was given. Value checks (finite, range) need concrete arrays: under ``jit`` the
+arguments are tracers and only shapes can be checked, so value checks are skipped
+there (call the public function outside ``jit`` to get them).
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+
+def is_traced(x) -> bool:
+  return isinstance(x, jax.core.Tracer)
+
+
+def as_array(name: str, x: ArrayLike, ndim: int | Sequence[int]) -> jax.Array:
+  """Converts ``x`` to an array and checks its rank."""
+  if x is None:
+    raise ValueError(f"{name}: expected an array, got None")
+  try:
+    arr = x if isinstance(x, jax.Array) else jnp.asarray(np.asarray(x))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{name}: cannot convert to an array ({e})") from None
+  ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+  if arr.ndim not in ndims:
+    want = " or ".join(f"{d}-D" for d in ndims)
+    raise ValueError(f"{name}: expected a {want} array, got shape {arr.shape}")
+  return arr
+
+
+def float_array(name: str, x: ArrayLike, ndim: int | Sequence[int]) -> jax.Array:
+  """A finite floating array of the given rank (ints and bools are promoted)."""
+  arr = as_array(name, x, ndim)
+  if arr.dtype == jnp.bool_ or not jnp.issubdtype(arr.dtype, jnp.floating):
+    if not (arr.dtype == jnp.bool_ or jnp.issubdtype(arr.dtype, jnp.integer)):
+      raise ValueError(f"{name}: expected a real-valued array, got dtype {arr.dtype}")
+    arr = arr.astype(jnp.float32)
+  check_finite(name, arr)
+  return arr
+
+
+def check_finite(name: str, arr: jax.Array) -> None:
+  if is_traced(arr) or arr.size == 0:
+    return
+  finite = jnp.isfinite(arr)
+  if not bool(jnp.all(finite)):
+    bad = int(jnp.size(finite) - jnp.sum(finite))
+    first = int(jnp.argmin(finite.reshape(-1)))
+    value = arr.reshape(-1)[first]
+    raise ValueError(
+        f"{name}: {bad} non-finite value(s) (first at flat index {first}: {value});"
+        " remove or fix NaN/Inf before scoring"
+    )
+
+
+def check_nonempty(name: str, arr: jax.Array, axis: int = 0) -> None:
+  if arr.shape[axis] == 0:
+    raise ValueError(f"{name}: expected at least one example, got shape {arr.shape}")
+
+
+def bool_array(name: str, x: ArrayLike, ndim: int = 1) -> jax.Array:
+  """A boolean event array; accepts bools or 0/1 numbers."""
+  arr = as_array(name, x, ndim)
+  if arr.dtype == jnp.bool_:
+    return arr
+  if not (jnp.issubdtype(arr.dtype, jnp.integer) or jnp.issubdtype(arr.dtype, jnp.floating)):
+    raise ValueError(f"{name}: expected bool or 0/1 values, got dtype {arr.dtype}")
+  if not is_traced(arr) and arr.size and not bool(jnp.all((arr == 0) | (arr == 1))):
+    bad = arr.reshape(-1)[jnp.argmax((arr != 0) & (arr != 1))]
+    raise ValueError(f"{name}: expected bool or 0/1 values, got {bad}")
+  return arr.astype(bool)
+
+
+def labels_array(name: str, x: ArrayLike, num_classes: int) -> jax.Array:
+  """Integer class labels in [0, num_classes)."""
+  arr = as_array(name, x, 1)
+  if not jnp.issubdtype(arr.dtype, jnp.integer):
+    if jnp.issubdtype(arr.dtype, jnp.floating) and not is_traced(arr):
+      if arr.size and not bool(jnp.all(arr == jnp.round(arr))):
+        raise ValueError(f"{name}: expected integer class labels, got non-integer floats")
+    else:
+      raise ValueError(f"{name}: expected integer class labels, got dtype {arr.dtype}")
+    arr = arr.astype(jnp.int32)
+  if not is_traced(arr) and arr.size:
+    lo, hi = int(jnp.min(arr)), int(jnp.max(arr))
+    if lo < 0 or hi >= num_classes:
+      raise ValueError(
+          f"{name}: labels out of range [0, {num_classes}): min {lo}, max {hi}"
+      )
+  return arr
+
+
+def probability_array(
+    name: str, x: ArrayLike, ndim: int | Sequence[int], *, sums_to_one: bool = False
+) -> jax.Array:
+  """Values in [0, 1]; with ``sums_to_one`` the last axis sums to 1 (atol 1e-3)."""
+  arr = float_array(name, x, ndim)
+  if is_traced(arr) or arr.size == 0:
+    return arr
+  lo, hi = float(jnp.min(arr)), float(jnp.max(arr))
+  if lo < 0.0 or hi > 1.0:
+    raise ValueError(f"{name}: probabilities must lie in [0, 1], got min {lo:g}, max {hi:g}")
+  if sums_to_one:
+    err = jnp.abs(jnp.sum(arr, axis=-1) - 1.0)
+    worst = int(jnp.argmax(err))
+    if float(err[worst]) > 1e-3:
+      raise ValueError(
+          f"{name}: each row must sum to 1, row {worst} sums to"
+          f" {float(jnp.sum(arr, axis=-1)[worst]):.6g}"
+      )
+  return arr
+
+
+def same_length(**arrays: jax.Array) -> int:
+  """Checks that the arrays share their leading dimension; returns it."""
+  lengths = {name: int(a.shape[0]) for name, a in arrays.items()}
+  if len(set(lengths.values())) > 1:
+    detail = ", ".join(f"{k} has {v}" for k, v in lengths.items())
+    raise ValueError(f"length mismatch: {detail}")
+  return next(iter(lengths.values()))
+
+
+def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = None) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f"{name}: expected an integer, got {value!r}")
+  value = int(value)
+  if value < minimum or (maximum is not None and value > maximum):
+    upper = "" if maximum is None else f", at most {maximum}"
+    raise ValueError(f"{name}: expected at least {minimum}{upper}, got {value}")
+  return value
