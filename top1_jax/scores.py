@@ -99,9 +99,11 @@ def entropy(logits: ArrayLike) -> jax.Array:
 def _neg_log_topk_mass(logits: jax.Array, k: int) -> jax.Array:
   top_values, top_index = jax.lax.top_k(logits, k)
   z_top = top_values - top_values[:, :1]
-  in_top = jnp.zeros(logits.shape, bool).at[
-      jnp.arange(logits.shape[0])[:, None], top_index
-  ].set(True)
+  in_top = (
+    jnp.zeros(logits.shape, bool)
+    .at[jnp.arange(logits.shape[0])[:, None], top_index]
+    .set(True)
+  )
   rest = jnp.sum(jnp.where(in_top, 0.0, jnp.exp(logits - top_values[:, :1])), axis=-1)
   top_mass = jnp.sum(jnp.exp(z_top), axis=-1)  # >= 1: the top entry is exp(0)
   return jnp.log1p(rest / top_mass)
@@ -173,14 +175,17 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
   arr = validation.float_array("samples", samples, 3)
   if arr.shape[0] < 2:
     raise ValueError(
-        f"samples: need at least 2 samples on axis 0 for a covariance, got shape {arr.shape}"
+      f"samples: need at least 2 samples on axis 0 for a covariance, got shape {arr.shape}"
     )
   return _covariance_norm(arr)
 
 
 @jax.jit
 def _human_entropy(probs: jax.Array) -> jax.Array:
-  return -jnp.sum(jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0), axis=-1)
+  return -jnp.sum(
+    jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0),
+    axis=-1,
+  )
 
 
 def human_entropy(probs: ArrayLike) -> jax.Array:
@@ -192,14 +197,16 @@ def human_entropy(probs: ArrayLike) -> jax.Array:
   Returns:
     [N] float in [0, log K]; many exact ties (unanimous annotators give 0).
   """
-  return _human_entropy(validation.probability_array("probs", probs, 2, sums_to_one=True))
+  return _human_entropy(
+    validation.probability_array("probs", probs, 2, sums_to_one=True)
+  )
 
 
 SCORES = {
-    "pmax": pmax,
-    "neg_log_pmax": neg_log_pmax,
-    "entropy": entropy,
-    "margin": margin,
-    "neg_log_topk_mass": neg_log_topk_mass,
+  "pmax": pmax,
+  "neg_log_pmax": neg_log_pmax,
+  "entropy": entropy,
+  "margin": margin,
+  "neg_log_topk_mass": neg_log_topk_mass,
 }
 """Scores of a single [N, K] logits array, by name (``neg_log_topk_mass`` takes k)."""

@@ -1,0 +1,318 @@
+"""Cross-validated scoring of binned Top-k predictions (paper §5.1).
+
+For each split, bins are fitted on the calibration part and the held-out part is
+scored. Every split and every bin count is computed together from **one** sort
+of the scores:
+
+* With the N examples in sorted order, a split is the set of sorted positions of
+  its test examples. The calibration points are the rest, so the rank-c
+  calibration point sits at position ``c - 1 + #{test positions before it}``,
+  one binary search into the split's test positions.
+* Its edge value's tie group ends at a known position, so every bin of every
+  split and bin count is a contiguous range of sorted positions, and its counts
+  and hits are differences of cumulative counts at the range ends.
+
+So the O(N) work is one argsort plus O(N) index bookkeeping per split, and the
+per-bin work is a few thousand binary searches; the metrics are then computed
+by one jitted function over arrays [bin counts, splits, bins]. Sorting and the
+index work run in NumPy: XLA's CPU sort is ~50x slower than NumPy's (measured
+on 1e6 floats), and these steps are cheap integer bookkeeping either way.
+"""
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax import metrics, validation
+
+SCHEMES = ("halves", "kfold")
+
+METRICS = (
+  "accuracy",
+  "brier",
+  "brier_uncertainty",
+  "brier_resolution",
+  "brier_calibration",
+  "nll",
+  "nll_uncertainty",
+  "nll_resolution",
+  "nll_calibration",
+  "ece",
+  "eor",
+  "auroc",
+  "num_effective_bins",
+)
+"""Every metric that ``cross_validate`` reports, for each bin count."""
+
+
+class Splits(NamedTuple):
+  """Test folds of each split, as a fold id per example and repetition.
+
+  Split ``f`` tests on the examples with ``fold[f // per_rep] == f % per_rep``
+  and calibrates on the others.
+
+  Attributes:
+    fold: [R, N] int8, the fold of each example in each repetition.
+    per_rep: folds per repetition (2 for halves, k for k-fold).
+    num_splits: how many splits are used (<= R * per_rep).
+  """
+
+  fold: np.ndarray
+  per_rep: int
+  num_splits: int
+
+  def test_mask(self, split: int) -> np.ndarray:
+    """[N] bool, the test examples of one split."""
+    return self.fold[split // self.per_rep] == split % self.per_rep
+
+
+def make_splits(
+  num_examples: int, n_folds: int, seed: int = 0, scheme: str = "halves"
+) -> Splits:
+  """Random calibration/test splits of ``num_examples`` examples.
+
+  Args:
+    num_examples: N.
+    n_folds: number of splits.
+    seed: NumPy seed.
+    scheme: "halves": calibrate on a uniformly random half, test on the other
+      half (the paper's protocol), n_folds times, as repeated 2-fold
+      cross-validation (ceil(n_folds / 2) random halvings, each used both ways;
+      5x2 CV for n_folds = 10). "kfold": k-fold, calibrate on n_folds - 1 folds,
+      test on the remaining one.
+
+  Returns:
+    ``Splits``.
+  """
+  if scheme not in SCHEMES:
+    raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+  n_folds = validation.positive_int("n_folds", n_folds, minimum=2, maximum=num_examples)
+  if n_folds > 127:
+    raise ValueError(f"n_folds: expected at most 127, got {n_folds}")
+  rng = np.random.default_rng(seed)
+  if scheme == "kfold":
+    fold = np.empty((1, num_examples), np.int8)
+    fold[0, rng.permutation(num_examples)] = np.arange(num_examples) % n_folds
+    return Splits(fold, n_folds, n_folds)
+  num_reps = -(-n_folds // 2)
+  fold = np.stack([_random_half(rng, num_examples) for _ in range(num_reps)])
+  return Splits(fold, 2, n_folds)
+
+
+def _random_half(rng: np.random.Generator, num_examples: int) -> np.ndarray:
+  """A uniformly random subset of exactly N // 2 examples, as int8 0/1.
+
+  Fair coin flips, then a uniformly random choice of the surplus members flipped
+  back: exchangeable and of fixed size, hence uniform over subsets. (Avoids a
+  full permutation, which costs more than the rest of cross-validation.)
+  """
+  bits = rng.integers(0, 2, num_examples, dtype=np.int8)
+  surplus = int(bits.sum()) - num_examples // 2
+  if surplus:
+    value = 1 if surplus > 0 else 0
+    candidates = np.flatnonzero(bits == value)
+    bits[rng.choice(candidates, abs(surplus), replace=False)] = 1 - value
+  return bits
+
+
+class CrossValidation(NamedTuple):
+  """Metrics over splits for each bin count.
+
+  Attributes:
+    n_bins: the bin counts, in order.
+    per_fold: metric name -> [len(n_bins), n_folds] array.
+    mean: metric name -> [len(n_bins)] mean over splits.
+    std: metric name -> [len(n_bins)] sample standard deviation over splits.
+  """
+
+  n_bins: tuple[int, ...]
+  per_fold: dict[str, np.ndarray]
+  mean: dict[str, np.ndarray]
+  std: dict[str, np.ndarray]
+
+  def rows(self) -> list[dict[str, float]]:
+    """One flat dict per bin count: n_bins, then <metric> and <metric>_std."""
+    out = []
+    for i, n in enumerate(self.n_bins):
+      row: dict[str, float] = {"n_bins": n}
+      for name in METRICS:
+        row[name] = float(self.mean[name][i])
+        row[f"{name}_std"] = float(self.std[name][i])
+      out.append(row)
+    return out
+
+
+class _SortedSplits(NamedTuple):
+  keys: np.ndarray  # test positions + split * (N + 1), ascending
+  ranks_key: (
+    np.ndarray
+  )  # (#calibration points before each test point) + split * (N + 1)
+  hit_keys: np.ndarray  # keys of the correct test examples
+  start: np.ndarray  # [F] first index of each split in the flat arrays
+  hit_start: np.ndarray  # [F]
+  size: np.ndarray  # [F] test examples per split
+
+
+def _sorted_splits(
+  splits: Splits, order: np.ndarray, sorted_correct: np.ndarray
+) -> _SortedSplits:
+  num = order.shape[0]
+  fold_sorted = splits.fold[:, order]  # [R, N]: fold of each sorted position
+  # A stable sort by fold id lists, per repetition, each fold's positions ascending.
+  grouped = np.argsort(fold_sorted, axis=1, kind="stable")
+  sizes = np.stack([np.bincount(row, minlength=splits.per_rep) for row in fold_sorted])
+  sizes = sizes.reshape(-1)
+  split_of = np.repeat(np.arange(sizes.shape[0]), sizes)
+  keep = split_of < splits.num_splits
+  positions = grouped.reshape(-1)[keep]
+  split_of = split_of[keep]
+  size = sizes[: splits.num_splits]
+  start = np.concatenate([[0], np.cumsum(size)[:-1]])
+  offset = split_of.astype(np.int64) * (num + 1)
+  keys = positions + offset
+  within = np.arange(positions.shape[0]) - start[split_of]
+  ranks_key = positions - within + offset
+  hit_keys = keys[sorted_correct[positions]]
+  hit_size = np.bincount(
+    split_of[sorted_correct[positions]], minlength=splits.num_splits
+  )
+  hit_start = np.concatenate([[0], np.cumsum(hit_size)[:-1]])
+  return _SortedSplits(keys, ranks_key, hit_keys, start, hit_start, size)
+
+
+def _bin_ranges(
+  sorted_u: np.ndarray,
+  hits_before: np.ndarray,
+  ss: _SortedSplits,
+  n_bins: Sequence[int],
+):
+  """Calibration and test counts/hits of every (bin count, split, bin).
+
+  Returns:
+    cal_counts, cal_hits, test_counts, test_hits: [B, F, max(n_bins)] int64.
+  """
+  num = sorted_u.shape[0]
+  num_splits = ss.size.shape[0]
+  max_bins = max(n_bins)
+  offset = np.arange(num_splits, dtype=np.int64)[:, None] * (num + 1)  # [F, 1]
+  cal_size = num - ss.size  # [F]
+  bounds = np.full((len(n_bins), num_splits, max_bins + 1), num, np.int64)
+  bounds[:, :, 0] = 0
+  for b, n in enumerate(n_bins):  # a handful of bin counts; all splits at once
+    ranks = (cal_size[:, None] * np.arange(1, n)) // n  # [F, n-1], 1-based
+    tests_before = np.searchsorted(ss.ranks_key, ranks - 1 + offset, side="right")
+    position = ranks - 1 + tests_before - ss.start[:, None]
+    # The edge is that point's score; the bin ends after its whole tie group.
+    bounds[b, :, 1:n] = np.searchsorted(sorted_u, sorted_u[position], side="right")
+  flat_query = bounds + offset[None]
+  tests_below = (
+    np.searchsorted(ss.keys, flat_query, side="left") - ss.start[None, :, None]
+  )
+  test_hits_below = (
+    np.searchsorted(ss.hit_keys, flat_query, side="left") - ss.hit_start[None, :, None]
+  )
+  cal_below = bounds - tests_below
+  cal_hits_below = hits_before[bounds] - test_hits_below
+  diff = lambda x: np.diff(x, axis=-1)  # noqa: E731
+  return diff(cal_below), diff(cal_hits_below), diff(tests_below), diff(test_hits_below)
+
+
+@jax.jit
+def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
+  cal_counts = cal_counts.astype(jnp.float32)
+  cal_hits = cal_hits.astype(jnp.float32)
+  prior = jnp.sum(cal_hits, -1) / jnp.sum(cal_counts, -1)  # [B, F]
+  prob = (cal_hits + prior[..., None]) / (cal_counts + 1.0)
+  test_counts = test_counts.astype(jnp.float32)
+  test_hits = test_hits.astype(jnp.float32)
+  brier = metrics.brier_from_counts(prob, test_counts, test_hits)
+  nll = metrics.nll_from_counts(prob, test_counts, test_hits)
+  return {
+    "accuracy": jnp.sum(test_hits, -1) / jnp.sum(test_counts, -1),
+    "brier": brier.total,
+    "brier_uncertainty": brier.uncertainty,
+    "brier_resolution": brier.resolution,
+    "brier_calibration": brier.calibration,
+    "nll": nll.total,
+    "nll_uncertainty": nll.uncertainty,
+    "nll_resolution": nll.resolution,
+    "nll_calibration": nll.calibration,
+    "ece": metrics.ece_from_counts(prob, test_counts, test_hits),
+    "eor": metrics.eor_from_probs(prob, test_counts, prior),
+    "auroc": metrics.auroc_from_counts(prob, test_counts, test_hits),
+    "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
+  }
+
+
+def cross_validate(
+  u: ArrayLike,
+  correct: ArrayLike,
+  n_bins: int | Sequence[int] = (10, 20, 100),
+  n_folds: int = 10,
+  seed: int = 0,
+  scheme: str = "halves",
+  splits: Splits | None = None,
+) -> CrossValidation:
+  """Cross-validated Brier, NLL, ECE, EOR, AUROC and decompositions per bin count.
+
+  Each split fits equal-count bins on its calibration part (probabilities with the
+  one-pseudo-count prior at the calibration accuracy) and scores the held-out
+  part: Brier and NLL with their decompositions, ECE against the test accuracy
+  per bin, EOR of the predicted bin probabilities (test weights, base rate the
+  calibration accuracy), and AUROC of the predictions (ties within a bin count
+  one half). All splits and bin counts are computed together from one sort.
+
+  Args:
+    u: [N] float scores.
+    correct: [N] bool events.
+    n_bins: one bin count or several; each at least 1 and at most the smallest
+      calibration split.
+    n_folds: number of splits (>= 2).
+    seed: seed of the random splits.
+    scheme: "halves" (paper: calibrate on half, test on the other half) or
+      "kfold"; see ``make_splits``.
+    splits: explicit splits (overrides n_folds, seed and scheme), e.g. to score
+      several uncertainty measures on the same splits.
+
+  Returns:
+    ``CrossValidation`` with per-split values, mean and std of ``METRICS``.
+  """
+  u = validation.float_array("u", u, 1)
+  correct = validation.bool_array("correct", correct)
+  num = validation.same_length(u=u, correct=correct)
+  if num < 2:
+    raise ValueError(f"u: cross-validation needs at least 2 examples, got {num}")
+  n_bins = (n_bins,) if isinstance(n_bins, (int, np.integer)) else tuple(n_bins)
+  if not n_bins:
+    raise ValueError("n_bins: expected at least one bin count, got none")
+  if splits is None:
+    splits = make_splits(num, n_folds, seed, scheme)
+  elif splits.fold.shape[-1] != num:
+    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {num}")
+
+  u_host = np.asarray(u)
+  correct_host = np.asarray(correct)
+  order = np.argsort(u_host)  # the one sort
+  sorted_u = u_host[order]
+  sorted_correct = correct_host[order]
+  hits_before = np.concatenate([[0], np.cumsum(sorted_correct, dtype=np.int64)])
+  ss = _sorted_splits(splits, order, sorted_correct)
+  smallest_cal = int(num - ss.size.max())
+  if int(ss.size.min()) < 1:
+    raise ValueError("splits: a split has no test examples")
+  n_bins = tuple(
+    validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins
+  )
+  counts = _bin_ranges(sorted_u, hits_before, ss, n_bins)
+  per_fold = {k: np.asarray(v) for k, v in _metrics_from_counts(*counts).items()}
+  ddof = 1 if splits.num_splits > 1 else 0
+  return CrossValidation(
+    n_bins=n_bins,
+    per_fold=per_fold,
+    mean={k: v.mean(axis=1) for k, v in per_fold.items()},
+    std={k: v.std(axis=1, ddof=ddof) for k, v in per_fold.items()},
+  )

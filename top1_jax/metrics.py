@@ -1,0 +1,300 @@
+"""Scores for P(correct) predictions: Brier, NLL, ECE, EOR, AUROC, decompositions.
+
+Per-example metrics take ``p: [N]`` predicted probabilities and ``correct: [N]``
+events. Binned metrics work on per-bin sufficient statistics (counts and hits):
+the Brier and NLL of a binned predictor on a test split, their decompositions
+(paper §4) and the ECE all follow from the calibration bins' probabilities and
+the test split's counts and hits in the same bins, so the array-level functions
+(``*_from_counts``) also serve the vectorised cross-validation.
+
+Conventions for a binned predictor evaluated on test data, with test weights
+w_i = n_i / n, test accuracy per bin a_i = h_i / n_i, test accuracy a = sum w_i a_i
+and predicted (calibration) probabilities p_i:
+
+* Brier = a(1-a) - sum w_i (a_i - a)^2 + sum w_i (p_i - a_i)^2
+  (uncertainty - resolution + calibration), exactly.
+* NLL = H(a) - sum w_i KL(a_i || a) + sum w_i KL(a_i || p_i), exactly.
+* ECE = sum w_i |a_i - p_i| (paper eq. CE).
+* EOR = sum w_i OR(p_i, base rate) (Definition EOR).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from top1_jax import validation
+from top1_jax.binning import Bins
+
+# float32 cannot hold 1 - 1e-8: clip so a saturated 1.0 costs log(1e7) ~ 16, not inf.
+_PROB_EPS = 1e-7
+
+
+class Decomposition(NamedTuple):
+  """uncertainty - resolution + calibration == total (the score)."""
+
+  uncertainty: jax.Array
+  resolution: jax.Array
+  calibration: jax.Array
+  total: jax.Array
+
+
+def _check_pair(p: ArrayLike, correct: ArrayLike) -> tuple[jax.Array, jax.Array]:
+  p = validation.probability_array("p", p, 1)
+  correct = validation.bool_array("correct", correct)
+  validation.same_length(p=p, correct=correct)
+  validation.check_nonempty("p", p)
+  return p, correct
+
+
+def _xlogy_binary(a: jax.Array, p: jax.Array) -> jax.Array:
+  """-(a log p + (1-a) log(1-p)) with 0 log 0 = 0 and p clipped away from 0, 1."""
+  p = jnp.clip(p, _PROB_EPS, 1.0 - _PROB_EPS)
+  return -(jax.scipy.special.xlogy(a, p) + jax.scipy.special.xlog1py(1.0 - a, -p))
+
+
+def _binary_entropy(a: jax.Array) -> jax.Array:
+  return -(jax.scipy.special.xlogy(a, a) + jax.scipy.special.xlog1py(1.0 - a, -a))
+
+
+def _kl_binary(a: jax.Array, p: jax.Array) -> jax.Array:
+  """KL(Bernoulli(a) || Bernoulli(p))."""
+  return _xlogy_binary(a, p) - _binary_entropy(a)
+
+
+@jax.jit
+def _brier(p, correct):
+  return jnp.mean((p - correct) ** 2)
+
+
+def brier(p: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Binary Brier score mean((p - correct)^2) of P(correct) predictions.
+
+  Args:
+    p: [N] float in [0, 1].
+    correct: [N] bool.
+
+  Returns:
+    [] float in [0, 1] (smaller is better).
+  """
+  return _brier(*_check_pair(p, correct))
+
+
+@jax.jit
+def _nll(p, correct):
+  return jnp.mean(_xlogy_binary(correct.astype(p.dtype), p))
+
+
+def nll(p: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Binary negative log-likelihood (nats), p clipped to [1e-7, 1 - 1e-7].
+
+  Args:
+    p: [N] float in [0, 1].
+    correct: [N] bool.
+
+  Returns:
+    [] float >= 0 (smaller is better).
+  """
+  return _nll(*_check_pair(p, correct))
+
+
+@jax.jit
+def _auroc(score, correct):
+  num = score.shape[0]
+  order = jnp.argsort(score)
+  sorted_score = score[order]
+  # Mid-rank of each tie group (1-based): ties count one half.
+  first = jnp.searchsorted(sorted_score, sorted_score, side="left")
+  last = jnp.searchsorted(sorted_score, sorted_score, side="right")
+  mid_rank = 0.5 * (first + last + 1)
+  positive = correct[order].astype(jnp.float32)
+  num_pos = jnp.sum(positive)
+  num_neg = num - num_pos
+  rank_sum = jnp.sum(mid_rank * positive)
+  return (rank_sum - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg)
+
+
+def auroc(score: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Area under the ROC curve for separating correct from incorrect by ``score``.
+
+  P(score of a random correct example > that of a random incorrect one), ties
+  counting one half. Larger scores must mean "more likely correct": pass a
+  probability or a confidence, or negate an uncertainty.
+
+  Args:
+    score: [N] float.
+    correct: [N] bool with both classes present.
+
+  Returns:
+    [] float in [0, 1].
+  """
+  score = validation.float_array("score", score, 1)
+  correct = validation.bool_array("correct", correct)
+  num = validation.same_length(score=score, correct=correct)
+  if not validation.is_traced(correct):
+    num_pos = int(jnp.sum(correct))
+    if num_pos in (0, num):
+      raise ValueError(
+        f"correct: AUROC needs both correct and incorrect examples, got {num_pos} of {num} correct"
+      )
+  return _auroc(score, correct)
+
+
+def auroc_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.Array:
+  """AUROC of a binned predictor: bins scored by ``prob``, ties between bins one half.
+
+  Args:
+    prob: [..., B] float, the prediction of each bin.
+    counts: [..., B] examples per bin; hits: [..., B] correct ones.
+
+  Returns:
+    [...] float (NaN when only one class is present).
+  """
+  pos = hits.astype(jnp.float32)
+  neg = (counts - hits).astype(jnp.float32)
+  diff = prob[..., :, None] - prob[..., None, :]
+  wins = jnp.where(diff > 0, 1.0, jnp.where(diff == 0, 0.5, 0.0))
+  pairs = jnp.einsum("...i,...ij,...j->...", pos, wins, neg)
+  return pairs / (jnp.sum(pos, -1) * jnp.sum(neg, -1))
+
+
+def eor_from_probs(
+  prob: jax.Array, weight: jax.Array, base_rate: jax.Array
+) -> jax.Array:
+  """Array form of ``eor`` without input checks; batch axes lead, bins last."""
+  logit_gap = jnp.abs(
+    jax.scipy.special.logit(prob) - jax.scipy.special.logit(base_rate)[..., None]
+  )
+  total = jnp.sum(weight, axis=-1)
+  # exp(|logit p - logit a|) = max(O(p)/O(a), O(a)/O(p)); zero weight never costs inf.
+  return (
+    jnp.sum(jnp.where(weight > 0, weight * jnp.exp(logit_gap), 0.0), axis=-1) / total
+  )
+
+
+def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> jax.Array:
+  """Expected odds ratio sum_i w_i max(O(p_i)/O(a), O(a)/O(p_i)), O(p) = p/(1-p).
+
+  The paper's coin example (p = [1/2, 1/2, 15/16, 1/16], equal weights, a = 1/2)
+  gives 8. Weights are normalised to sum to one.
+
+  Args:
+    prob: [B] float in (0, 1), probability of each bin.
+    weight: [B] float >= 0, bin weights (e.g. counts).
+    base_rate: [] float in (0, 1), e.g. the model's accuracy.
+
+  Returns:
+    [] float >= 1 (larger = more resolution).
+  """
+  prob = validation.probability_array("prob", prob, 1)
+  weight = validation.float_array("weight", weight, 1)
+  validation.same_length(prob=prob, weight=weight)
+  base_rate = validation.probability_array("base_rate", base_rate, 0)
+  if not validation.is_traced(weight) and (
+    bool(jnp.any(weight < 0)) or not float(jnp.sum(weight)) > 0
+  ):
+    raise ValueError("weight: expected non-negative weights with a positive sum")
+  if not validation.is_traced(prob):
+    used = prob[weight > 0]
+    if bool(jnp.any((used <= 0) | (used >= 1))):
+      raise ValueError(
+        "prob: the odds ratio needs probabilities strictly inside (0, 1)"
+      )
+    if not 0.0 < float(base_rate) < 1.0:
+      raise ValueError(
+        f"base_rate: expected a value strictly inside (0, 1), got {float(base_rate)}"
+      )
+  return eor_from_probs(prob, weight, base_rate)
+
+
+def _test_terms(counts, hits):
+  counts = counts.astype(jnp.float32)
+  total = jnp.sum(counts, axis=-1, keepdims=True)
+  weight = counts / total
+  acc_bin = jnp.where(counts > 0, hits / jnp.maximum(counts, 1.0), 0.0)
+  acc = jnp.sum(weight * acc_bin, axis=-1, keepdims=True)
+  return weight, acc_bin, acc
+
+
+def brier_from_counts(
+  prob: jax.Array, counts: jax.Array, hits: jax.Array
+) -> Decomposition:
+  """Brier decomposition of predictions ``prob`` on a split with ``counts``/``hits``.
+
+  Args:
+    prob: [..., B] float, prediction per bin; counts, hits: [..., B] of the split.
+
+  Returns:
+    ``Decomposition`` of [...] arrays.
+  """
+  weight, acc_bin, acc = _test_terms(counts, hits)
+  uncertainty = (acc * (1 - acc))[..., 0]
+  resolution = jnp.sum(weight * (acc_bin - acc) ** 2, axis=-1)
+  calibration = jnp.sum(weight * (prob - acc_bin) ** 2, axis=-1)
+  return Decomposition(
+    uncertainty, resolution, calibration, uncertainty - resolution + calibration
+  )
+
+
+def nll_from_counts(
+  prob: jax.Array, counts: jax.Array, hits: jax.Array
+) -> Decomposition:
+  """NLL decomposition (nats), same arguments as ``brier_from_counts``."""
+  weight, acc_bin, acc = _test_terms(counts, hits)
+  uncertainty = _binary_entropy(acc)[..., 0]
+  resolution = jnp.sum(weight * _kl_binary(acc_bin, acc), axis=-1)
+  calibration = jnp.sum(weight * _kl_binary(acc_bin, prob), axis=-1)
+  return Decomposition(
+    uncertainty, resolution, calibration, uncertainty - resolution + calibration
+  )
+
+
+def ece_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.Array:
+  """sum_i w_i |a_i - p_i| with test weights and accuracies; same arguments as above."""
+  weight, acc_bin, _ = _test_terms(counts, hits)
+  return jnp.sum(weight * jnp.abs(acc_bin - prob), axis=-1)
+
+
+def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
+  if train_bins.n_bins != test_bins.n_bins:
+    raise ValueError(
+      f"test_bins: expected {train_bins.n_bins} bins like train_bins, got {test_bins.n_bins}"
+    )
+  if (
+    not validation.is_traced(test_bins.counts)
+    and not int(jnp.sum(test_bins.counts)) > 0
+  ):
+    raise ValueError("test_bins: no examples were counted")
+
+
+def ece(train_bins: Bins, test_bins: Bins) -> jax.Array:
+  """Expected calibration error sum_i w_i^test |p_i^test - p_i^train| (paper eq. CE).
+
+  p^train is the predicted (regularised) probability of ``train_bins``; p^test and
+  w^test are the empirical accuracy and weight of each bin on the test data, e.g.
+  ``binning.refit(train_bins, u_test, correct_test)``.
+
+  Returns:
+    [] float in [0, 1].
+  """
+  _check_bin_pair(train_bins, test_bins)
+  return ece_from_counts(train_bins.prob, test_bins.counts, test_bins.hits)
+
+
+def brier_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
+  """Brier score of ``train_bins``' predictions on the test data, decomposed (§4).
+
+  ``total`` equals ``brier(binning.predict(train_bins, u_test), correct_test)``.
+  """
+  _check_bin_pair(train_bins, test_bins)
+  return brier_from_counts(train_bins.prob, test_bins.counts, test_bins.hits)
+
+
+def nll_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
+  """NLL of ``train_bins``' predictions on the test data, decomposed (§4).
+
+  ``total`` equals ``nll(binning.predict(train_bins, u_test), correct_test)``.
+  """
+  _check_bin_pair(train_bins, test_bins)
+  return nll_from_counts(train_bins.prob, test_bins.counts, test_bins.hits)
