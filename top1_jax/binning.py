@@ -193,12 +193,8 @@ def _clopper_pearson(hits: jax.Array, count: jax.Array, delta: jax.Array):
   shape = jnp.broadcast_shapes(hits.shape, count.shape)
   half = jnp.full(shape, delta / 2)
   # Beta parameters must be positive; the edge cases are fixed up below.
-  lower = _beta_quantile(
-    half, jnp.maximum(hits, 1.0), jnp.maximum(count - hits + 1, 1.0)
-  )
-  upper = _beta_quantile(
-    1 - half, jnp.maximum(hits + 1, 1.0), jnp.maximum(count - hits, 1.0)
-  )
+  lower = _beta_quantile(half, jnp.maximum(hits, 1.0), jnp.maximum(count - hits + 1, 1.0))
+  upper = _beta_quantile(1 - half, jnp.maximum(hits + 1, 1.0), jnp.maximum(count - hits, 1.0))
   lower = jnp.where(hits == 0, 0.0, lower)
   upper = jnp.where(hits == count, 1.0, upper)
   empty = count == 0

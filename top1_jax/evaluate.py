@@ -70,9 +70,7 @@ class Splits(NamedTuple):
     return self.fold[split // self.per_rep] == split % self.per_rep
 
 
-def make_splits(
-  num_examples: int, n_folds: int, seed: int = 0, scheme: str = "halves"
-) -> Splits:
+def make_splits(num_examples: int, n_folds: int, seed: int = 0, scheme: str = "halves") -> Splits:
   """Random calibration/test splits of ``num_examples`` examples.
 
   Args:
@@ -148,18 +146,14 @@ class CrossValidation(NamedTuple):
 
 class _SortedSplits(NamedTuple):
   keys: np.ndarray  # test positions + split * (N + 1), ascending
-  ranks_key: (
-    np.ndarray
-  )  # (#calibration points before each test point) + split * (N + 1)
+  ranks_key: np.ndarray  # (#calibration points before each test point) + split * (N + 1)
   hit_keys: np.ndarray  # keys of the correct test examples
   start: np.ndarray  # [F] first index of each split in the flat arrays
   hit_start: np.ndarray  # [F]
   size: np.ndarray  # [F] test examples per split
 
 
-def _sorted_splits(
-  splits: Splits, order: np.ndarray, sorted_correct: np.ndarray
-) -> _SortedSplits:
+def _sorted_splits(splits: Splits, order: np.ndarray, sorted_correct: np.ndarray) -> _SortedSplits:
   num = order.shape[0]
   fold_sorted = splits.fold[:, order]  # [R, N]: fold of each sorted position
   # A stable sort by fold id lists, per repetition, each fold's positions ascending.
@@ -177,9 +171,7 @@ def _sorted_splits(
   within = np.arange(positions.shape[0]) - start[split_of]
   ranks_key = positions - within + offset
   hit_keys = keys[sorted_correct[positions]]
-  hit_size = np.bincount(
-    split_of[sorted_correct[positions]], minlength=splits.num_splits
-  )
+  hit_size = np.bincount(split_of[sorted_correct[positions]], minlength=splits.num_splits)
   hit_start = np.concatenate([[0], np.cumsum(hit_size)[:-1]])
   return _SortedSplits(keys, ranks_key, hit_keys, start, hit_start, size)
 
@@ -209,9 +201,7 @@ def _bin_ranges(
     # The edge is that point's score; the bin ends after its whole tie group.
     bounds[b, :, 1:n] = np.searchsorted(sorted_u, sorted_u[position], side="right")
   flat_query = bounds + offset[None]
-  tests_below = (
-    np.searchsorted(ss.keys, flat_query, side="left") - ss.start[None, :, None]
-  )
+  tests_below = np.searchsorted(ss.keys, flat_query, side="left") - ss.start[None, :, None]
   test_hits_below = (
     np.searchsorted(ss.hit_keys, flat_query, side="left") - ss.hit_start[None, :, None]
   )
@@ -304,9 +294,7 @@ def cross_validate(
   smallest_cal = int(num - ss.size.max())
   if int(ss.size.min()) < 1:
     raise ValueError("splits: a split has no test examples")
-  n_bins = tuple(
-    validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins
-  )
+  n_bins = tuple(validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins)
   counts = _bin_ranges(sorted_u, hits_before, ss, n_bins)
   per_fold = {k: np.asarray(v) for k, v in _metrics_from_counts(*counts).items()}
   ddof = 1 if splits.num_splits > 1 else 0

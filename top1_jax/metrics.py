@@ -159,18 +159,12 @@ def auroc_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> ja
   return pairs / (jnp.sum(pos, -1) * jnp.sum(neg, -1))
 
 
-def eor_from_probs(
-  prob: jax.Array, weight: jax.Array, base_rate: jax.Array
-) -> jax.Array:
+def eor_from_probs(prob: jax.Array, weight: jax.Array, base_rate: jax.Array) -> jax.Array:
   """Array form of ``eor`` without input checks; batch axes lead, bins last."""
-  logit_gap = jnp.abs(
-    jax.scipy.special.logit(prob) - jax.scipy.special.logit(base_rate)[..., None]
-  )
+  logit_gap = jnp.abs(jax.scipy.special.logit(prob) - jax.scipy.special.logit(base_rate)[..., None])
   total = jnp.sum(weight, axis=-1)
   # exp(|logit p - logit a|) = max(O(p)/O(a), O(a)/O(p)); zero weight never costs inf.
-  return (
-    jnp.sum(jnp.where(weight > 0, weight * jnp.exp(logit_gap), 0.0), axis=-1) / total
-  )
+  return jnp.sum(jnp.where(weight > 0, weight * jnp.exp(logit_gap), 0.0), axis=-1) / total
 
 
 def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> jax.Array:
@@ -198,9 +192,7 @@ def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> jax.Array:
   if not validation.is_traced(prob):
     used = prob[weight > 0]
     if bool(jnp.any((used <= 0) | (used >= 1))):
-      raise ValueError(
-        "prob: the odds ratio needs probabilities strictly inside (0, 1)"
-      )
+      raise ValueError("prob: the odds ratio needs probabilities strictly inside (0, 1)")
     if not 0.0 < float(base_rate) < 1.0:
       raise ValueError(
         f"base_rate: expected a value strictly inside (0, 1), got {float(base_rate)}"
@@ -217,9 +209,7 @@ def _test_terms(counts, hits):
   return weight, acc_bin, acc
 
 
-def brier_from_counts(
-  prob: jax.Array, counts: jax.Array, hits: jax.Array
-) -> Decomposition:
+def brier_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> Decomposition:
   """Brier decomposition of predictions ``prob`` on a split with ``counts``/``hits``.
 
   Args:
@@ -232,22 +222,16 @@ def brier_from_counts(
   uncertainty = (acc * (1 - acc))[..., 0]
   resolution = jnp.sum(weight * (acc_bin - acc) ** 2, axis=-1)
   calibration = jnp.sum(weight * (prob - acc_bin) ** 2, axis=-1)
-  return Decomposition(
-    uncertainty, resolution, calibration, uncertainty - resolution + calibration
-  )
+  return Decomposition(uncertainty, resolution, calibration, uncertainty - resolution + calibration)
 
 
-def nll_from_counts(
-  prob: jax.Array, counts: jax.Array, hits: jax.Array
-) -> Decomposition:
+def nll_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> Decomposition:
   """NLL decomposition (nats), same arguments as ``brier_from_counts``."""
   weight, acc_bin, acc = _test_terms(counts, hits)
   uncertainty = _binary_entropy(acc)[..., 0]
   resolution = jnp.sum(weight * _kl_binary(acc_bin, acc), axis=-1)
   calibration = jnp.sum(weight * _kl_binary(acc_bin, prob), axis=-1)
-  return Decomposition(
-    uncertainty, resolution, calibration, uncertainty - resolution + calibration
-  )
+  return Decomposition(uncertainty, resolution, calibration, uncertainty - resolution + calibration)
 
 
 def ece_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.Array:
@@ -261,10 +245,7 @@ def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
     raise ValueError(
       f"test_bins: expected {train_bins.n_bins} bins like train_bins, got {test_bins.n_bins}"
     )
-  if (
-    not validation.is_traced(test_bins.counts)
-    and not int(jnp.sum(test_bins.counts)) > 0
-  ):
+  if not validation.is_traced(test_bins.counts) and not int(jnp.sum(test_bins.counts)) > 0:
     raise ValueError("test_bins: no examples were counted")
 
 

@@ -100,9 +100,7 @@ def _neg_log_topk_mass(logits: jax.Array, k: int) -> jax.Array:
   top_values, top_index = jax.lax.top_k(logits, k)
   z_top = top_values - top_values[:, :1]
   in_top = (
-    jnp.zeros(logits.shape, bool)
-    .at[jnp.arange(logits.shape[0])[:, None], top_index]
-    .set(True)
+    jnp.zeros(logits.shape, bool).at[jnp.arange(logits.shape[0])[:, None], top_index].set(True)
   )
   rest = jnp.sum(jnp.where(in_top, 0.0, jnp.exp(logits - top_values[:, :1])), axis=-1)
   top_mass = jnp.sum(jnp.exp(z_top), axis=-1)  # >= 1: the top entry is exp(0)
@@ -197,9 +195,7 @@ def human_entropy(probs: ArrayLike) -> jax.Array:
   Returns:
     [N] float in [0, log K]; many exact ties (unanimous annotators give 0).
   """
-  return _human_entropy(
-    validation.probability_array("probs", probs, 2, sums_to_one=True)
-  )
+  return _human_entropy(validation.probability_array("probs", probs, 2, sums_to_one=True))
 
 
 SCORES = {

@@ -68,9 +68,7 @@ def bool_array(name: str, x: ArrayLike, ndim: int = 1) -> jax.Array:
   arr = as_array(name, x, ndim)
   if arr.dtype == jnp.bool_:
     return arr
-  if not (
-    jnp.issubdtype(arr.dtype, jnp.integer) or jnp.issubdtype(arr.dtype, jnp.floating)
-  ):
+  if not (jnp.issubdtype(arr.dtype, jnp.integer) or jnp.issubdtype(arr.dtype, jnp.floating)):
     raise ValueError(f"{name}: expected bool or 0/1 values, got dtype {arr.dtype}")
   if not is_traced(arr) and arr.size and not bool(jnp.all((arr == 0) | (arr == 1))):
     bad = arr.reshape(-1)[jnp.argmax((arr != 0) & (arr != 1))]
@@ -84,18 +82,14 @@ def labels_array(name: str, x: ArrayLike, num_classes: int) -> jax.Array:
   if not jnp.issubdtype(arr.dtype, jnp.integer):
     if jnp.issubdtype(arr.dtype, jnp.floating) and not is_traced(arr):
       if arr.size and not bool(jnp.all(arr == jnp.round(arr))):
-        raise ValueError(
-          f"{name}: expected integer class labels, got non-integer floats"
-        )
+        raise ValueError(f"{name}: expected integer class labels, got non-integer floats")
     else:
       raise ValueError(f"{name}: expected integer class labels, got dtype {arr.dtype}")
     arr = arr.astype(jnp.int32)
   if not is_traced(arr) and arr.size:
     lo, hi = int(jnp.min(arr)), int(jnp.max(arr))
     if lo < 0 or hi >= num_classes:
-      raise ValueError(
-        f"{name}: labels out of range [0, {num_classes}): min {lo}, max {hi}"
-      )
+      raise ValueError(f"{name}: labels out of range [0, {num_classes}): min {lo}, max {hi}")
   return arr
 
 
@@ -108,9 +102,7 @@ def probability_array(
     return arr
   lo, hi = float(jnp.min(arr)), float(jnp.max(arr))
   if lo < 0.0 or hi > 1.0:
-    raise ValueError(
-      f"{name}: probabilities must lie in [0, 1], got min {lo:g}, max {hi:g}"
-    )
+    raise ValueError(f"{name}: probabilities must lie in [0, 1], got min {lo:g}, max {hi:g}")
   if sums_to_one:
     err = jnp.abs(jnp.sum(arr, axis=-1) - 1.0)
     worst = int(jnp.argmax(err))
@@ -131,9 +123,7 @@ def same_length(**arrays: jax.Array) -> int:
   return next(iter(lengths.values()))
 
 
-def positive_int(
-  name: str, value, *, minimum: int = 1, maximum: int | None = None
-) -> int:
+def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = None) -> int:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
     raise ValueError(f"{name}: expected an integer, got {value!r}")
   value = int(value)
