@@ -1,0 +1,274 @@
+"""Flax (linen) classifiers whose dropout rate is a call-time argument.
+
+One trained network can be sampled at test time with any dropout rate (the paper
+sweeps .002-.2 on networks not necessarily trained with dropout), so the rate is
+an argument of ``__call__``, not a module attribute. It may be a traced scalar:
+``mc.predict`` passes it as an array, so sweeping rates does not recompile.
+
+Every model is called as ``model.apply(variables, x, train=..., dropout_rate=...,
+rngs={"dropout": key})`` and returns logits ``[B, K]``.
+
+* ``train`` switches BatchNorm (ResNet only) between batch statistics (True) and
+  running averages (False). It does not switch dropout.
+* Dropout is active whenever ``dropout_rate`` is not the Python number 0, in
+  training and at test time alike (that is MC dropout), and then needs a
+  ``"dropout"`` key. A rate of exactly 0 (even traced) returns the input unchanged.
+
+Where dropout acts (never on the input pixels, never on the logits):
+
+* ``MLP``: after the ReLU of every hidden layer.
+* ``CNN``: after the ReLU of every conv layer (after the pool with
+  ``downsample="max_pool"``) and after the ReLU of the hidden dense layer.
+* ``ResNet``: inside every residual block between its two convolutions (after the
+  first BN + ReLU, as in Wide ResNets), and on the pooled features before the
+  classifier.
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+Variables = Any
+"""A model's variables: ``{"params": ...}`` plus ``{"batch_stats": ...}`` for BN."""
+
+
+class Dropout(nn.Module):
+  """Inverted dropout with the rate given at call time.
+
+  Each call site draws its own mask from ``make_rng("dropout")``, which folds in
+  the module path, so two layers never share a mask.
+  """
+
+  @nn.compact
+  def __call__(self, x: jax.Array, rate: ArrayLike) -> jax.Array:
+    """Drops entries of ``x`` with probability ``rate`` and rescales the rest.
+
+    Args:
+      x: activations, any shape.
+      rate: drop probability in [0, 1), a Python float or a (traced) scalar.
+
+    Returns:
+      Same shape and dtype as ``x``.
+    """
+    if isinstance(rate, (int, float)) and rate == 0:
+      return x
+    keep = 1.0 - jnp.asarray(rate, jnp.float32)
+    # bernoulli(p=1) is all True (uniform draws lie in [0, 1)) and x / 1 == x, so
+    # a traced rate of 0 is an exact identity too.
+    mask = jax.random.bernoulli(self.make_rng("dropout"), keep, x.shape)
+    return jnp.where(mask, x / keep.astype(x.dtype), jnp.zeros_like(x))
+
+
+def _with_channels(x: jax.Array) -> jax.Array:
+  """[B, H, W] grayscale images get a channel axis: [B, H, W, 1]."""
+  return x[..., None] if x.ndim == 3 else x
+
+
+class MLP(nn.Module):
+  """Multi-layer perceptron on flattened inputs.
+
+  Attributes:
+    num_classes: K, the number of logits.
+    hidden_sizes: widths of the hidden ReLU layers.
+  """
+
+  num_classes: int = 10
+  hidden_sizes: Sequence[int] = (512, 256)
+
+  @nn.compact
+  def __call__(
+    self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
+  ) -> jax.Array:
+    """Args: x: [B, ...] float. Returns: [B, K] logits. (``train`` is unused.)"""
+    del train
+    x = x.reshape((x.shape[0], -1)).astype(jnp.float32)
+    for width in self.hidden_sizes:
+      x = nn.relu(nn.Dense(width)(x))
+      x = Dropout()(x, dropout_rate)
+    return nn.Dense(self.num_classes)(x)
+
+
+class CNN(nn.Module):
+  """Small CNN for 28x28 images (MNIST, Fashion-MNIST).
+
+  Two 3x3 conv layers then a hidden dense layer. By default each conv has stride
+  2 (28 -> 14 -> 7): on CPU the backward pass of max-pool dominates a training
+  step (~6x slower per epoch) for about one point of accuracy.
+
+  Attributes:
+    num_classes: K.
+    features: channels of the conv layers.
+    dense_size: width of the hidden dense layer.
+    downsample: ``"stride"`` (stride-2 convs) or ``"max_pool"`` (stride-1 convs
+      each followed by a 2x2 max-pool).
+  """
+
+  num_classes: int = 10
+  features: Sequence[int] = (32, 64)
+  dense_size: int = 128
+  downsample: str = "stride"
+
+  @nn.compact
+  def __call__(
+    self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
+  ) -> jax.Array:
+    """Args: x: [B, H, W, C] or [B, H, W] float. Returns: [B, K] logits."""
+    del train
+    if self.downsample not in ("stride", "max_pool"):
+      raise ValueError(f"downsample: expected 'stride' or 'max_pool', got {self.downsample!r}")
+    x = _with_channels(x).astype(jnp.float32)
+    strides = (2, 2) if self.downsample == "stride" else (1, 1)
+    for width in self.features:
+      x = nn.relu(nn.Conv(width, (3, 3), strides=strides, padding="SAME")(x))
+      if self.downsample == "max_pool":
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+      x = Dropout()(x, dropout_rate)
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(self.dense_size)(x))
+    x = Dropout()(x, dropout_rate)
+    return nn.Dense(self.num_classes)(x)
+
+
+class _ResidualBlock(nn.Module):
+  """conv3x3-BN-ReLU-dropout-conv3x3-BN plus a (projected) shortcut, then ReLU."""
+
+  width: int
+  stride: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
+    norm = lambda: nn.BatchNorm(use_running_average=not train, momentum=0.9)
+    y = nn.Conv(self.width, (3, 3), (self.stride, self.stride), use_bias=False)(x)
+    y = nn.relu(norm()(y))
+    y = Dropout()(y, dropout_rate)
+    y = nn.Conv(self.width, (3, 3), use_bias=False)(y)
+    y = norm()(y)
+    if x.shape != y.shape:
+      x = nn.Conv(self.width, (1, 1), (self.stride, self.stride), use_bias=False)(x)
+      x = norm()(x)
+    return nn.relu(x + y)
+
+
+class ResNet(nn.Module):
+  """CIFAR ResNet (He et al. 2016, section 4.2); the defaults are ResNet-20.
+
+  Depth is ``6 n + 2`` with ``n`` blocks per stage: n = 3 gives ResNet-20, 5
+  ResNet-32, 9 ResNet-56. Shortcuts that change shape are 1x1 projections.
+
+  Attributes:
+    num_classes: K.
+    blocks_per_stage: residual blocks in each stage (the stages halve the spatial
+      size and use the matching ``widths``).
+    widths: channels of each stage.
+  """
+
+  num_classes: int = 10
+  blocks_per_stage: Sequence[int] = (3, 3, 3)
+  widths: Sequence[int] = (16, 32, 64)
+
+  @nn.compact
+  def __call__(
+    self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
+  ) -> jax.Array:
+    """Args: x: [B, 32, 32, 3] float (any H, W). Returns: [B, K] logits."""
+    if len(self.blocks_per_stage) != len(self.widths):
+      raise ValueError(
+        "blocks_per_stage and widths: expected the same length, got"
+        f" {len(self.blocks_per_stage)} and {len(self.widths)}"
+      )
+    x = _with_channels(x).astype(jnp.float32)
+    x = nn.Conv(self.widths[0], (3, 3), use_bias=False)(x)
+    x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(x))
+    for stage, (num_blocks, width) in enumerate(
+      zip(self.blocks_per_stage, self.widths, strict=True)
+    ):
+      for block in range(num_blocks):
+        stride = 2 if stage > 0 and block == 0 else 1
+        x = _ResidualBlock(width, stride)(x, train, dropout_rate)
+    x = jnp.mean(x, axis=(1, 2))
+    x = Dropout()(x, dropout_rate)
+    return nn.Dense(self.num_classes)(x)
+
+
+MODELS = {"mlp": MLP, "cnn": CNN, "resnet": ResNet}
+"""Model classes by name, for experiment flags."""
+
+
+def architecture(model: nn.Module) -> dict[str, Any]:
+  """A JSON-able description of a model: its class name and its attributes.
+
+  Two models with equal descriptions build the same parameter tree; checkpoints
+  store it so that restoring into another architecture can be refused.
+
+  Args:
+    model: an unbound Flax module.
+
+  Returns:
+    ``{"class": "CNN", "num_classes": 10, "features": [32, 64], ...}``.
+  """
+  if not isinstance(model, nn.Module):
+    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
+  description: dict[str, Any] = {"class": type(model).__name__}
+  for field in dataclasses.fields(model):
+    if field.name in ("parent", "name"):
+      continue
+    value = getattr(model, field.name)
+    description[field.name] = list(value) if isinstance(value, tuple) else value
+  return description
+
+
+def init(model: nn.Module, key: jax.Array, sample_input: ArrayLike) -> Variables:
+  """Initialises a model's variables.
+
+  Args:
+    model: one of this module's classes (or any module with the same call
+      signature).
+    key: a PRNG key.
+    sample_input: [B, ...] an example batch (only its shape and dtype matter).
+
+  Returns:
+    ``{"params": ...}``, plus ``{"batch_stats": ...}`` for BatchNorm models.
+  """
+  return model.init(key, jnp.asarray(sample_input), train=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyFn:
+  """``apply_fn(variables, x, key=None, rate=0.0) -> [B, K]`` for ``mc``.
+
+  Evaluation mode (BatchNorm running averages) with dropout at ``rate``. Equal
+  models give equal (and equally hashed) ``ApplyFn`` objects, so jitted callers
+  that take it as a static argument compile once per architecture.
+
+  Attributes:
+    model: the Flax module.
+  """
+
+  model: nn.Module
+
+  def __call__(
+    self,
+    variables: Variables,
+    x: jax.Array,
+    key: jax.Array | None = None,
+    rate: ArrayLike = 0.0,
+  ) -> jax.Array:
+    """Args: variables; x: [B, ...]; key: PRNG key (needed when rate != 0);
+    rate: dropout rate. Returns: [B, K] logits."""
+    if key is None:
+      if not (isinstance(rate, (int, float)) and rate == 0):
+        raise ValueError("key: a PRNG key is required when the dropout rate is not 0")
+      return self.model.apply(variables, x, train=False)
+    return self.model.apply(variables, x, train=False, dropout_rate=rate, rngs={"dropout": key})
+
+
+def make_apply_fn(model: nn.Module) -> Callable[..., jax.Array]:
+  """The evaluation-mode apply function of ``model`` (see ``ApplyFn``)."""
+  if not isinstance(model, nn.Module):
+    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
+  return ApplyFn(model)
