@@ -11,9 +11,10 @@ Datasets. ``load_dataset(name, split)`` returns a ``DatasetSplit``: images
   ``data_dir`` (or TFDS's default directory). Prepared ArrayRecord data is read
   with ``tfds`` data sources, which need no TensorFlow; TFRecord data needs it.
 * Otherwise TFDS builds the dataset, which needs TensorFlow (``pip install
-  'top1_jax[tf]'``) and the network. Both are checked first, in well under a
-  second, so a machine without them gets one clear ``DataUnavailableError``
-  instead of TFDS's download retries (about 205 s offline).
+  'top1_jax[tf]'``) and the network. Both are checked first (the network probe
+  waits at most 3 s), so a machine without them gets one clear
+  ``DataUnavailableError`` instead of TFDS's download retries (about 205 s
+  offline).
 
 The training split trains; the held-out (test) split is what cross-validation
 divides into calibration and evaluation folds.
