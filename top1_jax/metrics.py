@@ -27,8 +27,9 @@ from jax.typing import ArrayLike
 from top1_jax import validation
 from top1_jax.binning import Bins
 
-# float32 cannot hold 1 - 1e-8: clip so a saturated 1.0 costs log(1e7) ~ 16, not inf.
-_PROB_EPS = 1e-7
+# Clip so a saturated 1.0 costs -log(2^-23) ~ 15.9 nats, not inf. 2^-23 (not 1e-7) so
+# that 1 - eps is exact in float32 and float64 alike.
+_PROB_EPS = 2.0**-23
 
 
 class Decomposition(NamedTuple):
@@ -87,7 +88,7 @@ def _nll(p, correct):
 
 
 def nll(p: ArrayLike, correct: ArrayLike) -> jax.Array:
-  """Binary negative log-likelihood (nats), p clipped to [1e-7, 1 - 1e-7].
+  """Binary negative log-likelihood (nats), p clipped to [2^-23, 1 - 2^-23].
 
   Args:
     p: [N] float in [0, 1].

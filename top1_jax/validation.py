@@ -22,10 +22,16 @@ def as_array(name: str, x: ArrayLike, ndim: int | Sequence[int]) -> jax.Array:
   """Converts ``x`` to an array and checks its rank."""
   if x is None:
     raise ValueError(f"{name}: expected an array, got None")
-  try:
-    arr = x if isinstance(x, jax.Array) else jnp.asarray(np.asarray(x))
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{name}: cannot convert to an array ({e})") from None
+  if isinstance(x, jax.Array):
+    arr = x
+  else:
+    try:
+      host = np.asarray(x)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{name}: cannot convert to an array ({e})") from None
+    if host.dtype.kind not in "biuf":
+      raise ValueError(f"{name}: expected a real-valued array, got dtype {host.dtype}")
+    arr = jnp.asarray(host)
   ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
   if arr.ndim not in ndims:
     want = " or ".join(f"{d}-D" for d in ndims)

@@ -1,0 +1,37 @@
+"""Top-k correctness events."""
+
+import numpy as np
+import pytest
+
+from top1_jax import events
+
+
+def test_topk_correct_matches_loop():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(300, 10)).astype(np.float32)
+  labels = rng.integers(0, 10, 300)
+  for k in (1, 2, 5, 10):
+    expected = [labels[i] in np.argsort(-logits[i], kind="stable")[:k] for i in range(300)]
+    np.testing.assert_array_equal(events.topk_correct(logits, labels, k), expected)
+
+
+def test_ties_break_towards_lower_index():
+  logits = np.array([[1.0, 1.0, 0.0], [0.0, 2.0, 2.0]])
+  np.testing.assert_array_equal(events.topk_correct(logits, [0, 2], 1), [True, False])
+  np.testing.assert_array_equal(events.topk_correct(logits, [1, 2], 2), [True, True])
+
+
+@pytest.mark.parametrize(
+  "logits, labels, k, message",
+  [
+    (np.zeros((3, 4)), [0, 1, 4], 1, r"labels: labels out of range \[0, 4\): min 0, max 4"),
+    (np.zeros((3, 4)), [0, -1, 2], 1, "labels out of range"),
+    (np.zeros((3, 4)), [0, 1], 1, "length mismatch: logits has 3, labels has 2"),
+    (np.zeros((3, 4)), [0, 1, 2], 5, "k: expected at least 1, at most 4, got 5"),
+    (np.zeros((3, 4)), [0.5, 1, 2], 1, "labels: expected integer class labels"),
+    (np.full((3, 4), np.nan), [0, 1, 2], 1, "logits: 12 non-finite"),
+  ],
+)
+def test_bad_input(logits, labels, k, message):
+  with pytest.raises(ValueError, match=message):
+    events.topk_correct(logits, labels, k)

@@ -1,0 +1,149 @@
+"""Metrics: the paper's worked examples, a plain loop, and exact decompositions."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from top1_jax import binning, metrics, reference
+
+
+def _expand(prob, weight, num=48000):
+  """Examples realising a histogram exactly: bin i has weight_i * num examples."""
+  score, correct = [], []
+  for p, w in zip(prob, weight, strict=True):
+    m = int(round(num * w))
+    h = int(round(m * p))
+    score += [p] * m
+    correct += [True] * h + [False] * (m - h)
+  return np.array(score, np.float32), np.array(correct)
+
+
+def test_coin_example_eor_is_8():
+  assert float(metrics.eor([1 / 2, 1 / 2, 15 / 16, 1 / 16], [1, 1, 1, 1], 0.5)) == pytest.approx(8)
+
+
+def test_coin_example_auroc_depends_on_order():
+  score, correct = _expand([1 / 2, 1 / 2, 15 / 16, 1 / 16], [0.25] * 4)
+  assert float(metrics.auroc(score, correct)) == pytest.approx(0.828, abs=1e-3)
+  assert float(metrics.auroc(-score, correct)) == pytest.approx(0.172, abs=1e-3)
+
+
+def test_same_auroc_different_eor_example():
+  p, q = [0.15, 0.4, 0.8], [0.4, 0.5, 0.99]
+  assert float(metrics.auroc(*_expand(p, [1 / 3] * 3))) == pytest.approx(0.79, abs=0.005)
+  assert float(metrics.auroc(*_expand(q, [1 / 3] * 3))) == pytest.approx(0.78, abs=0.005)
+  assert float(metrics.eor(p, [1, 1, 1], 0.45)) == pytest.approx(3.6, abs=0.05)
+  assert float(metrics.eor(q, [1, 1, 1], 0.63)) == pytest.approx(21, abs=0.5)
+
+
+def test_per_example_metrics_match_loop():
+  rng = np.random.default_rng(0)
+  p = rng.random(500).astype(np.float32)
+  correct = rng.random(500) < p
+  assert float(metrics.brier(p, correct)) == pytest.approx(reference.brier(p, correct), rel=1e-5)
+  assert float(metrics.nll(p, correct)) == pytest.approx(reference.nll(p, correct), rel=1e-5)
+  assert float(metrics.auroc(p, correct)) == pytest.approx(reference.auroc(p, correct), rel=1e-6)
+
+
+def test_auroc_counts_ties_one_half_against_pairwise_loop():
+  rng = np.random.default_rng(1)
+  score = rng.integers(0, 4, 300).astype(np.float32)
+  correct = rng.random(300) < 0.3 + 0.1 * score
+  pos, neg = score[correct], score[~correct]
+  pairwise = np.mean((pos[:, None] > neg[None]) + 0.5 * (pos[:, None] == neg[None]))
+  assert float(metrics.auroc(score, correct)) == pytest.approx(pairwise, rel=1e-6)
+
+
+def test_nll_of_saturated_wrong_prediction_is_finite():
+  assert np.isfinite(float(metrics.nll([1.0, 0.0], [False, True])))
+
+
+def _binned(seed, num=4000, n_bins=10, ties=False):
+  rng = np.random.default_rng(seed)
+  u = rng.random(num).astype(np.float32)
+  if ties:
+    u = np.round(u * 5) / 5
+  correct = rng.random(num) < 0.2 + 0.75 * u
+  half = num // 2
+  bins = binning.fit(u[:half], correct[:half], n_bins)
+  test = binning.refit(bins, u[half:], correct[half:])
+  return bins, test, u[half:], correct[half:]
+
+
+# Few distinct bin counts: each one compiles ``fit`` once.
+@settings(max_examples=30)
+@given(st.integers(0, 10_000), st.sampled_from([1, 3, 10, 37]), st.booleans())
+def test_decompositions_add_up_to_the_scores(seed, n_bins, ties):
+  bins, test, u, correct = _binned(seed, n_bins=n_bins, ties=ties)
+  p = binning.predict(bins, u)
+  b = metrics.brier_decomposition(bins, test)
+  n = metrics.nll_decomposition(bins, test)
+  assert float(b.total) == pytest.approx(float(metrics.brier(p, correct)), abs=2e-6)
+  assert float(n.total) == pytest.approx(float(metrics.nll(p, correct)), abs=2e-5)
+  for d in (b, n):
+    assert float(d.uncertainty - d.resolution + d.calibration) == pytest.approx(float(d.total))
+    assert float(d.resolution) >= -1e-7 and float(d.calibration) >= -1e-7
+  assert float(metrics.ece(bins, test)) >= 0
+
+
+def test_binned_metrics_match_loop():
+  bins, test, u, correct = _binned(7, n_bins=12)
+  edges = np.asarray(bins.edges)[np.isfinite(bins.edges)]
+  expected = reference.binned_scores(
+    np.asarray(bins.prob, np.float64), float(bins.prior), reference.assign(edges, u), correct
+  )
+  b = metrics.brier_decomposition(bins, test)
+  n = metrics.nll_decomposition(bins, test)
+  got = {
+    "ece": metrics.ece(bins, test),
+    "eor": metrics.eor(bins.prob, test.counts, bins.prior),
+    "brier": b.total,
+    "brier_resolution": b.resolution,
+    "brier_calibration": b.calibration,
+    "nll": n.total,
+    "nll_resolution": n.resolution,
+    "nll_calibration": n.calibration,
+    "auroc": metrics.auroc(binning.predict(bins, u), correct),
+  }
+  for name, value in got.items():
+    assert float(value) == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
+
+
+def test_eor_is_at_least_one_and_one_for_a_constant_predictor():
+  assert float(metrics.eor([0.7, 0.7], [3, 1], 0.7)) == pytest.approx(1.0)
+  assert float(metrics.eor([0.2, 0.9], [1, 1], 0.6)) > 1
+
+
+def test_eor_ignores_zero_weight_bins():
+  assert float(metrics.eor([0.5, 1.0], [1, 0], 0.5)) == pytest.approx(1.0)
+
+
+def test_ece_of_perfectly_matching_bins_is_zero():
+  bins, _, u, correct = _binned(3)
+  # Refit on the calibration data itself: accuracy differs from prob only by the prior.
+  assert float(metrics.ece(bins, bins)) < 1.0 / float(bins.counts.min())
+
+
+@pytest.mark.parametrize(
+  "call, message",
+  [
+    (lambda: metrics.brier([0.5, 1.2], [1, 0]), r"p: probabilities must lie in \[0, 1\]"),
+    (lambda: metrics.nll([0.5], [1, 0]), "length mismatch: p has 1, correct has 2"),
+    (lambda: metrics.brier([np.nan], [1]), "p: 1 non-finite"),
+    (lambda: metrics.auroc([0.1, 0.2], [1, 1]), "AUROC needs both correct and incorrect"),
+    (lambda: metrics.eor([0.5, 1.0], [1, 1], 0.5), "strictly inside"),
+    (lambda: metrics.eor([0.5, 0.6], [-1, 2], 0.5), "weight: expected non-negative"),
+    (lambda: metrics.eor([0.5, 0.6], [1, 2], 1.0), "base_rate: expected a value strictly"),
+    (lambda: metrics.eor([0.5], [1, 2], 0.5), "length mismatch"),
+    (lambda: metrics.ece(*_mismatched()), "test_bins: expected 5 bins"),
+  ],
+)
+def test_bad_input(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()
+
+
+def _mismatched():
+  u, correct = np.linspace(0, 1, 20), np.arange(20) % 2 == 0
+  return binning.fit(u, correct, 5), binning.fit(u, correct, 4)

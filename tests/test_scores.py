@@ -1,0 +1,126 @@
+"""Scores: log-space stability, agreement with float64 NumPy, covariance norm."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from top1_jax import reference, scores
+
+
+def _softmax64(logits):
+  z = np.asarray(logits, np.float64)
+  z = z - z.max(-1, keepdims=True)
+  e = np.exp(z)
+  return e / e.sum(-1, keepdims=True)
+
+
+def _saturated(top):
+  logits = np.zeros((1, 10), np.float32)
+  logits[0, 3] = top
+  return logits
+
+
+@pytest.mark.parametrize(
+  "fn", [scores.neg_log_pmax, scores.entropy, lambda x: scores.neg_log_topk_mass(x, 2)]
+)
+def test_saturated_softmax_does_not_tie(fn):
+  # float32 softmax is exactly 1.0 for both; the log-space scores must differ.
+  assert float(scores.pmax(_saturated(20.0))[0]) == 1.0
+  a, b = float(fn(_saturated(20.0))[0]), float(fn(_saturated(26.0))[0])
+  assert a > b > 0
+
+
+def test_neg_log_pmax_relative_precision_when_saturated():
+  value = float(scores.neg_log_pmax(_saturated(20.0))[0])
+  np.testing.assert_allclose(value, 9 * np.exp(-20.0), rtol=1e-5)
+
+
+def test_entropy_relative_precision_when_saturated():
+  p = _softmax64(_saturated(20.0).astype(np.float64))
+  expected = -(p * np.log(p)).sum()
+  np.testing.assert_allclose(float(scores.entropy(_saturated(20.0))[0]), expected, rtol=1e-4)
+
+
+@given(
+  hnp.arrays(
+    np.float32,
+    st.tuples(st.integers(1, 6), st.integers(2, 12)),
+    elements=st.floats(-30, 30, width=32),
+  )
+)
+def test_scores_match_float64_numpy(logits):
+  p = _softmax64(logits)
+  np.testing.assert_allclose(scores.pmax(logits), p.max(-1), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(scores.neg_log_pmax(logits), -np.log(p.max(-1)), rtol=1e-4, atol=1e-6)
+  ent = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), -1)
+  np.testing.assert_allclose(scores.entropy(logits), ent, rtol=1e-4, atol=1e-6)
+  k = min(3, logits.shape[1])
+  top = np.sort(p, -1)[:, ::-1][:, :k].sum(-1)
+  np.testing.assert_allclose(
+    scores.neg_log_topk_mass(logits, k), -np.log(top), rtol=1e-4, atol=1e-6
+  )
+  s = np.sort(logits.astype(np.float64), -1)
+  np.testing.assert_allclose(scores.margin(logits), s[:, -1] - s[:, -2], rtol=1e-5, atol=1e-5)
+
+
+def test_topk_mass_with_k1_is_neg_log_pmax():
+  logits = np.random.default_rng(0).normal(size=(50, 7)).astype(np.float32) * 5
+  np.testing.assert_allclose(
+    scores.neg_log_topk_mass(logits, 1), scores.neg_log_pmax(logits), rtol=1e-6
+  )
+
+
+def test_entropy_bounds():
+  logits = np.random.default_rng(1).normal(size=(200, 5)).astype(np.float32) * 3
+  ent = np.asarray(scores.entropy(logits))
+  assert (ent >= 0).all() and (ent <= np.log(5) + 1e-6).all()
+  np.testing.assert_allclose(scores.entropy(np.zeros((1, 5), np.float32)), [np.log(5)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(8, 5, 30), (4, 3, 1000), (40, 6, 10)])
+def test_covariance_norm_matches_numpy_cov(shape):
+  # (40, 6, 10) takes the K x K path (K <= S), the others the S x S Gram path.
+  samples = np.random.default_rng(2).normal(size=shape).astype(np.float32)
+  np.testing.assert_allclose(
+    scores.covariance_norm(samples), reference.covariance_norm(samples), rtol=1e-4
+  )
+
+
+def test_covariance_norm_of_identical_samples_is_zero():
+  samples = np.tile(np.random.default_rng(3).normal(size=(1, 4, 6)), (5, 1, 1))
+  np.testing.assert_allclose(scores.covariance_norm(samples), 0.0, atol=1e-5)
+
+
+def test_covariance_norm_scales_quadratically():
+  samples = np.random.default_rng(4).normal(size=(6, 3, 8)).astype(np.float32)
+  np.testing.assert_allclose(
+    scores.covariance_norm(3 * samples), 9 * scores.covariance_norm(samples), rtol=1e-4
+  )
+
+
+def test_human_entropy():
+  probs = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+  np.testing.assert_allclose(scores.human_entropy(probs), [0.0, np.log(2), np.log(3)], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+  "call, message",
+  [
+    (lambda: scores.neg_log_pmax(np.zeros(5)), "logits: expected a 2-D array"),
+    (lambda: scores.entropy(np.array([[0.0, np.nan]])), "logits: 1 non-finite"),
+    (lambda: scores.pmax(np.array([[np.inf, 0.0]])), "non-finite"),
+    (lambda: scores.margin(np.zeros((3, 1))), "at least 2 classes"),
+    (lambda: scores.neg_log_topk_mass(np.zeros((3, 4)), 5), "k: expected at least 1, at most 4"),
+    (lambda: scores.neg_log_topk_mass(np.zeros((3, 4)), 0), "k: expected at least 1"),
+    (lambda: scores.covariance_norm(np.zeros((1, 3, 4))), "at least 2 samples"),
+    (lambda: scores.covariance_norm(np.zeros((3, 4))), "samples: expected a 3-D"),
+    (lambda: scores.human_entropy([[0.5, 0.6]]), "probs: each row must sum to 1"),
+    (lambda: scores.human_entropy([[1.5, -0.5]]), "probs: probabilities must lie in"),
+    (lambda: scores.entropy([["a", "b"]]), "logits: expected a real-valued array"),
+  ],
+)
+def test_bad_input_raises_clear_error(call, message):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    call()

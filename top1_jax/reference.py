@@ -1,0 +1,137 @@
+"""Plain NumPy reference implementations: the spec the fast code is checked against.
+
+Written the straightforward way, in float64, one split and one bin count at a
+time, with none of the library's binning or metric code. The tests compare the
+jitted/vectorised functions with these, and ``benchmarks/`` times them as the
+naive baseline. Slow by design; not for production use.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def fit_bins(u: np.ndarray, correct: np.ndarray, n_bins: int):
+  """Equal-count bins: (edges, counts, hits, prob, prior); edges without padding."""
+  u = np.asarray(u, np.float64)
+  correct = np.asarray(correct, bool)
+  sorted_u = np.sort(u)
+  num = len(u)
+  edges = []
+  for i in range(1, n_bins):
+    value = sorted_u[(i * num) // n_bins - 1]
+    if not edges or value > edges[-1]:
+      edges.append(value)
+  edges = np.array(edges)
+  index = assign(edges, u)
+  counts = np.zeros(n_bins, np.int64)
+  hits = np.zeros(n_bins, np.int64)
+  for i in range(n_bins):
+    counts[i] = np.sum(index == i)
+    hits[i] = np.sum(correct[index == i])
+  prior = correct.mean()
+  prob = (hits + prior) / (counts + 1)
+  return edges, counts, hits, prob, prior
+
+
+def assign(edges: np.ndarray, u: np.ndarray) -> np.ndarray:
+  """Bin of each score: how many edges lie strictly below it (right-closed bins)."""
+  return np.sum(np.asarray(u, np.float64)[:, None] > np.asarray(edges)[None, :], axis=1)
+
+
+def brier(p: np.ndarray, correct: np.ndarray) -> float:
+  return float(np.mean((np.asarray(p, np.float64) - correct) ** 2))
+
+
+def nll(p: np.ndarray, correct: np.ndarray, eps: float = 2.0**-23) -> float:
+  p = np.clip(np.asarray(p, np.float64), eps, 1 - eps)
+  return float(np.mean(np.where(correct, -np.log(p), -np.log(1 - p))))
+
+
+def auroc(score: np.ndarray, correct: np.ndarray) -> float:
+  """Mann–Whitney U with mid-ranks for ties."""
+  score = np.asarray(score, np.float64)
+  correct = np.asarray(correct, bool)
+  values, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+  first_rank = np.concatenate([[1], 1 + np.cumsum(counts)[:-1]])
+  mid_rank = first_rank + (counts - 1) / 2
+  ranks = mid_rank[inverse]
+  num_pos = correct.sum()
+  num_neg = len(correct) - num_pos
+  return float((ranks[correct].sum() - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg))
+
+
+def binned_scores(prob: np.ndarray, prior: float, index: np.ndarray, correct: np.ndarray) -> dict:
+  """Every metric of bin predictions ``prob`` on test examples in bins ``index``."""
+  n_bins = len(prob)
+  correct = np.asarray(correct, bool)
+  p = prob[index]
+  acc = correct.mean()
+  ece = eor = unc_res_b = cal_b = res_n = cal_n = 0.0
+  for i in range(n_bins):
+    in_bin = index == i
+    if not in_bin.any():
+      continue
+    w = in_bin.mean()
+    a = correct[in_bin].mean()
+    ece += w * abs(a - prob[i])
+    odds = prob[i] / (1 - prob[i])
+    base = prior / (1 - prior)
+    eor += w * max(odds / base, base / odds)
+    unc_res_b += w * (a - acc) ** 2
+    cal_b += w * (prob[i] - a) ** 2
+    res_n += w * _kl(a, acc)
+    cal_n += w * _kl(a, prob[i])
+  return {
+    "accuracy": acc,
+    "brier": brier(p, correct),
+    "brier_uncertainty": acc * (1 - acc),
+    "brier_resolution": unc_res_b,
+    "brier_calibration": cal_b,
+    "nll": nll(p, correct),
+    "nll_uncertainty": _entropy(acc),
+    "nll_resolution": res_n,
+    "nll_calibration": cal_n,
+    "ece": ece,
+    "eor": eor,
+    "auroc": auroc(p, correct),
+  }
+
+
+def _entropy(a: float) -> float:
+  return -sum(x * np.log(x) for x in (a, 1 - a) if x > 0)
+
+
+def _kl(a: float, p: float, eps: float = 2.0**-23) -> float:
+  """KL(Bernoulli(a) || Bernoulli(p)), p clipped like ``nll``."""
+  p = min(max(p, eps), 1 - eps)
+  return sum(x * np.log(x / y) for x, y in ((a, p), (1 - a, 1 - p)) if x > 0)
+
+
+def cross_validate(
+  u: np.ndarray, correct: np.ndarray, n_bins: Sequence[int], test_masks: Sequence[np.ndarray]
+) -> dict[str, np.ndarray]:
+  """Per-split metrics [len(n_bins), len(test_masks)], sorting each calibration split."""
+  u = np.asarray(u, np.float64)
+  correct = np.asarray(correct, bool)
+  out: dict[str, np.ndarray] = {}
+  for f, test in enumerate(test_masks):
+    cal = ~test
+    for b, n in enumerate(n_bins):
+      edges, counts, _, prob, prior = fit_bins(u[cal], correct[cal], n)
+      row = binned_scores(prob, prior, assign(edges, u[test]), correct[test])
+      row["num_effective_bins"] = float(np.sum(counts > 0))
+      for k, v in row.items():
+        out.setdefault(k, np.zeros((len(n_bins), len(test_masks))))[b, f] = v
+  return out
+
+
+def covariance_norm(samples: np.ndarray) -> np.ndarray:
+  """||np.cov||_2 of each example's samples, via the K x K covariance: [S, N, K] -> [N]."""
+  samples = np.asarray(samples, np.float64)
+  return np.array(
+    [
+      np.linalg.eigvalsh(np.cov(samples[:, n, :], rowvar=False))[-1]
+      for n in range(samples.shape[1])
+    ]
+  )
