@@ -25,6 +25,7 @@ Where dropout acts (never on the input pixels, never on the logits):
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -234,7 +235,13 @@ def init(model: nn.Module, key: jax.Array, sample_input: ArrayLike) -> Variables
   Returns:
     ``{"params": ...}``, plus ``{"batch_stats": ...}`` for BatchNorm models.
   """
-  return model.init(key, jnp.asarray(sample_input), train=False)
+  return _init(model, key, jnp.asarray(sample_input))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init(model: nn.Module, key: jax.Array, sample_input: jax.Array) -> Variables:
+  # Jitted: op-by-op initialisation of a CNN takes seconds of dispatch on CPU.
+  return model.init(key, sample_input, train=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,135 @@
+"""Tests for top1_jax.models: shapes, call-time dropout, apply functions."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from top1_jax import models
+
+
+def _param_count(variables) -> int:
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(variables["params"]))
+
+
+@pytest.mark.parametrize(
+  "model, input_shape",
+  [
+    (models.MLP(num_classes=7, hidden_sizes=(16, 8)), (3, 28, 28)),
+    (models.CNN(num_classes=7, features=(4, 8), dense_size=16), (3, 28, 28, 1)),
+    (models.CNN(num_classes=7, features=(4, 8), downsample="max_pool"), (3, 28, 28)),
+    (models.ResNet(num_classes=7, blocks_per_stage=(1, 1), widths=(4, 8)), (3, 32, 32, 3)),
+  ],
+)
+def test_logit_shapes_with_and_without_dropout(model, input_shape):
+  x = jax.random.normal(jax.random.key(0), input_shape)
+  variables = jax.jit(lambda: models.init(model, jax.random.key(1), x[:1]))()
+  plain = jax.jit(model.apply)(variables, x)
+  assert plain.shape == (3, 7)
+  dropped = jax.jit(lambda v, x, k: model.apply(v, x, dropout_rate=0.5, rngs={"dropout": k}))(
+    variables, x, jax.random.key(2)
+  )
+  assert dropped.shape == (3, 7)
+  assert not np.allclose(plain, dropped)
+
+
+def test_resnet_defaults_are_resnet20():
+  model = models.ResNet()
+  shapes = jax.eval_shape(lambda: models.init(model, jax.random.key(0), jnp.zeros((1, 32, 32, 3))))
+  kernels = [
+    leaf.shape
+    for path, leaf in jax.tree_util.tree_flatten_with_path(shapes["params"])[0]
+    if "kernel" in jax.tree_util.keystr(path)
+  ]
+  convs = [s for s in kernels if len(s) == 4 and s[:2] == (3, 3)]
+  dense = [s for s in kernels if len(s) == 2]
+  # 19 3x3 conv layers + 1 dense = 20 weighted layers (1x1 projections aside).
+  assert len(convs) == 19 and dense == [(64, 10)]
+  assert 0.26e6 < _param_count(shapes) < 0.29e6  # ResNet-20 has ~0.27M parameters
+  assert "batch_stats" in shapes
+
+
+def test_cnn_downsamples_to_7x7_by_strides_by_default():
+  model = models.CNN(features=(4, 8), dense_size=16)
+  shapes = jax.eval_shape(lambda: models.init(model, jax.random.key(0), jnp.zeros((1, 28, 28, 1))))
+  assert shapes["params"]["Dense_0"]["kernel"].shape == (7 * 7 * 8, 16)
+
+
+def test_dropout_drops_at_rate_and_rescales():
+  rate = 0.3
+  ones = jnp.ones((20000,))
+  out = models.Dropout().apply({}, ones, rate, rngs={"dropout": jax.random.key(0)})
+  dropped = float(jnp.mean(out == 0))
+  # 4 standard deviations of a Binomial(20000, 0.3) fraction.
+  assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / ones.size)
+  np.testing.assert_allclose(out[out != 0], 1 / (1 - rate), rtol=1e-6)
+
+
+def test_traced_zero_rate_is_identity():
+  x = jax.random.normal(jax.random.key(0), (64, 32))
+  drop = jax.jit(
+    lambda rate: models.Dropout().apply({}, x, rate, rngs={"dropout": jax.random.key(1)})
+  )
+  np.testing.assert_array_equal(drop(jnp.float32(0.0)), x)
+  assert float(jnp.mean(drop(jnp.float32(0.5)) == 0)) > 0.3
+
+  # Through a model: the same up to float rounding (a different XLA program).
+  model = models.MLP(hidden_sizes=(32, 32))
+  x = jax.random.normal(jax.random.key(0), (4, 10))
+  variables = models.init(model, jax.random.key(1), x)
+
+  @jax.jit
+  def with_rate(rate):
+    return model.apply(variables, x, dropout_rate=rate, rngs={"dropout": jax.random.key(2)})
+
+  deterministic = jax.jit(lambda: model.apply(variables, x))()
+  np.testing.assert_allclose(with_rate(jnp.float32(0.0)), deterministic, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(with_rate(jnp.float32(0.1)), deterministic)
+
+
+def test_resnet_train_mode_updates_batch_stats_and_eval_uses_them():
+  model = models.ResNet(num_classes=3, blocks_per_stage=(1,), widths=(4,))
+  x = jax.random.normal(jax.random.key(0), (8, 8, 8, 3)) * 3 + 1
+  variables = jax.jit(lambda: models.init(model, jax.random.key(1), x))()
+  train_apply = jax.jit(lambda v: model.apply(v, x, train=True, mutable=["batch_stats"]))
+  _, updated = train_apply(variables)
+  before = variables["batch_stats"]["BatchNorm_0"]["mean"]
+  after = updated["batch_stats"]["BatchNorm_0"]["mean"]
+  assert not np.allclose(before, after)
+  eval_apply = jax.jit(lambda v: model.apply(v, x))
+  eval_old = eval_apply(variables)
+  eval_new = eval_apply({"params": variables["params"], **updated})
+  assert not np.allclose(eval_old, eval_new)
+
+
+def test_apply_fn_equality_and_key_requirement():
+  model = models.MLP(hidden_sizes=(8,))
+  fn = models.make_apply_fn(model)
+  assert fn == models.make_apply_fn(models.MLP(hidden_sizes=(8,)))
+  assert hash(fn) == hash(models.make_apply_fn(models.MLP(hidden_sizes=(8,))))
+  assert fn != models.make_apply_fn(models.MLP(hidden_sizes=(9,)))
+  x = jnp.ones((2, 5))
+  variables = models.init(model, jax.random.key(0), x)
+  np.testing.assert_array_equal(fn(variables, x), model.apply(variables, x))
+  with pytest.raises(ValueError, match="key"):
+    fn(variables, x, None, 0.1)
+  with pytest.raises(ValueError, match="model"):
+    models.make_apply_fn(lambda v, x: x)
+
+
+def test_architecture_is_json_and_distinguishes_models():
+  description = models.architecture(models.CNN(features=(4, 8)))
+  assert json.loads(json.dumps(description)) == description
+  assert description["class"] == "CNN" and description["features"] == [4, 8]
+  assert description != models.architecture(models.CNN(features=(4, 9)))
+  assert description != models.architecture(models.MLP())
+
+
+def test_bad_configuration_raises_naming_the_field():
+  x = jnp.zeros((1, 28, 28, 1))
+  with pytest.raises(ValueError, match="downsample"):
+    models.init(models.CNN(downsample="avg"), jax.random.key(0), x)
+  with pytest.raises(ValueError, match="blocks_per_stage"):
+    models.init(models.ResNet(blocks_per_stage=(1, 1), widths=(4,)), jax.random.key(0), x)

@@ -1,0 +1,318 @@
+"""Tests for top1_jax.train: steps, ensembles (vmap = loop), checkpoints, real data."""
+
+import gzip
+import pathlib
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from top1_jax import mc, models, train
+
+_FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist")
+
+
+def _read_idx(path: pathlib.Path, magic: int, count: int) -> np.ndarray:
+  """The first ``count`` records of a gzipped big-endian IDX file."""
+  with gzip.open(path, "rb") as f:
+    got_magic, num_items = struct.unpack(">II", f.read(8))
+    if got_magic != magic:
+      raise ValueError(f"{path}: magic {got_magic}, expected {magic}")
+    dims = struct.unpack(">II", f.read(8)) if magic == 2051 else ()
+    count = min(count, num_items)
+    record = int(np.prod(dims)) if dims else 1
+    data = np.frombuffer(f.read(count * record), np.uint8)
+  return data.reshape((count, *dims))
+
+
+def _fashion_mnist(split: str, count: int) -> tuple[np.ndarray, np.ndarray]:
+  images = _read_idx(_FASHION_MNIST / f"{split}-images-idx3-ubyte.gz", 2051, count)
+  labels = _read_idx(_FASHION_MNIST / f"{split}-labels-idx1-ubyte.gz", 2049, count)
+  return images.astype(np.float32) / 255.0, labels.astype(np.int32)
+
+
+def _toy_data(num_examples=96, num_features=10, num_classes=4, seed=0):
+  """Linearly separable-ish Gaussian blobs."""
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, num_classes, num_examples).astype(np.int32)
+  centres = rng.normal(size=(num_classes, num_features)) * 2
+  images = centres[labels] + rng.normal(size=(num_examples, num_features))
+  return images.astype(np.float32), labels
+
+
+def _max_abs_diff(a, b) -> float:
+  diffs = jax.tree_util.tree_map(lambda p, q: float(jnp.max(jnp.abs(p - q))), a, b)
+  return max(jax.tree_util.tree_leaves(diffs), default=0.0)
+
+
+def _assert_trees_equal(a, b):
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+
+
+_MLP = models.MLP(num_classes=4, hidden_sizes=(16,))
+_TX = optax.adam(1e-2)
+
+
+def test_train_step_is_pure_and_learns():
+  images, labels = _toy_data()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=0.1)
+  batch = (images[:32], labels[:32])
+  key = jax.random.key(1)
+  first, metrics = train.train_step(state, batch, key)
+  again, _ = train.train_step(state, batch, key)
+  _assert_trees_equal(first.params, again.params)  # same inputs, same outputs
+  assert int(state.step) == 0 and int(first.step) == 1  # input state untouched
+  assert _max_abs_diff(first.params, state.params) > 0
+  other_key, _ = train.train_step(state, batch, jax.random.key(2))
+  assert _max_abs_diff(first.params, other_key.params) > 0  # dropout used the key
+  assert metrics["loss"].shape == () and 0 <= float(metrics["accuracy"]) <= 1
+
+  trained = train.fit(state, images, labels, jax.random.key(3), num_steps=60, batch_size=32)
+  before, after = train.evaluate(state, images, labels), train.evaluate(trained, images, labels)
+  assert after["loss"] < before["loss"] and after["accuracy"] > 0.9
+  assert after["num_examples"] == 96
+
+
+def test_fit_is_deterministic_and_resumes_with_fresh_keys(tmp_path):
+  images, labels = _toy_data()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=0.2)
+  fit = lambda s, n, seed=7: train.fit(
+    s, images, labels, jax.random.key(seed), num_steps=n, batch_size=20
+  )
+  straight = fit(state, 9)  # 4 steps per epoch: crosses two epoch boundaries
+  _assert_trees_equal(straight.params, fit(state, 9).params)
+  assert _max_abs_diff(straight.params, fit(state, 9, seed=8).params) > 0
+
+  # 4 steps, checkpoint, restore into a fresh template, 5 more == 9 straight.
+  halfway = fit(state, 4)
+  path = train.save_checkpoint(tmp_path / "ckpt", halfway)
+  template = train.create_train_state(_MLP, _TX, jax.random.key(99), images[:1], dropout_rate=0.2)
+  restored = train.restore_checkpoint(path, template)
+  assert int(restored.step) == 4
+  _assert_trees_equal(restored.params, halfway.params)
+  _assert_trees_equal(restored.opt_state, halfway.opt_state)
+  resumed = fit(restored, 5)
+  assert int(resumed.step) == 9
+  assert _max_abs_diff(resumed.params, straight.params) == 0.0
+
+
+def test_init_ensemble_members_equal_single_inits():
+  images, _ = _toy_data()
+  ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(4), images[:1], ensemble_size=3)
+  keys = jax.random.split(jax.random.key(4), 3)
+  for m in range(3):
+    single = train.create_train_state(_MLP, _TX, keys[m], images[:1])
+    assert _max_abs_diff(train.member(ensemble, m).params, single.params) < 1e-6
+  assert _max_abs_diff(train.member(ensemble, 0).params, train.member(ensemble, 1).params) > 0
+
+
+@pytest.mark.parametrize(
+  "model, shape",
+  [
+    (models.MLP(num_classes=4, hidden_sizes=(16, 8)), (10,)),
+    (models.CNN(num_classes=4, features=(4, 8), dense_size=8), (12, 12, 1)),
+    (models.ResNet(num_classes=4, blocks_per_stage=(1,), widths=(4,)), (8, 8, 3)),
+  ],
+  ids=["mlp", "cnn", "resnet_bn"],
+)
+def test_vmapped_ensemble_training_equals_separate_training(model, shape):
+  rng = np.random.default_rng(1)
+  images = rng.normal(size=(40, *shape)).astype(np.float32)
+  labels = rng.integers(0, 4, 40).astype(np.int32)
+  tx = optax.sgd(0.05, momentum=0.9)
+  ensemble = train.init_ensemble(
+    model, tx, jax.random.key(5), images[:1], ensemble_size=3, dropout_rate=0.1
+  )
+  key = jax.random.key(6)
+  kwargs = dict(num_steps=5, batch_size=16)  # 2 steps per epoch: reshuffles twice
+  by_vmap = train.fit_ensemble(ensemble, images, labels, key, strategy="vmap", **kwargs)
+  by_loop = train.fit_ensemble(ensemble, images, labels, key, strategy="loop", **kwargs)
+  member_keys = jax.random.split(key, 3)
+  for m in range(3):
+    alone = train.fit(train.member(ensemble, m), images, labels, member_keys[m], **kwargs)
+    for trained in (by_vmap, by_loop):
+      got = train.member(trained, m)
+      assert _max_abs_diff(got.params, alone.params) < 1e-5
+      assert _max_abs_diff(got.model_state, alone.model_state) < 1e-5
+  assert np.all(np.asarray(by_vmap.step) == 5)
+  # Members differ from each other: their own init, shuffling and dropout.
+  assert _max_abs_diff(train.member(by_vmap, 0).params, train.member(by_vmap, 1).params) > 1e-3
+
+
+def test_each_member_sees_its_own_shuffling():
+  images, labels = _toy_data(num_examples=64)
+  ensemble = train.init_ensemble(
+    _MLP, optax.sgd(0.0), jax.random.key(0), images[:1], ensemble_size=2
+  )
+  # lr 0 and both members given member 0's weights: the per-member losses of a
+  # step differ only if the members drew different batches.
+  same_params = jax.tree_util.tree_map(lambda leaf: jnp.stack([leaf[0], leaf[0]]), ensemble)
+  seen_same = []
+  train.fit_ensemble(
+    same_params,
+    images,
+    labels,
+    jax.random.key(1),
+    num_steps=1,
+    batch_size=8,
+    strategy="vmap",
+    callback=seen_same.append,
+  )
+  loss = seen_same[0]["loss"]
+  assert loss.shape == (2,) and loss[0] != loss[1]  # same weights, different batches
+  assert seen_same[0]["member"] is None and seen_same[0]["step"] == 1
+
+
+def test_callback_reports_progress_and_nothing_is_printed(capsys):
+  images, labels = _toy_data()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  reports = []
+  train.fit(
+    state,
+    images,
+    labels,
+    jax.random.key(1),
+    num_steps=7,
+    batch_size=16,
+    log_every=3,
+    callback=reports.append,
+  )
+  assert [r["step"] for r in reports] == [3, 6, 7]
+  assert all(r["num_steps"] == 7 and r["member"] is None for r in reports)
+  assert all(isinstance(r["loss"], float) and r["examples_per_second"] > 0 for r in reports)
+  ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=2)
+  member_reports = []
+  train.fit_ensemble(
+    ensemble,
+    images,
+    labels,
+    jax.random.key(1),
+    num_steps=2,
+    batch_size=16,
+    strategy="loop",
+    callback=member_reports.append,
+  )
+  assert [(r["member"], r["step"]) for r in member_reports] == [(0, 2), (1, 2)]
+  captured = capsys.readouterr()
+  assert captured.out == ""
+
+
+def test_checkpoint_round_trip_of_an_ensemble_and_refusals(tmp_path):
+  images, labels = _toy_data()
+  ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=2)
+  ensemble = train.fit_ensemble(
+    ensemble, images, labels, jax.random.key(1), num_steps=3, batch_size=16
+  )
+  path = train.save_checkpoint(tmp_path / "ensemble", ensemble)
+  fresh = train.init_ensemble(_MLP, _TX, jax.random.key(9), images[:1], ensemble_size=2)
+  restored = train.restore_checkpoint(path, fresh)
+  _assert_trees_equal(restored.params, ensemble.params)
+  _assert_trees_equal(restored.opt_state, ensemble.opt_state)
+  np.testing.assert_array_equal(restored.step, [3, 3])
+
+  with pytest.raises(ValueError, match="directory"):
+    train.save_checkpoint(path, ensemble)
+  train.save_checkpoint(path, restored, overwrite=True)
+
+  other_width = models.MLP(num_classes=4, hidden_sizes=(17,))
+  template = train.init_ensemble(other_width, _TX, jax.random.key(0), images[:1], ensemble_size=2)
+  with pytest.raises(ValueError, match=r"architecture mismatch.*hidden_sizes"):
+    train.restore_checkpoint(path, template)
+  cnn = train.create_train_state(
+    models.CNN(num_classes=4), _TX, jax.random.key(0), np.zeros((1, 28, 28, 1))
+  )
+  with pytest.raises(ValueError, match=r"architecture mismatch.*class"):
+    train.restore_checkpoint(path, cnn)
+  single = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  with pytest.raises(ValueError, match="holds 2 stacked members"):
+    train.restore_checkpoint(path, single)
+  three = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=3)
+  with pytest.raises(ValueError, match="parameter shapes differ"):
+    train.restore_checkpoint(path, three)
+  with pytest.raises(ValueError, match="directory"):
+    train.restore_checkpoint(tmp_path / "missing", fresh)
+
+
+def test_bad_inputs_raise_naming_the_argument():
+  images, labels = _toy_data()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  fit = lambda **kw: train.fit(
+    state,
+    kw.pop("images", images),
+    kw.pop("labels", labels),
+    kw.pop("key", jax.random.key(0)),
+    num_steps=kw.pop("num_steps", 2),
+    batch_size=kw.pop("batch_size", 8),
+  )
+  with pytest.raises(ValueError, match="labels"):
+    fit(labels=np.full(96, 4))
+  with pytest.raises(ValueError, match="length mismatch"):
+    fit(labels=labels[:50])
+  with pytest.raises(ValueError, match="images"):
+    fit(images=np.full_like(images, np.nan))
+  with pytest.raises(ValueError, match="batch_size"):
+    fit(batch_size=97)
+  with pytest.raises(ValueError, match="num_steps"):
+    fit(num_steps=0)
+  with pytest.raises(ValueError, match="key"):
+    fit(key=3)
+  for rate in (1.0, -0.5, "0.1"):
+    with pytest.raises(ValueError, match="dropout_rate"):
+      train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=rate)
+  with pytest.raises(ValueError, match="model"):
+    train.create_train_state("mlp", _TX, jax.random.key(0), images[:1])
+  with pytest.raises(ValueError, match="tx"):
+    train.create_train_state(_MLP, 0.1, jax.random.key(0), images[:1])
+  with pytest.raises(ValueError, match="ensemble_size"):
+    train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=0)
+  with pytest.raises(ValueError, match="batch"):
+    train.train_step(state, (images[:4], labels[:3]), jax.random.key(0))
+  with pytest.raises(ValueError, match="batch labels"):
+    train.train_step(state, (images[:4], labels[:4].astype(np.float32)), jax.random.key(0))
+  ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=2)
+  with pytest.raises(ValueError, match="keys"):
+    train.ensemble_train_step(
+      ensemble, (images[None, :4].repeat(2, 0), labels[None, :4].repeat(2, 0)), jax.random.key(0)
+    )
+  with pytest.raises(ValueError, match="strategy"):
+    train.fit_ensemble(
+      ensemble, images, labels, jax.random.key(0), num_steps=1, batch_size=8, strategy="x"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+  not (_FASHION_MNIST / "t10k-labels-idx1-ubyte.gz").exists(),
+  reason=f"Fashion-MNIST IDX files not found in {_FASHION_MNIST}",
+)
+def test_short_real_training_on_fashion_mnist():
+  train_images, train_labels = _fashion_mnist("train", 12000)
+  test_images, test_labels = _fashion_mnist("t10k", 2000)
+  model = models.MLP(num_classes=10, hidden_sizes=(256, 128))
+  state = train.create_train_state(
+    model, optax.adam(1e-3), jax.random.key(0), train_images[:1], dropout_rate=0.1
+  )
+  state = train.fit(
+    state, train_images, train_labels, jax.random.key(1), num_steps=300, batch_size=128
+  )
+  metrics = train.evaluate(state, test_images, test_labels)
+  assert metrics["accuracy"] > 0.8, metrics  # chance is 0.1
+
+  # MC dropout on the trained network: as accurate, and more uncertain where wrong.
+  predictions = mc.predict(
+    models.make_apply_fn(model),
+    state.variables,
+    test_images,
+    key=jax.random.key(2),
+    num_samples=8,
+    rate=0.1,
+    chunk_size=500,
+  )
+  correct = np.argmax(predictions.mean_log_probs, axis=1) == test_labels
+  assert correct.mean() > 0.8
+  for name in ("neg_log_pmax", "covariance_norm_probs"):
+    score = predictions.scores[name]
+    assert score[~correct].mean() > 2 * score[correct].mean(), name
