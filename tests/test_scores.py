@@ -124,3 +124,13 @@ def test_human_entropy():
 def test_bad_input_raises_clear_error(call, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(")):
     call()
+
+
+def test_covariance_norm_keeps_a_tiny_spread_around_a_large_mean():
+  # Tiny dropout rates: samples differ by 1e-3 around logits of 10. Centring after the
+  # Gram product would lose this to float32 cancellation.
+  rng = np.random.default_rng(5)
+  samples = (10 + 1e-3 * rng.normal(size=(16, 8, 200))).astype(np.float32)
+  np.testing.assert_allclose(
+    scores.covariance_norm(samples), reference.covariance_norm(samples), rtol=1e-3
+  )

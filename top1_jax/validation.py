@@ -18,20 +18,31 @@ def is_traced(x) -> bool:
   return isinstance(x, jax.core.Tracer)
 
 
-def as_array(name: str, x: ArrayLike, ndim: int | Sequence[int]) -> jax.Array:
-  """Converts ``x`` to an array and checks its rank."""
+def _xp(arr):
+  return np if isinstance(arr, np.ndarray) else jnp
+
+
+def as_array(
+  name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
+) -> jax.Array | np.ndarray:
+  """Converts ``x`` to an array and checks its rank.
+
+  With ``host=True`` the result is a NumPy array (for code that runs on the host,
+  where a round trip through the device would only cost time); the value checks
+  below then run in NumPy too.
+  """
   if x is None:
     raise ValueError(f"{name}: expected an array, got None")
-  if isinstance(x, jax.Array):
+  if isinstance(x, jax.Array) and (not host or is_traced(x)):
     arr = x
   else:
     try:
-      host = np.asarray(x)
+      converted = np.asarray(x)
     except (TypeError, ValueError) as e:
       raise ValueError(f"{name}: cannot convert to an array ({e})") from None
-    if host.dtype.kind not in "biuf":
-      raise ValueError(f"{name}: expected a real-valued array, got dtype {host.dtype}")
-    arr = jnp.asarray(host)
+    if converted.dtype.kind not in "biuf":
+      raise ValueError(f"{name}: expected a real-valued array, got dtype {converted.dtype}")
+    arr = converted if host else jnp.asarray(converted)
   ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
   if arr.ndim not in ndims:
     want = " or ".join(f"{d}-D" for d in ndims)
@@ -39,24 +50,27 @@ def as_array(name: str, x: ArrayLike, ndim: int | Sequence[int]) -> jax.Array:
   return arr
 
 
-def float_array(name: str, x: ArrayLike, ndim: int | Sequence[int]) -> jax.Array:
+def float_array(
+  name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
+) -> jax.Array | np.ndarray:
   """A finite floating array of the given rank (ints and bools are promoted)."""
-  arr = as_array(name, x, ndim)
-  if arr.dtype == jnp.bool_ or not jnp.issubdtype(arr.dtype, jnp.floating):
-    if not (arr.dtype == jnp.bool_ or jnp.issubdtype(arr.dtype, jnp.integer)):
+  arr = as_array(name, x, ndim, host=host)
+  if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.floating):
+    if not (arr.dtype == np.bool_ or np.issubdtype(arr.dtype, np.integer)):
       raise ValueError(f"{name}: expected a real-valued array, got dtype {arr.dtype}")
-    arr = arr.astype(jnp.float32)
+    arr = arr.astype(np.float32)
   check_finite(name, arr)
   return arr
 
 
-def check_finite(name: str, arr: jax.Array) -> None:
+def check_finite(name: str, arr: jax.Array | np.ndarray) -> None:
   if is_traced(arr) or arr.size == 0:
     return
-  finite = jnp.isfinite(arr)
-  if not bool(jnp.all(finite)):
-    bad = int(jnp.size(finite) - jnp.sum(finite))
-    first = int(jnp.argmin(finite.reshape(-1)))
+  xp = _xp(arr)
+  finite = xp.isfinite(arr)
+  if not bool(xp.all(finite)):
+    bad = int(finite.size - xp.sum(finite))
+    first = int(xp.argmin(finite.reshape(-1)))
     value = arr.reshape(-1)[first]
     raise ValueError(
       f"{name}: {bad} non-finite value(s) (first at flat index {first}: {value});"
@@ -69,15 +83,16 @@ def check_nonempty(name: str, arr: jax.Array, axis: int = 0) -> None:
     raise ValueError(f"{name}: expected at least one example, got shape {arr.shape}")
 
 
-def bool_array(name: str, x: ArrayLike, ndim: int = 1) -> jax.Array:
+def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) -> jax.Array:
   """A boolean event array; accepts bools or 0/1 numbers."""
-  arr = as_array(name, x, ndim)
-  if arr.dtype == jnp.bool_:
+  arr = as_array(name, x, ndim, host=host)
+  if arr.dtype == np.bool_:
     return arr
-  if not (jnp.issubdtype(arr.dtype, jnp.integer) or jnp.issubdtype(arr.dtype, jnp.floating)):
+  if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
     raise ValueError(f"{name}: expected bool or 0/1 values, got dtype {arr.dtype}")
-  if not is_traced(arr) and arr.size and not bool(jnp.all((arr == 0) | (arr == 1))):
-    bad = arr.reshape(-1)[jnp.argmax((arr != 0) & (arr != 1))]
+  xp = _xp(arr)
+  if not is_traced(arr) and arr.size and not bool(xp.all((arr == 0) | (arr == 1))):
+    bad = arr.reshape(-1)[xp.argmax((arr != 0) & (arr != 1))]
     raise ValueError(f"{name}: expected bool or 0/1 values, got {bad}")
   return arr.astype(bool)
 
