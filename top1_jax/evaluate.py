@@ -5,18 +5,22 @@ scored. Every split and every bin count is computed together from **one** sort
 of the scores:
 
 * With the N examples in sorted order, a split is the set of sorted positions of
-  its test examples. The calibration points are the rest, so the rank-c
-  calibration point sits at position ``c - 1 + #{test positions before it}``,
-  one binary search into the split's test positions.
-* Its edge value's tie group ends at a known position, so every bin of every
-  split and bin count is a contiguous range of sorted positions, and its counts
-  and hits are differences of cumulative counts at the range ends.
+  its test examples; the calibration points are the rest. All splits' test
+  positions go into one flat sorted array (split f offset by f (N + 1)), so
+  "test points of split f below position p" is one binary search.
+* The quantile edges are the scores of the calibration points of rank
+  floor(i M / n); each such point's position is found by bisection on
+  p + 1 - (test points up to p), a batched binary search per halving.
+* An edge's tie group ends at a known position, so every bin of every split and
+  bin count is a contiguous range of sorted positions, and its calibration and
+  test counts and hits are differences of cumulative counts at the range ends.
 
-So the O(N) work is one argsort plus O(N) index bookkeeping per split, and the
-per-bin work is a few thousand binary searches; the metrics are then computed
-by one jitted function over arrays [bin counts, splits, bins]. Sorting and the
-index work run in NumPy: XLA's CPU sort is ~50x slower than NumPy's (measured
-on 1e6 floats), and these steps are cheap integer bookkeeping either way.
+So the O(N) work is one argsort plus O(N) index bookkeeping per repetition of
+the splits (one for k-fold, n_folds / 2 for halves), and the per-bin work is a
+few thousand binary searches; the metrics are then computed by one jitted
+function over arrays [bin counts, splits, bins]. Sorting and the index work run
+in NumPy: XLA's CPU sort is ~50x slower than NumPy's (measured on 1e6 floats),
+and these steps are integer bookkeeping with no maths to accelerate.
 """
 
 from collections.abc import Sequence
@@ -145,11 +149,11 @@ class CrossValidation(NamedTuple):
 
 
 class _SortedSplits(NamedTuple):
-  """Every split's test positions in sorted order, flattened with offsets.
+  """Every split's test positions in sorted order, flattened into one array.
 
-  Split f's entries occupy ``[start[f], start[f] + size[f])`` of the flat arrays,
-  and its keys are offset by ``f * (N + 1)`` so that one ``searchsorted`` over the
-  flat arrays answers queries for all splits at once.
+  Split f's positions are offset by ``f * (N + 1)``, so the flat array is sorted
+  and one ``searchsorted`` answers "how many test points of split f lie below
+  position p" for all splits and positions at once.
   """
 
   keys: np.ndarray  # test position + f * (N + 1), ascending
