@@ -1,0 +1,323 @@
+"""Figures: built from real bins and cross-validation, saved atomically, content checked."""
+
+import os
+
+import numpy as np
+import pytest
+from matplotlib import image as mpl_image
+from matplotlib.container import ErrorbarContainer
+from matplotlib.figure import Figure
+
+from top1_jax import binning, evaluate, metrics, plots
+
+
+def _scores(num, seed=0, ties=False):
+  """u uniform, correct ~ Bernoulli(1 - u): P(correct) falls across the bins."""
+  rng = np.random.default_rng(seed)
+  u = rng.random(num).astype(np.float32)
+  if ties:
+    u = np.round(u * 4) / 4  # five distinct values
+  return u, rng.random(num) < 1 - u
+
+
+def _pair(n_bins, num=4000, seed=0, ties=False):
+  u, correct = _scores(num, seed, ties)
+  half = num // 2
+  train = binning.fit(u[:half], correct[:half], n_bins)
+  return train, binning.refit(train, u[half:], correct[half:])
+
+
+@pytest.fixture(scope="module")
+def pair10():
+  return _pair(10)
+
+
+def _check_png(path):
+  assert path.exists()
+  assert path.stat().st_size > 10_000
+  pixels = mpl_image.imread(path)
+  assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+  colours = np.unique(pixels[..., :3].reshape(-1, 3), axis=0)
+  assert len(colours) > 10  # not blank, not a single colour
+
+
+# --------------------------------------------------------------------------- bin_figure
+
+
+def test_bin_figure_two_bars_per_bin_heights_and_widths(pair10, tmp_path):
+  train, test = pair10
+  fig = plots.bin_figure(train, test, title="synthetic")
+  assert isinstance(fig, Figure)
+  ax = fig.axes[0]
+  num_bins = int(train.num_effective_bins)
+  assert num_bins == 10
+  assert len(ax.patches) == 2 * num_bins
+  train_bars, test_bars = ax.patches[:num_bins], ax.patches[num_bins:]
+  baseline = float(np.sum(test.hits) / np.sum(test.counts))
+  # Bars start at the test accuracy and end at the bin's value, most confident first.
+  assert all(bar.get_y() == pytest.approx(baseline) for bar in ax.patches)
+  assert min(b.get_height() for b in train_bars) < 0 < max(b.get_height() for b in train_bars)
+  tops = np.array([b.get_y() + b.get_height() for b in train_bars])
+  order = np.argsort(-np.asarray(train.prob))
+  np.testing.assert_allclose(tops, np.asarray(train.prob)[order], rtol=1e-6)
+  assert np.all(np.diff(tops) <= 0)
+  test_tops = np.array([b.get_y() + b.get_height() for b in test_bars])
+  np.testing.assert_allclose(test_tops, np.asarray(test.accuracy)[order], rtol=1e-5)
+  # Equal-count bins: equal widths that tile [0, 1]; test bars sit inside their bin.
+  widths = np.array([b.get_width() for b in train_bars])
+  np.testing.assert_allclose(widths, 0.1, rtol=1e-6)
+  for outer, inner in zip(train_bars, test_bars, strict=True):
+    assert (
+      outer.get_x()
+      < inner.get_x()
+      < inner.get_x() + inner.get_width()
+      < (outer.get_x() + outer.get_width())
+    )
+  # The baseline, the ECE and the intervals are on the plot.
+  assert any(np.allclose(line.get_ydata(), baseline) for line in ax.lines)
+  legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+  assert f"ECE = {float(metrics.ece(train, test)):.2%}" in legend
+  assert "95% Clopper–Pearson" in legend
+  (errorbars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+  segments = errorbars.lines[2][0].get_segments()
+  lower, upper = binning.confidence_bounds(train, 0.05)
+  np.testing.assert_allclose([s[0][1] for s in segments], np.asarray(lower)[order], atol=1e-6)
+  np.testing.assert_allclose([s[1][1] for s in segments], np.asarray(upper)[order], atol=1e-6)
+  assert ax.get_title() == "synthetic"
+
+  path = plots.save_figure(fig, tmp_path / "bins.png")
+  assert path == tmp_path / "bins.png"
+  _check_png(path)
+
+
+def test_bin_figure_ties_widths_follow_weights_and_bin_order():
+  train, test = _pair(10, ties=True)
+  num_bins = int(train.num_effective_bins)
+  assert num_bins < 10  # merged tie groups
+  fig = Figure()
+  ax = fig.add_subplot()
+  returned = plots.bin_figure(
+    train,
+    test,
+    ax=ax,
+    order="bins",
+    bounds="hoeffding",
+    accuracy=0.5,
+    annotate=False,
+    event="Top-5",
+  )
+  assert ax.get_ylabel() == "P(Top-5 prediction correct)"
+  assert ax.get_title() == f"Calibrated Top-5 bins ({num_bins} bins of 10, tied scores merged)"
+  assert returned is fig
+  assert len(ax.patches) == 2 * num_bins
+  train_bars = ax.patches[:num_bins]
+  counts = np.asarray(train.counts)[:num_bins]
+  np.testing.assert_allclose([b.get_width() for b in train_bars], counts / counts.sum(), rtol=1e-6)
+  # Bin order (ascending u): the first bar is the lowest-u bin.
+  np.testing.assert_allclose(
+    [b.get_y() + b.get_height() for b in train_bars], np.asarray(train.prob)[:num_bins], rtol=1e-6
+  )
+  assert all(b.get_y() == pytest.approx(0.5) for b in ax.patches)
+  legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+  assert "Hoeffding" in legend and "50.0%" in legend
+
+
+def test_bin_figure_empty_test_bin_and_no_bounds(pair10, tmp_path):
+  train = pair10[0]
+  u, correct = _scores(2000, seed=2)
+  # Squeezed above 0.3 (same length, so no recompilation): the lowest-u bins stay empty.
+  test = binning.refit(train, 0.3 + 0.7 * u, correct)
+  nonempty = int(np.sum(np.asarray(test.counts) > 0))
+  assert nonempty < 10
+  fig = plots.bin_figure(train, test, bounds=None)
+  ax = fig.axes[0]
+  assert len(ax.patches) == 10 + nonempty
+  assert not [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+  assert np.all(np.isfinite([p.get_height() for p in ax.patches]))
+  _check_png(plots.save_figure(fig, tmp_path / "empty.png"))
+
+
+def test_bin_figure_validation(pair10):
+  train, test = pair10
+  other_train, other_test = _pair(40)
+  with pytest.raises(ValueError, match="test_bins: expected 10 bins"):
+    plots.bin_figure(train, other_test)
+  with pytest.raises(ValueError, match="test_bins: bin edges differ"):
+    plots.bin_figure(train, _pair(10, seed=1)[1])
+  with pytest.raises(ValueError, match="train_bins: expected binning.Bins"):
+    plots.bin_figure({"counts": 1}, test)
+  with pytest.raises(ValueError, match="bounds"):
+    plots.bin_figure(train, test, bounds="wald")
+  with pytest.raises(ValueError, match="order"):
+    plots.bin_figure(train, test, order="random")
+  with pytest.raises(ValueError, match="delta"):
+    plots.bin_figure(train, test, delta=1.5)
+  with pytest.raises(ValueError, match="event"):
+    plots.bin_figure(train, test, event=5)
+  with pytest.raises(ValueError, match="accuracy"):
+    plots.bin_figure(train, test, accuracy=2.0)
+  assert other_train.n_bins == 40
+
+
+# --------------------------------------------------------------------------- refinement
+
+
+def test_refinement_figure(pair10, tmp_path):
+  fine = _pair(40)
+  fig = plots.refinement_figure(pair10, fine)
+  coarse_ax, fine_ax = fig.axes
+  assert len(coarse_ax.patches) == 2 * 10
+  # 40 bars of each kind, plus the coarse predictions traced as one step patch.
+  steps = [p for p in fine_ax.patches if type(p).__name__ == "StepPatch"]
+  assert len(steps) == 1
+  assert len(fine_ax.patches) == 2 * int(fine[0].num_effective_bins) + 1
+  np.testing.assert_allclose(
+    steps[0].get_data().values, np.sort(np.asarray(pair10[0].prob))[::-1], rtol=1e-6
+  )
+  assert coarse_ax.get_ylim() == fine_ax.get_ylim()
+  assert [coarse_ax.get_title(), fine_ax.get_title()] == ["10 bins", "40 bins"]
+  _check_png(plots.save_figure(fig, tmp_path / "refine.png"))
+
+
+def test_refinement_figure_validation(pair10):
+  with pytest.raises(ValueError, match=r"fine\[1\]: expected 40 bins"):
+    plots.refinement_figure(pair10, (_pair(40)[0], pair10[1]))
+  with pytest.raises(ValueError, match="coarse: expected a"):
+    plots.refinement_figure(pair10[0], pair10)
+
+
+# --------------------------------------------------------------------------- ablation
+
+
+@pytest.fixture(scope="module")
+def ablation_results():
+  u, correct = _scores(3000)
+  noisy = u + np.random.default_rng(1).normal(0, 0.3, u.shape).astype(np.float32)
+  splits = evaluate.make_splits(u.shape[0], 4, seed=0)
+  n_bins = (5, 10, 20, 50)
+  return {
+    "u": evaluate.cross_validate(u, correct, n_bins=n_bins, splits=splits),
+    "u + noise": evaluate.cross_validate(noisy, correct, n_bins=n_bins, splits=splits),
+  }
+
+
+def test_ablation_figure(ablation_results, tmp_path):
+  fig = plots.ablation_figure(ablation_results)
+  assert len(fig.axes) == 3
+  for ax, metric in zip(fig.axes, ("brier", "ece", "eor"), strict=True):
+    assert ax.get_xscale() == "log"
+    assert len(ax.lines) == 2  # one per score; the std bands are collections
+    assert len(ax.collections) == 2
+    for line, result in zip(ax.lines, ablation_results.values(), strict=True):
+      np.testing.assert_array_equal(line.get_xdata(), result.n_bins)
+      np.testing.assert_allclose(line.get_ydata(), result.mean[metric], rtol=1e-6)
+  labels = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert labels == ["u", "u + noise"]
+  _check_png(plots.save_figure(fig, tmp_path / "ablation.png"))
+
+
+def test_ablation_figure_validation(ablation_results):
+  with pytest.raises(ValueError, match="results: expected a non-empty"):
+    plots.ablation_figure({})
+  with pytest.raises(ValueError, match=r"results\['x'\]"):
+    plots.ablation_figure({"x": [1, 2]})
+  with pytest.raises(ValueError, match="metrics"):
+    plots.ablation_figure(ablation_results, metrics=("brier", "f1"))
+  one = plots.ablation_figure(ablation_results, metrics=("auroc",), title=None)
+  assert len(one.axes) == 1
+
+
+# --------------------------------------------------------------------------- images
+
+
+def _images(num, channels, seed=0):
+  rng = np.random.default_rng(seed)
+  # Smooth gradients plus noise: many colours, in [0, 1].
+  ramp = np.linspace(0, 1, 16)[None, :, None, None] * np.ones((num, 16, 16, channels))
+  return np.clip(0.7 * ramp + 0.3 * rng.random((num, 16, 16, channels)), 0, 1).astype(np.float32)
+
+
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "a very long class name indeed")
+
+
+def test_image_grid_grayscale(tmp_path):
+  num = 10
+  given = np.arange(num) % 6
+  predicted = (given + 1) % 6
+  probs = np.linspace(0.9, 0.99999, num)
+  probs[0] = 0.998
+  fig = plots.image_grid(_images(num, 1), given, predicted, probs, CLASSES, columns=4, title="t")
+  assert len(fig.axes) == num
+  titles = [ax.get_title() for ax in fig.axes]
+  assert titles[0] == "given: airplane\npred: automobile\np=0.998"
+  assert "p=0.99999" in titles[-1]  # not rounded up to 1.000
+  assert "given: a very long class…" in titles[5]
+  for ax in fig.axes:
+    (shown,) = ax.get_images()
+    assert shown.get_array().shape == (16, 16)
+    assert shown.get_cmap().name == "gray"
+  rows = {round(ax.get_position().y0, 3) for ax in fig.axes}
+  assert len(rows) == 3  # 4 + 4 + 2
+  _check_png(plots.save_figure(fig, tmp_path / "grid.png"))
+
+
+def test_image_grid_rgb_and_validation():
+  images = _images(3, 3)
+  fig = plots.image_grid(images, [0, 1, 2], [0, 2, 1], [0.5, 0.6, 0.7], CLASSES)
+  assert len(fig.axes) == 3
+  assert fig.axes[0].get_images()[0].get_array().shape == (16, 16, 3)
+  with pytest.raises(ValueError, match="given_labels: expected 3 entries"):
+    plots.image_grid(images, [0, 1], [0, 2, 1], [0.5, 0.6, 0.7], CLASSES)
+  with pytest.raises(ValueError, match="predicted_labels: labels out of range"):
+    plots.image_grid(images, [0, 1, 2], [0, 2, 6], [0.5, 0.6, 0.7], CLASSES)
+  with pytest.raises(ValueError, match="probs: expected shape"):
+    plots.image_grid(images, [0, 1, 2], [0, 2, 1], [0.5, 0.6], CLASSES)
+  with pytest.raises(ValueError, match="probs: expected probabilities"):
+    plots.image_grid(images, [0, 1, 2], [0, 2, 1], [0.5, 0.6, 1.5], CLASSES)
+  with pytest.raises(ValueError, match=r"images: expected \[N, H, W, C\]"):
+    plots.image_grid(images[..., 0], [0, 1, 2], [0, 2, 1], [0.5, 0.6, 0.7], CLASSES)
+  with pytest.raises(ValueError, match="images: expected finite values in"):
+    plots.image_grid(images * 255, [0, 1, 2], [0, 2, 1], [0.5, 0.6, 0.7], CLASSES)
+  with pytest.raises(ValueError, match="images: expected at least one"):
+    plots.image_grid(images[:0], [], [], [], CLASSES)
+  with pytest.raises(ValueError, match="columns"):
+    plots.image_grid(images, [0, 1, 2], [0, 2, 1], [0.5, 0.6, 0.7], CLASSES, columns=0)
+  with pytest.raises(ValueError, match="class_names"):
+    plots.image_grid(images, [0, 1, 2], [0, 2, 1], [0.5, 0.6, 0.7], "abc")
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def _small_figure():
+  fig = Figure(figsize=(2, 2))
+  fig.add_subplot().plot([0, 1], [1, 0])
+  return fig
+
+
+def test_save_figure_creates_directories_and_formats(tmp_path):
+  path = plots.save_figure(_small_figure(), str(tmp_path / "a" / "b" / "fig.svg"))
+  assert path.read_text().lstrip().startswith("<?xml")
+  assert os.listdir(path.parent) == ["fig.svg"]
+  with pytest.raises(ValueError, match="path: expected a suffix"):
+    plots.save_figure(_small_figure(), tmp_path / "fig.xyz")
+  with pytest.raises(ValueError, match="fig: expected a matplotlib Figure"):
+    plots.save_figure("not a figure", tmp_path / "fig.png")
+
+
+def test_save_figure_failure_leaves_no_partial_file(tmp_path, monkeypatch):
+  target = tmp_path / "out" / "fig.png"
+  plots.save_figure(_small_figure(), target)
+  before = target.read_bytes()
+
+  def broken_savefig(self, file, **kwargs):
+    file.write(b"\x89PNG partial")
+    raise OSError("disk full")
+
+  monkeypatch.setattr(Figure, "savefig", broken_savefig)
+  with pytest.raises(OSError, match="disk full"):
+    plots.save_figure(_small_figure(), target)
+  with pytest.raises(OSError, match="disk full"):
+    plots.save_figure(_small_figure(), tmp_path / "out" / "new.png")
+  assert target.read_bytes() == before  # the old figure is untouched
+  assert os.listdir(target.parent) == ["fig.png"]  # no partial new file, no temp file
