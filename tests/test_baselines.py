@@ -1,0 +1,394 @@
+"""Benchmark baselines: temperature scaling, histogram binning, multiclass metrics.
+
+Every fast function is checked against a plain float64 NumPy loop written here,
+temperature scaling against a known temperature and an independent solver, and
+the comparison the paper makes (Top-1 binning vs the raw softmax) on synthetic
+logits whose miscalibration is known.
+"""
+
+import numpy as np
+import pytest
+import scipy.optimize
+import scipy.special
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from top1_jax import baselines, binning, events, metrics, scores
+
+NUM_CLASSES = 10
+
+
+def _sample(num, seed, scale=2.0, num_classes=NUM_CLASSES):
+  """True logits z and labels drawn from softmax(z) (Gumbel-max: exact sampling)."""
+  rng = np.random.default_rng(seed)
+  z = (scale * rng.normal(size=(num, num_classes))).astype(np.float32)
+  labels = np.argmax(z + rng.gumbel(size=z.shape), axis=-1)
+  return z, labels
+
+
+def _softmax64(logits):
+  return scipy.special.softmax(np.asarray(logits, np.float64), axis=-1)
+
+
+# --------------------------------------------------------------- plain NumPy references
+
+
+def _loop_brier(probs, labels):
+  total = 0.0
+  for p, y in zip(np.asarray(probs, np.float64), labels, strict=True):
+    total += sum((p[k] - (1.0 if k == y else 0.0)) ** 2 for k in range(len(p)))
+  return total / len(labels)
+
+
+def _loop_nll(probs, labels):
+  return float(np.mean([-np.log(p[y]) for p, y in zip(probs, labels, strict=True)]))
+
+
+def _loop_bin(value, n_bins):
+  """Right-closed equal-width bin of one value in [0, 1], 0 in the first bin."""
+  for b in range(n_bins):
+    if value <= (b + 1) / n_bins:
+      return b
+  return n_bins - 1
+
+
+def _loop_ece(confidence, correct, n_bins):
+  """sum_b (n_b / N) |acc_b - conf_b|, one bin at a time."""
+  confidence = np.asarray(confidence, np.float64)
+  members = [[] for _ in range(n_bins)]
+  for i, c in enumerate(confidence):
+    members[_loop_bin(c, n_bins)].append(i)
+  total = 0.0
+  for idx in members:
+    if idx:
+      acc = np.mean([float(correct[i]) for i in idx])
+      conf = np.mean([confidence[i] for i in idx])
+      total += len(idx) / len(confidence) * abs(acc - conf)
+  return total
+
+
+def _loop_histogram_binning(probs_cal, labels_cal, probs_test, n_bins):
+  num_classes = probs_cal.shape[1]
+  value = np.zeros((num_classes, n_bins))
+  for k in range(num_classes):
+    for b in range(n_bins):
+      inside = [i for i in range(len(labels_cal)) if _loop_bin(probs_cal[i, k], n_bins) == b]
+      if inside:
+        value[k, b] = np.mean([labels_cal[i] == k for i in inside])
+      else:
+        value[k, b] = (b + 0.5) / n_bins
+  out = np.zeros_like(probs_test, np.float64)
+  for i, row in enumerate(probs_test):
+    q = np.array([value[k, _loop_bin(row[k], n_bins)] for k in range(num_classes)])
+    out[i] = q / q.sum() if q.sum() > 0 else row
+  return value, out
+
+
+# ------------------------------------------------------------------ temperature scaling
+
+
+@pytest.mark.parametrize("true_temperature", [0.5, 2.0, 3.0])
+def test_fit_temperature_recovers_known_temperature(true_temperature):
+  # Labels follow softmax(z); the model reports T_true * z, so softmax(model / T) is
+  # calibrated exactly at T = T_true.
+  z, labels = _sample(10000, seed=int(10 * true_temperature))
+  model_logits = true_temperature * z
+  fitted = float(baselines.fit_temperature(model_logits, labels))
+  assert fitted == pytest.approx(true_temperature, rel=0.03)
+  nll_fitted = baselines.multiclass_nll(
+    labels, logits=baselines.apply_temperature(model_logits, fitted)
+  )
+  nll_raw = baselines.multiclass_nll(labels, logits=model_logits)
+  assert float(nll_fitted) < float(nll_raw) - 0.01
+
+
+def test_fit_temperature_matches_float64_scipy_minimiser():
+  z, labels = _sample(3000, seed=7)
+  model_logits = (2.5 * z).astype(np.float32)
+  logits64 = model_logits.astype(np.float64)
+
+  def nll(log_temperature):
+    scaled = logits64 / np.exp(log_temperature)
+    return np.mean(
+      scipy.special.logsumexp(scaled, axis=-1) - scaled[np.arange(len(labels)), labels]
+    )
+
+  reference = scipy.optimize.minimize_scalar(
+    nll, bounds=(np.log(1e-3), np.log(1e3)), method="bounded", options={"xatol": 1e-10}
+  )
+  fitted = float(baselines.fit_temperature(model_logits, labels))
+  assert fitted == pytest.approx(np.exp(reference.x), rel=1e-3)
+  # A minimum: moving 1% either way costs likelihood.
+  assert nll(np.log(fitted)) <= nll(np.log(fitted * 1.01))
+  assert nll(np.log(fitted)) <= nll(np.log(fitted / 1.01))
+
+
+def test_fit_temperature_separable_data_goes_to_bracket_end():
+  # Every example correct with a margin: sharper is always better, so T -> min.
+  labels = np.arange(40) % 4
+  logits = 5.0 * np.eye(4, dtype=np.float32)[labels]
+  fitted = float(baselines.fit_temperature(logits, labels, min_temperature=0.1))
+  assert fitted == pytest.approx(0.1, rel=1e-4)
+  # Every example wrong: flatter is always better, so T -> max.
+  wrong = (labels + 1) % 4
+  fitted = float(baselines.fit_temperature(logits, wrong, max_temperature=50.0))
+  assert fitted == pytest.approx(50.0, rel=1e-4)
+
+
+def test_apply_temperature_divides_logits():
+  logits = np.array([[1.0, -2.0, 4.0], [0.0, 3.0, 1.0]], np.float32)
+  np.testing.assert_allclose(baselines.apply_temperature(logits, 2.0), logits / 2.0)
+  stacked = np.stack([logits, 2 * logits])
+  np.testing.assert_allclose(baselines.apply_temperature(stacked, 4.0), stacked / 4.0)
+
+
+# ------------------------------------------------------------------ multiclass metrics
+
+
+def test_multiclass_metrics_match_numpy_loop():
+  z, labels = _sample(400, seed=3, scale=1.5)
+  model_logits = 2.0 * z
+  probs = _softmax64(model_logits)
+  confidence = probs.max(-1)
+  correct = probs.argmax(-1) == labels
+  brier = _loop_brier(probs, labels)
+  nll = _loop_nll(probs, labels)
+  # The conversions the module documents: the benchmark code's Brier is this - 1,
+  # a mean over all N x K entries is this / K.
+  code_brier = np.mean(np.sum(probs**2, -1) - 2 * probs[np.arange(len(labels)), labels])
+  entry_mean = np.mean((probs - np.eye(NUM_CLASSES)[labels]) ** 2)
+  assert code_brier == pytest.approx(brier - 1)
+  assert entry_mean == pytest.approx(brier / NUM_CLASSES)
+
+  for given_as in ({"logits": model_logits}, {"probs": probs.astype(np.float32)}):
+    for n_bins in (1, 10, 15):
+      ece = _loop_ece(confidence, correct, n_bins)
+      result = baselines.multiclass_metrics(labels, n_bins=n_bins, **given_as)
+      assert float(result.brier) == pytest.approx(brier, rel=1e-5)
+      assert float(result.nll) == pytest.approx(nll, rel=1e-5)
+      assert float(result.ece) == pytest.approx(ece, abs=1e-6)
+      assert float(result.accuracy) == pytest.approx(correct.mean())
+      assert float(baselines.equal_width_ece(confidence, correct, n_bins)) == pytest.approx(
+        ece, abs=1e-6
+      )
+    # The single-metric functions agree with the combined one (default 15 bins).
+    assert float(baselines.multiclass_brier(labels, **given_as)) == pytest.approx(brier, rel=1e-5)
+    assert float(baselines.multiclass_nll(labels, **given_as)) == pytest.approx(nll, rel=1e-5)
+    assert float(baselines.confidence_ece(labels, **given_as)) == pytest.approx(
+      _loop_ece(confidence, correct, 15), abs=1e-6
+    )
+
+
+def test_equal_width_bins_edges_are_right_closed():
+  # Values on interior edges go to the lower bin, 0 to the first, 1 to the last.
+  confidence = np.array([0.0, 0.25, 0.2500001, 0.5, 0.75, 1.0], np.float32)
+  correct = np.array([1, 0, 1, 1, 0, 1], bool)
+  bins = baselines.equal_width_bins(confidence, correct, n_bins=4)
+  np.testing.assert_array_equal(bins.counts, [2, 2, 1, 1])
+  np.testing.assert_array_equal(bins.hits, [1, 2, 0, 1])
+  expected = _loop_ece(confidence, correct, 4)
+  assert float(bins.ece) == pytest.approx(expected, abs=1e-7)
+  np.testing.assert_allclose(bins.edges, [0, 0.25, 0.5, 0.75, 1])
+
+
+def test_multiclass_brier_is_top1_brier_of_pmax_plus_the_rest():
+  z, labels = _sample(400, seed=11)
+  probs = _softmax64(2.0 * z)
+  top = probs.argmax(-1)
+  correct = top == labels
+  pmax = probs.max(-1)
+  onehot = np.eye(NUM_CLASSES)[labels]
+  rest = np.mean(np.sum(np.where(np.eye(NUM_CLASSES)[top] > 0, 0.0, (probs - onehot) ** 2), -1))
+  multiclass = float(baselines.multiclass_brier(labels, probs=probs.astype(np.float32)))
+  top1 = float(metrics.brier(pmax.astype(np.float32), correct))
+  assert rest > 0.01
+  assert multiclass == pytest.approx(top1 + rest, rel=1e-5)
+
+
+def test_confidence_ece_is_binary_ece_of_pmax():
+  z, labels = _sample(400, seed=5)
+  logits = 3.0 * z
+  pmax = scores.pmax(logits)
+  correct = events.topk_correct(logits, labels)
+  assert float(baselines.confidence_ece(labels, logits=logits)) == pytest.approx(
+    float(baselines.equal_width_ece(pmax, correct)), abs=1e-6
+  )
+
+
+def test_nll_from_extreme_logits_is_exact_and_zero_probability_is_finite():
+  logits = np.array([[0.0, 200.0], [300.0, 0.0]], np.float32)
+  labels = np.array([0, 0])
+  # -log softmax = [200, 0]: the float32 softmax would underflow to 0 and give inf.
+  assert float(baselines.multiclass_nll(labels, logits=logits)) == pytest.approx(100.0)
+  probs = np.array([[0.0, 1.0], [1.0, 0.0]], np.float32)
+  value = float(baselines.multiclass_nll(labels, probs=probs))
+  assert np.isfinite(value) and value == pytest.approx(-np.log(np.finfo(np.float32).tiny) / 2)
+
+
+@settings(max_examples=25)
+@given(
+  hnp.arrays(np.float32, (16, 4), elements=st.floats(-20, 20, width=32)),
+  hnp.arrays(np.int32, (16,), elements=st.integers(0, 3)),
+)
+def test_logits_and_their_softmax_give_the_same_metrics(logits, labels):
+  probs = _softmax64(logits).astype(np.float32)
+  # The predicted class is the argmax of what is given; near-ties in the logits can
+  # round to exact ties in float32 probabilities (then both argmaxes are legitimate).
+  assume(np.array_equal(np.argmax(logits, -1), np.argmax(probs, -1)))
+  from_logits = baselines.multiclass_metrics(labels, logits=logits)
+  from_probs = baselines.multiclass_metrics(labels, probs=probs)
+  assert 0.0 <= float(from_logits.brier) <= 2.0 + 1e-6
+  assert 0.0 <= float(from_logits.ece) <= 1.0 + 1e-6
+  assert float(from_logits.brier) == pytest.approx(float(from_probs.brier), abs=1e-5)
+  assert float(from_logits.ece) == pytest.approx(float(from_probs.ece), abs=1e-5)
+  # From probabilities only exact zeros are clipped; logits are never clipped.
+  assert float(from_logits.nll) <= float(from_probs.nll) + 1e-3
+
+
+# ---------------------------------------------------------------- histogram binning
+
+
+def test_histogram_binning_matches_numpy_loop():
+  # Few calibration points and 4 classes: many empty bins, to exercise the midpoints.
+  z, labels = _sample(100, seed=21, scale=2.0, num_classes=4)
+  probs = _softmax64(2.0 * z).astype(np.float32)
+  cal, test = slice(0, 40), slice(40, None)
+  fitted = baselines.fit_histogram_binning(labels[cal], probs=probs[cal], n_bins=20)
+  value, expected = _loop_histogram_binning(probs[cal], labels[cal], probs[test], 20)
+  assert int(np.sum(np.asarray(fitted.counts) == 0)) > 10
+  np.testing.assert_allclose(fitted.value, value, rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(fitted.counts).sum(-1), 40)
+  predicted = baselines.predict_histogram_binning(fitted, probs=probs[test])
+  np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.sum(predicted, -1), 1.0, rtol=1e-5)
+  from_logits = baselines.predict_histogram_binning(fitted, logits=2.0 * z[test])
+  np.testing.assert_allclose(from_logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_histogram_binning_all_zero_row_keeps_input():
+  fitted = baselines.HistogramBinning(
+    value=np.zeros((3, 5), np.float32),
+    counts=np.ones((3, 5), np.int32),
+    hits=np.zeros((3, 5), np.int32),
+  )
+  probs = np.array([[0.2, 0.3, 0.5]], np.float32)
+  np.testing.assert_allclose(baselines.predict_histogram_binning(fitted, probs=probs), probs)
+
+
+# ------------------------------------------------- the paper's comparison, on known data
+
+
+def test_top1_binning_beats_raw_softmax_on_overconfident_logits():
+  z, labels = _sample(20000, seed=1)
+  model_logits = 3.0 * z  # three times too confident
+  cal, test = slice(0, 10000), slice(10000, None)
+
+  raw_ece = float(baselines.confidence_ece(labels[test], logits=model_logits[test]))
+
+  u = scores.neg_log_pmax(model_logits)
+  correct = events.topk_correct(model_logits, labels)
+  # 10 bins of 1000: the sampling noise of the binned ECE is ~0.01-0.02.
+  bins = binning.fit(u[cal], correct[cal], n_bins=10)
+  test_bins = binning.refit(bins, u[test], correct[test])
+  top1_ece = float(metrics.ece(bins, test_bins))
+  # The same binned predictions under the benchmark's equal-width ECE.
+  top1_equal_width = float(baselines.equal_width_ece(binning.predict(bins, u[test]), correct[test]))
+
+  assert raw_ece > 0.15
+  assert top1_ece < 0.05
+  assert top1_equal_width < 0.05
+  assert top1_ece < raw_ece / 5
+  # Apples to apples: the binary Top-1 Brier of the binned P(correct) beats that of
+  # the raw max softmax used as P(correct).
+  top1_brier = float(metrics.brier(binning.predict(bins, u[test]), correct[test]))
+  raw_top1_brier = float(metrics.brier(scores.pmax(model_logits[test]), correct[test]))
+  assert top1_brier < raw_top1_brier - 0.05
+
+  # The other benchmark recalibrations also repair it, as they should.
+  temperature = baselines.fit_temperature(model_logits[cal], labels[cal])
+  scaled = baselines.apply_temperature(model_logits[test], temperature)
+  assert float(baselines.confidence_ece(labels[test], logits=scaled)) < 0.04
+  hist = baselines.fit_histogram_binning(labels[cal], logits=model_logits[cal])
+  hist_probs = baselines.predict_histogram_binning(hist, logits=model_logits[test])
+  assert float(baselines.confidence_ece(labels[test], probs=hist_probs)) < raw_ece / 3
+
+
+def test_calibrated_logits_have_small_confidence_ece():
+  # Control for the test above: the metric is not large by construction.
+  z, labels = _sample(10000, seed=2)
+  assert float(baselines.confidence_ece(labels, logits=z)) < 0.03
+  assert float(baselines.fit_temperature(z, labels)) == pytest.approx(1.0, rel=0.03)
+
+
+# ------------------------------------------------------------------------- validation
+
+
+LOGITS = np.array([[1.0, 0.0, -1.0], [0.5, 2.0, 0.0]], np.float32)
+LABELS = np.array([0, 1])
+
+
+@pytest.mark.parametrize(
+  "call, message",
+  [
+    (lambda: baselines.multiclass_brier(LABELS), "exactly one of them, got neither"),
+    (
+      lambda: baselines.multiclass_nll(LABELS, probs=LOGITS, logits=LOGITS),
+      "exactly one of them, got both",
+    ),
+    (lambda: baselines.multiclass_brier(LABELS, logits=LOGITS[0]), r"logits: expected a 2-D"),
+    (
+      lambda: baselines.multiclass_nll(LABELS, logits=np.array([[np.nan, 0, 0], [0, 0, 0]])),
+      r"logits: 1 non-finite",
+    ),
+    (
+      lambda: baselines.confidence_ece(np.array([0, 3]), logits=LOGITS),
+      r"labels: labels out of range \[0, 3\): min 0, max 3",
+    ),
+    (
+      lambda: baselines.multiclass_brier(LABELS, probs=np.array([[0.5, 0.4, 0.0], [0, 1, 0]])),
+      r"probs: each row must sum to 1, row 0 sums to 0.9",
+    ),
+    (
+      lambda: baselines.multiclass_brier(LABELS, probs=np.array([[1.5, -0.5, 0], [0, 1, 0]])),
+      r"probs: probabilities must lie in \[0, 1\]",
+    ),
+    (lambda: baselines.multiclass_nll(LABELS[:1], logits=LOGITS), "length mismatch"),
+    (lambda: baselines.multiclass_nll(LABELS, logits=LOGITS[:, :1]), "at least 2 classes"),
+    (
+      lambda: baselines.confidence_ece(LABELS, logits=LOGITS, n_bins=0),
+      "n_bins: expected at least 1, got 0",
+    ),
+    (lambda: baselines.equal_width_ece([0.5, 1.2], [1, 0]), r"confidence: probabilities"),
+    (lambda: baselines.equal_width_ece([0.5, 0.2], [1, 2]), "correct: expected bool or 0/1"),
+    (lambda: baselines.equal_width_bins([0.5], [1], n_bins=1.5), "n_bins: expected an integer"),
+    (
+      lambda: baselines.fit_temperature(LOGITS, LABELS, min_temperature=2.0, max_temperature=1.0),
+      "expected finite 0 < min < max",
+    ),
+    (lambda: baselines.fit_temperature(LOGITS, np.array([0.5, 1])), "labels: expected integer"),
+    (lambda: baselines.fit_temperature(None, LABELS), "logits: expected an"),
+    (lambda: baselines.apply_temperature(LOGITS, 0.0), r"temperature: expected T > 0, got 0"),
+    (lambda: baselines.apply_temperature(LOGITS, np.nan), "temperature: 1 non-finite"),
+    (lambda: baselines.apply_temperature(LOGITS, [1.0, 2.0]), "temperature: expected a 0-D"),
+    (
+      lambda: baselines.fit_histogram_binning(LABELS, logits=LOGITS, n_bins=0),
+      "n_bins: expected at least 1",
+    ),
+    (
+      lambda: baselines.predict_histogram_binning(
+        baselines.fit_histogram_binning(LABELS, logits=LOGITS), logits=LOGITS[:, :2]
+      ),
+      r"logits: expected 3 classes like the fitted binning, got shape \(2, 2\)",
+    ),
+    (
+      lambda: baselines.predict_histogram_binning(
+        baselines.fit_histogram_binning(LABELS, logits=LOGITS)
+      ),
+      "got neither",
+    ),
+  ],
+)
+def test_invalid_inputs_raise_value_error_naming_the_argument(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()
