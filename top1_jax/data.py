@@ -50,8 +50,8 @@ import tempfile
 import threading
 import zipfile
 import zlib
-from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -924,8 +924,18 @@ class Predictions:
     return None if self.logits is None else int(self.logits.shape[0])
 
 
-def _atomic_write(path: pathlib.Path, write) -> None:
-  """Calls ``write(file)`` on a temp file in ``path``'s directory, then renames."""
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> pathlib.Path:
+  """Writes a file so that readers see the old file or the new one, never a part.
+
+  Calls ``write(file)`` on a temp file in ``path``'s directory (created if
+  needed), syncs it, makes it world-readable and renames it over ``path``. On
+  any failure, including KeyboardInterrupt, the temp file is removed and
+  ``path`` is left as it was.
+
+  Returns:
+    ``path`` as a ``pathlib.Path``.
+  """
+  path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
@@ -933,6 +943,7 @@ def _atomic_write(path: pathlib.Path, write) -> None:
       write(file)
       file.flush()
       os.fsync(file.fileno())
+    os.chmod(temp_name, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
     os.replace(temp_name, path)
   except BaseException:
     try:
@@ -940,6 +951,7 @@ def _atomic_write(path: pathlib.Path, write) -> None:
     except FileNotFoundError:
       pass
     raise
+  return path
 
 
 def save_predictions(
@@ -970,7 +982,7 @@ def save_predictions(
     arrays[f"{_SCORE_PREFIX}{score_name}"] = score
   path = pathlib.Path(path)
   save = np.savez_compressed if compress else np.savez
-  _atomic_write(path, lambda file: save(file, **arrays))
+  atomic_write(path, lambda file: save(file, **arrays))
   return path
 
 

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import metrics, validation
+from top1_jax import metrics, scores, validation
 
 SCHEMES = ("halves", "kfold")
 
@@ -348,3 +348,58 @@ def cross_validate(
     mean={k: v.mean(axis=1) for k, v in per_fold.items()},
     std={k: v.std(axis=1, ddof=ddof) for k, v in per_fold.items()},
   )
+
+
+SINGLE_MODEL_SCORES = ("pmax", "neg_log_pmax", "entropy", "margin")
+SAMPLE_SCORES = ("covariance_norm_probs", "covariance_norm_logits")
+
+
+def mean_log_probs(samples: ArrayLike) -> jax.Array:
+  """Log of the sample-mean softmax, in log space: logsumexp_s(log_softmax) - log S.
+
+  Args:
+    samples: [S, N, K] logits (S = 1 for a plain model).
+
+  Returns:
+    [N, K] log-probabilities (valid logits for every score in ``scores``).
+  """
+  samples = validation.float_array("samples", samples, 3)
+  log_probs = jax.nn.log_softmax(samples, axis=-1)
+  return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(samples.shape[0])
+
+
+def predictive_scores(
+    log_probs: ArrayLike,
+    *,
+    samples: ArrayLike | None = None,
+    human_probs: ArrayLike | None = None,
+    topk: Sequence[int] = (),
+) -> dict[str, jax.Array]:
+  """Every uncertainty score that the given predictions support, by name.
+
+  Args:
+    log_probs: [N, K] (mean) log-probabilities or logits of the classifier.
+    samples: optional [S, N, K] logits of MC-dropout samples or ensemble members;
+      with S >= 2 adds ``covariance_norm_probs`` (of the S softmax vectors) and
+      ``covariance_norm_logits`` (of the S logit vectors).
+    human_probs: optional [N, K] annotator label frequencies: ``human_entropy``.
+    topk: adds ``neg_log_top{k}_mass`` for each k >= 2 (k = 1 is ``neg_log_pmax``).
+
+  Returns:
+    name -> [N] float; ``pmax`` and ``margin`` are confidences, the rest uncertainties.
+  """
+  out = {
+      "pmax": scores.pmax(log_probs),
+      "neg_log_pmax": scores.neg_log_pmax(log_probs),
+      "entropy": scores.entropy(log_probs),
+      "margin": scores.margin(log_probs),
+  }
+  for k in topk:
+    if k >= 2:
+      out[f"neg_log_top{k}_mass"] = scores.neg_log_topk_mass(log_probs, k)
+  if samples is not None and np.shape(samples)[0] >= 2:
+    out["covariance_norm_probs"] = scores.covariance_norm(jax.nn.softmax(jnp.asarray(samples), -1))
+    out["covariance_norm_logits"] = scores.covariance_norm(samples)
+  if human_probs is not None:
+    out["human_entropy"] = scores.human_entropy(human_probs)
+  return out

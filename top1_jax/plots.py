@@ -20,7 +20,6 @@ import math
 import os
 import pathlib
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -30,7 +29,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from top1_jax import binning, evaluate
+from top1_jax import binning, data, evaluate
 from top1_jax import metrics as metrics_lib
 
 BOUNDS = ("clopper_pearson", "hoeffding")
@@ -660,19 +659,9 @@ def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 150) -> path
     raise ValueError(
       f"path: expected a suffix among {sorted('.' + s for s in supported)}, got {path.name!r}"
     )
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
   try:
-    with os.fdopen(fd, "wb") as file:
-      fig.savefig(file, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.08)
-      file.flush()
-      os.fsync(file.fileno())
-    os.chmod(temp_name, 0o644)  # mkstemp makes 0600; figures are meant to be shared
-    os.replace(temp_name, path)
-  except BaseException:
-    if os.path.exists(temp_name):
-      os.unlink(temp_name)
-    raise
+    options = {"format": fmt, "dpi": dpi, "bbox_inches": "tight", "pad_inches": 0.08}
+    data.atomic_write(path, lambda file: fig.savefig(file, **options))
   finally:
     # Only figures made through pyplot are registered there; ours are not.
     if "matplotlib.pyplot" in sys.modules:

@@ -1,0 +1,148 @@
+"""Flags, files and progress shared by the experiments (no maths here).
+
+Every experiment writes into one work dir:
+
+  workdir/
+    config.json                 the flags of the last run
+    train/{base,ensemble}/      orbax checkpoints, one per finished epoch
+    train/{base,ensemble}.json  training log; written last, marks the stage done
+    predictions/*.npz           predictions files (see top1_jax.data)
+    sweep/*.json                one cross-validation result per (file, score, event)
+    results.{json,csv,md}       every metric, mean and std over splits
+    figures/*.png
+
+All files are written to a temporary name and renamed, so a killed run leaves
+either the old file or the new one; each stage skips work whose output exists.
+"""
+
+import csv
+import io
+import json
+import os
+import pathlib
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from absl import app, flags, logging
+
+from top1_jax import __version__
+from top1_jax import data as data_lib
+
+WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, predictions, results.")
+DATASET = flags.DEFINE_string(
+  "dataset",
+  "fashion_mnist",
+  "Dataset: fashion_mnist / mnist (offline IDX files or TFDS), or any TFDS name "
+  "(cifar10, cifar100, imagenet2012, ...).",
+)
+DATA_DIR = flags.DEFINE_string(
+  "data_dir",
+  None,
+  "IDX files or a TFDS data dir (default: the Debian package, then ~/tensorflow_datasets).",
+)
+SEED = flags.DEFINE_integer("seed", 0, "Seed for initialisation, shuffling, dropout and splits.")
+LIMIT_TRAIN = flags.DEFINE_integer("limit_train", None, "Use only the first N training examples.")
+LIMIT_TEST = flags.DEFINE_integer("limit_test", None, "Use only the first N test examples.")
+
+
+class ExperimentError(Exception):
+  """A problem the user can fix (bad flag, missing file): printed as one line."""
+
+
+def workdir() -> pathlib.Path:
+  if not WORKDIR.value:
+    raise ExperimentError("--workdir: required (a directory for this run's outputs)")
+  return pathlib.Path(WORKDIR.value).expanduser()
+
+
+def say(message: str) -> None:
+  """One progress line with the wall-clock time, flushed at once."""
+  print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def atomic_write_bytes(path: pathlib.Path, payload: bytes) -> pathlib.Path:
+  return data_lib.atomic_write(path, lambda file: file.write(payload))
+
+
+def write_json(path: pathlib.Path, value: Any) -> pathlib.Path:
+  return atomic_write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: pathlib.Path) -> Any | None:
+  """The JSON at ``path``, or None when it is missing or unreadable (then redo the work)."""
+  try:
+    return json.loads(pathlib.Path(path).read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def write_csv(path: pathlib.Path, rows: Sequence[dict[str, Any]]) -> pathlib.Path:
+  columns: list[str] = []
+  for row in rows:
+    columns += [k for k in row if k not in columns]
+  buffer = io.StringIO()
+  writer = csv.DictWriter(buffer, fieldnames=columns)
+  writer.writeheader()
+  writer.writerows(rows)
+  return atomic_write_bytes(path, buffer.getvalue().encode())
+
+
+def load_split(split: str, limit: int | None) -> data_lib.DatasetSplit:
+  return data_lib.load_dataset(DATASET.value, split, data_dir=DATA_DIR.value, limit=limit)
+
+
+def parse_ints(name: str, values: Sequence[str], minimum: int = 1) -> tuple[int, ...]:
+  try:
+    parsed = tuple(int(v) for v in values)
+  except ValueError:
+    raise ExperimentError(f"--{name}: expected integers, got {','.join(values)}") from None
+  if not parsed or min(parsed) < minimum:
+    raise ExperimentError(f"--{name}: expected integers >= {minimum}, got {','.join(values)}")
+  return parsed
+
+
+def parse_floats(name: str, values: Sequence[str], low: float, high: float) -> tuple[float, ...]:
+  try:
+    parsed = tuple(float(v) for v in values)
+  except ValueError:
+    raise ExperimentError(f"--{name}: expected numbers, got {','.join(values)}") from None
+  if not parsed or not all(low <= v < high for v in parsed):
+    raise ExperimentError(f"--{name}: expected numbers in [{low}, {high}), got {','.join(values)}")
+  return parsed
+
+
+def versions() -> dict[str, str]:
+  import flax
+  import jax
+  import numpy
+  import optax
+
+  return {
+    "top1_jax": __version__,
+    "jax": jax.__version__,
+    "flax": flax.__version__,
+    "optax": optax.__version__,
+    "numpy": numpy.__version__,
+    "python": sys.version.split()[0],
+    "backend": jax.default_backend(),
+    "devices": str(len(jax.devices())),
+  }
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+  """``app.run`` that turns user errors into one line on stderr and exit status 1."""
+
+  def wrapped(argv):
+    logging.set_verbosity(logging.WARNING)  # JAX's INFO lines about absent TPUs are noise here
+    try:
+      main(argv)
+    except (ExperimentError, ValueError, FileNotFoundError, data_lib.DataUnavailableError) as e:
+      if os.environ.get("TOP1_DEBUG"):
+        traceback.print_exc()
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      sys.exit(1)
+
+  app.run(wrapped)

@@ -1,0 +1,228 @@
+r"""Trains a base network and a deep ensemble, with a checkpoint after every epoch.
+
+  python -m experiments.train --workdir=runs/fmnist --model=cnn --epochs=3 \
+      --ensemble_size=5 --train_dropout_rate=0.1
+
+The ensemble's members are trained together (one vmapped step) on GPU/TPU and
+one after the other on CPU, where convolutions under vmap are slower
+(--ensemble_strategy overrides). A killed run resumes from the last finished epoch;
+a finished stage is skipped.
+"""
+
+import pathlib
+import shutil
+import time
+
+import jax
+import numpy as np
+import optax
+from absl import flags
+
+from experiments import common
+from top1_jax import models, train
+
+MODEL = flags.DEFINE_enum(
+  "model",
+  "cnn",
+  sorted(models.MODELS),
+  "Network: mlp, cnn (28x28, strided convs) or resnet (ResNet-20).",
+)
+TRAIN_DROPOUT_RATE = flags.DEFINE_float("train_dropout_rate", 0.1, "Dropout rate while training.")
+ENSEMBLE_SIZE = flags.DEFINE_integer("ensemble_size", 5, "Deep-ensemble members (0: no ensemble).")
+EPOCHS = flags.DEFINE_integer("epochs", 3, "Training epochs (base model and each member).")
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 128, "Examples per training step.")
+LEARNING_RATE = flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate.")
+ENSEMBLE_STRATEGY = flags.DEFINE_enum(
+  "ensemble_strategy", "auto", ["auto", "vmap", "loop"], "auto: vmap on GPU/TPU, loop on CPU."
+)
+
+STAGES = ("base", "ensemble")
+
+
+def config() -> dict:
+  """The settings a trained checkpoint depends on."""
+  return {
+    "dataset": common.DATASET.value,
+    "limit_train": common.LIMIT_TRAIN.value,
+    "model": MODEL.value,
+    "train_dropout_rate": TRAIN_DROPOUT_RATE.value,
+    "epochs": EPOCHS.value,
+    "batch_size": BATCH_SIZE.value,
+    "learning_rate": LEARNING_RATE.value,
+    "seed": common.SEED.value,
+  }
+
+
+def _check_flags() -> None:
+  if EPOCHS.value < 1:
+    raise common.ExperimentError(f"--epochs: expected at least 1, got {EPOCHS.value}")
+  if BATCH_SIZE.value < 1:
+    raise common.ExperimentError(f"--batch_size: expected at least 1, got {BATCH_SIZE.value}")
+  if ENSEMBLE_SIZE.value < 0:
+    raise common.ExperimentError(f"--ensemble_size: expected >= 0, got {ENSEMBLE_SIZE.value}")
+  if not 0.0 <= TRAIN_DROPOUT_RATE.value < 1.0:
+    raise common.ExperimentError(
+      f"--train_dropout_rate: expected a rate in [0, 1), got {TRAIN_DROPOUT_RATE.value}"
+    )
+  if not LEARNING_RATE.value > 0:
+    raise common.ExperimentError(f"--learning_rate: expected > 0, got {LEARNING_RATE.value}")
+
+
+def make_model(num_classes: int):
+  return models.MODELS[MODEL.value](num_classes=num_classes)
+
+
+def template(stage: str, num_classes: int, sample: np.ndarray) -> train.TrainState:
+  """A fresh state of the right structure: the initial state, and the restore template."""
+  key = jax.random.fold_in(jax.random.key(common.SEED.value), STAGES.index(stage))
+  tx = optax.adam(LEARNING_RATE.value)
+  model = make_model(num_classes)
+  if stage == "base":
+    return train.create_train_state(model, tx, key, sample, dropout_rate=TRAIN_DROPOUT_RATE.value)
+  return train.init_ensemble(
+    model,
+    tx,
+    key,
+    sample,
+    ensemble_size=ENSEMBLE_SIZE.value,
+    dropout_rate=TRAIN_DROPOUT_RATE.value,
+  )
+
+
+def stage_dir(stage: str) -> pathlib.Path:
+  return common.workdir() / "train" / stage
+
+
+def marker(stage: str) -> pathlib.Path:
+  return common.workdir() / "train" / f"{stage}.json"
+
+
+def expected_marker(stage: str) -> dict:
+  cfg = config()
+  if stage == "ensemble":
+    cfg["ensemble_size"] = ENSEMBLE_SIZE.value
+  return cfg
+
+
+def is_done(stage: str) -> bool:
+  done = common.read_json(marker(stage))
+  if done is None:
+    return False
+  if done.get("config") != expected_marker(stage):
+    raise common.ExperimentError(
+      f"--workdir: {marker(stage)} was trained with other settings "
+      f"({done.get('config')}); use a new --workdir or the same flags"
+    )
+  return True
+
+
+def _latest_epoch(stage: str, state: train.TrainState) -> tuple[int, train.TrainState]:
+  """The last finished epoch with a readable checkpoint, and its state (0 if none)."""
+  epochs = sorted(
+    (int(p.name.split("_")[1]) for p in stage_dir(stage).glob("epoch_*") if p.name[6:].isdigit()),
+    reverse=True,
+  )
+  for epoch in epochs:
+    try:
+      return epoch, train.restore_checkpoint(stage_dir(stage) / f"epoch_{epoch}", state)
+    except ValueError as e:
+      common.say(f"  ignoring unreadable checkpoint epoch_{epoch}: {e}")
+  return 0, state
+
+
+def _progress(stage: str, epoch: int, epochs: int):
+  def callback(info):
+    member = "" if info.get("member") is None else f" member {info['member']}"
+    loss = np.mean(info["loss"])
+    accuracy = np.mean(info["accuracy"])
+    common.say(
+      f"  {stage}{member} epoch {epoch}/{epochs} step {info['step']}/{info['num_steps']}: "
+      f"loss {loss:.4f} acc {accuracy:.4f} ({info['examples_per_second']:.0f} ex/s)"
+    )
+
+  return callback
+
+
+def run_stage(stage: str, train_split, test_split) -> dict:
+  """Trains (or resumes) one stage and evaluates it on the test split."""
+  if stage == "ensemble" and ENSEMBLE_SIZE.value < 1:
+    return {}
+  if is_done(stage):
+    common.say(f"train/{stage}: done already, skipping")
+    return common.read_json(marker(stage))
+  images, labels = train_split.images, train_split.labels
+  state = template(stage, train_split.num_classes, images[:1])
+  start_epoch, state = _latest_epoch(stage, state)
+  steps_per_epoch = images.shape[0] // BATCH_SIZE.value
+  if steps_per_epoch < 1:
+    raise common.ExperimentError(
+      f"--batch_size: {BATCH_SIZE.value} is larger than the {images.shape[0]} training examples"
+    )
+  key = jax.random.fold_in(jax.random.key(common.SEED.value), 10 + STAGES.index(stage))
+  label = stage if stage == "base" else f"ensemble of {ENSEMBLE_SIZE.value}"
+  if start_epoch:
+    common.say(f"train/{stage}: resuming after epoch {start_epoch}")
+  common.say(
+    f"train/{stage}: {label} {MODEL.value} on {images.shape[0]:,} images, "
+    f"{EPOCHS.value} epochs of {steps_per_epoch} steps"
+  )
+  start = time.perf_counter()
+  for epoch in range(start_epoch + 1, EPOCHS.value + 1):
+    callback = _progress(stage, epoch, EPOCHS.value)
+    kwargs = dict(num_steps=steps_per_epoch, batch_size=BATCH_SIZE.value, log_every=steps_per_epoch)
+    if stage == "base":
+      state = train.fit(state, images, labels, key, callback=callback, **kwargs)
+    else:
+      state = train.fit_ensemble(
+        state, images, labels, key, strategy=ENSEMBLE_STRATEGY.value, callback=callback, **kwargs
+      )
+    train.save_checkpoint(stage_dir(stage) / f"epoch_{epoch}", state, overwrite=True)
+    for old in stage_dir(stage).glob("epoch_*"):
+      if old.name != f"epoch_{epoch}":
+        shutil.rmtree(old, ignore_errors=True)
+  seconds = time.perf_counter() - start
+  if stage == "base":
+    metrics = train.evaluate(state, test_split.images, test_split.labels)
+  else:
+    metrics = train.evaluate_ensemble(
+      state, test_split.images, test_split.labels, strategy=ENSEMBLE_STRATEGY.value
+    )
+  common.say(
+    f"train/{stage}: test accuracy {metrics['accuracy']:.4f}, NLL {metrics['loss']:.4f} "
+    f"({seconds:.0f} s)"
+  )
+  result = {
+    "config": expected_marker(stage),
+    "test": metrics,
+    "train_seconds": seconds,
+    "checkpoint": str(stage_dir(stage) / f"epoch_{EPOCHS.value}"),
+  }
+  common.write_json(marker(stage), result)
+  return result
+
+
+def restore(stage: str, num_classes: int, sample: np.ndarray) -> train.TrainState:
+  """The trained state of a finished stage."""
+  if not is_done(stage):
+    raise common.ExperimentError(
+      f"--workdir: no finished {stage} training in {common.workdir()}; run experiments.train first"
+    )
+  state = template(stage, num_classes, sample)
+  return train.restore_checkpoint(stage_dir(stage) / f"epoch_{EPOCHS.value}", state)
+
+
+def main(argv):
+  del argv
+  _check_flags()
+  train_split = common.load_split("train", common.LIMIT_TRAIN.value)
+  test_split = common.load_split("test", common.LIMIT_TEST.value)
+  common.say(
+    f"data: {common.DATASET.value} train {train_split.images.shape} from {train_split.source}, "
+    f"test {test_split.images.shape}"
+  )
+  for stage in STAGES:
+    run_stage(stage, train_split, test_split)
+
+
+if __name__ == "__main__":
+  common.run(main)
