@@ -6,4 +6,4 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/bootstrap.sh"
 install_fashion_mnist || true
 cd "$ROOT"
-exec "$VENV/bin/python" -m experiments.demo "$@"
+exec "$VENV/bin/python" -m experiments.reproduce "$@"

@@ -350,8 +350,17 @@ def cross_validate(
   )
 
 
-SINGLE_MODEL_SCORES = ("pmax", "neg_log_pmax", "entropy", "margin")
-SAMPLE_SCORES = ("covariance_norm_probs", "covariance_norm_logits")
+KNOWN_SCORES = (
+  "pmax",
+  "entropy",
+  "neg_log_pmax",
+  "neg_log_topk_mass",
+  "margin",
+  "covariance_norm_probs",
+  "covariance_norm_logits",
+  "human_entropy",
+)
+"""Scores ``predictive_scores`` can provide (``neg_log_topk_mass`` as ``neg_log_top{k}_mass``)."""
 
 
 def mean_log_probs(samples: ArrayLike) -> jax.Array:
@@ -369,11 +378,11 @@ def mean_log_probs(samples: ArrayLike) -> jax.Array:
 
 
 def predictive_scores(
-    log_probs: ArrayLike,
-    *,
-    samples: ArrayLike | None = None,
-    human_probs: ArrayLike | None = None,
-    topk: Sequence[int] = (),
+  log_probs: ArrayLike,
+  *,
+  samples: ArrayLike | None = None,
+  human_probs: ArrayLike | None = None,
+  topk: Sequence[int] = (),
 ) -> dict[str, jax.Array]:
   """Every uncertainty score that the given predictions support, by name.
 
@@ -389,10 +398,10 @@ def predictive_scores(
     name -> [N] float; ``pmax`` and ``margin`` are confidences, the rest uncertainties.
   """
   out = {
-      "pmax": scores.pmax(log_probs),
-      "neg_log_pmax": scores.neg_log_pmax(log_probs),
-      "entropy": scores.entropy(log_probs),
-      "margin": scores.margin(log_probs),
+    "pmax": scores.pmax(log_probs),
+    "neg_log_pmax": scores.neg_log_pmax(log_probs),
+    "entropy": scores.entropy(log_probs),
+    "margin": scores.margin(log_probs),
   }
   for k in topk:
     if k >= 2:

@@ -1,0 +1,251 @@
+r"""Sweeps scores x bin counts x Top-k events over predictions files; writes the results.
+
+  python -m experiments.evaluate --workdir=runs/fmnist            # the work dir's files
+  python -m experiments.evaluate --workdir=out --predictions=a.npz,b.npz \
+      --scores=pmax,entropy --n_bins=10,20,100 --topk=1,5 --n_folds=10
+
+Every (file, score, event) is one sweep point: all bin counts and splits are
+computed together by ``top1_jax.evaluate.cross_validate`` on the same random
+splits for every point, and saved to ``sweep/<point>.json``; a rerun skips points
+that are done. Then ``results.json`` / ``.csv`` / ``.md`` and ``figures/`` are
+written from all points.
+"""
+
+import hashlib
+import pathlib
+import time
+
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+from experiments import common, report
+from top1_jax import data as data_lib
+from top1_jax import evaluate, events
+
+PREDICTIONS = flags.DEFINE_list(
+  "predictions", None, "Predictions files (.npz); default: every file in <workdir>/predictions."
+)
+SCORES = flags.DEFINE_list(
+  "scores",
+  ["all"],
+  "Scores to sweep: all, or names among " + ", ".join(evaluate.KNOWN_SCORES) + " and any stored "
+  "score_<name> (neg_log_topk_mass means -log of the top-k mass for each Top-k event).",
+)
+N_BINS = flags.DEFINE_list("n_bins", ["10", "20", "100"], "Bin counts.")
+TOPK = flags.DEFINE_list("topk", ["1", "2"], "Events: the Top-k prediction is correct, for each k.")
+N_FOLDS = flags.DEFINE_integer("n_folds", 10, "Calibration/test splits.")
+SCHEME = flags.DEFINE_enum("scheme", "halves", evaluate.SCHEMES, "halves (paper) or kfold.")
+FIGURE_BINS = flags.DEFINE_integer("figure_bins", 20, "Bins in the per-bin figures.")
+
+
+class Source:
+  """One predictions file and the scores it supports."""
+
+  def __init__(self, path: pathlib.Path, topk: tuple[int, ...]):
+    self.path = path
+    self.name = path.stem
+    predictions = data_lib.load_predictions(path)
+    self.meta = dict(predictions.meta)
+    self.labels = np.asarray(predictions.labels)
+    samples = predictions.logits
+    if samples is not None:
+      self.log_probs = evaluate.mean_log_probs(samples)
+    else:
+      self.log_probs = jnp.log(jnp.maximum(jnp.asarray(predictions.mean_probs), 1e-30))
+    values = evaluate.predictive_scores(
+      self.log_probs,
+      samples=samples if samples is not None and samples.shape[0] >= 2 else None,
+      human_probs=predictions.human_probs,
+      topk=topk,
+    )
+    stored = {k: np.asarray(v) for k, v in predictions.scores.items()}
+    if "neg_log_pmax" in stored:
+      stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
+    values.update(stored)  # computed in log space on device: more precise than from probs
+    self.scores = {k: np.asarray(v) for k, v in values.items()}
+    with open(path, "rb") as f:
+      self.digest = hashlib.sha1(f.read()).hexdigest()
+
+  def label(self) -> str:
+    method = self.meta.get("method")
+    if method == "deterministic":
+      return "model"
+    if method == "mc_dropout":
+      return f"dropout {self.meta.get('dropout_rate', 0):g}"
+    if method == "ensemble":
+      return f"ensemble ({self.meta.get('ensemble_size', '?')})"
+    return self.name
+
+
+def _files() -> list[pathlib.Path]:
+  if PREDICTIONS.value:
+    paths = [pathlib.Path(p).expanduser() for p in PREDICTIONS.value]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+      raise common.ExperimentError(f"--predictions: no such file: {', '.join(missing)}")
+    return paths
+  folder = common.workdir() / "predictions"
+  paths = sorted(folder.glob("*.npz"), key=_file_order)
+  if not paths:
+    raise common.ExperimentError(
+      f"--predictions: none given and no .npz files in {folder}; run experiments.predict first"
+    )
+  return paths
+
+
+def _file_order(path: pathlib.Path):
+  name = path.stem
+  if name == "deterministic":
+    return (0, 0.0, name)
+  if name.startswith("dropout_"):
+    try:
+      return (1, float(name.split("_", 1)[1]), name)
+    except ValueError:
+      pass
+  if name == "ensemble":
+    return (2, 0.0, name)
+  return (3, 0.0, name)
+
+
+def _check_sources(sources: list[Source]) -> None:
+  first = sources[0]
+  for other in sources[1:]:
+    if other.labels.shape != first.labels.shape or not np.array_equal(other.labels, first.labels):
+      raise common.ExperimentError(
+        f"--predictions: {other.path.name} and {first.path.name} have different labels "
+        f"({other.labels.shape[0]} vs {first.labels.shape[0]} examples): files of different "
+        "datasets, splits or example orders cannot share calibration splits"
+      )
+  if flags.FLAGS["dataset"].present:
+    for source in sources:
+      saved = source.meta.get("dataset")
+      if saved is not None and saved != common.DATASET.value:
+        raise common.ExperimentError(
+          f"--predictions: {source.path.name} is of dataset {saved!r}, not --dataset="
+          f"{common.DATASET.value}"
+        )
+
+
+def _requested_scores(sources: list[Source], topk: tuple[int, ...]) -> list[str]:
+  available = {name for s in sources for name in s.scores}
+  if SCORES.value == ["all"]:
+    return [
+      n for n in evaluate.KNOWN_SCORES if n in available or n == "neg_log_topk_mass"
+    ] + sorted(available - set(evaluate.KNOWN_SCORES) - {f"neg_log_top{k}_mass" for k in topk})
+  unknown = [n for n in SCORES.value if n not in available and n not in evaluate.KNOWN_SCORES]
+  if unknown:
+    raise common.ExperimentError(
+      f"--scores: unknown score(s) {', '.join(unknown)}; known: "
+      f"{', '.join(evaluate.KNOWN_SCORES)} and the files' stored scores "
+      f"{', '.join(sorted(available - set(evaluate.KNOWN_SCORES))) or '(none)'}"
+    )
+  return list(SCORES.value)
+
+
+def _resolve(score: str, k: int) -> str:
+  """neg_log_topk_mass stands for the Top-k event's own k (and is -log pmax for k = 1)."""
+  if score == "neg_log_topk_mass":
+    return "neg_log_pmax" if k == 1 else f"neg_log_top{k}_mass"
+  return score
+
+
+def settings(n_bins, topk) -> dict:
+  return {
+    "n_bins": list(n_bins),
+    "n_folds": N_FOLDS.value,
+    "scheme": SCHEME.value,
+    "seed": common.SEED.value,
+  }
+
+
+def run_stage() -> dict:
+  n_bins = common.parse_ints("n_bins", N_BINS.value)
+  topk = common.parse_ints("topk", TOPK.value)
+  if N_FOLDS.value < 2:
+    raise common.ExperimentError(f"--n_folds: expected at least 2, got {N_FOLDS.value}")
+  out_dir = common.workdir()
+  sources = [Source(path, topk) for path in _files()]
+  _check_sources(sources)
+  num_examples = sources[0].labels.shape[0]
+  num_classes = sources[0].log_probs.shape[1]
+  if max(topk) > num_classes:
+    raise common.ExperimentError(f"--topk: {max(topk)} exceeds the {num_classes} classes")
+  smallest_cal = num_examples - (
+    -(-num_examples // 2) if SCHEME.value == "halves" else -(-num_examples // N_FOLDS.value)
+  )
+  if max(n_bins) > smallest_cal:
+    raise common.ExperimentError(
+      f"--n_bins: {max(n_bins)} bins need at least that many calibration examples; a split "
+      f"has {smallest_cal} of the {num_examples}"
+    )
+  requested = _requested_scores(sources, topk)
+  splits = evaluate.make_splits(num_examples, N_FOLDS.value, common.SEED.value, SCHEME.value)
+  config = settings(n_bins, topk)
+
+  points = []
+  for source in sources:
+    for k in topk:
+      for score in requested:
+        name = _resolve(score, k)
+        if name in source.scores and (name, k) not in [
+          (p[1], p[2]) for p in points if p[0] is source
+        ]:
+          points.append((source, name, k))
+  if not points:
+    raise common.ExperimentError(
+      f"--scores: none of {', '.join(requested)} is available in the predictions files"
+    )
+  common.say(
+    f"evaluate: {len(sources)} file(s), {num_examples:,} examples, {len(points)} sweep points "
+    f"x bins {','.join(map(str, n_bins))} x {N_FOLDS.value} {SCHEME.value} splits"
+  )
+  results = []
+  reused = 0
+  start = time.perf_counter()
+  for index, (source, score, k) in enumerate(points, 1):
+    point = f"{source.name}__{score}__top{k}"
+    path = out_dir / "sweep" / f"{point}.json"
+    saved = common.read_json(path)
+    expected = {**config, "file_sha1": source.digest}
+    if saved is not None and saved.get("settings") == expected:
+      results.append(saved)
+      reused += 1
+      continue
+    correct = events.topk_correct(source.log_probs, source.labels, k)
+    tic = time.perf_counter()
+    cv = evaluate.cross_validate(source.scores[score], correct, n_bins, splits=splits)
+    record = {
+      "settings": expected,
+      "file": str(source.path),
+      "source": source.name,
+      "method": source.label(),
+      "meta": source.meta,
+      "score": score,
+      "topk": k,
+      "rows": cv.rows(),
+      "per_fold": {m: v.tolist() for m, v in cv.per_fold.items()},
+    }
+    common.write_json(path, record)
+    results.append(record)
+    common.say(
+      f"  [{index}/{len(points)}] {source.label()} {score} Top-{k}: "
+      f"Brier {cv.mean['brier'][0]:.4f} ECE {cv.mean['ece'][0]:.4f} ({n_bins[0]} bins) "
+      f"in {time.perf_counter() - tic:.2f} s"
+    )
+  common.say(
+    f"evaluate: sweep finished in {time.perf_counter() - start:.1f} s"
+    + (f" ({reused} point(s) done already, skipped)" if reused else "")
+  )
+  summary = report.write_results(out_dir, results, config, topk)
+  report.write_figures(out_dir, sources, results, splits, n_bins, topk, FIGURE_BINS.value)
+  return summary
+
+
+def main(argv):
+  del argv
+  run_stage()
+
+
+if __name__ == "__main__":
+  common.run(main)

@@ -1,0 +1,202 @@
+"""Tables (Markdown, CSV, JSON) and figures from the sweep results (formatting only)."""
+
+import math
+import pathlib
+
+import numpy as np
+
+from experiments import common
+from top1_jax import binning, evaluate, events, plots
+
+SCORE_LABELS = {
+  "pmax": "pmax (Vanilla)",
+  "entropy": "entropy",
+  "neg_log_pmax": "−log pmax",
+  "margin": "logit margin",
+  "covariance_norm_probs": "cov. 2-norm (probs)",
+  "covariance_norm_logits": "cov. 2-norm (logits)",
+  "human_entropy": "human entropy",
+}
+
+
+def score_label(score: str) -> str:
+  if score.startswith("neg_log_top") and score.endswith("_mass"):
+    return f"−log top-{score[len('neg_log_top') : -len('_mass')]} mass"
+  return SCORE_LABELS.get(score, score)
+
+
+def flat_rows(results: list[dict]) -> list[dict]:
+  """One row per (method, score, event, bin count) with every metric's mean and std."""
+  rows = []
+  for record in results:
+    for row in record["rows"]:
+      rows.append(
+        {
+          "method": record["method"],
+          "source": record["source"],
+          "score": record["score"],
+          "topk": record["topk"],
+          **row,
+        }
+      )
+  return rows
+
+
+def _pm(mean: float, std: float, digits: int) -> str:
+  return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _eor(mean: float, std: float) -> str:
+  if not math.isfinite(mean):
+    return str(mean)
+  digits = 2 if mean < 10 else 1 if mean < 100 else 0
+  return _pm(mean, std, digits)
+
+
+def metric_table(rows: list[dict], topk: int, n_bins: int) -> str:
+  lines = [
+    "| method | score | Brier | NLL | ECE (%) | EOR | AUROC | bins |",
+    "|---|---|---:|---:|---:|---:|---:|---:|",
+  ]
+  for r in rows:
+    if r["topk"] != topk or r["n_bins"] != n_bins:
+      continue
+    lines.append(
+      f"| {r['method']} | {score_label(r['score'])} | {r['brier']:.4f} | {r['nll']:.4f} "
+      f"| {_pm(100 * r['ece'], 100 * r['ece_std'], 2)} | {_eor(r['eor'], r['eor_std'])} "
+      f"| {r['auroc']:.3f} | {r['num_effective_bins']:.0f} |"
+    )
+  return "\n".join(lines)
+
+
+def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, ...]) -> str:
+  keys = []
+  for r in rows:
+    key = (r["method"], r["score"])
+    if key not in keys:
+      keys.append(key)
+  header = "| method | score | " + " | ".join(f"Top-{k}" for k in topks) + " |"
+  lines = [header, "|---|---|" + "---:|" * len(topks)]
+  for method, score in keys:
+    cells = []
+    for k in topks:
+      match = [
+        r
+        for r in rows
+        if (r["method"], r["score"], r["topk"], r["n_bins"]) == (method, score, k, n_bins)
+      ]
+      if not match:
+        cells.append("–")
+      elif metric == "eor":
+        cells.append(_eor(match[0]["eor"], match[0]["eor_std"]))
+      else:
+        cells.append(f"{match[0][metric]:.4f}")
+    lines.append(f"| {method} | {score_label(score)} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def markdown(rows: list[dict], config: dict, topks: tuple[int, ...], title: str) -> str:
+  n_bins = config["n_bins"]
+  parts = [
+    f"# {title}",
+    "",
+    f"{config['n_folds']} {config['scheme']} calibration/test splits (seed {config['seed']}); "
+    "mean ± std over splits. ECE, EOR and AUROC of the binned Top-k predictions; "
+    "`bins` = bins left after merging tied edges (mean).",
+  ]
+  accuracy = {}
+  for r in rows:
+    accuracy.setdefault((r["method"], r["topk"]), r["accuracy"])
+  parts += ["", "Test accuracy of each classifier (mean over test halves):", ""]
+  parts += ["| method | " + " | ".join(f"Top-{k}" for k in topks) + " |"]
+  parts += ["|---|" + "---:|" * len(topks)]
+  for method in dict.fromkeys(m for m, _ in accuracy):
+    cells = [f"{accuracy.get((method, k), float('nan')):.4f}" for k in topks]
+    parts.append(f"| {method} | " + " | ".join(cells) + " |")
+  for k in topks:
+    for n in n_bins:
+      parts += ["", f"## Top-{k}, {n} bins", "", metric_table(rows, k, n)]
+  largest = max(n_bins)
+  parts += ["", f"## Brier score, {largest} bins (supplementary table)", ""]
+  parts += [summary_table(rows, "brier", largest, topks)]
+  parts += ["", f"## Expected odds ratio, {largest} bins (supplementary table)", ""]
+  parts += [summary_table(rows, "eor", largest, topks)]
+  return "\n".join(parts) + "\n"
+
+
+def write_results(out_dir: pathlib.Path, results: list[dict], config: dict, topks) -> dict:
+  rows = flat_rows(results)
+  dataset = next((r["meta"].get("dataset") for r in results if r["meta"].get("dataset")), None)
+  title = f"Calibrated Top-k bins: {dataset or 'predictions'}"
+  text = markdown(rows, config, tuple(topks), title)
+  summary = {"config": config, "versions": common.versions(), "results": rows, "points": results}
+  common.write_json(out_dir / "results.json", summary)
+  common.write_csv(out_dir / "results.csv", rows)
+  common.atomic_write_bytes(out_dir / "results.md", text.encode())
+  print(text, flush=True)
+  common.say(f"wrote {out_dir}/results.json, results.csv, results.md")
+  return summary
+
+
+def _headline(source) -> str | None:
+  for name in ("covariance_norm_probs", "pmax", "human_entropy"):
+    if name in source.scores:
+      return name
+  return next(iter(source.scores), None)
+
+
+def _cv_from_record(record: dict) -> evaluate.CrossValidation:
+  per_fold = {m: np.asarray(v) for m, v in record["per_fold"].items()}
+  n_bins = tuple(r["n_bins"] for r in record["rows"])
+  return evaluate.CrossValidation(
+    n_bins=n_bins,
+    per_fold=per_fold,
+    mean={m: v.mean(1) for m, v in per_fold.items()},
+    std={m: v.std(1, ddof=1) if v.shape[1] > 1 else 0 * v[:, 0] for m, v in per_fold.items()},
+  )
+
+
+def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins) -> None:
+  """Per-bin figures (paper Fig. 1), the refinement figure (Fig. 2) and the bin ablation."""
+  figures = out_dir / "figures"
+  test = splits.test_mask(0)  # the first calibration/test split
+  written = []
+  figure_bins = min(figure_bins, int((~test).sum()))
+  for source in sources:
+    score = _headline(source)
+    if score is None:
+      continue
+    for k in topks if source is sources[0] else topks[:1]:
+      correct = np.asarray(events.topk_correct(source.log_probs, source.labels, k))
+      u = source.scores[score]
+      bins = binning.fit(u[~test], correct[~test], figure_bins)
+      test_bins = binning.refit(bins, u[test], correct[test])
+      fig = plots.bin_figure(
+        bins,
+        test_bins,
+        event=f"Top-{k}",
+        title=f"{source.label()}: {score_label(score)}, Top-{k}, {figure_bins} bins",
+      )
+      written.append(plots.save_figure(fig, figures / f"bins_{source.name}_{score}_top{k}.png"))
+  source = sources[0]
+  score = _headline(source)
+  if score is not None and len(n_bins) > 1:
+    correct = np.asarray(events.topk_correct(source.log_probs, source.labels, topks[0]))
+    u = source.scores[score]
+    pairs = []
+    for n in (min(n_bins), max(n_bins)):
+      bins = binning.fit(u[~test], correct[~test], n)
+      pairs.append((bins, binning.refit(bins, u[test], correct[test])))
+    fig = plots.refinement_figure(*pairs, event=f"Top-{topks[0]}")
+    written.append(plots.save_figure(fig, figures / f"refinement_{source.name}_{score}.png"))
+  if len(n_bins) > 1:
+    for k in topks:
+      curves = {
+        f"{r['method']}: {score_label(r['score'])}": _cv_from_record(r)
+        for r in results
+        if r["topk"] == k and r["score"] != "covariance_norm_logits"
+      }
+      if curves:
+        fig = plots.ablation_figure(curves, title=f"Top-{k}: scores against the number of bins")
+        written.append(plots.save_figure(fig, figures / f"ablation_top{k}.png"))
+  common.say(f"wrote {len(written)} figures to {figures}")

@@ -1,0 +1,112 @@
+r"""The main job: train, sample, sweep, and write the paper-style tables and figures.
+
+  python -m experiments.reproduce                      # offline Fashion-MNIST, 2-core CPU
+  python -m experiments.reproduce --quick              # a small slice, under a minute
+  python -m experiments.reproduce --dataset=cifar10 --model=resnet --epochs=100 \
+      --batch_size=128 --workdir=runs/cifar10          # on a GPU/TPU
+
+Stages, each skipped when its outputs exist (so a killed run resumes):
+  1. train a base network and a deep ensemble        (experiments.train)
+  2. predict: the plain model, MC dropout at every --dropout_rates, the ensemble
+                                                       (experiments.predict)
+  3. sweep every score x --n_bins x --topk with --n_folds calibration/test splits,
+     then write results.{json,csv,md} and figures/     (experiments.evaluate)
+
+Every flag of those three experiments applies here too (see --helpfull).
+"""
+
+import sys
+import time
+
+from absl import flags
+
+from experiments import common
+from experiments import evaluate as evaluate_exp
+from experiments import predict as predict_exp
+from experiments import train as train_exp
+
+QUICK = flags.DEFINE_bool(
+  "quick", False, "Small preset for smoke tests: an MLP, 1 epoch, slices of the data."
+)
+
+PRESETS = {
+  "full": {
+    "workdir": "runs/{dataset}",
+  },
+  "quick": {
+    "workdir": "runs/{dataset}_quick",
+    "model": "mlp",
+    "epochs": 1,
+    "ensemble_size": 2,
+    "limit_train": 5000,
+    "limit_test": 2000,
+    "dropout_rates": ["0.01", "0.2"],
+    "num_samples": 8,
+    "n_bins": ["5", "10", "20"],
+    "n_folds": 4,
+  },
+}
+"""Flag values for each preset; a flag given on the command line always wins."""
+
+
+def apply_preset(name: str) -> None:
+  for flag, value in PRESETS[name].items():
+    if not flags.FLAGS[flag].present:
+      if isinstance(value, str):
+        value = value.format(dataset=common.DATASET.value)
+      flags.FLAGS[flag].value = value
+
+
+def main(argv):
+  del argv
+  apply_preset("quick" if QUICK.value else "full")
+  workdir = common.workdir()
+  workdir.mkdir(parents=True, exist_ok=True)
+  command = " ".join(["python -m experiments.reproduce", *sys.argv[1:]])
+  config = {
+    "command": command,
+    "flags": {
+      flag.name: flag.value
+      for module, module_flags in flags.FLAGS.flags_by_module_dict().items()
+      if "experiments" in module
+      for flag in module_flags
+    },
+    "versions": common.versions(),
+  }
+  common.write_json(workdir / "config.json", config)
+  common.say(f"reproduce: work dir {workdir} ({'quick' if QUICK.value else 'full'} preset)")
+  timings = {}
+  start = time.perf_counter()
+
+  tic = time.perf_counter()
+  train_split = common.load_split("train", common.LIMIT_TRAIN.value)
+  test_split = common.load_split("test", common.LIMIT_TEST.value)
+  common.say(
+    f"data: {common.DATASET.value}: {len(train_split.labels):,} train / "
+    f"{len(test_split.labels):,} test images {train_split.images.shape[1:]} "
+    f"from {train_split.source}"
+  )
+  train_exp._check_flags()
+  for stage in train_exp.STAGES:
+    train_exp.run_stage(stage, train_split, test_split)
+  timings["train"] = time.perf_counter() - tic
+
+  tic = time.perf_counter()
+  predict_exp.run_stage(test_split)
+  timings["predict"] = time.perf_counter() - tic
+
+  tic = time.perf_counter()
+  evaluate_exp.run_stage()
+  timings["evaluate"] = time.perf_counter() - tic
+
+  timings["total"] = time.perf_counter() - start
+  common.write_json(workdir / "timings.json", timings)
+  common.say(
+    "reproduce: done in "
+    + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
+    + f"; tables in {workdir / 'results.md'}, figures in {workdir / 'figures'}"
+  )
+
+
+if __name__ == "__main__":
+  common.run(main)
