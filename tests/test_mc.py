@@ -254,6 +254,34 @@ def test_bad_inputs_raise_naming_the_argument(mlp):
     mc.predict(lambda p, x, k, r: jnp.ones((3,)), variables, x)
 
 
+_DEADLOCK_CHECK = """
+import jax, numpy as np
+from top1_jax import mc, models
+model = models.MLP(num_classes=10, hidden_sizes=(32,))
+x = np.random.default_rng(0).normal(size=(1024, 20)).astype(np.float32)
+variables = models.init(model, jax.random.key(0), x[:1])
+for seed in range(3):
+  p = mc.predict(models.make_apply_fn(model), variables, x, key=jax.random.key(seed),
+                 num_samples=16, rate=0.1, chunk_size=256)
+  assert np.all(np.isfinite(p.scores["covariance_norm_probs"]))
+print("finished")
+"""
+
+
+def test_predict_does_not_deadlock_the_cpu_thread_pool():
+  # Batched eigh calls large enough to be split over jaxlib's CPU thread pool,
+  # two per program (probs and logits): this hung forever on 2 cores before the
+  # covariance norms were computed one example per call. Run apart, with a timeout.
+  result = subprocess.run(
+    [sys.executable, "-c", _DEADLOCK_CHECK],
+    env=_worker_env(),
+    capture_output=True,
+    text=True,
+    timeout=90,  # ~5 s when it works
+  )
+  assert result.returncode == 0 and "finished" in result.stdout, result.stderr[-3000:]
+
+
 def _free_port() -> int:
   with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))

@@ -331,21 +331,45 @@ def _check_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[int
   return num_steps, batch_size, log_every
 
 
-def _report(callback, running, since, start_time, end, step, batch_size, extra):
-  """Calls ``callback`` with the metrics averaged since the last report."""
-  host = jax.tree_util.tree_map(lambda total: np.asarray(total) / since, running)
-  elapsed = time.perf_counter() - start_time
-  info = {
-    "step": step,
-    "num_steps": end,
-    "loss": host["loss"],
-    "accuracy": host["accuracy"],
-    "examples_per_second": since * batch_size * extra["members"] / max(elapsed, 1e-9),
-    "member": extra["member"],
-  }
-  callback(
-    {k: (float(v) if np.ndim(v) == 0 and k in ("loss", "accuracy") else v) for k, v in info.items()}
-  )
+class _Progress:
+  """Sums the step metrics on device; reports their mean every ``log_every`` steps."""
+
+  def __init__(self, callback, begin, end, log_every, examples_per_step, member_index):
+    self._callback = callback
+    self._begin, self._end, self._log_every = begin, end, log_every
+    self._examples_per_step = examples_per_step
+    self._member = member_index
+    self._reset()
+
+  def _reset(self):
+    self._running, self._count, self._start = None, 0, time.perf_counter()
+
+  def update(self, step: int, metrics: dict[str, jax.Array]) -> None:
+    """Records the metrics of ``step`` (0-based); reports when due."""
+    if self._callback is None:
+      return
+    self._running = (
+      metrics if self._running is None else jax.tree_util.tree_map(jnp.add, self._running, metrics)
+    )
+    self._count += 1
+    done = step + 1
+    if (done - self._begin) % self._log_every and done != self._end:
+      return
+    means = {name: np.asarray(total) / self._count for name, total in self._running.items()}
+    elapsed = max(time.perf_counter() - self._start, 1e-9)
+    self._callback(
+      {
+        "step": done,
+        "num_steps": self._end,
+        "loss": float(means["loss"]) if means["loss"].ndim == 0 else means["loss"],
+        "accuracy": (
+          float(means["accuracy"]) if means["accuracy"].ndim == 0 else means["accuracy"]
+        ),
+        "examples_per_second": self._count * self._examples_per_step / elapsed,
+        "member": self._member,
+      }
+    )
+    self._reset()
 
 
 def fit(
@@ -392,20 +416,13 @@ def _fit_one(state, images, labels, key, num_steps, batch_size, log_every, callb
   shuffle_key, dropout_key = jax.random.split(key)
   batches = _Batches(shuffle_key, images.shape[0], batch_size)
   begin = int(state.step)
-  end = begin + num_steps
-  running, since, start_time = None, 0, time.perf_counter()
-  for step in range(begin, end):
+  progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size, index)
+  for step in range(begin, begin + num_steps):
     idx = batches.indices(step)
     state, metrics = _train_step_jit(
       state, (images[idx], labels[idx]), jax.random.fold_in(dropout_key, step)
     )
-    if callback is not None:
-      running = metrics if running is None else jax.tree_util.tree_map(jnp.add, running, metrics)
-      since += 1
-      if (step + 1 - begin) % log_every == 0 or step + 1 == end:
-        extra = {"member": index, "members": 1}
-        _report(callback, running, since, start_time, end, step + 1, batch_size, extra)
-        running, since, start_time = None, 0, time.perf_counter()
+    progress.update(step, metrics)
   return state
 
 
@@ -465,25 +482,19 @@ def fit_ensemble(
     ]
     return _stack(trained)
 
+  # The same per-member keys and batches as _fit_one, all members in one step.
   split_keys = [jax.random.split(k) for k in member_keys]
   member_batches = [_Batches(k[0], images.shape[0], batch_size) for k in split_keys]
   dropout_keys = jnp.stack([k[1] for k in split_keys])
-  fold_in_all = jax.vmap(jax.random.fold_in, in_axes=(0, None))
+  fold_in_each = jax.vmap(jax.random.fold_in, in_axes=(0, None))
   begin = int(steps[0])
-  end = begin + num_steps
-  running, since, start_time = None, 0, time.perf_counter()
-  for step in range(begin, end):
+  progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size * size, None)
+  for step in range(begin, begin + num_steps):
     idx = np.stack([batches.indices(step) for batches in member_batches])
     states, metrics = _ensemble_train_step_jit(
-      states, (images[idx], labels[idx]), fold_in_all(dropout_keys, step)
+      states, (images[idx], labels[idx]), fold_in_each(dropout_keys, step)
     )
-    if callback is not None:
-      running = metrics if running is None else jax.tree_util.tree_map(jnp.add, running, metrics)
-      since += 1
-      if (step + 1 - begin) % log_every == 0 or step + 1 == end:
-        extra = {"member": None, "members": size}
-        _report(callback, running, since, start_time, end, step + 1, batch_size, extra)
-        running, since, start_time = None, 0, time.perf_counter()
+    progress.update(step, metrics)
   return states
 
 

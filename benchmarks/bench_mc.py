@@ -1,0 +1,269 @@
+"""Vectorized Monte Carlo on this machine: MC dropout and deep-ensemble training.
+
+1. MC dropout, S samples (default 32) on the 10k Fashion-MNIST test images
+   (random images of the same shape when the IDX files are absent), small CNN:
+     loop       a Python loop over samples and batches of a jitted forward pass;
+                the [S, N, K] logits are assembled on the host and scored there
+     vmap/C     ``mc.predict``: vmap over samples, chunks of C examples, scores
+                on device (what the library does)
+   Each strategy runs in a fresh subprocess that reports its peak resident
+   memory (``ru_maxrss``), after one warm-up chunk (compilation). One unchunked
+   vmap over all 10k examples is not run: it needed 16-20 GiB here.
+2. A 5-member ensemble trained by ``train.fit_ensemble`` with ``strategy="vmap"``
+   (one vmapped step for all members) vs ``"loop"`` (member after member), for
+   the small CNN and an MLP, after a warm-up of 2 steps each.
+
+Prints examples/s, ratios and the strategies ``mc.pick_strategy`` picks here.
+
+  python benchmarks/bench_mc.py [--quick]
+"""
+
+import argparse
+import gzip
+import json
+import os
+import pathlib
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
+_TRAIN_IMAGES = pathlib.Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+
+def _images(path: pathlib.Path, count: int, seed: int) -> tuple[np.ndarray, str]:
+  """[count, 28, 28, 1] float32 in [0, 1]: Fashion-MNIST if present, else noise."""
+  if path.exists():
+    with gzip.open(path, "rb") as f:
+      header = np.frombuffer(f.read(16), ">u4")
+      if header[0] != 2051:
+        raise ValueError(f"{path}: not an IDX image file")
+      count = min(count, int(header[1]))
+      pixels = np.frombuffer(f.read(count * 784), np.uint8)
+    images = pixels.reshape(count, 28, 28, 1).astype(np.float32) / 255.0
+    return images, "Fashion-MNIST"
+  rng = np.random.default_rng(seed)
+  return rng.random((count, 28, 28, 1), dtype=np.float32), "random"
+
+
+def _peak_rss_gib() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _child_mc(strategy: str, chunk_size: int, num_samples: int, num_examples: int) -> dict:
+  import jax
+  import jax.numpy as jnp
+
+  from top1_jax import mc, models, scores
+
+  images, source = _images(_FASHION_MNIST, num_examples, seed=0)
+  model = models.CNN()
+  apply_fn = models.make_apply_fn(model)
+  variables = models.init(model, jax.random.key(0), images[:1])
+  key, rate = jax.random.key(1), 0.1
+  rss_before = _peak_rss_gib()
+
+  if strategy == "loop":
+    forward = jax.jit(apply_fn)
+    summarize = jax.jit(
+      lambda logits: {
+        "neg_log_pmax": scores.neg_log_pmax(
+          jax.nn.logsumexp(jax.nn.log_softmax(logits), 0) - jnp.log(logits.shape[0])
+        ),
+        "covariance_norm_probs": scores.covariance_norm(jax.nn.softmax(logits)),
+      }
+    )
+
+    def run(x):
+      sample_keys = jax.random.split(key, num_samples)
+      logits = np.empty((num_samples, x.shape[0], 10), np.float32)
+      for s in range(num_samples):
+        for start in range(0, x.shape[0], chunk_size):
+          batch = x[start : start + chunk_size]
+          logits[s, start : start + chunk_size] = forward(
+            variables, batch, jax.random.fold_in(sample_keys[s], start), rate
+          )
+      return jax.tree_util.tree_map(np.asarray, summarize(logits))
+
+  else:
+
+    def run(x):
+      return mc.predict(
+        apply_fn, variables, x, key=key, num_samples=num_samples, rate=rate, chunk_size=chunk_size
+      ).scores
+
+  warm = time.perf_counter()
+  run(images[:chunk_size])  # compiles the full-chunk program
+  if strategy == "loop" and num_examples % chunk_size:
+    run(images[: num_examples % chunk_size])  # ... and the last partial batch
+  compile_s = time.perf_counter() - warm
+  start = time.perf_counter()
+  out = run(images)
+  seconds = time.perf_counter() - start
+  return {
+    "strategy": strategy if strategy == "loop" else f"vmap/{chunk_size}",
+    "chunk_size": chunk_size,
+    "seconds": seconds,
+    "warmup_seconds": compile_s,
+    "examples_per_second": num_examples / seconds,
+    "sample_passes_per_second": num_examples * num_samples / seconds,
+    "peak_rss_gib": _peak_rss_gib(),
+    "rss_before_gib": rss_before,
+    "data": source,
+    "mean_neg_log_pmax": float(np.mean(out["neg_log_pmax"])),
+  }
+
+
+def _run_child(args: list[str]) -> dict:
+  env = dict(
+    os.environ, PYTHONPATH=str(_ROOT), JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu")
+  )
+  result = subprocess.run(
+    [sys.executable, __file__, "--child", *args],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1800,
+  )
+  if result.returncode != 0:
+    raise RuntimeError(f"child {args} failed:\n{result.stderr[-3000:]}")
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _bench_ensemble(model_name: str, num_steps: int, ensemble_size: int, batch_size: int) -> list:
+  import jax
+  import optax
+
+  from top1_jax import models, train
+
+  images, _ = _images(_TRAIN_IMAGES, 10000, seed=1)
+  labels = np.random.default_rng(2).integers(0, 10, images.shape[0]).astype(np.int32)
+  model = {"cnn": models.CNN(), "mlp": models.MLP()}[model_name]
+  ensemble = train.init_ensemble(
+    model, optax.adam(1e-3), jax.random.key(0), images[:1], ensemble_size=ensemble_size
+  )
+  rows = []
+  for strategy in ("vmap", "loop"):
+    fit = lambda states, steps, strategy=strategy: train.fit_ensemble(
+      states,
+      images,
+      labels,
+      jax.random.key(1),
+      num_steps=steps,
+      batch_size=batch_size,
+      strategy=strategy,
+    )
+    jax.block_until_ready(fit(ensemble, 2).params)  # warm-up: compilation
+    start = time.perf_counter()
+    jax.block_until_ready(fit(ensemble, num_steps).params)
+    seconds = time.perf_counter() - start
+    rows.append(
+      {
+        "model": model_name,
+        "strategy": strategy,
+        "seconds": seconds,
+        "examples_per_second": ensemble_size * num_steps * batch_size / seconds,
+      }
+    )
+  return rows
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+  cells = [headers] + [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+  lines = [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+  lines.insert(1, "-+-".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+  parser.add_argument("--num_samples", type=int, default=32)
+  parser.add_argument("--num_examples", type=int, default=10000)
+  parser.add_argument("--chunk_sizes", default="128,512,1024")
+  parser.add_argument("--loop_batch_size", type=int, default=1000)
+  parser.add_argument("--ensemble_size", type=int, default=5)
+  parser.add_argument("--ensemble_steps", type=int, default=50)
+  parser.add_argument("--batch_size", type=int, default=128)
+  parser.add_argument("--child", nargs=4, metavar=("STRATEGY", "CHUNK", "S", "N"))
+  args = parser.parse_args()
+
+  if args.child:
+    strategy, chunk, num_samples, num_examples = args.child
+    print(json.dumps(_child_mc(strategy, int(chunk), int(num_samples), int(num_examples))))
+    return
+
+  if args.quick:
+    args.num_samples, args.num_examples, args.chunk_sizes = 4, 500, "128"
+    args.loop_batch_size, args.ensemble_steps = 250, 5
+
+  import jax
+
+  from top1_jax import mc
+
+  print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} device(s),")
+  print(f"{os.cpu_count()} CPU core(s), Python {platform.python_version()}")
+  print(
+    f"strategy picked for ensembles on this backend: {mc.pick_strategy()}"
+    " (MC dropout always vmaps: params are broadcast, not batched)\n"
+  )
+
+  sizes = [str(args.num_samples), str(args.num_examples)]
+  mc_rows = [_run_child(["loop", str(args.loop_batch_size), *sizes])]
+  for chunk in args.chunk_sizes.split(","):
+    mc_rows.append(_run_child(["vmap", chunk, *sizes]))
+  loop_rate = mc_rows[0]["examples_per_second"]
+  print(
+    f"MC dropout, S = {args.num_samples}, {args.num_examples} {mc_rows[0]['data']}"
+    " images, CNN (stride-2 convs), rate 0.1:"
+  )
+  print(
+    _table(
+      ["strategy", "seconds", "examples/s", "x loop", "peak RSS GiB", "warm-up s"],
+      [
+        [
+          r["strategy"],
+          r["seconds"],
+          r["examples_per_second"],
+          r["examples_per_second"] / loop_rate,
+          r["peak_rss_gib"],
+          r["warmup_seconds"],
+        ]
+        for r in mc_rows
+      ],
+    )
+  )
+  print(f"(peak RSS includes ~{mc_rows[0]['rss_before_gib']:.2f} GiB of Python, JAX and data)\n")
+
+  ens_rows = []
+  for model_name in ("cnn", "mlp"):
+    ens_rows += _bench_ensemble(
+      model_name, args.ensemble_steps, args.ensemble_size, args.batch_size
+    )
+  print(
+    f"Ensemble of {args.ensemble_size} trained for {args.ensemble_steps} steps of"
+    f" {args.batch_size} examples per member:"
+  )
+  table_rows = []
+  for row in ens_rows:
+    loop = next(r for r in ens_rows if r["model"] == row["model"] and r["strategy"] == "loop")
+    table_rows.append(
+      [
+        row["model"],
+        row["strategy"],
+        row["seconds"],
+        row["examples_per_second"],
+        row["examples_per_second"] / loop["examples_per_second"],
+      ]
+    )
+  print(_table(["model", "strategy", "seconds", "examples/s", "x loop"], table_rows))
+
+
+if __name__ == "__main__":
+  main()
