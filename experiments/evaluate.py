@@ -49,6 +49,10 @@ class Source:
     self.meta = dict(predictions.meta)
     self.labels = np.asarray(predictions.labels)
     samples = predictions.logits
+    if max(topk) > predictions.num_classes:
+      raise common.ExperimentError(
+        f"--topk: {max(topk)} exceeds the {predictions.num_classes} classes of {path.name}"
+      )
     if samples is not None:
       self.log_probs = evaluate.mean_log_probs(samples)
     else:
@@ -168,9 +172,6 @@ def run_stage() -> dict:
   sources = [Source(path, topk) for path in _files()]
   _check_sources(sources)
   num_examples = sources[0].labels.shape[0]
-  num_classes = sources[0].log_probs.shape[1]
-  if max(topk) > num_classes:
-    raise common.ExperimentError(f"--topk: {max(topk)} exceeds the {num_classes} classes")
   smallest_cal = num_examples - (
     -(-num_examples // 2) if SCHEME.value == "halves" else -(-num_examples // N_FOLDS.value)
   )
