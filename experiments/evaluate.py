@@ -20,8 +20,8 @@ import numpy as np
 from absl import flags
 
 from experiments import common, report
+from top1_jax import baselines, evaluate, events, metrics
 from top1_jax import data as data_lib
-from top1_jax import evaluate, events
 
 PREDICTIONS = flags.DEFINE_list(
   "predictions", None, "Predictions files (.npz); default: every file in <workdir>/predictions."
@@ -37,6 +37,12 @@ TOPK = flags.DEFINE_list("topk", ["1", "2"], "Events: the Top-k prediction is co
 N_FOLDS = flags.DEFINE_integer("n_folds", 10, "Calibration/test splits.")
 SCHEME = flags.DEFINE_enum("scheme", "halves", evaluate.SCHEMES, "halves (paper) or kfold.")
 FIGURE_BINS = flags.DEFINE_integer("figure_bins", 20, "Bins in the per-bin figures.")
+COMPARE_BINS = flags.DEFINE_integer(
+  "compare_bins", 20, "Top-1 bins in the comparison with the benchmark methods (one of --n_bins)."
+)
+ECE_BINS = flags.DEFINE_integer(
+  "ece_bins", baselines.DEFAULT_ECE_BINS, "Equal-width bins of the benchmark's confidence ECE."
+)
 
 
 class Source:
@@ -238,9 +244,91 @@ def run_stage() -> dict:
     f"evaluate: sweep finished in {time.perf_counter() - start:.1f} s"
     + (f" ({reused} point(s) done already, skipped)" if reused else "")
   )
-  summary = report.write_results(out_dir, results, config, topk)
+  comparison = benchmark_comparison(sources, results, splits, n_bins)
+  summary = report.write_results(out_dir, results, config, topk, comparison)
   report.write_figures(out_dir, sources, results, splits, n_bins, topk, FIGURE_BINS.value)
   return summary
+
+
+def _comparison_score(source: Source) -> str | None:
+  """The uncertainty measure the paper bins for each method (Table 1)."""
+  if (
+    source.meta.get("method") in ("mc_dropout", "ensemble")
+    and "covariance_norm_probs" in source.scores
+  ):
+    return "covariance_norm_probs"
+  return "pmax" if "pmax" in source.scores else None
+
+
+def benchmark_comparison(sources, results, splits, n_bins) -> list[dict]:
+  """The paper's Table 1, on the same test halves: benchmark metrics vs Top-1 binning.
+
+  For every classifier: the benchmark's multiclass Brier and confidence ECE
+  (equal-width bins of max-softmax), the binary Top-1 Brier / ECE of its raw
+  max-softmax used directly as P(correct) (the like-for-like baseline), and Top-1
+  binning's Brier / ECE. For the plain model, temperature scaling (T fitted on each
+  calibration half) adds a row; its Top-1 bins equal the plain model's, since
+  scaling preserves the order of pmax.
+  """
+  compare_bins = COMPARE_BINS.value if COMPARE_BINS.value in n_bins else n_bins[0]
+  ece_bins = ECE_BINS.value
+  if ece_bins < 1:
+    raise common.ExperimentError(f"--ece_bins: expected at least 1, got {ece_bins}")
+  binned = {
+    (r["source"], r["score"]): next(row for row in r["rows"] if row["n_bins"] == compare_bins)
+    for r in results
+    if r["topk"] == 1
+  }
+  rows = []
+  for source in sources:
+    score = _comparison_score(source)
+    if score is None or (source.name, score) not in binned:
+      continue
+    variants = [("raw", None)]
+    if source.meta.get("method") in (None, "deterministic") and source.log_probs is not None:
+      variants.append(("temperature", None))
+    for variant, _ in variants:
+      per_split = []
+      for f in range(splits.num_splits):
+        test = splits.test_mask(f)
+        log_probs = np.asarray(source.log_probs)
+        temperature = 1.0
+        if variant == "temperature":
+          temperature = float(baselines.fit_temperature(log_probs[~test], source.labels[~test]))
+          log_probs = np.asarray(baselines.apply_temperature(log_probs, temperature))
+        probs = np.exp(log_probs[test] - log_probs[test].max(1, keepdims=True))
+        probs /= probs.sum(1, keepdims=True)
+        labels = source.labels[test]
+        pmax = probs.max(1)
+        correct = probs.argmax(1) == labels
+        per_split.append(
+          {
+            "multiclass_brier": float(baselines.multiclass_brier(labels, probs=probs)),
+            "confidence_ece": float(baselines.confidence_ece(labels, probs=probs, n_bins=ece_bins)),
+            "raw_top1_brier": float(metrics.brier(pmax, correct)),
+            "temperature": temperature,
+          }
+        )
+      row = {k: float(np.mean([p[k] for p in per_split])) for k in per_split[0]}
+      top1 = binned[(source.name, score)]
+      name = source.label()
+      if variant == "temperature":
+        name = "temperature scaling" if name == "model" else f"{name} + temperature scaling"
+      elif name == "model":
+        name = "Vanilla (model)"
+      rows.append(
+        {
+          "method": name,
+          "source": source.name,
+          "top1_score": score,
+          **row,
+          "top1_binned_brier": top1["brier"],
+          "top1_binned_ece": top1["ece"],
+          "top1_n_bins": compare_bins,
+          "ece_bins": ece_bins,
+        }
+      )
+  return rows
 
 
 def main(argv):

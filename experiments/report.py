@@ -124,12 +124,51 @@ def markdown(rows: list[dict], config: dict, topks: tuple[int, ...], title: str)
   return "\n".join(parts) + "\n"
 
 
-def write_results(out_dir: pathlib.Path, results: list[dict], config: dict, topks) -> dict:
+def comparison_table(comparison: list[dict]) -> str:
+  if not comparison:
+    return ""
+  n_bins, ece_bins = comparison[0]["top1_n_bins"], comparison[0]["ece_bins"]
+  lines = [
+    f"## Benchmark metrics vs Top-1 binning (paper Table 1; {n_bins} Top-1 bins, "
+    f"{ece_bins} equal-width ECE bins)",
+    "",
+    "Multiclass Brier scores the whole probability vector, Top-1 Brier only the event "
+    '"the prediction is correct": compare Top-1 binning with the *raw pmax* columns, '
+    "which use max-softmax directly as P(correct). The benchmark's confidence ECE is "
+    "exactly the raw pmax's Top-1 ECE with equal-width bins.",
+    "",
+    "| method | binned score | multiclass Brier (benchmark) | Top-1 Brier: raw pmax "
+    "| Top-1 Brier: binned | ECE (%): benchmark = raw pmax | ECE (%): Top-1 binned |",
+    "|---|---|---:|---:|---:|---:|---:|",
+  ]
+  for r in comparison:
+    method = r["method"]
+    if r["temperature"] != 1.0:
+      method += f" (T = {r['temperature']:.2f})"
+    lines.append(
+      f"| {method} | {score_label(r['top1_score'])} | {r['multiclass_brier']:.4f} "
+      f"| {r['raw_top1_brier']:.4f} | {r['top1_binned_brier']:.4f} "
+      f"| {100 * r['confidence_ece']:.2f} | {100 * r['top1_binned_ece']:.2f} |"
+    )
+  return "\n".join(lines)
+
+
+def write_results(
+  out_dir: pathlib.Path, results: list[dict], config: dict, topks, comparison=()
+) -> dict:
   rows = flat_rows(results)
   dataset = next((r["meta"].get("dataset") for r in results if r["meta"].get("dataset")), None)
   title = f"Calibrated Top-k bins: {dataset or 'predictions'}"
   text = markdown(rows, config, tuple(topks), title)
-  summary = {"config": config, "versions": common.versions(), "results": rows, "points": results}
+  if comparison:
+    text += "\n" + comparison_table(list(comparison)) + "\n"
+  summary = {
+    "config": config,
+    "versions": common.versions(),
+    "results": rows,
+    "comparison": list(comparison),
+    "points": results,
+  }
   common.write_json(out_dir / "results.json", summary)
   common.write_csv(out_dir / "results.csv", rows)
   common.atomic_write_bytes(out_dir / "results.md", text.encode())
