@@ -152,6 +152,15 @@ def run_stage(stage: str, train_split, test_split) -> dict:
     return common.read_json(marker(stage))
   images, labels = train_split.images, train_split.labels
   state = template(stage, train_split.num_classes, images[:1])
+  # Epoch checkpoints may only be resumed by a run with the same settings.
+  started = stage_dir(stage) / "config.json"
+  saved = common.read_json(started)
+  if saved is not None and saved != expected_marker(stage):
+    raise common.ExperimentError(
+      f"--workdir: {stage_dir(stage)} holds an unfinished run with other settings ({saved}); "
+      "use a new --workdir or the same flags"
+    )
+  common.write_json(started, expected_marker(stage))
   start_epoch, state = _latest_epoch(stage, state)
   steps_per_epoch = images.shape[0] // BATCH_SIZE.value
   if steps_per_epoch < 1:

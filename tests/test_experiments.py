@@ -6,6 +6,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -183,3 +184,50 @@ def test_evaluate_on_any_models_file(tmp_path):
   assert {r["method"] for r in rows} == {"external"}
   second = _run("evaluate", *args)
   assert second.returncode == 0 and "done already, skipped" in second.stdout
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_killed_training_resumes_from_the_last_epoch(tmp_path):
+  args = [
+    "--model=mlp",
+    "--epochs=3",
+    "--ensemble_size=0",
+    "--limit_train=2000",
+    "--limit_test=500",
+    "--batch_size=100",
+  ]
+  straight = tmp_path / "straight"
+  result = _run("train", *args, f"--workdir={straight}")
+  assert result.returncode == 0, result.stderr[-2000:]
+
+  killed = tmp_path / "killed"
+  process = subprocess.Popen(
+    [sys.executable, "-m", "experiments.train", *args, f"--workdir={killed}"],
+    cwd=ROOT,
+    env=ENV,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  try:
+    checkpoint = killed / "train" / "base" / "epoch_1"
+    for _ in range(600):  # up to 60 s for the first epoch's checkpoint
+      if checkpoint.exists() or process.poll() is not None:
+        break
+      time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+  finally:
+    process.wait(timeout=60)
+  assert not (killed / "train" / "base.json").exists(), "finished before it could be killed"
+
+  resumed = _run("train", *args, f"--workdir={killed}")
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "resuming after epoch" in resumed.stdout
+  # Batches and dropout keys follow from the seed and the step: same result as no kill.
+  expected = json.loads((straight / "train" / "base.json").read_text())["test"]
+  got = json.loads((killed / "train" / "base.json").read_text())["test"]
+  assert got["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+  assert got["loss"] == pytest.approx(expected["loss"], rel=1e-4)
+
+  other = _run("train", *args[:-1], "--batch_size=50", f"--workdir={killed}")
+  assert other.returncode == 1 and "trained with other settings" in other.stderr
