@@ -2,10 +2,11 @@
 
 1. MC dropout, S samples (default 32) on the 10k Fashion-MNIST test images
    (random images of the same shape when the IDX files are absent), small CNN:
-     loop       a Python loop over samples and batches of a jitted forward pass;
-                the [S, N, K] logits are assembled on the host and scored there
+     loop/B     a Python loop over samples and batches of B examples of a jitted
+                forward pass; the [S, N, K] logits are assembled on the host and
+                scored there
      vmap/C     ``mc.predict``: vmap over samples, chunks of C examples, scores
-                on device (what the library does)
+                on device (what the library does; C = 32 is its CPU default)
    Each strategy runs in a fresh subprocess that reports its peak resident
    memory (``ru_maxrss``), after one warm-up chunk (compilation). One unchunked
    vmap over all 10k examples is not run: it needed 16-20 GiB here.
@@ -106,7 +107,7 @@ def _child_mc(strategy: str, chunk_size: int, num_samples: int, num_examples: in
   out = run(images)
   seconds = time.perf_counter() - start
   return {
-    "strategy": strategy if strategy == "loop" else f"vmap/{chunk_size}",
+    "strategy": f"{strategy}/{chunk_size}",
     "chunk_size": chunk_size,
     "seconds": seconds,
     "warmup_seconds": compile_s,
@@ -186,8 +187,8 @@ def main() -> None:
   parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
   parser.add_argument("--num_samples", type=int, default=32)
   parser.add_argument("--num_examples", type=int, default=10000)
-  parser.add_argument("--chunk_sizes", default="128,512,1024")
-  parser.add_argument("--loop_batch_size", type=int, default=1000)
+  parser.add_argument("--chunk_sizes", default="16,32,64,256,512")
+  parser.add_argument("--loop_batch_sizes", default="1000,128")
   parser.add_argument("--ensemble_size", type=int, default=5)
   parser.add_argument("--ensemble_steps", type=int, default=50)
   parser.add_argument("--batch_size", type=int, default=128)
@@ -201,7 +202,7 @@ def main() -> None:
 
   if args.quick:
     args.num_samples, args.num_examples, args.chunk_sizes = 4, 500, "128"
-    args.loop_batch_size, args.ensemble_steps = 250, 5
+    args.loop_batch_sizes, args.ensemble_steps = "250", 5
 
   import jax
 
@@ -209,23 +210,25 @@ def main() -> None:
 
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} device(s),")
   print(f"{os.cpu_count()} CPU core(s), Python {platform.python_version()}")
+  default_chunk = mc.default_chunk_size(args.num_samples)
   print(
     f"strategy picked for ensembles on this backend: {mc.pick_strategy()}"
-    " (MC dropout always vmaps: params are broadcast, not batched)\n"
+    " (MC dropout always vmaps: params are broadcast, not batched)"
   )
+  print(f"predict's default chunk_size at S = {args.num_samples}: {default_chunk}\n")
 
   sizes = [str(args.num_samples), str(args.num_examples)]
-  mc_rows = [_run_child(["loop", str(args.loop_batch_size), *sizes])]
+  mc_rows = [_run_child(["loop", batch, *sizes]) for batch in args.loop_batch_sizes.split(",")]
+  loop_rate = max(r["examples_per_second"] for r in mc_rows)
   for chunk in args.chunk_sizes.split(","):
     mc_rows.append(_run_child(["vmap", chunk, *sizes]))
-  loop_rate = mc_rows[0]["examples_per_second"]
   print(
     f"MC dropout, S = {args.num_samples}, {args.num_examples} {mc_rows[0]['data']}"
     " images, CNN (stride-2 convs), rate 0.1:"
   )
   print(
     _table(
-      ["strategy", "seconds", "examples/s", "x loop", "peak RSS GiB", "warm-up s"],
+      ["strategy", "seconds", "examples/s", "x best loop", "peak RSS GiB", "warm-up s"],
       [
         [
           r["strategy"],
