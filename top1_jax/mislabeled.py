@@ -1,0 +1,167 @@
+"""Confident errors: wrong predictions in the most confident bins (paper supplement).
+
+The paper finds mislabelled or ambiguous images by binning max-softmax into
+equal-count bins and looking at the incorrectly classified examples of the most
+confident bins. ``confident_errors`` does that for any score:
+
+* Bins are fitted with ``binning.fit`` on the calibration examples (by default
+  all of them: the paper searches the test set it binned) and every example is
+  placed in its bin.
+* The bins with the highest predicted P(correct) are taken, and the wrong
+  examples in them returned, most confident first.
+* Which end of the score is confident is not assumed (pmax and margin grow with
+  confidence, entropy and -log pmax shrink): it is read off the bins, as the sign
+  of the rank correlation between a bin's position and its probability. Ties in
+  probability and in score are broken in that direction, then by example index.
+* Bins are ranked by their probability as an exact fraction, (hits + prior) /
+  (count + 1), so float rounding never splits a tie or makes one; the float32
+  probability is what is reported.
+"""
+
+import fractions
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax import binning, validation
+
+
+class ConfidentErrors(NamedTuple):
+  """Wrong examples of the most confident bins, most confident first.
+
+  Attributes:
+    index: [M] int64, example indices into ``u``.
+    prob: [M] float32, each example's bin probability (predicted P(correct)).
+    bin: [M] int32, each example's bin.
+    selected_bins: [B] int32, the bins searched, most confident first
+      (B = min(top_bins, bins holding calibration examples)).
+    direction: +1 when higher scores are more confident, -1 when lower scores
+      are, 0 when the bins show no trend (then only probability and index order).
+    bins: the fitted ``binning.Bins``.
+  """
+
+  index: np.ndarray
+  prob: np.ndarray
+  bin: np.ndarray
+  selected_bins: np.ndarray
+  direction: int
+  bins: binning.Bins
+
+
+def _twice_average_ranks(values: np.ndarray) -> np.ndarray:
+  """2 x the 1-based average ranks of ``values`` (ties share their mean rank); exact ints."""
+  _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+  ends = np.cumsum(counts)  # 1-based rank of the last member of each tie group
+  starts = ends - counts + 1
+  return (starts + ends)[inverse.reshape(-1)].astype(np.int64)
+
+
+def confidence_direction(prob: ArrayLike) -> int:
+  """Which way along the bins P(correct) grows: the sign of Spearman's correlation.
+
+  Computed on exact integer ranks, so equal probabilities share a rank and the
+  sign is exact.
+
+  Args:
+    prob: [B] float (or int ranks), the bins' probabilities in ascending score
+      order (only bins that hold examples).
+
+  Returns:
+    +1 if the probability tends to grow with the score, -1 if it tends to fall,
+    0 if neither (including B < 2).
+  """
+  prob = validation.float_array("prob", prob, 1, host=True)
+  num = prob.shape[0]
+  if num < 2:
+    return 0
+  position = 2 * np.arange(1, num + 1, dtype=np.int64) - (num + 1)
+  rank = _twice_average_ranks(prob) - (num + 1)
+  return int(np.sign(np.sum(position * rank)))
+
+
+def _exact_prob_rank(hits: np.ndarray, counts: np.ndarray, num_hits: int, num: int) -> np.ndarray:
+  """Dense ranks (0 = lowest) of the bins' (hits + prior) / (counts + 1), compared exactly.
+
+  With prior = num_hits / num the probability is (hits num + num_hits) / (num (counts + 1)):
+  ordering the rationals, not their float32 roundings, makes equal bins tie and
+  different bins differ whatever the rounding of the division.
+  """
+  exact = [
+    fractions.Fraction(int(h) * num + num_hits, num * (int(c) + 1))
+    for h, c in zip(hits, counts, strict=True)
+  ]
+  levels = {value: rank for rank, value in enumerate(sorted(set(exact)))}
+  return np.array([levels[value] for value in exact], np.int64)
+
+
+def confident_errors(
+  u: ArrayLike,
+  correct: ArrayLike,
+  *,
+  n_bins: int = 20,
+  top_bins: int = 1,
+  calibration: ArrayLike | None = None,
+) -> ConfidentErrors:
+  """The wrong examples in the ``top_bins`` bins of highest predicted P(correct).
+
+  Args:
+    u: [N] float scores, confidences (pmax, margin) or uncertainties (entropy,
+      -log pmax): the direction is read from the fitted bins.
+    correct: [N] bool, whether each prediction is correct (``events``).
+    n_bins: equal-count bins, 1 <= n_bins <= number of calibration examples.
+    top_bins: how many of the most confident bins to search, 1 <= top_bins <=
+      n_bins; fewer are searched when ties leave fewer non-empty bins.
+    calibration: optional [N] bool mask of the examples the bins are fitted on
+      (default: all). Wrong examples are collected from all N examples.
+
+  Returns:
+    ``ConfidentErrors``, ordered by bin probability (highest first), then by score
+    from the confident end, then by index.
+
+  Raises:
+    ValueError: an argument of the wrong shape, dtype or range (named).
+  """
+  u = validation.float_array("u", u, 1, host=True)
+  correct = validation.bool_array("correct", correct, host=True)
+  num = validation.same_length(u=u, correct=correct)
+  validation.check_nonempty("u", u)
+  if calibration is None:
+    calibration = np.ones(num, bool)
+  else:
+    calibration = validation.bool_array("calibration", calibration, host=True)
+    validation.same_length(u=u, calibration=calibration)
+    if not calibration.any():
+      raise ValueError("calibration: expected at least one True entry, got none")
+  num_calibration = int(calibration.sum())
+  n_bins = validation.positive_int("n_bins", n_bins, maximum=num_calibration)
+  top_bins = validation.positive_int("top_bins", top_bins, maximum=n_bins)
+
+  u_device = jnp.asarray(u, jnp.float32)
+  bins = binning.fit(u_device[calibration], correct[calibration], n_bins=n_bins)
+  # The same rule as binning.predict (right-closed bins), keeping the bin index.
+  example_bin = np.asarray(jnp.searchsorted(bins.edges, u_device, side="left"), np.int32)
+  prob = np.asarray(bins.prob)
+  counts = np.asarray(bins.counts)
+  level = _exact_prob_rank(
+    np.asarray(bins.hits), counts, int(correct[calibration].sum()), num_calibration
+  )
+  filled = np.flatnonzero(counts > 0)
+  direction = confidence_direction(level[filled])
+  # lexsort: the last key is the primary one.
+  order = np.lexsort((-direction * filled, -level[filled]))
+  selected = filled[order[:top_bins]].astype(np.int32)
+
+  wrong = np.flatnonzero(np.isin(example_bin, selected) & ~correct)
+  score = np.asarray(u_device, np.float64)[wrong]
+  order = np.lexsort((wrong, -direction * score, -level[example_bin[wrong]]))
+  index = wrong[order].astype(np.int64)
+  return ConfidentErrors(
+    index=index,
+    prob=prob[example_bin[index]].astype(np.float32),
+    bin=example_bin[index],
+    selected_bins=selected,
+    direction=direction,
+    bins=bins,
+  )
