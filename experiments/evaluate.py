@@ -15,7 +15,6 @@ import hashlib
 import pathlib
 import time
 
-import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
@@ -54,26 +53,17 @@ class Source:
     predictions = data_lib.load_predictions(path)
     self.meta = dict(predictions.meta)
     self.labels = np.asarray(predictions.labels)
-    samples = predictions.logits
     if max(topk) > predictions.num_classes:
       raise common.ExperimentError(
         f"--topk: {max(topk)} exceeds the {predictions.num_classes} classes of {path.name}"
       )
-    if samples is not None:
-      self.log_probs = evaluate.mean_log_probs(samples)
-    else:
-      self.log_probs = jnp.log(jnp.maximum(jnp.asarray(predictions.mean_probs), 1e-30))
-    values = evaluate.predictive_scores(
-      self.log_probs,
-      samples=samples if samples is not None and samples.shape[0] >= 2 else None,
+    self.log_probs, self.scores = evaluate.scores_from_predictions(
+      logits=predictions.logits,
+      mean_probs=predictions.mean_probs,
+      stored_scores=predictions.scores,
       human_probs=predictions.human_probs,
       topk=topk,
     )
-    stored = {k: np.asarray(v) for k, v in predictions.scores.items()}
-    if "neg_log_pmax" in stored:
-      stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
-    values.update(stored)  # computed in log space on device: more precise than from probs
-    self.scores = {k: np.asarray(v) for k, v in values.items()}
     with open(path, "rb") as f:
       self.digest = hashlib.sha1(f.read()).hexdigest()
 

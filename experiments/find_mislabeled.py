@@ -24,6 +24,7 @@ import csv
 import io
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
@@ -70,27 +71,24 @@ def _predictions_path() -> pathlib.Path:
   return path
 
 
-def _score(predictions: data_lib.Predictions, log_probs, name: str, k: int) -> np.ndarray:
-  """The requested score: stored in the file if it is there, else computed from the logits."""
+def _score(predictions: data_lib.Predictions, name: str, k: int) -> tuple[jax.Array, np.ndarray]:
+  """The classifier's log-probabilities and the requested score (stored or computed)."""
   if name == "neg_log_topk_mass":
     name = "neg_log_pmax" if k == 1 else f"neg_log_top{k}_mass"
-  logits = predictions.logits
-  samples = logits if name.startswith("covariance_norm") and logits is not None else None
-  if samples is not None and samples.shape[0] < 2:
-    samples = None
-  available = evaluate.predictive_scores(
-    log_probs, samples=samples, human_probs=predictions.human_probs, topk=(k,)
+  log_probs, available = evaluate.scores_from_predictions(
+    logits=predictions.logits,
+    mean_probs=predictions.mean_probs,
+    stored_scores=predictions.scores,
+    human_probs=predictions.human_probs,
+    topk=(k,),
   )
-  available.update(predictions.scores)
-  if "neg_log_pmax" in predictions.scores:
-    available["pmax"] = np.exp(-predictions.scores["neg_log_pmax"])
   if name not in available:
     needs = " (needs MC-dropout or ensemble logits)" if name.startswith("covariance_norm") else ""
     raise common.ExperimentError(
       f"--score: {name!r} is not available for this file{needs}; available: "
       + ", ".join(sorted(available))
     )
-  return np.asarray(available[name], np.float32)
+  return log_probs, np.asarray(available[name], np.float32)
 
 
 def _images(path: pathlib.Path, predictions: data_lib.Predictions) -> data_lib.DatasetSplit:
@@ -155,11 +153,7 @@ def run_stage() -> dict:
     raise common.ExperimentError(
       f"--n_bins: {N_BINS.value} bins need at least that many examples; {path.name} has {num}"
     )
-  if predictions.logits is not None:
-    log_probs = evaluate.mean_log_probs(predictions.logits)
-  else:
-    log_probs = jnp.log(jnp.maximum(jnp.asarray(predictions.mean_probs), 1e-30))
-  u = _score(predictions, log_probs, SCORE.value, TOPK.value)
+  log_probs, u = _score(predictions, SCORE.value, TOPK.value)
   correct = np.asarray(events.topk_correct(log_probs, predictions.labels, k=TOPK.value))
   images = _images(path, predictions)
   common.say(

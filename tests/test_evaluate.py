@@ -162,3 +162,20 @@ def test_bad_arrays():
     evaluate.cross_validate(np.array([0.1, np.nan, 0.3, 0.4]), [1, 0, 1, 0], 1, 2)
   with pytest.raises(ValueError, match="length mismatch"):
     evaluate.cross_validate(np.zeros(4), [1, 0, 1], 1, 2)
+
+
+def test_scores_from_predictions():
+  rng = np.random.default_rng(10)
+  samples = rng.normal(size=(4, 50, 6)).astype(np.float32)
+  log_probs, values = evaluate.scores_from_predictions(logits=samples, topk=(1, 3))
+  np.testing.assert_allclose(np.exp(log_probs).sum(1), 1, rtol=1e-5)
+  assert {"pmax", "entropy", "neg_log_top3_mass", "covariance_norm_probs"} <= set(values)
+  assert "neg_log_top1_mass" not in values  # that is neg_log_pmax
+  # Stored scores (computed in log space on device) win, and give pmax.
+  stored = {"neg_log_pmax": np.full(50, 2.0, np.float32)}
+  probs = np.exp(np.asarray(log_probs))
+  _, values = evaluate.scores_from_predictions(mean_probs=probs, stored_scores=stored)
+  np.testing.assert_allclose(values["pmax"], np.exp(-2.0), rtol=1e-6)
+  assert "covariance_norm_probs" not in values
+  with pytest.raises(ValueError, match="expected at least one of them"):
+    evaluate.scores_from_predictions()

@@ -412,3 +412,41 @@ def predictive_scores(
   if human_probs is not None:
     out["human_entropy"] = scores.human_entropy(human_probs)
   return out
+
+
+def scores_from_predictions(
+  *,
+  logits: ArrayLike | None = None,
+  mean_probs: ArrayLike | None = None,
+  stored_scores: dict[str, ArrayLike] | None = None,
+  human_probs: ArrayLike | None = None,
+  topk: Sequence[int] = (),
+) -> tuple[jax.Array, dict[str, np.ndarray]]:
+  """The classifier's log-probabilities and every score, from a predictions file's fields.
+
+  Args:
+    logits: [S, N, K] samples (S = 1 for a plain model), or None.
+    mean_probs: [N, K] mean probabilities, used when ``logits`` is None.
+    stored_scores: precomputed name -> [N] scores; they take precedence over
+      recomputed ones (MC prediction computes them on device in log space, more
+      precisely than a float32 ``mean_probs`` allows), and ``pmax`` follows from a
+      stored ``neg_log_pmax``.
+    human_probs: optional [N, K] annotator frequencies.
+    topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
+
+  Returns:
+    ([N, K] log-probabilities, name -> [N] NumPy scores).
+  """
+  if logits is not None:
+    log_probs = mean_log_probs(logits)
+  elif mean_probs is not None:
+    log_probs = jnp.log(jnp.maximum(jnp.asarray(mean_probs), 1e-30))
+  else:
+    raise ValueError("logits, mean_probs: expected at least one of them, got neither")
+  samples = logits if logits is not None and np.shape(logits)[0] >= 2 else None
+  values = predictive_scores(log_probs, samples=samples, human_probs=human_probs, topk=topk)
+  stored = {name: np.asarray(value) for name, value in (stored_scores or {}).items()}
+  if "neg_log_pmax" in stored:
+    stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
+  values.update(stored)
+  return log_probs, {name: np.asarray(value) for name, value in values.items()}
