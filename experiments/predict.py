@@ -28,7 +28,11 @@ DROPOUT_RATES = flags.DEFINE_list(
   "Test-time MC-dropout rates (empty: none).",
 )
 NUM_SAMPLES = flags.DEFINE_integer("num_samples", 32, "MC-dropout samples per example.")
-CHUNK_SIZE = flags.DEFINE_integer("chunk_size", 1000, "Examples per device step while sampling.")
+CHUNK_SIZE = flags.DEFINE_integer(
+  "chunk_size",
+  None,
+  "Examples per device step while sampling (default: mc.default_chunk_size, tuned per backend).",
+)
 KEEP_SAMPLES = flags.DEFINE_bool(
   "keep_samples", False, "Store all [S, N, K] MC-dropout logits (large for big datasets)."
 )
@@ -68,11 +72,18 @@ def _is_current(path: pathlib.Path, meta: dict) -> bool:
   return all(saved.get(k) == v for k, v in meta.items() if k != "version")
 
 
-def _progress(label: str):
+def _progress(label: str, every_seconds: float = 10.0):
+  """A progress callback that prints at most every ``every_seconds`` and at the end."""
   start = time.perf_counter()
+  last = start
 
   def callback(done: int, total: int) -> None:
-    rate = done / max(time.perf_counter() - start, 1e-9)
+    nonlocal last
+    now = time.perf_counter()
+    if done < total and now - last < every_seconds:
+      return
+    last = now
+    rate = done / max(now - start, 1e-9)
     common.say(f"  {label}: {done:,}/{total:,} examples ({rate:,.0f} ex/s)")
 
   return callback
