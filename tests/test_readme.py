@@ -18,10 +18,10 @@ def _tested_blocks():
 
 
 def test_readme_marks_its_runnable_examples():
-  assert len(_tested_blocks()) == 3
+  assert len(_tested_blocks()) == 4
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_readme_example_runs(index, tmp_path, monkeypatch):
   block = _tested_blocks()[index]
   if (
