@@ -9,7 +9,9 @@
                 on device (what the library does; C = 32 is its CPU default)
    Each strategy runs in a fresh subprocess that reports its peak resident
    memory (``ru_maxrss``), after one warm-up chunk (compilation). One unchunked
-   vmap over all 10k examples is not run: it needed 16-20 GiB here.
+   vmap over all 10k examples is not run: it needed 16-20 GiB here. Both with
+   dropout after every layer ("all", the default) and only on the classifier's
+   input ("head", where vmap computes the conv trunk once for all samples).
 2. A 5-member ensemble trained by ``train.fit_ensemble`` with ``strategy="vmap"``
    (one vmapped step for all members) vs ``"loop"`` (member after member), for
    the small CNN and an MLP, after a warm-up of 2 steps each.
@@ -56,14 +58,16 @@ def _peak_rss_gib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def _child_mc(strategy: str, chunk_size: int, num_samples: int, num_examples: int) -> dict:
+def _child_mc(
+  strategy: str, chunk_size: int, num_samples: int, num_examples: int, placement: str
+) -> dict:
   import jax
   import jax.numpy as jnp
 
   from top1_jax import mc, models, scores
 
   images, source = _images(_FASHION_MNIST, num_examples, seed=0)
-  model = models.CNN()
+  model = models.CNN(dropout_placement=placement)
   apply_fn = models.make_apply_fn(model)
   variables = models.init(model, jax.random.key(0), images[:1])
   key, rate = jax.random.key(1), 0.1
@@ -108,6 +112,7 @@ def _child_mc(strategy: str, chunk_size: int, num_samples: int, num_examples: in
   seconds = time.perf_counter() - start
   return {
     "strategy": f"{strategy}/{chunk_size}",
+    "placement": placement,
     "chunk_size": chunk_size,
     "seconds": seconds,
     "warmup_seconds": compile_s,
@@ -192,12 +197,13 @@ def main() -> None:
   parser.add_argument("--ensemble_size", type=int, default=5)
   parser.add_argument("--ensemble_steps", type=int, default=50)
   parser.add_argument("--batch_size", type=int, default=128)
-  parser.add_argument("--child", nargs=4, metavar=("STRATEGY", "CHUNK", "S", "N"))
+  parser.add_argument("--child", nargs=5, metavar=("STRATEGY", "CHUNK", "S", "N", "PLACEMENT"))
   args = parser.parse_args()
 
   if args.child:
-    strategy, chunk, num_samples, num_examples = args.child
-    print(json.dumps(_child_mc(strategy, int(chunk), int(num_samples), int(num_examples))))
+    strategy, chunk, num_samples, num_examples, placement = args.child
+    result = _child_mc(strategy, int(chunk), int(num_samples), int(num_examples), placement)
+    print(json.dumps(result))
     return
 
   if args.quick:
@@ -218,23 +224,43 @@ def main() -> None:
   print(f"predict's default chunk_size at S = {args.num_samples}: {default_chunk}\n")
 
   sizes = [str(args.num_samples), str(args.num_examples)]
-  mc_rows = [_run_child(["loop", batch, *sizes]) for batch in args.loop_batch_sizes.split(",")]
-  loop_rate = max(r["examples_per_second"] for r in mc_rows)
-  for chunk in args.chunk_sizes.split(","):
-    mc_rows.append(_run_child(["vmap", chunk, *sizes]))
+  loops = args.loop_batch_sizes.split(",")
+  mc_rows = [_run_child(["loop", batch, *sizes, "all"]) for batch in loops]
+  mc_rows += [_run_child(["vmap", chunk, *sizes, "all"]) for chunk in args.chunk_sizes.split(",")]
+  # Dropout only on the classifier's input: under vmap the conv trunk is computed
+  # once per example for all S samples; a loop of forward passes recomputes it.
+  mc_rows.append(_run_child(["loop", loops[0], *sizes, "head"]))
+  mc_rows.append(_run_child(["vmap", str(default_chunk), *sizes, "head"]))
+  best_loop = {
+    placement: max(
+      r["examples_per_second"]
+      for r in mc_rows
+      if r["placement"] == placement and r["strategy"].startswith("loop")
+    )
+    for placement in ("all", "head")
+  }
   print(
     f"MC dropout, S = {args.num_samples}, {args.num_examples} {mc_rows[0]['data']}"
     " images, CNN (stride-2 convs), rate 0.1:"
   )
   print(
     _table(
-      ["strategy", "seconds", "examples/s", "x best loop", "peak RSS GiB", "warm-up s"],
+      [
+        "dropout on",
+        "strategy",
+        "seconds",
+        "examples/s",
+        "x best loop",
+        "peak RSS GiB",
+        "warm-up s",
+      ],
       [
         [
+          r["placement"],
           r["strategy"],
           r["seconds"],
           r["examples_per_second"],
-          r["examples_per_second"] / loop_rate,
+          r["examples_per_second"] / best_loop[r["placement"]],
           r["peak_rss_gib"],
           r["warmup_seconds"],
         ]

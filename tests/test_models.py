@@ -133,3 +133,47 @@ def test_bad_configuration_raises_naming_the_field():
     models.init(models.CNN(downsample="avg"), jax.random.key(0), x)
   with pytest.raises(ValueError, match="blocks_per_stage"):
     models.init(models.ResNet(blocks_per_stage=(1, 1), widths=(4,)), jax.random.key(0), x)
+
+
+def _dropout_sites(model, x) -> int:
+  """How many Dropout layers a forward pass with rate > 0 goes through."""
+  variables = models.init(model, jax.random.key(0), x)
+  _, state = jax.jit(
+    lambda v: model.apply(
+      v,
+      x,
+      dropout_rate=0.5,
+      rngs={"dropout": jax.random.key(1)},
+      capture_intermediates=lambda module, _: isinstance(module, models.Dropout),
+      mutable=["intermediates"],
+    )
+  )(variables)
+  return len(jax.tree_util.tree_leaves(state["intermediates"]))
+
+
+@pytest.mark.parametrize(
+  "make, x, all_sites",
+  [
+    (lambda p: models.MLP(hidden_sizes=(8, 8, 8), dropout_placement=p), jnp.ones((2, 5)), 3),
+    (
+      lambda p: models.CNN(features=(4, 8), dense_size=8, dropout_placement=p),
+      jnp.ones((2, 28, 28)),
+      3,
+    ),
+    (
+      lambda p: models.ResNet(blocks_per_stage=(1, 1), widths=(4, 8), dropout_placement=p),
+      jnp.ones((2, 8, 8, 3)),
+      3,
+    ),
+  ],
+  ids=["mlp", "cnn", "resnet"],
+)
+def test_dropout_placement_all_vs_head(make, x, all_sites):
+  assert _dropout_sites(make("all"), x) == all_sites
+  assert _dropout_sites(make("head"), x) == 1
+  # Same parameters either way: a trained network can be sampled with either.
+  shapes = lambda m: jax.tree_util.tree_map(jnp.shape, models.init(m, jax.random.key(0), x))
+  assert shapes(make("all")) == shapes(make("head"))
+  assert models.architecture(make("all")) == models.architecture(make("head"))
+  with pytest.raises(ValueError, match="dropout_placement"):
+    models.init(make("input"), jax.random.key(0), x)

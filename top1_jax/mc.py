@@ -394,7 +394,8 @@ def predict(
   multiple of the mesh size; the last chunk is padded and the padding dropped).
   Each chunk is sharded over the mesh's one axis, the [S, chunk, K] samples are
   drawn and reduced to mean log-probabilities and scores on the devices, and only
-  those come back (plus the samples with ``keep_samples``). The next chunk is
+  those come back (plus the samples with ``keep_samples``). Each device works on
+  its own examples (``jax.shard_map``, no communication). The next chunk is
   dispatched before the previous one is fetched, so transfers overlap compute.
 
   MC dropout: sample s of example i uses the key

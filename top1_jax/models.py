@@ -14,7 +14,8 @@ rngs={"dropout": key})`` and returns logits ``[B, K]``.
   training and at test time alike (that is MC dropout), and then needs a
   ``"dropout"`` key. A rate of exactly 0 (even traced) returns the input unchanged.
 
-Where dropout acts (never on the input pixels, never on the logits):
+Where dropout acts (never on the input pixels, never on the logits), with the
+default ``dropout_placement="all"``:
 
 * ``MLP``: after the ReLU of every hidden layer.
 * ``CNN``: after the ReLU of every conv layer (after the pool with
@@ -22,6 +23,12 @@ Where dropout acts (never on the input pixels, never on the logits):
 * ``ResNet``: inside every residual block between its two convolutions (after the
   first BN + ReLU, as in Wide ResNets), and on the pooled features before the
   classifier.
+
+With ``dropout_placement="head"`` only the last of these acts: on the features
+that feed the classifier. Everything below it does not depend on the dropout key,
+so under ``jax.vmap`` over keys (``mc``) it is computed once for all S samples.
+The placement does not change the parameters: ``model.clone(dropout_placement=
+"head")`` samples a network trained with the default placement.
 """
 
 import dataclasses
@@ -65,6 +72,19 @@ class Dropout(nn.Module):
     return jnp.where(mask, x / keep.astype(x.dtype), jnp.zeros_like(x))
 
 
+PLACEMENTS = ("all", "head")
+
+
+def _check_placement(placement: str) -> None:
+  if placement not in PLACEMENTS:
+    raise ValueError(f"dropout_placement: expected one of {PLACEMENTS}, got {placement!r}")
+
+
+def _hidden_dropout(placement: str, x: jax.Array, rate: ArrayLike) -> jax.Array:
+  """Dropout on a hidden activation below the head (only with placement "all")."""
+  return Dropout()(x, rate) if placement == "all" else x
+
+
 def _with_channels(x: jax.Array) -> jax.Array:
   """[B, H, W] grayscale images get a channel axis: [B, H, W, 1]."""
   return x[..., None] if x.ndim == 3 else x
@@ -75,11 +95,13 @@ class MLP(nn.Module):
 
   Attributes:
     num_classes: K, the number of logits.
-    hidden_sizes: widths of the hidden ReLU layers.
+    hidden_sizes: widths of the hidden ReLU layers (at least one).
+    dropout_placement: ``"all"`` hidden layers or only the ``"head"`` (the last).
   """
 
   num_classes: int = 10
   hidden_sizes: Sequence[int] = (512, 256)
+  dropout_placement: str = "all"
 
   @nn.compact
   def __call__(
@@ -87,10 +109,15 @@ class MLP(nn.Module):
   ) -> jax.Array:
     """Args: x: [B, ...] float. Returns: [B, K] logits. (``train`` is unused.)"""
     del train
+    _check_placement(self.dropout_placement)
+    if not self.hidden_sizes:
+      raise ValueError("hidden_sizes: expected at least one hidden layer, got ()")
     x = x.reshape((x.shape[0], -1)).astype(jnp.float32)
-    for width in self.hidden_sizes:
+    for width in self.hidden_sizes[:-1]:
       x = nn.relu(nn.Dense(width)(x))
-      x = Dropout()(x, dropout_rate)
+      x = _hidden_dropout(self.dropout_placement, x, dropout_rate)
+    x = nn.relu(nn.Dense(self.hidden_sizes[-1])(x))
+    x = Dropout()(x, dropout_rate)
     return nn.Dense(self.num_classes)(x)
 
 
@@ -107,12 +134,14 @@ class CNN(nn.Module):
     dense_size: width of the hidden dense layer.
     downsample: ``"stride"`` (stride-2 convs) or ``"max_pool"`` (stride-1 convs
       each followed by a 2x2 max-pool).
+    dropout_placement: ``"all"`` layers or only the ``"head"`` (hidden dense).
   """
 
   num_classes: int = 10
   features: Sequence[int] = (32, 64)
   dense_size: int = 128
   downsample: str = "stride"
+  dropout_placement: str = "all"
 
   @nn.compact
   def __call__(
@@ -120,6 +149,7 @@ class CNN(nn.Module):
   ) -> jax.Array:
     """Args: x: [B, H, W, C] or [B, H, W] float. Returns: [B, K] logits."""
     del train
+    _check_placement(self.dropout_placement)
     if self.downsample not in ("stride", "max_pool"):
       raise ValueError(f"downsample: expected 'stride' or 'max_pool', got {self.downsample!r}")
     x = _with_channels(x).astype(jnp.float32)
@@ -128,7 +158,7 @@ class CNN(nn.Module):
       x = nn.relu(nn.Conv(width, (3, 3), strides=strides, padding="SAME")(x))
       if self.downsample == "max_pool":
         x = nn.max_pool(x, (2, 2), strides=(2, 2))
-      x = Dropout()(x, dropout_rate)
+      x = _hidden_dropout(self.dropout_placement, x, dropout_rate)
     x = x.reshape((x.shape[0], -1))
     x = nn.relu(nn.Dense(self.dense_size)(x))
     x = Dropout()(x, dropout_rate)
@@ -140,13 +170,14 @@ class _ResidualBlock(nn.Module):
 
   width: int
   stride: int
+  dropout_placement: str
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
     norm = lambda: nn.BatchNorm(use_running_average=not train, momentum=0.9)
     y = nn.Conv(self.width, (3, 3), (self.stride, self.stride), use_bias=False)(x)
     y = nn.relu(norm()(y))
-    y = Dropout()(y, dropout_rate)
+    y = _hidden_dropout(self.dropout_placement, y, dropout_rate)
     y = nn.Conv(self.width, (3, 3), use_bias=False)(y)
     y = norm()(y)
     if x.shape != y.shape:
@@ -166,17 +197,20 @@ class ResNet(nn.Module):
     blocks_per_stage: residual blocks in each stage (the stages halve the spatial
       size and use the matching ``widths``).
     widths: channels of each stage.
+    dropout_placement: ``"all"`` blocks or only the ``"head"`` (pooled features).
   """
 
   num_classes: int = 10
   blocks_per_stage: Sequence[int] = (3, 3, 3)
   widths: Sequence[int] = (16, 32, 64)
+  dropout_placement: str = "all"
 
   @nn.compact
   def __call__(
     self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
   ) -> jax.Array:
     """Args: x: [B, 32, 32, 3] float (any H, W). Returns: [B, K] logits."""
+    _check_placement(self.dropout_placement)
     if len(self.blocks_per_stage) != len(self.widths):
       raise ValueError(
         "blocks_per_stage and widths: expected the same length, got"
@@ -190,7 +224,7 @@ class ResNet(nn.Module):
     ):
       for block in range(num_blocks):
         stride = 2 if stage > 0 and block == 0 else 1
-        x = _ResidualBlock(width, stride)(x, train, dropout_rate)
+        x = _ResidualBlock(width, stride, self.dropout_placement)(x, train, dropout_rate)
     x = jnp.mean(x, axis=(1, 2))
     x = Dropout()(x, dropout_rate)
     return nn.Dense(self.num_classes)(x)
@@ -205,6 +239,8 @@ def architecture(model: nn.Module) -> dict[str, Any]:
 
   Two models with equal descriptions build the same parameter tree; checkpoints
   store it so that restoring into another architecture can be refused.
+  ``dropout_placement`` is left out: it changes how a network is sampled, not its
+  parameters.
 
   Args:
     model: an unbound Flax module.
@@ -216,7 +252,7 @@ def architecture(model: nn.Module) -> dict[str, Any]:
     raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
   description: dict[str, Any] = {"class": type(model).__name__}
   for field in dataclasses.fields(model):
-    if field.name in ("parent", "name"):
+    if field.name in ("parent", "name", "dropout_placement"):
       continue
     value = getattr(model, field.name)
     description[field.name] = list(value) if isinstance(value, tuple) else value
