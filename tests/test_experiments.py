@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,7 +83,14 @@ def test_main_job_quick_writes_sane_tables_and_figures(quick_run):
 @needs_fmnist
 @pytest.mark.slow
 def test_killed_sweep_resumes_without_redoing_work(quick_run, tmp_path):
+  # Start from the finished run's checkpoints and predictions (training is tested
+  # below); drop its sweep and results, then kill the rerun mid-sweep.
   workdir = tmp_path / "killed"
+  shutil.copytree(quick_run[0], workdir)
+  for name in ("sweep", "figures"):
+    shutil.rmtree(workdir / name)
+  for name in ("results.json", "results.csv", "results.md"):
+    (workdir / name).unlink()
   process = subprocess.Popen(
     [sys.executable, "-m", "experiments.reproduce", *QUICK, f"--workdir={workdir}"],
     cwd=ROOT,
