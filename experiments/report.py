@@ -230,10 +230,15 @@ def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins)
     written.append(plots.save_figure(fig, figures / f"refinement_{source.name}_{score}.png"))
   if len(n_bins) > 1:
     for k in topks:
+      # Every score of the plain model; for samples, the paper's measure (cov. of probs).
       curves = {
         f"{r['method']}: {score_label(r['score'])}": _cv_from_record(r)
         for r in results
-        if r["topk"] == k and r["score"] != "covariance_norm_logits"
+        if r["topk"] == k
+        and (
+          r["meta"].get("method") not in ("mc_dropout", "ensemble")
+          or r["score"] == "covariance_norm_probs"
+        )
       }
       if curves:
         fig = plots.ablation_figure(curves, title=f"Top-{k}: scores against the number of bins")
