@@ -150,7 +150,7 @@ def _resolve(score: str, k: int) -> str:
   return score
 
 
-def settings(n_bins, topk) -> dict:
+def settings(n_bins) -> dict:
   return {
     "n_bins": list(n_bins),
     "n_folds": N_FOLDS.value,
@@ -178,7 +178,7 @@ def run_stage() -> dict:
     )
   requested = _requested_scores(sources, topk)
   splits = evaluate.make_splits(num_examples, N_FOLDS.value, common.SEED.value, SCHEME.value)
-  config = settings(n_bins, topk)
+  config = settings(n_bins)
 
   points = []
   for source in sources:
