@@ -44,7 +44,10 @@ def _toy_data(num_examples=96, num_features=10, num_classes=4, seed=0):
 
 
 def _max_abs_diff(a, b) -> float:
-  diffs = jax.tree_util.tree_map(lambda p, q: float(jnp.max(jnp.abs(p - q))), a, b)
+  # NumPy on purpose: eager jnp ops would compile once per leaf shape.
+  diffs = jax.tree_util.tree_map(
+    lambda p, q: float(np.max(np.abs(np.asarray(p) - np.asarray(q)), initial=0.0)), a, b
+  )
   return max(jax.tree_util.tree_leaves(diffs), default=0.0)
 
 
@@ -109,18 +112,11 @@ def test_init_ensemble_members_equal_single_inits():
   assert _max_abs_diff(train.member(ensemble, 0).params, train.member(ensemble, 1).params) > 0
 
 
-@pytest.mark.parametrize(
-  "model, shape",
-  [
-    (models.MLP(num_classes=4, hidden_sizes=(16, 8)), (10,)),
-    (models.CNN(num_classes=4, features=(4, 8), dense_size=8), (12, 12, 1)),
-    (models.ResNet(num_classes=4, blocks_per_stage=(1,), widths=(4,)), (8, 8, 3)),
-  ],
-  ids=["mlp", "cnn", "resnet_bn"],
-)
-def test_vmapped_ensemble_training_equals_separate_training(model, shape):
+def test_vmapped_ensemble_training_equals_separate_training():
+  # A small ResNet: convolutions (grouped under vmap), BatchNorm state and dropout.
+  model = models.ResNet(num_classes=4, blocks_per_stage=(1,), widths=(4,))
   rng = np.random.default_rng(1)
-  images = rng.normal(size=(40, *shape)).astype(np.float32)
+  images = rng.normal(size=(40, 8, 8, 3)).astype(np.float32)
   labels = rng.integers(0, 4, 40).astype(np.int32)
   tx = optax.sgd(0.05, momentum=0.9)
   ensemble = train.init_ensemble(

@@ -20,6 +20,7 @@
 Progress goes to an optional ``callback(info: dict)``; nothing here prints.
 """
 
+import functools
 import pathlib
 import time
 from collections.abc import Callable
@@ -118,6 +119,17 @@ def _create(model, tx, key, sample_input, dropout_rate) -> TrainState:
   )
 
 
+# Jitted: creating the optimizer state op by op (under vmap, too) took seconds.
+@functools.partial(jax.jit, static_argnums=(0, 1, 4))
+def _create_jit(model, tx, key, sample_input, dropout_rate) -> TrainState:
+  return _create(model, tx, key, sample_input, dropout_rate)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 4))
+def _create_ensemble(model, tx, keys, sample_input, dropout_rate) -> TrainState:
+  return jax.vmap(lambda key: _create(model, tx, key, sample_input, dropout_rate))(keys)
+
+
 def create_train_state(
   model: nn.Module,
   tx: optax.GradientTransformation,
@@ -140,7 +152,7 @@ def create_train_state(
   """
   _check_model_and_tx(model, tx)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  return _create(model, tx, mc._prng_key(key), sample_input, _train_dropout_rate(dropout_rate))
+  return _create_jit(model, tx, mc._prng_key(key), sample_input, _train_dropout_rate(dropout_rate))
 
 
 def init_ensemble(
@@ -169,7 +181,7 @@ def init_ensemble(
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
   dropout_rate = _train_dropout_rate(dropout_rate)
   keys = jax.random.split(mc._prng_key(key), ensemble_size)
-  return jax.vmap(lambda k: _create(model, tx, k, sample_input, dropout_rate))(keys)
+  return _create_ensemble(model, tx, keys, sample_input, dropout_rate)
 
 
 def member(states: TrainState, index: int) -> TrainState:
