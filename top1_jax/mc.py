@@ -36,9 +36,10 @@ STRATEGIES = ("auto", "vmap", "loop")
 SAMPLE_PASSES_PER_STEP = {"cpu": 1024, "default": 8192}
 """``predict``'s default work per device and step (S x examples forward passes).
 
-CPU: measured on this project's 2-core machine with the small CNN at S = 32,
-steps of 512-1024 passes ran fastest (they stay in cache); 8192 was ~1.5-2x
-slower and 32768 slower still. Accelerators: a starting point, not measured here.
+CPU: on this project's 2-core machine (small CNN, S = 32, 10k images) steps of
+512-2048 passes were the fastest, 8192-16384 about 1.3x slower and 32768 about
+2x slower, and memory grows with the step. Accelerators: a starting point, not
+measured here.
 """
 
 
