@@ -252,25 +252,7 @@ class Predictions(NamedTuple):
     return np.exp(self.mean_log_probs)
 
 
-def _covariance_norm(samples: jax.Array, one_example_per_call: bool) -> jax.Array:
-  """``scores.covariance_norm`` of [S, B, K] samples -> [B].
-
-  With ``one_example_per_call`` the eigenvalue problems are solved one example
-  at a time (``lax.map``). jaxlib's CPU LAPACK kernel splits a batched ``eigh``
-  over the intra-op thread pool and blocks its pool thread until the pieces are
-  done; when two such calls run at once (two scores, or two devices of one
-  process) every pool thread can end up blocked: ``predict`` deadlocked that way
-  on a 2-core CPU. A single matrix per call always runs inline.
-  """
-  if not one_example_per_call:
-    return scores.covariance_norm(samples)
-  per_example = jnp.swapaxes(samples, 0, 1)  # [B, S, K]
-  return jax.lax.map(lambda one: scores.covariance_norm(one[:, None])[0], per_example)
-
-
-def _summarize(
-  logits: jax.Array, one_example_per_call: bool = False
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _summarize(logits: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
   """[S, B, K] logits -> ([B, K] mean log-probs, name -> [B] scores)."""
   num_samples = logits.shape[0]
   log_probs = jax.nn.log_softmax(logits, axis=-1)
@@ -281,8 +263,10 @@ def _summarize(
     "margin": scores.margin(mean_log_probs),
   }
   if num_samples >= 2:
-    values["covariance_norm_probs"] = _covariance_norm(jnp.exp(log_probs), one_example_per_call)
-    values["covariance_norm_logits"] = _covariance_norm(logits, one_example_per_call)
+    # On CPU scores.covariance_norm solves one small eigenproblem per call: jaxlib's
+    # batched CPU eigh could deadlock a 2-thread pool when two ran at once.
+    values["covariance_norm_probs"] = scores.covariance_norm(jnp.exp(log_probs))
+    values["covariance_norm_logits"] = scores.covariance_norm(logits)
   return mean_log_probs, values
 
 
@@ -331,7 +315,6 @@ def _predict_chunk(
   impl,
 ):
   (axis,) = mesh.axis_names
-  on_cpu = mesh.devices.flat[0].platform == "cpu"
 
   # Every example is independent: each device computes its own slice, no
   # communication (shard_map), and the outputs stay sharded over examples.
@@ -341,7 +324,7 @@ def _predict_chunk(
       logits = _per_example_mc(apply_fn, params, x, example_ids, key, rate, num_samples)
     else:
       logits = _ensemble(apply_fn, params, x, strategy)
-    mean_log_probs, values = _summarize(logits, one_example_per_call=on_cpu)
+    mean_log_probs, values = _summarize(logits)
     out = {"mean_log_probs": mean_log_probs, "scores": values}
     if keep_samples:
       out["logits"] = logits
