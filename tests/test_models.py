@@ -64,7 +64,31 @@ def test_dropout_drops_at_rate_and_rescales():
   dropped = float(jnp.mean(out == 0))
   # 4 standard deviations of a Binomial(20000, 0.3) fraction.
   assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / ones.size)
-  np.testing.assert_allclose(out[out != 0], 1 / (1 - rate), rtol=1e-6)
+  # Kept entries are divided by the keep probability actually used: 0.7 rounded to 2^-16.
+  kept = round(0.7 * 2**16) / 2**16
+  np.testing.assert_allclose(out[out != 0], 1 / kept, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rate", [0.002, 0.05, 0.5, 0.9])
+def test_dropout_mask_keeps_at_the_rounded_rate(rate):
+  # An odd size: the last 32-bit word's second half is cut off.
+  shape = (3, 66667)
+  mask = models.dropout_mask(jax.random.key(3), jnp.float32(1 - rate), shape)
+  assert mask.shape == shape and mask.dtype == jnp.bool_
+  keep = float(models.kept_fraction(jnp.float32(1 - rate)))
+  assert abs(keep - (1 - rate)) <= 2**-17
+  n = mask.size
+  assert abs(float(jnp.mean(mask)) - keep) < 5 * np.sqrt(keep * (1 - keep) / n)
+  # Rows come from different bits: no two rows share a mask.
+  assert not np.array_equal(mask[0], mask[1]) and not np.array_equal(mask[1], mask[2])
+
+
+def test_dropout_mask_extremes():
+  key = jax.random.key(0)
+  assert bool(jnp.all(models.dropout_mask(key, jnp.float32(1.0), (1000,))))
+  # A rate below 2^-17 rounds to keep everything; a keep of ~0 still keeps 1 in 2^16.
+  assert bool(jnp.all(models.dropout_mask(key, jnp.float32(1 - 2**-19), (1000,))))
+  assert float(models.kept_fraction(jnp.float32(0.0))) == 2**-16
 
 
 def test_traced_zero_rate_is_identity():

@@ -33,6 +33,7 @@ The placement does not change the parameters: ``model.clone(dropout_placement=
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,11 +46,56 @@ Variables = Any
 """A model's variables: ``{"params": ...}`` plus ``{"batch_stats": ...}`` for BN."""
 
 
+_MASK_BITS = 16
+_MASK_LEVELS = 1 << _MASK_BITS
+
+
+def dropout_mask(key: jax.Array, keep: jax.Array, shape: Sequence[int]) -> jax.Array:
+  """A boolean mask, True with probability ``keep`` rounded to a multiple of 2^-16.
+
+  Each entry compares 16 random bits with ``round(keep * 2^16)``; the bits come
+  two to a 32-bit word of the key's generator, drawn with non-partitionable
+  threefry. On CPU that is 6x cheaper than ``jax.random.bernoulli`` with jax's
+  default partitionable threefry (one 32-bit float per entry), which took more
+  time than the convolutions in an MC-dropout forward pass of the small CNN.
+  The rounding moves a rate by at most 2^-17 (rate .002 becomes .0019989); a
+  rate below 2^-17 drops nothing, and at least one entry in 2^16 is kept.
+
+  Args:
+    key: a PRNG key (any implementation; threefry keys are the fast case).
+    keep: keep probability in (0, 1], a float32 scalar (may be traced).
+    shape: the mask's shape.
+
+  Returns:
+    bool array of ``shape``.
+  """
+  size = math.prod(shape)
+  # Non-partitionable threefry fills words from one counter; partitionable (the
+  # default) computes each word from its index, at about twice the cost per word.
+  with jax.threefry_partitionable(False):
+    words = jax.random.bits(key, (-(-size // 2),), jnp.uint32)
+  halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:size]
+  # uint32 comparison: keep = 1 gives threshold 2^16, above every 16-bit value.
+  return (halves.astype(jnp.uint32) < _threshold(keep)).reshape(shape)
+
+
+def _threshold(keep: jax.Array) -> jax.Array:
+  """round(keep * 2^16), at least 1 so that a kept entry is never divided by 0."""
+  return jnp.clip(jnp.round(keep * _MASK_LEVELS), 1, _MASK_LEVELS).astype(jnp.uint32)
+
+
+def kept_fraction(keep: jax.Array) -> jax.Array:
+  """The exact keep probability of ``dropout_mask``: ``keep`` rounded to 2^-16."""
+  return _threshold(keep).astype(jnp.float32) / _MASK_LEVELS
+
+
 class Dropout(nn.Module):
   """Inverted dropout with the rate given at call time.
 
   Each call site draws its own mask from ``make_rng("dropout")``, which folds in
-  the module path, so two layers never share a mask.
+  the module path, so two layers never share a mask. Masks come from
+  ``dropout_mask`` (the rate rounded to a multiple of 2^-16); kept entries are
+  divided by the exact keep probability, so the expected output is ``x``.
   """
 
   @nn.compact
@@ -66,10 +112,11 @@ class Dropout(nn.Module):
     if isinstance(rate, (int, float)) and rate == 0:
       return x
     keep = 1.0 - jnp.asarray(rate, jnp.float32)
-    # bernoulli(p=1) is all True (uniform draws lie in [0, 1)) and x / 1 == x, so
-    # a traced rate of 0 is an exact identity too.
-    mask = jax.random.bernoulli(self.make_rng("dropout"), keep, x.shape)
-    return jnp.where(mask, x / keep.astype(x.dtype), jnp.zeros_like(x))
+    # A traced rate of 0 is an exact identity too: the threshold 2^16 keeps every
+    # entry and x / 1 == x.
+    mask = dropout_mask(self.make_rng("dropout"), keep, x.shape)
+    scale = kept_fraction(keep).astype(x.dtype)
+    return jnp.where(mask, x / scale, jnp.zeros_like(x))
 
 
 PLACEMENTS = ("all", "head")
