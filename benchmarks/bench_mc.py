@@ -1,29 +1,36 @@
 """Vectorized Monte Carlo on this machine: MC dropout and deep-ensemble training.
 
 1. MC dropout, S samples (default 32) on the 10k Fashion-MNIST test images
-   (random images of the same shape when the IDX files are absent), small CNN:
+   (random images of the same shape when the IDX files are absent), small CNN
+   (``--mc_model=resnet``: ResNet-20 on random CIFAR-shaped images):
      loop/B     a Python loop over samples and batches of B examples of a jitted
                 forward pass; the [S, N, K] logits are assembled on the host and
                 scored there
      vmap/C     ``mc.predict``: vmap over samples, chunks of C examples, scores
                 on device (what the library does; C = 32 is its CPU default)
    Each strategy runs in a fresh subprocess that reports its peak resident
-   memory (``ru_maxrss``), after one warm-up chunk (compilation). One unchunked
-   vmap over all 10k examples is not run: it needed 16-20 GiB here. Both with
-   dropout after every layer ("all", the default) and only on the classifier's
-   input ("head", where vmap computes the conv trunk once for all samples).
+   memory (``ru_maxrss``) and, on an accelerator, its peak device memory, after
+   one warm-up chunk (compilation). One unchunked vmap over all 10k examples is
+   not run: it needed 16-20 GiB here. Both with dropout after every layer
+   ("all", the default) and only on the classifier's input ("head", where vmap
+   computes the trunk once for all samples).
 2. A 5-member ensemble trained by ``train.fit_ensemble`` with ``strategy="vmap"``
    (one vmapped step for all members) vs ``"loop"`` (member after member), for
-   the small CNN and an MLP, after a warm-up of 2 steps each.
+   ``--ensemble_models`` (default the small CNN and an MLP; ``resnet`` on
+   CIFAR-shaped images), after a warm-up of 2 steps each.
 
 Prints examples/s, ratios and the strategies ``mc.pick_strategy`` picks here.
+The children run on the CPU unless ``JAX_PLATFORMS`` says otherwise.
 
   python benchmarks/bench_mc.py [--quick]
+  JAX_PLATFORMS=cuda python benchmarks/bench_mc.py --chunk_sizes=256,1024 \\
+      --loop_batch_sizes=1000,10000 --ensemble_models=cnn,mlp,resnet
 """
 
 import argparse
 import gzip
 import json
+import math
 import os
 import pathlib
 import platform
@@ -54,20 +61,60 @@ def _images(path: pathlib.Path, count: int, seed: int) -> tuple[np.ndarray, str]
   return rng.random((count, 28, 28, 1), dtype=np.float32), "random"
 
 
+def _cifar_shaped(count: int, seed: int) -> tuple[np.ndarray, str]:
+  """[count, 32, 32, 3] float32 noise: CIFAR-10's shape (no CIFAR files offline)."""
+  rng = np.random.default_rng(seed)
+  return rng.random((count, 32, 32, 3), dtype=np.float32), "random CIFAR-shaped"
+
+
+def _model(name: str, placement: str = "all"):
+  from top1_jax import models
+
+  if name == "cnn":
+    return models.CNN(dropout_placement=placement)
+  if name == "mlp":
+    return models.MLP(dropout_placement=placement)
+  if name == "resnet":
+    return models.ResNet(dropout_placement=placement)  # ResNet-20
+  raise ValueError(f"model: expected cnn, mlp or resnet, got {name!r}")
+
+
+def _inputs_for(model_name: str, path: pathlib.Path, count: int, seed: int):
+  if model_name == "resnet":
+    return _cifar_shaped(count, seed)
+  return _images(path, count, seed)
+
+
+def _peak_device_gib() -> float | None:
+  """Peak accelerator memory in use, where the backend reports it (not on CPU)."""
+  import jax
+
+  stats = jax.local_devices()[0].memory_stats()
+  if not stats or "peak_bytes_in_use" not in stats:
+    return None
+  return stats["peak_bytes_in_use"] / 2**30
+
+
 def _peak_rss_gib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def _child_mc(
-  strategy: str, chunk_size: int, num_samples: int, num_examples: int, placement: str
+  strategy: str,
+  chunk_size: int,
+  num_samples: int,
+  num_examples: int,
+  placement: str,
+  model_name: str,
+  repeats: int,
 ) -> dict:
   import jax
   import jax.numpy as jnp
 
   from top1_jax import mc, models, scores
 
-  images, source = _images(_FASHION_MNIST, num_examples, seed=0)
-  model = models.CNN(dropout_placement=placement)
+  images, source = _inputs_for(model_name, _FASHION_MNIST, num_examples, seed=0)
+  model = _model(model_name, placement)
   apply_fn = models.make_apply_fn(model)
   variables = models.init(model, jax.random.key(0), images[:1])
   key, rate = jax.random.key(1), 0.1
@@ -107,9 +154,11 @@ def _child_mc(
   if strategy == "loop" and num_examples % chunk_size:
     run(images[: num_examples % chunk_size])  # ... and the last partial batch
   compile_s = time.perf_counter() - warm
-  start = time.perf_counter()
-  out = run(images)
-  seconds = time.perf_counter() - start
+  seconds = math.inf
+  for _ in range(repeats):  # the best of a few runs: short accelerator runs are noisy
+    start = time.perf_counter()
+    out = run(images)
+    seconds = min(seconds, time.perf_counter() - start)
   return {
     "strategy": f"{strategy}/{chunk_size}",
     "placement": placement,
@@ -119,6 +168,7 @@ def _child_mc(
     "examples_per_second": num_examples / seconds,
     "sample_passes_per_second": num_examples * num_samples / seconds,
     "peak_rss_gib": _peak_rss_gib(),
+    "peak_device_gib": _peak_device_gib(),
     "rss_before_gib": rss_before,
     "data": source,
     "mean_neg_log_pmax": float(np.mean(out["neg_log_pmax"])),
@@ -126,9 +176,8 @@ def _child_mc(
 
 
 def _run_child(args: list[str]) -> dict:
-  env = dict(
-    os.environ, PYTHONPATH=str(_ROOT), JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu")
-  )
+  env = dict(os.environ, PYTHONPATH=str(_ROOT))
+  env.setdefault("JAX_PLATFORMS", "cpu")  # JAX_PLATFORMS=cuda (or tpu) to time an accelerator
   result = subprocess.run(
     [sys.executable, __file__, "--child", *args],
     env=env,
@@ -138,18 +187,24 @@ def _run_child(args: list[str]) -> dict:
   )
   if result.returncode != 0:
     raise RuntimeError(f"child {args} failed:\n{result.stderr[-3000:]}")
-  return json.loads(result.stdout.strip().splitlines()[-1])
+  row = json.loads(result.stdout.strip().splitlines()[-1])
+  print(
+    f"  done: {row['strategy']} dropout on {row['placement']}: {row['seconds']:.1f} s",
+    file=sys.stderr,
+    flush=True,
+  )
+  return row
 
 
 def _bench_ensemble(model_name: str, num_steps: int, ensemble_size: int, batch_size: int) -> list:
   import jax
   import optax
 
-  from top1_jax import models, train
+  from top1_jax import train
 
-  images, _ = _images(_TRAIN_IMAGES, 10000, seed=1)
+  images, _ = _inputs_for(model_name, _TRAIN_IMAGES, 10000, seed=1)
   labels = np.random.default_rng(2).integers(0, 10, images.shape[0]).astype(np.int32)
-  model = {"cnn": models.CNN(), "mlp": models.MLP()}[model_name]
+  model = _model(model_name)
   ensemble = train.init_ensemble(
     model, optax.adam(1e-3), jax.random.key(0), images[:1], ensemble_size=ensemble_size
   )
@@ -197,12 +252,31 @@ def main() -> None:
   parser.add_argument("--ensemble_size", type=int, default=5)
   parser.add_argument("--ensemble_steps", type=int, default=50)
   parser.add_argument("--batch_size", type=int, default=128)
-  parser.add_argument("--child", nargs=5, metavar=("STRATEGY", "CHUNK", "S", "N", "PLACEMENT"))
+  parser.add_argument(
+    "--mc_model", default="cnn", choices=("cnn", "mlp", "resnet"), help="network for MC dropout"
+  )
+  parser.add_argument(
+    "--ensemble_models", default="cnn,mlp", help="comma list of cnn, mlp, resnet; '' skips"
+  )
+  parser.add_argument(
+    "--repeats", type=int, default=1, help="MC runs per strategy; the fastest is reported"
+  )
+  parser.add_argument(
+    "--child", nargs=7, metavar=("STRATEGY", "CHUNK", "S", "N", "PLACEMENT", "MODEL", "REPEATS")
+  )
   args = parser.parse_args()
 
   if args.child:
-    strategy, chunk, num_samples, num_examples, placement = args.child
-    result = _child_mc(strategy, int(chunk), int(num_samples), int(num_examples), placement)
+    strategy, chunk, num_samples, num_examples, placement, model_name, repeats = args.child
+    result = _child_mc(
+      strategy,
+      int(chunk),
+      int(num_samples),
+      int(num_examples),
+      placement,
+      model_name,
+      int(repeats),
+    )
     print(json.dumps(result))
     return
 
@@ -216,6 +290,8 @@ def main() -> None:
 
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} device(s),")
   print(f"{os.cpu_count()} CPU core(s), Python {platform.python_version()}")
+  if jax.default_backend() != "cpu":
+    print(f"device: {jax.devices()[0].device_kind}")
   default_chunk = mc.default_chunk_size(args.num_samples)
   print(
     f"strategy picked for ensembles on this backend: {mc.pick_strategy()}"
@@ -224,13 +300,15 @@ def main() -> None:
   print(f"predict's default chunk_size at S = {args.num_samples}: {default_chunk}\n")
 
   sizes = [str(args.num_samples), str(args.num_examples)]
+  model_args = [args.mc_model, str(args.repeats)]
   loops = args.loop_batch_sizes.split(",")
-  mc_rows = [_run_child(["loop", batch, *sizes, "all"]) for batch in loops]
-  mc_rows += [_run_child(["vmap", chunk, *sizes, "all"]) for chunk in args.chunk_sizes.split(",")]
-  # Dropout only on the classifier's input: under vmap the conv trunk is computed
-  # once per example for all S samples; a loop of forward passes recomputes it.
-  mc_rows.append(_run_child(["loop", loops[0], *sizes, "head"]))
-  mc_rows.append(_run_child(["vmap", str(default_chunk), *sizes, "head"]))
+  chunks = args.chunk_sizes.split(",")
+  mc_rows = [_run_child(["loop", batch, *sizes, "all", *model_args]) for batch in loops]
+  mc_rows += [_run_child(["vmap", chunk, *sizes, "all", *model_args]) for chunk in chunks]
+  # Dropout only on the classifier's input: under vmap the trunk is computed once
+  # per example for all S samples; a loop of forward passes recomputes it.
+  mc_rows += [_run_child(["loop", batch, *sizes, "head", *model_args]) for batch in loops]
+  mc_rows.append(_run_child(["vmap", str(default_chunk), *sizes, "head", *model_args]))
   best_loop = {
     placement: max(
       r["examples_per_second"]
@@ -241,7 +319,7 @@ def main() -> None:
   }
   print(
     f"MC dropout, S = {args.num_samples}, {args.num_examples} {mc_rows[0]['data']}"
-    " images, CNN (stride-2 convs), rate 0.1:"
+    f" images, {args.mc_model}, rate 0.1:"
   )
   print(
     _table(
@@ -252,6 +330,7 @@ def main() -> None:
         "examples/s",
         "x best loop",
         "peak RSS GiB",
+        "peak device GiB",
         "warm-up s",
       ],
       [
@@ -262,6 +341,7 @@ def main() -> None:
           r["examples_per_second"],
           r["examples_per_second"] / best_loop[r["placement"]],
           r["peak_rss_gib"],
+          "-" if r["peak_device_gib"] is None else r["peak_device_gib"],
           r["warmup_seconds"],
         ]
         for r in mc_rows
@@ -271,7 +351,7 @@ def main() -> None:
   print(f"(peak RSS includes ~{mc_rows[0]['rss_before_gib']:.2f} GiB of Python, JAX and data)\n")
 
   ens_rows = []
-  for model_name in ("cnn", "mlp"):
+  for model_name in filter(None, args.ensemble_models.split(",")):
     ens_rows += _bench_ensemble(
       model_name, args.ensemble_steps, args.ensemble_size, args.batch_size
     )
@@ -291,7 +371,8 @@ def main() -> None:
         row["examples_per_second"] / loop["examples_per_second"],
       ]
     )
-  print(_table(["model", "strategy", "seconds", "examples/s", "x loop"], table_rows))
+  if table_rows:
+    print(_table(["model", "strategy", "seconds", "examples/s", "x loop"], table_rows))
 
 
 if __name__ == "__main__":
