@@ -1,5 +1,6 @@
 """Metrics: the paper's worked examples, a plain loop, and exact decompositions."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -108,6 +109,22 @@ def test_binned_metrics_match_loop():
   }
   for name, value in got.items():
     assert float(value) == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
+
+
+def test_nll_survives_accuracies_that_round_above_one():
+  # On a GPU, float32 hits / counts with hits == counts came out a hair above 1 and the
+  # binary entropy of the bin turned every NLL into nan. Feed such values directly.
+  above_one = np.float32(1) + np.finfo(np.float32).eps
+  assert float(metrics._binary_entropy(jnp.float32(above_one))) == 0.0
+  assert float(metrics._binary_entropy(jnp.float32(-1e-8))) == 0.0
+  prob = jnp.asarray([0.5, 0.9, 0.99], jnp.float32)
+  counts = jnp.asarray([250.0, 250.0, 250.0])
+  hits = jnp.asarray([125.0, 250.0, 250.0]) * above_one  # "all correct" bins, rounded up
+  nll = metrics.nll_from_counts(prob, counts, hits)
+  exact = metrics.nll_from_counts(prob, counts, jnp.asarray([125.0, 250.0, 250.0]))
+  for got, want in zip(nll, exact, strict=True):
+    assert np.isfinite(float(got))
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
 
 
 def test_eor_is_at_least_one_and_one_for_a_constant_predictor():

@@ -56,6 +56,9 @@ def _xlogy_binary(a: jax.Array, p: jax.Array) -> jax.Array:
 
 
 def _binary_entropy(a: jax.Array) -> jax.Array:
+  # An accuracy that rounded just above 1 (hits / counts on a GPU, a weighted sum)
+  # would give log1p(-a) = nan; it is 1.
+  a = jnp.clip(a, 0.0, 1.0)
   return -(jax.scipy.special.xlogy(a, a) + jax.scipy.special.xlog1py(1.0 - a, -a))
 
 
@@ -205,7 +208,9 @@ def _test_terms(counts, hits):
   counts = counts.astype(jnp.float32)
   total = jnp.sum(counts, axis=-1, keepdims=True)
   weight = counts / total
-  acc_bin = jnp.where(counts > 0, hits / jnp.maximum(counts, 1.0), 0.0)
+  # Clipped: float32 division on a GPU is not always correctly rounded, and a bin
+  # with hits == counts came out as 1 + 2^-23 there (every NLL was nan).
+  acc_bin = jnp.clip(jnp.where(counts > 0, hits / jnp.maximum(counts, 1.0), 0.0), 0.0, 1.0)
   acc = jnp.sum(weight * acc_bin, axis=-1, keepdims=True)
   return weight, acc_bin, acc
 
