@@ -33,13 +33,16 @@ from top1_jax import scores, validation
 
 ApplyFn = Callable[..., jax.Array]
 STRATEGIES = ("auto", "vmap", "loop")
-SAMPLE_PASSES_PER_STEP = {"cpu": 1024, "default": 8192}
+SAMPLE_PASSES_PER_STEP = {"cpu": 512, "default": 8192}
 """``predict``'s default work per device and step (S x examples forward passes).
 
 CPU: on this project's 2-core machine (small CNN, S = 32, 10k images) steps of
-512-2048 passes were the fastest, 8192-16384 about 1.3x slower and 32768 about
-2x slower, and memory grows with the step. Accelerators: a starting point, not
-measured here.
+256-512 passes were the fastest (17.6 s at 512, 21.9 s at 1024, 27-29 s at
+8192-16384), and memory grows with the step. Accelerators (one H200, S = 32): 8192
+passes per step ran the small CNN at 2.1x a loop of jitted calls and ResNet-20 at
+2.3x, with 1.0 and 6.8 GiB of device memory; 32768 passes gave the CNN 5.5x
+(3.5 GiB) but ResNet-20 only 2.5x for 27 GiB, so the default stays at 8192 and a
+larger ``chunk_size`` pays off for small networks.
 """
 
 
@@ -405,7 +408,7 @@ def predict(
     chunk_size: examples per step, all devices together. Peak memory grows with
       ``chunk_size * S``: the small CNN at S = 32 peaked at about 150 KiB per
       example and sample (1024 examples: 5.2 GiB; 512: 2.8 GiB). Default:
-      ``default_chunk_size(S, mesh)`` (32 examples per CPU device at S = 32).
+      ``default_chunk_size(S, mesh)`` (16 examples per CPU device at S = 32).
     keep_samples: also return the [S, N, K] logits.
     mesh: a 1-D ``jax.sharding.Mesh``; default ``default_mesh()``.
     strategy: ensembles only, see ``pick_strategy``.
