@@ -71,15 +71,10 @@ def _cifar_shaped(count: int, seed: int) -> tuple[np.ndarray, str]:
 
 
 def _model(name: str, placement: str = "all"):
+  """The named model with its defaults (resnet is ResNet-20)."""
   from top1_jax import models
 
-  if name == "cnn":
-    return models.CNN(dropout_placement=placement)
-  if name == "mlp":
-    return models.MLP(dropout_placement=placement)
-  if name == "resnet":
-    return models.ResNet(dropout_placement=placement)  # ResNet-20
-  raise ValueError(f"model: expected cnn, mlp or resnet, got {name!r}")
+  return models.MODELS[name](dropout_placement=placement)
 
 
 def _inputs_for(model_name: str, path: pathlib.Path, count: int, seed: int):
@@ -302,6 +297,9 @@ def main() -> None:
     "--child", nargs=7, metavar=("STRATEGY", "CHUNK", "S", "N", "PLACEMENT", "MODEL", "REPEATS")
   )
   args = parser.parse_args()
+  unknown = set(filter(None, args.ensemble_models.split(","))) - {"cnn", "mlp", "resnet"}
+  if unknown:
+    parser.error(f"--ensemble_models: expected cnn, mlp or resnet, got {sorted(unknown)}")
 
   if args.child:
     strategy, chunk, num_samples, num_examples, placement, model_name, repeats = args.child
