@@ -2,7 +2,7 @@
 
 1. ``scores.covariance_norm`` (S x S Gram, batched, jitted) vs a per-example
    ``np.cov`` + ``eigvalsh`` of the K x K covariance, at S = 32, K = 1000.
-2. ``evaluate.cross_validate`` (one sort for all splits and bin counts) vs a
+2. ``crossval.cross_validate`` (one sort for all splits and bin counts) vs a
    NumPy loop that sorts each calibration split, bins with ``searchsorted`` and
    ``bincount`` and scores every example, at 10 splits x bins (10, 20, 100).
 
@@ -13,14 +13,20 @@ ratios; times are medians of repeated runs after one warm-up (jit compilation).
 """
 
 import argparse
+import pathlib
 import platform
 import statistics
+import sys
 import time
 
 import jax
 import numpy as np
 
-from top1_jax import evaluate, reference, scores
+from top1_jax import binning, crossval, scores
+
+# The plain-loop oracle lives with the tests; it is also this benchmark's naive baseline.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+import reference  # noqa: E402
 
 
 def _time(fn, repeats):
@@ -35,7 +41,7 @@ def _time(fn, repeats):
 
 def numpy_loop_cross_validate(u, correct, n_bins, n_folds, seed=0, scheme="halves"):
   """The straightforward version: per split, sort the calibration part and bin."""
-  splits = evaluate.make_splits(len(u), n_folds, seed, scheme)
+  splits = crossval.make_splits(len(u), n_folds, seed, scheme)
   out = {k: np.zeros((len(n_bins), n_folds)) for k in ("brier", "nll", "ece", "eor", "auroc")}
   for f in range(n_folds):
     test = splits.test_mask(f)
@@ -43,12 +49,12 @@ def numpy_loop_cross_validate(u, correct, n_bins, n_folds, seed=0, scheme="halve
     sorted_cal = np.sort(u_cal)
     prior = ok_cal.mean()
     for b, n in enumerate(n_bins):
-      edges = np.unique(sorted_cal[(np.arange(1, n) * len(u_cal)) // n - 1])
+      edges = np.unique(sorted_cal[binning.quantile_edge_ranks(len(u_cal), n) - 1])
       cal_bin = np.searchsorted(edges, u_cal, side="left")
       test_bin = np.searchsorted(edges, u_test, side="left")
       counts = np.bincount(cal_bin, minlength=n)
       hits = np.bincount(cal_bin, ok_cal, minlength=n)
-      prob = (hits + prior) / (counts + 1)
+      prob = binning.calibrated_prob(hits, counts, prior)
       p = np.clip(prob[test_bin], 2.0**-23, 1 - 2.0**-23)
       test_counts = np.bincount(test_bin, minlength=n)
       test_acc = np.bincount(test_bin, ok_test, minlength=n) / np.maximum(test_counts, 1)
@@ -85,7 +91,7 @@ def bench_cross_validate(num_examples, repeats):
   u = rng.random(num_examples).astype(np.float32)
   correct = rng.random(num_examples) < 0.2 + 0.75 * u
   n_bins = (10, 20, 100)
-  fast = evaluate.cross_validate(u, correct, n_bins, 10)
+  fast = crossval.cross_validate(u, correct, n_bins, 10)
   naive = numpy_loop_cross_validate(u, correct, n_bins, 10)
   worst = max(
     float(np.max(np.abs(fast.per_fold[k] - v) / np.maximum(np.abs(v), 1e-12)))
@@ -95,7 +101,7 @@ def bench_cross_validate(num_examples, repeats):
     raise SystemExit(
       f"cross_validate disagrees with the NumPy loop: max relative error {worst:.2e}"
     )
-  t_fast = _time(lambda: evaluate.cross_validate(u, correct, n_bins, 10), repeats)
+  t_fast = _time(lambda: crossval.cross_validate(u, correct, n_bins, 10), repeats)
   t_naive = _time(lambda: numpy_loop_cross_validate(u, correct, n_bins, 10), max(1, repeats // 3))
   return (
     f"cross_validate N={num_examples:,} 10 splits x bins (10,20,100)",

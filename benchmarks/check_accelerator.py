@@ -40,7 +40,7 @@ def _relative_diff(a: np.ndarray, b: np.ndarray) -> float:
   return float(np.max(np.abs(a - b)) / max(1e-12, float(np.max(np.abs(b)))))
 
 
-def _compare(name: str, a: mc.Predictions, b: mc.Predictions, *, atol: float) -> bool:
+def _compare(name: str, a: mc.SampleSummary, b: mc.SampleSummary, *, atol: float) -> bool:
   probs_diff = float(np.max(np.abs(a.mean_probs - b.mean_probs)))
   same_class = float(np.mean(a.mean_probs.argmax(1) == b.mean_probs.argmax(1)))
   score_diffs = {k: _relative_diff(a.scores[k], b.scores[k]) for k in b.scores}

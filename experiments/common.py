@@ -6,7 +6,7 @@ Every experiment writes into one work dir:
     config.json                 the flags of the last run
     train/{base,ensemble}/      orbax checkpoints, one per finished epoch
     train/{base,ensemble}.json  training log; written last, marks the stage done
-    predictions/*.npz           predictions files (see top1_jax.data)
+    predictions/*.npz           predictions files (see top1_jax.io.predictions)
     sweep/*.json                one cross-validation result per (file, score, event)
     results.{json,csv,md}       every metric, mean and std over splits
     figures/*.png
@@ -15,21 +15,17 @@ All files are written to a temporary name and renamed, so a killed run leaves
 either the old file or the new one; each stage skips work whose output exists.
 """
 
-import csv
-import io
-import json
 import os
 import pathlib
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from absl import app, flags, logging
 
 from top1_jax import __version__
-from top1_jax import data as data_lib
+from top1_jax.io import datasets, files
 
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, predictions, results.")
 DATASET = flags.DEFINE_string(
@@ -63,35 +59,15 @@ def say(message: str) -> None:
   print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def atomic_write_bytes(path: pathlib.Path, payload: bytes) -> pathlib.Path:
-  return data_lib.atomic_write(path, lambda file: file.write(payload))
+# The experiments' names for the library's atomic file helpers.
+atomic_write_bytes = files.write_bytes
+write_json = files.write_json
+read_json = files.read_json
+write_csv = files.write_csv
 
 
-def write_json(path: pathlib.Path, value: Any) -> pathlib.Path:
-  return atomic_write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
-
-
-def read_json(path: pathlib.Path) -> Any | None:
-  """The JSON at ``path``, or None when it is missing or unreadable (then redo the work)."""
-  try:
-    return json.loads(pathlib.Path(path).read_text())
-  except (OSError, ValueError):
-    return None
-
-
-def write_csv(path: pathlib.Path, rows: Sequence[dict[str, Any]]) -> pathlib.Path:
-  columns: list[str] = []
-  for row in rows:
-    columns += [k for k in row if k not in columns]
-  buffer = io.StringIO()
-  writer = csv.DictWriter(buffer, fieldnames=columns)
-  writer.writeheader()
-  writer.writerows(rows)
-  return atomic_write_bytes(path, buffer.getvalue().encode())
-
-
-def load_split(split: str, limit: int | None) -> data_lib.DatasetSplit:
-  return data_lib.load_dataset(DATASET.value, split, data_dir=DATA_DIR.value, limit=limit)
+def load_split(split: str, limit: int | None) -> datasets.DatasetSplit:
+  return datasets.load_dataset(DATASET.value, split, data_dir=DATA_DIR.value, limit=limit)
 
 
 def parse_ints(name: str, values: Sequence[str], minimum: int = 1) -> tuple[int, ...]:
@@ -139,7 +115,7 @@ def run(main: Callable[[list[str]], None]) -> None:
     logging.set_verbosity(logging.WARNING)  # JAX's INFO lines about absent TPUs are noise here
     try:
       main(argv)
-    except (ExperimentError, ValueError, FileNotFoundError, data_lib.DataUnavailableError) as e:
+    except (ExperimentError, ValueError, FileNotFoundError, datasets.DataUnavailableError) as e:
       if os.environ.get("TOP1_DEBUG"):
         traceback.print_exc()
       print(f"error: {e}", file=sys.stderr, flush=True)

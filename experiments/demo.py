@@ -7,15 +7,14 @@ counts. Prints the table and, with --workdir, writes results.json and results.md
   python -m experiments.demo --num_examples=20000 --workdir=/tmp/top1_demo
 """
 
-import json
 import os
-import tempfile
 import time
 
 import numpy as np
 from absl import app, flags
 
-from top1_jax import __version__, evaluate, events, metrics, scores
+from top1_jax import __version__, crossval, events, metrics, scores
+from top1_jax.io import files
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 20_000, "Synthetic test-set size.")
 _NUM_CLASSES = flags.DEFINE_integer("num_classes", 10, "Number of classes.")
@@ -24,7 +23,7 @@ _OVERCONFIDENCE = flags.DEFINE_float(
 )
 _N_BINS = flags.DEFINE_list("n_bins", ["10", "20", "100"], "Bin counts to compare.")
 _N_FOLDS = flags.DEFINE_integer("n_folds", 10, "Number of calibration/test splits.")
-_SCHEME = flags.DEFINE_enum("scheme", "halves", evaluate.SCHEMES, "How splits are drawn.")
+_SCHEME = flags.DEFINE_enum("scheme", "halves", crossval.SCHEMES, "How splits are drawn.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for the data and the splits.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "If set, write results.json and results.md here.")
 
@@ -37,13 +36,6 @@ def synthetic_logits(num_examples, num_classes, overconfidence, seed):
   logits = rng.normal(size=(num_examples, num_classes))
   logits[np.arange(num_examples), labels] += evidence
   return (overconfidence * logits).astype(np.float32), labels
-
-
-def _atomic_write(path, text):
-  directory = os.path.dirname(path) or "."
-  with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-    f.write(text)
-  os.replace(f.name, path)
 
 
 def main(argv):
@@ -65,20 +57,14 @@ def main(argv):
     f"raw max-softmax used as P(correct): Brier {float(metrics.brier(raw_pmax, correct)):.4f}, "
     f"NLL {float(metrics.nll(raw_pmax, correct)):.4f}"
   )
-  score_values = {
-    "pmax": raw_pmax,
-    "entropy": scores.entropy(logits),
-    "neg_log_pmax": scores.neg_log_pmax(logits),
-    "margin": scores.margin(logits),
-    "neg_log_top2_mass": scores.neg_log_topk_mass(logits, 2),
-  }
-  splits = evaluate.make_splits(len(labels), _N_FOLDS.value, _SEED.value, _SCHEME.value)
+  score_values = scores.compute(logits, topk=(2,))  # every single-model score
+  splits = crossval.make_splits(len(labels), _N_FOLDS.value, _SEED.value, _SCHEME.value)
   rows = []
   header = "| score | bins | Brier | NLL | ECE | EOR | AUROC |"
   lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]
   for name, u in score_values.items():
     start = time.perf_counter()
-    cv = evaluate.cross_validate(u, correct, n_bins, splits=splits)
+    cv = crossval.cross_validate(u, correct, n_bins, splits=splits)
     elapsed = time.perf_counter() - start
     for row in cv.rows():
       rows.append({"score": name, **row})
@@ -98,8 +84,8 @@ def main(argv):
     }
     config["n_bins"] = list(n_bins)
     result = {"config": config, "version": __version__, "results": rows}
-    _atomic_write(os.path.join(_WORKDIR.value, "results.json"), json.dumps(result, indent=2))
-    _atomic_write(os.path.join(_WORKDIR.value, "results.md"), table + "\n")
+    files.write_json(os.path.join(_WORKDIR.value, "results.json"), result)
+    files.write_bytes(os.path.join(_WORKDIR.value, "results.md"), (table + "\n").encode())
     print(f"wrote {_WORKDIR.value}/results.json and results.md")
 
 

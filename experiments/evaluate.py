@@ -5,7 +5,7 @@ r"""Sweeps scores x bin counts x Top-k events over predictions files; writes the
       --scores=pmax,entropy --n_bins=10,20,100 --topk=1,5 --n_folds=10
 
 Every (file, score, event) is one sweep point: all bin counts and splits are
-computed together by ``top1_jax.evaluate.cross_validate`` on the same random
+computed together by ``top1_jax.crossval.cross_validate`` on the same random
 splits for every point, and saved to ``sweep/<point>.json``; a rerun skips points
 that are done. Then ``results.json`` / ``.csv`` / ``.md`` and ``figures/`` are
 written from all points.
@@ -19,8 +19,8 @@ import numpy as np
 from absl import flags
 
 from experiments import common, report
-from top1_jax import baselines, evaluate, events, metrics
-from top1_jax import data as data_lib
+from top1_jax import baselines, crossval, events, metrics, scores
+from top1_jax.io import predictions as predictions_lib
 
 PREDICTIONS = flags.DEFINE_list(
   "predictions", None, "Predictions files (.npz); default: every file in <workdir>/predictions."
@@ -28,13 +28,13 @@ PREDICTIONS = flags.DEFINE_list(
 SCORES = flags.DEFINE_list(
   "scores",
   ["all"],
-  "Scores to sweep: all, or names among " + ", ".join(evaluate.KNOWN_SCORES) + " and any stored "
+  "Scores to sweep: all, or names among " + ", ".join(scores.REGISTRY) + " and any stored "
   "score_<name> (neg_log_topk_mass means -log of the top-k mass for each Top-k event).",
 )
 N_BINS = flags.DEFINE_list("n_bins", ["10", "20", "100"], "Bin counts.")
 TOPK = flags.DEFINE_list("topk", ["1", "2"], "Events: the Top-k prediction is correct, for each k.")
 N_FOLDS = flags.DEFINE_integer("n_folds", 10, "Calibration/test splits.")
-SCHEME = flags.DEFINE_enum("scheme", "halves", evaluate.SCHEMES, "halves (paper) or kfold.")
+SCHEME = flags.DEFINE_enum("scheme", "halves", crossval.SCHEMES, "halves (paper) or kfold.")
 FIGURE_BINS = flags.DEFINE_integer("figure_bins", 20, "Bins in the per-bin figures.")
 COMPARE_BINS = flags.DEFINE_integer(
   "compare_bins", 20, "Top-1 bins in the comparison with the benchmark methods (one of --n_bins)."
@@ -50,14 +50,14 @@ class Source:
   def __init__(self, path: pathlib.Path, topk: tuple[int, ...]):
     self.path = path
     self.name = path.stem
-    predictions = data_lib.load_predictions(path)
+    predictions = predictions_lib.load_predictions(path)
     self.meta = dict(predictions.meta)
     self.labels = np.asarray(predictions.labels)
     if max(topk) > predictions.num_classes:
       raise common.ExperimentError(
         f"--topk: {max(topk)} exceeds the {predictions.num_classes} classes of {path.name}"
       )
-    self.log_probs, self.scores = evaluate.scores_from_predictions(
+    self.log_probs, self.scores = scores.from_predictions(
       logits=predictions.logits,
       mean_probs=predictions.mean_probs,
       stored_scores=predictions.scores,
@@ -129,25 +129,19 @@ def _check_sources(sources: list[Source]) -> None:
 
 def _requested_scores(sources: list[Source], topk: tuple[int, ...]) -> list[str]:
   available = {name for s in sources for name in s.scores}
+  known = set(scores.REGISTRY)
   if SCORES.value == ["all"]:
-    return [
-      n for n in evaluate.KNOWN_SCORES if n in available or n == "neg_log_topk_mass"
-    ] + sorted(available - set(evaluate.KNOWN_SCORES) - {f"neg_log_top{k}_mass" for k in topk})
-  unknown = [n for n in SCORES.value if n not in available and n not in evaluate.KNOWN_SCORES]
+    return [n for n in scores.REGISTRY if n in available or scores.REGISTRY[n].per_k] + sorted(
+      available - known - {scores.topk_name(k) for k in topk}
+    )
+  unknown = [n for n in SCORES.value if n not in available and n not in known]
   if unknown:
     raise common.ExperimentError(
       f"--scores: unknown score(s) {', '.join(unknown)}; known: "
-      f"{', '.join(evaluate.KNOWN_SCORES)} and the files' stored scores "
-      f"{', '.join(sorted(available - set(evaluate.KNOWN_SCORES))) or '(none)'}"
+      f"{', '.join(scores.REGISTRY)} and the files' stored scores "
+      f"{', '.join(sorted(available - known)) or '(none)'}"
     )
   return list(SCORES.value)
-
-
-def _resolve(score: str, k: int) -> str:
-  """neg_log_topk_mass stands for the Top-k event's own k (and is -log pmax for k = 1)."""
-  if score == "neg_log_topk_mass":
-    return "neg_log_pmax" if k == 1 else f"neg_log_top{k}_mass"
-  return score
 
 
 def settings(n_bins) -> dict:
@@ -177,14 +171,14 @@ def run_stage() -> dict:
       f"has {smallest_cal} of the {num_examples}"
     )
   requested = _requested_scores(sources, topk)
-  splits = evaluate.make_splits(num_examples, N_FOLDS.value, common.SEED.value, SCHEME.value)
+  splits = crossval.make_splits(num_examples, N_FOLDS.value, common.SEED.value, SCHEME.value)
   config = settings(n_bins)
 
   points = []
   for source in sources:
     for k in topk:
       for score in requested:
-        name = _resolve(score, k)
+        name = scores.for_event(score, k)
         if name in source.scores and (name, k) not in [
           (p[1], p[2]) for p in points if p[0] is source
         ]:
@@ -211,7 +205,7 @@ def run_stage() -> dict:
       continue
     correct = events.topk_correct(source.log_probs, source.labels, k)
     tic = time.perf_counter()
-    cv = evaluate.cross_validate(source.scores[score], correct, n_bins, splits=splits)
+    cv = crossval.cross_validate(source.scores[score], correct, n_bins, splits=splits)
     record = {
       "settings": expected,
       "file": str(source.path),
@@ -240,16 +234,6 @@ def run_stage() -> dict:
   return summary
 
 
-def _comparison_score(source: Source) -> str | None:
-  """The uncertainty measure the paper bins for each method (Table 1)."""
-  if (
-    source.meta.get("method") in ("mc_dropout", "ensemble")
-    and "covariance_norm_probs" in source.scores
-  ):
-    return "covariance_norm_probs"
-  return "pmax" if "pmax" in source.scores else None
-
-
 def benchmark_comparison(sources, results, splits, n_bins) -> list[dict]:
   """The paper's Table 1, on the same test halves: benchmark metrics vs Top-1 binning.
 
@@ -271,7 +255,7 @@ def benchmark_comparison(sources, results, splits, n_bins) -> list[dict]:
   }
   rows = []
   for source in sources:
-    score = _comparison_score(source)
+    score = scores.headline(source.scores)
     if score is None or (source.name, score) not in binned:
       continue
     variants = [("raw", None)]

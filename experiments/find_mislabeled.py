@@ -30,8 +30,9 @@ import numpy as np
 from absl import flags
 
 from experiments import common
-from top1_jax import data as data_lib
-from top1_jax import evaluate, events, mislabeled, plots
+from top1_jax import binning, events, mislabeled, plots, scores
+from top1_jax.io import datasets
+from top1_jax.io import predictions as predictions_lib
 
 PREDICTIONS = flags.DEFINE_string(
   "predictions", None, "Predictions file (.npz); default: <workdir>/predictions/deterministic.npz."
@@ -39,7 +40,7 @@ PREDICTIONS = flags.DEFINE_string(
 SCORE = flags.DEFINE_string(
   "score",
   "pmax",
-  "Score to bin: " + ", ".join(evaluate.KNOWN_SCORES) + " or a stored score_<name>; "
+  "Score to bin: " + ", ".join(scores.REGISTRY) + " or a stored score_<name>; "
   "confidences and uncertainties both work (the direction is read from the bins).",
 )
 N_BINS = flags.DEFINE_integer("n_bins", 20, "Equal-count bins of the score.")
@@ -71,11 +72,12 @@ def _predictions_path() -> pathlib.Path:
   return path
 
 
-def _score(predictions: data_lib.Predictions, name: str, k: int) -> tuple[jax.Array, np.ndarray]:
+def _score(
+  predictions: predictions_lib.Predictions, name: str, k: int
+) -> tuple[jax.Array, np.ndarray]:
   """The classifier's log-probabilities and the requested score (stored or computed)."""
-  if name == "neg_log_topk_mass":
-    name = "neg_log_pmax" if k == 1 else f"neg_log_top{k}_mass"
-  log_probs, available = evaluate.scores_from_predictions(
+  name = scores.for_event(name, k)
+  log_probs, available = scores.from_predictions(
     logits=predictions.logits,
     mean_probs=predictions.mean_probs,
     stored_scores=predictions.scores,
@@ -83,7 +85,12 @@ def _score(predictions: data_lib.Predictions, name: str, k: int) -> tuple[jax.Ar
     topk=(k,),
   )
   if name not in available:
-    needs = " (needs MC-dropout or ensemble logits)" if name.startswith("covariance_norm") else ""
+    known = scores.lookup(name)
+    needs = {
+      "samples": " (needs MC-dropout or ensemble logits)",
+      "human_probs": " (needs human labels)",
+    }
+    needs = needs.get(known.inputs, "") if known else ""
     raise common.ExperimentError(
       f"--score: {name!r} is not available for this file{needs}; available: "
       + ", ".join(sorted(available))
@@ -91,7 +98,7 @@ def _score(predictions: data_lib.Predictions, name: str, k: int) -> tuple[jax.Ar
   return log_probs, np.asarray(available[name], np.float32)
 
 
-def _images(path: pathlib.Path, predictions: data_lib.Predictions) -> data_lib.DatasetSplit:
+def _images(path: pathlib.Path, predictions: predictions_lib.Predictions) -> datasets.DatasetSplit:
   """The images the predictions were made on, checked label for label."""
   meta = predictions.meta
   dataset = meta.get("dataset")
@@ -107,7 +114,7 @@ def _images(path: pathlib.Path, predictions: data_lib.Predictions) -> data_lib.D
     )
   split = meta.get("split") or "test"
   limit = meta.get("limit_test") or predictions.num_examples
-  images = data_lib.load_dataset(dataset, split, data_dir=common.DATA_DIR.value, limit=limit)
+  images = datasets.load_dataset(dataset, split, data_dir=common.DATA_DIR.value, limit=limit)
   labels = np.asarray(images.labels)
   if labels.shape != predictions.labels.shape:
     problem = f"{predictions.num_examples} predictions vs {labels.shape[0]} images"
@@ -143,7 +150,7 @@ def run_stage() -> dict:
     raise common.ExperimentError(
       f"--top_bins: expected at most --n_bins={N_BINS.value}, got {TOP_BINS.value}"
     )
-  predictions = data_lib.load_predictions(path)
+  predictions = predictions_lib.load_predictions(path)
   num, num_classes = predictions.num_examples, predictions.num_classes
   if not 1 <= TOPK.value <= num_classes:
     raise common.ExperimentError(
@@ -185,7 +192,7 @@ def run_stage() -> dict:
   bins = found.bins
   searched = []
   for b in found.selected_bins.tolist():
-    in_bin = u[np.asarray(jnp.searchsorted(bins.edges, u, side="left")) == b]
+    in_bin = u[np.asarray(binning.assign(bins.edges, u)) == b]
     searched.append(
       {
         "bin": b,

@@ -20,7 +20,7 @@ from absl import flags
 from experiments import common
 from experiments import train as train_exp
 from top1_jax import __version__, mc, models
-from top1_jax import data as data_lib
+from top1_jax.io import predictions as predictions_lib
 
 DROPOUT_RATES = flags.DEFINE_list(
   "dropout_rates",
@@ -65,7 +65,7 @@ def _is_current(path: pathlib.Path, meta: dict) -> bool:
   if not path.exists():
     return False
   try:
-    saved = data_lib.load_predictions(path).meta
+    saved = predictions_lib.load_predictions(path).meta
   except ValueError as e:
     common.say(f"  {path.name} is unreadable ({e}); writing it again")
     return False
@@ -124,8 +124,8 @@ def run_stage(test_split) -> list[pathlib.Path]:
       keep_samples=True,
       chunk_size=CHUNK_SIZE.value,
     )
-    data_lib.save_predictions(
-      path, data_lib.Predictions(labels=labels, logits=result.logits, meta=meta)
+    predictions_lib.save_predictions(
+      path, predictions_lib.Predictions(labels=labels, logits=result.logits, meta=meta)
     )
     common.say(f"predict: wrote {path}")
   out.append(path)
@@ -150,7 +150,7 @@ def run_stage(test_split) -> list[pathlib.Path]:
       keep_samples=KEEP_SAMPLES.value,
       progress=_progress(f"MC dropout {rate:g} x{NUM_SAMPLES.value}"),
     )
-    predictions = data_lib.Predictions(
+    predictions = predictions_lib.Predictions(
       labels=labels,
       logits=result.logits if KEEP_SAMPLES.value else None,
       mean_probs=result.mean_probs,
@@ -159,7 +159,7 @@ def run_stage(test_split) -> list[pathlib.Path]:
       scores=result.scores,
       meta=meta,
     )
-    data_lib.save_predictions(path, predictions)
+    predictions_lib.save_predictions(path, predictions)
     common.say(f"predict: wrote {path} ({time.perf_counter() - start:.1f} s)")
     out.append(path)
 
@@ -179,8 +179,8 @@ def run_stage(test_split) -> list[pathlib.Path]:
         chunk_size=CHUNK_SIZE.value,
         strategy=train_exp.ENSEMBLE_STRATEGY.value,
       )
-      data_lib.save_predictions(
-        path, data_lib.Predictions(labels=labels, logits=result.logits, meta=meta)
+      predictions_lib.save_predictions(
+        path, predictions_lib.Predictions(labels=labels, logits=result.logits, meta=meta)
       )
       common.say(f"predict: wrote {path}")
     out.append(path)

@@ -6,23 +6,7 @@ import pathlib
 import numpy as np
 
 from experiments import common
-from top1_jax import binning, evaluate, events, plots
-
-SCORE_LABELS = {
-  "pmax": "pmax (Vanilla)",
-  "entropy": "entropy",
-  "neg_log_pmax": "−log pmax",
-  "margin": "logit margin",
-  "covariance_norm_probs": "cov. 2-norm (probs)",
-  "covariance_norm_logits": "cov. 2-norm (logits)",
-  "human_entropy": "human entropy",
-}
-
-
-def score_label(score: str) -> str:
-  if score.startswith("neg_log_top") and score.endswith("_mass"):
-    return f"−log top-{score[len('neg_log_top') : -len('_mass')]} mass"
-  return SCORE_LABELS.get(score, score)
+from top1_jax import binning, crossval, events, plots, scores
 
 
 def flat_rows(results: list[dict]) -> list[dict]:
@@ -62,7 +46,7 @@ def metric_table(rows: list[dict], topk: int, n_bins: int) -> str:
     if r["topk"] != topk or r["n_bins"] != n_bins:
       continue
     lines.append(
-      f"| {r['method']} | {score_label(r['score'])} | {r['brier']:.4f} | {r['nll']:.4f} "
+      f"| {r['method']} | {scores.label(r['score'])} | {r['brier']:.4f} | {r['nll']:.4f} "
       f"| {_pm(100 * r['ece'], 100 * r['ece_std'], 2)} | {_eor(r['eor'], r['eor_std'])} "
       f"| {r['auroc']:.3f} | {r['num_effective_bins']:.0f} |"
     )
@@ -91,7 +75,7 @@ def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, 
         cells.append(_eor(match[0]["eor"], match[0]["eor_std"]))
       else:
         cells.append(f"{match[0][metric]:.4f}")
-    lines.append(f"| {method} | {score_label(score)} | " + " | ".join(cells) + " |")
+    lines.append(f"| {method} | {scores.label(score)} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
@@ -146,7 +130,7 @@ def comparison_table(comparison: list[dict]) -> str:
     if r["temperature"] != 1.0:
       method += f" (T = {r['temperature']:.2f})"
     lines.append(
-      f"| {method} | {score_label(r['top1_score'])} | {r['multiclass_brier']:.4f} "
+      f"| {method} | {scores.label(r['top1_score'])} | {r['multiclass_brier']:.4f} "
       f"| {r['raw_top1_brier']:.4f} | {r['top1_binned_brier']:.4f} "
       f"| {100 * r['confidence_ece']:.2f} | {100 * r['top1_binned_ece']:.2f} |"
     )
@@ -177,22 +161,9 @@ def write_results(
   return summary
 
 
-def _headline(source) -> str | None:
-  for name in ("covariance_norm_probs", "pmax", "human_entropy"):
-    if name in source.scores:
-      return name
-  return next(iter(source.scores), None)
-
-
-def _cv_from_record(record: dict) -> evaluate.CrossValidation:
-  per_fold = {m: np.asarray(v) for m, v in record["per_fold"].items()}
+def _cv_from_record(record: dict) -> crossval.CrossValidation:
   n_bins = tuple(r["n_bins"] for r in record["rows"])
-  return evaluate.CrossValidation(
-    n_bins=n_bins,
-    per_fold=per_fold,
-    mean={m: v.mean(1) for m, v in per_fold.items()},
-    std={m: v.std(1, ddof=1) if v.shape[1] > 1 else 0 * v[:, 0] for m, v in per_fold.items()},
-  )
+  return crossval.CrossValidation.from_per_fold(n_bins, record["per_fold"])
 
 
 def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins) -> None:
@@ -202,7 +173,7 @@ def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins)
   written = []
   figure_bins = min(figure_bins, int((~test).sum()))
   for source in sources:
-    score = _headline(source)
+    score = scores.headline(source.scores)
     if score is None:
       continue
     for k in topks if source is sources[0] else topks[:1]:
@@ -214,11 +185,11 @@ def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins)
         bins,
         test_bins,
         event=f"Top-{k}",
-        title=f"{source.label()}: {score_label(score)}, Top-{k}, {figure_bins} bins",
+        title=f"{source.label()}: {scores.label(score)}, Top-{k}, {figure_bins} bins",
       )
       written.append(plots.save_figure(fig, figures / f"bins_{source.name}_{score}_top{k}.png"))
   source = sources[0]
-  score = _headline(source)
+  score = scores.headline(source.scores)
   if score is not None and len(n_bins) > 1:
     correct = np.asarray(events.topk_correct(source.log_probs, source.labels, topks[0]))
     u = source.scores[score]
@@ -232,7 +203,7 @@ def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins)
     for k in topks:
       # Every score of the plain model; for samples, the paper's measure (cov. of probs).
       curves = {
-        f"{r['method']}: {score_label(r['score'])}": _cv_from_record(r)
+        f"{r['method']}: {scores.label(r['score'])}": _cv_from_record(r)
         for r in results
         if r["topk"] == k
         and (

@@ -20,6 +20,7 @@ from absl import flags
 
 from experiments import common
 from top1_jax import models, train
+from top1_jax.io import checkpoints
 
 MODEL = flags.DEFINE_enum(
   "model",
@@ -124,7 +125,7 @@ def _latest_epoch(stage: str, state: train.TrainState) -> tuple[int, train.Train
   )
   for epoch in epochs:
     try:
-      return epoch, train.restore_checkpoint(stage_dir(stage) / f"epoch_{epoch}", state)
+      return epoch, checkpoints.restore_checkpoint(stage_dir(stage) / f"epoch_{epoch}", state)
     except ValueError as e:
       common.say(f"  ignoring unreadable checkpoint epoch_{epoch}: {e}")
   return 0, state
@@ -185,7 +186,7 @@ def run_stage(stage: str, train_split, test_split) -> dict:
       state = train.fit_ensemble(
         state, images, labels, key, strategy=ENSEMBLE_STRATEGY.value, callback=callback, **kwargs
       )
-    train.save_checkpoint(stage_dir(stage) / f"epoch_{epoch}", state, overwrite=True)
+    checkpoints.save_checkpoint(stage_dir(stage) / f"epoch_{epoch}", state, overwrite=True)
     for old in stage_dir(stage).glob("epoch_*"):
       if old.name != f"epoch_{epoch}":
         shutil.rmtree(old, ignore_errors=True)
@@ -217,7 +218,7 @@ def restore(stage: str, num_classes: int, sample: np.ndarray) -> train.TrainStat
       f"--workdir: no finished {stage} training in {common.workdir()}; run experiments.train first"
     )
   state = template(stage, num_classes, sample)
-  return train.restore_checkpoint(stage_dir(stage) / f"epoch_{EPOCHS.value}", state)
+  return checkpoints.restore_checkpoint(stage_dir(stage) / f"epoch_{EPOCHS.value}", state)
 
 
 def main(argv):

@@ -4,8 +4,39 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 # jit compiles on first call, so the first example of a property test is slow.
 settings.register_profile("default", deadline=None, max_examples=60, print_blob=True)
 settings.load_profile("default")
+
+
+# Fixtures of the top1_jax.io tests. Their imports are inside, as TFDS is slow to import.
+
+
+@pytest.fixture
+def no_system_fmnist(monkeypatch, tmp_path):
+  """Points the Debian Fashion-MNIST directory at an empty folder."""
+  from top1_jax.io import idx
+
+  empty = tmp_path / "no-system-fashion-mnist"
+  empty.mkdir()
+  monkeypatch.setattr(idx, "FASHION_MNIST_DIR", empty)
+  return empty
+
+
+@pytest.fixture
+def offline(monkeypatch):
+  """No TensorFlow, no network, and TFDS must never try to download."""
+  import tensorflow_datasets as tfds
+
+  from top1_jax.io import tfds as tfds_lib
+
+  monkeypatch.setattr(tfds_lib, "tensorflow_available", lambda: False)
+  monkeypatch.setattr(tfds_lib, "network_available", lambda *a, **k: False)
+
+  def forbidden(*args, **kwargs):
+    pytest.fail("download_and_prepare must not be called when data cannot be fetched")
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", forbidden)

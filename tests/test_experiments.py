@@ -12,10 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from top1_jax import data
+from top1_jax.io import idx
+from top1_jax.io import predictions as predictions_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-HAVE_FMNIST = (data.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists()
+HAVE_FMNIST = (idx.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists()
 needs_fmnist = pytest.mark.skipif(
   not HAVE_FMNIST, reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"
 )
@@ -140,8 +141,8 @@ def _predictions_file(path, dataset="fashion_mnist", num=200, seed=0):
   rng = np.random.default_rng(seed)
   labels = rng.integers(0, 10, num)
   logits = rng.normal(size=(num, 10)) + 3 * np.eye(10)[labels]
-  data.save_predictions(
-    path, data.Predictions(labels=labels, logits=logits, meta={"dataset": dataset})
+  predictions_lib.save_predictions(
+    path, predictions_lib.Predictions(labels=labels, logits=logits, meta={"dataset": dataset})
   )
   return path
 

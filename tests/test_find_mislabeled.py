@@ -11,13 +11,14 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from top1_jax import data
+from top1_jax.io import datasets, idx
+from top1_jax.io import predictions as predictions_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 needs_fmnist = pytest.mark.skipif(
-  not (data.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists(),
-  reason=f"Fashion-MNIST test files not in {data.FASHION_MNIST_DIR} "
+  not (idx.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists(),
+  reason=f"Fashion-MNIST test files not in {idx.FASHION_MNIST_DIR} "
   "(apt-get install dataset-fashion-mnist)",
 )
 NUM = 300
@@ -62,15 +63,15 @@ def _workdir(tmp_path, labels):
   logits = np.zeros((NUM, 10), np.float32)
   logits[np.arange(NUM), predicted] = margin
   meta = {"dataset": "fashion_mnist", "split": "test", "limit_test": NUM}
-  predictions = data.Predictions(labels=labels, logits=logits, meta=meta)
-  data.save_predictions(tmp_path / "predictions" / "deterministic.npz", predictions)
+  predictions = predictions_lib.Predictions(labels=labels, logits=logits, meta=meta)
+  predictions_lib.save_predictions(tmp_path / "predictions" / "deterministic.npz", predictions)
   return predicted
 
 
 @needs_fmnist
 @pytest.mark.slow
 def test_planted_confident_errors_come_first_with_their_images(tmp_path):
-  test = data.load_dataset("fashion_mnist", "test", limit=NUM)
+  test = datasets.load_dataset("fashion_mnist", "test", limit=NUM)
   predicted = _workdir(tmp_path, test.labels)
   result = _run(f"--workdir={tmp_path}", "--n_bins=10", "--top_bins=2", "--max_images=5")
   assert result.returncode == 0, result.stderr
@@ -107,7 +108,7 @@ def test_planted_confident_errors_come_first_with_their_images(tmp_path):
 @needs_fmnist
 @pytest.mark.slow
 def test_predictions_of_another_example_order_are_refused(tmp_path):
-  test = data.load_dataset("fashion_mnist", "test", limit=NUM)
+  test = datasets.load_dataset("fashion_mnist", "test", limit=NUM)
   _workdir(tmp_path, np.roll(test.labels, 1))
   result = _run(f"--workdir={tmp_path}")
   _one_line_error(result, "deterministic.npz", "another dataset or example order")

@@ -42,14 +42,28 @@ def cnn():
   return models.make_apply_fn(model), models.init(model, jax.random.key(1), x[:1]), x
 
 
+def _per_example_loop(apply_fn, variables, x, key, num_samples, rate):
+  """[S, B, K] by a plain loop: one jitted call per sample s and example i.
+
+  Each call uses the key ``fold_in(split(key, S)[s], i)``.
+  """
+  forward = jax.jit(apply_fn)  # one jitted call per key: the loop being replaced
+  return np.stack(
+    [
+      np.concatenate(
+        [forward(variables, x[i : i + 1], jax.random.fold_in(k, i), rate) for i in range(len(x))]
+      )
+      for k in jax.random.split(key, num_samples)
+    ]
+  )
+
+
 @pytest.mark.parametrize("case", ["mlp", "cnn"])
 def test_mc_dropout_equals_python_loop_over_the_same_keys(case, request):
   apply_fn, variables, x = request.getfixturevalue(case)
   key = jax.random.key(3)
   samples = mc.mc_dropout_logits(apply_fn, variables, x, key, num_samples=5, rate=0.25)
-  keys = jax.random.split(key, 5)
-  forward = jax.jit(apply_fn)  # one jitted call per key: the loop being replaced
-  loop = np.stack([np.asarray(forward(variables, x, k, 0.25)) for k in keys])
+  loop = _per_example_loop(apply_fn, variables, x, key, 5, 0.25)
   assert samples.shape == (5, x.shape[0], loop.shape[-1])
   np.testing.assert_allclose(samples, loop, rtol=1e-5, atol=1e-6)
   # The samples really differ (dropout acted, each with its own key).
@@ -69,10 +83,30 @@ def test_mc_dropout_loop_property(mlp, num_samples, batch, rate, seed):
   samples = mc.mc_dropout_logits(
     apply_fn, variables, x[:batch], key, num_samples=num_samples, rate=rate
   )
-  keys = jax.random.split(key, num_samples)
-  forward = jax.jit(apply_fn)
-  loop = np.stack([np.asarray(forward(variables, x[:batch], k, rate)) for k in keys])
+  loop = _per_example_loop(apply_fn, variables, x[:batch], key, num_samples, rate)
   np.testing.assert_allclose(samples, loop, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["mlp", "cnn"])
+def test_mc_dropout_logits_equal_predict_samples(case, request):
+  # One key scheme: the same samples from the batch function and the streamed one,
+  # whatever the chunking (only float rounding of other batch shapes may differ).
+  apply_fn, variables, x = request.getfixturevalue(case)
+  key = jax.random.key(7)
+  samples = mc.mc_dropout_logits(apply_fn, variables, x, key, num_samples=4, rate=0.3)
+  for chunk_size in (None, 3):
+    predicted = mc.predict(
+      apply_fn,
+      variables,
+      np.asarray(x),
+      key=key,
+      num_samples=4,
+      rate=0.3,
+      chunk_size=chunk_size,
+      keep_samples=True,
+    )
+    assert isinstance(predicted, mc.SampleSummary)
+    np.testing.assert_allclose(predicted.logits, samples, rtol=1e-6, atol=1e-6)
 
 
 def test_rate_zero_gives_identical_samples(cnn):
@@ -130,16 +164,7 @@ def test_predict_mc_matches_per_example_keys_and_scores(mlp):
     progress=lambda done, total: progress.append((done, total)),
   )
   assert progress == [(4, 7), (7, 7)]
-  forward = jax.jit(apply_fn)
-  sample_keys = jax.random.split(key, 3)
-  expected = np.stack(
-    [
-      np.concatenate(
-        [forward(variables, x[i : i + 1], jax.random.fold_in(k, i), 0.3) for i in range(7)]
-      )
-      for k in sample_keys
-    ]
-  )
+  expected = _per_example_loop(apply_fn, variables, x, key, 3, 0.3)
   np.testing.assert_allclose(predictions.logits, expected, rtol=1e-5, atol=1e-6)
 
   log_probs = jax.nn.log_softmax(expected, axis=-1)
@@ -209,6 +234,20 @@ def test_pick_strategy():
     mc.pick_strategy("pmap")
 
 
+def test_key_and_ensemble_size_helpers():
+  key = jax.random.key(5)
+  assert mc.as_prng_key(key) is key
+  raw = jax.random.PRNGKey(5)
+  np.testing.assert_array_equal(jax.random.key_data(mc.as_prng_key(raw)), raw)
+  for bad in (5, jax.random.split(key, 2), np.zeros(3, np.uint32)):
+    with pytest.raises(ValueError, match="key"):
+      mc.as_prng_key(bad)
+  assert mc.ensemble_size({"a": jnp.ones((3, 2)), "b": [jnp.ones(3)]}) == 3
+  for bad in ({}, {"a": jnp.ones((2, 3)), "b": jnp.ones((3, 3))}, {"a": jnp.float32(1)}):
+    with pytest.raises(ValueError, match="stacked_params"):
+      mc.ensemble_size(bad)
+
+
 def test_bad_inputs_raise_naming_the_argument(mlp):
   apply_fn, variables, x = mlp
   key = jax.random.key(0)
@@ -236,6 +275,10 @@ def test_bad_inputs_raise_naming_the_argument(mlp):
     call(key=0)
   with pytest.raises(ValueError, match="key"):
     call(key=jax.random.split(key, 2))
+  with pytest.raises(ValueError, match="apply_fn"):
+    mc.mc_dropout_logits(
+      lambda p, x, k, r: jnp.ones((3,)), variables, x, key, num_samples=2, rate=0.1
+    )
 
   with pytest.raises(ValueError, match="stacked_params"):
     mc.ensemble_logits(apply_fn, {"a": jnp.ones((2, 3)), "b": jnp.ones((3, 3))}, x)

@@ -3,10 +3,11 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from top1_jax import binning, metrics, reference
+from top1_jax import binning, metrics
 
 
 def _expand(prob, weight, num=48000):

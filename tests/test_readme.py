@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from top1_jax import data
+from top1_jax.io import idx
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
@@ -24,9 +24,7 @@ def test_readme_marks_its_runnable_examples():
 @pytest.mark.parametrize("index", range(4))
 def test_readme_example_runs(index, tmp_path, monkeypatch):
   block = _tested_blocks()[index]
-  if (
-    "load_dataset" in block and not (data.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists()
-  ):
+  if "load_dataset" in block and not (idx.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists():
     pytest.skip("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
   monkeypatch.chdir(tmp_path)  # examples that write files write them here
   out = io.StringIO()

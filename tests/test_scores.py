@@ -2,11 +2,12 @@
 
 import numpy as np
 import pytest
+import reference
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from top1_jax import reference, scores
+from top1_jax import scores
 
 
 def _softmax64(logits):
@@ -134,3 +135,83 @@ def test_covariance_norm_keeps_a_tiny_spread_around_a_large_mean():
   np.testing.assert_allclose(
     scores.covariance_norm(samples), reference.covariance_norm(samples), rtol=1e-3
   )
+
+
+def test_from_predictions():
+  rng = np.random.default_rng(10)
+  samples = rng.normal(size=(4, 50, 6)).astype(np.float32)
+  log_probs, values = scores.from_predictions(logits=samples, topk=(1, 3))
+  np.testing.assert_allclose(np.exp(log_probs).sum(1), 1, rtol=1e-5)
+  assert {"pmax", "entropy", "neg_log_top3_mass", "covariance_norm_probs"} <= set(values)
+  assert "neg_log_top1_mass" not in values  # that is neg_log_pmax
+  # Stored scores (computed in log space on device) win, and give pmax.
+  stored = {"neg_log_pmax": np.full(50, 2.0, np.float32)}
+  probs = np.exp(np.asarray(log_probs))
+  _, values = scores.from_predictions(mean_probs=probs, stored_scores=stored)
+  np.testing.assert_allclose(values["pmax"], np.exp(-2.0), rtol=1e-6)
+  assert "covariance_norm_probs" not in values
+  with pytest.raises(ValueError, match="expected at least one of them"):
+    scores.from_predictions()
+
+
+def test_registry_entries_match_the_public_functions():
+  rng = np.random.default_rng(3)
+  logits = rng.normal(size=(40, 6)).astype(np.float32) * 4
+  samples = rng.normal(size=(3, 40, 6)).astype(np.float32)
+  public = {
+    "pmax": scores.pmax(logits),
+    "entropy": scores.entropy(logits),
+    "neg_log_pmax": scores.neg_log_pmax(logits),
+    "neg_log_top3_mass": scores.neg_log_topk_mass(logits, 3),
+    "margin": scores.margin(logits),
+    "covariance_norm_probs": scores.covariance_norm(_softmax64(samples).astype(np.float32)),
+    "covariance_norm_logits": scores.covariance_norm(samples),
+    "human_entropy": scores.human_entropy(_softmax64(logits).astype(np.float32)),
+  }
+  computed = scores.compute(
+    logits, samples=samples, human_probs=_softmax64(logits).astype(np.float32), topk=(1, 3)
+  )
+  assert list(computed) == list(public)  # registry order, one entry per score
+  for name, value in public.items():
+    np.testing.assert_allclose(computed[name], value, rtol=2e-5, atol=1e-7, err_msg=name)
+  assert {s.name for s in scores.REGISTRY.values() if s.confident_when_high} == {"pmax", "margin"}
+
+
+def test_sample_summary_is_the_on_device_part_and_jits():
+  import jax
+
+  rng = np.random.default_rng(4)
+  samples = rng.normal(size=(4, 30, 5)).astype(np.float32)
+  log_probs, values = jax.jit(scores.sample_summary)(samples)
+  np.testing.assert_allclose(log_probs, scores.mean_log_probs(samples), rtol=1e-6, atol=1e-6)
+  on_device = [s.name for s in scores.REGISTRY.values() if s.on_device]
+  assert sorted(values) == sorted(on_device)  # jit returns dicts with sorted keys
+  everything = scores.compute(log_probs, samples=samples)
+  for name in on_device:
+    np.testing.assert_allclose(values[name], everything[name], rtol=1e-5, atol=1e-7)
+  _, plain = scores.sample_summary(samples[:1])
+  assert "covariance_norm_probs" not in plain and "neg_log_pmax" in plain
+
+
+def test_names_labels_and_headline():
+  assert scores.for_event("neg_log_topk_mass", 1) == "neg_log_pmax"
+  assert scores.for_event("neg_log_topk_mass", 5) == "neg_log_top5_mass"
+  assert scores.for_event("entropy", 5) == "entropy"
+  assert scores.lookup("neg_log_top5_mass") is scores.REGISTRY["neg_log_topk_mass"]
+  assert scores.lookup("my_stored_score") is None
+  assert scores.label("neg_log_top5_mass") == "−log top-5 mass"
+  assert scores.label("pmax") == "pmax (Vanilla)"
+  assert scores.label("my_stored_score") == "my_stored_score"
+  assert scores.headline(["entropy", "pmax", "covariance_norm_probs"]) == "covariance_norm_probs"
+  assert scores.headline(["entropy", "pmax"]) == "pmax"
+  assert scores.headline(["my_score"]) == "my_score"
+  assert scores.headline([]) is None
+
+
+def test_compute_checks_its_inputs_once():
+  with pytest.raises(ValueError, match="topk: expected at least 1, at most 4, got 5"):
+    scores.compute(np.zeros((3, 4)), topk=(5,))
+  with pytest.raises(ValueError, match="samples: expected a 3-D array"):
+    scores.compute(np.zeros((3, 4)), samples=np.zeros((3, 4)))
+  with pytest.raises(ValueError, match="human_probs: each row must sum to 1"):
+    scores.compute(np.zeros((3, 4)), human_probs=np.zeros((3, 4)))

@@ -1,4 +1,4 @@
-"""Tests for top1_jax.train: steps, ensembles (vmap = loop), checkpoints, real data."""
+"""Tests for top1_jax.train: steps, ensembles (vmap = loop), resuming, real data."""
 
 import gzip
 import pathlib
@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from top1_jax import mc, models, train
+from top1_jax.io import checkpoints
 
 _FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist")
 
@@ -91,9 +92,9 @@ def test_fit_is_deterministic_and_resumes_with_fresh_keys(tmp_path):
 
   # 4 steps, checkpoint, restore into a fresh template, 5 more == 9 straight.
   halfway = fit(state, 4)
-  path = train.save_checkpoint(tmp_path / "ckpt", halfway)
+  path = checkpoints.save_checkpoint(tmp_path / "ckpt", halfway)
   template = train.create_train_state(_MLP, _TX, jax.random.key(99), images[:1], dropout_rate=0.2)
-  restored = train.restore_checkpoint(path, template)
+  restored = checkpoints.restore_checkpoint(path, template)
   assert int(restored.step) == 4
   _assert_trees_equal(restored.params, halfway.params)
   _assert_trees_equal(restored.opt_state, halfway.opt_state)
@@ -194,42 +195,6 @@ def test_callback_reports_progress_and_nothing_is_printed(capsys):
   assert [(r["member"], r["step"]) for r in member_reports] == [(0, 2), (1, 2)]
   captured = capsys.readouterr()
   assert captured.out == ""
-
-
-def test_checkpoint_round_trip_of_an_ensemble_and_refusals(tmp_path):
-  images, labels = _toy_data()
-  ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=2)
-  ensemble = train.fit_ensemble(
-    ensemble, images, labels, jax.random.key(1), num_steps=3, batch_size=16
-  )
-  path = train.save_checkpoint(tmp_path / "ensemble", ensemble)
-  fresh = train.init_ensemble(_MLP, _TX, jax.random.key(9), images[:1], ensemble_size=2)
-  restored = train.restore_checkpoint(path, fresh)
-  _assert_trees_equal(restored.params, ensemble.params)
-  _assert_trees_equal(restored.opt_state, ensemble.opt_state)
-  np.testing.assert_array_equal(restored.step, [3, 3])
-
-  with pytest.raises(ValueError, match="directory"):
-    train.save_checkpoint(path, ensemble)
-  train.save_checkpoint(path, restored, overwrite=True)
-
-  other_width = models.MLP(num_classes=4, hidden_sizes=(17,))
-  template = train.init_ensemble(other_width, _TX, jax.random.key(0), images[:1], ensemble_size=2)
-  with pytest.raises(ValueError, match=r"architecture mismatch.*hidden_sizes"):
-    train.restore_checkpoint(path, template)
-  cnn = train.create_train_state(
-    models.CNN(num_classes=4), _TX, jax.random.key(0), np.zeros((1, 28, 28, 1))
-  )
-  with pytest.raises(ValueError, match=r"architecture mismatch.*class"):
-    train.restore_checkpoint(path, cnn)
-  single = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
-  with pytest.raises(ValueError, match="holds 2 stacked members"):
-    train.restore_checkpoint(path, single)
-  three = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=3)
-  with pytest.raises(ValueError, match="parameter shapes differ"):
-    train.restore_checkpoint(path, three)
-  with pytest.raises(ValueError, match="directory"):
-    train.restore_checkpoint(tmp_path / "missing", fresh)
 
 
 def test_bad_inputs_raise_naming_the_argument():

@@ -2,6 +2,112 @@
 
 Oberman, Finlay, Iannantuono & Salvador, "Calibrated Top-1 Uncertainty estimates
 for classification by score based models".
+
+The package's face is the paper's maths, which needs only jax and numpy::
+
+  import top1_jax as t1
+  correct = t1.topk_correct(logits, labels, k=1)
+  u = t1.neg_log_pmax(logits)
+  bins = t1.fit_bins(u[:5000], correct[:5000], n_bins=20)
+  p = t1.predict_bins(bins, u[5000:])          # calibrated P(correct)
+  cv = t1.cross_validate(u, correct, n_bins=(10, 20, 100))
+
+The rest is imported by name, so ``import top1_jax`` stays light:
+``top1_jax.models`` / ``mc`` / ``train`` (Flax models, MC dropout and ensembles),
+``top1_jax.io`` (datasets, predictions files, writing files), ``top1_jax.plots``.
+docs/architecture.md describes the layers.
 """
 
 __version__ = "0.1.0"
+
+from top1_jax import baselines, binning, crossval, events, metrics, mislabeled, scores
+from top1_jax.binning import (
+  Bins,
+  assign,
+  calibrated_prob,
+  clopper_pearson,
+  confidence_bounds,
+  hoeffding_halfwidth,
+  quantile_edge_ranks,
+)
+from top1_jax.binning import fit as fit_bins
+from top1_jax.binning import predict as predict_bins
+from top1_jax.binning import refit as refit_bins
+from top1_jax.crossval import METRICS, CrossValidation, Splits, cross_validate, make_splits
+from top1_jax.events import topk_correct
+from top1_jax.metrics import (
+  Decomposition,
+  auroc,
+  brier,
+  brier_decomposition,
+  ece,
+  eor,
+  nll,
+  nll_decomposition,
+)
+from top1_jax.mislabeled import ConfidentErrors, confident_errors
+from top1_jax.scores import (
+  REGISTRY,
+  Score,
+  covariance_norm,
+  entropy,
+  human_entropy,
+  margin,
+  mean_log_probs,
+  neg_log_pmax,
+  neg_log_topk_mass,
+  pmax,
+)
+
+__all__ = [
+  # modules of the maths
+  "baselines",
+  "binning",
+  "crossval",
+  "events",
+  "metrics",
+  "mislabeled",
+  "scores",
+  # scores: U(x) from logits or samples, and their registry
+  "REGISTRY",
+  "Score",
+  "covariance_norm",
+  "entropy",
+  "human_entropy",
+  "margin",
+  "mean_log_probs",
+  "neg_log_pmax",
+  "neg_log_topk_mass",
+  "pmax",
+  # the event
+  "topk_correct",
+  # equal-count bins and their bounds
+  "Bins",
+  "assign",
+  "calibrated_prob",
+  "clopper_pearson",
+  "confidence_bounds",
+  "fit_bins",
+  "hoeffding_halfwidth",
+  "predict_bins",
+  "quantile_edge_ranks",
+  "refit_bins",
+  # metrics
+  "Decomposition",
+  "auroc",
+  "brier",
+  "brier_decomposition",
+  "ece",
+  "eor",
+  "nll",
+  "nll_decomposition",
+  # cross-validation
+  "METRICS",
+  "CrossValidation",
+  "Splits",
+  "cross_validate",
+  "make_splits",
+  # the supplement's mislabelled-image search
+  "ConfidentErrors",
+  "confident_errors",
+]

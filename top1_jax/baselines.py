@@ -171,14 +171,6 @@ def _equal_width_bins(confidence: jax.Array, correct: jax.Array, n_bins: int) ->
   return EqualWidthBins(counts, hits, confidence_sum)
 
 
-def _check_confidence(confidence: ArrayLike, correct: ArrayLike) -> tuple[jax.Array, jax.Array]:
-  confidence = validation.probability_array("confidence", confidence, 1)
-  correct = validation.bool_array("correct", correct)
-  validation.same_length(confidence=confidence, correct=correct)
-  validation.check_nonempty("confidence", confidence)
-  return confidence, correct
-
-
 def equal_width_bins(
   confidence: ArrayLike, correct: ArrayLike, n_bins: int = DEFAULT_ECE_BINS
 ) -> EqualWidthBins:
@@ -193,7 +185,9 @@ def equal_width_bins(
   Returns:
     ``EqualWidthBins`` with counts, hits and the sum of the predictions per bin.
   """
-  confidence, correct = _check_confidence(confidence, correct)
+  confidence, correct = validation.score_and_event(
+    "confidence", confidence, correct, probability=True
+  )
   return _equal_width_bins(confidence, correct, _check_n_bins(n_bins))
 
 

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax import validation
@@ -56,40 +57,60 @@ class Bins(NamedTuple):
 
 
 def _check_scores(u: ArrayLike, correct: ArrayLike) -> tuple[jax.Array, jax.Array]:
-  u = validation.float_array("u", u, 1)
-  correct = validation.bool_array("correct", correct)
-  validation.same_length(u=u, correct=correct)
-  validation.check_nonempty("u", u)
-  return u, correct
+  return validation.score_and_event("u", u, correct)
 
 
-def _assign(edges: jax.Array, u: jax.Array) -> jax.Array:
+def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array:
+  """The bin of each score: how many edges lie strictly below it (right-closed bins).
+
+  The one bin-assignment rule: ``predict``, ``refit``, the mislabelled finder and
+  the launchers use it. Unchecked (works under ``jit``).
+
+  Args:
+    edges: [n_bins - 1] ascending interior edges (``Bins.edges``).
+    u: [N] scores.
+
+  Returns:
+    [N] int32 in [0, n_bins).
+  """
   return jnp.searchsorted(edges, u, side="left").astype(jnp.int32)
+
+
+def calibrated_prob(hits, counts, prior):
+  """The bins' probability with a one-pseudo-count prior: (hits + prior) / (counts + 1).
+
+  The one place the paper's prior is written. Works on arrays of any shape
+  (broadcasting) and on exact ``fractions.Fraction`` values alike.
+  """
+  return (hits + prior) / (counts + 1)
 
 
 def _count(edges: jax.Array, u: jax.Array, correct: jax.Array, prior=None) -> Bins:
   n_bins = edges.shape[0] + 1
-  index = _assign(edges, u)
+  index = assign(edges, u)
   counts = jax.ops.segment_sum(jnp.ones_like(index), index, n_bins)
   hits = jax.ops.segment_sum(correct.astype(jnp.int32), index, n_bins)
   if prior is None:
     prior = jnp.mean(correct.astype(jnp.float32))
-  prob = (hits + prior) / (counts + 1)
+  prob = calibrated_prob(hits, counts, prior)
   return Bins(edges, counts, hits, prob, prior, jnp.sum(counts > 0).astype(jnp.int32))
 
 
-def quantile_edge_ranks(num_points, n_bins: int) -> jax.Array:
+def quantile_edge_ranks(num_points, n_bins: int) -> np.ndarray:
   """1-based ranks of the calibration points whose scores are the interior edges.
+
+  The one quantile rule (paper §5.1). NumPy int64, so ``M * i`` cannot overflow
+  for any realistic M; a static shape, so it serves jitted code too.
 
   Args:
     num_points: M, int or int array [...] (vectorises over folds).
     n_bins: number of bins n.
 
   Returns:
-    [..., n_bins - 1] int: floor(i M / n) for i = 1..n-1.
+    [..., n_bins - 1] int64: floor(i M / n) for i = 1..n-1.
   """
-  i = jnp.arange(1, n_bins, dtype=jnp.int64 if jax.config.x64_enabled else jnp.int32)
-  return (jnp.asarray(num_points)[..., None] * i) // n_bins
+  i = np.arange(1, n_bins, dtype=np.int64)
+  return (np.asarray(num_points, np.int64)[..., None] * i) // n_bins
 
 
 @functools.partial(jax.jit, static_argnames=("n_bins",))
@@ -119,7 +140,7 @@ def fit(u: ArrayLike, correct: ArrayLike, n_bins: int = 20) -> Bins:
 
 @jax.jit
 def _predict(bins: Bins, u: jax.Array) -> jax.Array:
-  return bins.prob[_assign(bins.edges, u)]
+  return bins.prob[assign(bins.edges, u)]
 
 
 def predict(bins: Bins, u: ArrayLike) -> jax.Array:

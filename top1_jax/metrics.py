@@ -41,14 +41,6 @@ class Decomposition(NamedTuple):
   total: jax.Array
 
 
-def _check_pair(p: ArrayLike, correct: ArrayLike) -> tuple[jax.Array, jax.Array]:
-  p = validation.probability_array("p", p, 1)
-  correct = validation.bool_array("correct", correct)
-  validation.same_length(p=p, correct=correct)
-  validation.check_nonempty("p", p)
-  return p, correct
-
-
 def _xlogy_binary(a: jax.Array, p: jax.Array) -> jax.Array:
   """-(a log p + (1-a) log(1-p)) with 0 log 0 = 0 and p clipped away from 0, 1."""
   p = jnp.clip(p, _PROB_EPS, 1.0 - _PROB_EPS)
@@ -82,7 +74,7 @@ def brier(p: ArrayLike, correct: ArrayLike) -> jax.Array:
   Returns:
     [] float in [0, 1] (smaller is better).
   """
-  return _brier(*_check_pair(p, correct))
+  return _brier(*validation.score_and_event("p", p, correct, probability=True))
 
 
 @jax.jit
@@ -100,7 +92,7 @@ def nll(p: ArrayLike, correct: ArrayLike) -> jax.Array:
   Returns:
     [] float >= 0 (smaller is better).
   """
-  return _nll(*_check_pair(p, correct))
+  return _nll(*validation.score_and_event("p", p, correct, probability=True))
 
 
 @jax.jit

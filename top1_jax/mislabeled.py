@@ -84,12 +84,13 @@ def confidence_direction(prob: ArrayLike) -> int:
 def _exact_prob_rank(hits: np.ndarray, counts: np.ndarray, num_hits: int, num: int) -> np.ndarray:
   """Dense ranks (0 = lowest) of the bins' (hits + prior) / (counts + 1), compared exactly.
 
-  With prior = num_hits / num the probability is (hits num + num_hits) / (num (counts + 1)):
-  ordering the rationals, not their float32 roundings, makes equal bins tie and
-  different bins differ whatever the rounding of the division.
+  ``binning.calibrated_prob`` on exact fractions (prior = num_hits / num): ordering
+  the rationals, not their float32 roundings, makes equal bins tie and different
+  bins differ whatever the rounding of the division.
   """
+  prior = fractions.Fraction(num_hits, num)
   exact = [
-    fractions.Fraction(int(h) * num + num_hits, num * (int(c) + 1))
+    binning.calibrated_prob(fractions.Fraction(int(h)), int(c), prior)
     for h, c in zip(hits, counts, strict=True)
   ]
   levels = {value: rank for rank, value in enumerate(sorted(set(exact)))}
@@ -140,8 +141,7 @@ def confident_errors(
 
   u_device = jnp.asarray(u, jnp.float32)
   bins = binning.fit(u_device[calibration], correct[calibration], n_bins=n_bins)
-  # The same rule as binning.predict (right-closed bins), keeping the bin index.
-  example_bin = np.asarray(jnp.searchsorted(bins.edges, u_device, side="left"), np.int32)
+  example_bin = np.asarray(binning.assign(bins.edges, u_device))
   prob = np.asarray(bins.prob)
   counts = np.asarray(bins.counts)
   level = _exact_prob_rank(

@@ -55,9 +55,9 @@ def dropout_mask(key: jax.Array, keep: jax.Array, shape: Sequence[int]) -> jax.A
 
   Each entry compares 16 random bits with ``round(keep * 2^16)``; the bits come
   two to a 32-bit word of the key's generator, drawn with non-partitionable
-  threefry. On CPU that is 6x cheaper than ``jax.random.bernoulli`` with jax's
-  default partitionable threefry (one 32-bit float per entry), which took more
-  time than the convolutions in an MC-dropout forward pass of the small CNN.
+  threefry. That is several times cheaper on CPU than ``jax.random.bernoulli``
+  (one 32-bit float per entry from jax's default partitionable threefry), whose
+  draws dominated an MC-dropout forward pass (docs/performance.md).
   The rounding moves a rate by at most 2^-17 (rate .002 becomes .0019989); a
   rate below 2^-17 drops nothing, and at least one entry in 2^16 is kept.
 
@@ -172,8 +172,9 @@ class CNN(nn.Module):
   """Small CNN for 28x28 images (MNIST, Fashion-MNIST).
 
   Two 3x3 conv layers then a hidden dense layer. By default each conv has stride
-  2 (28 -> 14 -> 7): on CPU the backward pass of max-pool dominates a training
-  step (~6x slower per epoch) for about one point of accuracy.
+  2 (28 -> 14 -> 7) instead of being followed by a max-pool, whose backward pass
+  dominates a training step on CPU and buys about one point of accuracy
+  (docs/performance.md).
 
   Attributes:
     num_classes: K.

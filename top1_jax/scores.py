@@ -1,4 +1,10 @@
-"""Scalar uncertainty scores U(x) from logits or samples.
+"""Scalar uncertainty scores U(x) and their one registry.
+
+``REGISTRY`` lists every score once: its name, display label, what it is computed
+from (log-probabilities, samples or human labels), which direction is confident,
+and whether ``mc.predict`` computes it on the devices. Evaluation, MC prediction,
+the demo, the report and the mislabelled finder all read it; adding a score is
+one entry.
 
 Every score is computed from logits in log space. A float32 softmax saturates at
 exactly 1.0 once the top logit leads by ~17, and even ``logsumexp(l) - max(l)``
@@ -6,18 +12,19 @@ rounds ``20 + log1p(1e-8)`` to 20; both create ties that collapse quantile bins.
 So each score is written in terms of ``s = sum_{j != argmax} exp(l_j - l_max)``
 (and similar tail sums), which keeps full relative precision when it is tiny.
 
-Direction: ``pmax`` and ``margin`` are confidences (larger = more likely correct),
-the others are uncertainties (larger = less likely correct). Binning does not
-care; only ``metrics.auroc`` on a raw score does.
-
-All functions take a batch: ``logits: [N, K]`` (or ``samples: [S, N, K]``) and
-return ``[N]``.
+The public functions take a batch, ``logits: [N, K]`` (or ``samples: [S, N, K]``),
+check it, and return ``[N]``.
 """
 
 import functools
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax import validation
@@ -147,7 +154,7 @@ def margin(logits: ArrayLike) -> jax.Array:
 def _covariance_norm(samples: jax.Array) -> jax.Array:
   num_samples, _, num_classes = samples.shape
   # Example-major [N, S, K] makes both the centring and the Gram a batched matmul
-  # pattern XLA handles well (2.4x faster on CPU than reducing over the leading S).
+  # pattern XLA handles well (faster on CPU than reducing over the leading S).
   # Centre explicitly, before any product: the spread of tiny dropout rates can be
   # 1e-4 of the logits' mean, and centring the Gram afterwards would cancel it away.
   per_example = jnp.transpose(samples, (1, 0, 2))
@@ -163,8 +170,7 @@ def _covariance_norm(samples: jax.Array) -> jax.Array:
     # jaxlib's CPU LAPACK kernel splits a *batched* eigh over the intra-op thread
     # pool and blocks a pool thread while it waits; two such calls at once (two
     # scores, or async dispatch overlapping two calls) deadlocked a 2-core CPU.
-    # One matrix per call runs inline, and is as fast here (measured 0.64 s for
-    # 10k 32x32 matrices either way).
+    # One matrix per call runs inline, and is as fast (docs/performance.md).
     top = jax.lax.map(lambda matrix: jnp.linalg.eigvalsh(matrix)[-1], gram)
   else:
     top = jnp.linalg.eigvalsh(gram)[:, -1]
@@ -212,11 +218,239 @@ def human_entropy(probs: ArrayLike) -> jax.Array:
   return _human_entropy(validation.probability_array("probs", probs, 2, sums_to_one=True))
 
 
-SCORES = {
-  "pmax": pmax,
-  "neg_log_pmax": neg_log_pmax,
-  "entropy": entropy,
-  "margin": margin,
-  "neg_log_topk_mass": neg_log_topk_mass,
+@jax.jit
+def _mean_log_probs(samples: jax.Array) -> jax.Array:
+  log_probs = jax.nn.log_softmax(samples, axis=-1)
+  return jax.nn.logsumexp(log_probs, axis=0) - math.log(samples.shape[0])
+
+
+def mean_log_probs(samples: ArrayLike) -> jax.Array:
+  """Log of the sample-mean softmax, in log space: logsumexp_s(log_softmax) - log S.
+
+  Args:
+    samples: [S, N, K] logits (S = 1 for a plain model).
+
+  Returns:
+    [N, K] log-probabilities (valid logits for every score here).
+  """
+  return _mean_log_probs(validation.float_array("samples", samples, 3))
+
+
+def _pmax(log_probs: jax.Array) -> jax.Array:
+  return jnp.exp(-_neg_log_pmax(log_probs))
+
+
+def _covariance_norm_probs(samples: jax.Array) -> jax.Array:
+  return _covariance_norm(jnp.exp(jax.nn.log_softmax(samples, axis=-1)))
+
+
+class Score(NamedTuple):
+  """One uncertainty score of the registry.
+
+  Attributes:
+    name: the key in ``REGISTRY``, in predictions files (``score_<name>``) and tables.
+    label: how tables and figures name it.
+    inputs: what ``fn`` takes: ``"log_probs"`` ([N, K] logits or log-probabilities),
+      ``"samples"`` ([S, N, K] logits, S >= 2) or ``"human_probs"`` ([N, K]).
+    confident_when_high: True for confidences (larger = more likely correct),
+      False for uncertainties. Binning does not care; a raw-score AUROC does.
+    fn: the array function, without input checks (``fn(x)``, or ``fn(x, k)`` when
+      ``per_k``); safe under ``jit``.
+    on_device: computed by ``mc.predict`` on the devices and stored in its
+      predictions files.
+    per_k: takes the Top-k event's k; its name for one k is ``topk_name(k)``.
+  """
+
+  name: str
+  label: str
+  inputs: str
+  confident_when_high: bool
+  fn: Callable[..., jax.Array]
+  on_device: bool = False
+  per_k: bool = False
+
+
+REGISTRY: dict[str, Score] = {
+  score.name: score
+  for score in (
+    Score("pmax", "pmax (Vanilla)", "log_probs", True, _pmax),
+    Score("entropy", "entropy", "log_probs", False, _entropy, on_device=True),
+    Score("neg_log_pmax", "−log pmax", "log_probs", False, _neg_log_pmax, on_device=True),
+    Score(
+      "neg_log_topk_mass", "−log top-k mass", "log_probs", False, _neg_log_topk_mass, per_k=True
+    ),
+    Score("margin", "logit margin", "log_probs", True, _margin, on_device=True),
+    Score(
+      "covariance_norm_probs",
+      "cov. 2-norm (probs)",
+      "samples",
+      False,
+      _covariance_norm_probs,
+      on_device=True,
+    ),
+    Score(
+      "covariance_norm_logits",
+      "cov. 2-norm (logits)",
+      "samples",
+      False,
+      _covariance_norm,
+      on_device=True,
+    ),
+    Score("human_entropy", "human entropy", "human_probs", False, _human_entropy),
+  )
 }
-"""Scores of a single [N, K] logits array, by name (``neg_log_topk_mass`` takes k)."""
+"""Every score by name, in the order sweeps and tables list them. Adding a score is one entry."""
+
+HEADLINE = ("covariance_norm_probs", "pmax", "human_entropy")
+"""The score the paper bins for a classifier (Table 1, the figures): the first one available."""
+
+_TOPK_NAME = re.compile(r"^neg_log_top([0-9]+)_mass$")
+
+
+def topk_name(k: int) -> str:
+  """The name of -log top-k mass for one k (``neg_log_pmax`` for k = 1)."""
+  return "neg_log_pmax" if k == 1 else f"neg_log_top{k}_mass"
+
+
+def for_event(name: str, k: int) -> str:
+  """The score to bin for the Top-k event: ``neg_log_topk_mass`` takes the event's own k."""
+  return topk_name(k) if name == "neg_log_topk_mass" else name
+
+
+def lookup(name: str) -> Score | None:
+  """The registry entry of a name, ``neg_log_top<k>_mass`` included; None if unknown."""
+  if _TOPK_NAME.match(name):
+    return REGISTRY["neg_log_topk_mass"]
+  return REGISTRY.get(name)
+
+
+def label(name: str) -> str:
+  """Display label of a score name (a stored score unknown to the registry: its name)."""
+  match = _TOPK_NAME.match(name)
+  if match:
+    return f"−log top-{match.group(1)} mass"
+  score = REGISTRY.get(name)
+  return name if score is None else score.label
+
+
+def headline(available: Iterable[str]) -> str | None:
+  """The first ``HEADLINE`` score among ``available``, else the first available one."""
+  available = list(available)
+  return next((name for name in HEADLINE if name in available), next(iter(available), None))
+
+
+def compute_one(
+  name: str, log_probs: jax.Array, samples: jax.Array | None = None, human_probs=None
+) -> jax.Array:
+  """One score by name (``neg_log_top<k>_mass`` included), from checked arrays.
+
+  Raises:
+    ValueError: an unknown name, or a score whose input was not given.
+  """
+  score = lookup(name)
+  if score is None:
+    raise ValueError(f"score: unknown {name!r}; known: {', '.join(REGISTRY)}")
+  if score.per_k:
+    match = _TOPK_NAME.match(name)
+    if match is None:
+      raise ValueError(f"score: {name!r} takes the event's k; use scores.for_event({name!r}, k)")
+    return score.fn(log_probs, int(match.group(1)))
+  if score.inputs == "log_probs":
+    return score.fn(log_probs)
+  given = {"samples": samples, "human_probs": human_probs}[score.inputs]
+  if given is None or (score.inputs == "samples" and given.shape[0] < 2):
+    need = "[S, N, K] samples with S >= 2" if score.inputs == "samples" else "human_probs"
+    raise ValueError(f"score: {name!r} needs {need}")
+  return score.fn(given)
+
+
+def _compute(log_probs, samples, human_probs, topk) -> dict[str, jax.Array]:
+  out = {}
+  for score in REGISTRY.values():
+    if score.inputs == "log_probs" and score.per_k:
+      out.update({topk_name(k): score.fn(log_probs, k) for k in topk if k >= 2})
+    elif score.inputs == "log_probs":
+      out[score.name] = score.fn(log_probs)
+    elif score.inputs == "samples" and samples is not None and samples.shape[0] >= 2:
+      out[score.name] = score.fn(samples)
+    elif score.inputs == "human_probs" and human_probs is not None:
+      out[score.name] = score.fn(human_probs)
+  return out
+
+
+def compute(
+  log_probs: ArrayLike,
+  *,
+  samples: ArrayLike | None = None,
+  human_probs: ArrayLike | None = None,
+  topk: Sequence[int] = (),
+) -> dict[str, jax.Array]:
+  """Every registered score that the given predictions support, by name.
+
+  Args:
+    log_probs: [N, K] (mean) log-probabilities or logits of the classifier.
+    samples: optional [S, N, K] logits of MC-dropout samples or ensemble members;
+      with S >= 2 adds the covariance norms of their probabilities and logits.
+    human_probs: optional [N, K] annotator label frequencies: ``human_entropy``.
+    topk: adds ``neg_log_top{k}_mass`` for each k >= 2 (k = 1 is ``neg_log_pmax``).
+
+  Returns:
+    name -> [N] float, in registry order.
+  """
+  log_probs = _logits(log_probs)
+  num_classes = log_probs.shape[-1]
+  topk = tuple(validation.positive_int("topk", k, maximum=num_classes) for k in topk)
+  if samples is not None:
+    samples = validation.float_array("samples", samples, 3)
+  if human_probs is not None:
+    human_probs = validation.probability_array("human_probs", human_probs, 2, sums_to_one=True)
+  return _compute(log_probs, samples, human_probs, topk)
+
+
+def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """[S, B, K] logits -> ([B, K] mean log-probs, the ``on_device`` scores), unchecked.
+
+  What ``mc.predict`` computes on the devices (inside ``jit`` and ``shard_map``):
+  the scores of the mean probabilities and, with S >= 2, of the samples.
+  """
+  log_probs = _mean_log_probs(samples)
+  values = _compute(log_probs, samples, None, ())
+  return log_probs, {name: values[name] for name in values if REGISTRY[name].on_device}
+
+
+def from_predictions(
+  *,
+  logits: ArrayLike | None = None,
+  mean_probs: ArrayLike | None = None,
+  stored_scores: dict[str, ArrayLike] | None = None,
+  human_probs: ArrayLike | None = None,
+  topk: Sequence[int] = (),
+) -> tuple[jax.Array, dict[str, np.ndarray]]:
+  """The classifier's log-probabilities and every score, from a predictions file's fields.
+
+  Args:
+    logits: [S, N, K] samples (S = 1 for a plain model), or None.
+    mean_probs: [N, K] mean probabilities, used when ``logits`` is None.
+    stored_scores: precomputed name -> [N] scores; they take precedence over
+      recomputed ones (``mc.predict`` computes them on device in log space, more
+      precisely than a float32 ``mean_probs`` allows), and ``pmax`` follows from a
+      stored ``neg_log_pmax``.
+    human_probs: optional [N, K] annotator frequencies.
+    topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
+
+  Returns:
+    ([N, K] log-probabilities, name -> [N] NumPy scores).
+  """
+  if logits is not None:
+    log_probs = mean_log_probs(logits)
+  elif mean_probs is not None:
+    log_probs = jnp.log(jnp.maximum(jnp.asarray(mean_probs), 1e-30))
+  else:
+    raise ValueError("logits, mean_probs: expected at least one of them, got neither")
+  samples = logits if logits is not None and np.shape(logits)[0] >= 2 else None
+  values = compute(log_probs, samples=samples, human_probs=human_probs, topk=topk)
+  stored = {name: np.asarray(value) for name, value in (stored_scores or {}).items()}
+  if "neg_log_pmax" in stored:
+    stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
+  values.update(stored)
+  return log_probs, {name: np.asarray(value) for name, value in values.items()}

@@ -12,16 +12,15 @@
   ``fit(member_m, ..., key=split(key, M)[m])`` would (its own shuffling and
   dropout keys), either by one vmapped step for all members (``"vmap"``, the
   accelerator path) or member after member (``"loop"``, faster on CPU where
-  convolutions under vmap are slow). ``pick_strategy`` chooses per backend.
+  convolutions under vmap are slow). ``mc.pick_strategy`` chooses per backend.
 * ``evaluate`` / ``evaluate_ensemble``: loss and accuracy.
-* ``save_checkpoint`` / ``restore_checkpoint``: orbax; restoring into another
-  architecture raises ``ValueError``.
+
+Checkpoints of a ``TrainState`` are in ``top1_jax.io.checkpoints``.
 
 Progress goes to an optional ``callback(info: dict)``; nothing here prints.
 """
 
 import functools
-import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,12 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import struct
 from jax.typing import ArrayLike
 
 from top1_jax import mc, models, validation
-from top1_jax.mc import pick_strategy
 
 __all__ = [
   "TrainState",
@@ -48,14 +45,10 @@ __all__ = [
   "fit_ensemble",
   "evaluate",
   "evaluate_ensemble",
-  "pick_strategy",
   "member",
-  "save_checkpoint",
-  "restore_checkpoint",
 ]
 
 Callback = Callable[[dict[str, Any]], None]
-_CHECKPOINT_FORMAT = "top1_jax.train.TrainState/1"
 
 
 @struct.dataclass
@@ -152,7 +145,9 @@ def create_train_state(
   """
   _check_model_and_tx(model, tx)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  return _create_jit(model, tx, mc._prng_key(key), sample_input, _train_dropout_rate(dropout_rate))
+  return _create_jit(
+    model, tx, mc.as_prng_key(key), sample_input, _train_dropout_rate(dropout_rate)
+  )
 
 
 def init_ensemble(
@@ -180,15 +175,18 @@ def init_ensemble(
   ensemble_size = validation.positive_int("ensemble_size", ensemble_size)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
   dropout_rate = _train_dropout_rate(dropout_rate)
-  keys = jax.random.split(mc._prng_key(key), ensemble_size)
+  keys = jax.random.split(mc.as_prng_key(key), ensemble_size)
   return _create_ensemble(model, tx, keys, sample_input, dropout_rate)
+
+
+def _member(states: TrainState, index: int) -> TrainState:
+  return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
 
 
 def member(states: TrainState, index: int) -> TrainState:
   """Member ``index`` of an ensemble ``TrainState`` (leaves ``[index]``)."""
-  size = mc._ensemble_size(states.params)
-  index = validation.positive_int("index", index, minimum=0, maximum=size - 1)
-  return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
+  size = mc.ensemble_size(states.params)
+  return _member(states, validation.positive_int("index", index, minimum=0, maximum=size - 1))
 
 
 def _stack(states: list[TrainState]) -> TrainState:
@@ -265,7 +263,7 @@ def train_step(
     ``(new_state, {"loss": [], "accuracy": []})`` (metrics of this batch, before
     the update).
   """
-  return _train_step_jit(state, _check_batch(batch, False), mc._prng_key(key))
+  return _train_step_jit(state, _check_batch(batch, False), mc.as_prng_key(key))
 
 
 def ensemble_train_step(
@@ -281,7 +279,7 @@ def ensemble_train_step(
   Returns:
     ``(new_states, {"loss": [M], "accuracy": [M]})``.
   """
-  size = mc._ensemble_size(states.params)
+  size = mc.ensemble_size(states.params)
   images, labels = _check_batch(batch, True)
   if images.shape[0] != size:
     raise ValueError(f"batch: expected {size} member batches, got {images.shape[0]}")
@@ -416,7 +414,7 @@ def fit(
   Returns:
     The trained ``TrainState``.
   """
-  key = mc._prng_key(key)
+  key = mc.as_prng_key(key)
   images, labels = _dataset(state.model, state.variables, images, labels)
   num_steps, batch_size, log_every = _check_schedule(
     num_steps, batch_size, images.shape[0], log_every
@@ -458,7 +456,7 @@ def fit_ensemble(
     images, labels, num_steps, batch_size, log_every: as ``fit``.
     key: PRNG key of this run, split into one key per member.
     strategy: ``"vmap"`` (one vmapped step trains all members), ``"loop"``
-      (member after member) or ``"auto"`` (``pick_strategy``: vmap on gpu/tpu,
+      (member after member) or ``"auto"`` (``mc.pick_strategy``: vmap on gpu/tpu,
       loop on cpu). Both give the same members up to float rounding.
     callback: as ``fit``; with ``"loop"`` ``member`` is the member's index and
       loss/accuracy are floats, with ``"vmap"`` ``member`` is None and loss /
@@ -467,39 +465,32 @@ def fit_ensemble(
   Returns:
     The trained ensemble ``TrainState``.
   """
-  size = mc._ensemble_size(states.params)
-  strategy = pick_strategy(strategy)
-  member_keys = jax.random.split(mc._prng_key(key), size)
+  size = mc.ensemble_size(states.params)
+  strategy = mc.pick_strategy(strategy)
+  member_keys = jax.random.split(mc.as_prng_key(key), size)
   steps = np.asarray(states.step).reshape(-1)
   if np.any(steps != steps[0]):
     raise ValueError(f"states: members are at different steps {steps.tolist()}")
-  images, labels = _dataset(states.model, member(states, 0).variables, images, labels)
-  num_steps, batch_size, log_every = _check_schedule(
-    num_steps, batch_size, images.shape[0], log_every
-  )
+  images, labels = _dataset(states.model, _member(states, 0).variables, images, labels)
+  schedule = _check_schedule(num_steps, batch_size, images.shape[0], log_every)
   if strategy == "loop":
-    trained = [
-      _fit_one(
-        member(states, m),
-        images,
-        labels,
-        member_keys[m],
-        num_steps,
-        batch_size,
-        log_every,
-        callback,
-        m,
-      )
-      for m in range(size)
-    ]
-    return _stack(trained)
+    return _stack(
+      [
+        _fit_one(_member(states, m), images, labels, member_keys[m], *schedule, callback, m)
+        for m in range(size)
+      ]
+    )
+  return _fit_vmapped(states, images, labels, member_keys, *schedule, callback)
 
-  # The same per-member keys and batches as _fit_one, all members in one step.
+
+def _fit_vmapped(states, images, labels, member_keys, num_steps, batch_size, log_every, callback):
+  """``fit_ensemble`` by one vmapped step: the same keys and batches as ``_fit_one``."""
+  size = len(member_keys)
   split_keys = [jax.random.split(k) for k in member_keys]
   member_batches = [_Batches(k[0], images.shape[0], batch_size) for k in split_keys]
   dropout_keys = jnp.stack([k[1] for k in split_keys])
   fold_in_each = jax.vmap(jax.random.fold_in, in_axes=(0, None))
-  begin = int(steps[0])
+  begin = int(np.asarray(states.step).reshape(-1)[0])
   progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size * size, None)
   for step in range(begin, begin + num_steps):
     idx = np.stack([batches.indices(step) for batches in member_batches])
@@ -533,7 +524,11 @@ def evaluate(
     ``{"loss": float, "accuracy": float, "num_examples": int}``.
   """
   images, labels = _dataset(state.model, state.variables, images, labels)
-  batch_size = validation.positive_int("batch_size", batch_size)
+  return _evaluate(state, images, labels, validation.positive_int("batch_size", batch_size))
+
+
+def _evaluate(state: TrainState, images, labels, batch_size: int) -> dict[str, float]:
+  """``evaluate`` of checked host arrays."""
   num_examples = images.shape[0]
   batch_size = min(batch_size, num_examples)
   loss_sum, correct = 0.0, 0
@@ -568,14 +563,14 @@ def evaluate_ensemble(
     images: [N, ...] float inputs.
     labels: [N] int labels.
     chunk_size: examples per device step.
-    strategy: see ``pick_strategy``.
+    strategy: see ``mc.pick_strategy``.
 
   Returns:
     ``{"loss": float, "accuracy": float, "member_accuracy": [M] list,
     "num_examples": int}``.
   """
-  size = mc._ensemble_size(states.params)
-  images, labels = _dataset(states.model, member(states, 0).variables, images, labels)
+  size = mc.ensemble_size(states.params)
+  images, labels = _dataset(states.model, _member(states, 0).variables, images, labels)
   predictions = mc.predict(
     models.make_apply_fn(states.model),
     states.variables,
@@ -587,8 +582,7 @@ def evaluate_ensemble(
   log_probs = predictions.mean_log_probs
   nll = -np.take_along_axis(log_probs, labels[:, None], axis=1)[:, 0]
   member_accuracy = [
-    evaluate(member(states, m), images, labels, batch_size=chunk_size)["accuracy"]
-    for m in range(size)
+    _evaluate(_member(states, m), images, labels, chunk_size)["accuracy"] for m in range(size)
   ]
   return {
     "loss": float(np.mean(nll)),
@@ -596,115 +590,3 @@ def evaluate_ensemble(
     "member_accuracy": member_accuracy,
     "num_examples": int(labels.shape[0]),
   }
-
-
-def _shapes(state: TrainState) -> dict[str, list[int]]:
-  tree = {"params": state.params, "model_state": state.model_state}
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {jax.tree_util.keystr(path): list(np.shape(leaf)) for path, leaf in flat}
-
-
-def _arrays(state: TrainState) -> dict[str, Any]:
-  return {
-    "step": state.step,
-    "params": state.params,
-    "model_state": state.model_state,
-    "opt_state": state.opt_state,
-  }
-
-
-def save_checkpoint(
-  directory: str | pathlib.Path, state: TrainState, *, overwrite: bool = False
-) -> pathlib.Path:
-  """Saves a (single or ensemble) ``TrainState`` with orbax.
-
-  Besides the arrays it stores the architecture (``models.architecture``) and
-  every parameter's shape, which ``restore_checkpoint`` checks.
-
-  Args:
-    directory: where to write (created; must not exist unless ``overwrite``).
-    state: the state to save.
-    overwrite: replace an existing checkpoint at ``directory``.
-
-  Returns:
-    The absolute checkpoint path.
-  """
-  path = pathlib.Path(directory).expanduser().resolve()
-  if path.exists() and not overwrite:
-    raise ValueError(f"directory: {path} exists; pass overwrite=True to replace it")
-  metadata = {
-    "format": _CHECKPOINT_FORMAT,
-    "architecture": models.architecture(state.model),
-    "dropout_rate": state.dropout_rate,
-    "shapes": _shapes(state),
-  }
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-    checkpointer.save(
-      path,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_arrays(state)),
-        metadata=ocp.args.JsonSave(metadata),
-      ),
-      force=overwrite,
-    )
-  return path
-
-
-def restore_checkpoint(directory: str | pathlib.Path, template: TrainState) -> TrainState:
-  """Restores a checkpoint into the structure of ``template``.
-
-  Args:
-    directory: a path written by ``save_checkpoint``.
-    template: a ``TrainState`` of the same architecture, ensemble size and
-      optimizer (e.g. fresh from ``create_train_state`` / ``init_ensemble``); its
-      static fields (model, tx, dropout_rate) are kept.
-
-  Returns:
-    The restored ``TrainState``.
-
-  Raises:
-    ValueError: if there is no checkpoint at ``directory``, or it was saved from
-      another architecture or with other parameter shapes (e.g. another
-      ensemble size).
-  """
-  path = pathlib.Path(directory).expanduser().resolve()
-  if not (path / "metadata").is_dir() or not (path / "state").is_dir():
-    raise ValueError(f"directory: no checkpoint saved by save_checkpoint at {path}")
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-    metadata = checkpointer.restore(path, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))[
-      "metadata"
-    ]
-    if metadata.get("format") != _CHECKPOINT_FORMAT:
-      raise ValueError(
-        f"directory: {path} has format {metadata.get('format')!r}, expected {_CHECKPOINT_FORMAT!r}"
-      )
-    saved, wanted = metadata["architecture"], models.architecture(template.model)
-    if saved != wanted:
-      fields = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k))
-      detail = ", ".join(f"{k}: saved {saved.get(k)!r}, template {wanted.get(k)!r}" for k in fields)
-      raise ValueError(f"template: architecture mismatch with the checkpoint at {path} ({detail})")
-    saved_shapes, wanted_shapes = metadata["shapes"], _shapes(template)
-    if saved_shapes != wanted_shapes:
-      names = sorted(
-        n
-        for n in saved_shapes.keys() | wanted_shapes.keys()
-        if saved_shapes.get(n) != wanted_shapes.get(n)
-      )
-      detail = "; ".join(
-        f"{n}: saved {saved_shapes.get(n)}, template {wanted_shapes.get(n)}" for n in names[:5]
-      )
-      if saved_shapes.keys() == wanted_shapes.keys():
-        leading = {tuple(saved_shapes[n][:1]) for n in names}
-        if len(leading) == 1 and all(saved_shapes[n][1:] == wanted_shapes[n] for n in names):
-          detail = f"the checkpoint holds {leading.pop()[0]} stacked members; {detail}"
-        elif all(wanted_shapes[n][1:] == saved_shapes[n] for n in names):
-          detail = f"the template is an ensemble, the checkpoint is not; {detail}"
-      raise ValueError(
-        f"template: parameter shapes differ from the checkpoint at {path}"
-        f" ({len(names)} differ; {detail})"
-      )
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _arrays(template))
-    arrays = checkpointer.restore(
-      path, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-    )["state"]
-  return template.replace(**arrays)

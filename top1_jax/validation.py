@@ -152,3 +152,21 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = No
     upper = "" if maximum is None else f", at most {maximum}"
     raise ValueError(f"{name}: expected at least {minimum}{upper}, got {value}")
   return value
+
+
+def score_and_event(
+  name: str, values: ArrayLike, correct: ArrayLike, *, probability: bool = False, host: bool = False
+) -> tuple[jax.Array | np.ndarray, jax.Array | np.ndarray]:
+  """A finite [N] score (in [0, 1] with ``probability``) and its [N] events, N >= 1.
+
+  The check every per-example metric and estimator starts with; ``correct`` is
+  named ``correct`` in its messages.
+  """
+  if probability:
+    values = probability_array(name, values, 1)
+  else:
+    values = float_array(name, values, 1, host=host)
+  correct = bool_array("correct", correct, host=host)
+  same_length(**{name: values, "correct": correct})
+  check_nonempty(name, values)
+  return values, correct

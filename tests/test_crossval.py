@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
+import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from top1_jax import binning, evaluate, metrics, reference
+from top1_jax import binning, crossval, metrics
 
 
 def _data(num, seed=0, distinct=None):
@@ -18,7 +19,7 @@ def _data(num, seed=0, distinct=None):
 
 
 def _compare(cv, expected):
-  for name in evaluate.METRICS:
+  for name in crossval.METRICS:
     np.testing.assert_allclose(
       cv.per_fold[name], expected[name], rtol=2e-4, atol=2e-6, err_msg=name
     )
@@ -36,12 +37,12 @@ def _compare(cv, expected):
 )
 def test_matches_per_split_loop(num, n_bins, n_folds, scheme, distinct):
   u, correct = _data(num, seed=num, distinct=distinct)
-  cv = evaluate.cross_validate(u, correct, n_bins, n_folds, seed=1, scheme=scheme)
-  splits = evaluate.make_splits(num, n_folds, seed=1, scheme=scheme)
+  cv = crossval.cross_validate(u, correct, n_bins, n_folds, seed=1, scheme=scheme)
+  splits = crossval.make_splits(num, n_folds, seed=1, scheme=scheme)
   masks = [splits.test_mask(f) for f in range(n_folds)]
   _compare(cv, reference.cross_validate(u, correct, n_bins, masks))
   assert cv.n_bins == tuple(n_bins)
-  for name in evaluate.METRICS:
+  for name in crossval.METRICS:
     assert cv.per_fold[name].shape == (len(n_bins), n_folds)
     np.testing.assert_allclose(cv.mean[name], cv.per_fold[name].mean(1), rtol=1e-6)
     np.testing.assert_allclose(cv.std[name], cv.per_fold[name].std(1, ddof=1), rtol=1e-5, atol=1e-9)
@@ -57,10 +58,10 @@ def test_matches_per_split_loop(num, n_bins, n_folds, scheme, distinct):
 def test_matches_loop_on_random_small_problems(num, seed, scheme, distinct):
   u, correct = _data(num, seed=seed, distinct=distinct)
   n_bins = (1, 2, 5)
-  cv = evaluate.cross_validate(u, correct, n_bins, 3, seed=seed, scheme=scheme)
-  splits = evaluate.make_splits(num, 3, seed=seed, scheme=scheme)
+  cv = crossval.cross_validate(u, correct, n_bins, 3, seed=seed, scheme=scheme)
+  splits = crossval.make_splits(num, 3, seed=seed, scheme=scheme)
   expected = reference.cross_validate(u, correct, n_bins, [splits.test_mask(f) for f in range(3)])
-  for name in evaluate.METRICS:
+  for name in crossval.METRICS:
     both_nan = np.isnan(cv.per_fold[name]) & np.isnan(expected[name])
     np.testing.assert_allclose(
       np.where(both_nan, 0, cv.per_fold[name]),
@@ -73,8 +74,8 @@ def test_matches_loop_on_random_small_problems(num, seed, scheme, distinct):
 
 def test_equals_fit_and_refit_on_each_split():
   u, correct = _data(4000, seed=5)
-  cv = evaluate.cross_validate(u, correct, (20,), 4)
-  splits = evaluate.make_splits(4000, 4)
+  cv = crossval.cross_validate(u, correct, (20,), 4)
+  splits = crossval.make_splits(4000, 4)
   for f in range(4):
     test = splits.test_mask(f)
     bins = binning.fit(u[~test], correct[~test], 20)
@@ -87,7 +88,7 @@ def test_equals_fit_and_refit_on_each_split():
 
 def test_decompositions_add_up():
   u, correct = _data(5000, seed=6)
-  cv = evaluate.cross_validate(u, correct)
+  cv = crossval.cross_validate(u, correct)
   for score in ("brier", "nll"):
     total = cv.per_fold[f"{score}_uncertainty"] - cv.per_fold[f"{score}_resolution"]
     total = total + cv.per_fold[f"{score}_calibration"]
@@ -98,8 +99,8 @@ def test_calibrated_score_has_small_ece_and_informative_score_beats_noise():
   rng = np.random.default_rng(7)
   u = rng.random(20000).astype(np.float32)
   correct = rng.random(20000) < 1 - 0.8 * u
-  informative = evaluate.cross_validate(u, correct, (10,), 10)
-  noise = evaluate.cross_validate(rng.random(20000), correct, (10,), 10)
+  informative = crossval.cross_validate(u, correct, (10,), 10)
+  noise = crossval.cross_validate(rng.random(20000), correct, (10,), 10)
   assert informative.mean["ece"][0] < 0.02
   assert informative.mean["brier"][0] < noise.mean["brier"][0]
   assert informative.mean["eor"][0] > 2 > noise.mean["eor"][0]
@@ -107,12 +108,12 @@ def test_calibrated_score_has_small_ece_and_informative_score_beats_noise():
 
 
 def test_splits_are_exact_halves_and_partitions():
-  halves = evaluate.make_splits(1001, 5, seed=3)
+  halves = crossval.make_splits(1001, 5, seed=3)
   sizes = [halves.test_mask(f).sum() for f in range(5)]
   assert set(sizes) <= {500, 501}
   np.testing.assert_array_equal(halves.test_mask(0), ~halves.test_mask(1))
   assert not np.array_equal(halves.test_mask(0), halves.test_mask(2))
-  kfold = evaluate.make_splits(1003, 10, scheme="kfold")
+  kfold = crossval.make_splits(1003, 10, scheme="kfold")
   counts = sum(kfold.test_mask(f).astype(int) for f in range(10))
   np.testing.assert_array_equal(counts, 1)
   assert {kfold.test_mask(f).sum() for f in range(10)} <= {100, 101}
@@ -120,22 +121,22 @@ def test_splits_are_exact_halves_and_partitions():
 
 def test_random_halves_are_uniform():
   # Each example lands in the test half about half the time, independently of index.
-  hits = sum(evaluate.make_splits(10, 2, seed=s).test_mask(0).astype(int) for s in range(4000))
+  hits = sum(crossval.make_splits(10, 2, seed=s).test_mask(0).astype(int) for s in range(4000))
   np.testing.assert_allclose(hits / 4000, 0.5, atol=0.04)
 
 
 def test_same_seed_same_splits_and_explicit_splits():
   u, correct = _data(600, seed=8)
-  a = evaluate.cross_validate(u, correct, (5,), 4, seed=11)
-  b = evaluate.cross_validate(u, correct, (5,), splits=evaluate.make_splits(600, 4, seed=11))
+  a = crossval.cross_validate(u, correct, (5,), 4, seed=11)
+  b = crossval.cross_validate(u, correct, (5,), splits=crossval.make_splits(600, 4, seed=11))
   np.testing.assert_array_equal(a.per_fold["brier"], b.per_fold["brier"])
-  c = evaluate.cross_validate(u, correct, (5,), 4, seed=12)
+  c = crossval.cross_validate(u, correct, (5,), 4, seed=12)
   assert not np.array_equal(a.per_fold["brier"], c.per_fold["brier"])
 
 
 def test_rows():
   u, correct = _data(600, seed=9)
-  rows = evaluate.cross_validate(u, correct, (5, 10), 4).rows()
+  rows = crossval.cross_validate(u, correct, (5, 10), 4).rows()
   assert [r["n_bins"] for r in rows] == [5, 10]
   assert {"brier", "brier_std", "eor", "eor_std", "auroc", "num_effective_bins"} <= set(rows[0])
 
@@ -148,34 +149,17 @@ def test_rows():
     ({"n_bins": ()}, "n_bins: expected at least one"),
     ({"n_folds": 1}, "n_folds: expected at least 2"),
     ({"scheme": "loo"}, "scheme: expected one of"),
-    ({"splits": evaluate.make_splits(10, 2)}, "splits: made for 10 examples, u has 600"),
+    ({"splits": crossval.make_splits(10, 2)}, "splits: made for 10 examples, u has 600"),
   ],
 )
 def test_bad_input(kwargs, message):
   u, correct = _data(600)
   with pytest.raises(ValueError, match=message):
-    evaluate.cross_validate(u, correct, **kwargs)
+    crossval.cross_validate(u, correct, **kwargs)
 
 
 def test_bad_arrays():
   with pytest.raises(ValueError, match="u: 1 non-finite"):
-    evaluate.cross_validate(np.array([0.1, np.nan, 0.3, 0.4]), [1, 0, 1, 0], 1, 2)
+    crossval.cross_validate(np.array([0.1, np.nan, 0.3, 0.4]), [1, 0, 1, 0], 1, 2)
   with pytest.raises(ValueError, match="length mismatch"):
-    evaluate.cross_validate(np.zeros(4), [1, 0, 1], 1, 2)
-
-
-def test_scores_from_predictions():
-  rng = np.random.default_rng(10)
-  samples = rng.normal(size=(4, 50, 6)).astype(np.float32)
-  log_probs, values = evaluate.scores_from_predictions(logits=samples, topk=(1, 3))
-  np.testing.assert_allclose(np.exp(log_probs).sum(1), 1, rtol=1e-5)
-  assert {"pmax", "entropy", "neg_log_top3_mass", "covariance_norm_probs"} <= set(values)
-  assert "neg_log_top1_mass" not in values  # that is neg_log_pmax
-  # Stored scores (computed in log space on device) win, and give pmax.
-  stored = {"neg_log_pmax": np.full(50, 2.0, np.float32)}
-  probs = np.exp(np.asarray(log_probs))
-  _, values = evaluate.scores_from_predictions(mean_probs=probs, stored_scores=stored)
-  np.testing.assert_allclose(values["pmax"], np.exp(-2.0), rtol=1e-6)
-  assert "covariance_norm_probs" not in values
-  with pytest.raises(ValueError, match="expected at least one of them"):
-    evaluate.scores_from_predictions()
+    crossval.cross_validate(np.zeros(4), [1, 0, 1], 1, 2)

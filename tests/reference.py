@@ -1,14 +1,19 @@
 """Plain NumPy reference implementations: the spec the fast code is checked against.
 
 Written the straightforward way, in float64, one split and one bin count at a
-time, with none of the library's binning or metric code. The tests compare the
-jitted/vectorised functions with these, and ``benchmarks/`` times them as the
-naive baseline. Slow by design; not for production use.
+time. Of the library it uses only the definition of the quantile ranks
+(``binning.quantile_edge_ranks``, the paper's floor(i M / n)); bin assignment,
+counting and every metric are written here again as plain loops, so the tests
+check the library's code against an independent spelling of the rules, and
+``benchmarks/`` times them as the naive baseline. Slow by design: a test oracle,
+not API (it lives with the tests).
 """
 
 from collections.abc import Sequence
 
 import numpy as np
+
+from top1_jax import binning
 
 
 def fit_bins(u: np.ndarray, correct: np.ndarray, n_bins: int):
@@ -16,10 +21,9 @@ def fit_bins(u: np.ndarray, correct: np.ndarray, n_bins: int):
   u = np.asarray(u, np.float64)
   correct = np.asarray(correct, bool)
   sorted_u = np.sort(u)
-  num = len(u)
   edges = []
-  for i in range(1, n_bins):
-    value = sorted_u[(i * num) // n_bins - 1]
+  for rank in binning.quantile_edge_ranks(len(u), n_bins):
+    value = sorted_u[rank - 1]
     if not edges or value > edges[-1]:
       edges.append(value)
   edges = np.array(edges)

@@ -19,8 +19,8 @@ So the O(N) work is one argsort plus O(N) index bookkeeping per repetition of
 the splits (one for k-fold, n_folds / 2 for halves), and the per-bin work is a
 few thousand binary searches; the metrics are then computed by one jitted
 function over arrays [bin counts, splits, bins]. Sorting and the index work run
-in NumPy: XLA's CPU sort is ~50x slower than NumPy's (measured on 1e6 floats),
-and these steps are integer bookkeeping with no maths to accelerate.
+in NumPy: XLA's CPU sort is much slower than NumPy's (docs/performance.md), and
+these steps are integer bookkeeping with no maths to accelerate.
 """
 
 from collections.abc import Sequence
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import metrics, scores, validation
+from top1_jax import binning, metrics, validation
 
 SCHEMES = ("halves", "kfold")
 
@@ -136,6 +136,20 @@ class CrossValidation(NamedTuple):
   mean: dict[str, np.ndarray]
   std: dict[str, np.ndarray]
 
+  @classmethod
+  def from_per_fold(
+    cls, n_bins: Sequence[int], per_fold: dict[str, np.ndarray]
+  ) -> "CrossValidation":
+    """Mean and sample std (ddof 1; 0 for a single split) over the splits axis."""
+    per_fold = {name: np.asarray(value) for name, value in per_fold.items()}
+    ddof = 1 if next(iter(per_fold.values())).shape[1] > 1 else 0
+    return cls(
+      n_bins=tuple(n_bins),
+      per_fold=per_fold,
+      mean={name: value.mean(axis=1) for name, value in per_fold.items()},
+      std={name: value.std(axis=1, ddof=ddof) for name, value in per_fold.items()},
+    )
+
   def rows(self) -> list[dict[str, float]]:
     """One flat dict per bin count: n_bins, then <metric> and <metric>_std."""
     out = []
@@ -227,7 +241,7 @@ def _bin_ranges(
   bounds = np.full((len(n_bins), num_splits, max(n_bins) + 1), num, np.int64)
   bounds[:, :, 0] = 0
   for b, n in enumerate(n_bins):  # a handful of bin counts; all splits at once
-    ranks = (cal_size[:, None] * np.arange(1, n)) // n  # [F, n-1], 1-based
+    ranks = binning.quantile_edge_ranks(cal_size, n)  # [F, n-1], 1-based
     position = _rank_position(ranks, lambda p: count_below(ss.keys, p + offset) - start, num)
     # The edge is that point's score; the bin ends after its whole tie group.
     bounds[b, :, 1:n] = np.searchsorted(sorted_u, sorted_u[position], side="right")
@@ -261,7 +275,7 @@ def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
   cal_counts = cal_counts.astype(jnp.float32)
   cal_hits = cal_hits.astype(jnp.float32)
   prior = jnp.sum(cal_hits, -1) / jnp.sum(cal_counts, -1)  # [B, F]
-  prob = (cal_hits + prior[..., None]) / (cal_counts + 1.0)
+  prob = binning.calibrated_prob(cal_hits, cal_counts, prior[..., None])
   test_counts = test_counts.astype(jnp.float32)
   test_hits = test_hits.astype(jnp.float32)
   brier = metrics.brier_from_counts(prob, test_counts, test_hits)
@@ -340,113 +354,4 @@ def cross_validate(
     raise ValueError("splits: a split has no test examples")
   n_bins = tuple(validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins)
   counts = _bin_ranges(sorted_u, hits_before, ss, n_bins)
-  per_fold = {k: np.asarray(v) for k, v in _metrics_from_counts(*counts).items()}
-  ddof = 1 if splits.num_splits > 1 else 0
-  return CrossValidation(
-    n_bins=n_bins,
-    per_fold=per_fold,
-    mean={k: v.mean(axis=1) for k, v in per_fold.items()},
-    std={k: v.std(axis=1, ddof=ddof) for k, v in per_fold.items()},
-  )
-
-
-KNOWN_SCORES = (
-  "pmax",
-  "entropy",
-  "neg_log_pmax",
-  "neg_log_topk_mass",
-  "margin",
-  "covariance_norm_probs",
-  "covariance_norm_logits",
-  "human_entropy",
-)
-"""Scores ``predictive_scores`` can provide (``neg_log_topk_mass`` as ``neg_log_top{k}_mass``)."""
-
-
-def mean_log_probs(samples: ArrayLike) -> jax.Array:
-  """Log of the sample-mean softmax, in log space: logsumexp_s(log_softmax) - log S.
-
-  Args:
-    samples: [S, N, K] logits (S = 1 for a plain model).
-
-  Returns:
-    [N, K] log-probabilities (valid logits for every score in ``scores``).
-  """
-  samples = validation.float_array("samples", samples, 3)
-  log_probs = jax.nn.log_softmax(samples, axis=-1)
-  return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(samples.shape[0])
-
-
-def predictive_scores(
-  log_probs: ArrayLike,
-  *,
-  samples: ArrayLike | None = None,
-  human_probs: ArrayLike | None = None,
-  topk: Sequence[int] = (),
-) -> dict[str, jax.Array]:
-  """Every uncertainty score that the given predictions support, by name.
-
-  Args:
-    log_probs: [N, K] (mean) log-probabilities or logits of the classifier.
-    samples: optional [S, N, K] logits of MC-dropout samples or ensemble members;
-      with S >= 2 adds ``covariance_norm_probs`` (of the S softmax vectors) and
-      ``covariance_norm_logits`` (of the S logit vectors).
-    human_probs: optional [N, K] annotator label frequencies: ``human_entropy``.
-    topk: adds ``neg_log_top{k}_mass`` for each k >= 2 (k = 1 is ``neg_log_pmax``).
-
-  Returns:
-    name -> [N] float; ``pmax`` and ``margin`` are confidences, the rest uncertainties.
-  """
-  out = {
-    "pmax": scores.pmax(log_probs),
-    "neg_log_pmax": scores.neg_log_pmax(log_probs),
-    "entropy": scores.entropy(log_probs),
-    "margin": scores.margin(log_probs),
-  }
-  for k in topk:
-    if k >= 2:
-      out[f"neg_log_top{k}_mass"] = scores.neg_log_topk_mass(log_probs, k)
-  if samples is not None and np.shape(samples)[0] >= 2:
-    out["covariance_norm_probs"] = scores.covariance_norm(jax.nn.softmax(jnp.asarray(samples), -1))
-    out["covariance_norm_logits"] = scores.covariance_norm(samples)
-  if human_probs is not None:
-    out["human_entropy"] = scores.human_entropy(human_probs)
-  return out
-
-
-def scores_from_predictions(
-  *,
-  logits: ArrayLike | None = None,
-  mean_probs: ArrayLike | None = None,
-  stored_scores: dict[str, ArrayLike] | None = None,
-  human_probs: ArrayLike | None = None,
-  topk: Sequence[int] = (),
-) -> tuple[jax.Array, dict[str, np.ndarray]]:
-  """The classifier's log-probabilities and every score, from a predictions file's fields.
-
-  Args:
-    logits: [S, N, K] samples (S = 1 for a plain model), or None.
-    mean_probs: [N, K] mean probabilities, used when ``logits`` is None.
-    stored_scores: precomputed name -> [N] scores; they take precedence over
-      recomputed ones (MC prediction computes them on device in log space, more
-      precisely than a float32 ``mean_probs`` allows), and ``pmax`` follows from a
-      stored ``neg_log_pmax``.
-    human_probs: optional [N, K] annotator frequencies.
-    topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
-
-  Returns:
-    ([N, K] log-probabilities, name -> [N] NumPy scores).
-  """
-  if logits is not None:
-    log_probs = mean_log_probs(logits)
-  elif mean_probs is not None:
-    log_probs = jnp.log(jnp.maximum(jnp.asarray(mean_probs), 1e-30))
-  else:
-    raise ValueError("logits, mean_probs: expected at least one of them, got neither")
-  samples = logits if logits is not None and np.shape(logits)[0] >= 2 else None
-  values = predictive_scores(log_probs, samples=samples, human_probs=human_probs, topk=topk)
-  stored = {name: np.asarray(value) for name, value in (stored_scores or {}).items()}
-  if "neg_log_pmax" in stored:
-    stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
-  values.update(stored)
-  return log_probs, {name: np.asarray(value) for name, value in values.items()}
+  return CrossValidation.from_per_fold(n_bins, _metrics_from_counts(*counts))

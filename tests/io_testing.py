@@ -1,0 +1,58 @@
+"""Helpers shared by the tests of top1_jax.io (fixtures are in conftest.py)."""
+
+import contextlib
+import os
+import pathlib
+from collections.abc import Iterator
+
+from etils.epath import testing as epath_testing
+
+
+def assert_one_clean_line(error: BaseException) -> str:
+  """The error's message, checked to be one line with no chained traceback."""
+  text = str(error)
+  assert "\n" not in text
+  # No chained traceback from inside TFDS is shown.
+  assert error.__cause__ is None
+  assert error.__context__ is None or error.__suppress_context__
+  return text
+
+
+@contextlib.contextmanager
+def mock_bucket(root: pathlib.Path, monkeypatch) -> Iterator[list[tuple[str, str]]]:
+  """Serves ``gs://`` paths from the folder ``root`` through epath's backend, offline.
+
+  Like an object store, opening an object for writing needs no folders, and
+  there is no rename (using it fails the test).
+
+  Yields:
+    The (path, mode) of every file opened, in order.
+  """
+  # With TensorFlow installed, epath would send gs:// to gfile instead of the mock.
+  monkeypatch.setenv("EPATH_USE_TF", "false")
+  opened = []
+
+  def local(path) -> str:
+    text = os.fspath(path)
+    return str(root / text.removeprefix("gs://")) if text.startswith("gs://") else text
+
+  def redirect(original, path, *args, **kwargs):
+    return original(local(path), *args, **kwargs)
+
+  def open_object(original, path, mode):
+    opened.append((os.fspath(path), mode))
+    if "w" in mode:
+      os.makedirs(os.path.dirname(local(path)), exist_ok=True)
+    return original(local(path), mode)
+
+  def no_rename(original, path, dst, *args, **kwargs):
+    raise AssertionError(f"rename {path} -> {dst}: object stores have no rename")
+
+  redirected = ("exists", "isdir", "listdir", "makedirs", "mkdir", "remove", "stat")
+  with epath_testing.mock_epath(
+    open=open_object,
+    rename=no_rename,
+    replace=no_rename,
+    **dict.fromkeys(redirected, redirect),
+  ):
+    yield opened

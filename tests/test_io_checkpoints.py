@@ -1,0 +1,65 @@
+"""Tests for top1_jax.io.checkpoints: round trips and the refusals that name the mismatch."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from top1_jax import models, train
+from top1_jax.io import checkpoints
+
+
+def _toy_data(num_examples=96, num_features=10, num_classes=4, seed=0):
+  """Gaussian blobs: [N, F] float32 images and [N] int32 labels."""
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, num_classes, num_examples).astype(np.int32)
+  centres = rng.normal(size=(num_classes, num_features)) * 2
+  images = centres[labels] + rng.normal(size=(num_examples, num_features))
+  return images.astype(np.float32), labels
+
+
+def _assert_trees_equal(a, b):
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+
+
+_MLP = models.MLP(num_classes=4, hidden_sizes=(16,))
+_TX = optax.adam(1e-2)
+
+
+def test_checkpoint_round_trip_of_an_ensemble_and_refusals(tmp_path):
+  images, labels = _toy_data()
+  ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=2)
+  ensemble = train.fit_ensemble(
+    ensemble, images, labels, jax.random.key(1), num_steps=3, batch_size=16
+  )
+  path = checkpoints.save_checkpoint(tmp_path / "ensemble", ensemble)
+  fresh = train.init_ensemble(_MLP, _TX, jax.random.key(9), images[:1], ensemble_size=2)
+  restored = checkpoints.restore_checkpoint(path, fresh)
+  _assert_trees_equal(restored.params, ensemble.params)
+  _assert_trees_equal(restored.opt_state, ensemble.opt_state)
+  np.testing.assert_array_equal(restored.step, [3, 3])
+
+  with pytest.raises(ValueError, match="directory"):
+    checkpoints.save_checkpoint(path, ensemble)
+  checkpoints.save_checkpoint(path, restored, overwrite=True)
+
+  other_width = models.MLP(num_classes=4, hidden_sizes=(17,))
+  template = train.init_ensemble(other_width, _TX, jax.random.key(0), images[:1], ensemble_size=2)
+  with pytest.raises(ValueError, match=r"architecture mismatch.*hidden_sizes"):
+    checkpoints.restore_checkpoint(path, template)
+  cnn = train.create_train_state(
+    models.CNN(num_classes=4), _TX, jax.random.key(0), np.zeros((1, 28, 28, 1))
+  )
+  with pytest.raises(ValueError, match=r"architecture mismatch.*class"):
+    checkpoints.restore_checkpoint(path, cnn)
+  single = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  with pytest.raises(ValueError, match="holds 2 stacked members"):
+    checkpoints.restore_checkpoint(path, single)
+  single_path = checkpoints.save_checkpoint(tmp_path / "single", single)
+  with pytest.raises(ValueError, match="the template is an ensemble"):
+    checkpoints.restore_checkpoint(single_path, fresh)
+  three = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=3)
+  with pytest.raises(ValueError, match="parameter shapes differ"):
+    checkpoints.restore_checkpoint(path, three)
+  with pytest.raises(ValueError, match="directory"):
+    checkpoints.restore_checkpoint(tmp_path / "missing", fresh)

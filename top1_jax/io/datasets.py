@@ -1,0 +1,155 @@
+"""Datasets as numpy arrays: one loader for IDX files and TFDS.
+
+``load_dataset(name, split)`` returns a ``DatasetSplit``: images
+``[N, H, W, C]`` float32 in [0, 1] and labels ``[N]`` int32. Sources, in order:
+
+* ``fashion_mnist`` / ``mnist`` as IDX files (``train-images-idx3-ubyte.gz``,
+  ``t10k-labels-idx1-ubyte.gz``, ...; gzipped or not) in ``data_dir``, then, for
+  Fashion-MNIST, in ``/usr/share/datasets/fashion-mnist`` (Debian package
+  ``dataset-fashion-mnist``). This is the offline default (``top1_jax.io.idx``).
+* Any TFDS name (``cifar10``, ``cifar100``, ``imagenet2012``, ...) prepared in
+  ``data_dir`` (or TFDS's default directory), or built by TFDS when TensorFlow
+  and the network are there (``top1_jax.io.tfds``); otherwise one clear
+  ``DataUnavailableError``.
+
+The training split trains; the held-out (test) split is what cross-validation
+divides into calibration and evaluation folds.
+"""
+
+from collections.abc import Iterator
+
+import numpy as np
+from etils import epath
+
+from top1_jax import validation
+from top1_jax.io import files, idx, tfds
+from top1_jax.io.splits import (
+  INSTALL_FASHION_MNIST,
+  INSTALL_TENSORFLOW,
+  DatasetSplit,
+  DataUnavailableError,
+)
+
+
+def _no_idx_error(
+  name: str, split: str, directories: list, tfds_error: DataUnavailableError | None
+) -> DataUnavailableError:
+  """No IDX files in ``directories`` (and, with ``tfds_error``, no TFDS data either)."""
+  prefix = idx.IDX_SPLIT_PREFIX[split]
+  searched = " or ".join(str(d) for d in directories) or "(no data_dir given)"
+  no_idx = (
+    f"no IDX files ({prefix}-images-idx3-ubyte[.gz], {prefix}-labels-idx1-ubyte[.gz]) in {searched}"
+  )
+  fix_idx = (
+    f"{INSTALL_FASHION_MNIST} (the offline default), or put the IDX files in data_dir"
+    if name == "fashion_mnist"
+    else "put the IDX files in data_dir"
+  )
+  if tfds_error is None:
+    return DataUnavailableError(f"{name} ({split}): {no_idx}. Fix: {fix_idx}")
+  return DataUnavailableError(
+    f"{name} ({split}): no local data and no way to fetch it: {no_idx}; {tfds_error.detail}."
+    f" Fix: {fix_idx}, or {INSTALL_TENSORFLOW} and run once with network access",
+    detail=f"{no_idx}; {tfds_error.detail}",
+  )
+
+
+def load_dataset(
+  name: str,
+  split: str,
+  *,
+  data_dir: epath.PathLike | None = None,
+  limit: int | None = None,
+  source: str = "auto",
+  image_size: tuple[int, int] | None = None,
+) -> DatasetSplit:
+  """Loads one split of a dataset into memory.
+
+  ``fashion_mnist`` and ``mnist`` are read from IDX files in ``data_dir`` (and
+  Fashion-MNIST from ``/usr/share/datasets/fashion-mnist``) when present; any
+  other name, or these when no IDX files are found, goes through TFDS
+  (``tfds.load_tfds``).
+
+  Args:
+    name: ``"fashion_mnist"``, ``"mnist"`` or any TFDS name.
+    split: ``"train"`` or ``"test"`` (TFDS: any TFDS split string).
+    data_dir: directory with IDX files or a TFDS data directory.
+    limit: keep the first ``limit`` examples (all when None).
+    source: ``"auto"``, ``"idx"`` (IDX files only) or ``"tfds"`` (TFDS only).
+    image_size: (height, width) for TFDS images of varying size (see
+      ``tfds.load_tfds``).
+
+  Returns:
+    A ``DatasetSplit``: images [N, H, W, C] float32 in [0, 1], labels [N] int32.
+
+  Raises:
+    DataUnavailableError: no local copy and no way to fetch one (one line saying
+      what to install or where to put the files).
+    ValueError: bad arguments or corrupt files.
+  """
+  if source not in ("auto", "idx", "tfds"):
+    raise ValueError(f"source: expected 'auto', 'idx' or 'tfds', got {source!r}")
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"name: expected a dataset name, got {name!r}")
+  if not isinstance(split, str) or not split:
+    raise ValueError(f"split: expected a split name, got {split!r}")
+  if source == "idx" and name not in idx.IDX_DATASETS:
+    raise ValueError(f"name: IDX files are read for {sorted(idx.IDX_DATASETS)}, got {name!r}")
+  if source == "tfds" or name not in idx.IDX_DATASETS:
+    return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
+
+  if split not in idx.IDX_SPLIT_PREFIX:
+    raise ValueError(
+      f"split: {name} IDX files have splits {sorted(idx.IDX_SPLIT_PREFIX)}, got {split!r}"
+      " (use limit= for a subset)"
+    )
+  directories = [files.as_path(data_dir)] if data_dir is not None else []
+  if name == "fashion_mnist":
+    directories.append(files.as_path(idx.FASHION_MNIST_DIR))
+  for directory in directories:
+    found = idx.find_idx_files(directory, split)
+    if found is not None:
+      return idx.load_idx(
+        *found,
+        num_classes=len(idx.IDX_DATASETS[name]),
+        name=name,
+        split=split,
+        limit=limit,
+        class_names=idx.IDX_DATASETS[name],
+      )
+  if source == "idx":
+    raise _no_idx_error(name, split, directories, None)
+  try:
+    return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
+  except DataUnavailableError as e:
+    raise _no_idx_error(name, split, directories, e) from None
+
+
+def iterate_batches(
+  dataset: DatasetSplit,
+  batch_size: int,
+  *,
+  seed: int | None = None,
+  drop_remainder: bool = False,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Yields (images [B, H, W, C], labels [B]) batches covering the split once.
+
+  Args:
+    dataset: the split.
+    batch_size: B.
+    seed: shuffle with this seed (one permutation per call); None keeps order.
+    drop_remainder: drop the last batch when it is smaller than B.
+
+  Yields:
+    numpy batches.
+  """
+  batch_size = validation.positive_int("batch_size", batch_size)
+  count = len(dataset.labels)
+  order = np.arange(count) if seed is None else np.random.default_rng(seed).permutation(count)
+  stop = count - count % batch_size if drop_remainder else count
+  for start in range(0, stop, batch_size):
+    index = order[start : start + batch_size]
+    yield dataset.images[index], dataset.labels[index]
+
+
+__all__ = ["DataUnavailableError", "DatasetSplit", "iterate_batches", "load_dataset"]

@@ -1,0 +1,223 @@
+"""IDX files: MNIST and Fashion-MNIST, read offline.
+
+``fashion_mnist`` and ``mnist`` ship as four IDX files
+(``{train,t10k}-{images-idx3,labels-idx1}-ubyte``, gzipped or not). The Debian
+package ``dataset-fashion-mnist`` installs Fashion-MNIST in
+``FASHION_MNIST_DIR``, which makes it the offline default dataset.
+"""
+
+import gzip
+import math
+import pathlib
+import struct
+import zlib
+
+import numpy as np
+from etils import epath
+
+from top1_jax import validation
+from top1_jax.io import files
+from top1_jax.io.splits import DatasetSplit, scale_images
+
+FASHION_MNIST_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
+
+FASHION_MNIST_CLASSES = (
+  "T-shirt/top",
+  "Trouser",
+  "Pullover",
+  "Dress",
+  "Coat",
+  "Sandal",
+  "Shirt",
+  "Sneaker",
+  "Bag",
+  "Ankle boot",
+)
+
+# Datasets that are also read from IDX files: name -> class names.
+IDX_DATASETS = {
+  "fashion_mnist": FASHION_MNIST_CLASSES,
+  "mnist": tuple(str(digit) for digit in range(10)),
+}
+# Split -> file name prefix.
+IDX_SPLIT_PREFIX = {"train": "train", "test": "t10k"}
+
+_IDX_DTYPES = {
+  0x08: np.dtype(np.uint8),
+  0x09: np.dtype(np.int8),
+  0x0B: np.dtype(">i2"),
+  0x0C: np.dtype(">i4"),
+  0x0D: np.dtype(">f4"),
+  0x0E: np.dtype(">f8"),
+}
+_IDX_IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dims: [N, rows, cols]
+_IDX_LABELS_MAGIC = 0x00000801  # unsigned bytes, 1 dim: [N]
+
+
+def _read_bytes(path: pathlib.Path | epath.Path) -> bytes:
+  """File contents, gunzipped when the file starts with the gzip magic."""
+  try:
+    raw = path.read_bytes()
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: no such file") from None
+  if raw[:2] != b"\x1f\x8b":
+    return raw
+  try:
+    return gzip.decompress(raw)
+  except (EOFError, OSError, zlib.error) as e:
+    raise ValueError(f"{path}: corrupt or truncated gzip data ({e})") from None
+
+
+def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
+  raw = _read_bytes(path)
+  if len(raw) < 4:
+    raise ValueError(f"{path}: truncated IDX header ({len(raw)} bytes)")
+  (magic,) = struct.unpack(">I", raw[:4])
+  type_code, ndim = raw[2], raw[3]
+  if raw[:2] != b"\0\0" or type_code not in _IDX_DTYPES or ndim == 0:
+    raise ValueError(
+      f"{path}: bad IDX magic number 0x{magic:08x}; expected 0x0000TTDD with a"
+      " type code TT in {08, 09, 0b, 0c, 0d, 0e} and DD >= 1 dimensions"
+    )
+  header_size = 4 + 4 * ndim
+  if len(raw) < header_size:
+    raise ValueError(
+      f"{path}: truncated IDX header: {ndim} dimensions need {header_size}"
+      f" bytes, file has {len(raw)}"
+    )
+  shape = struct.unpack(f">{ndim}I", raw[4:header_size])
+  dtype = _IDX_DTYPES[type_code]
+  expected = math.prod(shape) * dtype.itemsize
+  actual = len(raw) - header_size
+  if actual != expected:
+    problem = "truncated" if actual < expected else "has trailing bytes"
+    raise ValueError(
+      f"{path}: {problem}: header says shape {shape} ({expected} data bytes),"
+      f" file has {actual} data bytes"
+    )
+  array = np.frombuffer(raw, dtype, count=math.prod(shape), offset=header_size)
+  return magic, array.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
+
+
+def read_idx(path: epath.PathLike) -> np.ndarray:
+  """Reads an IDX file (gzipped or not) as a numpy array.
+
+  The header is two zero bytes, a type code, the number of dimensions D and D
+  big-endian uint32 sizes; the data that follows must have exactly that size.
+
+  Args:
+    path: the file, local or a URL (``files.as_path``).
+
+  Returns:
+    The array, shape given by the header, native byte order.
+
+  Raises:
+    ValueError: bad magic number, truncated file or trailing bytes; the message
+      names the file.
+  """
+  return _read_idx(files.as_path(path))[1]
+
+
+def _read_idx_with_magic(path: pathlib.Path | epath.Path, magic: int, what: str) -> np.ndarray:
+  found, array = _read_idx(path)
+  if found != magic:
+    raise ValueError(f"{path}: bad magic number 0x{found:08x} for {what}: expected 0x{magic:08x}")
+  return array
+
+
+def find_idx_files(
+  directory: epath.PathLike, split: str
+) -> tuple[pathlib.Path | epath.Path, pathlib.Path | epath.Path] | None:
+  """The (images, labels) IDX files of a split in a directory, if both exist.
+
+  Looks for ``{train,t10k}-images-idx3-ubyte[.gz]`` and
+  ``{train,t10k}-labels-idx1-ubyte[.gz]``, the names MNIST and Fashion-MNIST use.
+
+  Args:
+    directory: where to look.
+    split: ``"train"`` or ``"test"``.
+
+  Returns:
+    The two paths, or None when either is missing.
+  """
+  if split not in IDX_SPLIT_PREFIX:
+    raise ValueError(f"split: expected one of {sorted(IDX_SPLIT_PREFIX)}, got {split!r}")
+  directory = files.as_path(directory)
+  found = []
+  for kind in ("images-idx3", "labels-idx1"):
+    stem = f"{IDX_SPLIT_PREFIX[split]}-{kind}-ubyte"
+    candidates = [directory / f"{stem}.gz", directory / stem]
+    match = next((c for c in candidates if c.is_file()), None)
+    if match is None:
+      return None
+    found.append(match)
+  return found[0], found[1]
+
+
+def load_idx(
+  images_path: epath.PathLike,
+  labels_path: epath.PathLike,
+  *,
+  num_classes: int = 10,
+  name: str = "idx",
+  split: str = "",
+  limit: int | None = None,
+  class_names: tuple[str, ...] | None = None,
+) -> DatasetSplit:
+  """Reads an MNIST-style pair of IDX files.
+
+  Args:
+    images_path: IDX3 ubyte images file (magic 0x00000803), [N, H, W].
+    labels_path: IDX1 ubyte labels file (magic 0x00000801), [N].
+    num_classes: K; every label must be in [0, K).
+    name: dataset name to record.
+    split: split name to record.
+    limit: keep the first ``limit`` examples (all when None).
+    class_names: K names (default ``"0"``, ``"1"``, ...).
+
+  Returns:
+    A ``DatasetSplit`` with images [N, H, W, 1] float32 in [0, 1].
+
+  Raises:
+    ValueError: corrupt, truncated or mismatched files, or labels out of range;
+      the message names the file.
+  """
+  num_classes = validation.positive_int("num_classes", num_classes, minimum=2)
+  if limit is not None:
+    limit = validation.positive_int("limit", limit)
+  images_path, labels_path = files.as_path(images_path), files.as_path(labels_path)
+  images = _read_idx_with_magic(images_path, _IDX_IMAGES_MAGIC, "IDX3 ubyte images")
+  labels = _read_idx_with_magic(labels_path, _IDX_LABELS_MAGIC, "IDX1 ubyte labels")
+  if len(images) != len(labels):
+    raise ValueError(
+      f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels"
+    )
+  if len(images) == 0:
+    raise ValueError(f"{images_path}: expected at least one image, got 0")
+  labels = np.asarray(validation.labels_array(str(labels_path), labels, num_classes), np.int32)
+  if limit is not None:
+    images, labels = images[:limit], labels[:limit]
+  if class_names is None:
+    class_names = tuple(str(k) for k in range(num_classes))
+  if len(class_names) != num_classes:
+    raise ValueError(f"class_names: expected {num_classes} names, got {len(class_names)}")
+  return DatasetSplit(
+    images=scale_images(images[..., None], str(images_path)),
+    labels=labels,
+    num_classes=num_classes,
+    name=name,
+    split=split,
+    source=f"idx:{images_path.parent}",
+    class_names=tuple(class_names),
+  )
+
+
+__all__ = [
+  "FASHION_MNIST_CLASSES",
+  "FASHION_MNIST_DIR",
+  "IDX_DATASETS",
+  "IDX_SPLIT_PREFIX",
+  "find_idx_files",
+  "load_idx",
+  "read_idx",
+]

@@ -1,0 +1,475 @@
+"""The predictions file that any model can write, and human label frequencies.
+
+Predictions file (``.npz``, written atomically):
+
+* ``labels``: int ``[N]``;
+* ``logits``: float ``[S, N, K]`` (S = 1 for a plain model; samples from MC
+  dropout or ensemble members otherwise) and/or ``mean_probs``: float ``[N, K]``,
+  rows summing to 1, when the samples are not kept;
+* ``score_<name>``: float ``[N]``, one per precomputed uncertainty score;
+* ``human_probs``: float ``[N, K]``, optional per-image human label frequencies
+  (CIFAR-10H), rows summing to 1;
+* ``meta``: a JSON object as a string (dataset, split, model, method,
+  dropout_rate, ensemble_size, seed, version, and anything else).
+
+Loading checks every field (dtype, shape, agreement of N and K, finite values,
+label range, rows summing to 1) and the error names the file and the field.
+Paths may be local or URLs (``top1_jax.io.files``).
+"""
+
+import dataclasses
+import io
+import json
+import os
+import pathlib
+import re
+import zipfile
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from top1_jax import __version__, validation
+from top1_jax.io import files
+
+_SCORE_PREFIX = "score_"
+_SCORE_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+_META_TYPES = {
+  "dataset": (str,),
+  "split": (str,),
+  "model": (str,),
+  "method": (str,),
+  "version": (str,),
+  "dropout_rate": (int, float),
+  "ensemble_size": (int,),
+  "seed": (int,),
+}
+
+# The local checks below differ from validation.as_array/float_array on purpose:
+# a field of this file has one dtype kind, so an int array where floats belong
+# (labels saved as logits) or a str array is "expected a float dtype" (or
+# "an integer dtype"), not promoted or called "not real-valued"; and the NaN/Inf
+# scan runs in chunks, as [S, N, K] logits can be gigabytes.
+
+
+def _numpy(name: str, value: Any) -> np.ndarray:
+  if value is None:
+    raise ValueError(f"{name}: expected an array, got None")
+  try:
+    return np.asarray(value)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{name}: cannot convert to an array ({e})") from None
+
+
+def _check_float(name: str, value: Any, ndim: tuple[int, ...]) -> np.ndarray:
+  """[...] finite float32 array of one of the ranks ``ndim``."""
+  array = _numpy(name, value)
+  if array.ndim not in ndim:
+    want = " or ".join(f"{d}-D" for d in ndim)
+    raise ValueError(f"{name}: expected a {want} array, got shape {array.shape}")
+  if not np.issubdtype(array.dtype, np.floating):
+    raise ValueError(f"{name}: expected a float dtype, got {array.dtype}")
+  array = array.astype(np.float32, copy=False)
+  flat = array.reshape(-1)
+  # In chunks: [S, N, K] logits can be gigabytes, and so would a full bool mask.
+  chunk = 1 << 22
+  for start in range(0, flat.size, chunk):
+    finite = np.isfinite(flat[start : start + chunk])
+    if not finite.all():
+      first = start + int(np.argmin(finite))
+      bad = sum(
+        int(np.count_nonzero(~np.isfinite(flat[i : i + chunk])))
+        for i in range(start, flat.size, chunk)
+      )
+      raise ValueError(
+        f"{name}: {bad} non-finite value(s) (first at flat index {first}:"
+        f" {flat[first]}); remove or fix NaN/Inf"
+      )
+  return array
+
+
+def _check_probs(name: str, value: Any, num_examples: int) -> np.ndarray:
+  """[N, K] float32 probabilities, one row per label, rows summing to 1."""
+  array = _check_float(name, value, (2,))
+  if array.shape[0] != num_examples:
+    raise ValueError(
+      f"{name}: expected {num_examples} rows (one per label), got shape {array.shape}"
+    )
+  validation.probability_array(name, array, 2, sums_to_one=True)
+  return array
+
+
+def _meta_json(meta: Mapping) -> str:
+  def plain(value):
+    if isinstance(value, np.generic):
+      return value.item()
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON-serializable")
+
+  return json.dumps(meta, sort_keys=True, allow_nan=False, default=plain)
+
+
+def _check_meta(meta: Any) -> dict:
+  if meta is None:
+    return {}
+  if not isinstance(meta, Mapping):
+    raise ValueError(f"meta: expected a dict (JSON object), got {type(meta).__name__}")
+  meta = dict(meta)
+  for key in meta:
+    if not isinstance(key, str):
+      raise ValueError(f"meta: keys must be strings, got {key!r}")
+  try:
+    meta = json.loads(_meta_json(meta))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"meta: not JSON-serializable ({e})") from None
+  for key, types in _META_TYPES.items():
+    if key in meta:
+      value = meta[key]
+      if isinstance(value, bool) or not isinstance(value, types):
+        want = " or ".join(t.__name__ for t in types)
+        raise ValueError(f"meta: {key} must be {want}, got {value!r}")
+  if "dropout_rate" in meta and not 0.0 <= meta["dropout_rate"] < 1.0:
+    raise ValueError(f"meta: dropout_rate must be in [0, 1), got {meta['dropout_rate']}")
+  if "ensemble_size" in meta and meta["ensemble_size"] < 1:
+    raise ValueError(f"meta: ensemble_size must be >= 1, got {meta['ensemble_size']}")
+  return meta
+
+
+def _check_labels(value: Any) -> np.ndarray:
+  """[N] integer labels, N >= 1 (their range is checked once K is known)."""
+  labels = _numpy("labels", value)
+  if labels.ndim != 1:
+    raise ValueError(f"labels: expected a 1-D array, got shape {labels.shape}")
+  if not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f"labels: expected an integer dtype, got {labels.dtype}")
+  validation.check_nonempty("labels", labels)
+  return labels
+
+
+def _check_logits(value: Any, num_examples: int) -> np.ndarray:
+  """[S, N, K] float32 logits; a [N, K] array is taken as S = 1."""
+  logits = _check_float("logits", value, (2, 3))
+  if logits.ndim == 2:
+    logits = logits[None]
+  if logits.shape[1] != num_examples:
+    raise ValueError(
+      f"logits: expected N={num_examples} (from labels) on axis 1 of"
+      f" [S, N, K], got shape {logits.shape}"
+    )
+  if logits.shape[0] < 1:
+    raise ValueError(f"logits: expected at least one sample, got shape {logits.shape}")
+  return logits
+
+
+def _check_scores(scores: Any, num_examples: int) -> dict[str, np.ndarray]:
+  """name -> [N] float32 scores; names fit a file field ``score_<name>``."""
+  if not isinstance(scores, Mapping):
+    raise ValueError(f"scores: expected a dict name -> [N] array, got {type(scores).__name__}")
+  checked = {}
+  for score_name, value in scores.items():
+    field = f"{_SCORE_PREFIX}{score_name}"
+    if not isinstance(score_name, str) or not _SCORE_NAME.match(score_name):
+      raise ValueError(
+        f"{field}: score names must be letters, digits or underscores, got {score_name!r}"
+      )
+    score = _check_float(field, value, (1,))
+    if score.shape[0] != num_examples:
+      raise ValueError(
+        f"{field}: expected shape ({num_examples},) (one per label), got {score.shape}"
+      )
+    checked[score_name] = score
+  return checked
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Predictions:
+  """A model's outputs on one split; validated on construction.
+
+  Build one directly (``Predictions(labels=y, logits=l)``), read one with
+  ``load_predictions``, change one with ``dataclasses.replace`` (revalidated).
+  Arrays are stored as numpy: labels int32, the rest float32.
+
+  Attributes:
+    labels: [N] int, in [0, K).
+    logits: [S, N, K] float (a [N, K] array is taken as S = 1), or None.
+    mean_probs: [N, K] float, rows summing to 1, or None. At least one of
+      ``logits`` and ``mean_probs`` is required; with both, N and K agree.
+    scores: name -> [N] float precomputed uncertainty scores (file fields
+      ``score_<name>``; names are letters, digits and underscores).
+    human_probs: [N, K] float human label frequencies (CIFAR-10H), or None.
+    meta: JSON-serializable dict (dataset, split, model, method, dropout_rate,
+      ensemble_size, seed, version, ...).
+  """
+
+  labels: np.ndarray
+  logits: np.ndarray | None = None
+  mean_probs: np.ndarray | None = None
+  scores: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  human_probs: np.ndarray | None = None
+  meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    labels = _check_labels(self.labels)
+    num_examples = labels.shape[0]
+    if self.logits is None and self.mean_probs is None:
+      raise ValueError(
+        "logits/mean_probs: expected logits [S, N, K] or mean_probs [N, K], got neither"
+      )
+    num_classes = None
+    logits = None
+    if self.logits is not None:
+      logits = _check_logits(self.logits, num_examples)
+      num_classes = logits.shape[2]
+    mean_probs = None
+    if self.mean_probs is not None:
+      mean_probs = _check_probs("mean_probs", self.mean_probs, num_examples)
+      if num_classes is not None and mean_probs.shape[1] != num_classes:
+        raise ValueError(
+          f"mean_probs: expected K={num_classes} (from logits) columns, got shape"
+          f" {mean_probs.shape}"
+        )
+      num_classes = mean_probs.shape[1]
+    if num_classes < 2:
+      field = "logits" if logits is not None else "mean_probs"
+      raise ValueError(f"{field}: expected at least 2 classes, got K={num_classes}")
+    labels = np.asarray(validation.labels_array("labels", labels, num_classes), np.int32)
+    scores = _check_scores(self.scores, num_examples)
+    human_probs = None
+    if self.human_probs is not None:
+      human_probs = _check_probs("human_probs", self.human_probs, num_examples)
+      if human_probs.shape[1] != num_classes:
+        raise ValueError(
+          f"human_probs: expected K={num_classes} columns, got shape {human_probs.shape}"
+        )
+    fields = {
+      "labels": labels,
+      "logits": logits,
+      "mean_probs": mean_probs,
+      "scores": scores,
+      "human_probs": human_probs,
+      "meta": _check_meta(self.meta),
+    }
+    for key, value in fields.items():
+      object.__setattr__(self, key, value)
+
+  @property
+  def num_examples(self) -> int:
+    """N."""
+    return int(self.labels.shape[0])
+
+  @property
+  def num_classes(self) -> int:
+    """K."""
+    source = self.logits if self.logits is not None else self.mean_probs
+    return int(source.shape[-1])
+
+  @property
+  def num_samples(self) -> int | None:
+    """S, or None when only ``mean_probs`` is kept."""
+    return None if self.logits is None else int(self.logits.shape[0])
+
+
+def save_predictions(
+  path: epath.PathLike, predictions: Predictions, *, compress: bool = False
+) -> pathlib.Path | epath.Path:
+  """Writes a predictions file atomically (``files.atomic_write``).
+
+  ``meta["version"]`` is set to this library's version when absent.
+
+  Args:
+    path: destination, used as given (conventionally ``*.npz``), local or a URL.
+    predictions: a ``Predictions`` (validated on construction).
+    compress: zip-compress the arrays (smaller, slower).
+
+  Returns:
+    The path written (a ``pathlib.Path`` when local).
+  """
+  if not isinstance(predictions, Predictions):
+    raise ValueError(
+      "predictions: expected a top1_jax.io.predictions.Predictions, got"
+      f" {type(predictions).__name__}"
+    )
+  meta = {"version": __version__, **predictions.meta}
+  arrays = {"labels": predictions.labels, "meta": np.asarray(_meta_json(meta))}
+  for key in ("logits", "mean_probs", "human_probs"):
+    if getattr(predictions, key) is not None:
+      arrays[key] = getattr(predictions, key)
+  for score_name, score in predictions.scores.items():
+    arrays[f"{_SCORE_PREFIX}{score_name}"] = score
+  save = np.savez_compressed if compress else np.savez
+  return files.atomic_write(path, lambda file: save(file, **arrays))
+
+
+def _np_load(path: pathlib.Path | epath.Path):
+  # np.load wants a seekable file: a local path as is, an object read into memory.
+  source = path if isinstance(path, pathlib.Path) else io.BytesIO(path.read_bytes())
+  return np.load(source, allow_pickle=False)
+
+
+def _read_meta(value: np.ndarray) -> dict:
+  if value.ndim != 0 or value.dtype.kind not in "US":
+    raise ValueError(
+      f"meta: expected a JSON string (0-d str array), got shape {value.shape} dtype {value.dtype}"
+    )
+  text = value.item()
+  if isinstance(text, bytes):
+    text = text.decode("utf-8", errors="replace")
+  try:
+    meta = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"meta: invalid JSON ({e})") from None
+  if not isinstance(meta, dict):
+    raise ValueError(f"meta: expected a JSON object, got {type(meta).__name__}")
+  return meta
+
+
+def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
+  """The archive's arrays as ``Predictions`` keyword arguments (not yet checked)."""
+  fields: dict[str, Any] = {"scores": {}}
+  for key in archive.files:
+    try:
+      value = archive[key]
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+      raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+    try:
+      if key == "meta":
+        fields["meta"] = _read_meta(value)
+      elif key.startswith(_SCORE_PREFIX):
+        fields["scores"][key[len(_SCORE_PREFIX) :]] = value
+      elif key in ("labels", "logits", "mean_probs", "human_probs"):
+        fields[key] = value
+      else:
+        raise ValueError(
+          f"{key}: unexpected field; allowed: labels, logits, mean_probs,"
+          " score_<name>, human_probs, meta"
+        )
+    except ValueError as e:
+      raise ValueError(f"{path}: {e}") from None
+  return fields
+
+
+def load_predictions(path: epath.PathLike) -> Predictions:
+  """Reads and validates a predictions file (schema in the module docstring).
+
+  Args:
+    path: the ``.npz`` file, local or a URL.
+
+  Returns:
+    ``Predictions`` with labels [N] int32, logits [S, N, K] and/or mean_probs
+    [N, K] float32, scores {name: [N]}, human_probs [N, K] or None, meta dict.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: not an ``.npz`` file, an unknown or missing field, or a field
+      with a wrong dtype, shape or value; the message names the file and field.
+  """
+  path = files.as_path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"{path}: predictions file not found")
+  try:
+    archive = _np_load(path)
+  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    raise ValueError(f"{path}: not a readable .npz predictions file ({e})") from None
+  if not isinstance(archive, np.lib.npyio.NpzFile):
+    raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
+  with archive:
+    fields = _read_fields(path, archive)
+  if "labels" not in fields:
+    raise ValueError(f"{path}: labels: missing field (int [N] class labels)")
+  try:
+    return Predictions(**fields)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+
+
+# ----------------------------------------------------------------------------
+# Human labels
+
+
+def load_human_probs(
+  path: epath.PathLike,
+  *,
+  num_examples: int | None = None,
+  num_classes: int | None = None,
+) -> np.ndarray:
+  """Reads per-image human label probabilities (CIFAR-10H ``cifar10h-probs.npy``).
+
+  Rows must be in the same example order as the predictions they go with
+  (CIFAR-10H: the original CIFAR-10 test order; TFDS ``cifar10`` examples sorted
+  by their ``id``).
+
+  Args:
+    path: ``.npy`` file holding [N, K] floats, rows summing to 1.
+    num_examples: expected N, when known.
+    num_classes: expected K, when known.
+
+  Returns:
+    [N, K] float32.
+  """
+  path = files.as_path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"{path}: human label file not found")
+  try:
+    array = _np_load(path)
+  except (OSError, ValueError, EOFError) as e:
+    raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+  if not isinstance(array, np.ndarray):
+    raise ValueError(f"{path}: expected a single [N, K] array (.npy), got an archive")
+  if array.ndim == 2 and np.issubdtype(array.dtype, np.number) and array.size:
+    sums = array.sum(axis=1, dtype=np.float64)
+    if array.min() >= 0 and np.all(array == np.round(array)) and sums.max() > 1.5:
+      raise ValueError(
+        f"{path}: human_probs: looks like annotator counts (row sums up to"
+        f" {sums.max():g}); divide each row by its sum to get probabilities"
+      )
+  try:
+    probs = _check_float("human_probs", array, (2,))
+    for name, want, got in (
+      ("num_examples", num_examples, probs.shape[0]),
+      ("num_classes", num_classes, probs.shape[1]),
+    ):
+      if want is not None and want != got:
+        raise ValueError(f"human_probs: expected {name}={want}, got shape {probs.shape}")
+    return _check_probs("human_probs", probs, probs.shape[0])
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+
+
+def attach_human_probs(
+  predictions_path: epath.PathLike,
+  human_probs: epath.PathLike | np.ndarray,
+  *,
+  output_path: epath.PathLike | None = None,
+) -> pathlib.Path | epath.Path:
+  """Adds human label probabilities to a predictions file (for ``human_entropy``).
+
+  Args:
+    predictions_path: an existing predictions file.
+    human_probs: [N, K] array or a ``.npy`` path (``load_human_probs``), rows in
+      the predictions' example order.
+    output_path: where to write (default: replace ``predictions_path``,
+      atomically).
+
+  Returns:
+    The path written.
+  """
+  predictions = load_predictions(predictions_path)
+  if isinstance(human_probs, (str, os.PathLike)):
+    human_probs = load_human_probs(
+      human_probs,
+      num_examples=predictions.num_examples,
+      num_classes=predictions.num_classes,
+    )
+  updated = dataclasses.replace(predictions, human_probs=human_probs)
+  target = predictions_path if output_path is None else output_path
+  return save_predictions(target, updated)
+
+
+__all__ = [
+  "Predictions",
+  "attach_human_probs",
+  "load_human_probs",
+  "load_predictions",
+  "save_predictions",
+]

@@ -1,0 +1,320 @@
+"""TFDS datasets, and what this machine can do to get them.
+
+Prepared ArrayRecord data is read with ``tfds`` data sources, which need no
+TensorFlow; TFRecord data needs it. Building (download and prepare) needs
+TensorFlow and the network (or, for ImageNet-style datasets, the manual
+download). Both are checked first (the network probe waits at most 3 s), so a
+machine without them gets one clear ``DataUnavailableError`` instead of TFDS's
+download retries (about 205 s offline).
+"""
+
+import importlib.util
+import itertools
+import os
+import pathlib
+import re
+import socket
+import threading
+
+import numpy as np
+from etils import epath
+
+from top1_jax import validation
+from top1_jax.io.splits import (
+  INSTALL_FASHION_MNIST,
+  INSTALL_TENSORFLOW,
+  DatasetSplit,
+  DataUnavailableError,
+  scale_images,
+)
+
+# TFDS downloads prepared data and sources from Google Cloud Storage; reaching it
+# is the cheapest honest answer to "can TFDS download anything from here?".
+_NETWORK_PROBE = ("storage.googleapis.com", 443)
+
+
+# ----------------------------------------------------------------------------
+# What this machine can do
+
+
+def tensorflow_available() -> bool:
+  """Whether TensorFlow is installed (checked without importing it)."""
+  return importlib.util.find_spec("tensorflow") is not None
+
+
+def _proxy_address() -> tuple[str, int] | None:
+  for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+    match = re.match(r"^(?:\w+://)?(?:[^@/]*@)?([^:/]+)(?::(\d+))?", os.environ.get(var, ""))
+    if match:
+      return match.group(1), int(match.group(2) or 8080)
+  return None
+
+
+def network_available(
+  host: str | None = None, port: int | None = None, timeout: float = 3.0
+) -> bool:
+  """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds.
+
+  The default target is the TFDS download host (or the HTTPS proxy when one is
+  set). Name resolution and connecting run in a daemon thread, so a resolver
+  that hangs cannot stall the caller beyond ``timeout``.
+
+  Args:
+    host: host name or address; default ``storage.googleapis.com`` or the proxy.
+    port: TCP port; default 443 or the proxy's.
+    timeout: seconds to wait.
+
+  Returns:
+    True when the connection opened.
+  """
+  default_port = 443
+  if host is None:
+    host, default_port = _proxy_address() or _NETWORK_PROBE
+  port = default_port if port is None else port
+  result: list[bool] = []
+
+  def probe() -> None:
+    try:
+      with socket.create_connection((host, port), timeout=timeout):
+        result.append(True)
+    except OSError:
+      result.append(False)
+
+  thread = threading.Thread(target=probe, name="top1_jax-network-probe", daemon=True)
+  thread.start()
+  thread.join(timeout)
+  return bool(result and result[0])
+
+
+# ----------------------------------------------------------------------------
+# Opening and building a dataset
+
+
+def _import_tfds():
+  try:
+    # Imported here: it is slow to import and only the TFDS path needs it.
+    import tensorflow_datasets as tfds
+  except ImportError as e:
+    raise DataUnavailableError(
+      f"tensorflow_datasets cannot be imported ({e}); install the requirements:"
+      " pip install -r requirements.txt"
+    ) from None
+  return tfds
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+  text = " ".join(str(text).split())
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _tfds_builder(tfds, name: str, data_dir: epath.PathLike | None):
+  try:
+    return tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))
+  except tfds.core.DatasetNotFoundError:
+    raise ValueError(
+      f"name: unknown dataset {name!r} (not an IDX dataset, not a TFDS name, and"
+      " not prepared in data_dir)"
+    ) from None
+  except Exception as e:  # TFDS raises many kinds; report them on one line.
+    raise DataUnavailableError(
+      f"{name}: TFDS could not open the dataset: {type(e).__name__}: {_one_line(e)}"
+    ) from None
+
+
+def _manual_dir(builder) -> pathlib.Path | None:
+  if not getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
+    return None
+  return pathlib.Path(os.fspath(builder.data_dir_root)) / "downloads" / "manual"
+
+
+def _build_blockers(builder) -> list[str]:
+  """Why TFDS cannot build (download and prepare) this dataset here; [] if it can."""
+  blockers = []
+  if not tensorflow_available():
+    blockers.append(f"TensorFlow is not installed (building needs it: {INSTALL_TENSORFLOW})")
+  manual_dir = _manual_dir(builder)
+  if manual_dir is not None:
+    if not (manual_dir.is_dir() and any(manual_dir.iterdir())):
+      blockers.append(
+        f"{builder.name} needs a manual download into {manual_dir}:"
+        f" {_one_line(builder.MANUAL_DOWNLOAD_INSTRUCTIONS, 200)}"
+      )
+  elif not network_available():
+    host, port = _proxy_address() or _NETWORK_PROBE
+    blockers.append(f"the network is unreachable (no connection to {host}:{port})")
+  return blockers
+
+
+def _prepare(builder) -> None:
+  try:
+    builder.download_and_prepare(file_format="array_record")
+  except Exception as e:  # One line instead of a traceback from inside TFDS.
+    raise DataUnavailableError(
+      f"{builder.name}: TFDS failed to download and prepare it in"
+      f" {builder.data_path}: {type(e).__name__}: {_one_line(e)}"
+    ) from None
+
+
+def _feature_keys(builder) -> tuple[str, str]:
+  keys = builder.info.supervised_keys
+  if not (isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str) for k in keys)):
+    keys = ("image", "label")
+  features = builder.info.features
+  missing = [k for k in keys if k not in features]
+  if missing:
+    raise ValueError(
+      f"{builder.name}: expected image and label features {keys}, missing"
+      f" {missing} (features: {sorted(features.keys())})"
+    )
+  return keys
+
+
+# ----------------------------------------------------------------------------
+# Reading examples
+
+
+def _resize_center_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+  """Resizes the shorter side to cover ``size`` (bilinear), then crops the centre."""
+  from PIL import Image  # Pillow comes with matplotlib; only resizing needs it.
+
+  height, width = size
+  scale = max(height / image.shape[0], width / image.shape[1])
+  new_h = max(height, round(image.shape[0] * scale))
+  new_w = max(width, round(image.shape[1] * scale))
+  pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
+  resized = np.asarray(pil.resize((new_w, new_h), Image.Resampling.BILINEAR))
+  top, left = (new_h - height) // 2, (new_w - width) // 2
+  cropped = resized[top : top + height, left : left + width]
+  return cropped.reshape(height, width, image.shape[-1])
+
+
+def _collect(examples, keys, what: str, image_size) -> tuple:
+  """Stacks examples (dicts of numpy arrays) into images, labels and ids."""
+  image_key, label_key = keys
+  images, labels, ids = [], [], []
+  for index, example in enumerate(examples):
+    image = np.asarray(example[image_key])
+    if image.ndim == 2:
+      image = image[..., None]
+    if image_size is not None:
+      if image.dtype != np.uint8:
+        raise ValueError(f"image_size: resizing needs uint8 images, got {image.dtype}")
+      image = _resize_center_crop(image, image_size)
+    if images and image.shape != images[0].shape:
+      raise ValueError(
+        f"{what}: images have different shapes ({images[0].shape} at index 0,"
+        f" {image.shape} at index {index}); pass image_size=(height, width) to"
+        " resize and centre-crop them"
+      )
+    images.append(image)
+    labels.append(int(example[label_key]))
+    if "id" in example:
+      value = example["id"]
+      ids.append(value.decode() if isinstance(value, bytes) else str(value))
+  if not images:
+    raise ValueError(f"{what}: the split is empty")
+  ids = np.asarray(ids) if len(ids) == len(images) else None
+  return np.stack(images), np.asarray(labels, np.int64), ids
+
+
+def _read_examples(tfds, builder, split: str, limit: int | None, keys, what, image_size):
+  """Reads (images, labels, ids) of a prepared dataset; TFDS failures as one line."""
+  file_format = str(getattr(builder.info.file_format, "value", builder.info.file_format))
+  try:
+    if file_format == "array_record":
+      source = builder.as_data_source(split=split)
+      count = len(source) if limit is None else min(limit, len(source))
+      examples = (source[i] for i in range(count))
+    else:
+      if not tensorflow_available():
+        raise DataUnavailableError(
+          f"{what}: the prepared data in {builder.data_path} is {file_format},"
+          f" which needs TensorFlow to read: {INSTALL_TENSORFLOW}"
+        )
+      examples = itertools.islice(tfds.as_numpy(builder.as_dataset(split=split)), limit)
+    return _collect(examples, keys, what, image_size)
+  except (ValueError, DataUnavailableError):
+    raise
+  except Exception as e:  # One line instead of a traceback from inside TFDS.
+    raise DataUnavailableError(
+      f"{what}: reading the TFDS data in {builder.data_path} failed:"
+      f" {type(e).__name__}: {_one_line(e)}"
+    ) from None
+
+
+def load_tfds(
+  name: str,
+  split: str,
+  *,
+  data_dir: epath.PathLike | None = None,
+  limit: int | None = None,
+  image_size: tuple[int, int] | None = None,
+) -> DatasetSplit:
+  """Reads a TFDS dataset into memory, building it first only when possible.
+
+  Prepared ArrayRecord data is read with TFDS data sources (no TensorFlow).
+  Prepared TFRecord data needs TensorFlow. Unprepared data is built (as
+  ArrayRecord) only when TensorFlow is installed and the network (or, for
+  ImageNet-style datasets, the manual download) is there; otherwise this raises
+  ``DataUnavailableError`` at once, saying which is missing.
+
+  Args:
+    name: TFDS name, optionally with config and version (``"cifar10:3.0.2"``).
+    split: TFDS split, slicing allowed (``"test"``, ``"train[:10%]"``).
+    data_dir: TFDS data directory (default: TFDS's, ``~/tensorflow_datasets``).
+    limit: keep the first ``limit`` examples (all when None).
+    image_size: (height, width) to resize (shorter side) and centre-crop uint8
+      images to; needed when images differ in size (ImageNet).
+
+  Returns:
+    A ``DatasetSplit``: images [N, H, W, C] float32 in [0, 1], labels [N]
+    int32; ``ids`` holds the ``id`` feature when there is one.
+  """
+  if limit is not None:
+    limit = validation.positive_int("limit", limit)
+  if image_size is not None:
+    if len(image_size) != 2:
+      raise ValueError(f"image_size: expected (height, width), got {image_size!r}")
+    image_size = tuple(validation.positive_int("image_size", s) for s in image_size)
+  tfds = _import_tfds()
+  builder = _tfds_builder(tfds, name, data_dir)
+  what = f"{name} ({split})"
+  if not builder.is_prepared():
+    blockers = _build_blockers(builder)
+    if blockers:
+      detail = (
+        f"no prepared TFDS dataset in {builder.data_path}, and it cannot be built"
+        f" here: {'; '.join(blockers)}"
+      )
+      raise DataUnavailableError(
+        f"{what}: {detail}. Fix: provide what is missing, or copy a prepared TFDS"
+        f" folder to {builder.data_path} (data_dir), or use the offline default"
+        f" fashion_mnist ({INSTALL_FASHION_MNIST})",
+        detail=detail,
+      )
+    _prepare(builder)
+  keys = _feature_keys(builder)
+  label_feature = builder.info.features[keys[1]]
+  num_classes = getattr(label_feature, "num_classes", None)
+  if not num_classes:
+    raise ValueError(f"{name}: label feature {keys[1]!r} is not a ClassLabel")
+  known_splits = list(builder.info.splits)
+  base_split = re.split(r"[\[+]", split)[0]
+  if known_splits and base_split not in known_splits:
+    raise ValueError(f"split: {name} has splits {known_splits}, got {split!r}")
+  images, labels, ids = _read_examples(tfds, builder, split, limit, keys, what, image_size)
+  labels = np.asarray(validation.labels_array(what, labels, num_classes), np.int32)
+  names = tuple(getattr(label_feature, "names", None) or map(str, range(num_classes)))
+  return DatasetSplit(
+    images=scale_images(images, what),
+    labels=labels,
+    num_classes=int(num_classes),
+    name=name,
+    split=split,
+    source=f"tfds:{builder.data_path}",
+    class_names=names,
+    ids=ids,
+  )
+
+
+__all__ = ["load_tfds", "network_available", "tensorflow_available"]

@@ -1,0 +1,401 @@
+"""Per-bin figures: calibration and test bins of one score (paper Figs. 1 and 2)."""
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+from matplotlib import offsetbox, ticker
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from top1_jax import binning
+from top1_jax import metrics as metrics_lib
+from top1_jax.plots import figures
+
+BOUNDS = ("clopper_pearson", "hoeffding")
+ORDERS = ("prob", "bins")
+
+_BOUND_NAMES = {"clopper_pearson": "Clopper–Pearson", "hoeffding": "Hoeffding"}
+_TRAIN_COLOR = "#9ecae1"  # light blue: calibration (train) bins
+_TEST_COLOR = "#e6550d"  # orange: test bins
+_INTERVAL_COLOR = "#08306b"  # dark blue: intervals and their annotation
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_bins(name: str, bins) -> None:
+  if not isinstance(bins, binning.Bins):
+    raise ValueError(f"{name}: expected binning.Bins, got {type(bins).__name__}")
+  counts = np.shape(bins.counts)
+  if len(counts) != 1 or np.shape(bins.hits) != counts or np.shape(bins.prob) != counts:
+    raise ValueError(
+      f"{name}: expected 1-D counts, hits and prob of one shape (one binning, not a batch),"
+      f" got {counts}, {np.shape(bins.hits)}, {np.shape(bins.prob)}"
+    )
+  if int(np.sum(bins.counts)) <= 0:
+    raise ValueError(f"{name}: no examples were counted in any bin")
+
+
+def _check_pair(train_bins, test_bins, name: str = "") -> None:
+  """Checks a (calibration, test) pair; ``name`` prefixes messages for tuple arguments."""
+  train_name = f"{name}[0]" if name else "train_bins"
+  test_name = f"{name}[1]" if name else "test_bins"
+  _check_bins(train_name, train_bins)
+  _check_bins(test_name, test_bins)
+  if train_bins.n_bins != test_bins.n_bins:
+    raise ValueError(
+      f"{test_name}: expected {train_bins.n_bins} bins like {train_name}, got"
+      f" {test_bins.n_bins} (count the test split with binning.refit(train_bins, ...))"
+    )
+  if not np.array_equal(np.asarray(train_bins.edges), np.asarray(test_bins.edges)):
+    raise ValueError(
+      f"{test_name}: bin edges differ from {train_name}'s"
+      " (count the test split with binning.refit(train_bins, ...))"
+    )
+
+
+def _check_probability(name: str, value, *, open_interval: bool = False) -> float:
+  try:
+    value = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name}: expected a number, got {value!r}") from None
+  inside = 0.0 < value < 1.0 if open_interval else 0.0 <= value <= 1.0
+  if not inside:
+    interval = "(0, 1)" if open_interval else "[0, 1]"
+    raise ValueError(f"{name}: expected a value in {interval}, got {value}")
+  return value
+
+
+def _check_choice(name: str, value, choices: Sequence) -> None:
+  if value not in choices:
+    raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
+
+
+def _check_options(
+  accuracy: float | None, delta: float, bounds: str | None
+) -> tuple[float | None, float]:
+  """Checks the options both figures share; returns (accuracy, delta) as floats."""
+  if accuracy is not None:
+    accuracy = _check_probability("accuracy", accuracy)
+  delta = _check_probability("delta", delta, open_interval=True)
+  _check_choice("bounds", bounds, (*BOUNDS, None))
+  return accuracy, delta
+
+
+# --------------------------------------------------------------------------- layout
+
+
+class _Layout(NamedTuple):
+  """Where each drawn bin goes: the bins in plotting order, their x span."""
+
+  index: np.ndarray  # [B] bin indices with calibration examples, in plotting order
+  left: np.ndarray  # [B] left edge on the [0, 1] axis
+  width: np.ndarray  # [B] calibration weight of the bin
+
+
+def _layout(train_bins: binning.Bins, order: str) -> _Layout:
+  counts = np.asarray(train_bins.counts, np.float64)
+  index = np.flatnonzero(counts > 0)  # padding slots and merged tie groups hold no data
+  if order == "prob":
+    prob = np.asarray(train_bins.prob, np.float64)[index]
+    index = index[np.argsort(-prob, kind="stable")]
+  width = counts[index] / counts.sum()
+  left = np.concatenate([[0.0], np.cumsum(width)[:-1]])
+  return _Layout(index, left, width)
+
+
+def _confidence(delta: float) -> str:
+  """1 - delta as a percentage with the digits it needs: 95%, 99.5%."""
+  for digits in range(4):
+    text = f"{100 * (1 - delta):.{digits}f}"
+    if abs(float(text) - 100 * (1 - delta)) < 1e-9:
+      break
+  return f"{text}%"
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def _draw_intervals(
+  ax: Axes, train_bins: binning.Bins, layout: _Layout, delta: float, bounds: str
+) -> tuple[np.ndarray, np.ndarray]:
+  """Draws the per-bin confidence intervals as error bars; returns (lower, upper)."""
+  prob = np.asarray(train_bins.prob, np.float64)[layout.index]
+  lower, upper = (
+    np.asarray(b, np.float64)[layout.index]
+    for b in binning.confidence_bounds(train_bins, delta, bounds)
+  )
+  # The interval is around hits / counts; the prediction carries the prior, so
+  # clip in case it sits a hair outside.
+  yerr = np.stack([np.maximum(prob - lower, 0.0), np.maximum(upper - prob, 0.0)])
+  many = layout.index.size > 30
+  ax.errorbar(
+    layout.left + layout.width / 2,
+    prob,
+    yerr=yerr,
+    fmt="none",
+    ecolor=_INTERVAL_COLOR,
+    alpha=0.55 if many else 1.0,
+    elinewidth=0.6 if many else 1.0,
+    capsize=0 if many else 3,
+    label=f"{_confidence(delta)} {_BOUND_NAMES[bounds]} interval",
+  )
+  return lower, upper
+
+
+def _draw_bins(
+  ax: Axes,
+  train_bins: binning.Bins,
+  test_bins: binning.Bins,
+  *,
+  accuracy: float | None,
+  delta: float,
+  bounds: str | None,
+  order: str,
+  annotate: bool,
+  event: str,
+) -> _Layout:
+  """Draws one calibration/test bin pair on ``ax``; returns the layout used."""
+  layout = _layout(train_bins, order)
+  if accuracy is None:
+    baseline = float(np.sum(test_bins.hits)) / float(np.sum(test_bins.counts))
+  else:
+    baseline = accuracy
+  ece = float(metrics_lib.ece(train_bins, test_bins))
+  prob = np.asarray(train_bins.prob, np.float64)[layout.index]
+  test_counts = np.asarray(test_bins.counts)[layout.index]
+  test_hits = np.asarray(test_bins.hits, np.float64)[layout.index]
+
+  ax.bar(
+    layout.left,
+    prob - baseline,
+    layout.width,
+    bottom=baseline,
+    align="edge",
+    color=_TRAIN_COLOR,
+    # White gaps between many thin bars would hide the bars themselves.
+    edgecolor=_TRAIN_COLOR if layout.index.size > 30 else "white",
+    linewidth=0.6,
+    label="calibration bins: predicted P(correct)",
+  )
+  # Test bins are narrower and drawn in front, so the height gap to the calibration
+  # bar behind is the per-bin calibration error. Empty test bins have no accuracy.
+  seen = test_counts > 0
+  test_acc = test_hits[seen] / test_counts[seen]
+  ax.bar(
+    layout.left[seen] + 0.2 * layout.width[seen],
+    test_acc - baseline,
+    0.6 * layout.width[seen],
+    bottom=baseline,
+    align="edge",
+    color=_TEST_COLOR,
+    alpha=0.85,
+    linewidth=0,
+    label=f"test bins: accuracy, ECE = {ece:.2%}",
+  )
+  lower = upper = None
+  if bounds is not None:
+    lower, upper = _draw_intervals(ax, train_bins, layout, delta, bounds)
+  ax.axhline(
+    baseline,
+    color="0.15",
+    linestyle="--",
+    linewidth=1.0,
+    label=f"{event} {'test ' if accuracy is None else ''}accuracy {baseline:.1%}",
+  )
+  if annotate:
+    _annotate_ends(ax, prob, lower, upper, delta)
+
+  heights = [prob, test_acc, [baseline]] + ([lower] if lower is not None else [])
+  low = float(np.min(np.concatenate([np.ravel(h) for h in heights])))
+  ax.set_ylim(max(0.0, low - 0.05), 1.02)
+  ax.set_xlim(0.0, 1.0)
+  ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
+  ordered_by = "predicted probability" if order == "prob" else "score bin"
+  ax.set_xlabel(f"calibration examples, by {ordered_by} (bar width = bin weight)")
+  ax.set_ylabel(f"P({event} prediction correct)")
+  ax.grid(axis="y", alpha=0.3)
+  ax.set_axisbelow(True)
+  _legend_below(ax)
+  return layout
+
+
+def _legend_below(ax: Axes) -> None:
+  # Below the axes: bars can reach any height at any x, so inside it would cover some.
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncols=2, fontsize="small")
+
+
+def _annotate_ends(ax: Axes, prob, lower, upper, delta: float) -> None:
+  """Boxes the first and last bins' predictions (and intervals) in an empty corner."""
+  lines = []
+  for which, i in (("first", 0), ("last", -1)):
+    text = f"{which} bin: p = {prob[i]:.3f}"
+    if lower is not None:
+      text += f", {_confidence(delta)} interval [{lower[i]:.3f}, {upper[i]:.3f}]"
+    lines.append(text)
+  # Bars run from high on the left to low on the right when ordered by probability,
+  # so the region under the baseline on the left is empty (above it, if reversed).
+  loc = "lower left" if prob[0] >= prob[-1] else "upper left"
+  box = offsetbox.AnchoredText(
+    "\n".join(lines), loc=loc, prop={"size": "small", "color": _INTERVAL_COLOR}, frameon=True
+  )
+  box.patch.set_alpha(0.9)
+  box.patch.set_edgecolor("0.8")
+  ax.add_artist(box)
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def bin_figure(
+  train_bins: binning.Bins,
+  test_bins: binning.Bins,
+  *,
+  accuracy: float | None = None,
+  delta: float = 0.05,
+  bounds: str | None = "clopper_pearson",
+  order: str = "prob",
+  annotate: bool = True,
+  event: str = "Top-1",
+  title: str | None = None,
+  ax: Axes | None = None,
+) -> Figure:
+  """Calibrated Top-1 bins of one score, calibration and test superimposed (paper Fig. 1).
+
+  Each bin with calibration examples is a bar from the baseline accuracy up (or
+  down) to its predicted probability ``train_bins.prob``; the test split's
+  observed accuracy in the same bin is a narrower bar in front, so the height gap
+  is that bin's calibration error. Bar widths are the bins' calibration weights
+  (equal-count bins have equal widths) and the x axis is the fraction of
+  calibration examples, most confident first. Error bars are the per-bin
+  ``1 - delta`` intervals of ``binning.confidence_bounds`` on the calibration
+  counts; the legend gives ``metrics.ece(train_bins, test_bins)``.
+
+  Args:
+    train_bins: bins fitted on the calibration split (``binning.fit``).
+    test_bins: the test split counted in the same bins (``binning.refit``).
+    accuracy: the baseline, in [0, 1]; default the test accuracy (the paper's choice).
+    delta: failure probability of the intervals, in (0, 1).
+    bounds: "clopper_pearson", "hoeffding", or None for no error bars.
+    order: "prob": by predicted probability, highest first; "bins": in bin order
+      (ascending score, i.e. most confident first for an uncertainty such as
+      -log pmax, least confident first for a confidence such as pmax).
+    annotate: write the first and last bins' predictions on the plot.
+    event: the predicted event, for labels ("Top-1", "Top-5").
+    title: axes title; default names the event and the number of bins.
+    ax: draw into these axes instead of a new figure.
+
+  Returns:
+    The ``Figure`` (the one holding ``ax`` when given).
+
+  Raises:
+    ValueError: bins that are not a matching pair, or an accuracy, delta, bounds
+      or order out of range.
+  """
+  _check_pair(train_bins, test_bins)
+  accuracy, delta = _check_options(accuracy, delta, bounds)
+  _check_choice("order", order, ORDERS)
+  if ax is None:
+    fig = figures.new_figure((9.0, 5.0))
+    ax = fig.add_subplot()
+  else:
+    fig = ax.get_figure(root=True)
+  layout = _draw_bins(
+    ax,
+    train_bins,
+    test_bins,
+    accuracy=accuracy,
+    delta=delta,
+    bounds=bounds,
+    order=order,
+    annotate=annotate,
+    event=event,
+  )
+  if title is None:
+    used = layout.index.size
+    merged = "" if used == train_bins.n_bins else f" of {train_bins.n_bins}, tied scores merged"
+    title = f"Calibrated {event} bins ({used} bins{merged})"
+  ax.set_title(title)
+  return fig
+
+
+def refinement_figure(
+  coarse: tuple[binning.Bins, binning.Bins],
+  fine: tuple[binning.Bins, binning.Bins],
+  *,
+  accuracy: float | None = None,
+  delta: float = 0.05,
+  bounds: str | None = "clopper_pearson",
+  overlay: bool = True,
+  event: str = "Top-1",
+  title: str | None = "More bins approximate the conditional probability better",
+) -> Figure:
+  """The same score with few and with many bins, side by side (paper Fig. 2).
+
+  Each panel is a ``bin_figure`` (bins ordered by predicted probability). With
+  ``overlay`` the fine panel also traces the coarse predictions as a step line,
+  so one sees the fine bins resolve the probability within each coarse bin.
+
+  Args:
+    coarse: (train_bins, test_bins) with few bins, e.g. 10.
+    fine: (train_bins, test_bins) of the same score and splits with more bins, e.g. 100.
+    accuracy: the baseline of both panels, in [0, 1]; default each panel's test accuracy.
+    delta: failure probability of the intervals, in (0, 1).
+    bounds: "clopper_pearson", "hoeffding", or None for no error bars.
+    overlay: trace the coarse predictions on the fine panel.
+    event: the predicted event, for labels ("Top-1", "Top-5").
+    title: figure title (None for none).
+
+  Returns:
+    A ``Figure`` with two axes sharing the y axis.
+
+  Raises:
+    ValueError: an argument that is not a matching (train, test) pair of bins, or
+      an accuracy, delta or bounds out of range.
+  """
+  pairs = {"coarse": coarse, "fine": fine}
+  for name, pair in pairs.items():
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+      raise ValueError(
+        f"{name}: expected a (train_bins, test_bins) pair, got {type(pair).__name__}"
+      )
+    _check_pair(*pair, name=name)
+  accuracy, delta = _check_options(accuracy, delta, bounds)
+
+  fig = figures.new_figure((14.0, 5.2))
+  axes = fig.subplots(1, 2, sharey=True)
+  layouts = {}
+  for ax, (name, (train_bins, test_bins)) in zip(axes, pairs.items(), strict=True):
+    layouts[name] = _draw_bins(
+      ax,
+      train_bins,
+      test_bins,
+      accuracy=accuracy,
+      delta=delta,
+      bounds=bounds,
+      order="prob",
+      annotate=True,
+      event=event,
+    )
+    ax.set_title(f"{layouts[name].index.size} bins")
+  if overlay:
+    coarse_layout = layouts["coarse"]
+    edges = np.append(coarse_layout.left, 1.0)
+    coarse_prob = np.asarray(coarse[0].prob, np.float64)[coarse_layout.index]
+    axes[1].stairs(
+      coarse_prob,
+      edges,
+      color="0.1",
+      linewidth=1.4,
+      label=f"{coarse_layout.index.size}-bin predictions",
+    )
+    _legend_below(axes[1])
+  # Shared y: the limits of the panel drawn last would cut the other one.
+  low = min(ax.get_ylim()[0] for ax in axes)
+  high = max(ax.get_ylim()[1] for ax in axes)
+  axes[0].set_ylim(low, high)
+  axes[1].set_ylabel("")
+  if title:
+    fig.suptitle(title)
+  return fig
