@@ -6,6 +6,10 @@ for classification by score based models".
 The package's face is the paper's maths, which needs only jax and numpy::
 
   import top1_jax as t1
+  cal = t1.Calibrator(score="neg_log_pmax", n_bins=20).fit(logits_cal, labels_cal)
+  p = cal.predict_proba(logits_new)            # calibrated P(Top-1 correct)
+
+  # or the pieces:
   correct = t1.topk_correct(logits, labels, k=1)
   u = t1.neg_log_pmax(logits)
   bins = t1.fit_bins(u[:5000], correct[:5000], n_bins=20)
@@ -33,6 +37,7 @@ from top1_jax.binning import (
 from top1_jax.binning import fit as fit_bins
 from top1_jax.binning import predict as predict_bins
 from top1_jax.binning import refit as refit_bins
+from top1_jax.calibrator import Calibrator
 from top1_jax.crossval import METRICS, CrossValidation, Splits, cross_validate, make_splits
 from top1_jax.events import topk_correct
 from top1_jax.metrics import (
@@ -60,6 +65,8 @@ from top1_jax.scores import (
 )
 
 __all__ = [
+  # the practitioner's calibrator
+  "Calibrator",
   # modules of the maths
   "baselines",
   "binning",

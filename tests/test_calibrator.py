@@ -1,0 +1,214 @@
+"""Calibrator: fit / predict_proba / predict_interval / evaluate / save / load."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference
+
+from top1_jax import Calibrator, binning, scores
+
+
+def _logits(num=2000, num_classes=10, seed=0):
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, num_classes, num)
+  logits = rng.normal(size=(num, num_classes))
+  logits[np.arange(num), labels] += rng.gamma(2.0, 1.0, num)
+  return (3 * logits).astype(np.float32), labels
+
+
+def _softmax(logits):
+  z = np.asarray(logits, np.float64)
+  e = np.exp(z - z.max(-1, keepdims=True))
+  return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def test_fit_returns_self_and_matches_the_bins_and_the_oracle():
+  logits, labels = _logits()
+  cal = Calibrator(score="neg_log_pmax", n_bins=20, k=1, inputs="logits")
+  assert cal.fit(logits[:1000], labels[:1000]) is cal
+  u = np.asarray(scores.neg_log_pmax(logits))
+  correct = logits.argmax(1) == labels
+  bins = binning.fit(u[:1000], correct[:1000], 20)
+  p = cal.predict_proba(logits[1000:])
+  assert p.shape == (1000,) and p.dtype == np.float32
+  np.testing.assert_array_equal(p, np.asarray(binning.predict(bins, u[1000:])))
+  edges, _, _, prob, _ = reference.fit_bins(u[:1000], correct[:1000], 20)
+  np.testing.assert_allclose(p, prob[reference.assign(edges, u[1000:])], rtol=1e-6)
+
+
+def test_probs_inputs_are_logged_safely_and_agree_with_logits():
+  logits, labels = _logits()
+  probs = _softmax(logits)
+  from_logits = Calibrator(n_bins=20).fit(logits[:1000], labels[:1000])
+  from_probs = Calibrator(n_bins=20, inputs="probs").fit(probs[:1000], labels[:1000])
+  np.testing.assert_array_equal(
+    np.asarray(from_logits.bins.counts), np.asarray(from_probs.bins.counts)
+  )
+  np.testing.assert_array_equal(from_logits.predict_proba(logits), from_probs.predict_proba(probs))
+
+
+def test_underflowed_probabilities_stay_tie_free():
+  # Saturated rows: pmax is 1.0 in float32 for all of them, the tails differ.
+  tails = np.array([1e-37, 2e-37, 0.0, 5e-30, 1e-20], np.float32)
+  probs = np.zeros((5, 3), np.float32)
+  probs[:, 1] = tails
+  probs[:, 0] = 1.0
+  cal = Calibrator(n_bins=5, inputs="probs").fit(probs, np.zeros(5, int))
+  u = cal.scores_of(probs)
+  assert np.all(np.isfinite(u)) and len(np.unique(u)) == 5
+  assert np.argsort(u).tolist() == [2, 0, 1, 3, 4]
+
+
+def test_samples_and_sample_scores():
+  logits, labels = _logits(num=600)
+  rng = np.random.default_rng(1)
+  samples = logits[None] + rng.normal(size=(4, *logits.shape)).astype(np.float32)
+  cal = Calibrator(score="covariance_norm_probs", n_bins=10).fit(samples, labels)
+  expected = scores.compute(scores.mean_log_probs(samples), samples=samples)
+  np.testing.assert_allclose(cal.scores_of(samples), expected["covariance_norm_probs"], rtol=1e-6)
+  with pytest.raises(ValueError, match=r"needs \[S, N, K\] samples with S >= 2"):
+    cal.predict_proba(logits)
+
+
+def test_topk_and_callable_scores():
+  logits, labels = _logits()
+  cal = Calibrator(score="neg_log_topk_mass", k=3, n_bins=10).fit(logits, labels)
+  np.testing.assert_allclose(cal.scores_of(logits), scores.neg_log_topk_mass(logits, 3), rtol=1e-6)
+  assert cal.evaluate(logits, labels)["accuracy"] == np.mean(
+    np.any(np.argsort(-logits, 1)[:, :3] == labels[:, None], 1)
+  )
+  custom = Calibrator(score=lambda x: -np.max(x, axis=-1), n_bins=10).fit(logits, labels)
+  assert custom.predict_proba(logits).shape == (2000,)
+  with pytest.raises(ValueError, match="a callable score cannot be saved"):
+    custom.save("never.json")
+
+
+def test_predict_interval_is_the_bins_exact_interval():
+  logits, labels = _logits()
+  cal = Calibrator(n_bins=10).fit(logits[:1000], labels[:1000])
+  lo, hi = cal.predict_interval(logits[1000:], delta=0.1)
+  index = np.asarray(binning.assign(cal.bins.edges, cal.scores_of(logits[1000:])))
+  bin_lo, bin_hi = binning.clopper_pearson(cal.bins.hits, cal.bins.counts, 0.1)
+  np.testing.assert_array_equal(lo, np.asarray(bin_lo)[index])
+  np.testing.assert_array_equal(hi, np.asarray(bin_hi)[index])
+  assert np.all(lo <= cal.predict_proba(logits[1000:])) and np.all(hi >= lo)
+
+
+def test_evaluate_matches_the_oracle_and_adds_up():
+  logits, labels = _logits()
+  cal = Calibrator(n_bins=20).fit(logits[:1000], labels[:1000])
+  out = cal.evaluate(logits[1000:], labels[1000:])
+  u = np.asarray(scores.neg_log_pmax(logits))
+  correct = logits.argmax(1) == labels
+  edges, _, _, prob, prior = reference.fit_bins(u[:1000], correct[:1000], 20)
+  expected = reference.binned_scores(prob, prior, reference.assign(edges, u[1000:]), correct[1000:])
+  for name, value in expected.items():
+    np.testing.assert_allclose(out[name], value, rtol=2e-4, atol=1e-6, err_msg=name)
+  assert out["brier"] == pytest.approx(
+    out["brier_uncertainty"] - out["brier_resolution"] + out["brier_calibration"], abs=1e-6
+  )
+  assert out["num_examples"] == 1000 and out["num_effective_bins"] == 20
+
+
+def test_evaluate_reports_undefined_metrics_as_none():
+  logits, labels = _logits(num=400)
+  labels = logits.argmax(1)  # every prediction correct
+  out = Calibrator(n_bins=5).fit(logits, labels).evaluate(logits, labels)
+  assert out["auroc"] is None and out["eor"] is None
+  assert all(v is None or np.isfinite(v) for v in out.values())
+
+
+def test_save_load_round_trip_is_exact(tmp_path):
+  logits, labels = _logits()
+  cal = Calibrator(score="entropy", n_bins=15, k=2).fit(logits[:1000], labels[:1000])
+  path = tmp_path / "cal.json"
+  cal.save(path)
+  state = json.loads(path.read_text())
+  assert state["format"] == "top1_jax.Calibrator" and state["version"] == 1
+  loaded = Calibrator.load(str(path))
+  for field in ("edges", "counts", "hits", "prob", "prior"):
+    np.testing.assert_array_equal(getattr(loaded.bins, field), getattr(cal.bins, field))
+  np.testing.assert_array_equal(loaded.predict_proba(logits), cal.predict_proba(logits))
+  assert loaded.evaluate(logits[1000:], labels[1000:]) == cal.evaluate(logits[1000:], labels[1000:])
+  assert (loaded.score, loaded.n_bins, loaded.k, loaded.inputs) == ("entropy", 15, 2, "logits")
+
+
+def test_accepts_jax_and_array_like_inputs():
+  class Tensor:  # what a CPU torch tensor offers
+    def __init__(self, value):
+      self.value = value
+
+    def __array__(self, dtype=None, copy=None):
+      return np.asarray(self.value, dtype)
+
+  logits, labels = _logits(num=500)
+  reference_p = Calibrator(n_bins=5).fit(logits, labels).predict_proba(logits)
+  for wrap in (jnp.asarray, Tensor):
+    cal = Calibrator(n_bins=5).fit(wrap(logits), wrap(labels))
+    np.testing.assert_array_equal(cal.predict_proba(wrap(logits)), reference_p)
+
+
+def _corrupt(tmp_path, text):
+  path = tmp_path / "bad.json"
+  path.write_text(text)
+  return path
+
+
+def _state():
+  logits, labels = _logits(num=300)
+  return Calibrator(n_bins=4).fit(logits, labels).to_dict()
+
+
+@pytest.mark.parametrize(
+  "call, message",
+  [
+    (lambda: Calibrator(score="nope"), "score: expected a callable or one of pmax"),
+    (lambda: Calibrator(score="human_entropy"), "needs human labels"),
+    (lambda: Calibrator(inputs="logprobs"), "inputs: expected one of"),
+    (lambda: Calibrator(n_bins=0), "n_bins: expected at least 1"),
+    (lambda: Calibrator(k=1.5), "k: expected an integer"),
+    (lambda: Calibrator().predict_proba(np.zeros((3, 4))), "not fitted"),
+    (lambda: Calibrator(n_bins=2).fit(np.full((3, 4), np.nan), [0, 1, 2]), "x: 12 non-finite"),
+    (lambda: Calibrator(n_bins=2).fit(np.zeros((3, 4)), [0, 1]), "length mismatch"),
+    (lambda: Calibrator(n_bins=2).fit(np.zeros((3, 4)), [0, 1, 4]), "labels out of range"),
+    (
+      lambda: Calibrator(n_bins=9).fit(np.zeros((3, 4)), [0, 1, 2]),
+      "n_bins: expected at least 1, at most 3",
+    ),
+    (lambda: Calibrator(k=5).fit(np.zeros((3, 4)), [0, 1, 2]), "k: expected at least 1, at most 4"),
+    (
+      lambda: Calibrator(inputs="probs").fit(np.ones((3, 4)), [0, 1, 2]),
+      "x: each row must sum to 1",
+    ),
+    (
+      lambda: Calibrator(n_bins=2).fit(np.zeros((3, 4)), [0, 1, 2]).predict_proba(np.zeros((3, 5))),
+      "expected 4 classes",
+    ),
+    (lambda: Calibrator().fit(np.zeros((3,)), [0, 1, 2]), "x: expected a 2-D or 3-D array"),
+    (lambda: Calibrator.from_dict({"format": "other"}), "not a top1_jax calibrator"),
+    (lambda: Calibrator.from_dict({**_state(), "version": 99}), "calibrator version 99"),
+    (
+      lambda: Calibrator.from_dict({**_state(), "counts": [1, 2]}),
+      "counts and hits must be 4 integers",
+    ),
+    (lambda: Calibrator.from_dict({**_state(), "hits": [9, 9, 9, 900]}), "0 <= hits <= counts"),
+    (lambda: Calibrator.from_dict({**_state(), "edges": [3.0, 1.0]}), "strictly ascending"),
+    (
+      lambda: Calibrator.from_dict({k: v for k, v in _state().items() if k != "prior"}),
+      "field 'prior' is missing",
+    ),
+    (lambda: Calibrator.from_dict({**_state(), "score": "nope"}), "bad calibrator field"),
+  ],
+)
+def test_bad_input_is_a_one_line_value_error(call, message):
+  with pytest.raises(ValueError, match=message) as info:
+    call()
+  assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["", "{not json", "[1, 2]", "\x1f\x8b gzip"])
+def test_corrupt_or_foreign_files_are_refused(tmp_path, text):
+  with pytest.raises(ValueError, match="not a top1_jax calibrator"):
+    Calibrator.load(_corrupt(tmp_path, text))
