@@ -1,4 +1,13 @@
-"""Install top1_jax: `pip install -e .` (add `[dev]` for tests, `[tf]` to build TFDS datasets)."""
+"""Install top1_jax.
+
+  pip install .              # the core: scores, bins, metrics, cross-validation, Calibrator
+  pip install '.[all]'       # + Flax models, datasets, figures and the top1-* command-line tools
+  pip install '.[dev]'       # + the test tools
+
+The exact versions the project is tested with are pinned in requirements.txt (the lock
+file that run.sh, test.sh and CI install); the ranges here are what a user's environment
+may bring.
+"""
 
 import pathlib
 import re
@@ -7,15 +16,23 @@ import setuptools
 
 _HERE = pathlib.Path(__file__).parent
 
-
-def _requirements(name: str) -> list[str]:
-  lines = (_HERE / name).read_text().splitlines()
-  return [line.strip() for line in lines if line.strip() and not line.startswith(("#", "-r"))]
-
-
 _VERSION = re.search(
   r'__version__ = "([^"]+)"', (_HERE / "top1_jax" / "__init__.py").read_text()
 ).group(1)
+
+_CORE = ["jax>=0.4.30", "numpy>=1.26"]
+_EXTRAS = {
+  "nn": ["flax>=0.10", "optax>=0.2.3", "orbax-checkpoint>=0.10"],
+  "data": ["tensorflow-datasets>=4.9.4", "etils[epath]>=1.7", "importlib_resources>=6"],
+  "plots": ["matplotlib>=3.8"],
+  "cli": ["absl-py>=2.0"],
+  # Building (download_and_prepare) a TFDS dataset needs TensorFlow; reading one does not.
+  "tf": ["tensorflow-cpu"],
+}
+_EXTRAS["all"] = sorted({r for name in ("nn", "data", "plots", "cli") for r in _EXTRAS[name]})
+_EXTRAS["dev"] = _EXTRAS["all"] + ["pytest>=8", "hypothesis>=6.100", "scipy>=1.11", "ruff>=0.6"]
+
+_LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find_mislabeled", "demo")
 
 setuptools.setup(
   name="top1_jax",
@@ -23,13 +40,13 @@ setuptools.setup(
   description="Calibrated Top-1 uncertainty for classifiers by binning a score (JAX).",
   long_description=(_HERE / "README.md").read_text(),
   long_description_content_type="text/markdown",
-  packages=setuptools.find_packages(include=["top1_jax", "top1_jax.*"]),
+  packages=setuptools.find_packages(include=["top1_jax", "top1_jax.*", "experiments"]),
   python_requires=">=3.10",
-  install_requires=_requirements("requirements.txt"),
-  extras_require={
-    "dev": _requirements("requirements-dev.txt"),
-    # Building (download_and_prepare) a TFDS dataset needs TensorFlow;
-    # reading an already prepared one does not.
-    "tf": ["tensorflow-cpu"],
+  install_requires=_CORE,
+  extras_require=_EXTRAS,
+  entry_points={
+    "console_scripts": [
+      f"top1-{name.replace('_', '-')} = experiments.cli:{name}" for name in _LAUNCHERS
+    ]
   },
 )

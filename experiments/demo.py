@@ -11,8 +11,9 @@ import os
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from experiments import common
 from top1_jax import __version__, crossval, events, metrics, scores
 from top1_jax.io import files
 
@@ -24,8 +25,6 @@ _OVERCONFIDENCE = flags.DEFINE_float(
 _N_BINS = flags.DEFINE_list("n_bins", ["10", "20", "100"], "Bin counts to compare.")
 _N_FOLDS = flags.DEFINE_integer("n_folds", 10, "Number of calibration/test splits.")
 _SCHEME = flags.DEFINE_enum("scheme", "halves", crossval.SCHEMES, "How splits are drawn.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed for the data and the splits.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "If set, write results.json and results.md here.")
 
 
 def synthetic_logits(num_examples, num_classes, overconfidence, seed):
@@ -40,12 +39,9 @@ def synthetic_logits(num_examples, num_classes, overconfidence, seed):
 
 def main(argv):
   del argv
-  try:
-    n_bins = tuple(int(n) for n in _N_BINS.value)
-  except ValueError:
-    raise app.UsageError(f"--n_bins: expected integers, got {_N_BINS.value}") from None
+  n_bins = common.parse_ints("n_bins", _N_BINS.value)
   logits, labels = synthetic_logits(
-    _NUM_EXAMPLES.value, _NUM_CLASSES.value, _OVERCONFIDENCE.value, _SEED.value
+    _NUM_EXAMPLES.value, _NUM_CLASSES.value, _OVERCONFIDENCE.value, common.SEED.value
   )
   correct = events.topk_correct(logits, labels, k=1)
   print(
@@ -58,7 +54,7 @@ def main(argv):
     f"NLL {float(metrics.nll(raw_pmax, correct)):.4f}"
   )
   score_values = scores.compute(logits, topk=(2,))  # every single-model score
-  splits = crossval.make_splits(len(labels), _N_FOLDS.value, _SEED.value, _SCHEME.value)
+  splits = crossval.make_splits(len(labels), _N_FOLDS.value, common.SEED.value, _SCHEME.value)
   rows = []
   header = "| score | bins | Brier | NLL | ECE | EOR | AUROC |"
   lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]
@@ -76,18 +72,18 @@ def main(argv):
     print(f"  {name}: {len(n_bins)} bin counts x {_N_FOLDS.value} splits in {elapsed:.2f} s")
   table = "\n".join(lines)
   print(table)
-  if _WORKDIR.value:
-    os.makedirs(_WORKDIR.value, exist_ok=True)
+  if common.WORKDIR.value:
+    os.makedirs(common.WORKDIR.value, exist_ok=True)
     config = {
       name: flags.FLAGS[name].value
       for name in ("num_examples", "num_classes", "overconfidence", "n_folds", "scheme", "seed")
     }
     config["n_bins"] = list(n_bins)
     result = {"config": config, "version": __version__, "results": rows}
-    files.write_json(os.path.join(_WORKDIR.value, "results.json"), result)
-    files.write_bytes(os.path.join(_WORKDIR.value, "results.md"), (table + "\n").encode())
-    print(f"wrote {_WORKDIR.value}/results.json and results.md")
+    files.write_json(os.path.join(common.WORKDIR.value, "results.json"), result)
+    files.write_bytes(os.path.join(common.WORKDIR.value, "results.md"), (table + "\n").encode())
+    print(f"wrote {common.WORKDIR.value}/results.json and results.md")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -3,6 +3,7 @@ r"""Sweeps scores x bin counts x Top-k events over predictions files; writes the
   python -m experiments.evaluate --workdir=runs/fmnist            # the work dir's files
   python -m experiments.evaluate --workdir=out --predictions=a.npz,b.npz \
       --scores=pmax,entropy --n_bins=10,20,100 --topk=1,5 --n_folds=10
+  top1-evaluate --workdir=out --probs=probs.npy --labels=labels.npy   # plain arrays
 
 Every (file, score, event) is one sweep point: all bin counts and splits are
 computed together by ``top1_jax.crossval.cross_validate`` on the same random
@@ -25,6 +26,15 @@ from top1_jax.io import predictions as predictions_lib
 PREDICTIONS = flags.DEFINE_list(
   "predictions", None, "Predictions files (.npz); default: every file in <workdir>/predictions."
 )
+LOGITS = flags.DEFINE_string(
+  "logits",
+  None,
+  "A .npy of [N, K] logits or [S, N, K] samples, with --labels (no predictions file).",
+)
+PROBS = flags.DEFINE_string(
+  "probs", None, "A .npy of [N, K] probabilities or [S, N, K] sample probabilities, with --labels."
+)
+LABELS = flags.DEFINE_string("labels", None, "A .npy of [N] integer labels, for --logits/--probs.")
 SCORES = flags.DEFINE_list(
   "scores",
   ["all"],
@@ -53,6 +63,11 @@ class Source:
     predictions = predictions_lib.load_predictions(path)
     self.meta = dict(predictions.meta)
     self.labels = np.asarray(predictions.labels)
+    # One network (no samples, not MC dropout or an ensemble): temperature scaling applies.
+    self.single_model = (predictions.num_samples or 1) == 1 and self.meta.get("method") not in (
+      "mc_dropout",
+      "ensemble",
+    )
     if max(topk) > predictions.num_classes:
       raise common.ExperimentError(
         f"--topk: {max(topk)} exceeds the {predictions.num_classes} classes of {path.name}"
@@ -78,7 +93,31 @@ class Source:
     return self.name
 
 
+def _file_from_arrays() -> pathlib.Path:
+  """--logits/--probs and --labels as a predictions file in the work dir (its name: the array's)."""
+  array = LOGITS.value or PROBS.value
+  if LOGITS.value and PROBS.value:
+    raise common.ExperimentError("--logits, --probs: give one of them, not both")
+  if PREDICTIONS.value:
+    raise common.ExperimentError("--predictions: give either predictions files or --logits/--probs")
+  if not LABELS.value:
+    raise common.ExperimentError(
+      f"--labels: required with --{'logits' if LOGITS.value else 'probs'}"
+    )
+  predictions = predictions_lib.from_arrays(
+    labels=LABELS.value, logits=LOGITS.value, probs=PROBS.value
+  )
+  path = common.workdir() / "predictions" / f"{pathlib.Path(array).stem}.npz"
+  predictions_lib.save_predictions(path, predictions)
+  common.say(f"evaluate: {array} and {LABELS.value} -> {path}")
+  return path
+
+
 def _files() -> list[pathlib.Path]:
+  if LOGITS.value or PROBS.value:
+    return [_file_from_arrays()]
+  if LABELS.value:
+    raise common.ExperimentError("--labels: goes with --logits or --probs")
   if PREDICTIONS.value:
     paths = [pathlib.Path(p).expanduser() for p in PREDICTIONS.value]
     missing = [str(p) for p in paths if not p.is_file()]
@@ -240,9 +279,9 @@ def benchmark_comparison(sources, results, splits, n_bins) -> list[dict]:
   For every classifier: the benchmark's multiclass Brier and confidence ECE
   (equal-width bins of max-softmax), the binary Top-1 Brier / ECE of its raw
   max-softmax used directly as P(correct) (the like-for-like baseline), and Top-1
-  binning's Brier / ECE. For the plain model, temperature scaling (T fitted on each
-  calibration half) adds a row; its Top-1 bins equal the plain model's, since
-  scaling preserves the order of pmax.
+  binning's Brier / ECE. For every single model (no samples), temperature
+  scaling (T fitted on each calibration half) adds a row; its Top-1 bins equal
+  the plain model's, since scaling preserves the order of pmax.
   """
   compare_bins = COMPARE_BINS.value if COMPARE_BINS.value in n_bins else n_bins[0]
   ece_bins = ECE_BINS.value
@@ -259,7 +298,7 @@ def benchmark_comparison(sources, results, splits, n_bins) -> list[dict]:
     if score is None or (source.name, score) not in binned:
       continue
     variants = [("raw", None)]
-    if source.meta.get("method") in (None, "deterministic") and source.log_probs is not None:
+    if source.single_model:
       variants.append(("temperature", None))
     for variant, _ in variants:
       per_split = []

@@ -432,3 +432,36 @@ def test_predictions_and_human_probs_in_a_bucket(tmp_path, monkeypatch):
   np.testing.assert_array_equal(loaded.logits, fields["logits"])
   np.testing.assert_array_equal(loaded.human_probs, fields["human_probs"])
   assert sorted(os.listdir(tmp_path / "bucket")) == ["h.npy", "p.npz", "q.npz"]
+
+
+def test_from_arrays_reads_npy_logits_probs_and_samples(tmp_path):
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 6, 4)).astype(np.float32)
+  probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  labels = np.array([0, 1, 2, 3, 0, 1])
+  for name, value in {
+    "l2": logits[0],
+    "l3": logits,
+    "p2": probs[0],
+    "p3": probs,
+    "y": labels,
+  }.items():
+    np.save(tmp_path / f"{name}.npy", value)
+  plain = predictions_lib.from_arrays(labels=tmp_path / "y.npy", logits=tmp_path / "l2.npy")
+  assert plain.num_samples == 1 and plain.meta["method"] == "plain"
+  samples = predictions_lib.from_arrays(labels=tmp_path / "y.npy", logits=tmp_path / "l3.npy")
+  assert samples.num_samples == 2 and samples.meta["method"] == "samples"
+  from_probs = predictions_lib.from_arrays(labels=tmp_path / "y.npy", probs=tmp_path / "p2.npy")
+  assert from_probs.logits is None
+  np.testing.assert_allclose(from_probs.mean_probs, probs[0], rtol=1e-6)
+  sample_probs = predictions_lib.from_arrays(
+    labels=tmp_path / "y.npy", probs=tmp_path / "p3.npy", meta={"dataset": "toy"}
+  )
+  np.testing.assert_allclose(sample_probs.logits, np.log(probs), rtol=1e-5, atol=1e-6)
+  assert sample_probs.meta == {"method": "samples", "dataset": "toy"}
+  with pytest.raises(ValueError, match="logits/probs: expected exactly one of them"):
+    predictions_lib.from_arrays(labels=tmp_path / "y.npy")
+  with pytest.raises(ValueError, match="probs: expected a 2-D or 3-D array, got shape \(6,\)"):
+    predictions_lib.from_arrays(labels=tmp_path / "y.npy", probs=tmp_path / "y.npy")
+  with pytest.raises(FileNotFoundError, match="labels: no such file"):
+    predictions_lib.from_arrays(labels=tmp_path / "nope.npy", logits=tmp_path / "l2.npy")

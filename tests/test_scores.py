@@ -215,3 +215,15 @@ def test_compute_checks_its_inputs_once():
     scores.compute(np.zeros((3, 4)), samples=np.zeros((3, 4)))
   with pytest.raises(ValueError, match="human_probs: each row must sum to 1"):
     scores.compute(np.zeros((3, 4)), human_probs=np.zeros((3, 4)))
+
+
+def test_log_probs_from_probs_keeps_underflowed_tails_apart():
+  probs = np.array([[1.0, 1e-37, 0.0], [1.0, 2e-37, 0.0], [1.0, 0.0, 0.0]], np.float32)
+  log_probs = scores.log_probs_from_probs(probs)
+  assert log_probs.dtype == np.float32 and np.all(np.isfinite(log_probs))
+  np.testing.assert_allclose(log_probs[:2, 1], np.log([1e-37, 2e-37]), rtol=1e-6)
+  assert log_probs[2, 1] == -1000.0
+  u = np.asarray(scores.neg_log_pmax(log_probs))
+  assert u[1] > u[0] > u[2] >= 0  # three distinct scores where pmax is 1.0 for all three
+  _, values = scores.from_predictions(mean_probs=probs)
+  np.testing.assert_array_equal(values["neg_log_pmax"], u)

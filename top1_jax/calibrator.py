@@ -13,10 +13,10 @@ ensemble members (then the classifier is their mean in probability space, and th
 sample scores such as ``covariance_norm_probs`` become available). Anything with
 ``__array__`` works: NumPy, JAX, a CPU torch tensor.
 
-Probabilities are turned into log-probabilities in float64 before scoring: real
-networks give probabilities that underflow to 1e-37 or 0, and a score computed
-from the largest probability alone (1.0 for all of them) would tie; from the log
-of the others it stays distinct.
+Probabilities are turned into log-probabilities in float64 before scoring
+(``scores.log_probs_from_probs``): real networks give probabilities that underflow
+to 1e-37 or 0, and a score computed from the largest probability alone (1.0 for all
+of them) would tie; from the log of the others it stays distinct.
 """
 
 import json
@@ -32,9 +32,6 @@ from top1_jax import binning, events, metrics, scores, validation
 FORMAT = "top1_jax.Calibrator"
 VERSION = 1
 INPUTS = ("logits", "probs")
-# log(0) for a probability that underflowed: far below any float32 log-probability
-# (log of the smallest subnormal is -103), so it never outranks a real value.
-_LOG_ZERO = -1000.0
 
 
 class Calibrator:
@@ -89,8 +86,7 @@ class Calibrator:
     arr = validation.float_array("x", x, (2, 3), host=True)
     if self.inputs == "probs":
       validation.probability_array("x", arr, (2, 3), sums_to_one=True)
-      with np.errstate(divide="ignore"):
-        arr = np.maximum(np.log(arr.astype(np.float64)), _LOG_ZERO)
+      arr = scores.log_probs_from_probs(arr)
     if arr.shape[-1] < 2:
       raise ValueError(f"x: expected at least 2 classes on the last axis, got shape {arr.shape}")
     validation.check_nonempty("x", arr, axis=-2)

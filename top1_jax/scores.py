@@ -218,6 +218,26 @@ def human_entropy(probs: ArrayLike) -> jax.Array:
   return _human_entropy(validation.probability_array("probs", probs, 2, sums_to_one=True))
 
 
+# log(0) for a probability that underflowed: far below any float32 log-probability
+# (the log of the smallest subnormal is -103), so it never outranks a real value.
+_LOG_ZERO = -1000.0
+
+
+def log_probs_from_probs(probs: ArrayLike) -> np.ndarray:
+  """Log-probabilities of probabilities [..., K], safe for real networks' underflow.
+
+  Taken in float64 on the host, so the 1e-37 tails of real networks' softmax keep
+  their values (and the scores computed from them stay tie-free); an exact 0 gives
+  -1000. No checks: pass probabilities.
+
+  Returns:
+    float32 array shaped like ``probs``, usable wherever logits are.
+  """
+  with np.errstate(divide="ignore"):
+    log_probs = np.log(np.asarray(probs, np.float64))
+  return np.maximum(log_probs, _LOG_ZERO).astype(np.float32)
+
+
 @jax.jit
 def _mean_log_probs(samples: jax.Array) -> jax.Array:
   log_probs = jax.nn.log_softmax(samples, axis=-1)
@@ -444,7 +464,7 @@ def from_predictions(
   if logits is not None:
     log_probs = mean_log_probs(logits)
   elif mean_probs is not None:
-    log_probs = jnp.log(jnp.maximum(jnp.asarray(mean_probs), 1e-30))
+    log_probs = jnp.asarray(log_probs_from_probs(mean_probs))
   else:
     raise ValueError("logits, mean_probs: expected at least one of them, got neither")
   samples = logits if logits is not None and np.shape(logits)[0] >= 2 else None

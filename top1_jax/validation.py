@@ -125,12 +125,11 @@ def probability_array(
   if lo < 0.0 or hi > 1.0:
     raise ValueError(f"{name}: probabilities must lie in [0, 1], got min {lo:g}, max {hi:g}")
   if sums_to_one:
-    err = jnp.abs(jnp.sum(arr, axis=-1) - 1.0)
-    worst = int(jnp.argmax(err))
-    if float(err[worst]) > 1e-3:
+    sums = jnp.sum(arr, axis=-1).reshape(-1)  # one per row, whatever the leading axes
+    worst = int(jnp.argmax(jnp.abs(sums - 1.0)))
+    if abs(float(sums[worst]) - 1.0) > 1e-3:
       raise ValueError(
-        f"{name}: each row must sum to 1, row {worst} sums to"
-        f" {float(jnp.sum(arr, axis=-1)[worst]):.6g}"
+        f"{name}: each row must sum to 1, row {worst} sums to {float(sums[worst]):.6g}"
       )
   return arr
 

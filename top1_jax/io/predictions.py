@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from top1_jax import __version__, validation
+from top1_jax import __version__, scores, validation
 from top1_jax.io import files
 
 _SCORE_PREFIX = "score_"
@@ -381,6 +381,63 @@ def load_predictions(path: epath.PathLike) -> Predictions:
     return Predictions(**fields)
   except ValueError as e:
     raise ValueError(f"{path}: {e}") from None
+
+
+def _load_npy(flag: str, path: epath.PathLike) -> np.ndarray:
+  path = files.as_path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"{flag}: no such file: {path}")
+  try:
+    value = _np_load(path)
+  except (OSError, ValueError, EOFError) as e:
+    raise ValueError(f"{flag}: {path} is not a readable .npy array ({e})") from None
+  if not isinstance(value, np.ndarray):
+    raise ValueError(f"{flag}: {path} is an .npz archive; expected one .npy array")
+  return value
+
+
+def from_arrays(
+  *,
+  labels: epath.PathLike,
+  logits: epath.PathLike | None = None,
+  probs: epath.PathLike | None = None,
+  meta: Mapping[str, Any] | None = None,
+) -> Predictions:
+  """``Predictions`` from plain ``.npy`` files, the way any framework can save them.
+
+  Args:
+    labels: path of an int [N] array.
+    logits: path of [N, K] logits or [S, N, K] samples (MC dropout, ensembles).
+    probs: path of [N, K] probabilities or [S, N, K] sample probabilities (instead
+      of ``logits``); stored as log-probabilities (``scores.log_probs_from_probs``)
+      when there are samples, as ``mean_probs`` otherwise.
+    meta: the file's ``meta``; ``method`` defaults to "plain" (one model) or
+      "samples".
+
+  Returns:
+    validated ``Predictions``; errors name the flag-like field (``logits``, ...).
+  """
+  if (logits is None) == (probs is None):
+    raise ValueError("logits/probs: expected exactly one of them")
+  values = _load_npy("logits" if probs is None else "probs", logits if probs is None else probs)
+  fields: dict[str, Any] = {"labels": _load_npy("labels", labels)}
+  if probs is not None:
+    values = _check_float("probs", values, (2, 3))
+    validation.probability_array("probs", values, (2, 3), sums_to_one=True)
+    if values.ndim == 3:
+      fields["logits"] = scores.log_probs_from_probs(values)
+    else:
+      fields["mean_probs"] = values
+  else:
+    fields["logits"] = values
+  samples = values.ndim == 3 and values.shape[0] > 1
+  fields["meta"] = {"method": "samples" if samples else "plain", **(meta or {})}
+  try:
+    return Predictions(**fields)
+  except ValueError as e:  # name the array the user gave, not the field it was stored as
+    given = "probs" if probs is not None else "logits"
+    message = re.sub(r"^(logits|mean_probs):", f"{given}:", str(e))
+    raise ValueError(message) from None
 
 
 # ----------------------------------------------------------------------------

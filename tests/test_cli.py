@@ -1,0 +1,120 @@
+"""Console scripts and plain-array input, as a user runs them: installed, from another folder."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "data"
+BIN = pathlib.Path(sys.executable).parent
+LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find-mislabeled", "demo")
+
+
+def _run(args, cwd, check=True):
+  out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600)
+  if check and out.returncode != 0:
+    raise AssertionError(out.stdout[-2000:] + out.stderr[-2000:])
+  return out
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_every_console_script_is_installed_and_starts_anywhere(name, tmp_path):
+  script = BIN / f"top1-{name}"
+  assert script.exists(), f"{script} missing: pip install -e . installs the console scripts"
+  out = _run([str(script), "--helpfull"], cwd=tmp_path, check=False)  # absl exits 1 after help
+  assert "--workdir" in out.stdout + out.stderr and "Traceback" not in out.stderr
+
+
+def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
+  data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
+  np.save(tmp_path / "lenet_probs.npy", data["predictions"])
+  np.save(tmp_path / "labels.npy", data["ground_truth"])
+  args = [
+    str(BIN / "top1-evaluate"),
+    "--workdir=out",
+    "--probs=lenet_probs.npy",
+    "--labels=labels.npy",
+    "--n_bins=5,20",
+    "--n_folds=4",
+    "--topk=1",
+    "--figure_bins=10",
+  ]
+  _run(args, cwd=tmp_path)
+  results = json.loads((tmp_path / "out" / "results.json").read_text())
+  methods = [row["method"] for row in results["comparison"]]
+  # A single model named "plain" still gets the temperature-scaling baseline.
+  assert methods == ["lenet_probs", "lenet_probs + temperature scaling"]
+  binned = results["comparison"][0]
+  assert binned["top1_binned_brier"] < binned["raw_top1_brier"]
+  assert (tmp_path / "out" / "predictions" / "lenet_probs.npz").is_file()
+  assert (tmp_path / "out" / "results.csv").is_file()
+
+
+@pytest.mark.parametrize(
+  "flags, message",
+  [
+    (["--probs=p.npy"], "--labels: required with --probs"),
+    (["--labels=labels.npy"], "--labels: goes with --logits or --probs"),
+    (["--probs=p.npy", "--logits=p.npy", "--labels=labels.npy"], "give one of them, not both"),
+    (["--probs=missing.npy", "--labels=labels.npy"], "probs: no such file"),
+    (["--probs=p.npy", "--labels=short.npy"], "probs: expected 3 rows (one per label)"),
+    (["--probs=bad.npy", "--labels=labels.npy"], "probs: each row must sum to 1"),
+  ],
+)
+def test_top1_evaluate_array_errors_are_one_line(flags, message, tmp_path):
+  np.save(tmp_path / "p.npy", np.full((4, 3), 1 / 3, np.float32))
+  np.save(tmp_path / "bad.npy", np.full((4, 3), 0.5, np.float32))
+  np.save(tmp_path / "labels.npy", np.array([0, 1, 2, 0]))
+  np.save(tmp_path / "short.npy", np.array([0, 1, 2]))
+  out = _run([str(BIN / "top1-evaluate"), "--workdir=out", *flags], cwd=tmp_path, check=False)
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() == [out.stderr.strip()]
+  assert message in out.stderr
+
+
+_CORE_ONLY = r"""
+import importlib.abc, sys
+
+class Block(importlib.abc.MetaPathFinder):
+  HEAVY = ("flax", "optax", "orbax", "matplotlib", "tensorflow", "tensorflow_datasets", "absl",
+           "etils")
+
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in self.HEAVY:
+      raise ImportError(f"blocked: {name}")
+
+sys.meta_path.insert(0, Block())
+import numpy as np
+import top1_jax as t1
+from top1_jax import metrics
+
+data = np.load(sys.argv[1])
+probs, labels = data["predictions"], data["ground_truth"]
+rng = np.random.default_rng(0)
+order = rng.permutation(len(labels))
+cal, test = order[:5000], order[5000:]
+calibrator = t1.Calibrator(score="neg_log_pmax", n_bins=20, inputs="probs")
+calibrator.fit(probs[cal], labels[cal])
+calibrator.save(sys.argv[2])
+loaded = t1.Calibrator.load(sys.argv[2])
+p = loaded.predict_proba(probs[test])
+correct = probs[test].argmax(1) == labels[test]
+print(float(metrics.brier(p, correct)), float(metrics.brier(probs[test].max(1), correct)))
+print(sorted(m for m in Block.HEAVY if m in sys.modules))
+"""
+
+
+def test_the_core_works_without_the_heavy_packages(tmp_path):
+  script = tmp_path / "core_only.py"
+  script.write_text(_CORE_ONLY)
+  args = [sys.executable, str(script), str(EXAMPLES / "densenet-bc-100-cifar-100.npz"), "cal.json"]
+  out = _run(args, cwd=tmp_path)
+  brier_lines = out.stdout.strip().splitlines()
+  binned, raw = map(float, brier_lines[0].split())
+  assert binned < raw  # calibrated bins beat raw max-softmax on held-out real predictions
+  assert brier_lines[1] == "[]"
+  assert json.loads((tmp_path / "cal.json").read_text())["format"] == "top1_jax.Calibrator"
