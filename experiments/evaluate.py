@@ -254,7 +254,7 @@ def run_stage() -> dict:
       "score": score,
       "topk": k,
       "rows": cv.rows(),
-      "per_fold": {m: v.tolist() for m, v in cv.per_fold.items()},
+      "per_fold": cv.per_fold_lists(),
     }
     common.write_json(path, record)
     results.append(record)

@@ -26,18 +26,32 @@ def flat_rows(results: list[dict]) -> list[dict]:
   return rows
 
 
-def _pm(mean: float, std: float, digits: int) -> str:
-  return f"{mean:.{digits}f} ± {std:.{digits}f}"
+def _num(value: float | None, digits: int) -> str:
+  """A table cell: "–" for an undefined metric; never "-0.0000" for a rounding residue."""
+  if value is None:
+    return "–"
+  text = f"{value:.{digits}f}"
+  return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
-def _eor(mean: float, std: float) -> str:
-  if not math.isfinite(mean):
-    return str(mean)
+def _pm(mean: float | None, std: float | None, digits: int) -> str:
+  return "–" if mean is None else f"{_num(mean, digits)} ± {_num(std, digits)}"
+
+
+def _eor(mean: float | None, std: float | None) -> str:
+  if mean is None or not math.isfinite(mean):
+    return _num(mean, 2)
   digits = 2 if mean < 10 else 1 if mean < 100 else 0
   return _pm(mean, std, digits)
 
 
-def metric_table(rows: list[dict], topk: int, n_bins: int) -> str:
+def _defined_on(row: dict, metric: str, n_folds: int | None) -> str:
+  """ " (k/F splits)" when the metric is undefined on some splits (one class in a half)."""
+  count = row.get(f"{metric}_num_splits")
+  return "" if count is None or n_folds is None or count == n_folds else f" ({count}/{n_folds})"
+
+
+def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None = None) -> str:
   lines = [
     "| method | score | Brier | NLL | ECE (%) | EOR | AUROC | bins |",
     "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -45,10 +59,13 @@ def metric_table(rows: list[dict], topk: int, n_bins: int) -> str:
   for r in rows:
     if r["topk"] != topk or r["n_bins"] != n_bins:
       continue
+    ece = None if r["ece"] is None else (100 * r["ece"], 100 * r["ece_std"])
     lines.append(
-      f"| {r['method']} | {scores.label(r['score'])} | {r['brier']:.4f} | {r['nll']:.4f} "
-      f"| {_pm(100 * r['ece'], 100 * r['ece_std'], 2)} | {_eor(r['eor'], r['eor_std'])} "
-      f"| {r['auroc']:.3f} | {r['num_effective_bins']:.0f} |"
+      f"| {r['method']} | {scores.label(r['score'])} | {_num(r['brier'], 4)} | {_num(r['nll'], 4)} "
+      f"| {_pm(*(ece or (None, None)), 2)} "
+      f"| {_eor(r['eor'], r['eor_std'])}{_defined_on(r, 'eor', n_folds)} "
+      f"| {_num(r['auroc'], 3)}{_defined_on(r, 'auroc', n_folds)} "
+      f"| {_num(r['num_effective_bins'], 0)} |"
     )
   return "\n".join(lines)
 
@@ -74,7 +91,7 @@ def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, 
       elif metric == "eor":
         cells.append(_eor(match[0]["eor"], match[0]["eor_std"]))
       else:
-        cells.append(f"{match[0][metric]:.4f}")
+        cells.append(_num(match[0][metric], 4))
     lines.append(f"| {method} | {scores.label(score)} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
@@ -95,11 +112,11 @@ def markdown(rows: list[dict], config: dict, topks: tuple[int, ...], title: str)
   parts += ["| method | " + " | ".join(f"Top-{k}" for k in topks) + " |"]
   parts += ["|---|" + "---:|" * len(topks)]
   for method in dict.fromkeys(m for m, _ in accuracy):
-    cells = [f"{accuracy.get((method, k), float('nan')):.4f}" for k in topks]
+    cells = [_num(accuracy.get((method, k)), 4) for k in topks]
     parts.append(f"| {method} | " + " | ".join(cells) + " |")
   for k in topks:
     for n in n_bins:
-      parts += ["", f"## Top-{k}, {n} bins", "", metric_table(rows, k, n)]
+      parts += ["", f"## Top-{k}, {n} bins", "", metric_table(rows, k, n, config["n_folds"])]
   largest = max(n_bins)
   parts += ["", f"## Brier score, {largest} bins (supplementary table)", ""]
   parts += [summary_table(rows, "brier", largest, topks)]
@@ -166,13 +183,28 @@ def _cv_from_record(record: dict) -> crossval.CrossValidation:
   return crossval.CrossValidation.from_per_fold(n_bins, record["per_fold"])
 
 
+RELIABILITY_BINS = 15
+
+
+def _reliability_figure(figures, source, test):
+  """The raw max-softmax's reliability diagram (Top-1) on the test part of ``test``."""
+  correct = np.asarray(events.topk_correct(source.log_probs, source.labels, 1))[test]
+  # The raw confidence, as benchmarks report it: no calibration split is used.
+  confidence = source.scores["pmax"][test]
+  n = min(RELIABILITY_BINS, confidence.shape[0])
+  title = f"{source.label()}: raw max-softmax, Top-1 ({n} equal-mass bins, test split)"
+  fig = plots.reliability_diagram(confidence, correct, n, title=title)
+  return plots.save_figure(fig, figures / f"reliability_{source.name}_top1.png")
+
+
 def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins) -> None:
-  """Per-bin figures (paper Fig. 1), the refinement figure (Fig. 2) and the bin ablation."""
+  """Per-bin figures (Fig. 1), reliability diagrams, the refinement (Fig. 2), the ablation."""
   figures = out_dir / "figures"
   test = splits.test_mask(0)  # the first calibration/test split
   written = []
   figure_bins = min(figure_bins, int((~test).sum()))
   for source in sources:
+    written.append(_reliability_figure(figures, source, test))
     score = scores.headline(source.scores)
     if score is None:
       continue
@@ -202,15 +234,27 @@ def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins)
   if len(n_bins) > 1:
     for k in topks:
       # Every score of the plain model; for samples, the paper's measure (cov. of probs).
-      curves = {
-        f"{r['method']}: {scores.label(r['score'])}": _cv_from_record(r)
+      # A score that orders the examples like another one shown (pmax, -log pmax) is
+      # one line, labelled with both.
+      chosen = [
+        r
         for r in results
         if r["topk"] == k
         and (
           r["meta"].get("method") not in ("mc_dropout", "ensemble")
           or r["score"] == "covariance_norm_probs"
         )
-      }
+      ]
+      shown = {(r["source"], r["score"]) for r in chosen}
+      curves = {}
+      for r in chosen:
+        twin = scores.same_order_as(r["score"])
+        if twin is not None and (r["source"], twin) in shown and scores.is_tied_twin(r["score"]):
+          continue  # drawn as its tie-free twin's line
+        label = scores.label(r["score"])
+        if twin is not None and (r["source"], twin) in shown:
+          label += f" = {scores.label(twin)}"
+        curves[f"{r['method']}: {label}"] = _cv_from_record(r)
       if curves:
         fig = plots.ablation_figure(curves, title=f"Top-{k}: scores against the number of bins")
         written.append(plots.save_figure(fig, figures / f"ablation_top{k}.png"))

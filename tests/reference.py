@@ -62,6 +62,8 @@ def auroc(score: np.ndarray, correct: np.ndarray) -> float:
   ranks = mid_rank[inverse]
   num_pos = correct.sum()
   num_neg = len(correct) - num_pos
+  if num_pos == 0 or num_neg == 0:
+    return float("nan")  # undefined with one class
   return float((ranks[correct].sum() - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg))
 
 
@@ -79,9 +81,10 @@ def binned_scores(prob: np.ndarray, prior: float, index: np.ndarray, correct: np
     w = in_bin.mean()
     a = correct[in_bin].mean()
     ece += w * abs(a - prob[i])
-    odds = prob[i] / (1 - prob[i])
-    base = prior / (1 - prior)
-    eor += w * max(odds / base, base / odds)
+    if 0 < prior < 1:
+      odds = prob[i] / (1 - prob[i])
+      base = prior / (1 - prior)
+      eor += w * max(odds / base, base / odds)
     unc_res_b += w * (a - acc) ** 2
     cal_b += w * (prob[i] - a) ** 2
     res_n += w * _kl(a, acc)
@@ -97,7 +100,7 @@ def binned_scores(prob: np.ndarray, prior: float, index: np.ndarray, correct: np
     "nll_resolution": res_n,
     "nll_calibration": cal_n,
     "ece": ece,
-    "eor": eor,
+    "eor": eor if 0 < prior < 1 else float("nan"),  # undefined without a base rate inside (0, 1)
     "auroc": auroc(p, correct),
   }
 

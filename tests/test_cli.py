@@ -118,3 +118,29 @@ def test_the_core_works_without_the_heavy_packages(tmp_path):
   assert binned < raw  # calibrated bins beat raw max-softmax on held-out real predictions
   assert brier_lines[1] == "[]"
   assert json.loads((tmp_path / "cal.json").read_text())["format"] == "top1_jax.Calibrator"
+
+
+def test_degenerate_top5_gives_strict_json_and_marked_cells(tmp_path):
+  # Top-5 is right for all but one example: most test halves hold one class only.
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, 10, 80)
+  logits = rng.normal(size=(80, 10)).astype(np.float32)
+  logits[np.arange(80), labels] += 3.0
+  logits[0, labels[0]] = -10.0
+  np.save(tmp_path / "logits.npy", logits)
+  np.save(tmp_path / "labels.npy", labels)
+  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--logits=logits.npy", "--labels=labels.npy"]
+  _run([*args, "--topk=1,5", "--n_bins=2,4", "--n_folds=4", "--figure_bins=4"], cwd=tmp_path)
+
+  def refuse(token):
+    raise AssertionError(f"non-strict JSON token {token}")
+
+  out = tmp_path / "out"
+  results = json.loads((out / "results.json").read_text(), parse_constant=refuse)
+  top5 = [r for r in results["results"] if r["topk"] == 5]
+  assert any(r["auroc"] is None or r["auroc_num_splits"] < 4 for r in top5)
+  for path in (out / "sweep").glob("*.json"):
+    json.loads(path.read_text(), parse_constant=refuse)
+  table = (out / "results.md").read_text()
+  assert "nan" not in table and "-0.0000" not in table
+  assert "/4)" in table or "–" in table

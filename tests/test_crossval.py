@@ -1,5 +1,7 @@
 """Cross-validation: the one-sort vectorised path against a per-split loop."""
 
+import json
+
 import numpy as np
 import pytest
 import reference
@@ -163,3 +165,40 @@ def test_bad_arrays():
     crossval.cross_validate(np.array([0.1, np.nan, 0.3, 0.4]), [1, 0, 1, 0], 1, 2)
   with pytest.raises(ValueError, match="length mismatch"):
     crossval.cross_validate(np.zeros(4), [1, 0, 1], 1, 2)
+
+
+@pytest.mark.parametrize(
+  "correct, undefined",
+  [
+    (np.arange(200) > 0, {"auroc"}),  # one wrong example: most test halves are all correct
+    (np.ones(200, bool), {"auroc", "eor"}),  # every split: one class, calibration accuracy 1
+    (np.zeros(200, bool), {"auroc", "eor"}),  # calibration accuracy 0
+  ],
+)
+def test_undefined_metrics_are_reported_not_nan(correct, undefined):
+  u = np.random.default_rng(0).random(200)
+  cv = crossval.cross_validate(u, correct, (5, 20), n_folds=10)
+  for row in cv.rows():
+    for name, value in row.items():
+      assert value is None or np.isfinite(value), (name, value)
+    for name in crossval.UNDEFINABLE:
+      count = row[f"{name}_num_splits"]
+      assert 0 <= count <= 10
+      assert (row[name] is None) == (count == 0)
+  for name in undefined:
+    assert cv.num_defined[name].min() < 10
+  json.dumps(cv.rows(), allow_nan=False)
+  json.dumps(cv.per_fold_lists(), allow_nan=False)
+
+
+def test_means_and_stds_use_the_defined_splits():
+  per_fold = {"auroc": np.array([[0.5, np.nan, 0.7, np.nan]]), "brier": np.array([[1.0, 2, 3, 4]])}
+  cv = crossval.CrossValidation.from_per_fold((5,), per_fold)
+  np.testing.assert_allclose(cv.mean["auroc"], [0.6])
+  np.testing.assert_allclose(cv.std["auroc"], [np.std([0.5, 0.7], ddof=1)])
+  np.testing.assert_array_equal(cv.num_defined["auroc"], [2])
+  np.testing.assert_allclose(cv.std["brier"], [np.std([1, 2, 3, 4], ddof=1)])
+  none = crossval.CrossValidation.from_per_fold((5,), {"auroc": np.array([[np.nan, np.nan]])})
+  assert none.num_defined["auroc"][0] == 0 and np.isnan(none.mean["auroc"][0])
+  lists = crossval.CrossValidation.from_per_fold((5,), per_fold).per_fold_lists()
+  assert lists["auroc"] == [[0.5, None, 0.7, None]]

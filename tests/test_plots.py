@@ -2,8 +2,10 @@
 
 import os
 
+import matplotlib as mpl
 import numpy as np
 import pytest
+from cycler import cycler
 from matplotlib import image as mpl_image
 from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
@@ -174,6 +176,11 @@ def test_refinement_figure(pair10, tmp_path):
   )
   assert coarse_ax.get_ylim() == fine_ax.get_ylim()
   assert [coarse_ax.get_title(), fine_ax.get_title()] == ["10 bins", "40 bins"]
+  # The step line has no closing edges: no vertical segment at either end of the axis.
+  path = steps[0].get_path()
+  for (x0, y0), (x1, y1) in zip(path.vertices[:-1], path.vertices[1:], strict=True):
+    if x0 == x1 and x0 in (0.0, 1.0):
+      assert y0 == y1, f"vertical segment at x = {x0}"
   _check_png(plots.save_figure(fig, tmp_path / "refine.png"))
 
 
@@ -214,6 +221,52 @@ def test_ablation_figure(ablation_results, tmp_path):
   _check_png(plots.save_figure(fig, tmp_path / "ablation.png"))
 
 
+def _fake_cv(seed, n_bins=(5, 10, 20)):
+  """A CrossValidation with random per-split metrics (no binning needed to draw lines)."""
+  rng = np.random.default_rng(seed)
+  per_fold = {m: rng.random((len(n_bins), 3)) for m in ("brier", "ece", "eor")}
+  return crossval.CrossValidation.from_per_fold(n_bins, per_fold)
+
+
+def test_ablation_figure_merges_identical_curves(ablation_results):
+  same = ablation_results["u"]
+  copy = crossval.CrossValidation.from_per_fold(
+    same.n_bins, {m: v.copy() for m, v in same.per_fold.items()}
+  )
+  results = {"model: pmax": same, "model: u + noise": ablation_results["u + noise"]}
+  results["model: −log pmax"] = copy
+  fig = plots.ablation_figure(results)
+  for ax in fig.axes:
+    assert len(ax.lines) == 2 and len(ax.collections) == 2
+  labels = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert labels == ["model: pmax = −log pmax", "model: u + noise"]
+  # Equal in all but one split of one metric: two lines.
+  per_fold = {m: v.copy() for m, v in same.per_fold.items()}
+  per_fold["auroc"][0, 0] += 1e-6
+  near = crossval.CrossValidation.from_per_fold(same.n_bins, per_fold)
+  fig = plots.ablation_figure({"a": same, "b": near})
+  assert len(fig.axes[0].lines) == 2
+
+
+def test_ablation_figure_more_lines_than_colours_all_distinct():
+  # Three colours, four dash patterns: up to 12 lines can differ.
+  few = {f"score {i}": _fake_cv(i) for i in range(11)}
+  with mpl.rc_context({"axes.prop_cycle": cycler(color=["red", "green", "blue"])}):
+    fig = plots.ablation_figure(few)
+  for ax in fig.axes:
+    assert len(ax.lines) == 11
+    pairs = {(line.get_color(), line.get_linestyle()) for line in ax.lines}
+    assert len(pairs) == 11
+    assert {color for color, _ in pairs} == {"red", "green", "blue"}
+  legend_lines = fig.legends[0].get_lines()
+  assert len({(h.get_color(), h.get_linestyle()) for h in legend_lines}) == 11
+  # The default cycle (10 colours): 13 lines are still 13 distinct (colour, dash) pairs.
+  results = {f"score {i}": _fake_cv(i) for i in range(13)}
+  fig = plots.ablation_figure(results)
+  pairs = {(line.get_color(), line.get_linestyle()) for line in fig.axes[0].lines}
+  assert len(pairs) == 13
+
+
 def test_ablation_figure_validation(ablation_results):
   with pytest.raises(ValueError, match="results: expected a non-empty"):
     plots.ablation_figure({})
@@ -223,6 +276,86 @@ def test_ablation_figure_validation(ablation_results):
     plots.ablation_figure(ablation_results, metrics=("brier", "f1"))
   one = plots.ablation_figure(ablation_results, metrics=("auroc",), title=None)
   assert len(one.axes) == 1
+
+
+# --------------------------------------------------------------------------- reliability
+
+
+def _confidences(num, seed=0):
+  """Distinct confidences in [0.1, 1); correct ~ Bernoulli(conf ** 2): overconfident."""
+  rng = np.random.default_rng(seed)
+  confidence = (0.1 + 0.9 * rng.random(num)).astype(np.float32)
+  assert np.unique(confidence).size == num
+  return confidence, rng.random(num) < confidence.astype(np.float64) ** 2
+
+
+def _reliability_artists(fig):
+  diagram_ax, counts_ax = fig.axes
+  (points,) = [line for line in diagram_ax.lines if line.get_label().startswith("accuracy")]
+  return diagram_ax, counts_ax, points
+
+
+def test_reliability_diagram_matches_numpy_equal_count_bins(tmp_path):
+  num, n_bins = 3000, 15
+  confidence, correct = _confidences(num)
+  fig = plots.reliability_diagram(confidence, correct, n_bins, title="synthetic")
+  diagram_ax, counts_ax, points = _reliability_artists(fig)
+  # Equal-count bins by hand: sorted positions [floor(b M / n), floor((b + 1) M / n)).
+  order = np.argsort(confidence, kind="stable")
+  bounds = np.arange(n_bins + 1) * num // n_bins
+  members = [order[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+  mean_conf = np.array([confidence[m].astype(np.float64).mean() for m in members])
+  accuracy = np.array([correct[m].mean() for m in members])
+  counts = np.diff(bounds)
+  np.testing.assert_allclose(points.get_xdata(), mean_conf, rtol=1e-6)
+  np.testing.assert_allclose(points.get_ydata(), accuracy, rtol=1e-12)
+  heights = np.array([bar.get_height() for bar in counts_ax.patches])
+  np.testing.assert_array_equal(heights, counts)
+  assert heights.sum() == num
+  ece = np.sum(counts / num * np.abs(accuracy - mean_conf))
+  assert points.get_label() == f"accuracy per bin (ECE = {ece:.2%})"
+  assert f"ECE = {ece:.2%}" in [t.get_text() for t in diagram_ax.get_legend().get_texts()][2]
+  # The diagonal, and each gap drawn from it to the bin's point.
+  assert any(list(line.get_xydata().ravel()) == [0, 0, 1, 1] for line in diagram_ax.lines)
+  (gaps,) = [c for c in diagram_ax.collections if c.get_label() == "gap to diagonal"]
+  for ((x0, y0), (x1, y1)), acc in zip(gaps.get_segments(), accuracy, strict=True):
+    assert x0 == x1 == pytest.approx(y0) and y1 == pytest.approx(acc, rel=1e-12)
+  assert diagram_ax.get_title() == "synthetic"
+  assert diagram_ax.get_xlim() == diagram_ax.get_ylim() == counts_ax.get_xlim()
+  _check_png(plots.save_figure(fig, tmp_path / "reliability.png"))
+
+
+def test_reliability_diagram_ties_merge_bins_and_counts_add_up():
+  confidence, correct = _confidences(2000, seed=3)
+  confidence[:700] = 1.0  # saturated max-softmax: one tied bin
+  fig = plots.reliability_diagram(confidence, correct, 10, delta=None)
+  diagram_ax, counts_ax, points = _reliability_artists(fig)
+  heights = np.array([bar.get_height() for bar in counts_ax.patches])
+  # Edges at ranks 200, 400, ...: those from rank 1400 on are all 1.0 and merge, so the
+  # last bin runs from the edge at rank 1200 up to 1.0 and holds 800 examples.
+  np.testing.assert_array_equal(heights, [200] * 6 + [800])
+  assert len(points.get_xdata()) == 7
+  assert points.get_xdata()[-1] == pytest.approx((np.sort(confidence)[1200:].sum()) / 800)
+  assert diagram_ax.get_title() == f"Reliability diagram ({len(heights)} equal-mass bins)"
+  assert not diagram_ax.containers  # no error bars with delta=None
+
+
+@pytest.mark.parametrize(
+  ("confidence", "correct", "kwargs", "message"),
+  [
+    ([0.5, np.nan, 0.9], [1, 0, 1], {}, "confidence: 1 non-finite value"),
+    ([0.5, 0.6, 0.9], [1, 0, 1, 1], {}, "length mismatch: confidence has 3, correct has 4"),
+    ([0.5, 1.2, 0.9], [1, 0, 1], {}, r"confidence: probabilities must lie in \[0, 1\]"),
+    ([0.5, 0.6, 0.9], [1, 2, 1], {}, "correct: expected bool or 0/1"),
+    ([], [], {}, "confidence: expected at least one example"),
+    ([0.5, 0.6, 0.9], [1, 0, 1], {"n_bins": 4}, "n_bins: expected at least 1, at most 3"),
+    ([0.5, 0.6, 0.9], [1, 0, 1], {"n_bins": 2, "delta": 1.0}, "delta: expected a value"),
+  ],
+)
+def test_reliability_diagram_validation(confidence, correct, kwargs, message):
+  with pytest.raises(ValueError, match=message) as error:
+    plots.reliability_diagram(confidence, correct, **kwargs)
+  assert "\n" not in str(error.value)
 
 
 # --------------------------------------------------------------------------- images

@@ -227,3 +227,21 @@ def test_log_probs_from_probs_keeps_underflowed_tails_apart():
   assert u[1] > u[0] > u[2] >= 0  # three distinct scores where pmax is 1.0 for all three
   _, values = scores.from_predictions(mean_probs=probs)
   np.testing.assert_array_equal(values["neg_log_pmax"], u)
+
+
+def test_order_twins_rank_examples_identically():
+  logits = np.random.default_rng(5).normal(size=(300, 6)).astype(np.float32)
+  for tied, tie_free in scores.ORDER_TWINS:
+    assert scores.same_order_as(tied) == tie_free and scores.same_order_as(tie_free) == tied
+    assert scores.is_tied_twin(tied) and not scores.is_tied_twin(tie_free)
+    values = scores.compute(logits)
+    sign = (
+      1
+      if scores.REGISTRY[tied].confident_when_high == scores.REGISTRY[tie_free].confident_when_high
+      else -1
+    )
+    np.testing.assert_array_equal(
+      np.argsort(sign * np.asarray(values[tied]), kind="stable"),
+      np.argsort(np.asarray(values[tie_free]), kind="stable"),
+    )
+  assert scores.same_order_as("entropy") is None

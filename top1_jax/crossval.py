@@ -121,45 +121,75 @@ def _random_half(rng: np.random.Generator, num_examples: int) -> np.ndarray:
   return bits
 
 
+UNDEFINABLE = ("auroc", "eor")
+"""Metrics undefined on some splits: AUROC when the test part holds one class only,
+EOR when the calibration accuracy (the base rate) is 0 or 1. They are NaN in
+``per_fold`` there, and means and stds use the splits where they are defined."""
+
+
 class CrossValidation(NamedTuple):
   """Metrics over splits for each bin count.
 
   Attributes:
     n_bins: the bin counts, in order.
-    per_fold: metric name -> [len(n_bins), n_folds] array.
-    mean: metric name -> [len(n_bins)] mean over splits.
-    std: metric name -> [len(n_bins)] sample standard deviation over splits.
+    per_fold: metric name -> [len(n_bins), n_folds] array (NaN where undefined).
+    mean: metric name -> [len(n_bins)] mean over the splits where it is defined
+      (NaN when it is defined on none).
+    std: metric name -> [len(n_bins)] sample standard deviation over those splits
+      (0 for one split).
+    num_defined: metric name -> [len(n_bins)] int, the splits it is defined on.
   """
 
   n_bins: tuple[int, ...]
   per_fold: dict[str, np.ndarray]
   mean: dict[str, np.ndarray]
   std: dict[str, np.ndarray]
+  num_defined: dict[str, np.ndarray]
 
   @classmethod
   def from_per_fold(
     cls, n_bins: Sequence[int], per_fold: dict[str, np.ndarray]
   ) -> "CrossValidation":
-    """Mean and sample std (ddof 1; 0 for a single split) over the splits axis."""
-    per_fold = {name: np.asarray(value) for name, value in per_fold.items()}
-    ddof = 1 if next(iter(per_fold.values())).shape[1] > 1 else 0
-    return cls(
-      n_bins=tuple(n_bins),
-      per_fold=per_fold,
-      mean={name: value.mean(axis=1) for name, value in per_fold.items()},
-      std={name: value.std(axis=1, ddof=ddof) for name, value in per_fold.items()},
-    )
+    """Mean and sample std over the splits axis, over the splits where each value is defined.
 
-  def rows(self) -> list[dict[str, float]]:
-    """One flat dict per bin count: n_bins, then <metric> and <metric>_std."""
+    The one place the statistics over splits are computed (None in JSON-read
+    ``per_fold`` lists counts as undefined).
+    """
+    per_fold = {name: np.asarray(value, np.float64) for name, value in per_fold.items()}
+    mean, std, num_defined = {}, {}, {}
+    for name, value in per_fold.items():
+      defined = np.isfinite(value)
+      count = defined.sum(axis=1)
+      total = np.where(defined, value, 0.0).sum(axis=1)
+      with np.errstate(invalid="ignore", divide="ignore"):
+        mean[name] = np.where(count > 0, total / count, np.nan)
+        squares = np.where(defined, (value - mean[name][:, None]) ** 2, 0.0).sum(axis=1)
+        std[name] = np.where(count > 1, np.sqrt(squares / (count - 1)), 0.0)
+      std[name] = np.where(count > 0, std[name], np.nan)
+      num_defined[name] = count
+    return cls(tuple(n_bins), per_fold, mean, std, num_defined)
+
+  def rows(self) -> list[dict[str, float | int | None]]:
+    """One flat dict per bin count: n_bins, <metric>, <metric>_std, and for the
+    metrics that can be undefined <metric>_num_splits; None where undefined."""
     out = []
     for i, n in enumerate(self.n_bins):
-      row: dict[str, float] = {"n_bins": n}
+      row: dict[str, float | int | None] = {"n_bins": n}
       for name in METRICS:
-        row[name] = float(self.mean[name][i])
-        row[f"{name}_std"] = float(self.std[name][i])
+        defined = int(self.num_defined[name][i]) > 0
+        row[name] = float(self.mean[name][i]) if defined else None
+        row[f"{name}_std"] = float(self.std[name][i]) if defined else None
+        if name in UNDEFINABLE:
+          row[f"{name}_num_splits"] = int(self.num_defined[name][i])
       out.append(row)
     return out
+
+  def per_fold_lists(self) -> dict[str, list]:
+    """``per_fold`` as nested lists with None where undefined (strict JSON)."""
+    return {
+      name: [[float(v) if np.isfinite(v) else None for v in row] for row in value]
+      for name, value in self.per_fold.items()
+    }
 
 
 class _SortedSplits(NamedTuple):
@@ -291,8 +321,15 @@ def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
     "nll_resolution": nll.resolution,
     "nll_calibration": nll.calibration,
     "ece": metrics.ece_from_counts(prob, test_counts, test_hits),
-    "eor": metrics.eor_from_probs(prob, test_counts, prior),
-    "auroc": metrics.auroc_from_counts(prob, test_counts, test_hits),
+    # Undefined (NaN) where the base rate is 0 or 1, or the test part has one class.
+    "eor": jnp.where(
+      (prior > 0) & (prior < 1), metrics.eor_from_probs(prob, test_counts, prior), jnp.nan
+    ),
+    "auroc": jnp.where(
+      (jnp.sum(test_hits, -1) > 0) & (jnp.sum(test_counts - test_hits, -1) > 0),
+      metrics.auroc_from_counts(prob, test_counts, test_hits),
+      jnp.nan,
+    ),
     "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
   }
 

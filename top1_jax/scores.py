@@ -321,6 +321,13 @@ REGISTRY: dict[str, Score] = {
 }
 """Every score by name, in the order sweeps and tables list them. Adding a score is one entry."""
 
+ORDER_TWINS = (("pmax", "neg_log_pmax"),)
+"""Scores that rank examples identically (one is a monotone function of the other),
+as (the one that saturates into ties in float32, the tie-free one).
+Their bins hold the same calibration examples; with right-closed bins the edges
+sit at neighbouring points, so held-out metrics can differ slightly. Figures show
+one line for a pair."""
+
 HEADLINE = ("covariance_norm_probs", "pmax", "human_entropy")
 """The score the paper bins for a classifier (Table 1, the figures): the first one available."""
 
@@ -351,6 +358,19 @@ def label(name: str) -> str:
     return f"−log top-{match.group(1)} mass"
   score = REGISTRY.get(name)
   return name if score is None else score.label
+
+
+def same_order_as(name: str) -> str | None:
+  """The other score of ``name``'s ``ORDER_TWINS`` pair, or None."""
+  for pair in ORDER_TWINS:
+    if name in pair:
+      return pair[1 - pair.index(name)]
+  return None
+
+
+def is_tied_twin(name: str) -> bool:
+  """Whether ``name`` is the tie-prone member of an ``ORDER_TWINS`` pair."""
+  return any(name == pair[0] for pair in ORDER_TWINS)
 
 
 def headline(available: Iterable[str]) -> str | None:

@@ -106,8 +106,14 @@ def write_bytes(path: epath.PathLike, payload: bytes) -> pathlib.Path | epath.Pa
 
 
 def write_json(path: epath.PathLike, value: Any) -> pathlib.Path | epath.Path:
-  """Writes ``value`` as indented JSON with sorted keys, atomically; returns the path."""
-  return write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+  """Writes ``value`` as strict, indented JSON with sorted keys, atomically; returns the path.
+
+  Raises:
+    ValueError: ``value`` holds a NaN or an infinity (strict JSON has neither).
+  """
+  # Strict JSON: a NaN or Inf is a bug upstream (undefined values are None), not a token.
+  text = json.dumps(value, indent=2, sort_keys=True, allow_nan=False)
+  return write_bytes(path, (text + "\n").encode())
 
 
 def read_text(path: epath.PathLike) -> str:

@@ -5,14 +5,19 @@
   model's accuracy, with per-bin confidence intervals and the ECE.
 * ``refinement_figure``: the paper's Figure 2. The same score with a coarse and a
   fine binning side by side; the fine panel also traces the coarse predictions.
+* ``reliability_diagram``: the standard diagram of a raw confidence (e.g.
+  max-softmax): accuracy against mean confidence in equal-mass bins, the
+  diagonal, the bins' counts below and their ECE.
 * ``ablation_figure``: Brier, ECE and EOR (mean ± std over splits) against the
-  number of bins, one line per score, from ``crossval.cross_validate``.
+  number of bins, one line per score (scores with identical results share one),
+  from ``crossval.cross_validate``.
 * ``image_grid``: tiles of images with their given label, predicted label and a
   probability (the supplementary's mislabelled-image finder).
 * ``save_figure``: atomic write through ``io.files`` (local path or a URL).
 
-Modules: ``bins`` (Figs. 1 and 2), ``sweeps`` (the ablation), ``images`` (the
-grid), ``figures`` (figure creation and saving).
+Modules: ``bins`` (Figs. 1 and 2), ``reliability`` (the reliability diagram),
+``sweeps`` (the ablation), ``images`` (the grid), ``figures`` (figure creation
+and saving).
 
 Figures are ``matplotlib.figure.Figure`` objects with an Agg canvas, made without
 pyplot: importing this package never switches the user's backend or opens a
@@ -22,6 +27,7 @@ window, and figures are not kept alive by pyplot's registry.
 from top1_jax.plots.bins import BOUNDS, ORDERS, bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.images import image_grid
+from top1_jax.plots.reliability import reliability_diagram
 from top1_jax.plots.sweeps import ablation_figure
 
 __all__ = [
@@ -31,5 +37,6 @@ __all__ = [
   "bin_figure",
   "image_grid",
   "refinement_figure",
+  "reliability_diagram",
   "save_figure",
 ]

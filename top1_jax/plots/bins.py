@@ -386,6 +386,9 @@ def refinement_figure(
     axes[1].stairs(
       coarse_prob,
       edges,
+      # No baseline: stairs would otherwise close the outline with vertical edges
+      # down to 0 at both ends, a stray line along the y axis.
+      baseline=None,
       color="0.1",
       linewidth=1.4,
       label=f"{coarse_layout.index.size}-bin predictions",

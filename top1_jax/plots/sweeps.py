@@ -1,7 +1,9 @@
 """Bin-count ablation: cross-validated metrics against the number of bins."""
 
+import os
 from collections.abc import Mapping, Sequence
 
+import matplotlib as mpl
 import numpy as np
 from matplotlib import ticker
 from matplotlib.figure import Figure
@@ -25,6 +27,9 @@ _METRIC_LABELS = {
   "num_effective_bins": ("Effective bins", ""),
 }
 _PERCENT_METRICS = ("ece", "accuracy")
+# Once the colour cycle is used up, lines differ by dash pattern and marker too.
+_LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D")
 
 
 def _check_results(results, metrics) -> None:
@@ -40,6 +45,54 @@ def _check_results(results, metrics) -> None:
   for metric in metrics:
     if metric not in crossval.METRICS:
       raise ValueError(f"metrics: expected one of {crossval.METRICS}, got {metric!r}")
+
+
+def _merge_identical(
+  results: Mapping[str, crossval.CrossValidation],
+) -> dict[str, crossval.CrossValidation]:
+  """One entry per distinct curve, labelled with every name that gave it.
+
+  Scores that order the examples the same way (pmax and -log pmax) can give the
+  same bins and so the same per-split metrics; their lines would lie on top of
+  each other, and the one drawn last would hide the other.
+  """
+  groups: list[tuple[list[str], crossval.CrossValidation]] = []
+  for name, result in results.items():
+    for names, first in groups:
+      if _same_curve(first, result):
+        names.append(name)
+        break
+    else:
+      groups.append(([name], result))
+  return {_joined_label(names): result for names, result in groups}
+
+
+def _same_curve(a: crossval.CrossValidation, b: crossval.CrossValidation) -> bool:
+  return (
+    tuple(a.n_bins) == tuple(b.n_bins)
+    and a.per_fold.keys() == b.per_fold.keys()
+    and all(np.array_equal(a.per_fold[m], b.per_fold[m]) for m in a.per_fold)
+  )
+
+
+def _joined_label(names: list[str]) -> str:
+  """'model: pmax = model: -log pmax' -> 'model: pmax = -log pmax' (a shared 'x: ' prefix once)."""
+  common = os.path.commonprefix(names)
+  prefix = common[: common.rfind(": ") + 2] if ": " in common else ""
+  return " = ".join([names[0]] + [name[len(prefix) :] for name in names[1:]])
+
+
+def _line_styles(num_lines: int) -> list[dict]:
+  """Colour, dash pattern and marker of each line: no two alike for up to 4 cycles of colours."""
+  colors = mpl.rcParams["axes.prop_cycle"].by_key().get("color") or ["C0"]
+  return [
+    {
+      "color": colors[i % len(colors)],
+      "linestyle": _LINESTYLES[(i // len(colors)) % len(_LINESTYLES)],
+      "marker": _MARKERS[(i // len(colors)) % len(_MARKERS)],
+    }
+    for i in range(num_lines)
+  ]
 
 
 def _format_bin_axis(ax, all_bins: list[int]) -> None:
@@ -64,6 +117,9 @@ def ablation_figure(
 
   One panel per metric, log x axis at the bin counts; each score is a line
   through the means with a band of ± one standard deviation over the splits.
+  Scores whose per-split metrics are exactly equal (the same bins, e.g. two
+  scores that order the examples identically) share one line, labelled
+  "a = b". Past the colour cycle, lines also differ by dash pattern and marker.
 
   Args:
     results: score name -> ``crossval.cross_validate`` result.
@@ -71,25 +127,27 @@ def ablation_figure(
     title: figure title (None for none).
 
   Returns:
-    A ``Figure`` with one axes per metric and one line per score on each.
+    A ``Figure`` with one axes per metric and one line per distinct curve on each.
 
   Raises:
     ValueError: empty ``results``, a value that is not a ``CrossValidation``, or
       an unknown metric.
   """
   _check_results(results, metrics)
+  results = _merge_identical(results)
   fig = figures.new_figure((4.6 * len(metrics), 4.2))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   all_bins = sorted({n for result in results.values() for n in result.n_bins})
-  colors = [f"C{i % 10}" for i in range(len(results))]
+  styles = _line_styles(len(results))
   for ax, metric in zip(axes, metrics, strict=True):
-    for color, (name, result) in zip(colors, results.items(), strict=True):
+    for style, (name, result) in zip(styles, results.items(), strict=True):
       n_bins = np.asarray(result.n_bins)
       order = np.argsort(n_bins)
       mean = np.asarray(result.mean[metric], np.float64)[order]
       std = np.asarray(result.std[metric], np.float64)[order]
-      ax.fill_between(n_bins[order], mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
-      ax.plot(n_bins[order], mean, marker="o", markersize=4, color=color, label=name)
+      x = n_bins[order]
+      ax.fill_between(x, mean - std, mean + std, color=style["color"], alpha=0.15, linewidth=0)
+      ax.plot(x, mean, markersize=4, label=name, **style)
     label, direction = _METRIC_LABELS.get(metric, (metric, ""))
     ax.set_title(f"{label} ({direction})" if direction else label)
     ax.set_ylabel(label)
