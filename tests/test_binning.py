@@ -1,12 +1,17 @@
-"""Quantile bins: against a plain loop, ties, prior, bounds, calibration guarantee."""
+"""Quantile bins: against a plain loop, ties, prior, bounds, calibration guarantee.
 
+``fit`` has two implementations (edges selected by NumPy on the host, or one jitted
+program); both are checked bit for bit against each other and the plain-loop oracle.
+"""
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+import reference
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
-
-import reference
 
 from top1_jax import binning
 
@@ -20,20 +25,151 @@ def _data(num, seed=0, ties=False):
   return u, correct
 
 
-@pytest.mark.parametrize(
-  "num, n_bins, ties", [(1000, 10, False), (997, 13, False), (500, 20, True)]
-)
-def test_fit_matches_loop(num, n_bins, ties):
-  u, correct = _data(num, ties=ties)
-  bins = binning.fit(u, correct, n_bins)
-  edges, counts, hits, prob, prior = reference.fit_bins(u, correct, n_bins)
-  finite = np.asarray(bins.edges)[np.isfinite(bins.edges)]
-  np.testing.assert_allclose(finite, edges, rtol=1e-6)
+def _bits(x) -> np.ndarray:
+  """The bytes of an array, so that -0.0 != 0.0 and the dtype counts."""
+  return np.atleast_1d(np.ascontiguousarray(x)).view(np.uint8)
+
+
+def _assert_bit_equal(actual: binning.Bins, expected: binning.Bins) -> None:
+  for name, a, e in zip(binning.Bins._fields, actual, expected, strict=True):
+    a, e = np.asarray(a), np.asarray(e)
+    assert (a.dtype, a.shape) == (e.dtype, e.shape), name
+    np.testing.assert_array_equal(_bits(a), _bits(e), err_msg=name)
+
+
+def _assert_matches_oracle(bins: binning.Bins, u, correct, n_bins: int) -> None:
+  """Every field equals the plain loop's; prob and prior bit for bit in float32."""
+  u32 = np.asarray(u).astype(np.float32)
+  # The scores as XLA compares them: subnormals are flushed to zero.
+  u32 = np.where(np.abs(u32) < np.finfo(np.float32).tiny, np.float32(0), u32)
+  edges, counts, hits, _, prior = reference.fit_bins(u32, correct, n_bins)
+  got_edges = np.asarray(bins.edges, np.float64)
+  np.testing.assert_array_equal(got_edges[: len(edges)], edges)
+  assert np.all(np.isposinf(got_edges[len(edges) :]))
   np.testing.assert_array_equal(bins.counts, counts)
   np.testing.assert_array_equal(bins.hits, hits)
-  np.testing.assert_allclose(bins.prob, prob, rtol=1e-5)
-  np.testing.assert_allclose(bins.prior, prior, rtol=1e-6)
+  # The library's float32 arithmetic, spelled in NumPy: the float64 oracle's prior
+  # rounds to the same float32 for N < 2**24 (one rounding of an exact quotient).
+  prior32 = np.float32(hits.sum()) / np.float32(counts.sum())
+  assert np.float32(prior) == prior32
+  prob32 = (hits.astype(np.float32) + prior32) / (counts + 1).astype(np.float32)
+  np.testing.assert_array_equal(_bits(bins.prior), _bits(prior32))
+  np.testing.assert_array_equal(_bits(bins.prob), _bits(prob32))
   assert int(bins.num_effective_bins) == int(np.sum(counts > 0))
+
+
+def _fit_both_ways(u, correct, n_bins: int) -> binning.Bins:
+  """Fits on the host, jitted and by default; checks all three are bit-equal."""
+  host = binning.fit(u, correct, n_bins, implementation="host")
+  _assert_bit_equal(binning.fit(u, correct, n_bins, implementation="jit"), host)
+  _assert_bit_equal(binning.fit(u, correct, n_bins), host)
+  return host
+
+
+def _signed_zeros(num: int) -> np.ndarray:
+  rng = np.random.default_rng(3)
+  u = np.where(rng.random(num) < 0.5, -0.0, 0.0).astype(np.float32)
+  u[: num // 4] = rng.random(num // 4)
+  return rng.permutation(u)
+
+
+@pytest.mark.parametrize(
+  "u, n_bins",
+  [
+    pytest.param(_data(1000)[0], 10, id="random"),
+    pytest.param(_data(997)[0], 13, id="uneven"),
+    pytest.param(_data(500, ties=True)[0], 20, id="many-ties"),
+    pytest.param(np.ones(100, np.float32), 10, id="all-equal"),
+    pytest.param(_data(50)[0], 50, id="n_bins=N"),
+    pytest.param(_data(50, ties=True)[0], 50, id="n_bins=N-ties"),
+    pytest.param(_data(30)[0], 1, id="n_bins=1"),
+    pytest.param(_data(101)[0], 2, id="one-edge-selection"),
+    pytest.param(_data(1000, ties=True)[0], 40, id="binary-search-assign"),
+    pytest.param(_signed_zeros(400), 8, id="signed-zeros"),
+    pytest.param(
+      np.array([1e-45, 0, -1e-45, 3e-40, 1, -0.0, 2] * 9, np.float32), 5, id="subnormals"
+    ),
+    # Distinct in float64, equal in float32: ties are merged after the cast.
+    pytest.param(1 + np.arange(200) * 1e-9, 10, id="float64-ties-in-float32"),
+    pytest.param(np.arange(300) % 17, 12, id="integers"),
+  ],
+)
+def test_host_jit_and_oracle_agree_bit_for_bit(u, n_bins):
+  correct = np.random.default_rng(len(u)).random(len(u)) < 0.7
+  bins = _fit_both_ways(u, correct, n_bins)
+  _assert_matches_oracle(bins, u, correct, n_bins)
+
+
+@settings(max_examples=40)
+@given(st.data())
+def test_host_jit_and_oracle_agree_on_any_scores(data):
+  # Few lengths and bin counts, so the jitted path compiles a bounded number of times.
+  num = data.draw(st.sampled_from([1, 2, 5, 24, 63]), label="num")
+  pool = data.draw(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1))
+  value = st.one_of(st.sampled_from(pool), st.floats(-2.0, 2.0, width=32))  # with ties
+  u = np.array(data.draw(st.lists(value, min_size=num, max_size=num), label="u"), np.float32)
+  correct = np.array(data.draw(st.lists(st.booleans(), min_size=num, max_size=num)))
+  n_bins = data.draw(st.sampled_from(sorted({1, min(2, num), min(7, num), num})), label="n_bins")
+  bins = _fit_both_ways(u, correct, n_bins)
+  _assert_matches_oracle(bins, u, correct, n_bins)
+
+
+@pytest.mark.parametrize("num", [64, 65, 200, 1000])
+def test_host_chunks_give_the_same_bits(monkeypatch, num):
+  """Large host inputs are counted and predicted in chunks; shrink them to see it."""
+  u, correct = _data(num, seed=num, ties=True)
+  u_new, correct_new = _data(num + 7, seed=num + 1)
+  bins = _fit_both_ways(u, correct, 9)
+  p = binning.predict(bins, u_new)
+  test = binning.refit(bins, u_new, correct_new)
+  monkeypatch.setattr(binning, "_CHUNK", 64)
+  _assert_bit_equal(_fit_both_ways(u, correct, 9), bins)
+  _assert_matches_oracle(bins, u, correct, 9)
+  np.testing.assert_array_equal(_bits(binning.predict(bins, u_new)), _bits(p))
+  _assert_bit_equal(binning.refit(bins, u_new, correct_new), test)
+
+
+def test_fit_runs_on_the_host_for_host_data_and_jitted_under_jit(monkeypatch):
+  u, correct = _data(200)
+  calls = []
+  host_edges, jitted_fit = binning._host_edges, binning._fit
+  monkeypatch.setattr(binning, "_host_edges", lambda *a: calls.append("host") or host_edges(*a))
+  monkeypatch.setattr(binning, "_fit", lambda *a: calls.append("jit") or jitted_fit(*a))
+  binning.fit(u, correct, 5)  # NumPy scores, CPU backend
+  binning.fit(jnp.asarray(u), jnp.asarray(correct), 5)  # a jax array on the CPU
+  jax.jit(binning.fit, static_argnames="n_bins")(u, correct, n_bins=5)
+  binning.fit(u, correct, 5, implementation="jit")
+  assert calls == ["host", "host", "jit", "jit"]
+
+
+def test_fit_rejects_an_unknown_or_impossible_implementation():
+  u, correct = _data(20)
+  with pytest.raises(ValueError, match="implementation: expected None, 'host' or 'jit'"):
+    binning.fit(u, correct, 2, implementation="numpy")
+  with pytest.raises(ValueError, match="implementation: 'host' needs concrete arrays"):
+    jax.jit(lambda u, c: binning.fit(u, c, 2, implementation="host"))(u, correct)
+
+
+@pytest.mark.parametrize("num_edges", [0, 1, 19, 32, 33, 40, 300])
+def test_assign_matches_the_loop_for_every_search_method(num_edges):
+  """Up to 32 edges ``assign`` compares with all of them, beyond it bisects."""
+  rng = np.random.default_rng(num_edges)
+  edges = np.sort(rng.choice(np.arange(50, dtype=np.float32) / 7, num_edges))  # repeats too
+  edges = np.concatenate([edges, [np.inf, np.inf]]).astype(np.float32)  # like Bins' padding
+  u = np.concatenate([rng.choice(edges[: max(num_edges, 1)], 300), rng.random(300) * 8 - 0.5])
+  u = u.astype(np.float32)
+  u = u[np.isfinite(u)]
+  np.testing.assert_array_equal(binning.assign(edges, u), reference.assign(edges, u))
+
+
+def test_predict_and_refit_take_numpy_and_jax_inputs_alike():
+  u, correct = _data(3000, seed=4)
+  bins = binning.fit(u[:1000], correct[:1000], 20)
+  p = binning.predict(bins, u[1000:])
+  np.testing.assert_array_equal(_bits(binning.predict(bins, jnp.asarray(u[1000:]))), _bits(p))
+  test = binning.refit(bins, u[1000:], correct[1000:])
+  _assert_bit_equal(binning.refit(bins, jnp.asarray(u[1000:]), jnp.asarray(correct[1000:])), test)
+  assert isinstance(p, jax.Array) and all(isinstance(x, jax.Array) for x in test)
 
 
 def test_equal_count_without_ties():

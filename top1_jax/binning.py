@@ -11,9 +11,18 @@ probability that the prediction is correct (paper §3, §5.1):
 * Ties in the score make equal edges. Equal edges are merged, so no bin is empty
   by construction; the unused slots at the end (edges = +inf) hold no data and
   ``num_effective_bins`` counts the bins that received calibration points.
+* Scores are compared as XLA compares them: subnormal floats equal 0 (flushed), and
+  an edge at zero is stored as +0.0.
 * Probabilities carry a one-pseudo-count prior at the calibration accuracy
   p_A: ``p = (hits + p_A) / (count + 1)``, so an empty bin predicts p_A and no
   bin predicts exactly 0 or 1.
+
+Where ``fit`` runs: the edges are n - 1 order statistics. Scores in host memory
+on a CPU backend have them taken by NumPy on the host (its vectorised sort, or a
+selection for a single edge), because XLA's CPU sort is many times slower than
+NumPy's; scores on an accelerator (or traced under ``jit``) are sorted there in
+one jitted program. Both paths share the jitted counting, and give bit-identical
+``Bins`` (``implementation=`` forces one; docs/performance.md has the numbers).
 """
 
 import functools
@@ -34,8 +43,9 @@ class Bins(NamedTuple):
     edges: [n_bins - 1] float, ascending unique interior edges, padded with +inf.
     counts: [n_bins] int32, examples per bin.
     hits: [n_bins] int32, correct examples per bin.
-    prob: [n_bins] float, (hits + prior) / (counts + 1).
-    prior: [] float, the accuracy of the data the bins were counted on.
+    prob: [n_bins] float32, (hits + prior) / (counts + 1).
+    prior: [] float32, the accuracy of the data the bins were counted on,
+      float32(total hits) / float32(total count).
     num_effective_bins: [] int32, bins with at least one example.
   """
 
@@ -56,8 +66,28 @@ class Bins(NamedTuple):
     return self.hits / self.counts
 
 
-def _check_scores(u: ArrayLike, correct: ArrayLike) -> tuple[jax.Array, jax.Array]:
-  return validation.score_and_event("u", u, correct)
+def _in_host_memory(x) -> bool:
+  """Whether ``x`` is host data: NumPy or Python values, or a jax array on CPU devices."""
+  if validation.is_traced(x):
+    return False
+  if isinstance(x, jax.Array):
+    return all(device.platform == "cpu" for device in x.devices())
+  return True
+
+
+def _runs_on_cpu(x) -> bool:
+  """Whether jitted work on ``x`` runs on the CPU (host data goes to the default backend)."""
+  if isinstance(x, jax.Array) or validation.is_traced(x):
+    return _in_host_memory(x)
+  return jax.default_backend() == "cpu"
+
+
+def _check_scores(u: ArrayLike, correct: ArrayLike):
+  # Host data is checked with NumPy: a device round trip would cost more than the check.
+  return validation.score_and_event("u", u, correct, host=_in_host_memory(u))
+
+
+_COMPARE_ALL_MAX_EDGES = 32
 
 
 def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array:
@@ -73,7 +103,11 @@ def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array:
   Returns:
     [N] int32 in [0, n_bins).
   """
-  return jnp.searchsorted(edges, u, side="left").astype(jnp.int32)
+  # Comparing with every edge is one branch-free fused pass, fastest for a few dozen
+  # edges; past ~32 XLA:CPU stops vectorising it and the binary search wins.
+  num_edges = jnp.shape(edges)[-1]
+  method = "compare_all" if num_edges <= _COMPARE_ALL_MAX_EDGES else "scan_unrolled"
+  return jnp.searchsorted(edges, u, side="left", method=method).astype(jnp.int32)
 
 
 def calibrated_prob(hits, counts, prior):
@@ -85,15 +119,58 @@ def calibrated_prob(hits, counts, prior):
   return (hits + prior) / (counts + 1)
 
 
-def _count(edges: jax.Array, u: jax.Array, correct: jax.Array, prior=None) -> Bins:
+def _count_by_outcome(edges: jax.Array, u: jax.Array, correct: jax.Array, num_skipped=0):
+  """[n_bins, 2] int32: examples per (bin, correct), leaving out the first ``num_skipped``."""
   n_bins = edges.shape[0] + 1
-  index = assign(edges, u)
-  counts = jax.ops.segment_sum(jnp.ones_like(index), index, n_bins)
-  hits = jax.ops.segment_sum(correct.astype(jnp.int32), index, n_bins)
-  if prior is None:
-    prior = jnp.mean(correct.astype(jnp.float32))
+  # One scatter for both statistics: slot 2 b + c counts bin b's examples with correct == c.
+  slots = 2 * assign(edges, u) + correct.astype(jnp.int32)
+  weight = (jnp.arange(u.shape[0]) >= num_skipped).astype(jnp.int32)
+  return jax.ops.segment_sum(weight, slots, 2 * n_bins).reshape(n_bins, 2)
+
+
+def _bins(edges: jax.Array, by_outcome: jax.Array) -> Bins:
+  hits = by_outcome[:, 1]
+  counts = by_outcome[:, 0] + hits
+  # From the exact integer totals, as cross-validation does (a float32 mean of N
+  # booleans stops being exact beyond 2**24 examples).
+  prior = jnp.sum(hits).astype(jnp.float32) / jnp.sum(counts).astype(jnp.float32)
   prob = calibrated_prob(hits, counts, prior)
   return Bins(edges, counts, hits, prob, prior, jnp.sum(counts > 0).astype(jnp.int32))
+
+
+def _count(edges: jax.Array, u: jax.Array, correct: jax.Array) -> Bins:
+  return _bins(edges, _count_by_outcome(edges, u, correct))
+
+
+_count_jit = jax.jit(_count)
+_count_by_outcome_jit = jax.jit(_count_by_outcome)
+_bins_jit = jax.jit(_bins)
+
+# Host scores beyond this many are counted and predicted a chunk at a time: the
+# chunk's copy into XLA and its temporaries then stay in cache, where one call on
+# 10**8 scores streams them through memory (and page faults) several times.
+_CHUNK = 2**20
+
+
+def _chunks(num: int):
+  """(slice, num_skipped) covering [0, num) in _CHUNK-sized pieces (num > _CHUNK).
+
+  Every piece has the one compiled shape: the last ends at ``num`` and overlaps
+  the one before, whose examples it skips.
+  """
+  for start in range(0, num, _CHUNK):
+    begin = min(start, num - _CHUNK)
+    yield slice(begin, begin + _CHUNK), start - begin
+
+
+def _count_host(edges: np.ndarray, u: np.ndarray, correct: np.ndarray) -> Bins:
+  if u.shape[0] <= _CHUNK:
+    return _count_jit(edges, u, correct)
+  parts = [
+    _count_by_outcome_jit(edges, u[piece], correct[piece], skipped)
+    for piece, skipped in _chunks(u.shape[0])
+  ]
+  return _bins_jit(edges, jnp.sum(jnp.stack(parts), axis=0))
 
 
 def quantile_edge_ranks(num_points, n_bins: int) -> np.ndarray:
@@ -113,34 +190,93 @@ def quantile_edge_ranks(num_points, n_bins: int) -> np.ndarray:
   return (np.asarray(num_points, np.int64)[..., None] * i) // n_bins
 
 
+def _zeros_as_positive_zero(raw_edges, xp):
+  # -0.0 == 0.0, and XLA compares subnormals as zero (it flushes them): which of these
+  # "equal" values a selection meets first is arbitrary, so every path stores +0.0.
+  return xp.where(xp.abs(raw_edges) < xp.finfo(raw_edges.dtype).tiny, 0, raw_edges)
+
+
+def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
+  """``Bins.edges`` of host scores: the quantile order statistics, ties merged, +inf padded."""
+  ranks = quantile_edge_ranks(u.shape[0], n_bins) - 1  # 0-based positions in sorted order
+  if ranks.shape[0] == 0:
+    raw = u[:0]
+  elif ranks.shape[0] == 1:
+    # One order statistic: NumPy's vectorised quickselect costs a fraction of a sort.
+    raw = np.partition(u, ranks)[ranks]
+  else:
+    # Several: NumPy's many-kth partition is a scalar introselect per kth, slower than
+    # its vectorised sort; the values at the ranks are the same either way.
+    raw = np.sort(u)[ranks]
+  raw = _zeros_as_positive_zero(raw, np)
+  first_of_run = np.ones(raw.shape, bool)
+  first_of_run[1:] = raw[1:] != raw[:-1]
+  edges = np.full(n_bins - 1, np.inf, raw.dtype)
+  distinct = raw[first_of_run]
+  edges[: distinct.shape[0]] = distinct
+  return edges
+
+
 @functools.partial(jax.jit, static_argnames=("n_bins",))
 def _fit(u: jax.Array, correct: jax.Array, n_bins: int) -> Bins:
-  sorted_u = jnp.sort(u)
-  ranks = quantile_edge_ranks(u.shape[0], n_bins)
-  raw_edges = sorted_u[ranks - 1]
+  ranks = quantile_edge_ranks(u.shape[0], n_bins) - 1
+  raw_edges = jnp.sort(u)[ranks]
+  raw_edges = _zeros_as_positive_zero(raw_edges, jnp)
   edges = jnp.unique(raw_edges, size=n_bins - 1, fill_value=jnp.inf)
   return _count(edges, u, correct)
 
 
-def fit(u: ArrayLike, correct: ArrayLike, n_bins: int = 20) -> Bins:
+def _fits_on_host(u, correct, implementation: str | None) -> bool:
+  if implementation not in (None, "host", "jit"):
+    raise ValueError(f"implementation: expected None, 'host' or 'jit', got {implementation!r}")
+  traced = validation.is_traced(u) or validation.is_traced(correct)
+  if implementation == "host" and traced:
+    raise ValueError("implementation: 'host' needs concrete arrays; under jit use None or 'jit'")
+  if implementation is not None:
+    return implementation == "host"
+  return not traced and _runs_on_cpu(u)
+
+
+def fit(
+  u: ArrayLike, correct: ArrayLike, n_bins: int = 20, *, implementation: str | None = None
+) -> Bins:
   """Fits equal-count bins of ``u`` and their accuracy on a calibration split.
 
   Args:
     u: [N] float scores.
     correct: [N] bool, whether each prediction is correct (see ``events``).
     n_bins: 1 <= n_bins <= N.
+    implementation: where the edges are selected, with bit-identical results.
+      None (default): on the host with NumPy when ``u`` is a jax array on CPU,
+      or host data and the default backend is CPU; otherwise (an accelerator,
+      or traced under ``jit``) in one jitted program. "host" or "jit" forces one.
 
   Returns:
-    ``Bins`` with probabilities regularised towards the calibration accuracy.
+    ``Bins`` of jax arrays, with probabilities regularised towards the
+    calibration accuracy.
   """
+  on_host = _fits_on_host(u, correct, implementation)
   u, correct = _check_scores(u, correct)
   n_bins = validation.positive_int("n_bins", n_bins, maximum=u.shape[0])
-  return _fit(u, correct, n_bins)
+  if not on_host:
+    return _fit(u, correct, n_bins)
+  # The scores as the jitted path sees them (e.g. float64 becomes float32 without
+  # x64), so both select the same order statistics and merge the same ties.
+  u = np.asarray(u)
+  u = u.astype(jax.dtypes.canonicalize_dtype(u.dtype), copy=False)
+  return _count_host(_host_edges(u, n_bins), u, np.asarray(correct))
 
 
-@jax.jit
-def _predict(bins: Bins, u: jax.Array) -> jax.Array:
+def _probability(bins: Bins, u: jax.Array) -> jax.Array:
   return bins.prob[assign(bins.edges, u)]
+
+
+_predict = jax.jit(_probability)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _predict_into(out: jax.Array, begin, bins: Bins, u: jax.Array) -> jax.Array:
+  return jax.lax.dynamic_update_slice(out, _probability(bins, u), (begin,))
 
 
 def predict(bins: Bins, u: ArrayLike) -> jax.Array:
@@ -153,12 +289,15 @@ def predict(bins: Bins, u: ArrayLike) -> jax.Array:
   Returns:
     [N] float in (0, 1).
   """
-  return _predict(bins, validation.float_array("u", u, 1))
-
-
-@jax.jit
-def _refit(bins: Bins, u: jax.Array, correct: jax.Array) -> Bins:
-  return _count(bins.edges, u, correct)
+  on_cpu = _runs_on_cpu(u)
+  validation.instance("bins", bins, Bins, "binning.Bins from binning.fit")
+  u = validation.float_array("u", u, 1, host=_in_host_memory(u))
+  if u.shape[0] <= _CHUNK or not on_cpu:
+    return _predict(bins, u)
+  out = jnp.empty(u.shape, bins.prob.dtype)
+  for piece, _ in _chunks(u.shape[0]):  # the overlap is written twice, with the same values
+    out = _predict_into(out, piece.start, bins, u[piece])
+  return out
 
 
 def refit(bins: Bins, u: ArrayLike, correct: ArrayLike) -> Bins:
@@ -172,8 +311,12 @@ def refit(bins: Bins, u: ArrayLike, correct: ArrayLike) -> Bins:
   Returns:
     ``Bins`` with the same edges and counts, hits and prior from the new data.
   """
+  validation.instance("bins", bins, Bins, "binning.Bins from binning.fit")
+  on_cpu = _runs_on_cpu(u)
   u, correct = _check_scores(u, correct)
-  return _refit(bins, u, correct)
+  if on_cpu:
+    return _count_host(bins.edges, np.asarray(u), np.asarray(correct))
+  return _count_jit(bins.edges, u, correct)
 
 
 def hoeffding_halfwidth(count: ArrayLike, delta: float = 0.05) -> jax.Array:
@@ -188,10 +331,29 @@ def hoeffding_halfwidth(count: ArrayLike, delta: float = 0.05) -> jax.Array:
   Returns:
     float array shaped like ``count``.
   """
-  if not 0.0 < float(delta) < 1.0:
-    raise ValueError(f"delta: expected a probability in (0, 1), got {delta}")
-  count = jnp.asarray(count, jnp.float32)
-  return jnp.sqrt(jnp.log(2.0 / delta) / (2.0 * count))
+  delta = _delta(delta)
+  count = _counts("count", count)
+  return jnp.sqrt(jnp.log(2.0 / delta) / (2.0 * count.astype(jnp.float32)))
+
+
+def _delta(delta) -> float:
+  try:
+    value = float(delta)
+  except (TypeError, ValueError):
+    raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}") from None
+  if not 0.0 < value < 1.0:
+    raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}")
+  return value
+
+
+def _counts(name: str, value: ArrayLike) -> jax.Array:
+  """Whole, non-negative example counts (0-, 1- or 2-D), within int32."""
+  arr = validation.as_array(name, value, (0, 1, 2), host=True)
+  if not validation.is_traced(arr) and arr.size:
+    whole = np.isfinite(arr) & (arr == np.round(arr)) if arr.dtype.kind == "f" else True
+    if not np.all(whole) or arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
+      raise ValueError(f"{name}: expected whole counts in [0, 2**31), got {value!r}")
+  return jnp.asarray(arr).astype(jnp.int32)
 
 
 def _beta_quantile(q: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -235,10 +397,9 @@ def clopper_pearson(
   Returns:
     (lower, upper) float arrays.
   """
-  if not 0.0 < float(delta) < 1.0:
-    raise ValueError(f"delta: expected a probability in (0, 1), got {delta}")
-  hits = validation.as_array("hits", hits, (0, 1, 2))
-  count = validation.as_array("count", count, (0, 1, 2))
+  delta = _delta(delta)
+  hits = _counts("hits", hits)
+  count = _counts("count", count)
   if not validation.is_traced(hits) and not validation.is_traced(count):
     if bool(jnp.any(hits < 0)) or bool(jnp.any(hits > count)):
       raise ValueError("hits: expected 0 <= hits <= count in every bin")
@@ -258,6 +419,7 @@ def confidence_bounds(
   Returns:
     (lower, upper), each [n_bins] float in [0, 1]; empty bins give [0, 1].
   """
+  validation.instance("bins", bins, Bins, "binning.Bins from binning.fit")
   if method == "clopper_pearson":
     return clopper_pearson(bins.hits, bins.counts, delta)
   if method == "hoeffding":
