@@ -368,7 +368,15 @@ LABELS = np.array([0, 1])
     ),
     (lambda: baselines.fit_temperature(LOGITS, np.array([0.5, 1])), "labels: expected integer"),
     (lambda: baselines.fit_temperature(None, LABELS), "logits: expected an"),
-    (lambda: baselines.apply_temperature(LOGITS, 0.0), r"temperature: expected T > 0, got 0"),
+    (
+      lambda: baselines.apply_temperature(LOGITS, 0.0),
+      r"temperature: expected a value in \[1e-05, 100000\], got 0",
+    ),
+    (
+      lambda: baselines.apply_temperature(LOGITS, 1e-40),
+      r"temperature: expected a value in \[1e-05, 100000\]",
+    ),
+    (lambda: baselines.predict_histogram_binning(None, probs=LOGITS), "binning: expected"),
     (lambda: baselines.apply_temperature(LOGITS, np.nan), "temperature: 1 non-finite"),
     (lambda: baselines.apply_temperature(LOGITS, [1.0, 2.0]), "temperature: expected a 0-D"),
     (

@@ -461,7 +461,7 @@ def test_from_arrays_reads_npy_logits_probs_and_samples(tmp_path):
   assert sample_probs.meta == {"method": "samples", "dataset": "toy"}
   with pytest.raises(ValueError, match="logits/probs: expected exactly one of them"):
     predictions_lib.from_arrays(labels=tmp_path / "y.npy")
-  with pytest.raises(ValueError, match="probs: expected a 2-D or 3-D array, got shape \(6,\)"):
+  with pytest.raises(ValueError, match=r"probs: expected a 2-D or 3-D array, got shape \(6,\)"):
     predictions_lib.from_arrays(labels=tmp_path / "y.npy", probs=tmp_path / "y.npy")
   with pytest.raises(FileNotFoundError, match="labels: no such file"):
     predictions_lib.from_arrays(labels=tmp_path / "nope.npy", logits=tmp_path / "l2.npy")

@@ -245,3 +245,13 @@ def test_order_twins_rank_examples_identically():
       np.argsort(np.asarray(values[tie_free]), kind="stable"),
     )
   assert scores.same_order_as("entropy") is None
+
+
+def test_covariance_norm_of_huge_and_tiny_logits_is_scaled_not_nan():
+  x = np.random.default_rng(6).normal(size=(4, 3, 5)).astype(np.float32)
+  base = np.asarray(scores.covariance_norm(x))
+  for factor in (1e-15, 1e15, 1e18):
+    value = np.asarray(scores.covariance_norm(x * np.float32(factor)))
+    np.testing.assert_allclose(value, base * np.float32(factor) ** 2, rtol=1e-4)
+  with pytest.raises(ValueError, match="exceeds the float32 range"):
+    scores.covariance_norm(x * np.float32(1e20))

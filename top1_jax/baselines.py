@@ -462,8 +462,9 @@ def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
   """
   logits = validation.float_array("logits", logits, (2, 3))
   temperature = validation.float_array("temperature", temperature, 0)
-  if not validation.is_traced(temperature) and not float(temperature) > 0:
-    raise ValueError(f"temperature: expected T > 0, got {float(temperature)}")
+  # Within fit_temperature's range: beyond it logits / T overflows (T = 1e-40 gave inf).
+  if not validation.is_traced(temperature):
+    validation.in_range("temperature", float(temperature), _MIN_TEMPERATURE, _MAX_TEMPERATURE)
   return _apply_temperature(logits, temperature)
 
 
@@ -577,6 +578,7 @@ def predict_histogram_binning(
   Returns:
     [N, K] float, rows summing to 1.
   """
+  validation.instance("binning", binning, HistogramBinning, "fit_histogram_binning's result")
   if (probs is None) == (logits is None):
     given = "both" if probs is not None else "neither"
     raise ValueError(f"probs, logits: expected exactly one of them, got {given}")

@@ -92,7 +92,9 @@ def make_splits(num_examples: int, n_folds: int, seed: int = 0, scheme: str = "h
   """
   if scheme not in SCHEMES:
     raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+  num_examples = validation.positive_int("num_examples", num_examples, minimum=2)
   n_folds = validation.positive_int("n_folds", n_folds, minimum=2, maximum=num_examples)
+  seed = validation.seed("seed", seed)
   if n_folds > 127:
     raise ValueError(f"n_folds: expected at most 127, got {n_folds}")
   rng = np.random.default_rng(seed)
@@ -334,6 +336,18 @@ def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
   }
 
 
+def _bin_counts(n_bins) -> tuple:
+  """One bin count or a sequence of them, as a tuple (values are checked later)."""
+  if isinstance(n_bins, (int, np.integer)) and not isinstance(n_bins, bool):
+    return (n_bins,)
+  if isinstance(n_bins, (str, bytes)) or not hasattr(n_bins, "__iter__"):
+    raise ValueError(f"n_bins: expected an integer or a sequence of integers, got {n_bins!r}")
+  n_bins = tuple(n_bins)
+  if not n_bins:
+    raise ValueError("n_bins: expected at least one bin count, got none")
+  return n_bins
+
+
 def cross_validate(
   u: ArrayLike,
   correct: ArrayLike,
@@ -373,9 +387,7 @@ def cross_validate(
   num = validation.same_length(u=u_host, correct=correct_host)
   if num < 2:
     raise ValueError(f"u: cross-validation needs at least 2 examples, got {num}")
-  n_bins = (n_bins,) if isinstance(n_bins, (int, np.integer)) else tuple(n_bins)
-  if not n_bins:
-    raise ValueError("n_bins: expected at least one bin count, got none")
+  n_bins = _bin_counts(n_bins)
   if splits is None:
     splits = make_splits(num, n_folds, seed, scheme)
   elif splits.fold.shape[-1] != num:

@@ -239,6 +239,8 @@ def ece_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.
 
 
 def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
+  validation.instance("train_bins", train_bins, Bins, "binning.Bins from binning.fit")
+  validation.instance("test_bins", test_bins, Bins, "binning.Bins from binning.refit")
   if train_bins.n_bins != test_bins.n_bins:
     raise ValueError(
       f"test_bins: expected {train_bins.n_bins} bins like train_bins, got {test_bins.n_bins}"

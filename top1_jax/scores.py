@@ -159,6 +159,11 @@ def _covariance_norm(samples: jax.Array) -> jax.Array:
   # 1e-4 of the logits' mean, and centring the Gram afterwards would cancel it away.
   per_example = jnp.transpose(samples, (1, 0, 2))
   centred = per_example - jnp.mean(per_example, axis=1, keepdims=True)
+  # Scaled to max |x| = 1 per example before the product, and the norm scaled back:
+  # squares of logits of 1e20 overflow float32 (the norm itself is then inf, not NaN).
+  scale = jnp.max(jnp.abs(centred), axis=(1, 2))
+  scale = jnp.where(scale > 0, scale, 1.0)
+  centred = centred / scale[:, None, None]
   if num_samples < num_classes:
     # Cov = X^T X / (S-1) with X = centred [S, K] has the same nonzero spectrum
     # as the S x S Gram matrix X X^T / (S-1): O(S^2 K) per example, not O(K^3).
@@ -174,7 +179,7 @@ def _covariance_norm(samples: jax.Array) -> jax.Array:
     top = jax.lax.map(lambda matrix: jnp.linalg.eigvalsh(matrix)[-1], gram)
   else:
     top = jnp.linalg.eigvalsh(gram)[:, -1]
-  return jnp.maximum(top, 0.0)
+  return jnp.maximum(top, 0.0) * scale**2
 
 
 def covariance_norm(samples: ArrayLike) -> jax.Array:
@@ -195,7 +200,13 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
     raise ValueError(
       f"samples: need at least 2 samples on axis 0 for a covariance, got shape {arr.shape}"
     )
-  return _covariance_norm(arr)
+  norm = _covariance_norm(arr)
+  if not validation.is_traced(norm) and not bool(jnp.all(jnp.isfinite(norm))):
+    raise ValueError(
+      "samples: the covariance norm exceeds the float32 range (spread beyond ~1e19);"
+      " rescale the samples"
+    )
+  return norm
 
 
 @jax.jit

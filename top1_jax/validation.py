@@ -98,20 +98,31 @@ def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) ->
 
 
 def labels_array(name: str, x: ArrayLike, num_classes: int) -> jax.Array:
-  """Integer class labels in [0, num_classes)."""
-  arr = as_array(name, x, 1)
-  if not jnp.issubdtype(arr.dtype, jnp.integer):
-    if jnp.issubdtype(arr.dtype, jnp.floating) and not is_traced(arr):
-      if arr.size and not bool(jnp.all(arr == jnp.round(arr))):
-        raise ValueError(f"{name}: expected integer class labels, got non-integer floats")
-    else:
+  """Integer class labels in [0, num_classes), as int32.
+
+  The range is checked before the conversion to int32 (on the host, in the
+  input's own dtype), so a label of 2**32 + 3 or a uint64 2**63 is an error, not
+  a class that wrapped around.
+  """
+  if x is None:
+    raise ValueError(f"{name}: expected an array, got None")
+  if isinstance(x, jax.Array) and is_traced(x):
+    arr = as_array(name, x, 1)
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
       raise ValueError(f"{name}: expected integer class labels, got dtype {arr.dtype}")
-    arr = arr.astype(jnp.int32)
-  if not is_traced(arr) and arr.size:
-    lo, hi = int(jnp.min(arr)), int(jnp.max(arr))
+    return arr.astype(jnp.int32)
+  arr = as_array(name, x, 1, host=True)
+  if arr.dtype.kind == "f":
+    if arr.size and not bool(np.all(np.isfinite(arr) & (arr == np.round(arr)))):
+      raise ValueError(f"{name}: expected integer class labels, got non-integer floats")
+  elif arr.dtype.kind not in "iu":
+    raise ValueError(f"{name}: expected integer class labels, got dtype {arr.dtype}")
+  if arr.size:
+    lo, hi = arr.min(), arr.max()
     if lo < 0 or hi >= num_classes:
+      lo, hi = (int(v) if arr.dtype.kind in "iu" else float(v) for v in (lo, hi))
       raise ValueError(f"{name}: labels out of range [0, {num_classes}): min {lo}, max {hi}")
-  return arr
+  return jnp.asarray(arr.astype(np.int32))
 
 
 def probability_array(
@@ -141,6 +152,25 @@ def same_length(**arrays: jax.Array) -> int:
     detail = ", ".join(f"{k} has {v}" for k, v in lengths.items())
     raise ValueError(f"length mismatch: {detail}")
   return next(iter(lengths.values()))
+
+
+def instance(name: str, value, cls: type, hint: str):
+  """``value`` if it is a ``cls``, else a ValueError naming ``hint`` (how to get one)."""
+  if not isinstance(value, cls):
+    raise ValueError(f"{name}: expected {hint}, got {type(value).__name__}")
+  return value
+
+
+def in_range(name: str, value: float, low: float, high: float) -> float:
+  """``value`` if ``low <= value <= high``, else a ValueError naming the range."""
+  if not low <= value <= high:
+    raise ValueError(f"{name}: expected a value in [{low:g}, {high:g}], got {value:g}")
+  return value
+
+
+def seed(name: str, value) -> int:
+  """A seed for NumPy's generators: an integer >= 0."""
+  return positive_int(name, value, minimum=0)
 
 
 def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = None) -> int:

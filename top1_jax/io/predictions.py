@@ -182,6 +182,25 @@ def _check_scores(scores: Any, num_examples: int) -> dict[str, np.ndarray]:
   return checked
 
 
+def _check_agreement(logits: np.ndarray, mean_probs: np.ndarray) -> None:
+  """With both fields, ``mean_probs`` must be the mean softmax of ``logits``.
+
+  Evaluation uses the logits; a ``mean_probs`` that says otherwise would be
+  silently ignored, so a file that holds both must be consistent (atol 1e-3, the
+  tolerance of the row sums).
+  """
+  z = logits.astype(np.float64)
+  z = np.exp(z - z.max(axis=-1, keepdims=True))
+  expected = (z / z.sum(axis=-1, keepdims=True)).mean(axis=0)
+  worst = np.abs(expected - mean_probs).max(axis=-1)
+  row = int(np.argmax(worst))
+  if worst[row] > 1e-3:
+    raise ValueError(
+      f"mean_probs: row {row} differs from the mean softmax of logits by {worst[row]:.3g};"
+      " store one of the two, or consistent values"
+    )
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Predictions:
   """A model's outputs on one split; validated on construction.
@@ -229,6 +248,8 @@ class Predictions:
           f"mean_probs: expected K={num_classes} (from logits) columns, got shape"
           f" {mean_probs.shape}"
         )
+      if logits is not None:
+        _check_agreement(logits, mean_probs)
       num_classes = mean_probs.shape[1]
     if num_classes < 2:
       field = "logits" if logits is not None else "mean_probs"
@@ -370,6 +391,8 @@ def load_predictions(path: epath.PathLike) -> Predictions:
   try:
     archive = _np_load(path)
   except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    if "pickled" in str(e):  # NumPy's guess for any file that is neither .npz nor .npy
+      e = "not an .npz archive: neither a zip file nor a NumPy array file"
     raise ValueError(f"{path}: not a readable .npz predictions file ({e})") from None
   if not isinstance(archive, np.lib.npyio.NpzFile):
     raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
