@@ -1,8 +1,9 @@
 """Flags, files and progress shared by the experiments (no maths here).
 
-Every experiment writes into one work dir:
+Every experiment writes into one work dir, one run at a time:
 
   workdir/
+    .lock                       held while a run works here (host, pid, command)
     config.json                 the flags of the last run
     train/{base,ensemble}/      orbax checkpoints, one per finished epoch
     train/{base,ensemble}.json  training log; written last, marks the stage done
@@ -15,6 +16,7 @@ All files are written to a temporary name and renamed, so a killed run leaves
 either the old file or the new one; each stage skips work whose output exists.
 """
 
+import contextlib
 import os
 import pathlib
 import sys
@@ -25,7 +27,7 @@ from collections.abc import Callable, Sequence
 from absl import app, flags, logging
 
 from top1_jax import __version__
-from top1_jax.io import datasets, files
+from top1_jax.io import datasets, files, lock
 
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, predictions, results.")
 DATASET = flags.DEFINE_string(
@@ -108,17 +110,35 @@ def versions() -> dict[str, str]:
   }
 
 
+_USER_ERRORS = (
+  ExperimentError,
+  ValueError,
+  OSError,  # a work dir that is a file, unwritable, full, ...
+  datasets.DataUnavailableError,
+  lock.WorkdirBusyError,
+)
+
+
+def _one_line(error: BaseException) -> str:
+  text = " ".join(str(error).split()) or type(error).__name__
+  if isinstance(error, _USER_ERRORS):
+    return text
+  # Anything else (Flax, orbax, XLA): its type and first words, the rest with TOP1_DEBUG=1.
+  return f"{type(error).__name__}: {text[:300]} (TOP1_DEBUG=1 shows the traceback)"
+
+
 def run(main: Callable[[list[str]], None]) -> None:
-  """``app.run`` that turns user errors into one line on stderr and exit status 1."""
+  """``app.run`` that holds the work dir's lock and ends any failure in one line, exit 1."""
 
   def wrapped(argv):
     logging.set_verbosity(logging.WARNING)  # JAX's INFO lines about absent TPUs are noise here
     try:
-      main(argv)
-    except (ExperimentError, ValueError, FileNotFoundError, datasets.DataUnavailableError) as e:
+      with lock.hold(workdir(), say=say) if WORKDIR.value else contextlib.nullcontext():
+        main(argv)
+    except Exception as e:  # noqa: BLE001 -- every failure becomes one line
       if os.environ.get("TOP1_DEBUG"):
         traceback.print_exc()
-      print(f"error: {e}", file=sys.stderr, flush=True)
+      print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
       sys.exit(1)
 
   app.run(wrapped)

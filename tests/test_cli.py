@@ -144,3 +144,12 @@ def test_degenerate_top5_gives_strict_json_and_marked_cells(tmp_path):
   table = (out / "results.md").read_text()
   assert "nan" not in table and "-0.0000" not in table
   assert "/4)" in table or "–" in table
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/below"])
+def test_a_work_dir_that_cannot_be_one_is_one_line(where, tmp_path):
+  (tmp_path / "a_file").write_text("not a folder")
+  args = [str(BIN / "top1-demo"), "--num_examples=200", f"--workdir={tmp_path / where}"]
+  out = _run(args, cwd=tmp_path, check=False)
+  assert out.returncode == 1
+  assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error: ")

@@ -63,3 +63,26 @@ def test_checkpoint_round_trip_of_an_ensemble_and_refusals(tmp_path):
     checkpoints.restore_checkpoint(path, three)
   with pytest.raises(ValueError, match="directory"):
     checkpoints.restore_checkpoint(tmp_path / "missing", fresh)
+
+
+@pytest.mark.parametrize("part", ["state", "metadata"])
+def test_a_damaged_checkpoint_is_one_value_error(part, tmp_path):
+  images, _ = _toy_data()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  path = checkpoints.save_checkpoint(tmp_path / "ckpt", state)
+  for file in (path / part).rglob("*"):
+    if file.is_file() and file.name != "commit_success.txt":
+      file.write_text("garbage")
+  with pytest.raises(ValueError, match="is damaged") as info:
+    checkpoints.restore_checkpoint(path, state)
+  assert "\n" not in str(info.value)
+
+
+def test_a_missing_manifest_is_reported_before_orbax_reads(tmp_path, capfd):
+  images, _ = _toy_data()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  path = checkpoints.save_checkpoint(tmp_path / "ckpt", state)
+  (path / "state" / "manifest.ocdbt").unlink()
+  with pytest.raises(ValueError, match=r"damaged \(manifest.ocdbt is missing\)"):
+    checkpoints.restore_checkpoint(path, state)
+  assert "Traceback" not in capfd.readouterr().err

@@ -127,11 +127,33 @@ def restore_checkpoint(directory: str | pathlib.Path, template: TrainState) -> T
   path = pathlib.Path(directory).expanduser().resolve()
   if not (path / "metadata").is_dir() or not (path / "state").is_dir():
     raise ValueError(f"directory: no checkpoint saved by save_checkpoint at {path}")
+  # Checked before orbax opens it: with an OCDBT manifest missing, orbax's reader
+  # fails from worker threads and prints a traceback per array besides its error.
+  for shard in (path / "state").glob("ocdbt.process_*"):
+    for manifest in (path / "state" / "manifest.ocdbt", shard / "manifest.ocdbt"):
+      if not manifest.is_file():
+        raise ValueError(
+          f"directory: the checkpoint at {path} is damaged ({manifest.name} is missing)"
+        )
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-    metadata = checkpointer.restore(path, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))
-    _check_metadata(path, metadata["metadata"], template)
+    metadata = _orbax_read(path, checkpointer, metadata=ocp.args.JsonRestore())["metadata"]
+    _check_metadata(path, metadata, template)
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _arrays(template))
-    arrays = checkpointer.restore(
-      path, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-    )["state"]
+    arrays = _orbax_read(path, checkpointer, state=ocp.args.StandardRestore(abstract))["state"]
   return template.replace(**arrays)
+
+
+def _orbax_read(path: pathlib.Path, checkpointer, **args):
+  """``checkpointer.restore`` with orbax's errors for damaged files as one ValueError.
+
+  A killed write or a disk error leaves files orbax cannot parse; it raises bare
+  ``Exception``s (and tensorstore errors) then. The caller can set the checkpoint
+  aside and retrain instead of ending in a wall of text.
+  """
+  try:
+    return checkpointer.restore(path, args=ocp.args.Composite(**args))
+  except Exception as e:  # noqa: BLE001 -- orbax raises plain Exception for corrupt files
+    first = " ".join(str(e).split())[:200]
+    raise ValueError(
+      f"directory: the checkpoint at {path} is damaged ({type(e).__name__}: {first})"
+    ) from None

@@ -1,0 +1,74 @@
+"""One run per work dir: the lock file, stale locks, and a refused launcher run."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from top1_jax.io import lock
+
+
+def _write_lock(workdir, **owner):
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / lock.LOCK_NAME).write_text(json.dumps(owner))
+
+
+def test_hold_creates_and_removes_the_lock(tmp_path):
+  with lock.hold(tmp_path / "w") as path:
+    owner = json.loads(path.read_text())
+    assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
+  assert not path.exists()
+
+
+def test_a_live_owner_refuses_a_second_run(tmp_path):
+  with lock.hold(tmp_path) as path:
+    with pytest.raises(lock.WorkdirBusyError, match=f"in use by pid {os.getpid()}") as info:
+      with lock.hold(tmp_path):
+        pass
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+    assert path.exists()  # the refused run left the owner's lock alone
+  assert not path.exists()
+
+
+def test_another_hosts_lock_is_respected(tmp_path):
+  _write_lock(tmp_path, host="elsewhere", pid=1, started="then", command="x")
+  with pytest.raises(lock.WorkdirBusyError, match="on elsewhere"):
+    with lock.hold(tmp_path):
+      pass
+
+
+@pytest.mark.parametrize(
+  "owner",
+  [
+    {"pid": 2**22 + 12345},  # no such process
+    {"pid": os.getpid(), "start_time": "not-this-process"},  # a pid reused by another process
+    None,  # half-written lock of a killed run
+  ],
+)
+def test_a_stale_lock_is_taken_over_with_a_note(owner, tmp_path):
+  if owner is None:
+    tmp_path.joinpath(lock.LOCK_NAME).write_text("{")
+  else:
+    _write_lock(tmp_path, host=socket.gethostname(), started="then", command="killed", **owner)
+  notes = []
+  with lock.hold(tmp_path, say=notes.append) as path:
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+  assert len(notes) == 1 and "stale lock" in notes[0]
+
+
+def test_a_refused_launcher_run_changes_nothing(tmp_path):
+  workdir = tmp_path / "w"
+  _write_lock(workdir, host="elsewhere", pid=1, started="then", command="the other run")
+  (workdir / "config.json").write_text('{"mine": true}')
+  before = sorted(p.name for p in workdir.iterdir())
+  args = [sys.executable, "-m", "experiments.reproduce", "--quick", f"--workdir={workdir}"]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1
+  assert out.stderr.strip().startswith("error: --workdir:") and "in use by pid 1" in out.stderr
+  assert len(out.stderr.strip().splitlines()) == 1
+  assert sorted(p.name for p in workdir.iterdir()) == before
+  assert json.loads((workdir / "config.json").read_text()) == {"mine": True}

@@ -1,0 +1,111 @@
+"""One run per work dir: a lock file naming its owner, and stale locks of killed runs.
+
+``hold(workdir)`` creates ``workdir/.lock`` atomically (``O_EXCL``) with the
+owner's host, pid, process start time and command. A second run on the same
+work dir is refused with one line naming the owner, before it writes anything.
+A lock left by a run that was killed (same host, and that pid is gone or is now
+another process) is taken over with a note. The lock is removed when the run
+ends, however it ends short of ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import socket
+import sys
+import time
+from collections.abc import Iterator
+
+LOCK_NAME = ".lock"
+
+
+class WorkdirBusyError(RuntimeError):
+  """Another live run holds the work dir."""
+
+
+def _start_time(pid: int) -> str | None:
+  """The process's start time in clock ticks since boot (Linux), to tell a reused pid."""
+  try:
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+  except OSError:
+    return None
+  return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(owner: dict) -> bool:
+  """Whether the lock's owner still runs (on another host we cannot tell: assume so)."""
+  if owner.get("host") != socket.gethostname():
+    return True
+  pid = owner.get("pid")
+  if not isinstance(pid, int) or pid <= 0:
+    return False
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  started = _start_time(pid)
+  return started is None or owner.get("start_time") in (None, started)
+
+
+def _owner() -> dict:
+  return {
+    "host": socket.gethostname(),
+    "pid": os.getpid(),
+    "start_time": _start_time(os.getpid()),
+    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    "command": " ".join(sys.argv),
+  }
+
+
+def _create(path: pathlib.Path, owner: dict) -> bool:
+  try:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, "w") as file:
+    json.dump(owner, file)
+  return True
+
+
+@contextlib.contextmanager
+def hold(workdir: str | os.PathLike, say=print) -> Iterator[pathlib.Path]:
+  """Holds ``workdir``'s lock for the duration of the block.
+
+  Args:
+    workdir: a local directory (created if missing).
+    say: where the note about a taken-over stale lock goes.
+
+  Raises:
+    WorkdirBusyError: a live run holds it (the message names it and how to clear it).
+  """
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  path = workdir / LOCK_NAME
+  owner = _owner()
+  while not _create(path, owner):
+    try:
+      held = json.loads(path.read_text())
+    except (OSError, ValueError):
+      held = {}  # half-written by a run killed mid-write: stale
+    if held and _alive(held):
+      raise WorkdirBusyError(
+        f"--workdir: {workdir} is in use by pid {held.get('pid')} on {held.get('host')} since"
+        f" {held.get('started')} ({held.get('command')}); wait for it, or delete {path} if"
+        " that run is gone"
+      )
+    say(
+      f"taking over the stale lock of a run that ended without cleaning up ({held or 'unreadable'})"
+    )
+    with contextlib.suppress(FileNotFoundError):
+      path.unlink()
+  try:
+    yield path
+  finally:
+    with contextlib.suppress(OSError, ValueError):
+      if json.loads(path.read_text()).get("pid") == owner["pid"]:
+        path.unlink()
