@@ -15,7 +15,7 @@ def _launch(name: str) -> None:
   except ModuleNotFoundError as e:
     sys.exit(
       f"error: top1-{name.replace('_', '-')} needs the package {e.name!r}, which is not"
-      " installed: pip install 'top1_jax[all]'"
+      " installed: pip install '.[all]' in a top1_jax clone"
     )
   common.run(module.main)
 

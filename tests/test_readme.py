@@ -1,4 +1,12 @@
-"""The README's examples run as written, and print what the README says."""
+"""The examples of the README, docs/api.md and docs/results.md run as written, and print
+what they say.
+
+Every ```python block right after a `<!-- tested -->` line is executed, from a fresh
+folder that sees the repository's `examples/` (as a user in the clone's root would).
+When the block is followed by "prints (the test suite runs this block):" and a ```
+block, the printed lines must equal those, except lines starting with
+"Decomposition" (whose Array reprs the README abbreviates).
+"""
 
 import contextlib
 import io
@@ -9,31 +17,48 @@ import pytest
 
 from top1_jax.io import idx
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Each file with tested blocks, and how many it has (a lost marker is a failure).
+EXPECTED = {"README.md": 2, "docs/api.md": 3, "docs/results.md": 1}
+PRINTS = "prints (the test suite runs this block):"
+
+_BLOCK = re.compile(
+  r"<!-- tested -->\n```python\n(.*?)```\n"
+  r"(?:\n" + re.escape(PRINTS) + r"\n\n```\n(.*?)```)?",
+  flags=re.S,
+)
 
 
-def _tested_blocks():
-  text = README.read_text()
-  return re.findall(r"<!-- tested -->\n```python\n(.*?)```", text, flags=re.S)
+def _tested_blocks(name):
+  return _BLOCK.findall((ROOT / name).read_text())
 
 
-def test_readme_marks_its_runnable_examples():
-  assert len(_tested_blocks()) == 4
+CASES = [(name, i) for name, count in EXPECTED.items() for i in range(count)]
 
 
-@pytest.mark.parametrize("index", range(4))
-def test_readme_example_runs(index, tmp_path, monkeypatch):
-  block = _tested_blocks()[index]
+@pytest.mark.parametrize("name", EXPECTED)
+def test_docs_mark_their_runnable_examples(name):
+  assert len(_tested_blocks(name)) == EXPECTED[name]
+
+
+def test_the_readme_promises_printed_output():
+  promised = [printed for _, printed in _tested_blocks("README.md") if printed]
+  assert len(promised) == 2  # the practitioner's Calibrator and the cross_validate block
+
+
+@pytest.mark.parametrize(("name", "index"), CASES, ids=[f"{n}:{i}" for n, i in CASES])
+def test_example_runs_and_prints_what_it_says(name, index, tmp_path, monkeypatch):
+  block, promised = _tested_blocks(name)[index]
   if "load_dataset" in block and not (idx.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists():
     pytest.skip("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+  (tmp_path / "examples").symlink_to(ROOT / "examples")  # the example data, as from the root
   monkeypatch.chdir(tmp_path)  # examples that write files write them here
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    exec(compile(block, f"README block {index}", "exec"), {})
-  if "cross_validate" in block:
+    exec(compile(block, f"{name} block {index}", "exec"), {})
+  if promised:
     printed = out.getvalue().splitlines()
-    promised = README.read_text().split("prints (the test suite runs this block):\n\n```\n")[1]
-    promised = promised.split("```")[0].splitlines()
-    # Every line but the decomposition (whose Array reprs the README abbreviates).
+    promised = promised.splitlines()
+    assert len(printed) == len(promised), out.getvalue()
     keep = [i for i, line in enumerate(promised) if not line.startswith("Decomposition")]
     assert [printed[i] for i in keep] == [promised[i] for i in keep]

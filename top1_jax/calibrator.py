@@ -129,12 +129,15 @@ class Calibrator:
       x: [N, K] logits or probabilities (``inputs``), or [S, N, K] samples.
       labels: [N] int true classes.
     """
-    self.num_classes = None
-    u, correct = self._score_and_correct(x, labels)
+    num_classes, self.num_classes = self.num_classes, None  # any K may be fitted anew
+    try:
+      u, correct = self._score_and_correct(x, labels)
+      n_bins = validation.positive_int("n_bins", self.n_bins, maximum=u.shape[0])
+    except ValueError:
+      self.num_classes = num_classes  # a refused fit leaves the calibrator as it was
+      raise
+    self.bins = binning.fit(u, correct, n_bins)
     self.num_classes = int(np.shape(x)[-1])
-    self.bins = binning.fit(
-      u, correct, validation.positive_int("n_bins", self.n_bins, maximum=u.shape[0])
-    )
     return self
 
   def scores_of(self, x: ArrayLike) -> np.ndarray:

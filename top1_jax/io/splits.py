@@ -10,7 +10,10 @@ from typing import NamedTuple
 import numpy as np
 
 # Advice that loaders append to their errors.
-INSTALL_TENSORFLOW = "pip install 'top1_jax[tf]'"
+# From a clone the extra is '.[tf]'; 'top1_jax[tf]' is for an install from a package index.
+INSTALL_TENSORFLOW = (
+  "pip install '.[tf]' in a top1_jax clone (or pip install 'top1_jax[tf]' from an index)"
+)
 INSTALL_FASHION_MNIST = "apt-get install dataset-fashion-mnist"
 
 
