@@ -4,18 +4,10 @@ import jax
 import numpy as np
 import optax
 import pytest
+from toy_data import gaussian_blobs
 
 from top1_jax import models, train
 from top1_jax.io import checkpoints
-
-
-def _toy_data(num_examples=96, num_features=10, num_classes=4, seed=0):
-  """Gaussian blobs: [N, F] float32 images and [N] int32 labels."""
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, num_classes, num_examples).astype(np.int32)
-  centres = rng.normal(size=(num_classes, num_features)) * 2
-  images = centres[labels] + rng.normal(size=(num_examples, num_features))
-  return images.astype(np.float32), labels
 
 
 def _assert_trees_equal(a, b):
@@ -27,7 +19,7 @@ _TX = optax.adam(1e-2)
 
 
 def test_checkpoint_round_trip_of_an_ensemble_and_refusals(tmp_path):
-  images, labels = _toy_data()
+  images, labels = gaussian_blobs()
   ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=2)
   ensemble = train.fit_ensemble(
     ensemble, images, labels, jax.random.key(1), num_steps=3, batch_size=16
@@ -67,7 +59,7 @@ def test_checkpoint_round_trip_of_an_ensemble_and_refusals(tmp_path):
 
 @pytest.mark.parametrize("part", ["state", "metadata"])
 def test_a_damaged_checkpoint_is_one_value_error(part, tmp_path):
-  images, _ = _toy_data()
+  images, _ = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
   path = checkpoints.save_checkpoint(tmp_path / "ckpt", state)
   for file in (path / part).rglob("*"):
@@ -79,7 +71,7 @@ def test_a_damaged_checkpoint_is_one_value_error(part, tmp_path):
 
 
 def test_a_missing_manifest_is_reported_before_orbax_reads(tmp_path, capfd):
-  images, _ = _toy_data()
+  images, _ = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
   path = checkpoints.save_checkpoint(tmp_path / "ckpt", state)
   (path / "state" / "manifest.ocdbt").unlink()

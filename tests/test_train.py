@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from toy_data import gaussian_blobs
 
 from top1_jax import mc, models, train
 from top1_jax.io import checkpoints
@@ -35,15 +36,6 @@ def _fashion_mnist(split: str, count: int) -> tuple[np.ndarray, np.ndarray]:
   return images.astype(np.float32) / 255.0, labels.astype(np.int32)
 
 
-def _toy_data(num_examples=96, num_features=10, num_classes=4, seed=0):
-  """Linearly separable-ish Gaussian blobs."""
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, num_classes, num_examples).astype(np.int32)
-  centres = rng.normal(size=(num_classes, num_features)) * 2
-  images = centres[labels] + rng.normal(size=(num_examples, num_features))
-  return images.astype(np.float32), labels
-
-
 def _max_abs_diff(a, b) -> float:
   # NumPy on purpose: eager jnp ops would compile once per leaf shape.
   diffs = jax.tree_util.tree_map(
@@ -61,7 +53,7 @@ _TX = optax.adam(1e-2)
 
 
 def test_train_step_is_pure_and_learns():
-  images, labels = _toy_data()
+  images, labels = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=0.1)
   batch = (images[:32], labels[:32])
   key = jax.random.key(1)
@@ -81,7 +73,7 @@ def test_train_step_is_pure_and_learns():
 
 
 def test_fit_is_deterministic_and_resumes_with_fresh_keys(tmp_path):
-  images, labels = _toy_data()
+  images, labels = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=0.2)
   fit = lambda s, n, seed=7: train.fit(
     s, images, labels, jax.random.key(seed), num_steps=n, batch_size=20
@@ -104,7 +96,7 @@ def test_fit_is_deterministic_and_resumes_with_fresh_keys(tmp_path):
 
 
 def test_init_ensemble_members_equal_single_inits():
-  images, _ = _toy_data()
+  images, _ = gaussian_blobs()
   ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(4), images[:1], ensemble_size=3)
   keys = jax.random.split(jax.random.key(4), 3)
   for m in range(3):
@@ -140,7 +132,7 @@ def test_vmapped_ensemble_training_equals_separate_training():
 
 
 def test_each_member_sees_its_own_shuffling():
-  images, labels = _toy_data(num_examples=64)
+  images, labels = gaussian_blobs(num_examples=64)
   ensemble = train.init_ensemble(
     _MLP, optax.sgd(0.0), jax.random.key(0), images[:1], ensemble_size=2
   )
@@ -164,7 +156,7 @@ def test_each_member_sees_its_own_shuffling():
 
 
 def test_callback_reports_progress_and_nothing_is_printed(capsys):
-  images, labels = _toy_data()
+  images, labels = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
   reports = []
   train.fit(
@@ -198,7 +190,7 @@ def test_callback_reports_progress_and_nothing_is_printed(capsys):
 
 
 def test_bad_inputs_raise_naming_the_argument():
-  images, labels = _toy_data()
+  images, labels = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
   fit = lambda **kw: train.fit(
     state,

@@ -406,16 +406,17 @@ def load_predictions(path: epath.PathLike) -> Predictions:
     raise ValueError(f"{path}: {e}") from None
 
 
-def _load_npy(flag: str, path: epath.PathLike) -> np.ndarray:
+def _load_npy(name: str, path: epath.PathLike) -> np.ndarray:
+  """One ``.npy`` array; errors start with ``name`` (the argument or flag it came from)."""
   path = files.as_path(path)
   if not path.is_file():
-    raise FileNotFoundError(f"{flag}: no such file: {path}")
+    raise FileNotFoundError(f"{name}: no such file: {path}")
   try:
     value = _np_load(path)
   except (OSError, ValueError, EOFError) as e:
-    raise ValueError(f"{flag}: {path} is not a readable .npy array ({e})") from None
+    raise ValueError(f"{name}: {path} is not a readable .npy array ({e})") from None
   if not isinstance(value, np.ndarray):
-    raise ValueError(f"{flag}: {path} is an .npz archive; expected one .npy array")
+    raise ValueError(f"{name}: {path} is an .npz archive; expected one .npy array")
   return value
 
 
@@ -488,14 +489,7 @@ def load_human_probs(
     [N, K] float32.
   """
   path = files.as_path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"{path}: human label file not found")
-  try:
-    array = _np_load(path)
-  except (OSError, ValueError, EOFError) as e:
-    raise ValueError(f"{path}: not a readable .npy file ({e})") from None
-  if not isinstance(array, np.ndarray):
-    raise ValueError(f"{path}: expected a single [N, K] array (.npy), got an archive")
+  array = _load_npy("human_probs", path)
   if array.ndim == 2 and np.issubdtype(array.dtype, np.number) and array.size:
     sums = array.sum(axis=1, dtype=np.float64)
     if array.min() >= 0 and np.all(array == np.round(array)) and sums.max() > 1.5:
