@@ -68,10 +68,6 @@ read_json = files.read_json
 write_csv = files.write_csv
 
 
-def load_split(split: str, limit: int | None) -> datasets.DatasetSplit:
-  return datasets.load_dataset(DATASET.value, split, data_dir=DATA_DIR.value, limit=limit)
-
-
 def parse_ints(name: str, values: Sequence[str], minimum: int = 1) -> tuple[int, ...]:
   try:
     parsed = tuple(int(v) for v in values)

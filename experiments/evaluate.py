@@ -15,12 +15,14 @@ written from all points.
 import hashlib
 import pathlib
 import time
+from typing import NamedTuple
 
 import numpy as np
 from absl import flags
 
 from experiments import common, report
 from top1_jax import baselines, crossval, events, metrics, scores
+from top1_jax.io import files
 from top1_jax.io import predictions as predictions_lib
 
 PREDICTIONS = flags.DEFINE_list(
@@ -47,11 +49,15 @@ N_FOLDS = flags.DEFINE_integer("n_folds", 10, "Calibration/test splits.")
 SCHEME = flags.DEFINE_enum("scheme", "halves", crossval.SCHEMES, "halves (paper) or kfold.")
 FIGURE_BINS = flags.DEFINE_integer("figure_bins", 20, "Bins in the per-bin figures.")
 COMPARE_BINS = flags.DEFINE_integer(
-  "compare_bins", 20, "Top-1 bins in the comparison with the benchmark methods (one of --n_bins)."
+  "compare_bins",
+  20,
+  "Top-1 bins in the comparison with the benchmark methods: one of --n_bins (the default, "
+  "if not among them, becomes the first of them, with a line saying so).",
 )
 ECE_BINS = flags.DEFINE_integer(
   "ece_bins", baselines.DEFAULT_ECE_BINS, "Equal-width bins of the benchmark's confidence ECE."
 )
+MAX_FOLDS = 127  # crossval.make_splits stores a split's fold in an int8
 
 
 class Source:
@@ -93,17 +99,30 @@ class Source:
     return self.name
 
 
+def _check_inputs() -> None:
+  """--predictions, or --logits/--probs with --labels: a valid combination of existing files."""
+  array_flag = "logits" if LOGITS.value else "probs" if PROBS.value else None
+  if LOGITS.value and PROBS.value:
+    raise common.ExperimentError("--logits, --probs: give one of them, not both")
+  if array_flag and PREDICTIONS.value:
+    raise common.ExperimentError("--predictions: give either predictions files or --logits/--probs")
+  if array_flag and not LABELS.value:
+    raise common.ExperimentError(f"--labels: required with --{array_flag}")
+  if LABELS.value and not array_flag:
+    raise common.ExperimentError("--labels: goes with --logits or --probs")
+  given = {"predictions": PREDICTIONS.value or []}
+  for flag in (LOGITS, PROBS, LABELS):
+    given[flag.name] = [flag.value] if flag.value else []
+  for name, values in given.items():
+    paths = [pathlib.Path(v).expanduser() for v in values if files.is_local(v)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+      raise common.ExperimentError(f"--{name}: no such file: {', '.join(missing)}")
+
+
 def _file_from_arrays() -> pathlib.Path:
   """--logits/--probs and --labels as a predictions file in the work dir (its name: the array's)."""
   array = LOGITS.value or PROBS.value
-  if LOGITS.value and PROBS.value:
-    raise common.ExperimentError("--logits, --probs: give one of them, not both")
-  if PREDICTIONS.value:
-    raise common.ExperimentError("--predictions: give either predictions files or --logits/--probs")
-  if not LABELS.value:
-    raise common.ExperimentError(
-      f"--labels: required with --{'logits' if LOGITS.value else 'probs'}"
-    )
   predictions = predictions_lib.from_arrays(
     labels=LABELS.value, logits=LOGITS.value, probs=PROBS.value
   )
@@ -114,16 +133,11 @@ def _file_from_arrays() -> pathlib.Path:
 
 
 def _files() -> list[pathlib.Path]:
+  """The predictions files to sweep (``check_settings`` has checked the flags naming them)."""
   if LOGITS.value or PROBS.value:
     return [_file_from_arrays()]
-  if LABELS.value:
-    raise common.ExperimentError("--labels: goes with --logits or --probs")
   if PREDICTIONS.value:
-    paths = [pathlib.Path(p).expanduser() for p in PREDICTIONS.value]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-      raise common.ExperimentError(f"--predictions: no such file: {', '.join(missing)}")
-    return paths
+    return [pathlib.Path(p).expanduser() for p in PREDICTIONS.value]
   folder = common.workdir() / "predictions"
   paths = sorted(folder.glob("*.npz"), key=_file_order)
   if not paths:
@@ -192,22 +206,105 @@ def settings(n_bins) -> dict:
   }
 
 
-def run_stage() -> dict:
+class Settings(NamedTuple):
+  """The evaluate flags, parsed and checked by ``check_settings``."""
+
+  n_bins: tuple[int, ...]
+  topk: tuple[int, ...]
+  compare_bins: int
+
+
+def check_settings() -> Settings:
+  """Every evaluate flag that can be checked without the predictions, before anything is loaded.
+
+  The ones that depend on the test examples are ``check_examples`` and
+  ``check_classes``: called as soon as N and K are known (by reproduce, before
+  training).
+  """
+  common.workdir()  # required
   n_bins = common.parse_ints("n_bins", N_BINS.value)
   topk = common.parse_ints("topk", TOPK.value)
   if N_FOLDS.value < 2:
     raise common.ExperimentError(f"--n_folds: expected at least 2, got {N_FOLDS.value}")
+  if N_FOLDS.value > MAX_FOLDS:
+    raise common.ExperimentError(f"--n_folds: expected at most {MAX_FOLDS}, got {N_FOLDS.value}")
+  if common.SEED.value < 0:  # NumPy's generators take seeds >= 0
+    raise common.ExperimentError(f"--seed: expected an integer >= 0, got {common.SEED.value}")
+  for flag in (FIGURE_BINS, ECE_BINS):
+    if flag.value < 1:
+      raise common.ExperimentError(f"--{flag.name}: expected at least 1, got {flag.value}")
+  if not SCORES.value or ("all" in SCORES.value and SCORES.value != ["all"]):
+    raise common.ExperimentError(
+      f"--scores: expected 'all' alone or score names, got {','.join(SCORES.value) or '(none)'}"
+    )
+  compare_bins = COMPARE_BINS.value
+  if compare_bins not in n_bins:
+    if flags.FLAGS["compare_bins"].present:
+      raise common.ExperimentError(
+        f"--compare_bins: {compare_bins} is not one of --n_bins={','.join(map(str, n_bins))}; "
+        "the comparison reuses the sweep's bins"
+      )
+    # Only the default adapts to --n_bins (with a word); a value asked for is never replaced.
+    common.say(
+      f"evaluate: --compare_bins={compare_bins} (the default) is not one of --n_bins="
+      f"{','.join(map(str, n_bins))}; the benchmark comparison uses {n_bins[0]} bins"
+    )
+    compare_bins = n_bins[0]
+  _check_inputs()
+  return Settings(n_bins, topk, compare_bins)
+
+
+def smallest_calibration(num_examples: int) -> int:
+  """The fewest calibration examples of any split of ``num_examples`` (crossval.make_splits)."""
+  folds = 2 if SCHEME.value == "halves" else N_FOLDS.value
+  return num_examples - -(-num_examples // folds)
+
+
+def check_examples(settings: Settings, num_examples: int, what: str = " examples") -> int:
+  """The bin counts and splits against N test examples; returns the figures' bin count.
+
+  ``what`` says where N comes from (e.g. `` (--limit_test=1200)``).
+  """
+  if N_FOLDS.value > num_examples:
+    raise common.ExperimentError(
+      f"--n_folds: {N_FOLDS.value} splits need at least that many examples; there are "
+      f"{num_examples}{what}"
+    )
+  smallest = smallest_calibration(num_examples)
+  if max(settings.n_bins) > smallest:
+    raise common.ExperimentError(
+      f"--n_bins: {max(settings.n_bins)} bins need at least that many calibration examples; a "
+      f"split has {smallest} of the {num_examples}{what}"
+    )
+  if FIGURE_BINS.value <= smallest:
+    return FIGURE_BINS.value
+  if flags.FLAGS["figure_bins"].present:
+    raise common.ExperimentError(
+      f"--figure_bins: {FIGURE_BINS.value} bins need at least that many calibration examples; "
+      f"a split has {smallest} of the {num_examples}{what}"
+    )
+  return smallest  # the default adapts; run_stage says so
+
+
+def check_classes(settings: Settings, num_classes: int, what: str) -> None:
+  if max(settings.topk) > num_classes:
+    raise common.ExperimentError(
+      f"--topk: {max(settings.topk)} exceeds the {num_classes} classes of {what}"
+    )
+
+
+def run_stage(checked: Settings | None = None) -> dict:
+  checked = check_settings() if checked is None else checked
+  n_bins, topk = checked.n_bins, checked.topk
   out_dir = common.workdir()
   sources = [Source(path, topk) for path in _files()]
   _check_sources(sources)
   num_examples = sources[0].labels.shape[0]
-  smallest_cal = num_examples - (
-    -(-num_examples // 2) if SCHEME.value == "halves" else -(-num_examples // N_FOLDS.value)
-  )
-  if max(n_bins) > smallest_cal:
-    raise common.ExperimentError(
-      f"--n_bins: {max(n_bins)} bins need at least that many calibration examples; a split "
-      f"has {smallest_cal} of the {num_examples}"
+  figure_bins = check_examples(checked, num_examples)
+  if figure_bins != FIGURE_BINS.value:
+    common.say(
+      f"evaluate: --figure_bins={FIGURE_BINS.value} (the default) is more than a split's "
+      f"{figure_bins} calibration examples; the figures use {figure_bins} bins"
     )
   requested = _requested_scores(sources, topk)
   splits = crossval.make_splits(num_examples, N_FOLDS.value, common.SEED.value, SCHEME.value)
@@ -267,26 +364,23 @@ def run_stage() -> dict:
     f"evaluate: sweep finished in {time.perf_counter() - start:.1f} s"
     + (f" ({reused} point(s) done already, skipped)" if reused else "")
   )
-  comparison = benchmark_comparison(sources, results, splits, n_bins)
+  comparison = benchmark_comparison(sources, results, splits, checked.compare_bins)
   summary = report.write_results(out_dir, results, config, topk, comparison)
-  report.write_figures(out_dir, sources, results, splits, n_bins, topk, FIGURE_BINS.value)
+  report.write_figures(out_dir, sources, results, splits, n_bins, topk, figure_bins)
   return summary
 
 
-def benchmark_comparison(sources, results, splits, n_bins) -> list[dict]:
+def benchmark_comparison(sources, results, splits, compare_bins: int) -> list[dict]:
   """The paper's Table 1, on the same test halves: benchmark metrics vs Top-1 binning.
 
   For every classifier: the benchmark's multiclass Brier and confidence ECE
   (equal-width bins of max-softmax), the binary Top-1 Brier / ECE of its raw
   max-softmax used directly as P(correct) (the like-for-like baseline), and Top-1
-  binning's Brier / ECE. For every single model (no samples), temperature
-  scaling (T fitted on each calibration half) adds a row; its Top-1 bins equal
-  the plain model's, since scaling preserves the order of pmax.
+  binning's Brier / ECE at ``compare_bins`` bins. For every single model (no
+  samples), temperature scaling (T fitted on each calibration half) adds a row;
+  its Top-1 bins equal the plain model's, since scaling preserves the order of pmax.
   """
-  compare_bins = COMPARE_BINS.value if COMPARE_BINS.value in n_bins else n_bins[0]
   ece_bins = ECE_BINS.value
-  if ece_bins < 1:
-    raise common.ExperimentError(f"--ece_bins: expected at least 1, got {ece_bins}")
   binned = {
     (r["source"], r["score"]): next(row for row in r["rows"] if row["n_bins"] == compare_bins)
     for r in results
@@ -344,9 +438,20 @@ def benchmark_comparison(sources, results, splits, n_bins) -> list[dict]:
   return rows
 
 
+# Flags shared with the other stages that evaluate has no use for: its examples are
+# the predictions files' (predict applies these), so a value here would be ignored.
+NOT_FOR_EVALUATE = ("data_dir", "limit_train", "limit_test")
+
+
 def main(argv):
   del argv
-  run_stage()
+  for name in NOT_FOR_EVALUATE:
+    if flags.FLAGS[name].present:
+      raise common.ExperimentError(
+        f"--{name}: evaluate reads the examples of its predictions files, so this would be "
+        "ignored; it belongs to experiments.predict or reproduce"
+      )
+  run_stage(check_settings())
 
 
 if __name__ == "__main__":

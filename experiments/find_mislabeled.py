@@ -22,6 +22,7 @@ file's labels, so a file of another dataset or example order is refused.
 
 import csv
 import io
+import os
 import pathlib
 
 import jax
@@ -31,7 +32,7 @@ from absl import flags
 
 from experiments import common
 from top1_jax import binning, events, mislabeled, plots, scores
-from top1_jax.io import datasets
+from top1_jax.io import datasets, files
 from top1_jax.io import predictions as predictions_lib
 
 PREDICTIONS = flags.DEFINE_string(
@@ -114,7 +115,8 @@ def _images(path: pathlib.Path, predictions: predictions_lib.Predictions) -> dat
     )
   split = meta.get("split") or "test"
   limit = meta.get("limit_test") or predictions.num_examples
-  images = datasets.load_dataset(dataset, split, data_dir=common.DATA_DIR.value, limit=limit)
+  # An explicit --data_dir is the only place read: the system copy never stands in for it.
+  images = datasets.load_dataset(dataset, split, data_dir=_data_dir(), limit=limit, fallback=False)
   labels = np.asarray(images.labels)
   if labels.shape != predictions.labels.shape:
     problem = f"{predictions.num_examples} predictions vs {labels.shape[0]} images"
@@ -139,17 +141,30 @@ def _write_csv(path: pathlib.Path, rows: list[dict]) -> None:
   common.atomic_write_bytes(path, buffer.getvalue().encode())
 
 
-def run_stage() -> dict:
-  """Finds the confident errors and writes the CSV, JSON and figure; returns the summary."""
-  out_dir = common.workdir() / "mislabeled"
-  path = _predictions_path()
-  for flag, value in (("n_bins", N_BINS), ("top_bins", TOP_BINS), ("max_images", MAX_IMAGES)):
-    if value.value < 1:
-      raise common.ExperimentError(f"--{flag}: expected an integer >= 1, got {value.value}")
+def _data_dir() -> str | None:
+  data_dir = common.DATA_DIR.value or None
+  return os.path.expanduser(data_dir) if data_dir and files.is_local(data_dir) else data_dir
+
+
+def check_settings() -> pathlib.Path:
+  """Every flag that needs no file read, before any work; returns the predictions file."""
+  for flag in (N_BINS, TOP_BINS, MAX_IMAGES, TOPK):
+    if flag.value < 1:
+      raise common.ExperimentError(f"--{flag.name}: expected an integer >= 1, got {flag.value}")
   if TOP_BINS.value > N_BINS.value:
     raise common.ExperimentError(
       f"--top_bins: expected at most --n_bins={N_BINS.value}, got {TOP_BINS.value}"
     )
+  data_dir = _data_dir()
+  if data_dir and files.is_local(data_dir) and not os.path.isdir(data_dir):
+    raise common.ExperimentError(f"--data_dir: no such directory: {common.DATA_DIR.value}")
+  return _predictions_path()
+
+
+def run_stage() -> dict:
+  """Finds the confident errors and writes the CSV, JSON and figure; returns the summary."""
+  out_dir = common.workdir() / "mislabeled"
+  path = check_settings()
   predictions = predictions_lib.load_predictions(path)
   num, num_classes = predictions.num_examples, predictions.num_classes
   if not 1 <= TOPK.value <= num_classes:

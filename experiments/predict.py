@@ -89,8 +89,9 @@ def _progress(label: str, every_seconds: float = 10.0):
   return callback
 
 
-def run_stage(test_split) -> list[pathlib.Path]:
-  """Writes every predictions file that is missing; returns all of them."""
+def check_settings() -> tuple[float, ...]:
+  """Every prediction flag, before anything is loaded; returns the MC-dropout rates."""
+  common.workdir()  # required
   rates = (
     common.parse_floats("dropout_rates", DROPOUT_RATES.value, 0.0, 1.0)
     if DROPOUT_RATES.value
@@ -100,6 +101,14 @@ def run_stage(test_split) -> list[pathlib.Path]:
     raise common.ExperimentError(
       f"--num_samples: need >= 2 for MC dropout, got {NUM_SAMPLES.value}"
     )
+  if CHUNK_SIZE.value is not None and CHUNK_SIZE.value < 1:
+    raise common.ExperimentError(f"--chunk_size: expected an integer >= 1, got {CHUNK_SIZE.value}")
+  return rates
+
+
+def run_stage(test_split) -> list[pathlib.Path]:
+  """Writes every predictions file that is missing; returns all of them."""
+  rates = check_settings()
   x, labels, num_classes = test_split.images, test_split.labels, test_split.num_classes
   key = jax.random.fold_in(jax.random.key(common.SEED.value), 100)
   out = []
@@ -189,7 +198,11 @@ def run_stage(test_split) -> list[pathlib.Path]:
 
 def main(argv):
   del argv
-  test_split = common.load_split("test", common.LIMIT_TEST.value)
+  # The training flags name the checkpoints to restore: checked here too.
+  train_exp.check_settings()
+  check_settings()
+  train_exp.check_data(("test",))
+  test_split = train_exp.load_split("test")
   devices = jax.devices()
   count = f"{len(test_split.labels):,}"
   common.say(f"predict: {len(devices)} {devices[0].platform} device(s), {count} test images")

@@ -12,7 +12,8 @@ Stages, each skipped when its outputs exist (so a killed run resumes):
   3. sweep every score x --n_bins x --topk with --n_folds calibration/test splits,
      then write results.{json,csv,md} and figures/     (experiments.evaluate)
 
-Every flag of those three experiments applies here too (see --helpfull).
+Every flag of those three experiments applies here too (see --helpfull), and all
+of them are checked, against each other and the test split's size, before stage 1.
 """
 
 import sys
@@ -24,6 +25,7 @@ from experiments import common
 from experiments import evaluate as evaluate_exp
 from experiments import predict as predict_exp
 from experiments import train as train_exp
+from top1_jax import scores
 
 QUICK = flags.DEFINE_bool(
   "quick", False, "Small preset for smoke tests: an MLP, 1 epoch, slices of the data."
@@ -57,9 +59,69 @@ def apply_preset(name: str) -> None:
       flags.FLAGS[flag].value = value
 
 
+# evaluate's inputs: reproduce evaluates the predictions it writes, nothing else.
+EVALUATE_INPUTS = ("predictions", "logits", "probs", "labels")
+
+
+def _check_scores(rates: tuple[float, ...]) -> None:
+  """--scores against what the predict stage will write (the files are not there yet)."""
+  if evaluate_exp.SCORES.value == ["all"]:
+    return
+  unknown = [n for n in evaluate_exp.SCORES.value if scores.lookup(n) is None]
+  if unknown:
+    raise common.ExperimentError(
+      f"--scores: unknown score(s) {', '.join(unknown)}; known: {', '.join(scores.REGISTRY)}"
+    )
+  has_samples = bool(rates) or train_exp.ENSEMBLE_SIZE.value >= 2
+  for name in evaluate_exp.SCORES.value:
+    needs = scores.lookup(name).inputs
+    if needs == "human_probs":
+      raise common.ExperimentError(
+        f"--scores: {name} needs human label frequencies, which the predictions of "
+        "reproduce do not have"
+      )
+    if needs == "samples" and not has_samples:
+      raise common.ExperimentError(
+        f"--scores: {name} needs MC-dropout samples or an ensemble of 2 or more, but "
+        f"--dropout_rates is empty and --ensemble_size={train_exp.ENSEMBLE_SIZE.value}"
+      )
+
+
+def _check_test_split(checked: evaluate_exp.Settings, num_examples: int, num_classes: int) -> None:
+  """The evaluate settings against the test split that predict and evaluate will use."""
+  limit = common.LIMIT_TEST.value
+  what = f" test examples (--limit_test={limit})" if limit == num_examples else " test examples"
+  evaluate_exp.check_examples(checked, num_examples, what)
+  evaluate_exp.check_classes(checked, num_classes, common.DATASET.value)
+
+
+def check_settings() -> evaluate_exp.Settings:
+  """Every stage's settings and how they fit together, before anything is written.
+
+  Reads no data: the test split's size and classes come from the IDX headers.
+  For TFDS they are known only once loaded, and ``main`` checks them then,
+  still before training.
+  """
+  for name in EVALUATE_INPUTS:
+    if flags.FLAGS[name].value:
+      raise common.ExperimentError(
+        f"--{name}: reproduce evaluates the predictions it writes; for other files run "
+        "experiments.evaluate"
+      )
+  train_exp.check_settings()
+  rates = predict_exp.check_settings()
+  checked = evaluate_exp.check_settings()
+  _check_scores(rates)
+  test = train_exp.check_data()["test"]
+  if test.num_examples is not None:
+    _check_test_split(checked, test.num_examples, test.num_classes)
+  return checked
+
+
 def main(argv):
   del argv
   apply_preset("quick" if QUICK.value else "full")
+  checked = check_settings()
   workdir = common.workdir()
   workdir.mkdir(parents=True, exist_ok=True)
   command = " ".join(["python -m experiments.reproduce", *sys.argv[1:]])
@@ -79,14 +141,13 @@ def main(argv):
   start = time.perf_counter()
 
   tic = time.perf_counter()
-  train_split = common.load_split("train", common.LIMIT_TRAIN.value)
-  test_split = common.load_split("test", common.LIMIT_TEST.value)
+  train_split, test_split = train_exp.load_data()
   common.say(
     f"data: {common.DATASET.value}: {len(train_split.labels):,} train / "
     f"{len(test_split.labels):,} test images {train_split.images.shape[1:]} "
     f"from {train_split.source}"
   )
-  train_exp._check_flags()
+  _check_test_split(checked, len(test_split.labels), test_split.num_classes)
   for stage in train_exp.STAGES:
     train_exp.run_stage(stage, train_split, test_split)
   timings["train"] = time.perf_counter() - tic
@@ -96,7 +157,7 @@ def main(argv):
   timings["predict"] = time.perf_counter() - tic
 
   tic = time.perf_counter()
-  evaluate_exp.run_stage()
+  evaluate_exp.run_stage(checked)
   timings["evaluate"] = time.perf_counter() - tic
 
   timings["total"] = time.perf_counter() - start

@@ -9,9 +9,11 @@ one after the other on CPU, where convolutions under vmap are slower
 a finished stage is skipped.
 """
 
+import os
 import pathlib
 import shutil
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -20,7 +22,7 @@ from absl import flags
 
 from experiments import common
 from top1_jax import models, train
-from top1_jax.io import checkpoints
+from top1_jax.io import checkpoints, datasets, files
 
 MODEL = flags.DEFINE_enum(
   "model",
@@ -38,6 +40,7 @@ ENSEMBLE_STRATEGY = flags.DEFINE_enum(
 )
 
 STAGES = ("base", "ensemble")
+STAGE_SPLITS = ("train", "test")
 
 
 def config() -> dict:
@@ -54,7 +57,9 @@ def config() -> dict:
   }
 
 
-def _check_flags() -> None:
+def check_settings() -> None:
+  """Every training flag, before any data is read or anything written: one line per problem."""
+  common.workdir()  # required
   if EPOCHS.value < 1:
     raise common.ExperimentError(f"--epochs: expected at least 1, got {EPOCHS.value}")
   if BATCH_SIZE.value < 1:
@@ -67,6 +72,83 @@ def _check_flags() -> None:
     )
   if not LEARNING_RATE.value > 0:
     raise common.ExperimentError(f"--learning_rate: expected > 0, got {LEARNING_RATE.value}")
+  # JAX takes any seed, but the later stages' NumPy splits need one >= 0.
+  if common.SEED.value < 0:
+    raise common.ExperimentError(f"--seed: expected an integer >= 0, got {common.SEED.value}")
+  for flag in (common.LIMIT_TRAIN, common.LIMIT_TEST):
+    if flag.value is not None and flag.value < 1:
+      raise common.ExperimentError(f"--{flag.name}: expected an integer >= 1, got {flag.value}")
+
+
+LIMITS = {"train": common.LIMIT_TRAIN, "test": common.LIMIT_TEST}
+
+
+def _data_dir() -> str | None:
+  data_dir = common.DATA_DIR.value or None
+  return os.path.expanduser(data_dir) if data_dir and files.is_local(data_dir) else data_dir
+
+
+def check_data(splits: Sequence[str] = STAGE_SPLITS) -> dict[str, datasets.SplitInfo]:
+  """Where each split will be read from, and its size when the file headers tell it.
+
+  Reads no data (IDX headers at most), so it runs before any work. An explicit
+  --data_dir must exist and is the only place read (never replaced by the
+  system copy), and the splits must come from one copy of the dataset.
+  """
+  data_dir = _data_dir()
+  if data_dir and files.is_local(data_dir) and not os.path.isdir(data_dir):
+    raise common.ExperimentError(
+      f"--data_dir: no such directory: {common.DATA_DIR.value} (for TFDS to build a dataset "
+      "into a new directory, create it first)"
+    )
+  info = {}
+  for split in splits:
+    try:
+      info[split] = datasets.split_info(
+        common.DATASET.value, split, data_dir=data_dir, limit=LIMITS[split].value, fallback=False
+      )
+    except (ValueError, FileNotFoundError, datasets.DataUnavailableError) as e:
+      raise common.ExperimentError(f"--data_dir: {e}") from None
+  _check_one_source({split: i.source for split, i in info.items()})
+  count = info["train"].num_examples if "train" in info else None
+  if count is not None:
+    _check_batch_size(count)
+  return info
+
+
+def _check_one_source(sources: dict[str, str]) -> None:
+  if len(set(sources.values())) > 1:
+    where = " but ".join(f"the {split} split from {source}" for split, source in sources.items())
+    raise common.ExperimentError(
+      f"--data_dir: {common.DATASET.value}: {where}; both splits must come from one copy of "
+      "the dataset (put all of its files in one directory)"
+    )
+
+
+def _check_batch_size(num_train: int) -> None:
+  if num_train < BATCH_SIZE.value:
+    raise common.ExperimentError(
+      f"--batch_size: {BATCH_SIZE.value} is larger than the {num_train} training examples"
+    )
+
+
+def load_split(split: str) -> datasets.DatasetSplit:
+  """One split, read where ``check_data`` found it: an explicit --data_dir is never replaced."""
+  return datasets.load_dataset(
+    common.DATASET.value,
+    split,
+    data_dir=_data_dir(),
+    limit=LIMITS[split].value,
+    fallback=False,
+  )
+
+
+def load_data() -> tuple[datasets.DatasetSplit, datasets.DatasetSplit]:
+  """The train and test splits, checked to come from one source (TFDS: known only now)."""
+  train_split, test_split = load_split("train"), load_split("test")
+  _check_one_source({"train": train_split.source, "test": test_split.source})
+  _check_batch_size(len(train_split.labels))
+  return train_split, test_split
 
 
 def make_model(num_classes: int):
@@ -223,9 +305,9 @@ def restore(stage: str, num_classes: int, sample: np.ndarray) -> train.TrainStat
 
 def main(argv):
   del argv
-  _check_flags()
-  train_split = common.load_split("train", common.LIMIT_TRAIN.value)
-  test_split = common.load_split("test", common.LIMIT_TEST.value)
+  check_settings()
+  check_data()
+  train_split, test_split = load_data()
   common.say(
     f"data: {common.DATASET.value} train {train_split.images.shape} from {train_split.source}, "
     f"test {test_split.images.shape}"

@@ -7,16 +7,20 @@
   ``t10k-labels-idx1-ubyte.gz``, ...; gzipped or not) in ``data_dir``, then, for
   Fashion-MNIST, in ``/usr/share/datasets/fashion-mnist`` (Debian package
   ``dataset-fashion-mnist``). This is the offline default (``top1_jax.io.idx``).
+  With ``fallback=False`` an explicit ``data_dir`` is the only place read. A
+  directory with only one of a split's two IDX files is refused, never skipped.
 * Any TFDS name (``cifar10``, ``cifar100``, ``imagenet2012``, ...) prepared in
   ``data_dir`` (or TFDS's default directory), or built by TFDS when TensorFlow
   and the network are there (``top1_jax.io.tfds``); otherwise one clear
   ``DataUnavailableError``.
 
 The training split trains; the held-out (test) split is what cross-validation
-divides into calibration and evaluation folds.
+divides into calibration and evaluation folds. ``split_info`` says where a split
+would be read from, and its size for IDX files, from the file headers alone.
 """
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 from etils import epath
@@ -40,11 +44,12 @@ def _no_idx_error(
   no_idx = (
     f"no IDX files ({prefix}-images-idx3-ubyte[.gz], {prefix}-labels-idx1-ubyte[.gz]) in {searched}"
   )
-  fix_idx = (
-    f"{INSTALL_FASHION_MNIST} (the offline default), or put the IDX files in data_dir"
-    if name == "fashion_mnist"
-    else "put the IDX files in data_dir"
-  )
+  if name != "fashion_mnist":
+    fix_idx = "put the IDX files in data_dir"
+  elif files.as_path(idx.FASHION_MNIST_DIR) in directories:
+    fix_idx = f"{INSTALL_FASHION_MNIST} (the offline default), or put the IDX files in data_dir"
+  else:  # an explicit data_dir that must not fall back to the system copy
+    fix_idx = f"put the IDX files in data_dir, or leave data_dir out for {INSTALL_FASHION_MNIST}"
   if tfds_error is None:
     return DataUnavailableError(f"{name} ({split}): {no_idx}. Fix: {fix_idx}")
   return DataUnavailableError(
@@ -52,6 +57,45 @@ def _no_idx_error(
     f" Fix: {fix_idx}, or {INSTALL_TENSORFLOW} and run once with network access",
     detail=f"{no_idx}; {tfds_error.detail}",
   )
+
+
+def _check_arguments(name, split, source: str) -> bool:
+  """Checks load_dataset's arguments; whether IDX files are looked for."""
+  if source not in ("auto", "idx", "tfds"):
+    raise ValueError(f"source: expected 'auto', 'idx' or 'tfds', got {source!r}")
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"name: expected a dataset name, got {name!r}")
+  if not isinstance(split, str) or not split:
+    raise ValueError(f"split: expected a split name, got {split!r}")
+  if source == "idx" and name not in idx.IDX_DATASETS:
+    raise ValueError(f"name: IDX files are read for {sorted(idx.IDX_DATASETS)}, got {name!r}")
+  if source == "tfds" or name not in idx.IDX_DATASETS:
+    return False
+  if split not in idx.IDX_SPLIT_PREFIX:
+    raise ValueError(
+      f"split: {name} IDX files have splits {sorted(idx.IDX_SPLIT_PREFIX)}, got {split!r}"
+      " (use limit= for a subset)"
+    )
+  return True
+
+
+def _find_idx(name: str, split: str, data_dir, fallback: bool) -> tuple[list, tuple | None]:
+  """(the directories searched, the split's IDX pair found in the first that has it)."""
+  directories = [files.as_path(data_dir)] if data_dir is not None else []
+  if name == "fashion_mnist" and (data_dir is None or fallback):
+    directories.append(files.as_path(idx.FASHION_MNIST_DIR))
+  for directory in directories:
+    half = idx.incomplete_idx_pair(directory, split)
+    if half is not None:
+      # Looking further would take this split's images and labels (or this split
+      # and the other one) from two different copies of the data.
+      raise DataUnavailableError(
+        f"{name} ({split}): {half}; a split's images and labels must come from one directory"
+      )
+    found = idx.find_idx_files(directory, split)
+    if found is not None:
+      return directories, found
+  return directories, None
 
 
 def load_dataset(
@@ -62,6 +106,7 @@ def load_dataset(
   limit: int | None = None,
   source: str = "auto",
   image_size: tuple[int, int] | None = None,
+  fallback: bool = True,
 ) -> DatasetSplit:
   """Loads one split of a dataset into memory.
 
@@ -78,51 +123,85 @@ def load_dataset(
     source: ``"auto"``, ``"idx"`` (IDX files only) or ``"tfds"`` (TFDS only).
     image_size: (height, width) for TFDS images of varying size (see
       ``tfds.load_tfds``).
+    fallback: when ``data_dir`` is given but lacks the split's IDX files, look
+      in the system copy of Fashion-MNIST before TFDS. False makes ``data_dir``
+      the only place read (its IDX files, else TFDS data in it), so an explicit
+      directory is used or refused, never silently replaced.
 
   Returns:
     A ``DatasetSplit``: images [N, H, W, C] float32 in [0, 1], labels [N] int32.
 
   Raises:
     DataUnavailableError: no local copy and no way to fetch one (one line saying
-      what to install or where to put the files).
+      what to install or where to put the files), or a directory with only one
+      of a split's two IDX files.
     ValueError: bad arguments or corrupt files.
   """
-  if source not in ("auto", "idx", "tfds"):
-    raise ValueError(f"source: expected 'auto', 'idx' or 'tfds', got {source!r}")
-  if not isinstance(name, str) or not name:
-    raise ValueError(f"name: expected a dataset name, got {name!r}")
-  if not isinstance(split, str) or not split:
-    raise ValueError(f"split: expected a split name, got {split!r}")
-  if source == "idx" and name not in idx.IDX_DATASETS:
-    raise ValueError(f"name: IDX files are read for {sorted(idx.IDX_DATASETS)}, got {name!r}")
-  if source == "tfds" or name not in idx.IDX_DATASETS:
+  if not _check_arguments(name, split, source):
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
-
-  if split not in idx.IDX_SPLIT_PREFIX:
-    raise ValueError(
-      f"split: {name} IDX files have splits {sorted(idx.IDX_SPLIT_PREFIX)}, got {split!r}"
-      " (use limit= for a subset)"
+  directories, found = _find_idx(name, split, data_dir, fallback)
+  if found is not None:
+    return idx.load_idx(
+      *found,
+      num_classes=len(idx.IDX_DATASETS[name]),
+      name=name,
+      split=split,
+      limit=limit,
+      class_names=idx.IDX_DATASETS[name],
     )
-  directories = [files.as_path(data_dir)] if data_dir is not None else []
-  if name == "fashion_mnist":
-    directories.append(files.as_path(idx.FASHION_MNIST_DIR))
-  for directory in directories:
-    found = idx.find_idx_files(directory, split)
-    if found is not None:
-      return idx.load_idx(
-        *found,
-        num_classes=len(idx.IDX_DATASETS[name]),
-        name=name,
-        split=split,
-        limit=limit,
-        class_names=idx.IDX_DATASETS[name],
-      )
   if source == "idx":
     raise _no_idx_error(name, split, directories, None)
   try:
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
   except DataUnavailableError as e:
     raise _no_idx_error(name, split, directories, e) from None
+
+
+class SplitInfo(NamedTuple):
+  """Where ``load_dataset`` would read a split from, and its size when that is cheap.
+
+  Attributes:
+    source: ``"idx:<dir>"`` (as ``DatasetSplit.source``) or ``"tfds:<data_dir>"``
+      (``"tfds:default"`` for TFDS's own directory).
+    num_examples: N after ``limit``, from the IDX headers; None for TFDS (known
+      once the dataset is opened).
+    num_classes: K of an IDX dataset; None for TFDS.
+  """
+
+  source: str
+  num_examples: int | None
+  num_classes: int | None
+
+
+def split_info(
+  name: str,
+  split: str,
+  *,
+  data_dir: epath.PathLike | None = None,
+  limit: int | None = None,
+  source: str = "auto",
+  fallback: bool = True,
+) -> SplitInfo:
+  """What ``load_dataset`` with the same arguments would read, without reading it.
+
+  For IDX files only the headers are read (milliseconds), so a launcher can
+  check its settings against N and K before any work; TFDS is not imported.
+
+  Raises:
+    DataUnavailableError, ValueError: as ``load_dataset`` would for a missing
+      half of an IDX pair, bad arguments or bad headers.
+  """
+  if limit is not None:
+    limit = validation.positive_int("limit", limit)
+  if _check_arguments(name, split, source):
+    directories, found = _find_idx(name, split, data_dir, fallback)
+    if found is not None:
+      count = idx.count_idx_examples(*found)
+      count = count if limit is None else min(count, limit)
+      return SplitInfo(f"idx:{found[0].parent}", count, len(idx.IDX_DATASETS[name]))
+    if source == "idx":
+      raise _no_idx_error(name, split, directories, None)
+  return SplitInfo(f"tfds:{'default' if data_dir is None else data_dir}", None, None)
 
 
 def iterate_batches(
@@ -152,4 +231,11 @@ def iterate_batches(
     yield dataset.images[index], dataset.labels[index]
 
 
-__all__ = ["DataUnavailableError", "DatasetSplit", "iterate_batches", "load_dataset"]
+__all__ = [
+  "DataUnavailableError",
+  "DatasetSplit",
+  "SplitInfo",
+  "iterate_batches",
+  "load_dataset",
+  "split_info",
+]

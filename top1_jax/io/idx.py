@@ -68,8 +68,8 @@ def _read_bytes(path: pathlib.Path | epath.Path) -> bytes:
     raise ValueError(f"{path}: corrupt or truncated gzip data ({e})") from None
 
 
-def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
-  raw = _read_bytes(path)
+def _parse_header(path, raw: bytes) -> tuple[int, np.dtype, tuple[int, ...], int]:
+  """(magic, dtype, shape, header size) of the IDX header at the start of ``raw``."""
   if len(raw) < 4:
     raise ValueError(f"{path}: truncated IDX header ({len(raw)} bytes)")
   (magic,) = struct.unpack(">I", raw[:4])
@@ -86,7 +86,12 @@ def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
       f" bytes, file has {len(raw)}"
     )
   shape = struct.unpack(f">{ndim}I", raw[4:header_size])
-  dtype = _IDX_DTYPES[type_code]
+  return magic, _IDX_DTYPES[type_code], shape, header_size
+
+
+def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
+  raw = _read_bytes(path)
+  magic, dtype, shape, header_size = _parse_header(path, raw)
   expected = math.prod(shape) * dtype.itemsize
   actual = len(raw) - header_size
   if actual != expected:
@@ -97,6 +102,42 @@ def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
     )
   array = np.frombuffer(raw, dtype, count=math.prod(shape), offset=header_size)
   return magic, array.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
+
+
+def _read_header(path: pathlib.Path | epath.Path) -> tuple[int, tuple[int, ...]]:
+  """(magic, shape) from the first bytes of the file alone (a gzip stream is only begun)."""
+  try:
+    with path.open("rb") as file:
+      gzipped = file.read(2) == b"\x1f\x8b"
+      file.seek(0)
+      stream = gzip.GzipFile(fileobj=file) if gzipped else file
+      raw = stream.read(4)
+      if len(raw) == 4:
+        raw += stream.read(4 * raw[3])
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: no such file") from None
+  except (EOFError, OSError, zlib.error) as e:
+    raise ValueError(f"{path}: corrupt or truncated gzip data ({e})") from None
+  magic, _, shape, _ = _parse_header(path, raw)
+  return magic, shape
+
+
+def read_idx_shape(path: epath.PathLike) -> tuple[int, ...]:
+  """The shape an IDX file's header declares, without reading the data.
+
+  Cheap even for a large gzipped file: only the first bytes are decompressed.
+  The data itself is not checked (``read_idx`` does that).
+
+  Args:
+    path: the file, local or a URL (``files.as_path``).
+
+  Returns:
+    The shape, e.g. ``(60000, 28, 28)``.
+
+  Raises:
+    ValueError: bad magic number or truncated header; the message names the file.
+  """
+  return _read_header(files.as_path(path))[1]
 
 
 def read_idx(path: epath.PathLike) -> np.ndarray:
@@ -125,6 +166,21 @@ def _read_idx_with_magic(path: pathlib.Path | epath.Path, magic: int, what: str)
   return array
 
 
+def _idx_pair(
+  directory: epath.PathLike, split: str
+) -> list[tuple[str, pathlib.Path | epath.Path | None]]:
+  """[(file name pattern, the file or None)] for a split's images and labels files."""
+  if split not in IDX_SPLIT_PREFIX:
+    raise ValueError(f"split: expected one of {sorted(IDX_SPLIT_PREFIX)}, got {split!r}")
+  directory = files.as_path(directory)
+  pair = []
+  for kind in ("images-idx3", "labels-idx1"):
+    stem = f"{IDX_SPLIT_PREFIX[split]}-{kind}-ubyte"
+    candidates = [directory / f"{stem}.gz", directory / stem]
+    pair.append((f"{stem}[.gz]", next((c for c in candidates if c.is_file()), None)))
+  return pair
+
+
 def find_idx_files(
   directory: epath.PathLike, split: str
 ) -> tuple[pathlib.Path | epath.Path, pathlib.Path | epath.Path] | None:
@@ -138,20 +194,51 @@ def find_idx_files(
     split: ``"train"`` or ``"test"``.
 
   Returns:
-    The two paths, or None when either is missing.
+    The two paths, or None when either is missing (``incomplete_idx_pair`` says
+    whether one of them is there).
   """
-  if split not in IDX_SPLIT_PREFIX:
-    raise ValueError(f"split: expected one of {sorted(IDX_SPLIT_PREFIX)}, got {split!r}")
-  directory = files.as_path(directory)
-  found = []
-  for kind in ("images-idx3", "labels-idx1"):
-    stem = f"{IDX_SPLIT_PREFIX[split]}-{kind}-ubyte"
-    candidates = [directory / f"{stem}.gz", directory / stem]
-    match = next((c for c in candidates if c.is_file()), None)
-    if match is None:
-      return None
-    found.append(match)
-  return found[0], found[1]
+  (_, images), (_, labels) = _idx_pair(directory, split)
+  return None if images is None or labels is None else (images, labels)
+
+
+def incomplete_idx_pair(directory: epath.PathLike, split: str) -> str | None:
+  """Why a directory holds half of a split's IDX pair (one file, not the other), else None.
+
+  A split's images and labels must come from one place: with only one of them
+  here, a loader that looked elsewhere for the pair would silently read another
+  copy of the data, so callers refuse this instead.
+  """
+  (image_name, images), (label_name, labels) = _idx_pair(directory, split)
+  if (images is None) == (labels is None):
+    return None
+  found, missing = (images, label_name) if labels is None else (labels, image_name)
+  return f"{files.as_path(directory)} has {found.name} but no {missing}"
+
+
+def count_idx_examples(images_path: epath.PathLike, labels_path: epath.PathLike) -> int:
+  """The number of examples of an images/labels pair, from the two headers alone.
+
+  What ``load_idx`` would find for N before reading anything else: the same
+  magic-number and count checks, without the cost of reading the data.
+
+  Raises:
+    ValueError: a bad header, the wrong kind of file, or different counts.
+  """
+  counts = []
+  for path, magic, what in (
+    (images_path, _IDX_IMAGES_MAGIC, "IDX3 ubyte images"),
+    (labels_path, _IDX_LABELS_MAGIC, "IDX1 ubyte labels"),
+  ):
+    path = files.as_path(path)
+    found, shape = _read_header(path)
+    if found != magic:
+      raise ValueError(f"{path}: bad magic number 0x{found:08x} for {what}: expected 0x{magic:08x}")
+    counts.append(shape[0])
+  if counts[0] != counts[1]:
+    raise ValueError(
+      f"{images_path} has {counts[0]} images but {labels_path} has {counts[1]} labels"
+    )
+  return counts[0]
 
 
 def load_idx(
@@ -217,7 +304,10 @@ __all__ = [
   "FASHION_MNIST_DIR",
   "IDX_DATASETS",
   "IDX_SPLIT_PREFIX",
+  "count_idx_examples",
   "find_idx_files",
+  "incomplete_idx_pair",
   "load_idx",
   "read_idx",
+  "read_idx_shape",
 ]
