@@ -115,6 +115,18 @@ def _kl(a: float, p: float, eps: float = 2.0**-23) -> float:
   return sum(x * np.log(x / y) for x, y in ((a, p), (1 - a, 1 - p)) if x > 0)
 
 
+def served_prob(hits: np.ndarray, counts: np.ndarray) -> np.ndarray:
+  """The bins' probabilities as the library serves them: float32 arithmetic.
+
+  Scored in float64 afterwards. Needed where ties matter: two bins whose exact
+  probabilities are equal, (3 + 0.6) / 6 and 0.6 / 1, differ by an ulp in float32,
+  and AUROC counts a tie as one half but an ulp as a win.
+  """
+  f32 = np.float32
+  prior = f32(hits.sum()) / f32(counts.sum())
+  return ((hits.astype(f32) + prior) / (counts.astype(f32) + f32(1))).astype(np.float64)
+
+
 def cross_validate(
   u: np.ndarray, correct: np.ndarray, n_bins: Sequence[int], test_masks: Sequence[np.ndarray]
 ) -> dict[str, np.ndarray]:
@@ -125,7 +137,8 @@ def cross_validate(
   for f, test in enumerate(test_masks):
     cal = ~test
     for b, n in enumerate(n_bins):
-      edges, counts, _, prob, prior = fit_bins(u[cal], correct[cal], n)
+      edges, counts, hits, _, prior = fit_bins(u[cal], correct[cal], n)
+      prob = served_prob(hits, counts)
       row = binned_scores(prob, prior, assign(edges, u[test]), correct[test])
       row["num_effective_bins"] = float(np.sum(counts > 0))
       for k, v in row.items():

@@ -24,7 +24,19 @@ docs/architecture.md describes the layers.
 
 __version__ = "0.1.0"
 
-from top1_jax import baselines, binning, crossval, events, metrics, mislabeled, scores
+from top1_jax import (
+  baselines,
+  binning,
+  crossval,
+  events,
+  isotonic,
+  kde,
+  metrics,
+  mislabeled,
+  scores,
+  selective,
+  toplabel,
+)
 from top1_jax.binning import (
   Bins,
   assign,
@@ -72,9 +84,13 @@ __all__ = [
   "binning",
   "crossval",
   "events",
+  "isotonic",
+  "kde",
   "metrics",
   "mislabeled",
   "scores",
+  "selective",
+  "toplabel",
   # scores: U(x) from logits or samples, and their registry
   "REGISTRY",
   "Score",

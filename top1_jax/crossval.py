@@ -31,9 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import binning, metrics, validation
+from top1_jax import binning, isotonic, kde, metrics, validation
 
 SCHEMES = ("halves", "kfold")
+
+ESTIMATORS = ("bins", "isotonic", "kde")
+"""Estimators of P(correct | U) that ``cross_validate`` can score."""
 
 METRICS = (
   "accuracy",
@@ -356,6 +359,7 @@ def cross_validate(
   seed: int = 0,
   scheme: str = "halves",
   splits: Splits | None = None,
+  estimator: str = "bins",
 ) -> CrossValidation:
   """Cross-validated Brier, NLL, ECE, EOR, AUROC and decompositions per bin count.
 
@@ -377,10 +381,22 @@ def cross_validate(
       "kfold"; see ``make_splits``.
     splits: explicit splits (overrides n_folds, seed and scheme), e.g. to score
       several uncertainty measures on the same splits.
+    estimator: "bins" (default, the above), "isotonic" (``isotonic.fit``) or "kde"
+      (``kde.fit``, its bandwidth chosen on each calibration part). These two are
+      fitted and predicted split by split. Brier and NLL are the per-example means
+      of their test predictions. ECE, EOR, AUROC and the decompositions' terms use
+      the calibration part's equal-count bins of U (for each bin count), the test
+      counts and hits per bin and, as each bin's prediction, the estimator's mean
+      test prediction there; for the bins, whose predictions are constant in a bin,
+      these are the definitions above, so the rows compare. Brier and NLL do not
+      depend on the bin count, and their decomposition terms need not add up to
+      them (the difference is the spread of predictions within a bin).
 
   Returns:
     ``CrossValidation`` with per-split values, mean and std of ``METRICS``.
   """
+  if estimator not in ESTIMATORS:
+    raise ValueError(f"estimator: expected one of {ESTIMATORS}, got {estimator!r}")
   # Everything before the metrics runs in NumPy on the host (see the module doc).
   u_host = validation.float_array("u", u, 1, host=True)
   correct_host = validation.bool_array("correct", correct, host=True)
@@ -392,6 +408,8 @@ def cross_validate(
     splits = make_splits(num, n_folds, seed, scheme)
   elif splits.fold.shape[-1] != num:
     raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {num}")
+  if estimator != "bins":
+    return _cross_validate_estimator(u_host, correct_host, n_bins, splits, estimator)
 
   order = np.argsort(u_host)  # the one sort
   sorted_u = u_host[order]
@@ -404,3 +422,75 @@ def cross_validate(
   n_bins = tuple(validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins)
   counts = _bin_ranges(sorted_u, hits_before, ss, n_bins)
   return CrossValidation.from_per_fold(n_bins, _metrics_from_counts(*counts))
+
+
+def _fit_predict(estimator: str, u_cal, correct_cal, u_test) -> np.ndarray:
+  module = {"isotonic": isotonic, "kde": kde}[estimator]
+  return np.asarray(module.predict(module.fit(u_cal, correct_cal), u_test), np.float64)
+
+
+def _estimator_counts(u, correct, splits: Splits, n_bins: tuple, estimator: str):
+  """Split by split: fit, predict, and sum the test data in each calibration bin.
+
+  Returns:
+    cal_counts, test_counts, test_hits, prediction_sums: [B, F, max(n_bins)];
+    prior (the calibration accuracy), brier, nll: [F].
+  """
+  width = max(n_bins)
+  binned = np.zeros((4, len(n_bins), splits.num_splits, width), np.float32)
+  per_split = np.zeros((3, splits.num_splits), np.float32)
+  for split in range(splits.num_splits):
+    test = splits.test_mask(split)
+    u_cal, correct_cal, u_test, correct_test = u[~test], correct[~test], u[test], correct[test]
+    p = _fit_predict(estimator, u_cal, correct_cal, u_test)
+    for b, n in enumerate(n_bins):
+      bins = binning.fit(u_cal, correct_cal, n)
+      index = np.asarray(binning.assign(bins.edges, u_test))
+      binned[0, b, split, :n] = bins.counts
+      binned[1, b, split] = np.bincount(index, minlength=width)
+      binned[2, b, split] = np.bincount(index, correct_test, width)
+      binned[3, b, split] = np.bincount(index, p, width)
+    per_split[:, split] = bins.prior, metrics.brier(p, correct_test), metrics.nll(p, correct_test)
+  return (*binned, *per_split)
+
+
+@jax.jit
+def _estimator_metrics(cal_counts, test_counts, test_hits, prediction_sums, prior, brier, nll):
+  prior = jnp.broadcast_to(prior, test_counts.shape[:-1])  # [B, F]
+  prob = jnp.where(
+    test_counts > 0, prediction_sums / jnp.maximum(test_counts, 1.0), prior[..., None]
+  )
+  brier_bins = metrics.brier_from_counts(prob, test_counts, test_hits)
+  nll_bins = metrics.nll_from_counts(prob, test_counts, test_hits)
+  return {
+    "accuracy": jnp.sum(test_hits, -1) / jnp.sum(test_counts, -1),
+    "brier": jnp.broadcast_to(brier, prior.shape),
+    "brier_uncertainty": brier_bins.uncertainty,
+    "brier_resolution": brier_bins.resolution,
+    "brier_calibration": brier_bins.calibration,
+    "nll": jnp.broadcast_to(nll, prior.shape),
+    "nll_uncertainty": nll_bins.uncertainty,
+    "nll_resolution": nll_bins.resolution,
+    "nll_calibration": nll_bins.calibration,
+    "ece": metrics.ece_from_counts(prob, test_counts, test_hits),
+    "eor": jnp.where(
+      (prior > 0) & (prior < 1), metrics.eor_from_probs(prob, test_counts, prior), jnp.nan
+    ),
+    "auroc": jnp.where(
+      (jnp.sum(test_hits, -1) > 0) & (jnp.sum(test_counts - test_hits, -1) > 0),
+      metrics.auroc_from_counts(prob, test_counts, test_hits),
+      jnp.nan,
+    ),
+    "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
+  }
+
+
+def _cross_validate_estimator(u, correct, n_bins: tuple, splits: Splits, estimator: str):
+  """``cross_validate`` for an estimator other than the bins (see its docstring)."""
+  test_sizes = np.array([splits.test_mask(f).sum() for f in range(splits.num_splits)])
+  if int(test_sizes.min()) < 1:
+    raise ValueError("splits: a split has no test examples")
+  smallest_cal = int(u.shape[0] - test_sizes.max())
+  n_bins = tuple(validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins)
+  counts = _estimator_counts(u, correct, splits, n_bins, estimator)
+  return CrossValidation.from_per_fold(n_bins, _estimator_metrics(*counts))

@@ -1,0 +1,158 @@
+"""Selective prediction with a guarantee: the bound holds in repeated draws, the
+binary search against SciPy's Clopper–Pearson, and the selection applied to new scores."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from top1_jax import binning, selective
+
+
+def _accuracy(u):
+  """P(correct | U = u) of the synthetic classifier, u ~ Uniform(0, 1)."""
+  return 1 - 0.1 * u**2
+
+
+def _accuracy_integral(u):
+  return u - 0.1 * u**3 / 3
+
+
+def _true_accuracy(selection):
+  """Accuracy of the selected region of U ~ Uniform(0, 1), exactly (the held-out limit)."""
+  edges = np.concatenate([[0.0], np.minimum(np.asarray(selection.edges, np.float64), 1.0), [1.0]])
+  selected = np.asarray(selection.selected)
+  low, high = edges[:-1][selected], edges[1:][selected]
+  return np.sum(_accuracy_integral(high) - _accuracy_integral(low)) / np.sum(high - low)
+
+
+def _draw(rng, num):
+  u = rng.random(num).astype(np.float32)
+  return u, rng.random(num) < _accuracy(u)
+
+
+def test_guaranteed_accuracy_holds_in_repeated_draws():
+  # Accuracy 0.99 is reached by U <= 0.548 (54.8% coverage); 200 calibration sets.
+  target, delta, repeats = 0.99, 0.05, 200
+  rng = np.random.default_rng(0)
+  failures, coverage = 0, []
+  for _ in range(repeats):
+    selection = selective.guaranteed_coverage(binning.fit(*_draw(rng, 5000), 20), target, delta)
+    if bool(jnp.any(selection.selected)):
+      coverage.append(float(selection.coverage))
+      failures += _true_accuracy(selection) < target
+      assert float(selection.guaranteed_accuracy) >= target
+  # 3 binomial standard deviations of slack above delta.
+  assert failures / repeats <= delta + 3 * math.sqrt(delta * (1 - delta) / repeats)
+  assert len(coverage) > 0.9 * repeats and 0.25 < np.mean(coverage) < 0.548
+
+
+def test_held_out_accuracy_of_the_selection_reaches_the_target():
+  rng = np.random.default_rng(1)
+  selection = selective.guaranteed_coverage(binning.fit(*_draw(rng, 20000), 20), 0.99, 0.05)
+  u, correct = _draw(rng, 400_000)
+  answered = np.asarray(selective.select(selection, u))
+  assert np.mean(answered) == pytest.approx(float(selection.coverage), abs=0.01)
+  assert np.mean(correct[answered]) >= 0.99
+
+
+def test_ranking_bins_by_their_own_accuracy_voids_the_bound():
+  """Flat true accuracy 0.988 < 0.99: every non-empty selection is a failure. Ranked
+  by the score, the bound selects nothing; ranked by the bins' calibrated P(correct)
+  (their own hits), the luckiest bins pass (documented in guaranteed_coverage)."""
+  rng = np.random.default_rng(2)
+  chosen = {"ascending": 0, "prob": 0}
+  for _ in range(20):
+    u = rng.random(20000).astype(np.float32)
+    bins = binning.fit(u, rng.random(20000) < 0.988, 100)
+    for order in chosen:
+      selection = selective.guaranteed_coverage(bins, 0.99, 0.05, order=order)
+      chosen[order] += bool(jnp.any(selection.selected))
+  assert chosen["ascending"] <= 2 and chosen["prob"] >= 18
+
+
+def _bins(counts, hits, prob=None):
+  counts, hits = np.asarray(counts, np.int32), np.asarray(hits, np.int32)
+  prior = hits.sum() / counts.sum()
+  prob = binning.calibrated_prob(hits, counts, prior) if prob is None else np.asarray(prob)
+  edges = np.arange(1, counts.shape[0], dtype=np.float32)
+  return binning.Bins(*map(jnp.asarray, (edges, counts, hits, prob, prior, np.sum(counts > 0))))
+
+
+def _one_sided_lower(hits, counts, level):
+  return 0.0 if hits == 0 else stats.beta.ppf(level, hits, counts - hits + 1)
+
+
+@pytest.mark.parametrize("target", [0.0, 0.95, 0.99, 0.995, 0.998])
+def test_binary_search_finds_the_largest_passing_prefix(target):
+  counts = np.full(8, 1000)
+  hits = np.array([1000, 999, 998, 995, 990, 980, 950, 900])
+  selection = selective.guaranteed_coverage(_bins(counts, hits), target, 0.05)
+  tests = math.ceil(math.log2(8 + 1))  # 4
+  lower = [_one_sided_lower(hits[:j].sum(), counts[:j].sum(), 0.05 / tests) for j in range(1, 9)]
+  size = max([0] + [j for j in range(1, 9) if lower[j - 1] >= target])  # lower is decreasing
+  assert int(selection.num_tests) == tests
+  np.testing.assert_array_equal(selection.selected, np.arange(8) < size)
+  assert float(selection.coverage) == pytest.approx(size / 8)
+  if size:
+    assert float(selection.guaranteed_accuracy) == pytest.approx(lower[size - 1], abs=2e-5)
+    assert float(selection.accuracy) == pytest.approx(hits[:size].sum() / counts[:size].sum())
+
+
+def test_orders_rank_the_bins_as_documented():
+  counts = np.full(4, 1000)
+  hits = np.array([900, 990, 1000, 1000])
+  prob = np.array([0.9, 0.99, 0.999, 0.998])
+  bins = _bins(counts, hits, prob)
+  by_prob = selective.guaranteed_coverage(bins, 0.99, 0.05, order="prob")
+  np.testing.assert_array_equal(by_prob.selected, [False, True, True, True])
+  assert float(by_prob.threshold) == pytest.approx(0.99)
+  descending = selective.guaranteed_coverage(bins, 0.99, 0.05, order="descending")
+  np.testing.assert_array_equal(descending.selected, [False, True, True, True])
+  ascending = selective.guaranteed_coverage(bins, 0.99, 0.05)
+  assert not bool(jnp.any(ascending.selected))  # bin 0 alone is 90% accurate
+
+
+def test_unreachable_target_selects_nothing():
+  rng = np.random.default_rng(3)
+  u, correct = _draw(rng, 5000)
+  bins = binning.fit(u, correct, 20)
+  for target in (0.9999, 1.0):
+    selection = selective.guaranteed_coverage(bins, target, 0.05)
+    assert not bool(jnp.any(selection.selected))
+    assert float(selection.coverage) == 0.0 and float(selection.threshold) == np.inf
+    assert np.isnan(float(selection.guaranteed_accuracy))
+    assert not bool(jnp.any(selective.select(selection, u)))
+
+
+def test_select_answers_the_calibration_examples_counted_as_covered():
+  rng = np.random.default_rng(4)
+  u, correct = _draw(rng, 3000)
+  bins = binning.fit(u, correct, 30)
+  selection = selective.guaranteed_coverage(bins, 0.98, 0.1)
+  answered = np.asarray(selective.select(selection, u))
+  assert answered.mean() == pytest.approx(float(selection.coverage), abs=1e-6)
+  assert correct[answered].mean() == pytest.approx(float(selection.accuracy), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+  "call, message",
+  [
+    (lambda b: selective.guaranteed_coverage(b, 1.5), "target_accuracy: expected a value in"),
+    (lambda b: selective.guaranteed_coverage(b, 0.9, 0.5), "delta: expected a probability in"),
+    (lambda b: selective.guaranteed_coverage(b, 0.9, order="x"), "order: expected one of"),
+    (lambda b: selective.guaranteed_coverage("bins"), "bins: expected binning.Bins"),
+    (lambda b: selective.select(b, [0.1]), "selection: expected selective.Selection"),
+    (
+      lambda b: selective.select(selective.guaranteed_coverage(b), [np.inf]),
+      "u: 1 non-finite",
+    ),
+  ],
+)
+def test_bad_input_gets_a_one_line_value_error(call, message):
+  bins = binning.fit(np.linspace(0, 1, 50), np.ones(50, bool), 5)
+  with pytest.raises(ValueError, match=message) as info:
+    call(bins)
+  assert "\n" not in str(info.value)
