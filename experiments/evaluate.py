@@ -44,6 +44,12 @@ SCORES = flags.DEFINE_list(
   "score_<name> (neg_log_topk_mass means -log of the top-k mass for each Top-k event).",
 )
 N_BINS = flags.DEFINE_list("n_bins", ["10", "20", "100"], "Bin counts.")
+ESTIMATORS = flags.DEFINE_list(
+  "estimators",
+  ["bins"],
+  "Estimators of P(correct | U) to cross-validate: bins (the paper), isotonic, kde; "
+  "ECE, EOR and AUROC of all of them use the same quantile bins (--n_bins).",
+)
 TOPK = flags.DEFINE_list("topk", ["1", "2"], "Events: the Top-k prediction is correct, for each k.")
 N_FOLDS = flags.DEFINE_integer("n_folds", 10, "Calibration/test splits.")
 SCHEME = flags.DEFINE_enum("scheme", "halves", crossval.SCHEMES, "halves (paper) or kfold.")
@@ -198,6 +204,7 @@ def _requested_scores(sources: list[Source], topk: tuple[int, ...]) -> list[str]
 
 
 def settings(n_bins) -> dict:
+  """What a sweep point's numbers depend on besides its file, score, k and estimator."""
   return {
     "n_bins": list(n_bins),
     "n_folds": N_FOLDS.value,
@@ -212,6 +219,7 @@ class Settings(NamedTuple):
   n_bins: tuple[int, ...]
   topk: tuple[int, ...]
   compare_bins: int
+  estimators: tuple[str, ...] = ("bins",)
 
 
 def check_settings() -> Settings:
@@ -250,8 +258,14 @@ def check_settings() -> Settings:
       f"{','.join(map(str, n_bins))}; the benchmark comparison uses {n_bins[0]} bins"
     )
     compare_bins = n_bins[0]
+  unknown = [e for e in ESTIMATORS.value if e not in crossval.ESTIMATORS]
+  if unknown or not ESTIMATORS.value:
+    raise common.ExperimentError(
+      f"--estimators: expected names among {', '.join(crossval.ESTIMATORS)}, got "
+      f"{','.join(ESTIMATORS.value) or '(none)'}"
+    )
   _check_inputs()
-  return Settings(n_bins, topk, compare_bins)
+  return Settings(n_bins, topk, compare_bins, tuple(dict.fromkeys(ESTIMATORS.value)))
 
 
 def smallest_calibration(num_examples: int) -> int:
@@ -311,14 +325,13 @@ def run_stage(checked: Settings | None = None) -> dict:
   config = settings(n_bins)
 
   points = []
-  for source in sources:
-    for k in topk:
-      for score in requested:
-        name = scores.for_event(score, k)
-        if name in source.scores and (name, k) not in [
-          (p[1], p[2]) for p in points if p[0] is source
-        ]:
-          points.append((source, name, k))
+  for estimator in checked.estimators:
+    for source in sources:
+      for k in topk:
+        for score in requested:
+          point = (source, scores.for_event(score, k), k, estimator)
+          if point[1] in source.scores and point not in points:
+            points.append(point)
   if not points:
     raise common.ExperimentError(
       f"--scores: none of {', '.join(requested)} is available in the predictions files"
@@ -330,8 +343,8 @@ def run_stage(checked: Settings | None = None) -> dict:
   results = []
   reused = 0
   start = time.perf_counter()
-  for index, (source, score, k) in enumerate(points, 1):
-    point = f"{source.name}__{score}__top{k}"
+  for index, (source, score, k, estimator) in enumerate(points, 1):
+    point = f"{source.name}__{score}__top{k}" + ("" if estimator == "bins" else f"__{estimator}")
     path = out_dir / "sweep" / f"{point}.json"
     saved = common.read_json(path)
     expected = {**config, "file_sha1": source.digest}
@@ -341,7 +354,15 @@ def run_stage(checked: Settings | None = None) -> dict:
       continue
     correct = events.topk_correct(source.log_probs, source.labels, k)
     tic = time.perf_counter()
-    cv = crossval.cross_validate(source.scores[score], correct, n_bins, splits=splits)
+    known = scores.lookup(score)
+    cv = crossval.cross_validate(
+      source.scores[score],
+      correct,
+      n_bins,
+      splits=splits,
+      estimator=estimator,
+      increasing=known is not None and known.confident_when_high,
+    )
     record = {
       "settings": expected,
       "file": str(source.path),
@@ -350,13 +371,14 @@ def run_stage(checked: Settings | None = None) -> dict:
       "meta": source.meta,
       "score": score,
       "topk": k,
+      "estimator": estimator,
       "rows": cv.rows(),
       "per_fold": cv.per_fold_lists(),
     }
     common.write_json(path, record)
     results.append(record)
     common.say(
-      f"  [{index}/{len(points)}] {source.label()} {score} Top-{k}: "
+      f"  [{index}/{len(points)}] {source.label()} {score} Top-{k} {estimator}: "
       f"Brier {cv.mean['brier'][0]:.4f} ECE {cv.mean['ece'][0]:.4f} ({n_bins[0]} bins) "
       f"in {time.perf_counter() - tic:.2f} s"
     )
@@ -364,9 +386,11 @@ def run_stage(checked: Settings | None = None) -> dict:
     f"evaluate: sweep finished in {time.perf_counter() - start:.1f} s"
     + (f" ({reused} point(s) done already, skipped)" if reused else "")
   )
-  comparison = benchmark_comparison(sources, results, splits, checked.compare_bins)
+  # Table 1 and the figures are the paper's: of the bins.
+  binned = [r for r in results if r.get("estimator", "bins") == "bins"]
+  comparison = benchmark_comparison(sources, binned, splits, checked.compare_bins)
   summary = report.write_results(out_dir, results, config, topk, comparison)
-  report.write_figures(out_dir, sources, results, splits, n_bins, topk, figure_bins)
+  report.write_figures(out_dir, sources, binned, splits, n_bins, topk, figure_bins)
   return summary
 
 

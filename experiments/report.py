@@ -20,6 +20,7 @@ def flat_rows(results: list[dict]) -> list[dict]:
           "source": record["source"],
           "score": record["score"],
           "topk": record["topk"],
+          "estimator": record.get("estimator", "bins"),
           **row,
         }
       )
@@ -61,7 +62,7 @@ def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None =
       continue
     ece = None if r["ece"] is None else (100 * r["ece"], 100 * r["ece_std"])
     lines.append(
-      f"| {r['method']} | {scores.label(r['score'])} | {_num(r['brier'], 4)} | {_num(r['nll'], 4)} "
+      f"| {r['method']} | {_score_cell(r)} | {_num(r['brier'], 4)} | {_num(r['nll'], 4)} "
       f"| {_pm(*(ece or (None, None)), 2)} "
       f"| {_eor(r['eor'], r['eor_std'])}{_defined_on(r, 'eor', n_folds)} "
       f"| {_num(r['auroc'], 3)}{_defined_on(r, 'auroc', n_folds)} "
@@ -70,21 +71,28 @@ def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None =
   return "\n".join(lines)
 
 
+def _score_cell(row: dict) -> str:
+  """The score's label, and the estimator when it is not the paper's bins."""
+  estimator = row.get("estimator", "bins")
+  return scores.label(row["score"]) + ("" if estimator == "bins" else f" [{estimator}]")
+
+
 def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, ...]) -> str:
   keys = []
   for r in rows:
-    key = (r["method"], r["score"])
+    key = (r["method"], r["score"], r.get("estimator", "bins"))
     if key not in keys:
       keys.append(key)
   header = "| method | score | " + " | ".join(f"Top-{k}" for k in topks) + " |"
   lines = [header, "|---|---|" + "---:|" * len(topks)]
-  for method, score in keys:
+  for method, score, estimator in keys:
     cells = []
     for k in topks:
       match = [
         r
         for r in rows
-        if (r["method"], r["score"], r["topk"], r["n_bins"]) == (method, score, k, n_bins)
+        if (r["method"], r["score"], r.get("estimator", "bins"), r["topk"], r["n_bins"])
+        == (method, score, estimator, k, n_bins)
       ]
       if not match:
         cells.append("–")
@@ -92,7 +100,8 @@ def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, 
         cells.append(_eor(match[0]["eor"], match[0]["eor_std"]))
       else:
         cells.append(_num(match[0][metric], 4))
-    lines.append(f"| {method} | {scores.label(score)} | " + " | ".join(cells) + " |")
+    label = _score_cell({"score": score, "estimator": estimator})
+    lines.append(f"| {method} | {label} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 

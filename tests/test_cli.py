@@ -1,5 +1,6 @@
 """Console scripts and plain-array input, as a user runs them: installed, from another folder."""
 
+import csv
 import json
 import pathlib
 import subprocess
@@ -153,3 +154,23 @@ def test_a_work_dir_that_cannot_be_one_is_one_line(where, tmp_path):
   out = _run(args, cwd=tmp_path, check=False)
   assert out.returncode == 1
   assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error: ")
+
+
+def test_estimators_setting_gives_an_estimator_column(tmp_path):
+  data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
+  np.save(tmp_path / "p.npy", data["predictions"][:3000])
+  np.save(tmp_path / "y.npy", data["ground_truth"][:3000])
+  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--probs=p.npy", "--labels=y.npy"]
+  flags = ["--estimators=bins,isotonic,kde", "--scores=pmax,entropy", "--n_bins=10,20", "--topk=1"]
+  _run([*args, *flags, "--n_folds=4", "--figure_bins=10"], cwd=tmp_path)
+  with open(tmp_path / "out" / "results.csv") as file:
+    rows = list(csv.DictReader(file))
+  assert {r["estimator"] for r in rows} == {"bins", "isotonic", "kde"}
+  assert len(rows) == 3 * 2 * 2  # estimators x scores x bin counts
+  brier = {(r["score"], r["estimator"]): float(r["brier"]) for r in rows if r["n_bins"] == "20"}
+  # pmax is a confidence: the isotonic fit must follow it upwards, not flatten it.
+  assert brier[("pmax", "isotonic")] < brier[("pmax", "bins")] + 5e-3
+  table = (tmp_path / "out" / "results.md").read_text()
+  assert "[isotonic]" in table and "[kde]" in table
+  comparison = json.loads((tmp_path / "out" / "results.json").read_text())["comparison"]
+  assert all(row["top1_score"] == "pmax" for row in comparison)  # Table 1 stays the bins'

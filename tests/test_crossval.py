@@ -202,3 +202,14 @@ def test_means_and_stds_use_the_defined_splits():
   assert none.num_defined["auroc"][0] == 0 and np.isnan(none.mean["auroc"][0])
   lists = crossval.CrossValidation.from_per_fold((5,), per_fold).per_fold_lists()
   assert lists["auroc"] == [[0.5, None, 0.7, None]]
+
+
+def test_isotonic_direction_follows_the_score():
+  rng = np.random.default_rng(3)
+  confidence = rng.random(2000)
+  correct = rng.random(2000) < confidence
+  up = crossval.cross_validate(confidence, correct, (10,), 4, estimator="isotonic", increasing=True)
+  flipped = crossval.cross_validate(-confidence, correct, (10,), 4, estimator="isotonic")
+  np.testing.assert_allclose(up.per_fold["brier"], flipped.per_fold["brier"], rtol=1e-5)
+  wrong_way = crossval.cross_validate(confidence, correct, (10,), 4, estimator="isotonic")
+  assert up.mean["brier"][0] < wrong_way.mean["brier"][0] - 0.05

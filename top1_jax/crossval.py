@@ -360,6 +360,7 @@ def cross_validate(
   scheme: str = "halves",
   splits: Splits | None = None,
   estimator: str = "bins",
+  increasing: bool = False,
 ) -> CrossValidation:
   """Cross-validated Brier, NLL, ECE, EOR, AUROC and decompositions per bin count.
 
@@ -391,6 +392,8 @@ def cross_validate(
       these are the definitions above, so the rows compare. Brier and NLL do not
       depend on the bin count, and their decomposition terms need not add up to
       them (the difference is the spread of predictions within a bin).
+    increasing: for "isotonic": P(correct) grows with ``u`` (a confidence such
+      as pmax); the default is an uncertainty, P(correct) non-increasing in ``u``.
 
   Returns:
     ``CrossValidation`` with per-split values, mean and std of ``METRICS``.
@@ -409,7 +412,7 @@ def cross_validate(
   elif splits.fold.shape[-1] != num:
     raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {num}")
   if estimator != "bins":
-    return _cross_validate_estimator(u_host, correct_host, n_bins, splits, estimator)
+    return _cross_validate_estimator(u_host, correct_host, n_bins, splits, estimator, increasing)
 
   order = np.argsort(u_host)  # the one sort
   sorted_u = u_host[order]
@@ -424,12 +427,14 @@ def cross_validate(
   return CrossValidation.from_per_fold(n_bins, _metrics_from_counts(*counts))
 
 
-def _fit_predict(estimator: str, u_cal, correct_cal, u_test) -> np.ndarray:
-  module = {"isotonic": isotonic, "kde": kde}[estimator]
-  return np.asarray(module.predict(module.fit(u_cal, correct_cal), u_test), np.float64)
+def _fit_predict(estimator: str, u_cal, correct_cal, u_test, increasing: bool) -> np.ndarray:
+  if estimator == "isotonic":
+    model = isotonic.fit(u_cal, correct_cal, increasing=increasing)
+    return np.asarray(isotonic.predict(model, u_test), np.float64)
+  return np.asarray(kde.predict(kde.fit(u_cal, correct_cal), u_test), np.float64)
 
 
-def _estimator_counts(u, correct, splits: Splits, n_bins: tuple, estimator: str):
+def _estimator_counts(u, correct, splits: Splits, n_bins: tuple, estimator: str, increasing):
   """Split by split: fit, predict, and sum the test data in each calibration bin.
 
   Returns:
@@ -442,7 +447,7 @@ def _estimator_counts(u, correct, splits: Splits, n_bins: tuple, estimator: str)
   for split in range(splits.num_splits):
     test = splits.test_mask(split)
     u_cal, correct_cal, u_test, correct_test = u[~test], correct[~test], u[test], correct[test]
-    p = _fit_predict(estimator, u_cal, correct_cal, u_test)
+    p = _fit_predict(estimator, u_cal, correct_cal, u_test, increasing)
     for b, n in enumerate(n_bins):
       bins = binning.fit(u_cal, correct_cal, n)
       index = np.asarray(binning.assign(bins.edges, u_test))
@@ -485,12 +490,12 @@ def _estimator_metrics(cal_counts, test_counts, test_hits, prediction_sums, prio
   }
 
 
-def _cross_validate_estimator(u, correct, n_bins: tuple, splits: Splits, estimator: str):
+def _cross_validate_estimator(u, correct, n_bins: tuple, splits: Splits, estimator, increasing):
   """``cross_validate`` for an estimator other than the bins (see its docstring)."""
   test_sizes = np.array([splits.test_mask(f).sum() for f in range(splits.num_splits)])
   if int(test_sizes.min()) < 1:
     raise ValueError("splits: a split has no test examples")
   smallest_cal = int(u.shape[0] - test_sizes.max())
   n_bins = tuple(validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins)
-  counts = _estimator_counts(u, correct, splits, n_bins, estimator)
+  counts = _estimator_counts(u, correct, splits, n_bins, estimator, increasing)
   return CrossValidation.from_per_fold(n_bins, _estimator_metrics(*counts))
