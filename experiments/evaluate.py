@@ -90,6 +90,7 @@ class Source:
       stored_scores=predictions.scores,
       human_probs=predictions.human_probs,
       topk=topk,
+      labels=predictions.labels,  # for the oracle row
     )
     with open(path, "rb") as f:
       self.digest = hashlib.sha1(f.read()).hexdigest()

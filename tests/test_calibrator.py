@@ -165,7 +165,8 @@ def _state():
   "call, message",
   [
     (lambda: Calibrator(score="nope"), "score: expected a callable or one of pmax"),
-    (lambda: Calibrator(score="human_entropy"), "needs human labels"),
+    (lambda: Calibrator(score="human_entropy"), "needs human_probs, which a Calibrator"),
+    (lambda: Calibrator(score="oracle_loss"), "needs labels, which a Calibrator"),
     (lambda: Calibrator(inputs="logprobs"), "inputs: expected one of"),
     (lambda: Calibrator(n_bins=0), "n_bins: expected at least 1"),
     (lambda: Calibrator(k=1.5), "k: expected an integer"),

@@ -255,3 +255,19 @@ def test_covariance_norm_of_huge_and_tiny_logits_is_scaled_not_nan():
     np.testing.assert_allclose(value, base * np.float32(factor) ** 2, rtol=1e-4)
   with pytest.raises(ValueError, match="exceeds the float32 range"):
     scores.covariance_norm(x * np.float32(1e20))
+
+
+def test_oracle_loss_is_the_true_class_cross_entropy_and_stays_an_oracle():
+  logits = np.random.default_rng(7).normal(size=(50, 6)).astype(np.float32) * 3
+  labels = np.arange(50) % 6
+  expected = -np.log(_softmax64(logits)[np.arange(50), labels])
+  np.testing.assert_allclose(scores.oracle_loss(logits, labels), expected, rtol=1e-5, atol=1e-6)
+  assert "oracle_loss" not in scores.compute(logits)  # only where the labels are given
+  with_labels = scores.compute(logits, labels=labels)
+  np.testing.assert_allclose(with_labels["oracle_loss"], expected, rtol=1e-5, atol=1e-6)
+  assert scores.label("oracle_loss").startswith("oracle")
+  assert not scores.REGISTRY["oracle_loss"].on_device
+  _, values = scores.from_predictions(logits=logits[None], labels=labels)
+  assert "oracle_loss" in values
+  with pytest.raises(ValueError, match="labels: labels out of range"):
+    scores.oracle_loss(logits, labels + 6)

@@ -17,6 +17,7 @@ LIBRARY = ROOT / "top1_jax"
 MATHS = ("baselines", "binning", "crossval", "events", "metrics", "mislabeled", "scores")
 MATHS += ("isotonic", "kde")
 MATHS += ("selective", "toplabel")
+MATHS += ("bincount",)
 MATHS_MAY_IMPORT = {"jax", "numpy", "fractions", "functools", "re", "math", "collections", "typing"}
 FILE_TOUCHERS = ("io", "plots")
 FILE_APIS = {"open", "os", "pathlib", "shutil", "tempfile", "etils", "orbax", "glob"}

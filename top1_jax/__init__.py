@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 from top1_jax import (
   baselines,
+  bincount,
   binning,
   crossval,
   events,
@@ -81,6 +82,7 @@ __all__ = [
   "Calibrator",
   # modules of the maths
   "baselines",
+  "bincount",
   "binning",
   "crossval",
   "events",

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import binning, events, metrics, scores, validation
+from top1_jax import bincount, binning, events, metrics, scores, validation
 
 FORMAT = "top1_jax.Calibrator"
 VERSION = 1
@@ -41,7 +41,10 @@ class Calibrator:
     score: a registered score name (``scores.REGISTRY``; ``neg_log_topk_mass``
       takes ``k``), or a callable ``score(x) -> [N]`` of the raw input (not
       saveable).
-    n_bins: equal-count bins fitted on the calibration data.
+    n_bins: equal-count bins fitted on the calibration data, or ``"cv"``: the count
+      of ``bincount.DEFAULT_GRID`` with the lowest held-out NLL in nested
+      cross-validation on the calibration data (``bincount.fit_cv``, seed 0);
+      ``n_bins_chosen`` holds the count used once fitted.
     k: the event is "the true label is among the k top classes".
     inputs: ``"logits"`` or ``"probs"``: what ``x`` holds.
   """
@@ -49,7 +52,7 @@ class Calibrator:
   def __init__(
     self,
     score: str | Callable[[np.ndarray], ArrayLike] = "neg_log_pmax",
-    n_bins: int = 20,
+    n_bins: int | str = 20,
     k: int = 1,
     inputs: str = "logits",
   ):
@@ -60,10 +63,15 @@ class Calibrator:
         raise ValueError(
           f"score: expected a callable or one of {', '.join(scores.REGISTRY)}, got {score!r}"
         )
-      if scores.lookup(score).inputs == "human_probs":
-        raise ValueError(f"score: {score!r} needs human labels, which a Calibrator is not given")
+      if scores.lookup(score).inputs in ("human_probs", "labels"):
+        raise ValueError(
+          f"score: {score!r} needs {scores.lookup(score).inputs}, which a Calibrator is not given"
+        )
     self.score = score
-    self.n_bins = validation.positive_int("n_bins", n_bins)
+    if isinstance(n_bins, str) and n_bins != "cv":
+      raise ValueError(f'n_bins: expected an integer or "cv", got {n_bins!r}')
+    self.n_bins = n_bins if n_bins == "cv" else validation.positive_int("n_bins", n_bins)
+    self.n_bins_chosen: int | None = None
     self.k = validation.positive_int("k", k)
     self.inputs = inputs
     self.bins: binning.Bins | None = None
@@ -76,7 +84,7 @@ class Calibrator:
     state = (
       "unfitted" if self.bins is None else f"fitted on {int(np.sum(self.bins.counts))} examples"
     )
-    settings = f"score={name!r}, n_bins={self.n_bins}, k={self.k}, inputs={self.inputs!r}"
+    settings = f"score={name!r}, n_bins={self.n_bins!r}, k={self.k}, inputs={self.inputs!r}"
     return f"Calibrator({settings}; {state})"
 
   # The input, scored: the one path every method takes.
@@ -132,11 +140,15 @@ class Calibrator:
     num_classes, self.num_classes = self.num_classes, None  # any K may be fitted anew
     try:
       u, correct = self._score_and_correct(x, labels)
-      n_bins = validation.positive_int("n_bins", self.n_bins, maximum=u.shape[0])
+      if self.n_bins == "cv":
+        bins, n_bins = bincount.fit_cv(u, correct)
+      else:
+        n_bins = validation.positive_int("n_bins", self.n_bins, maximum=u.shape[0])
+        bins = binning.fit(u, correct, n_bins)
     except ValueError:
       self.num_classes = num_classes  # a refused fit leaves the calibrator as it was
       raise
-    self.bins = binning.fit(u, correct, n_bins)
+    self.bins, self.n_bins_chosen = bins, n_bins
     self.num_classes = int(np.shape(x)[-1])
     return self
 
@@ -208,11 +220,13 @@ class Calibrator:
     if callable(self.score):
       raise ValueError("score: a callable score cannot be saved; use a registered score name")
     edges = np.asarray(bins.edges, np.float64)
+    requested = {"n_bins_requested": "cv"} if self.n_bins == "cv" else {}
     return {
       "format": FORMAT,
       "version": VERSION,
       "score": self.score,
-      "n_bins": self.n_bins,
+      "n_bins": int(bins.counts.shape[0]),  # the count used, also when chosen by "cv"
+      **requested,
       "k": self.k,
       "inputs": self.inputs,
       "num_classes": self.num_classes,
@@ -293,4 +307,7 @@ def _from_dict(cls, state: Any, source: str) -> Calibrator:
     num_effective_bins=jnp.sum(counts_j > 0).astype(jnp.int32),
   )
   cal.num_classes = num_classes
+  cal.n_bins_chosen = n
+  if state.get("n_bins_requested") == "cv":
+    cal.n_bins = "cv"
   return cal

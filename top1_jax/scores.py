@@ -210,6 +210,31 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
 
 
 @jax.jit
+def _oracle_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  true_class = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+  return jax.nn.logsumexp(logits, axis=-1) - true_class
+
+
+def oracle_loss(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
+  """The true class's cross-entropy, logsumexp(l) - l_label: an oracle, not a method.
+
+  It uses the labels, so it is not available at prediction time; binned, it bounds
+  the resolution any score of this classifier could reach (the paper's supplement).
+
+  Args:
+    logits: [N, K] float.
+    labels: [N] int in [0, K).
+
+  Returns:
+    [N] float, >= 0.
+  """
+  logits = _logits(logits)
+  labels = validation.labels_array("labels", labels, logits.shape[-1])
+  validation.same_length(logits=logits, labels=labels)
+  return _oracle_loss(logits, labels)
+
+
+@jax.jit
 def _human_entropy(probs: jax.Array) -> jax.Array:
   return -jnp.sum(
     jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0),
@@ -282,7 +307,8 @@ class Score(NamedTuple):
     name: the key in ``REGISTRY``, in predictions files (``score_<name>``) and tables.
     label: how tables and figures name it.
     inputs: what ``fn`` takes: ``"log_probs"`` ([N, K] logits or log-probabilities),
-      ``"samples"`` ([S, N, K] logits, S >= 2) or ``"human_probs"`` ([N, K]).
+      ``"samples"`` ([S, N, K] logits, S >= 2), ``"human_probs"`` ([N, K]) or
+      ``"labels"`` (log-probs and the [N] true labels: an oracle, for comparison only).
     confident_when_high: True for confidences (larger = more likely correct),
       False for uncertainties. Binning does not care; a raw-score AUROC does.
     fn: the array function, without input checks (``fn(x)``, or ``fn(x, k)`` when
@@ -328,6 +354,7 @@ REGISTRY: dict[str, Score] = {
       on_device=True,
     ),
     Score("human_entropy", "human entropy", "human_probs", False, _human_entropy),
+    Score("oracle_loss", "oracle: true-class loss", "labels", False, _oracle_loss),
   )
 }
 """Every score by name, in the order sweeps and tables list them. Adding a score is one entry."""
@@ -391,7 +418,11 @@ def headline(available: Iterable[str]) -> str | None:
 
 
 def compute_one(
-  name: str, log_probs: jax.Array, samples: jax.Array | None = None, human_probs=None
+  name: str,
+  log_probs: jax.Array,
+  samples: jax.Array | None = None,
+  human_probs=None,
+  labels=None,
 ) -> jax.Array:
   """One score by name (``neg_log_top<k>_mass`` included), from checked arrays.
 
@@ -408,14 +439,14 @@ def compute_one(
     return score.fn(log_probs, int(match.group(1)))
   if score.inputs == "log_probs":
     return score.fn(log_probs)
-  given = {"samples": samples, "human_probs": human_probs}[score.inputs]
+  given = {"samples": samples, "human_probs": human_probs, "labels": labels}[score.inputs]
   if given is None or (score.inputs == "samples" and given.shape[0] < 2):
-    need = "[S, N, K] samples with S >= 2" if score.inputs == "samples" else "human_probs"
+    need = "[S, N, K] samples with S >= 2" if score.inputs == "samples" else score.inputs
     raise ValueError(f"score: {name!r} needs {need}")
-  return score.fn(given)
+  return score.fn(log_probs, given) if score.inputs == "labels" else score.fn(given)
 
 
-def _compute(log_probs, samples, human_probs, topk) -> dict[str, jax.Array]:
+def _compute(log_probs, samples, human_probs, topk, labels=None) -> dict[str, jax.Array]:
   out = {}
   for score in REGISTRY.values():
     if score.inputs == "log_probs" and score.per_k:
@@ -426,6 +457,8 @@ def _compute(log_probs, samples, human_probs, topk) -> dict[str, jax.Array]:
       out[score.name] = score.fn(samples)
     elif score.inputs == "human_probs" and human_probs is not None:
       out[score.name] = score.fn(human_probs)
+    elif score.inputs == "labels" and labels is not None:
+      out[score.name] = score.fn(log_probs, labels)
   return out
 
 
@@ -435,6 +468,7 @@ def compute(
   samples: ArrayLike | None = None,
   human_probs: ArrayLike | None = None,
   topk: Sequence[int] = (),
+  labels: ArrayLike | None = None,
 ) -> dict[str, jax.Array]:
   """Every registered score that the given predictions support, by name.
 
@@ -444,6 +478,7 @@ def compute(
       with S >= 2 adds the covariance norms of their probabilities and logits.
     human_probs: optional [N, K] annotator label frequencies: ``human_entropy``.
     topk: adds ``neg_log_top{k}_mass`` for each k >= 2 (k = 1 is ``neg_log_pmax``).
+    labels: optional [N] true labels: adds the oracle ``oracle_loss``.
 
   Returns:
     name -> [N] float, in registry order.
@@ -455,7 +490,10 @@ def compute(
     samples = validation.float_array("samples", samples, 3)
   if human_probs is not None:
     human_probs = validation.probability_array("human_probs", human_probs, 2, sums_to_one=True)
-  return _compute(log_probs, samples, human_probs, topk)
+  if labels is not None:
+    labels = validation.labels_array("labels", labels, num_classes)
+    validation.same_length(log_probs=log_probs, labels=labels)
+  return _compute(log_probs, samples, human_probs, topk, labels)
 
 
 def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -476,6 +514,7 @@ def from_predictions(
   stored_scores: dict[str, ArrayLike] | None = None,
   human_probs: ArrayLike | None = None,
   topk: Sequence[int] = (),
+  labels: ArrayLike | None = None,
 ) -> tuple[jax.Array, dict[str, np.ndarray]]:
   """The classifier's log-probabilities and every score, from a predictions file's fields.
 
@@ -488,6 +527,7 @@ def from_predictions(
       stored ``neg_log_pmax``.
     human_probs: optional [N, K] annotator frequencies.
     topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
+    labels: optional [N] true labels, for the oracle row ``oracle_loss``.
 
   Returns:
     ([N, K] log-probabilities, name -> [N] NumPy scores).
@@ -499,7 +539,7 @@ def from_predictions(
   else:
     raise ValueError("logits, mean_probs: expected at least one of them, got neither")
   samples = logits if logits is not None and np.shape(logits)[0] >= 2 else None
-  values = compute(log_probs, samples=samples, human_probs=human_probs, topk=topk)
+  values = compute(log_probs, samples=samples, human_probs=human_probs, topk=topk, labels=labels)
   stored = {name: np.asarray(value) for name, value in (stored_scores or {}).items()}
   if "neg_log_pmax" in stored:
     stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
