@@ -148,6 +148,12 @@ def load_data() -> tuple[datasets.DatasetSplit, datasets.DatasetSplit]:
   train_split, test_split = load_split("train"), load_split("test")
   _check_one_source({"train": train_split.source, "test": test_split.source})
   _check_batch_size(len(train_split.labels))
+  # Checked before training: a network trained on one image size fails on another.
+  if train_split.images.shape[1:] != test_split.images.shape[1:]:
+    raise common.ExperimentError(
+      f"--data_dir: train images are {train_split.images.shape[1:]} but test images"
+      f" {test_split.images.shape[1:]}; both splits must have one image size"
+    )
   return train_split, test_split
 
 

@@ -315,3 +315,15 @@ def test_half_an_idx_pair_is_refused_not_skipped(tmp_path, monkeypatch, data_dir
       datasets.load_dataset("fashion_mnist", "test", data_dir=tmp_path, fallback=fallback)
     with pytest.raises(datasets.DataUnavailableError, match="must come from one directory"):
       datasets.split_info("fashion_mnist", "test", data_dir=tmp_path, fallback=fallback)
+
+
+def test_train_and_test_images_of_different_sizes_are_refused_before_training(tmp_path, data_dir):
+  mixed = _partial_copy(tmp_path, data_dir, [p.name for p in data_dir.glob("train-*")])
+  rng = np.random.default_rng(2)
+  _write_idx(mixed / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (NUM_TEST, 32, 32)))
+  _write_idx(mixed / "t10k-labels-idx1-ubyte.gz", np.arange(NUM_TEST) % 10)
+  workdir = tmp_path / "work"
+  result, elapsed = _run("reproduce", "--quick", f"--workdir={workdir}", f"--data_dir={mixed}")
+  _refused(
+    result, elapsed, "data_dir", "train images are (28, 28, 1) but test images (32, 32, 1)", workdir
+  )
