@@ -122,6 +122,13 @@ def main(argv):
   del argv
   apply_preset("quick" if QUICK.value else "full")
   checked = check_settings()
+  timings = {}
+  start = tic = time.perf_counter()
+  # The data is loaded and checked before anything is written: a refused run leaves
+  # the work dir as it was.
+  train_split, test_split = train_exp.load_data()
+  _check_test_split(checked, len(test_split.labels), test_split.num_classes)
+  timings["data"] = time.perf_counter() - tic
   workdir = common.workdir()
   workdir.mkdir(parents=True, exist_ok=True)
   command = " ".join(["python -m experiments.reproduce", *sys.argv[1:]])
@@ -137,17 +144,12 @@ def main(argv):
   }
   common.write_json(workdir / "config.json", config)
   common.say(f"reproduce: work dir {workdir} ({'quick' if QUICK.value else 'full'} preset)")
-  timings = {}
-  start = time.perf_counter()
-
-  tic = time.perf_counter()
-  train_split, test_split = train_exp.load_data()
   common.say(
     f"data: {common.DATASET.value}: {len(train_split.labels):,} train / "
     f"{len(test_split.labels):,} test images {train_split.images.shape[1:]} "
     f"from {train_split.source}"
   )
-  _check_test_split(checked, len(test_split.labels), test_split.num_classes)
+  tic = time.perf_counter()
   for stage in train_exp.STAGES:
     train_exp.run_stage(stage, train_split, test_split)
   timings["train"] = time.perf_counter() - tic
