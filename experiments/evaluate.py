@@ -21,7 +21,7 @@ import numpy as np
 from absl import flags
 
 from experiments import common, report
-from top1_jax import baselines, crossval, events, metrics, scores
+from top1_jax import baselines, binning, crossval, events, metrics, scores, selective, toplabel
 from top1_jax.io import files
 from top1_jax.io import predictions as predictions_lib
 
@@ -62,6 +62,15 @@ COMPARE_BINS = flags.DEFINE_integer(
 )
 ECE_BINS = flags.DEFINE_integer(
   "ece_bins", baselines.DEFAULT_ECE_BINS, "Equal-width bins of the benchmark's confidence ECE."
+)
+SELECTIVE_TARGETS = flags.DEFINE_list(
+  "selective_targets",
+  ["0.9", "0.95", "0.99"],
+  "Top-1 accuracies that selective prediction guarantees from the headline score's bins "
+  "(--compare_bins bins fitted on each calibration part).",
+)
+SELECTIVE_DELTA = flags.DEFINE_float(
+  "selective_delta", 0.05, "Failure probability of the selective guarantee, in (0, 0.5)."
 )
 MAX_FOLDS = 127  # crossval.make_splits stores a split's fold in an int8
 
@@ -221,6 +230,22 @@ class Settings(NamedTuple):
   topk: tuple[int, ...]
   compare_bins: int
   estimators: tuple[str, ...] = ("bins",)
+  selective_targets: tuple[float, ...] = (0.9, 0.95, 0.99)
+  selective_delta: float = 0.05
+
+
+def _check_selective() -> tuple[tuple[float, ...], float]:
+  """--selective_targets (accuracies in (0, 1), each once, ascending) and --selective_delta."""
+  targets = common.parse_floats("selective_targets", SELECTIVE_TARGETS.value, 0.0, 1.0)
+  if min(targets) <= 0.0:
+    raise common.ExperimentError(
+      f"--selective_targets: expected accuracies in (0, 1), got {','.join(SELECTIVE_TARGETS.value)}"
+    )
+  if not 0.0 < SELECTIVE_DELTA.value < 0.5:
+    raise common.ExperimentError(
+      f"--selective_delta: expected a probability in (0, 0.5), got {SELECTIVE_DELTA.value}"
+    )
+  return tuple(sorted(set(targets))), SELECTIVE_DELTA.value
 
 
 def check_settings() -> Settings:
@@ -265,8 +290,10 @@ def check_settings() -> Settings:
       f"--estimators: expected names among {', '.join(crossval.ESTIMATORS)}, got "
       f"{','.join(ESTIMATORS.value) or '(none)'}"
     )
+  targets, delta = _check_selective()
   _check_inputs()
-  return Settings(n_bins, topk, compare_bins, tuple(dict.fromkeys(ESTIMATORS.value)))
+  estimators = tuple(dict.fromkeys(ESTIMATORS.value))
+  return Settings(n_bins, topk, compare_bins, estimators, targets, delta)
 
 
 def smallest_calibration(num_examples: int) -> int:
@@ -390,8 +417,12 @@ def run_stage(checked: Settings | None = None) -> dict:
   # Table 1 and the figures are the paper's: of the bins.
   binned = [r for r in results if r.get("estimator", "bins") == "bins"]
   comparison = benchmark_comparison(sources, binned, splits, checked.compare_bins)
-  summary = report.write_results(out_dir, results, config, topk, comparison)
+  chosen = selective_prediction(
+    sources, splits, checked.compare_bins, checked.selective_targets, checked.selective_delta
+  )
+  summary = report.write_results(out_dir, results, config, topk, comparison, chosen)
   report.write_figures(out_dir, sources, binned, splits, n_bins, topk, figure_bins)
+  report.write_risk_coverage_figures(out_dir, sources, splits, chosen)
   return summary
 
 
@@ -404,6 +435,9 @@ def benchmark_comparison(sources, results, splits, compare_bins: int) -> list[di
   binning's Brier / ECE at ``compare_bins`` bins. For every single model (no
   samples), temperature scaling (T fitted on each calibration half) adds a row;
   its Top-1 bins equal the plain model's, since scaling preserves the order of pmax.
+  So does top-label binning (Gupta & Ramdas: ``compare_bins`` bins of pmax per
+  predicted class, ``toplabel.fit`` on each calibration half): its Top-1 Brier and
+  its equal-width ECE (the benchmark's ECE of its P(correct)) fill the binned cells.
   """
   ece_bins = ECE_BINS.value
   binned = {
@@ -416,51 +450,145 @@ def benchmark_comparison(sources, results, splits, compare_bins: int) -> list[di
     score = scores.headline(source.scores)
     if score is None or (source.name, score) not in binned:
       continue
-    variants = [("raw", None)]
-    if source.single_model:
-      variants.append(("temperature", None))
-    for variant, _ in variants:
-      per_split = []
-      for f in range(splits.num_splits):
-        test = splits.test_mask(f)
-        log_probs = np.asarray(source.log_probs)
-        temperature = 1.0
-        if variant == "temperature":
-          temperature = float(baselines.fit_temperature(log_probs[~test], source.labels[~test]))
-          log_probs = np.asarray(baselines.apply_temperature(log_probs, temperature))
-        probs = np.exp(log_probs[test] - log_probs[test].max(1, keepdims=True))
-        probs /= probs.sum(1, keepdims=True)
-        labels = source.labels[test]
-        pmax = probs.max(1)
-        correct = probs.argmax(1) == labels
-        per_split.append(
-          {
-            "multiclass_brier": float(baselines.multiclass_brier(labels, probs=probs)),
-            "confidence_ece": float(baselines.confidence_ece(labels, probs=probs, n_bins=ece_bins)),
-            "raw_top1_brier": float(metrics.brier(pmax, correct)),
-            "temperature": temperature,
-          }
-        )
+    variants = ("raw", "temperature", "toplabel") if source.single_model else ("raw",)
+    for variant in variants:
+      per_split = [
+        _split_metrics(source, variant, splits.test_mask(f), ece_bins, compare_bins)
+        for f in range(splits.num_splits)
+      ]
       row = {k: float(np.mean([p[k] for p in per_split])) for k in per_split[0]}
-      top1 = binned[(source.name, score)]
-      name = source.label()
-      if variant == "temperature":
-        name = "temperature scaling" if name == "model" else f"{name} + temperature scaling"
-      elif name == "model":
-        name = "Vanilla (model)"
+      rows.append(_comparison_row(source, variant, score, row, binned[(source.name, score)]))
+      rows[-1].update(top1_n_bins=compare_bins, ece_bins=ece_bins)
+  return rows
+
+
+def _split_metrics(source, variant: str, test, ece_bins: int, compare_bins: int) -> dict:
+  """One split's metrics of a comparison row (``variant``: raw, temperature, toplabel)."""
+  test = np.asarray(test)
+  log_probs = np.asarray(source.log_probs)
+  temperature = 1.0
+  if variant == "temperature":
+    temperature = float(baselines.fit_temperature(log_probs[~test], source.labels[~test]))
+    log_probs = np.asarray(baselines.apply_temperature(log_probs, temperature))
+  probs = np.exp(log_probs - log_probs.max(1, keepdims=True))
+  probs /= probs.sum(1, keepdims=True)
+  labels, pmax, predicted = source.labels, probs.max(1), probs.argmax(1)
+  correct = predicted == labels
+  out = {
+    "multiclass_brier": float(baselines.multiclass_brier(labels[test], probs=probs[test])),
+    "confidence_ece": float(
+      baselines.confidence_ece(labels[test], probs=probs[test], n_bins=ece_bins)
+    ),
+    "raw_top1_brier": float(metrics.brier(pmax[test], correct[test])),
+    "temperature": temperature,
+  }
+  if variant == "toplabel":
+    cal = ~test
+    model = toplabel.fit(
+      pmax[cal], predicted[cal], correct[cal], compare_bins, num_classes=probs.shape[1]
+    )
+    prob = toplabel.predict(model, pmax[test], predicted[test])
+    out["toplabel_brier"] = float(metrics.brier(prob, correct[test]))
+    out["toplabel_ece"] = float(baselines.equal_width_ece(prob, correct[test], ece_bins))
+    out["toplabel_classes_with_own_bins"] = float(np.sum(np.asarray(model.own)))
+  return out
+
+
+def _comparison_row(source, variant: str, score: str, row: dict, top1: dict) -> dict:
+  """A Table-1 row: the method's name, its benchmark metrics and its Top-1 binned ones."""
+  name = source.label()
+  if variant == "temperature":
+    name = "temperature scaling" if name == "model" else f"{name} + temperature scaling"
+  elif variant == "toplabel":
+    name = "top-label binning" if name == "model" else f"{name} + top-label binning"
+  elif name == "model":
+    name = "Vanilla (model)"
+  binned = {"top1_binned_brier": top1["brier"], "top1_binned_ece": top1["ece"]}
+  if variant == "toplabel":
+    binned = {
+      "top1_binned_brier": row.pop("toplabel_brier"),
+      "top1_binned_ece": row.pop("toplabel_ece"),
+      "multiclass_brier": None,  # it predicts P(correct) only, not a class distribution
+    }
+  estimator = "toplabel" if variant == "toplabel" else "bins"
+  return {
+    "method": name,
+    "source": source.name,
+    "top1_score": score,
+    "top1_estimator": estimator,
+    **row,
+    **binned,
+  }
+
+
+def selective_prediction(sources, splits, n_bins: int, targets, delta: float) -> list[dict]:
+  """Selection with a guarantee from each file's headline-score bins, Top-1 event.
+
+  On each split: ``n_bins`` bins fitted on the calibration part, the largest set
+  of most-confident bins whose accuracy is >= each target with probability
+  1 - delta (``selective.guaranteed_coverage``, Geifman & El-Yaniv's SGR), applied
+  to the test part (``selective.select``). One row per (file, target): means over
+  splits (the guaranteed and test accuracies over the splits that selected some
+  examples), and every split's numbers under ``per_split``.
+  """
+  rows = []
+  for source in sources:
+    score = scores.headline(source.scores)
+    if score is None:
+      continue
+    known = scores.lookup(score)
+    order = "descending" if known is not None and known.confident_when_high else "ascending"
+    u = np.asarray(source.scores[score])
+    correct = np.asarray(events.topk_correct(source.log_probs, source.labels, 1))
+    per_target = {target: [] for target in targets}
+    for f in range(splits.num_splits):
+      test = np.asarray(splits.test_mask(f))
+      bins = binning.fit(u[~test], correct[~test], n_bins)
+      for target in targets:
+        selection = selective.guaranteed_coverage(bins, target, delta, order=order)
+        chosen = np.asarray(selective.select(selection, u[test]))
+        per_target[target].append(_selected(selection, chosen, correct[test]))
+    for target, per_split in per_target.items():
+      base = {"method": source.label(), "source": source.name, "score": score, "order": order}
       rows.append(
         {
-          "method": name,
-          "source": source.name,
-          "top1_score": score,
-          **row,
-          "top1_binned_brier": top1["brier"],
-          "top1_binned_ece": top1["ece"],
-          "top1_n_bins": compare_bins,
-          "ece_bins": ece_bins,
+          **base,
+          **_selective_means(per_split),
+          "target_accuracy": target,
+          "delta": delta,
+          "n_bins": n_bins,
+          "num_below_target": sum(
+            p["test_accuracy"] is not None and p["test_accuracy"] < target for p in per_split
+          ),
+          "per_split": per_split,
         }
       )
   return rows
+
+
+def _selected(selection: selective.Selection, chosen: np.ndarray, correct: np.ndarray) -> dict:
+  """One split's selection: its bound, and its coverage and accuracy on the test part."""
+  bound = float(selection.guaranteed_accuracy)
+  kept = int(chosen.sum())
+  return {
+    "guaranteed_accuracy": bound if np.isfinite(bound) else None,
+    "calibration_coverage": float(selection.coverage),
+    "test_coverage": kept / chosen.shape[0],
+    "test_accuracy": float(correct[chosen].mean()) if kept else None,
+  }
+
+
+def _selective_means(per_split: list[dict]) -> dict:
+  def mean(key):
+    values = [p[key] for p in per_split if p[key] is not None]
+    return float(np.mean(values)) if values else None
+
+  keys = ("guaranteed_accuracy", "calibration_coverage", "test_coverage", "test_accuracy")
+  return {
+    **{key: mean(key) for key in keys},
+    "num_splits": len(per_split),
+    "num_empty": sum(p["guaranteed_accuracy"] is None for p in per_split),
+  }
 
 
 # Flags shared with the other stages that evaluate has no use for: its examples are

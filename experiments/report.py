@@ -6,7 +6,7 @@ import pathlib
 import numpy as np
 
 from experiments import common
-from top1_jax import binning, crossval, events, plots, scores
+from top1_jax import binning, crossval, events, plots, scores, selective
 
 
 def flat_rows(results: list[dict]) -> list[dict]:
@@ -155,16 +155,56 @@ def comparison_table(comparison: list[dict]) -> str:
     method = r["method"]
     if r["temperature"] != 1.0:
       method += f" (T = {r['temperature']:.2f})"
+    toplabel = r.get("top1_estimator") == "toplabel"
+    score = scores.label(r["top1_score"]) + (", per predicted class" if toplabel else "")
+    ece = _num(100 * r["top1_binned_ece"], 2) + (" †" if toplabel else "")
     lines.append(
-      f"| {method} | {scores.label(r['top1_score'])} | {r['multiclass_brier']:.4f} "
+      f"| {method} | {score} | {_num(r['multiclass_brier'], 4)} "
       f"| {r['raw_top1_brier']:.4f} | {r['top1_binned_brier']:.4f} "
-      f"| {100 * r['confidence_ece']:.2f} | {100 * r['top1_binned_ece']:.2f} |"
+      f"| {100 * r['confidence_ece']:.2f} | {ece} |"
+    )
+  if any(r.get("top1_estimator") == "toplabel" for r in comparison):
+    lines += [
+      "",
+      f"Top-label binning (Gupta & Ramdas, ICLR 2022): {n_bins} equal-count bins of pmax for "
+      "each predicted class (pooled bins for a class with too few calibration examples), fitted "
+      "on each calibration half; it predicts P(correct) only, so no multiclass Brier. "
+      f"† its ECE is the equal-width ECE ({ece_bins} bins) of its P(correct), as the benchmark "
+      "column; the other binned ECEs use the fitted quantile bins.",
+    ]
+  return "\n".join(lines)
+
+
+def selective_table(rows: list[dict]) -> str:
+  """Selective prediction with a guarantee: one line per (file, target accuracy)."""
+  if not rows:
+    return ""
+  first = rows[0]
+  lines = [
+    "## Selective prediction with a guarantee",
+    "",
+    f"Top-1 event; {first['n_bins']} bins of each file's headline score fitted on each "
+    "calibration part; the largest set of most-confident bins whose accuracy is at least the "
+    f"target with probability {1 - first['delta']:g} (Geifman & El-Yaniv's SGR), applied to the "
+    "test part. Means over splits; the guaranteed (lower bound) and test accuracies over the "
+    "splits that selected something.",
+    "",
+    "| method | score | target | guaranteed accuracy | test coverage | test accuracy "
+    "| splits: nothing selected | splits: test accuracy < target |",
+    "|---|---|---:|---:|---:|---:|---:|---:|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['method']} | {scores.label(r['score'])} | {r['target_accuracy']:g} "
+      f"| {_num(r['guaranteed_accuracy'], 4)} | {100 * r['test_coverage']:.1f}% "
+      f"| {_num(r['test_accuracy'], 4)} | {r['num_empty']}/{r['num_splits']} "
+      f"| {r['num_below_target']}/{r['num_splits']} |"
     )
   return "\n".join(lines)
 
 
 def write_results(
-  out_dir: pathlib.Path, results: list[dict], config: dict, topks, comparison=()
+  out_dir: pathlib.Path, results: list[dict], config: dict, topks, comparison=(), chosen=()
 ) -> dict:
   rows = flat_rows(results)
   dataset = next((r["meta"].get("dataset") for r in results if r["meta"].get("dataset")), None)
@@ -172,11 +212,14 @@ def write_results(
   text = markdown(rows, config, tuple(topks), title)
   if comparison:
     text += "\n" + comparison_table(list(comparison)) + "\n"
+  if chosen:
+    text += "\n" + selective_table(list(chosen)) + "\n"
   summary = {
     "config": config,
     "versions": common.versions(),
     "results": rows,
     "comparison": list(comparison),
+    "selective": list(chosen),
     "points": results,
   }
   common.write_json(out_dir / "results.json", summary)
@@ -268,3 +311,33 @@ def write_figures(out_dir, sources, results, splits, n_bins, topks, figure_bins)
         fig = plots.ablation_figure(curves, title=f"Top-{k}: scores against the number of bins")
         written.append(plots.save_figure(fig, figures / f"ablation_top{k}.png"))
   common.say(f"wrote {len(written)} figures to {figures}")
+
+
+def write_risk_coverage_figures(out_dir, sources, splits, chosen) -> None:
+  """Each file's risk-coverage curve (first split's test part) with its guaranteed selections."""
+  test = np.asarray(splits.test_mask(0))
+  written = []
+  for source in sources:
+    rows = [r for r in chosen if r["source"] == source.name]
+    if not rows:
+      continue
+    score = rows[0]["score"]
+    u = np.asarray(source.scores[score])[test]
+    correct = np.asarray(events.topk_correct(source.log_probs, source.labels, 1))[test]
+    curve = selective.risk_coverage(-u if rows[0]["order"] == "descending" else u, correct)
+    points = [
+      plots.OperatingPoint(
+        r["target_accuracy"],
+        r["per_split"][0]["test_coverage"],
+        r["per_split"][0]["test_accuracy"],
+        r["per_split"][0]["guaranteed_accuracy"],
+      )
+      for r in rows
+    ]
+    title = (
+      f"{source.label()}: {scores.label(score)}, Top-1, test split "
+      f"(δ = {rows[0]['delta']:g}, {rows[0]['n_bins']} bins)"
+    )
+    fig = plots.risk_coverage_figure(curve, points, title=title)
+    written.append(plots.save_figure(fig, out_dir / "figures" / f"risk_coverage_{source.name}.png"))
+  common.say(f"wrote {len(written)} risk-coverage figure(s) to {out_dir / 'figures'}")

@@ -47,8 +47,12 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
   _run(args, cwd=tmp_path)
   results = json.loads((tmp_path / "out" / "results.json").read_text())
   methods = [row["method"] for row in results["comparison"]]
-  # A single model named "plain" still gets the temperature-scaling baseline.
-  assert methods == ["lenet_probs", "lenet_probs + temperature scaling"]
+  # A single model named "plain" still gets the temperature-scaling and top-label baselines.
+  assert methods == [
+    "lenet_probs",
+    "lenet_probs + temperature scaling",
+    "lenet_probs + top-label binning",
+  ]
   binned = results["comparison"][0]
   assert binned["top1_binned_brier"] < binned["raw_top1_brier"]
   assert (tmp_path / "out" / "predictions" / "lenet_probs.npz").is_file()
@@ -64,6 +68,10 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
     (["--probs=missing.npy", "--labels=labels.npy"], "probs: no such file"),
     (["--probs=p.npy", "--labels=short.npy"], "probs: expected 3 rows (one per label)"),
     (["--probs=bad.npy", "--labels=labels.npy"], "probs: each row must sum to 1"),
+    (["--selective_targets=0.9,x"], "--selective_targets: expected numbers"),
+    (["--selective_targets=0.9,1.5"], "--selective_targets: expected numbers in [0.0, 1.0)"),
+    (["--selective_targets=0"], "--selective_targets: expected accuracies in (0, 1)"),
+    (["--selective_delta=0.5"], "--selective_delta: expected a probability in (0, 0.5)"),
   ],
 )
 def test_top1_evaluate_array_errors_are_one_line(flags, message, tmp_path):
@@ -174,3 +182,43 @@ def test_estimators_setting_gives_an_estimator_column(tmp_path):
   assert "[isotonic]" in table and "[kde]" in table
   comparison = json.loads((tmp_path / "out" / "results.json").read_text())["comparison"]
   assert all(row["top1_score"] == "pmax" for row in comparison)  # Table 1 stays the bins'
+
+
+def test_selective_prediction_and_top_label_binning_on_lenet(tmp_path):
+  data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
+  np.save(tmp_path / "p.npy", data["predictions"][:3000])
+  np.save(tmp_path / "y.npy", data["ground_truth"][:3000])
+  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--probs=p.npy", "--labels=y.npy"]
+  # 5 bins: every predicted class (about 150 of a half's 1500) gets its own top-label bins.
+  flags = ["--scores=pmax", "--n_bins=5", "--topk=1", "--n_folds=4", "--figure_bins=10"]
+  out = _run([*args, *flags, "--selective_targets=0.99,0.8,0.9"], cwd=tmp_path)
+
+  def refuse(token):
+    raise AssertionError(f"non-strict JSON token {token}")
+
+  results = json.loads((tmp_path / "out" / "results.json").read_text(), parse_constant=refuse)
+  chosen = results["selective"]
+  assert [r["target_accuracy"] for r in chosen] == [0.8, 0.9, 0.99]  # sorted
+  for row in chosen:
+    assert row["score"] == "pmax" and row["order"] == "descending"
+    assert 0 <= row["num_empty"] <= row["num_splits"] == 4 == len(row["per_split"])
+    assert 0.0 <= row["test_coverage"] <= 1.0
+    for split in row["per_split"]:
+      assert 0.0 <= split["test_coverage"] <= 1.0
+      if split["guaranteed_accuracy"] is None:  # nothing selected
+        assert split["test_coverage"] == 0.0 and split["test_accuracy"] is None
+      else:
+        assert split["guaranteed_accuracy"] >= row["target_accuracy"]
+  # 5 bins of 300: LeNet's most confident fifth is right often enough to guarantee 80%.
+  assert chosen[0]["num_empty"] < 4 and chosen[-1]["num_empty"] == 4
+  assert (tmp_path / "out" / "figures" / "risk_coverage_p.png").is_file()
+  comparison = {row["method"]: row for row in results["comparison"]}
+  top_label = comparison["p + top-label binning"]
+  assert top_label["multiclass_brier"] is None and top_label["top1_estimator"] == "toplabel"
+  assert np.isfinite(top_label["top1_binned_brier"]) and np.isfinite(top_label["top1_binned_ece"])
+  assert top_label["toplabel_classes_with_own_bins"] == 10
+  assert top_label["top1_binned_brier"] < comparison["p"]["raw_top1_brier"]
+  table = (tmp_path / "out" / "results.md").read_text()
+  assert "## Selective prediction with a guarantee" in table
+  assert "| p + top-label binning | pmax (Vanilla), per predicted class | – |" in table
+  assert "nan" not in table and "Selective prediction" in out.stdout

@@ -11,13 +11,15 @@
 * ``ablation_figure``: Brier, ECE and EOR (mean ± std over splits) against the
   number of bins, one line per score (scores with identical results share one),
   from ``crossval.cross_validate``.
+* ``risk_coverage_figure``: the risk-coverage curve of a score with selective
+  prediction's guaranteed operating points (``selective.guaranteed_coverage``).
 * ``image_grid``: tiles of images with their given label, predicted label and a
   probability (the supplementary's mislabelled-image finder).
 * ``save_figure``: atomic write through ``io.files`` (local path or a URL).
 
 Modules: ``bins`` (Figs. 1 and 2), ``reliability`` (the reliability diagram),
-``sweeps`` (the ablation), ``images`` (the grid), ``figures`` (figure creation
-and saving).
+``sweeps`` (the ablation), ``risk`` (the risk-coverage curve), ``images`` (the
+grid), ``figures`` (figure creation and saving).
 
 Figures are ``matplotlib.figure.Figure`` objects with an Agg canvas, made without
 pyplot: importing this package never switches the user's backend or opens a
@@ -28,15 +30,18 @@ from top1_jax.plots.bins import BOUNDS, ORDERS, bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.images import image_grid
 from top1_jax.plots.reliability import reliability_diagram
+from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
 from top1_jax.plots.sweeps import ablation_figure
 
 __all__ = [
   "BOUNDS",
   "ORDERS",
+  "OperatingPoint",
   "ablation_figure",
   "bin_figure",
   "image_grid",
   "refinement_figure",
   "reliability_diagram",
+  "risk_coverage_figure",
   "save_figure",
 ]

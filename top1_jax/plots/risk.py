@@ -1,0 +1,86 @@
+"""The risk-coverage curve of a score, with selective prediction's guaranteed operating points."""
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+from matplotlib import ticker
+from matplotlib.figure import Figure
+
+from top1_jax import selective, validation
+from top1_jax.plots import figures
+
+_CURVE_COLOR = "#08519c"  # dark blue, as the reliability diagram's points
+_POINT_COLORS = ("#e6550d", "#31a354", "#756bb1", "#636363")
+
+
+class OperatingPoint(NamedTuple):
+  """One selection's outcome on the examples of the curve.
+
+  Attributes:
+    target: the accuracy the selection was asked to guarantee.
+    coverage: the fraction of the examples it answered.
+    accuracy: their accuracy (None when it answered none).
+    guaranteed_accuracy: the selection's lower bound (None when it selected no bin).
+  """
+
+  target: float
+  coverage: float
+  accuracy: float | None
+  guaranteed_accuracy: float | None
+
+
+def _defined(value: float | None) -> bool:
+  return value is not None and math.isfinite(value)
+
+
+def risk_coverage_figure(
+  curve: selective.RiskCoverage,
+  points: Sequence[OperatingPoint] = (),
+  *,
+  title: str | None = None,
+) -> Figure:
+  """Risk (error rate) against coverage, with each guaranteed selection marked.
+
+  The curve's entry n is the error rate among the n most confident examples
+  (``selective.risk_coverage``). Each operating point is drawn at its coverage and
+  risk 1 - accuracy, with a dashed line at its target risk 1 - target and a dotted
+  one at its guaranteed risk 1 - guaranteed accuracy; a selection that answered
+  nothing is listed in the legend only.
+
+  Args:
+    curve: from ``selective.risk_coverage``.
+    points: the selections to mark (``OperatingPoint``).
+    title: axes title.
+
+  Returns:
+    A ``Figure`` with one axes.
+  """
+  validation.instance("curve", curve, selective.RiskCoverage, "selective.RiskCoverage")
+  coverage, risk = np.asarray(curve.coverage), np.asarray(curve.risk)
+  fig = figures.new_figure((6.2, 4.6))
+  ax = fig.subplots()
+  ax.plot(coverage, risk, color=_CURVE_COLOR, lw=1.5, label="risk among the most confident")
+  for index, point in enumerate(points):
+    color = _POINT_COLORS[index % len(_POINT_COLORS)]
+    label = f"target {point.target:g}"
+    ax.axhline(1 - point.target, color=color, ls="--", lw=0.8)
+    if not _defined(point.accuracy):
+      ax.plot([], [], "o", color=color, label=f"{label}: nothing selected")
+      continue
+    if _defined(point.guaranteed_accuracy):
+      ax.axhline(1 - point.guaranteed_accuracy, color=color, ls=":", lw=0.8)
+      label += f", guaranteed ≥ {point.guaranteed_accuracy:.3f}"
+    label += f": coverage {point.coverage:.1%}"
+    ax.plot([point.coverage], [1 - point.accuracy], "o", color=color, ms=7, label=label)
+  ax.set_xlim(0, 1.01)
+  ax.set_ylim(0, max(float(np.max(risk, initial=0.0)) * 1.1, 0.02))
+  ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
+  ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
+  ax.set_xlabel("coverage (fraction answered, most confident first)")
+  ax.set_ylabel("risk (error rate of the answered)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8, loc="upper left")
+  ax.set_title(title or "Risk-coverage curve (dashed: target risk; dotted: guaranteed risk)")
+  return fig
