@@ -331,19 +331,9 @@ def hoeffding_halfwidth(count: ArrayLike, delta: float = 0.05) -> jax.Array:
   Returns:
     float array shaped like ``count``.
   """
-  delta = _delta(delta)
+  delta = validation.probability("delta", delta)
   count = _counts("count", count)
   return jnp.sqrt(jnp.log(2.0 / delta) / (2.0 * count.astype(jnp.float32)))
-
-
-def _delta(delta) -> float:
-  try:
-    value = float(delta)
-  except (TypeError, ValueError):
-    raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}") from None
-  if not 0.0 < value < 1.0:
-    raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}")
-  return value
 
 
 def _counts(name: str, value: ArrayLike) -> jax.Array:
@@ -397,7 +387,7 @@ def clopper_pearson(
   Returns:
     (lower, upper) float arrays.
   """
-  delta = _delta(delta)
+  delta = validation.probability("delta", delta)
   hits = _counts("hits", hits)
   count = _counts("count", count)
   if not validation.is_traced(hits) and not validation.is_traced(count):

@@ -305,6 +305,26 @@ def _rank_position(ranks: np.ndarray, tests_below, num: int) -> np.ndarray:
   return lo
 
 
+def _binned_metrics(prob, prior, cal_counts, test_counts, test_hits) -> dict[str, jax.Array]:
+  """ECE, EOR, AUROC and the bins in use, from each bin's prediction and test counts.
+
+  EOR and AUROC are undefined (NaN) where the base rate is 0 or 1, or the test part
+  holds one class; ``CrossValidation`` leaves those splits out of the means.
+  """
+  return {
+    "ece": metrics.ece_from_counts(prob, test_counts, test_hits),
+    "eor": jnp.where(
+      (prior > 0) & (prior < 1), metrics.eor_from_probs(prob, test_counts, prior), jnp.nan
+    ),
+    "auroc": jnp.where(
+      (jnp.sum(test_hits, -1) > 0) & (jnp.sum(test_counts - test_hits, -1) > 0),
+      metrics.auroc_from_counts(prob, test_counts, test_hits),
+      jnp.nan,
+    ),
+    "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
+  }
+
+
 @jax.jit
 def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
   cal_counts = cal_counts.astype(jnp.float32)
@@ -325,17 +345,7 @@ def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
     "nll_uncertainty": nll.uncertainty,
     "nll_resolution": nll.resolution,
     "nll_calibration": nll.calibration,
-    "ece": metrics.ece_from_counts(prob, test_counts, test_hits),
-    # Undefined (NaN) where the base rate is 0 or 1, or the test part has one class.
-    "eor": jnp.where(
-      (prior > 0) & (prior < 1), metrics.eor_from_probs(prob, test_counts, prior), jnp.nan
-    ),
-    "auroc": jnp.where(
-      (jnp.sum(test_hits, -1) > 0) & (jnp.sum(test_counts - test_hits, -1) > 0),
-      metrics.auroc_from_counts(prob, test_counts, test_hits),
-      jnp.nan,
-    ),
-    "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
+    **_binned_metrics(prob, prior, cal_counts, test_counts, test_hits),
   }
 
 
@@ -477,16 +487,7 @@ def _estimator_metrics(cal_counts, test_counts, test_hits, prediction_sums, prio
     "nll_uncertainty": nll_bins.uncertainty,
     "nll_resolution": nll_bins.resolution,
     "nll_calibration": nll_bins.calibration,
-    "ece": metrics.ece_from_counts(prob, test_counts, test_hits),
-    "eor": jnp.where(
-      (prior > 0) & (prior < 1), metrics.eor_from_probs(prob, test_counts, prior), jnp.nan
-    ),
-    "auroc": jnp.where(
-      (jnp.sum(test_hits, -1) > 0) & (jnp.sum(test_counts - test_hits, -1) > 0),
-      metrics.auroc_from_counts(prob, test_counts, test_hits),
-      jnp.nan,
-    ),
-    "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
+    **_binned_metrics(prob, prior, cal_counts, test_counts, test_hits),
   }
 
 

@@ -275,11 +275,6 @@ def predict_interval(
   """
   _check_model(model)
   u = validation.float_array("u", u, 1)
-  try:
-    delta = float(delta)
-  except (TypeError, ValueError):
-    raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}") from None
-  if not 0.0 < delta < 1.0:
-    raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}")
+  delta = validation.probability("delta", delta)
   z = jax.scipy.special.ndtri(jnp.float32(1 - delta / 2))
   return _interval(model, u, z)

@@ -161,6 +161,17 @@ def instance(name: str, value, cls: type, hint: str):
   return value
 
 
+def probability(name: str, value) -> float:
+  """A number strictly inside (0, 1), e.g. a failure probability ``delta``."""
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name}: expected a probability in (0, 1), got {value!r}") from None
+  if not 0.0 < number < 1.0:
+    raise ValueError(f"{name}: expected a probability in (0, 1), got {value!r}")
+  return number
+
+
 def in_range(name: str, value: float, low: float, high: float) -> float:
   """``value`` if ``low <= value <= high``, else a ValueError naming the range."""
   if not low <= value <= high:
