@@ -133,8 +133,13 @@ REPRODUCE_BAD = [
 ]
 
 
+# As a subprocess (exit status, the one stderr line, timing): a few rows; the whole table
+# runs in-process below, where a row costs milliseconds instead of the launcher's imports.
+AS_SUBPROCESS = [REPRODUCE_BAD[0], REPRODUCE_BAD[12], REPRODUCE_BAD[-1]]
+
+
 @pytest.mark.parametrize(
-  "args, flag, text", REPRODUCE_BAD, ids=[" ".join(case[0]) for case in REPRODUCE_BAD]
+  "args, flag, text", AS_SUBPROCESS, ids=[" ".join(case[0]) for case in AS_SUBPROCESS]
 )
 def test_reproduce_refuses_bad_settings_before_training(tmp_path, data_dir, args, flag, text):
   workdir = tmp_path / "work"
@@ -142,6 +147,43 @@ def test_reproduce_refuses_bad_settings_before_training(tmp_path, data_dir, args
     "reproduce", "--quick", f"--workdir={workdir}", f"--data_dir={data_dir}", *args
   )
   _refused(result, elapsed, flag, text, workdir)
+
+
+@pytest.fixture()
+def reproduce_in_process(monkeypatch):
+  """``reproduce.main`` in this process, with training replaced by a tripwire."""
+  from absl import flags
+
+  from experiments import common, reproduce
+  from experiments import train as train_exp
+
+  def tripwire(*_, **__):
+    raise AssertionError("training started before the settings were refused")
+
+  monkeypatch.setattr(train_exp, "run_stage", tripwire)
+
+  def run(*argv):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["reproduce", *argv])
+    with pytest.raises(common.ExperimentError) as info:
+      reproduce.main([])
+    return str(info.value)
+
+  yield run
+  flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize(
+  "args, flag, text", REPRODUCE_BAD, ids=[" ".join(case[0]) for case in REPRODUCE_BAD]
+)
+def test_reproduce_checks_every_setting_before_training(
+  tmp_path, data_dir, reproduce_in_process, args, flag, text
+):
+  workdir = tmp_path / "work"
+  message = reproduce_in_process("--quick", f"--workdir={workdir}", f"--data_dir={data_dir}", *args)
+  assert message.startswith(f"--{flag}: ") and text in message, message
+  assert "\n" not in message
+  assert not workdir.exists()  # nothing written, not even the work dir
 
 
 def test_the_full_preset_checks_evaluate_settings_first(tmp_path, data_dir):
