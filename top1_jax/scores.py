@@ -437,28 +437,33 @@ def compute_one(
     if match is None:
       raise ValueError(f"score: {name!r} takes the event's k; use scores.for_event({name!r}, k)")
     return score.fn(log_probs, int(match.group(1)))
-  if score.inputs == "log_probs":
-    return score.fn(log_probs)
-  given = {"samples": samples, "human_probs": human_probs, "labels": labels}[score.inputs]
-  if given is None or (score.inputs == "samples" and given.shape[0] < 2):
+  arguments = _arguments(score, log_probs, samples, human_probs, labels)
+  if arguments is None:
     need = "[S, N, K] samples with S >= 2" if score.inputs == "samples" else score.inputs
     raise ValueError(f"score: {name!r} needs {need}")
-  return score.fn(log_probs, given) if score.inputs == "labels" else score.fn(given)
+  return score.fn(*arguments)
+
+
+def _arguments(score: Score, log_probs, samples, human_probs, labels) -> tuple | None:
+  """What ``score.fn`` takes, by its input kind; None when that input was not given."""
+  if score.inputs == "log_probs":
+    return (log_probs,)
+  if score.inputs == "samples":
+    return None if samples is None or samples.shape[0] < 2 else (samples,)
+  if score.inputs == "human_probs":
+    return None if human_probs is None else (human_probs,)
+  return None if labels is None else (log_probs, labels)
 
 
 def _compute(log_probs, samples, human_probs, topk, labels=None) -> dict[str, jax.Array]:
   out = {}
   for score in REGISTRY.values():
-    if score.inputs == "log_probs" and score.per_k:
+    if score.per_k:
       out.update({topk_name(k): score.fn(log_probs, k) for k in topk if k >= 2})
-    elif score.inputs == "log_probs":
-      out[score.name] = score.fn(log_probs)
-    elif score.inputs == "samples" and samples is not None and samples.shape[0] >= 2:
-      out[score.name] = score.fn(samples)
-    elif score.inputs == "human_probs" and human_probs is not None:
-      out[score.name] = score.fn(human_probs)
-    elif score.inputs == "labels" and labels is not None:
-      out[score.name] = score.fn(log_probs, labels)
+      continue
+    arguments = _arguments(score, log_probs, samples, human_probs, labels)
+    if arguments is not None:
+      out[score.name] = score.fn(*arguments)
   return out
 
 
