@@ -6,6 +6,8 @@ the comparison the paper makes (Top-1 binning vs the raw softmax) on synthetic
 logits whose miscalibration is known.
 """
 
+import pathlib
+
 import numpy as np
 import pytest
 import scipy.optimize
@@ -17,6 +19,7 @@ from hypothesis.extra import numpy as hnp
 from top1_jax import baselines, binning, events, metrics, scores
 
 NUM_CLASSES = 10
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
 
 
 def _sample(num, seed, scale=2.0, num_classes=NUM_CLASSES):
@@ -134,6 +137,47 @@ def test_fit_temperature_separable_data_goes_to_bracket_end():
   wrong = (labels + 1) % 4
   fitted = float(baselines.fit_temperature(logits, wrong, max_temperature=50.0))
   assert fitted == pytest.approx(50.0, rel=1e-4)
+
+
+def _bisection_temperature(logits, labels, low=1e-5, high=1e5, steps=60):
+  """The benchmark's method in float64: bisection on the sign of dNLL/d beta, in log T."""
+  centred = np.asarray(logits, np.float64)
+  centred = centred - centred.max(-1, keepdims=True)
+  label_logit = centred[np.arange(len(labels)), labels]
+  lo, hi = np.log(low), np.log(high)
+  for _ in range(steps):
+    mid = 0.5 * (lo + hi)
+    probs = scipy.special.softmax(np.exp(-mid) * centred, axis=-1)
+    slope = np.mean(np.sum(probs * centred, -1) - label_logit)
+    lo, hi = (lo, mid) if slope < 0 else (mid, hi)
+  return np.exp(0.5 * (lo + hi))
+
+
+@pytest.mark.parametrize("name", ["lenet-5-cifar-10", "densenet-bc-100-cifar-100"])
+def test_fit_temperature_matches_bisection_on_real_networks(name):
+  # Real softmax outputs (log-probabilities with 1e-37 tails), on a calibration half.
+  data = np.load(EXAMPLES / f"{name}.npz")
+  log_probs = scores.log_probs_from_probs(data["predictions"][:5000])
+  labels = data["ground_truth"][:5000]
+  fitted = float(baselines.fit_temperature(log_probs, labels))
+  assert fitted == pytest.approx(_bisection_temperature(log_probs, labels), rel=1e-5)
+  assert 1.2 < fitted < 2.5  # both networks are overconfident
+
+
+def test_fit_temperature_far_from_one_and_in_a_bracket_away_from_one():
+  z, labels = _sample(2000, seed=4, scale=1.0)
+  for scale in (1e-3, 30.0, 1e4):
+    fitted = float(baselines.fit_temperature(scale * z, labels))
+    assert fitted == pytest.approx(_bisection_temperature(scale * z, labels), rel=1e-5)
+  # The optimum (about 1) is below the bracket: its lower end.
+  fitted = float(baselines.fit_temperature(z, labels, min_temperature=10.0, max_temperature=50.0))
+  assert fitted == pytest.approx(10.0, rel=1e-5)
+
+
+def test_fit_temperature_of_a_flat_nll_is_the_top_of_the_bracket():
+  # Every example's logits equal: the NLL is log K whatever T.
+  logits, labels = np.zeros((6, 3), np.float32), np.arange(6) % 3
+  assert float(baselines.fit_temperature(logits, labels)) == pytest.approx(1e5, rel=1e-4)
 
 
 def test_apply_temperature_divides_logits():

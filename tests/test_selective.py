@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from top1_jax import binning, selective
+from top1_jax import binning, crossval, selective
 
 
 def _accuracy(u):
@@ -137,6 +137,61 @@ def test_select_answers_the_calibration_examples_counted_as_covered():
   assert correct[answered].mean() == pytest.approx(float(selection.accuracy), abs=1e-6)
 
 
+def _loop_cross_validate(u, correct, splits, n_bins, targets, delta, order):
+  """Split by split, target by target, with the public calls only."""
+  rows = []
+  for target in targets:
+    per_split = []
+    for f in range(splits.num_splits):
+      test = np.asarray(splits.test_mask(f))
+      bins = binning.fit(u[~test], correct[~test], n_bins)
+      selection = selective.guaranteed_coverage(bins, target, delta, order=order)
+      chosen = np.asarray(selective.select(selection, u[test]))
+      bound = float(selection.guaranteed_accuracy)
+      per_split.append(
+        {
+          "guaranteed_accuracy": bound if np.isfinite(bound) else None,
+          "calibration_coverage": float(selection.coverage),
+          "test_coverage": chosen.sum() / chosen.shape[0],
+          "test_accuracy": float(correct[test][chosen].mean()) if chosen.any() else None,
+        }
+      )
+    means = {}
+    for key in per_split[0]:
+      values = [p[key] for p in per_split if p[key] is not None]
+      means[key] = float(np.mean(values)) if values else None
+    below = [p["test_accuracy"] is not None and p["test_accuracy"] < target for p in per_split]
+    empty = [p["guaranteed_accuracy"] is None for p in per_split]
+    rows.append(
+      {
+        "order": order,
+        **means,
+        "num_splits": splits.num_splits,
+        "num_empty": sum(empty),
+        "target_accuracy": target,
+        "delta": delta,
+        "n_bins": n_bins,
+        "num_below_target": sum(below),
+        "per_split": per_split,
+      }
+    )
+  return rows
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_cross_validate_matches_a_split_by_split_loop(order):
+  u, correct = _draw(np.random.default_rng(5), 3000)
+  u = u if order == "ascending" else 1 - u  # high = confident
+  splits = crossval.make_splits(3000, 4, seed=0)
+  targets = (0.95, 0.9, 0.9999)
+  rows = selective.cross_validate(u, correct, splits, 10, targets, 0.05, order=order)
+  expected = _loop_cross_validate(u, correct, splits, 10, targets, 0.05, order)
+  assert rows == expected
+  assert [r["target_accuracy"] for r in rows] == list(targets)
+  assert rows[0]["num_empty"] < 4 and rows[1]["num_empty"] == 0 and rows[2]["num_empty"] == 4
+  assert rows[1]["test_accuracy"] > 0.9 and list(rows[0]) == list(expected[0])
+
+
 @pytest.mark.parametrize(
   "call, message",
   [
@@ -148,6 +203,26 @@ def test_select_answers_the_calibration_examples_counted_as_covered():
     (
       lambda b: selective.select(selective.guaranteed_coverage(b), [np.inf]),
       "u: 1 non-finite",
+    ),
+    (
+      lambda b: selective.cross_validate(np.ones(50), np.ones(50), crossval.make_splits(40, 2), 5),
+      "splits: made for 40 examples, u has 50",
+    ),
+    (
+      lambda b: selective.cross_validate(np.ones(50), np.ones(50), "halves", 5),
+      "splits: expected crossval.Splits",
+    ),
+    (
+      lambda b: selective.cross_validate(
+        np.ones(50), np.ones(50), crossval.make_splits(50, 2), 5, targets=(0.9, 1.2)
+      ),
+      "targets: expected a value in",
+    ),
+    (
+      lambda b: selective.cross_validate(
+        np.ones(50), np.ones(50), crossval.make_splits(50, 2), 5, order="x"
+      ),
+      "order: expected one of",
     ),
   ],
 )

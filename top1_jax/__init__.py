@@ -28,6 +28,7 @@ from top1_jax import (
   baselines,
   bincount,
   binning,
+  comparison,
   crossval,
   events,
   isotonic,
@@ -36,6 +37,7 @@ from top1_jax import (
   mislabeled,
   scores,
   selective,
+  temperature,
   toplabel,
 )
 from top1_jax.binning import (
@@ -84,6 +86,7 @@ __all__ = [
   "baselines",
   "bincount",
   "binning",
+  "comparison",
   "crossval",
   "events",
   "isotonic",
@@ -92,6 +95,7 @@ __all__ = [
   "mislabeled",
   "scores",
   "selective",
+  "temperature",
   "toplabel",
   # scores: U(x) from logits or samples, and their registry
   "REGISTRY",

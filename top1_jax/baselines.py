@@ -17,7 +17,8 @@ Conventions shared by the functions here:
 * A prediction is passed as exactly one of ``probs=`` ([N, K], rows summing to 1)
   or ``logits=`` ([N, K]); labels come first, as in the benchmark's own
   ``brier_scores(labels, probs=None, logits=None)``. ``fit_temperature`` and
-  ``apply_temperature`` take logits only.
+  ``apply_temperature`` (defined in ``temperature``, re-exported here) take
+  logits only.
 * The predicted class is the first argmax (as ``events.topk_correct``).
 * Equal-width bins are right-closed, ``((b-1)/B, b/B]``, with 0 in the first
   bin (Guo et al.'s ``I_m``; the benchmark's ``np.digitize(..., right=True)``).
@@ -47,21 +48,14 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax import validation
+from top1_jax.temperature import apply_temperature as apply_temperature
+from top1_jax.temperature import fit_temperature as fit_temperature
 
 DEFAULT_ECE_BINS = 15
 """The benchmark's (and Guo et al.'s) number of equal-width ECE bins."""
-
-# The benchmark's temperature bracket (``find_scaling_temperature``'s temp_range).
-_MIN_TEMPERATURE = 1e-5
-_MAX_TEMPERATURE = 1e5
-# Bisection halvings on log T: the bracket [log 1e-5, log 1e5] is 23 wide, so 48
-# halvings reach 23 / 2^48 ~ 1e-13, below float32 resolution: the result is as
-# accurate as the float32 gradient sign allows.
-_BISECTION_STEPS = 48
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -156,15 +150,19 @@ class EqualWidthBins(NamedTuple):
     return jnp.sum(jnp.abs(self.hits - self.confidence_sum)) / jnp.sum(self.counts)
 
 
-def _equal_width_index(values: jax.Array, n_bins: int) -> jax.Array:
-  """Right-closed equal-width bin of each value in [0, 1]: #{interior edges < value}."""
+def equal_width_index(values: jax.Array, n_bins: int) -> jax.Array:
+  """Right-closed equal-width bin of each value in [0, 1]: #{interior edges < value}.
+
+  The one bin rule of every equal-width statistic here (``EqualWidthBins``,
+  histogram binning); ``values`` of any shape, traceable, ``n_bins`` static.
+  """
   interior = jnp.linspace(0.0, 1.0, n_bins + 1, dtype=values.dtype)[1:-1]
   return jnp.searchsorted(interior, values, side="left").astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("n_bins",))
 def _equal_width_bins(confidence: jax.Array, correct: jax.Array, n_bins: int) -> EqualWidthBins:
-  index = _equal_width_index(confidence, n_bins)
+  index = equal_width_index(confidence, n_bins)
   counts = jax.ops.segment_sum(jnp.ones_like(index), index, n_bins)
   hits = jax.ops.segment_sum(correct.astype(jnp.int32), index, n_bins)
   confidence_sum = jax.ops.segment_sum(confidence, index, n_bins)
@@ -366,108 +364,6 @@ def multiclass_metrics(
   return _multiclass_metrics(pred, labels, from_logits, _check_n_bins(n_bins))
 
 
-# ------------------------------------------------------------------ temperature scaling
-
-
-@jax.jit
-def _fit_temperature(logits, labels, log_min, log_max):
-  # Shift-invariant, and smaller magnitudes keep the float32 gradient sums tight.
-  centred = logits - jnp.max(logits, axis=-1, keepdims=True)
-  label_logit = jnp.take_along_axis(centred, labels[:, None], axis=-1)[:, 0]
-
-  def nll_slope(log_temperature):
-    # d NLL / d beta at beta = 1 / T is mean(E_softmax(beta l)[l] - l_y); it is
-    # non-decreasing in beta, and d NLL / d log T = -beta * it has the opposite sign.
-    beta = jnp.exp(-log_temperature)
-    probs = jax.nn.softmax(beta * centred, axis=-1)
-    return jnp.mean(jnp.sum(probs * centred, axis=-1) - label_logit)
-
-  def halve(_, bracket):
-    lo, hi = bracket
-    mid = 0.5 * (lo + hi)
-    # slope(beta) < 0 means NLL still falls as beta grows, i.e. as T shrinks.
-    optimum_below = nll_slope(mid) < 0
-    return jnp.where(optimum_below, lo, mid), jnp.where(optimum_below, mid, hi)
-
-  lo, hi = jax.lax.fori_loop(0, _BISECTION_STEPS, halve, (log_min, log_max))
-  return jnp.exp(0.5 * (lo + hi))
-
-
-def fit_temperature(
-  logits: ArrayLike,
-  labels: ArrayLike,
-  *,
-  min_temperature: float = _MIN_TEMPERATURE,
-  max_temperature: float = _MAX_TEMPERATURE,
-) -> jax.Array:
-  """Maximum-likelihood temperature T of softmax(logits / T) on a calibration split.
-
-  Minimises the multiclass NLL ``mean_n [logsumexp(l_n / T) - l_n,y_n / T]`` over
-  ``log T`` in ``[log min_temperature, log max_temperature]`` (the benchmark's
-  bracket, 1e-5 to 1e5, by default).
-
-  Solver: bisection on the sign of dNLL/d log T, under ``jit``, a fixed 48 steps.
-  The NLL is convex in beta = 1/T (log-sum-exp of functions linear in beta, minus
-  one linear in beta), so its slope in beta, hence in log T, changes sign at
-  most once: bisection on that sign finds the global minimum in the bracket with
-  no step size, line search or starting point to tune, and a fixed cost of 48
-  passes over the logits. This is the benchmark's own method
-  (``scipy.optimize.bisect`` on the gradient in T), run in log T so that
-  T > 0 by construction and the resolution is relative.
-
-  Edge cases: when the NLL keeps falling to the end of the bracket (e.g. every
-  calibration example is classified correctly, so sharper is always better) the
-  end is returned; when it does not depend on T at all (all logits of each
-  example equal) ``max_temperature`` is returned.
-
-  Args:
-    logits: [N, K] float, calibration-split logits (N >= 1, K >= 2).
-    labels: [N] int in [0, K).
-    min_temperature, max_temperature: the bracket, 0 < min < max.
-
-  Returns:
-    [] float, T > 0. Apply it with ``apply_temperature``.
-  """
-  if logits is None:
-    raise ValueError("logits: expected an [N, K] array, got None")
-  pred, labels, _ = _prediction(labels, None, logits)
-  lo, hi = float(min_temperature), float(max_temperature)
-  if not (np.isfinite(lo) and np.isfinite(hi) and 0.0 < lo < hi):
-    raise ValueError(
-      "min_temperature, max_temperature: expected finite 0 < min < max,"
-      f" got {min_temperature!r}, {max_temperature!r}"
-    )
-  return _fit_temperature(pred, labels, jnp.float32(np.log(lo)), jnp.float32(np.log(hi)))
-
-
-@jax.jit
-def _apply_temperature(logits, temperature):
-  return logits / temperature
-
-
-def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
-  """Temperature-scaled logits ``logits / T``.
-
-  Returns logits, not probabilities, so downstream code stays in log space:
-  pass them as ``logits=`` to the metrics here, to ``scores.neg_log_pmax`` (the
-  ranking, hence Top-1 binning, is unchanged by T), or take ``jax.nn.softmax``
-  for the calibrated probabilities.
-
-  Args:
-    logits: [N, K] or [S, N, K] float.
-    temperature: [] float, T > 0 (from ``fit_temperature``).
-
-  Returns:
-    float array shaped like ``logits``.
-  """
-  logits = validation.float_array("logits", logits, (2, 3))
-  temperature = validation.float_array("temperature", temperature, 0)
-  # Within fit_temperature's range: beyond it logits / T overflows (T = 1e-40 gave inf).
-  if not validation.is_traced(temperature):
-    validation.in_range("temperature", float(temperature), _MIN_TEMPERATURE, _MAX_TEMPERATURE)
-  return _apply_temperature(logits, temperature)
-
-
 # ---------------------------------------------------------------- histogram binning
 
 
@@ -498,7 +394,7 @@ class HistogramBinning(NamedTuple):
 @functools.partial(jax.jit, static_argnames=("n_bins",))
 def _fit_histogram_binning(probs, labels, n_bins) -> HistogramBinning:
   num_classes = probs.shape[-1]
-  index = _equal_width_index(probs, n_bins)  # [N, K]
+  index = equal_width_index(probs, n_bins)  # [N, K]
   # One segment per (class, bin): all K one-vs-rest histograms in one segment_sum.
   segment = (jnp.arange(num_classes, dtype=jnp.int32) * n_bins + index).reshape(-1)
   is_label = (labels[:, None] == jnp.arange(num_classes)).reshape(-1)
@@ -514,7 +410,7 @@ def _fit_histogram_binning(probs, labels, n_bins) -> HistogramBinning:
 @jax.jit
 def _predict_histogram_binning(binning: HistogramBinning, probs):
   n_bins = binning.value.shape[-1]
-  index = _equal_width_index(probs, n_bins)
+  index = equal_width_index(probs, n_bins)
   calibrated = jnp.take_along_axis(binning.value.T, index, axis=0)  # value[k, index[n, k]]
   total = jnp.sum(calibrated, axis=-1, keepdims=True)
   return jnp.where(total > 0, calibrated / jnp.where(total > 0, total, 1.0), probs)

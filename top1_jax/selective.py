@@ -6,10 +6,12 @@ accuracy has an exact lower confidence bound of at least a target, following
 Geifman & El-Yaniv's selection with guaranteed risk (SGR, "Selective
 classification for deep neural networks", NeurIPS 2017, Algorithm 1), with the
 bins as the candidate thresholds. ``select`` applies the selection to new scores;
+``cross_validate`` fits and applies it on every calibration/test split;
 ``risk_coverage`` gives the empirical risk-coverage curve of a score.
 """
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import binning, metrics, validation
+from top1_jax import binning, crossval, metrics, validation
 
 ORDERS = ("prob", "ascending", "descending")
 
@@ -168,6 +170,103 @@ def select(selection: Selection, u: ArrayLike) -> jax.Array:
   validation.instance("selection", selection, Selection, "selective.Selection")
   u = validation.float_array("u", u, 1)
   return _select(selection.selected, selection.edges, u)
+
+
+def _split_outcome(selection: Selection, chosen: np.ndarray, correct: np.ndarray) -> dict:
+  """One split's selection: its bound, and its coverage and accuracy on the test part."""
+  bound = float(selection.guaranteed_accuracy)
+  kept = int(chosen.sum())
+  return {
+    "guaranteed_accuracy": bound if np.isfinite(bound) else None,
+    "calibration_coverage": float(selection.coverage),
+    "test_coverage": kept / chosen.shape[0],
+    "test_accuracy": float(correct[chosen].mean()) if kept else None,
+  }
+
+
+def _means(per_split: list[dict]) -> dict:
+  """Means over splits, each over the splits where it is defined (None if none is)."""
+
+  def mean(key):
+    values = [p[key] for p in per_split if p[key] is not None]
+    return float(np.mean(values)) if values else None
+
+  keys = ("guaranteed_accuracy", "calibration_coverage", "test_coverage", "test_accuracy")
+  return {
+    **{key: mean(key) for key in keys},
+    "num_splits": len(per_split),
+    "num_empty": sum(p["guaranteed_accuracy"] is None for p in per_split),
+  }
+
+
+def cross_validate(
+  u: ArrayLike,
+  correct: ArrayLike,
+  splits: crossval.Splits,
+  n_bins: int,
+  targets: Sequence[float] = (0.9, 0.95, 0.99),
+  delta: float = 0.05,
+  *,
+  order: str = "ascending",
+) -> list[dict]:
+  """Selection with a guarantee, fitted on each calibration part and tested on the rest.
+
+  On each split: ``n_bins`` bins of ``u`` fitted on the calibration part
+  (``binning.fit``), ``guaranteed_coverage`` for each target, and ``select`` on the
+  test part. Shows whether the guarantee holds out of sample, and at what coverage.
+
+  Args:
+    u: [N] float scores.
+    correct: [N] bool, the event (e.g. the Top-1 prediction is correct).
+    splits: ``crossval.make_splits(N, ...)``.
+    n_bins: bins per calibration part, at most its size.
+    targets: accuracies to guarantee, each in [0, 1].
+    delta: failure probability of each guarantee, in (0, 0.5).
+    order: the ranking of the bins, as in ``guaranteed_coverage``.
+
+  Returns:
+    One dict per target, in the given order: ``order``; the means over splits of
+    ``guaranteed_accuracy``, ``calibration_coverage``, ``test_coverage`` and
+    ``test_accuracy`` (the bound and the test accuracy over the splits that
+    selected something; None when none did); ``num_splits``; ``num_empty`` (splits
+    that selected nothing); ``target_accuracy``; ``delta``; ``n_bins``;
+    ``num_below_target`` (splits whose test accuracy fell below the target); and
+    ``per_split``, a list of each split's four numbers (None where undefined).
+  """
+  u, correct = validation.score_and_event("u", u, correct, host=True)
+  validation.instance("splits", splits, crossval.Splits, "crossval.Splits from make_splits")
+  if splits.fold.shape[-1] != u.shape[0]:
+    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {u.shape[0]}")
+  for target in targets:
+    validation.in_range("targets", float(target), 0.0, 1.0)
+  if not 0.0 < float(delta) < 0.5:
+    raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
+  if order not in ORDERS:
+    raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
+  per_target = [[] for _ in targets]
+  for split in range(splits.num_splits):
+    test = np.asarray(splits.test_mask(split), bool)
+    bins = binning.fit(u[~test], correct[~test], n_bins)
+    # The test part's bins once per split; each target only picks some of them.
+    which = np.asarray(binning.assign(bins.edges, jnp.asarray(u[test])))
+    for outcomes, target in zip(per_target, targets, strict=True):
+      selection = guaranteed_coverage(bins, target, delta, order=order)
+      chosen = np.asarray(selection.selected)[which]
+      outcomes.append(_split_outcome(selection, chosen, correct[test]))
+  return [
+    {
+      "order": order,
+      **_means(per_split),
+      "target_accuracy": target,
+      "delta": delta,
+      "n_bins": n_bins,
+      "num_below_target": sum(
+        p["test_accuracy"] is not None and p["test_accuracy"] < target for p in per_split
+      ),
+      "per_split": per_split,
+    }
+    for target, per_split in zip(targets, per_target, strict=True)
+  ]
 
 
 def risk_coverage(u: ArrayLike, correct: ArrayLike) -> RiskCoverage:
