@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from etils import epath
 from toy_data import gaussian_blobs
 
 from top1_jax import models, train
@@ -78,3 +79,55 @@ def test_a_missing_manifest_is_reported_before_orbax_reads(tmp_path, capfd):
   with pytest.raises(ValueError, match=r"damaged \(manifest.ocdbt is missing\)"):
     checkpoints.restore_checkpoint(path, state)
   assert "Traceback" not in capfd.readouterr().err
+
+
+def test_run_checkpoints_keep_the_last_epoch_and_resume(tmp_path):
+  images, labels = gaussian_blobs()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  template = train.create_train_state(_MLP, _TX, jax.random.key(9), images[:1])
+  later = train.fit(state, images, labels, jax.random.key(1), num_steps=2, batch_size=16)
+  directory = epath.Path(tmp_path) / "run"  # epath, as for a gs:// URL
+  with checkpoints.RunCheckpoints(directory) as run:
+    epoch, restored = run.latest(template)
+    assert epoch == 0 and restored is template
+    run.save(1, state)
+    run.save(2, later)
+    with pytest.raises(
+      ValueError, match="epoch: expected an integer after the latest saved epoch 2"
+    ):
+      run.save(2, later)
+  assert sorted(p.name for p in directory.iterdir() if p.is_dir()) == ["2"]
+  with checkpoints.RunCheckpoints(directory) as run:  # a new run resumes
+    epoch, restored = run.latest(template)
+    assert epoch == 2 and int(restored.step) == 2
+    _assert_trees_equal(restored.params, later.params)
+    _assert_trees_equal(restored.opt_state, later.opt_state)
+    ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=2)
+    with pytest.raises(ValueError, match="the template is an ensemble"):
+      run.latest(ensemble)  # the same rule as restore_checkpoint
+  for file in (tmp_path / "run" / "2" / "state").rglob("*"):
+    if file.is_file() and file.name != "commit_success.txt":
+      file.write_text("garbage")
+  with checkpoints.RunCheckpoints(directory) as run:
+    with pytest.raises(ValueError, match="is damaged"):
+      run.latest(template)
+
+
+def test_run_checkpoints_read_the_folders_of_the_previous_layout(tmp_path):
+  images, _ = gaussian_blobs()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  template = train.create_train_state(_MLP, _TX, jax.random.key(9), images[:1])
+  checkpoints.save_checkpoint(tmp_path / "epoch_2", state)
+  checkpoints.save_checkpoint(tmp_path / "epoch_3", state)
+  (tmp_path / "config.json").write_text("{}")  # a launcher's file beside them
+  with checkpoints.RunCheckpoints(tmp_path) as run:
+    epoch, restored = run.latest(template)
+    assert epoch == 3
+    _assert_trees_equal(restored.params, state.params)
+    run.save(4, restored)
+    assert run.latest(template)[0] == 4
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "epoch_7").mkdir()  # a folder that is no checkpoint
+  with checkpoints.RunCheckpoints(tmp_path / "other") as run:
+    with pytest.raises(ValueError, match=r"no checkpoint at .*epoch_7 \(no metadata/ and state/"):
+      run.latest(template)

@@ -84,10 +84,12 @@ def test_fit_is_deterministic_and_resumes_with_fresh_keys(tmp_path):
 
   # 4 steps, checkpoint, restore into a fresh template, 5 more == 9 straight.
   halfway = fit(state, 4)
-  path = checkpoints.save_checkpoint(tmp_path / "ckpt", halfway)
+  with checkpoints.RunCheckpoints(tmp_path / "ckpt") as run:
+    run.save(1, halfway)
   template = train.create_train_state(_MLP, _TX, jax.random.key(99), images[:1], dropout_rate=0.2)
-  restored = checkpoints.restore_checkpoint(path, template)
-  assert int(restored.step) == 4
+  with checkpoints.RunCheckpoints(tmp_path / "ckpt") as run:
+    epoch, restored = run.latest(template)
+  assert epoch == 1 and int(restored.step) == 4
   _assert_trees_equal(restored.params, halfway.params)
   _assert_trees_equal(restored.opt_state, halfway.opt_state)
   resumed = fit(restored, 5)

@@ -15,6 +15,11 @@
   convolutions under vmap are slow). ``mc.pick_strategy`` chooses per backend.
 * ``evaluate`` / ``evaluate_ensemble``: loss and accuracy.
 
+With several devices or processes (``parallel.initialize``) each step is
+data-parallel over all of them (``parallel.data_parallel_steps``): every process
+calls ``fit`` alike, with the whole host data, and gets the one-device result up
+to float rounding; ``batch_size`` must be a multiple of the device count.
+
 Checkpoints of a ``TrainState`` are in ``top1_jax.io.checkpoints``.
 
 Progress goes to an optional ``callback(info: dict)``; nothing here prints.
@@ -33,7 +38,7 @@ import optax
 from flax import struct
 from jax.typing import ArrayLike
 
-from top1_jax import mc, models, validation
+from top1_jax import mc, models, parallel, validation
 
 __all__ = [
   "TrainState",
@@ -83,9 +88,8 @@ class TrainState:
 
 
 def _train_dropout_rate(rate: Any) -> float:
-  if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)):
-    raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
-  if not 0.0 <= float(rate) < 1.0:
+  is_number = isinstance(rate, (int, float, np.floating)) and not isinstance(rate, bool)
+  if not is_number or not 0.0 <= float(rate) < 1.0:
     raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
   return float(rate)
 
@@ -101,15 +105,8 @@ def _create(model, tx, key, sample_input, dropout_rate) -> TrainState:
   variables = models.init(model, key, sample_input)
   params = variables["params"]
   model_state = {name: value for name, value in variables.items() if name != "params"}
-  return TrainState(
-    step=jnp.zeros((), jnp.int32),
-    params=params,
-    model_state=model_state,
-    opt_state=tx.init(params),
-    model=model,
-    tx=tx,
-    dropout_rate=dropout_rate,
-  )
+  step = jnp.zeros((), jnp.int32)
+  return TrainState(step, params, model_state, tx.init(params), model, tx, dropout_rate)
 
 
 # Jitted: creating the optimizer state op by op (under vmap, too) took seconds.
@@ -226,8 +223,9 @@ def _train_step(state: TrainState, batch, key):
   return new_state, {"loss": loss, "accuracy": accuracy}
 
 
+_ensemble_step = jax.vmap(_train_step)
 _train_step_jit = jax.jit(_train_step)
-_ensemble_train_step_jit = jax.jit(jax.vmap(_train_step))
+_ensemble_train_step_jit = jax.jit(_ensemble_step)
 
 
 def _check_batch(batch: Any, member_axis: bool) -> tuple[jax.Array, jax.Array]:
@@ -338,6 +336,7 @@ def _check_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[int
   num_steps = validation.positive_int("num_steps", num_steps)
   batch_size = validation.positive_int("batch_size", batch_size, maximum=num_examples)
   log_every = validation.positive_int("log_every", log_every)
+  parallel.check_global_batch("batch_size", batch_size)
   return num_steps, batch_size, log_every
 
 
@@ -346,9 +345,8 @@ class _Progress:
 
   def __init__(self, callback, begin, end, log_every, examples_per_step, member_index):
     self._callback = callback
-    self._begin, self._end, self._log_every = begin, end, log_every
-    self._examples_per_step = examples_per_step
-    self._member = member_index
+    self._begin, self.end, self._log_every = begin, end, log_every
+    self._examples_per_step, self._member = examples_per_step, member_index
     self._reset()
 
   def _reset(self):
@@ -363,22 +361,13 @@ class _Progress:
     )
     self._count += 1
     done = step + 1
-    if (done - self._begin) % self._log_every and done != self._end:
+    if (done - self._begin) % self._log_every and done != self.end:
       return
     means = {name: np.asarray(total) / self._count for name, total in self._running.items()}
     elapsed = max(time.perf_counter() - self._start, 1e-9)
-    self._callback(
-      {
-        "step": done,
-        "num_steps": self._end,
-        "loss": float(means["loss"]) if means["loss"].ndim == 0 else means["loss"],
-        "accuracy": (
-          float(means["accuracy"]) if means["accuracy"].ndim == 0 else means["accuracy"]
-        ),
-        "examples_per_second": self._count * self._examples_per_step / elapsed,
-        "member": self._member,
-      }
-    )
+    info = {"step": done, "num_steps": self.end, "member": self._member}
+    info |= {name: float(mean) if mean.ndim == 0 else mean for name, mean in means.items()}
+    self._callback(info | {"examples_per_second": self._count * self._examples_per_step / elapsed})
     self._reset()
 
 
@@ -405,7 +394,7 @@ def fit(
     labels: [N] int labels in [0, K).
     key: PRNG key of this run.
     num_steps: steps to take, >= 1.
-    batch_size: examples per step, 1 <= batch_size <= N.
+    batch_size: examples per step, 1 <= batch_size <= N, a multiple of the device count.
     log_every: call ``callback`` every this many steps (and after the last).
     callback: receives ``{"step", "num_steps", "loss", "accuracy",
       "examples_per_second", "member"}`` (loss and accuracy averaged over the
@@ -427,11 +416,32 @@ def _fit_one(state, images, labels, key, num_steps, batch_size, log_every, callb
   batches = _Batches(shuffle_key, images.shape[0], batch_size)
   begin = int(state.step)
   progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size, index)
-  for step in range(begin, begin + num_steps):
-    idx = batches.indices(step)
-    state, metrics = _train_step_jit(
-      state, (images[idx], labels[idx]), jax.random.fold_in(dropout_key, step)
+  return _steps(state, images, labels, batches.indices, dropout_key, begin, progress)
+
+
+def _steps(state, images, labels, indices, dropout_key, begin, progress):
+  """Steps ``begin`` to ``progress.end``, on one device or data-parallel over all.
+
+  Step t trains on rows ``indices(t)`` [B] (or [M, B]) with the dropout key
+  ``fold_in(dropout_key, t)`` (per member for [M] keys)."""
+  ensemble = dropout_key.ndim == 1
+  fold_in = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if ensemble else jax.random.fold_in
+  if jax.device_count() > 1:
+    return parallel.data_parallel_steps(
+      _ensemble_step if ensemble else _train_step,
+      state,
+      (images, labels),
+      indices,
+      lambda step: fold_in(dropout_key, step),
+      range(begin, progress.end),
+      progress.update,
+      mesh=mc.default_mesh(),
+      axis=1 if ensemble else 0,
     )
+  step_fn = _ensemble_train_step_jit if ensemble else _train_step_jit
+  for step in range(begin, progress.end):
+    idx = indices(step)
+    state, metrics = step_fn(state, (images[idx], labels[idx]), fold_in(dropout_key, step))
     progress.update(step, metrics)
   return state
 
@@ -489,16 +499,13 @@ def _fit_vmapped(states, images, labels, member_keys, num_steps, batch_size, log
   split_keys = [jax.random.split(k) for k in member_keys]
   member_batches = [_Batches(k[0], images.shape[0], batch_size) for k in split_keys]
   dropout_keys = jnp.stack([k[1] for k in split_keys])
-  fold_in_each = jax.vmap(jax.random.fold_in, in_axes=(0, None))
   begin = int(np.asarray(states.step).reshape(-1)[0])
   progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size * size, None)
-  for step in range(begin, begin + num_steps):
-    idx = np.stack([batches.indices(step) for batches in member_batches])
-    states, metrics = _ensemble_train_step_jit(
-      states, (images[idx], labels[idx]), fold_in_each(dropout_keys, step)
-    )
-    progress.update(step, metrics)
-  return states
+
+  def indices(step):
+    return np.stack([batches.indices(step) for batches in member_batches])
+
+  return _steps(states, images, labels, indices, dropout_keys, begin, progress)
 
 
 @jax.jit
@@ -524,7 +531,8 @@ def evaluate(
     ``{"loss": float, "accuracy": float, "num_examples": int}``.
   """
   images, labels = _dataset(state.model, state.variables, images, labels)
-  return _evaluate(state, images, labels, validation.positive_int("batch_size", batch_size))
+  batch_size = validation.positive_int("batch_size", batch_size)
+  return _evaluate(parallel.to_local(state), images, labels, batch_size)
 
 
 def _evaluate(state: TrainState, images, labels, batch_size: int) -> dict[str, float]:
@@ -569,7 +577,7 @@ def evaluate_ensemble(
     ``{"loss": float, "accuracy": float, "member_accuracy": [M] list,
     "num_examples": int}``.
   """
-  size = mc.ensemble_size(states.params)
+  size, states = mc.ensemble_size(states.params), parallel.to_local(states)
   images, labels = _dataset(states.model, _member(states, 0).variables, images, labels)
   predictions = mc.predict(
     models.make_apply_fn(states.model),

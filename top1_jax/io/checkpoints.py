@@ -1,10 +1,15 @@
 """Checkpoints of a ``train.TrainState`` (one network or a stacked ensemble), by orbax.
 
-* ``save_checkpoint``: the arrays, plus the architecture (``models.architecture``)
-  and every parameter's shape.
-* ``restore_checkpoint``: into the structure of a template state; restoring into
-  another architecture, ensemble size or parameter shapes raises ``ValueError``
-  that says what differs.
+* ``RunCheckpoints``: a training run's checkpoints through orbax's
+  ``CheckpointManager``: ``save(epoch, state)`` keeps the last epoch only,
+  ``latest(template)`` resumes from it. Every process of a run calls both alike;
+  orbax writes from process 0 and makes each checkpoint appear whole or not at all.
+* ``save_checkpoint`` / ``restore_checkpoint``: one checkpoint in one folder.
+
+Both store, beside the arrays, the architecture (``models.architecture``) and
+every parameter's shape, and refuse to restore into a template of another
+architecture, ensemble size or parameter shapes with a ``ValueError`` that says
+what differs.
 """
 
 import pathlib
@@ -13,21 +18,34 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from top1_jax import models
+from top1_jax.io import files
 from top1_jax.train import TrainState
 
-__all__ = ["save_checkpoint", "restore_checkpoint"]
+__all__ = ["RunCheckpoints", "save_checkpoint", "restore_checkpoint"]
 
 # Written into every checkpoint and checked on restore. It names the module that
 # first wrote the format; changing it would make existing checkpoints unreadable.
 _FORMAT = "top1_jax.train.TrainState/1"
+# The folders ``save_checkpoint`` wrote per epoch before runs used RunCheckpoints.
+_LEGACY_PREFIX = "epoch_"
 
 
 def _shapes(state: TrainState) -> dict[str, list[int]]:
   tree = {"params": state.params, "model_state": state.model_state}
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
   return {jax.tree_util.keystr(path): list(np.shape(leaf)) for path, leaf in flat}
+
+
+def _metadata(state: TrainState) -> dict[str, Any]:
+  return {
+    "format": _FORMAT,
+    "architecture": models.architecture(state.model),
+    "dropout_rate": state.dropout_rate,
+    "shapes": _shapes(state),
+  }
 
 
 def _arrays(state: TrainState) -> dict[str, Any]:
@@ -39,13 +57,25 @@ def _arrays(state: TrainState) -> dict[str, Any]:
   }
 
 
-def save_checkpoint(
-  directory: str | pathlib.Path, state: TrainState, *, overwrite: bool = False
-) -> pathlib.Path:
-  """Saves a (single or ensemble) ``TrainState`` with orbax.
+def _save_args(state: TrainState) -> ocp.args.Composite:
+  # Host copies: orbax writes NumPy arrays from process 0 only, so every process
+  # may pass its own copy of a state (local, or replicated over all devices).
+  arrays = jax.tree_util.tree_map(np.asarray, _arrays(state))
+  return ocp.args.Composite(
+    state=ocp.args.StandardSave(arrays), metadata=ocp.args.JsonSave(_metadata(state))
+  )
 
-  Besides the arrays it stores the architecture (``models.architecture``) and
-  every parameter's shape, which ``restore_checkpoint`` checks.
+
+def _local_path(directory: epath.PathLike) -> pathlib.Path | epath.Path:
+  """An absolute path for a local folder; a URL as an ``epath.Path``, unchanged."""
+  path = files.as_path(directory)
+  return path.expanduser().resolve() if isinstance(path, pathlib.Path) else path
+
+
+def save_checkpoint(
+  directory: epath.PathLike, state: TrainState, *, overwrite: bool = False
+) -> pathlib.Path | epath.Path:
+  """Saves a (single or ensemble) ``TrainState`` with orbax into ``directory``.
 
   Args:
     directory: where to write (created; must not exist unless ``overwrite``).
@@ -53,30 +83,17 @@ def save_checkpoint(
     overwrite: replace an existing checkpoint at ``directory``.
 
   Returns:
-    The absolute checkpoint path.
+    The absolute checkpoint path (an ``epath.Path`` for a URL).
   """
-  path = pathlib.Path(directory).expanduser().resolve()
+  path = _local_path(directory)
   if path.exists() and not overwrite:
     raise ValueError(f"directory: {path} exists; pass overwrite=True to replace it")
-  metadata = {
-    "format": _FORMAT,
-    "architecture": models.architecture(state.model),
-    "dropout_rate": state.dropout_rate,
-    "shapes": _shapes(state),
-  }
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-    checkpointer.save(
-      path,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_arrays(state)),
-        metadata=ocp.args.JsonSave(metadata),
-      ),
-      force=overwrite,
-    )
+    checkpointer.save(path, args=_save_args(state), force=overwrite)
   return path
 
 
-def _shape_mismatch(path: pathlib.Path, saved: dict, wanted: dict) -> str:
+def _shape_mismatch(path, saved: dict, wanted: dict) -> str:
   """The error message for parameter shapes that differ, naming the likely cause."""
   names = sorted(n for n in saved.keys() | wanted.keys() if saved.get(n) != wanted.get(n))
   detail = "; ".join(f"{n}: saved {saved.get(n)}, template {wanted.get(n)}" for n in names[:5])
@@ -92,7 +109,8 @@ def _shape_mismatch(path: pathlib.Path, saved: dict, wanted: dict) -> str:
   )
 
 
-def _check_metadata(path: pathlib.Path, metadata: dict, template: TrainState) -> None:
+def _check_metadata(path, metadata: dict, template: TrainState) -> None:
+  """The one rule for what a checkpoint may be restored into."""
   if metadata.get("format") != _FORMAT:
     raise ValueError(
       f"directory: {path} has format {metadata.get('format')!r}, expected {_FORMAT!r}"
@@ -106,7 +124,46 @@ def _check_metadata(path: pathlib.Path, metadata: dict, template: TrainState) ->
     raise ValueError(_shape_mismatch(path, metadata["shapes"], _shapes(template)))
 
 
-def restore_checkpoint(directory: str | pathlib.Path, template: TrainState) -> TrainState:
+def _check_files(path) -> None:
+  """Refuses a checkpoint folder that lacks its parts, before orbax opens it.
+
+  With an OCDBT manifest missing, orbax's reader fails from worker threads and
+  prints a traceback per array besides its error.
+  """
+  if not (path / "metadata").is_dir() or not (path / "state").is_dir():
+    raise ValueError(f"directory: no checkpoint at {path} (no metadata/ and state/ folders)")
+  for shard in (path / "state").glob("ocdbt.process_*"):
+    for manifest in (path / "state" / "manifest.ocdbt", shard / "manifest.ocdbt"):
+      if not manifest.is_file():
+        raise ValueError(
+          f"directory: the checkpoint at {path} is damaged ({manifest.name} is missing)"
+        )
+
+
+def _read(path, restore, template: TrainState) -> TrainState:
+  """Checks the metadata, then reads the arrays in the structure of ``template``.
+
+  ``restore(args)`` is the orbax restore of the checkpoint at ``path``. A killed
+  write or a disk error leaves files orbax cannot parse; it raises bare
+  ``Exception``s (and tensorstore errors) then, turned here into one
+  ``ValueError``, so the caller can set the checkpoint aside and retrain.
+  """
+
+  def read(**args):
+    try:
+      return restore(ocp.args.Composite(**args))
+    except Exception as e:  # noqa: BLE001 -- orbax raises plain Exception for corrupt files
+      first = " ".join(str(e).split())[:200]
+      raise ValueError(
+        f"directory: the checkpoint at {path} is damaged ({type(e).__name__}: {first})"
+      ) from None
+
+  _check_metadata(path, read(metadata=ocp.args.JsonRestore())["metadata"], template)
+  abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _arrays(template))
+  return template.replace(**read(state=ocp.args.StandardRestore(abstract))["state"])
+
+
+def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> TrainState:
   """Restores a checkpoint into the structure of ``template``.
 
   Args:
@@ -124,36 +181,89 @@ def restore_checkpoint(directory: str | pathlib.Path, template: TrainState) -> T
       another architecture or with other parameter shapes (e.g. another
       ensemble size).
   """
-  path = pathlib.Path(directory).expanduser().resolve()
-  if not (path / "metadata").is_dir() or not (path / "state").is_dir():
-    raise ValueError(f"directory: no checkpoint saved by save_checkpoint at {path}")
-  # Checked before orbax opens it: with an OCDBT manifest missing, orbax's reader
-  # fails from worker threads and prints a traceback per array besides its error.
-  for shard in (path / "state").glob("ocdbt.process_*"):
-    for manifest in (path / "state" / "manifest.ocdbt", shard / "manifest.ocdbt"):
-      if not manifest.is_file():
-        raise ValueError(
-          f"directory: the checkpoint at {path} is damaged ({manifest.name} is missing)"
-        )
+  path = _local_path(directory)
+  _check_files(path)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-    metadata = _orbax_read(path, checkpointer, metadata=ocp.args.JsonRestore())["metadata"]
-    _check_metadata(path, metadata, template)
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _arrays(template))
-    arrays = _orbax_read(path, checkpointer, state=ocp.args.StandardRestore(abstract))["state"]
-  return template.replace(**arrays)
+    return _read(path, lambda args: checkpointer.restore(path, args=args), template)
 
 
-def _orbax_read(path: pathlib.Path, checkpointer, **args):
-  """``checkpointer.restore`` with orbax's errors for damaged files as one ValueError.
+class RunCheckpoints:
+  """The checkpoint of a training run's last finished epoch, by orbax's ``CheckpointManager``.
 
-  A killed write or a disk error leaves files orbax cannot parse; it raises bare
-  ``Exception``s (and tensorstore errors) then. The caller can set the checkpoint
-  aside and retrain instead of ending in a wall of text.
+  Every process of the run creates it with the same ``directory`` (local, or a
+  URL such as ``gs://bucket/run``) and calls ``latest`` and ``save`` alike:
+  process 0 writes, all read. A save is atomic: a run killed while saving
+  resumes from the previous epoch. Use it as a context manager, or ``close`` it.
+
+  A folder of the layout before this class (``epoch_N/`` folders written by
+  ``save_checkpoint``) is read while the manager holds no checkpoint of its
+  own: its newest one resumes as epoch N. The next ``save`` goes beside it.
   """
-  try:
-    return checkpointer.restore(path, args=ocp.args.Composite(**args))
-  except Exception as e:  # noqa: BLE001 -- orbax raises plain Exception for corrupt files
-    first = " ".join(str(e).split())[:200]
-    raise ValueError(
-      f"directory: the checkpoint at {path} is damaged ({type(e).__name__}: {first})"
-    ) from None
+
+  def __init__(self, directory: epath.PathLike):
+    files.check_usable(directory, "directory")
+    self.directory = _local_path(directory)
+    # Synchronous: a save has ended when ``save`` returns. The cleanup removes the
+    # temporary folder of a save that was killed.
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=1, enable_async_checkpointing=False, cleanup_tmp_directories=True
+    )
+    self._manager = ocp.CheckpointManager(
+      self.directory, options=options, item_names=("state", "metadata")
+    )
+
+  def latest(self, template: TrainState) -> tuple[int, TrainState]:
+    """The last saved epoch and its state, in the structure of ``template``.
+
+    Args:
+      template: a ``TrainState`` as ``restore_checkpoint`` takes.
+
+    Returns:
+      ``(epoch, state)``, or ``(0, template)`` when nothing was saved.
+
+    Raises:
+      ValueError: the checkpoint is damaged, or of another architecture,
+        ensemble size or parameter shapes (the message says what differs).
+    """
+    epoch = self._manager.latest_step()
+    if epoch is None:
+      return self._latest_legacy(template)
+    path = self.directory / str(epoch)
+    _check_files(path)
+    return epoch, _read(path, lambda args: self._manager.restore(epoch, args=args), template)
+
+  def _latest_legacy(self, template: TrainState) -> tuple[int, TrainState]:
+    prefix = len(_LEGACY_PREFIX)
+    epochs = [
+      int(p.name[prefix:])
+      for p in self.directory.glob(f"{_LEGACY_PREFIX}*")
+      if p.name[prefix:].isdigit() and p.is_dir()
+    ]
+    if not epochs:
+      return 0, template
+    newest = max(epochs)
+    return newest, restore_checkpoint(self.directory / f"{_LEGACY_PREFIX}{newest}", template)
+
+  def save(self, epoch: int, state: TrainState) -> None:
+    """Saves ``state`` as epoch ``epoch`` and then deletes the previous epoch's checkpoint.
+
+    Args:
+      epoch: the finished epoch, after the latest saved one.
+      state: the state to save (the same in every process).
+    """
+    latest = self._manager.latest_step() or 0
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch <= latest:
+      raise ValueError(
+        f"epoch: expected an integer after the latest saved epoch {latest}, got {epoch!r}"
+      )
+    self._manager.save(int(epoch), args=_save_args(state))
+
+  def close(self) -> None:
+    """Waits for pending writes and releases orbax's threads."""
+    self._manager.close()
+
+  def __enter__(self) -> "RunCheckpoints":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()

@@ -42,6 +42,24 @@ def as_path(path: epath.PathLike) -> pathlib.Path | epath.Path:
   return epath.Path(path)
 
 
+def check_usable(path: epath.PathLike, what: str) -> None:
+  """Refuses, in one line and before anything is written, a URL whose file system is missing.
+
+  epath reaches ``gs://`` through gcsfs (or TensorFlow), ``s3://`` through s3fs;
+  without them the first write would fail half-way into a run.
+  """
+  if is_local(path):
+    return
+  try:
+    as_path(path).exists()
+  except ImportError as e:
+    scheme = os.fspath(path).split("://", 1)[0]
+    raise ValueError(
+      f"{what}: {path}: {scheme}:// paths need a package that is not installed ({e}); "
+      "install it, or use a local directory. Nothing was written"
+    ) from None
+
+
 def _write_local(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -1,0 +1,278 @@
+"""Processes and devices: one process, or several joined by ``jax.distributed``.
+
+The one place for the rules of a multi-process run:
+
+* ``initialize``: joins the processes, from explicit launcher flags or from a
+  cluster's environment that JAX can read itself (SLURM, Open MPI, TPU pods).
+* ``is_writer``: only process 0 writes the files the processes share (results,
+  figures); orbax coordinates checkpoints by itself.
+* ``barrier``: every process waits here for all others, so that no process exits
+  (and tears down the coordinator) while process 0 still writes.
+* ``data_parallel_steps``: training steps over the devices of all processes:
+  the state replicated (``replicate``), each global batch split by rows
+  (``shard_rows``, ``check_global_batch``), and the final state handed back as
+  every process's local copy (``to_local``).
+
+Every process runs the same program on the same host data; each one feeds only
+the rows that live on its own devices.
+"""
+
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+__all__ = [
+  "initialize",
+  "detected_cluster",
+  "is_writer",
+  "process_count",
+  "barrier",
+  "replicate",
+  "shard_rows",
+  "to_local",
+  "check_global_batch",
+  "data_parallel_steps",
+]
+
+
+def _count(environ: Mapping[str, str], name: str) -> int:
+  try:
+    return int(environ.get(name, "1"))
+  except ValueError:
+    return 1
+
+
+def detected_cluster(environ: Mapping[str, str]) -> str | None:
+  """The multi-process cluster that ``environ`` describes, or None for one process.
+
+  These are the environments where ``jax.distributed.initialize()`` finds the
+  coordinator, process count and process id by itself. A one-task SLURM job or
+  a one-host TPU is a single process: joining it would only add a coordinator.
+
+  Args:
+    environ: the process environment (``os.environ``).
+
+  Returns:
+    ``"slurm"``, ``"openmpi"``, ``"tpu"`` or None.
+  """
+  slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+  if all(name in environ for name in slurm) and _count(environ, "SLURM_NTASKS") > 1:
+    return "slurm"
+  if "OMPI_MCA_orte_hnp_uri" in environ and _count(environ, "OMPI_COMM_WORLD_SIZE") > 1:
+    return "openmpi"
+  hosts = environ.get("TPU_WORKER_HOSTNAMES") or environ.get("TPU_PROCESS_ADDRESSES") or ""
+  if len([h for h in hosts.split(",") if h]) > 1 or environ.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    return "tpu"
+  return None
+
+
+def _check_topology(coordinator_address, num_processes, process_id) -> None:
+  """One-line ``ValueError``s that name the launcher flag to fix."""
+  if coordinator_address is None:
+    if num_processes not in (None, 1) or process_id not in (None, 0):
+      raise ValueError(
+        "--coordinator_address: required with --num_processes and --process_id"
+        " (host:port of process 0, e.g. 10.0.0.1:1234); leave all three unset for one process"
+      )
+    return
+  host, _, port = str(coordinator_address).rpartition(":")
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(
+      f"--coordinator_address: expected host:port (e.g. 10.0.0.1:1234), got {coordinator_address!r}"
+    )
+  for flag, value in (("--num_processes", num_processes), ("--process_id", process_id)):
+    if value is None:
+      raise ValueError(
+        f"{flag}: required with --coordinator_address; give every process the same"
+        " --num_processes and its own --process_id from 0 to --num_processes - 1"
+      )
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise ValueError(f"{flag}: expected an integer, got {value!r}")
+  if num_processes < 1:
+    raise ValueError(f"--num_processes: expected an integer >= 1, got {num_processes}")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(
+      f"--process_id: expected 0 <= --process_id < --num_processes = {num_processes},"
+      f" got {process_id}"
+    )
+
+
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  *,
+  environ: Mapping[str, str] | None = None,
+) -> None:
+  """Joins this process to the others of its run, if there are others.
+
+  Call it first, before anything touches a device. With ``coordinator_address``
+  every process of the run calls it with the same address and
+  ``num_processes`` and its own ``process_id``. Without it the run is one
+  process, unless ``environ`` (pass ``os.environ``) describes a cluster that JAX
+  reads by itself (``detected_cluster``); the library reads no environment on
+  its own.
+
+  Args:
+    coordinator_address: ``host:port`` of process 0, or None.
+    num_processes: how many processes join (with ``coordinator_address``).
+    process_id: this process's rank in [0, num_processes).
+    environ: the environment to look for a cluster in; None looks nowhere.
+
+  Raises:
+    ValueError: for an incomplete or inconsistent topology, naming the flag.
+  """
+  _check_topology(coordinator_address, num_processes, process_id)
+  if coordinator_address is None and (environ is None or detected_cluster(environ) is None):
+    return
+  # The CPU backend reduces across processes only with a collectives library;
+  # it has to be chosen before the backend starts. Other backends ignore it.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if coordinator_address is None:
+    jax.distributed.initialize()
+  else:
+    jax.distributed.initialize(coordinator_address, int(num_processes), int(process_id))
+
+
+def is_writer() -> bool:
+  """Whether this process writes the run's shared files (process 0 does)."""
+  return jax.process_index() == 0
+
+
+def process_count() -> int:
+  """The number of processes in the run (1 without ``jax.distributed``)."""
+  return jax.process_count()
+
+
+def barrier(name: str) -> None:
+  """Waits until every process has reached the barrier ``name``; no-op for one process."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+  """The array leaves of ``tree`` as global arrays replicated over ``mesh``.
+
+  Every process passes the same values (host or local device arrays); each
+  copies them to its own devices only. Leaves already replicated over ``mesh``
+  are kept as they are.
+  """
+  replicated = NamedSharding(mesh, P())
+
+  def put(leaf):
+    if isinstance(leaf, jax.Array) and leaf.sharding == replicated:
+      return leaf
+    copies = [jax.device_put(leaf, device) for device in mesh.local_devices]
+    return jax.make_array_from_single_device_arrays(np.shape(leaf), replicated, copies)
+
+  return jax.tree_util.tree_map(put, tree)
+
+
+def shard_rows(data: np.ndarray, indices: np.ndarray, mesh: Mesh, axis: int = 0) -> jax.Array:
+  """The global array ``data[indices]``, split along ``axis`` over the mesh's one axis.
+
+  Every process holds all of ``data`` and the same ``indices``; each gathers
+  only the rows of its own devices.
+
+  Args:
+    data: [N, ...] host array.
+    indices: int array of any shape, entries in [0, N); ``indices.shape[axis]``
+      must be a multiple of the mesh size.
+    mesh: a 1-D mesh.
+    axis: the axis of ``indices`` to split.
+
+  Returns:
+    [*indices.shape, ...] global array.
+  """
+  spec = P(*([None] * axis), mesh.axis_names[0])
+  shape = indices.shape + data.shape[1:]
+  return jax.make_array_from_callback(
+    shape, NamedSharding(mesh, spec), lambda index: data[indices[index[: indices.ndim]]]
+  )
+
+
+def to_local(tree: Any) -> Any:
+  """Replicated arrays as this process's copy on its first device (no transfer).
+
+  What a process keeps of a replicated state: it can be used, saved or fed to
+  another run like a state that never left one device.
+  """
+
+  def local(leaf):
+    multi_device = isinstance(leaf, jax.Array) and len(leaf.sharding.device_set) > 1
+    return leaf.addressable_data(0) if multi_device and leaf.is_fully_replicated else leaf
+
+  return jax.tree_util.tree_map(local, tree)
+
+
+def check_global_batch(name: str, size: int) -> None:
+  """Refuses a global batch that does not split evenly over every device of every process."""
+  devices = jax.device_count()
+  if size % devices:
+    lower = max(devices, size // devices * devices)
+    raise ValueError(
+      f"{name}: {size} does not split evenly over the {devices} devices of all processes;"
+      f" use a multiple of {devices}, e.g. {lower} or {lower + devices}"
+    )
+
+
+@functools.cache
+def _replicated_step(step: Callable, mesh: Mesh, impl: Any) -> Callable:
+  """``step`` jitted with replicated outputs; its key arrives as replicated key data."""
+
+  def run(state, batch, key_data):
+    return step(state, batch, jax.random.wrap_key_data(key_data, impl=impl))
+
+  return jax.jit(run, out_shardings=NamedSharding(mesh, P()))
+
+
+def data_parallel_steps(
+  step: Callable,
+  state: Any,
+  arrays: Sequence[np.ndarray],
+  indices: Callable[[int], np.ndarray],
+  keys: Callable[[int], jax.Array],
+  steps: Iterable[int],
+  on_metrics: Callable[[int, Any], None],
+  *,
+  mesh: Mesh,
+  axis: int = 0,
+) -> Any:
+  """Runs ``state, metrics = step(state, batch, key)`` for each t in ``steps``, data-parallel.
+
+  ``batch`` is ``tuple(a[indices(t)] for a in arrays)``, split along ``axis``
+  over ``mesh``; ``state`` and ``keys(t)`` are replicated. A loss averaged over
+  the batch inside ``step`` is the global batch's mean, so the result equals
+  one device's up to float rounding. Every process calls this with the same
+  arguments (the whole host ``arrays``) and feeds only its own devices' rows.
+
+  Args:
+    step: a pure, jittable step; the same object every call (it keys the compile cache).
+    state: pytree of arrays, the same in every process.
+    arrays: host arrays [N, ...] whose rows make a batch.
+    indices: step -> int row indices, e.g. [B] or [M, B].
+    keys: step -> PRNG key(s) of that step.
+    steps: the step numbers, in order.
+    on_metrics: called as ``on_metrics(t, metrics)`` with this process's copy.
+    mesh: a 1-D mesh over the devices of all processes.
+    axis: the batch axis of ``indices(t)``.
+
+  Returns:
+    The final ``state``, as this process's local copy (``to_local``).
+  """
+  run = None
+  state = replicate(state, mesh)
+  for t in steps:
+    key = keys(t)
+    run = run or _replicated_step(step, mesh, jax.random.key_impl(key))
+    idx = indices(t)
+    batch = tuple(shard_rows(a, idx, mesh, axis) for a in arrays)
+    state, metrics = run(state, batch, replicate(jax.random.key_data(key), mesh))
+    on_metrics(t, to_local(metrics))
+  return to_local(state)
