@@ -25,14 +25,14 @@ _EXTRAS = {
   "nn": ["flax>=0.10", "optax>=0.2.3", "orbax-checkpoint>=0.10"],
   "data": ["tensorflow-datasets>=4.9.4", "etils[epath]>=1.7", "importlib_resources>=6"],
   "plots": ["matplotlib>=3.8"],
-  "cli": ["absl-py>=2.0"],
+  "cli": ["absl-py>=2.0", "ml_collections>=0.1.1"],
   # Building (download_and_prepare) a TFDS dataset needs TensorFlow; reading one does not.
   "tf": ["tensorflow-cpu"],
 }
 _EXTRAS["all"] = sorted({r for name in ("nn", "data", "plots", "cli") for r in _EXTRAS[name]})
 _EXTRAS["dev"] = _EXTRAS["all"] + ["pytest>=8", "hypothesis>=6.100", "scipy>=1.11", "ruff>=0.6"]
 
-_LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find_mislabeled", "demo")
+_LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find_mislabeled", "demo", "aggregate")
 
 setuptools.setup(
   name="top1_jax",
@@ -40,7 +40,7 @@ setuptools.setup(
   description="Calibrated Top-1 uncertainty for classifiers by binning a score (JAX).",
   long_description=(_HERE / "README.md").read_text(),
   long_description_content_type="text/markdown",
-  packages=setuptools.find_packages(include=["top1_jax", "top1_jax.*", "experiments"]),
+  packages=setuptools.find_packages(include=["top1_jax", "top1_jax.*", "experiments", "configs"]),
   python_requires=">=3.10",
   install_requires=_CORE,
   extras_require=_EXTRAS,

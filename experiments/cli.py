@@ -17,7 +17,7 @@ def _launch(name: str) -> None:
       f"error: top1-{name.replace('_', '-')} needs the package {e.name!r}, which is not"
       " installed: pip install '.[all]' in a top1_jax clone"
     )
-  common.run(module.main)
+  common.run(module.main, getattr(module, "default_workdir", None))
 
 
 def reproduce() -> None:
@@ -42,3 +42,7 @@ def find_mislabeled() -> None:
 
 def demo() -> None:
   _launch("demo")
+
+
+def aggregate() -> None:
+  _launch("aggregate")

@@ -1,140 +1,189 @@
-"""Flags, files and progress shared by the experiments (no maths here).
+"""The launchers' shared runner: work dir, processes, tasks, logging, one-line errors.
 
-Every experiment writes into one work dir, one run at a time:
-
-  workdir/
-    .lock                       held while a run works here (host, pid, command)
-    config.json                 the flags of the last run
-    train/{base,ensemble}/      orbax checkpoints, one per finished epoch
-    train/{base,ensemble}.json  training log; written last, marks the stage done
-    predictions/*.npz           predictions files (see top1_jax.io.predictions)
-    sweep/*.json                one cross-validation result per (file, score, event)
-    results.{json,csv,md}       every metric, mean and std over splits
-    figures/*.png
-
-All files are written to a temporary name and renamed, so a killed run leaves
-either the old file or the new one; each stage skips work whose output exists.
+Every launcher runs ``common.run(main)``: flags parsed (a bad one is one line),
+processes joined (``--coordinator_address``...), the work dir checked (a URL
+needs its file-system package) and locked, progress through absl logging
+(``--verbosity``), and any failure printed as one line with exit status 1.
+Only process 0 writes files; ``is_writer`` says which process this is.
 """
 
 import contextlib
 import os
-import pathlib
 import sys
-import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from absl import app, flags, logging
 
-from top1_jax import __version__
+from top1_jax import __version__, parallel, sweep
 from top1_jax.io import datasets, files, lock
 
-WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, predictions, results.")
-DATASET = flags.DEFINE_string(
-  "dataset",
-  "fashion_mnist",
-  "Dataset: fashion_mnist / mnist (offline IDX files or TFDS), or any TFDS name "
-  "(cifar10, cifar100, imagenet2012, ...).",
+WORKDIR = flags.DEFINE_string("workdir", None, "Directory or URL (gs://...) for this run's files.")
+COORDINATOR = flags.DEFINE_string(
+  "coordinator_address", None, "host:port of process 0, for a run over several processes."
 )
-DATA_DIR = flags.DEFINE_string(
-  "data_dir",
-  None,
-  "IDX files or a TFDS data dir (default: the Debian package, then ~/tensorflow_datasets).",
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a multi-process run.")
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+TASK_INDEX = flags.DEFINE_integer(
+  "task_index", 0, "This task's index when --num_tasks tasks share a sweep (a job array)."
 )
-SEED = flags.DEFINE_integer("seed", 0, "Seed for initialisation, shuffling, dropout and splits.")
-LIMIT_TRAIN = flags.DEFINE_integer("limit_train", None, "Use only the first N training examples.")
-LIMIT_TEST = flags.DEFINE_integer("limit_test", None, "Use only the first N test examples.")
+NUM_TASKS = flags.DEFINE_integer(
+  "num_tasks", 1, "Tasks that split the sweep's points between them."
+)
 
 
-class ExperimentError(Exception):
-  """A problem the user can fix (bad flag, missing file): printed as one line."""
+class ExperimentError(ValueError):
+  """A problem the user can fix (bad setting, missing file): printed as one line."""
 
 
-def workdir() -> pathlib.Path:
+def workdir():
+  """``--workdir`` as a path (``pathlib`` when local, ``epath`` for a URL)."""
   if not WORKDIR.value:
-    raise ExperimentError("--workdir: required (a directory for this run's outputs)")
-  return pathlib.Path(WORKDIR.value).expanduser()
+    raise ExperimentError("--workdir: required (a directory or URL for this run's files)")
+  return files.as_path(os.path.expanduser(WORKDIR.value))
 
 
-def say(message: str) -> None:
-  """One progress line with the wall-clock time, flushed at once."""
-  print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+def is_writer() -> bool:
+  """Whether this process writes files: process 0 of a multi-process run."""
+  return parallel.is_writer()
 
 
-# The experiments' names for the library's atomic file helpers.
-atomic_write_bytes = files.write_bytes
-write_json = files.write_json
-read_json = files.read_json
-write_csv = files.write_csv
-
-
-def parse_ints(name: str, values: Sequence[str], minimum: int = 1) -> tuple[int, ...]:
-  try:
-    parsed = tuple(int(v) for v in values)
-  except ValueError:
-    raise ExperimentError(f"--{name}: expected integers, got {','.join(values)}") from None
-  if not parsed or min(parsed) < minimum:
-    raise ExperimentError(f"--{name}: expected integers >= {minimum}, got {','.join(values)}")
-  return parsed
-
-
-def parse_floats(name: str, values: Sequence[str], low: float, high: float) -> tuple[float, ...]:
-  try:
-    parsed = tuple(float(v) for v in values)
-  except ValueError:
-    raise ExperimentError(f"--{name}: expected numbers, got {','.join(values)}") from None
-  if not parsed or not all(low <= v < high for v in parsed):
-    raise ExperimentError(f"--{name}: expected numbers in [{low}, {high}), got {','.join(values)}")
-  return parsed
+def tasks() -> tuple[int, int]:
+  """(task index, number of tasks), checked."""
+  if NUM_TASKS.value < 1 or not 0 <= TASK_INDEX.value < NUM_TASKS.value:
+    raise ExperimentError(
+      f"--task_index: expected 0 <= --task_index < --num_tasks, got {TASK_INDEX.value} of "
+      f"{NUM_TASKS.value}"
+    )
+  return TASK_INDEX.value, NUM_TASKS.value
 
 
 def versions() -> dict[str, str]:
-  import flax
   import jax
   import numpy
-  import optax
 
   return {
     "top1_jax": __version__,
     "jax": jax.__version__,
-    "flax": flax.__version__,
-    "optax": optax.__version__,
     "numpy": numpy.__version__,
     "python": sys.version.split()[0],
     "backend": jax.default_backend(),
     "devices": str(len(jax.devices())),
+    "processes": str(jax.process_count()),
   }
 
 
 _USER_ERRORS = (
-  ExperimentError,
-  ValueError,
+  ValueError,  # ExperimentError and the library's SettingError among them
   OSError,  # a work dir that is a file, unwritable, full, ...
   datasets.DataUnavailableError,
   lock.WorkdirBusyError,
 )
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
+  if isinstance(error, sweep.SettingError):  # the library names the field: as a flag here
+    return f"--config.{text}"
   if isinstance(error, _USER_ERRORS):
     return text
   # Anything else (Flax, orbax, XLA): its type and first words, the rest with TOP1_DEBUG=1.
   return f"{type(error).__name__}: {text[:300]} (TOP1_DEBUG=1 shows the traceback)"
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-  """``app.run`` that holds the work dir's lock and ends any failure in one line, exit 1."""
+def fail(error: BaseException) -> None:
+  if os.environ.get("TOP1_DEBUG"):
+    traceback.print_exc()
+  print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+  if parallel.process_count() > 1:
+    # A normal exit would wait for the other processes at JAX's shutdown barrier;
+    # ending now lets the coordinator see this process gone and stop the others.
+    os._exit(1)
+  sys.exit(1)
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config_path(arg: str) -> str:
+  """--config=configs/x.py from any folder: the clone's configs/ when not found here."""
+  if arg.startswith("--config=") and not os.path.exists(arg[9:].split(":")[0]):
+    candidate = os.path.join(_ROOT, arg[9:])
+    if os.path.exists(candidate.split(":")[0]):
+      return f"--config={candidate}"
+  return arg
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, with a bad flag or config override as one line (not a traceback)."""
+  try:
+    return flags.FLAGS([_config_path(arg) for arg in argv])
+  except flags.Error as e:
+    fail(ValueError(f"{e} (--helpfull lists every flag)"))
+  except (AttributeError, KeyError) as e:  # --config.<no such field>
+    fail(ValueError(f"--config: no such field {e} in the config file (see configs/)"))
+  except Exception as e:  # noqa: BLE001 -- a config file that does not load, among others
+    fail(e)
+
+
+_OURS = (f"{os.sep}experiments{os.sep}", f"{os.sep}top1_jax{os.sep}")
+
+
+def _ours_or_warning(record) -> bool:
+  return record.levelno >= logging.converter.STANDARD_WARNING or any(
+    part in record.pathname for part in _OURS
+  )
+
+
+def _quiet_others(verbosity: int) -> None:
+  """At the default verbosity, only this project's progress and everyone's warnings.
+
+  JAX (no TPU found) and orbax (every file of a checkpoint) log INFO lines that
+  drown the progress; ``-v 1`` shows them.
+  """
+  import logging as python_logging
+
+  if verbosity < 1:
+    python_logging.getLogger("jax").setLevel(python_logging.WARNING)
+    logging.get_absl_handler().addFilter(_ours_or_warning)
+
+
+def _join_processes() -> None:
+  try:
+    parallel.initialize(
+      COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value, environ=os.environ
+    )
+  except ValueError as e:
+    raise ExperimentError(str(e)) from None
+
+
+def _holding_workdir():
+  """The work dir's lock (per task when tasks share it), held by the writing process."""
+  if not WORKDIR.value or not is_writer():
+    return contextlib.nullcontext()
+  path = workdir()
+  files.check_usable(path, "--workdir")
+  index, count = tasks()
+  name = lock.LOCK_NAME if count == 1 else f"{lock.LOCK_NAME}.task{index}of{count}"
+  return lock.hold(path, say=logging.warning, name=name)
+
+
+def run(main: Callable[[list[str]], None], default_workdir: Callable[[], str] | None = None):
+  """``app.run`` with one-line failures, the process group joined and the work dir held.
+
+  ``default_workdir`` names the work dir when --workdir is not given.
+  """
 
   def wrapped(argv):
-    logging.set_verbosity(logging.WARNING)  # JAX's INFO lines about absent TPUs are noise here
+    _quiet_others(logging.get_verbosity())
+    if default_workdir is not None and not WORKDIR.value:
+      flags.FLAGS.workdir = default_workdir()
     try:
-      with lock.hold(workdir(), say=say) if WORKDIR.value else contextlib.nullcontext():
+      _join_processes()
+      with _holding_workdir():
         main(argv)
+      parallel.barrier("top1_jax: launcher done")  # others wait for process 0's writes
     except Exception as e:  # noqa: BLE001 -- every failure becomes one line
-      if os.environ.get("TOP1_DEBUG"):
-        traceback.print_exc()
-      print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
-      sys.exit(1)
+      fail(e)
 
-  app.run(wrapped)
+  app.run(wrapped, flags_parser=_parse_flags)

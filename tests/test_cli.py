@@ -12,7 +12,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "data"
 BIN = pathlib.Path(sys.executable).parent
-LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find-mislabeled", "demo")
+LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find-mislabeled", "demo", "aggregate")
 
 
 def _run(args, cwd, check=True):
@@ -37,16 +37,16 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
   args = [
     str(BIN / "top1-evaluate"),
     "--workdir=out",
-    "--probs=lenet_probs.npy",
-    "--labels=labels.npy",
-    "--n_bins=5,20",
-    "--n_folds=4",
-    "--topk=1",
-    "--figure_bins=10",
+    "--config.probs=lenet_probs.npy",
+    "--config.labels=labels.npy",
+    "--config.n_bins=(5,20)",
+    "--config.n_folds=4",
+    "--config.topk=1",
+    "--config.figure_bins=10",
   ]
   _run(args, cwd=tmp_path)
   results = json.loads((tmp_path / "out" / "results.json").read_text())
-  methods = [row["method"] for row in results["comparison"]]
+  methods = [row["label"] for row in results["comparison"]]
   # A single model named "plain" still gets the temperature-scaling and top-label baselines.
   assert methods == [
     "lenet_probs",
@@ -62,16 +62,16 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
 @pytest.mark.parametrize(
   "flags, message",
   [
-    (["--probs=p.npy"], "--labels: required with --probs"),
-    (["--labels=labels.npy"], "--labels: goes with --logits or --probs"),
-    (["--probs=p.npy", "--logits=p.npy", "--labels=labels.npy"], "give one of them, not both"),
-    (["--probs=missing.npy", "--labels=labels.npy"], "probs: no such file"),
-    (["--probs=p.npy", "--labels=short.npy"], "probs: expected 3 rows (one per label)"),
-    (["--probs=bad.npy", "--labels=labels.npy"], "probs: each row must sum to 1"),
-    (["--selective_targets=0.9,x"], "--selective_targets: expected numbers"),
-    (["--selective_targets=0.9,1.5"], "--selective_targets: expected numbers in [0.0, 1.0)"),
-    (["--selective_targets=0"], "--selective_targets: expected accuracies in (0, 1)"),
-    (["--selective_delta=0.5"], "--selective_delta: expected a probability in (0, 0.5)"),
+    (["--config.probs=p.npy"], "--config.labels: required with probs"),
+    (["--config.labels=labels.npy"], "--config.labels: goes with logits or probs"),
+    (["--config.probs=p.npy", "--config.logits=p.npy", "--config.labels=labels.npy"], "not both"),
+    (["--config.probs=missing.npy", "--config.labels=labels.npy"], "probs: no such file"),
+    (["--config.probs=p.npy", "--config.labels=short.npy"], "probs: expected 3 rows (one per"),
+    (["--config.probs=bad.npy", "--config.labels=labels.npy"], "probs: each row must sum to 1"),
+    (["--config.selective_targets=(0.9,x)"], "--config.selective_targets: expected float"),
+    (["--config.selective_targets=(0.9,1.5)"], "--config.selective_targets: expected values in"),
+    (["--config.selective_targets=0"], "--config.selective_targets: expected accuracies in (0,"),
+    (["--config.selective_delta=0.5"], "--config.selective_delta: expected a probability in (0,"),
   ],
 )
 def test_top1_evaluate_array_errors_are_one_line(flags, message, tmp_path):
@@ -138,8 +138,10 @@ def test_degenerate_top5_gives_strict_json_and_marked_cells(tmp_path):
   logits[0, labels[0]] = -10.0
   np.save(tmp_path / "logits.npy", logits)
   np.save(tmp_path / "labels.npy", labels)
-  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--logits=logits.npy", "--labels=labels.npy"]
-  _run([*args, "--topk=1,5", "--n_bins=2,4", "--n_folds=4", "--figure_bins=4"], cwd=tmp_path)
+  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--config.logits=logits.npy"]
+  args.append("--config.labels=labels.npy")
+  more = ["--config.topk=(1,5)", "--config.n_bins=(2,4)", "--config.n_folds=4"]
+  _run([*args, *more], cwd=tmp_path)
 
   def refuse(token):
     raise AssertionError(f"non-strict JSON token {token}")
@@ -168,9 +170,15 @@ def test_estimators_setting_gives_an_estimator_column(tmp_path):
   data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
   np.save(tmp_path / "p.npy", data["predictions"][:3000])
   np.save(tmp_path / "y.npy", data["ground_truth"][:3000])
-  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--probs=p.npy", "--labels=y.npy"]
-  flags = ["--estimators=bins,isotonic,kde", "--scores=pmax,entropy", "--n_bins=10,20", "--topk=1"]
-  _run([*args, *flags, "--n_folds=4", "--figure_bins=10"], cwd=tmp_path)
+  args = [
+    str(BIN / "top1-evaluate"),
+    "--workdir=out",
+    "--config.probs=p.npy",
+    "--config.labels=y.npy",
+  ]
+  flags = ["--config.estimators=(bins,isotonic,kde)", "--config.scores=(pmax,entropy)"]
+  flags += ["--config.n_bins=(10,20)", "--config.topk=1", "--config.n_folds=4"]
+  _run([*args, *flags], cwd=tmp_path)
   with open(tmp_path / "out" / "results.csv") as file:
     rows = list(csv.DictReader(file))
   assert {r["estimator"] for r in rows} == {"bins", "isotonic", "kde"}
@@ -188,10 +196,15 @@ def test_selective_prediction_and_top_label_binning_on_lenet(tmp_path):
   data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
   np.save(tmp_path / "p.npy", data["predictions"][:3000])
   np.save(tmp_path / "y.npy", data["ground_truth"][:3000])
-  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--probs=p.npy", "--labels=y.npy"]
+  args = [
+    str(BIN / "top1-evaluate"),
+    "--workdir=out",
+    "--config.probs=p.npy",
+    "--config.labels=y.npy",
+  ]
   # 5 bins: every predicted class (about 150 of a half's 1500) gets its own top-label bins.
-  flags = ["--scores=pmax", "--n_bins=5", "--topk=1", "--n_folds=4", "--figure_bins=10"]
-  out = _run([*args, *flags, "--selective_targets=0.99,0.8,0.9"], cwd=tmp_path)
+  flags = ["--config.scores=pmax", "--config.n_bins=5", "--config.topk=1", "--config.n_folds=4"]
+  out = _run([*args, *flags, "--config.selective_targets=(0.99,0.8,0.9)"], cwd=tmp_path)
 
   def refuse(token):
     raise AssertionError(f"non-strict JSON token {token}")
@@ -212,7 +225,7 @@ def test_selective_prediction_and_top_label_binning_on_lenet(tmp_path):
   # 5 bins of 300: LeNet's most confident fifth is right often enough to guarantee 80%.
   assert chosen[0]["num_empty"] < 4 and chosen[-1]["num_empty"] == 4
   assert (tmp_path / "out" / "figures" / "risk_coverage_p.png").is_file()
-  comparison = {row["method"]: row for row in results["comparison"]}
+  comparison = {row["label"]: row for row in results["comparison"]}
   top_label = comparison["p + top-label binning"]
   assert top_label["multiclass_brier"] is None and top_label["top1_estimator"] == "toplabel"
   assert np.isfinite(top_label["top1_binned_brier"]) and np.isfinite(top_label["top1_binned_ece"])
@@ -221,4 +234,4 @@ def test_selective_prediction_and_top_label_binning_on_lenet(tmp_path):
   table = (tmp_path / "out" / "results.md").read_text()
   assert "## Selective prediction with a guarantee" in table
   assert "| p + top-label binning | pmax (Vanilla), per predicted class | – |" in table
-  assert "nan" not in table and "Selective prediction" in out.stdout
+  assert "nan" not in table and "results.md" in out.stderr

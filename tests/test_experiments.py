@@ -1,5 +1,6 @@
 """The command-line experiments end to end: the main job, resuming, and bad flags."""
 
+import csv
 import json
 import os
 import pathlib
@@ -10,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import processes
 import pytest
 
 from top1_jax.io import idx
@@ -21,7 +23,8 @@ needs_fmnist = pytest.mark.skipif(
   not HAVE_FMNIST, reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"
 )
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-QUICK = ["--quick", "--limit_train=3000", "--limit_test=1200"]
+QUICK = ["--config=configs/quick.py", "--config.limit_train=3000", "--config.limit_test=1200"]
+POINT = "mlp_tdr0.1_seed0"  # the quick config's one training point
 
 
 def _run(module, *args, timeout=300):
@@ -49,10 +52,11 @@ def test_main_job_quick_writes_sane_tables_and_figures(quick_run):
   workdir, result = quick_run
   summary = json.loads((workdir / "results.json").read_text())
   rows = summary["results"]
-  methods = {r["method"] for r in rows}
+  methods = {r["label"] for r in rows}
   assert methods == {"model", "dropout 0.01", "dropout 0.2", "ensemble (2)"}
+  assert {r["method"] for r in rows} == {"deterministic", "mc_dropout", "ensemble"}
   assert {r["topk"] for r in rows} == {1, 2} and {r["n_bins"] for r in rows} == {5, 10, 20}
-  scores = {(r["method"], r["score"]) for r in rows}
+  scores = {(r["label"], r["score"]) for r in rows}
   assert ("model", "pmax") in scores and ("ensemble (2)", "covariance_norm_probs") in scores
   assert ("dropout 0.2", "covariance_norm_probs") in scores
   for r in rows:
@@ -65,20 +69,25 @@ def test_main_job_quick_writes_sane_tables_and_figures(quick_run):
   # Max-softmax bins on a trained model are calibrated to within sampling error:
   # 600 test examples / 5 bins gives ~4% noise per bin.
   vanilla = [
-    r for r in rows if (r["method"], r["score"], r["topk"], r["n_bins"]) == ("model", "pmax", 1, 5)
+    r for r in rows if (r["label"], r["score"], r["topk"], r["n_bins"]) == ("model", "pmax", 1, 5)
   ]
   assert vanilla[0]["ece"] < 0.06
   # A real model: well above chance, and binning beats predicting the accuracy everywhere.
   assert vanilla[0]["accuracy"] > 0.7
   assert vanilla[0]["brier"] < vanilla[0]["brier_uncertainty"]
-  for name in ("results.csv", "results.md", "config.json", "timings.json"):
+  for name in ("results.csv", "results.md", "config.json", "timings.json", "manifest.json"):
     assert (workdir / name).stat().st_size > 100
   md = (workdir / "results.md").read_text()
   assert "## Top-1, 10 bins" in md and "## Expected odds ratio, 20 bins" in md
   figures = sorted(p.name for p in (workdir / "figures").glob("*.png"))
-  assert "ablation_top1.png" in figures and "bins_deterministic_pmax_top1.png" in figures
+  assert "ablation_top1.png" in figures and f"bins_{POINT}__deterministic_pmax_top1.png" in figures
   assert any(name.startswith("refinement_") for name in figures)
-  assert "reproduce: done" in result.stdout
+  assert "dropout_rate_top1.png" in figures
+  # The launcher ends with a summary and where the tables are, not the tables themselves.
+  assert "reproduce: done" in result.stderr and "results.md" in result.stderr
+  assert "## Top-1" not in result.stdout + result.stderr
+  timings = json.loads((workdir / "timings.json").read_text())
+  assert {"load", "scores", "sweep", "comparison", "write", "figures"} <= set(timings["evaluate"])
 
 
 @needs_fmnist
@@ -116,25 +125,27 @@ def test_killed_sweep_resumes_without_redoing_work(quick_run, tmp_path):
 
   resumed = _run("reproduce", *QUICK, f"--workdir={workdir}")
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "train/base: done already, skipping" in resumed.stdout
-  assert "train/ensemble: done already, skipping" in resumed.stdout
-  assert "predict: ensemble.npz done already, skipping" in resumed.stdout
-  assert f"({done_points} point(s) done already, skipped)" in resumed.stdout
+  assert f"train/{POINT}/base: done already, skipping" in resumed.stderr
+  assert f"train/{POINT}/ensemble: done already, skipping" in resumed.stderr
+  assert f"predict: {POINT}/ensemble done already, skipping" in resumed.stderr
+  assert f"({done_points} point(s) done already, skipped)" in resumed.stderr
   assert not list(workdir.rglob("*.tmp"))  # no half-written file survived
   # Same seed, same splits: the resumed run equals the uninterrupted one.
   expected = json.loads((quick_run[0] / "results.json").read_text())["results"]
   got = json.loads((workdir / "results.json").read_text())["results"]
-  assert [(r["method"], r["score"], r["topk"], r["n_bins"]) for r in got] == [
-    (r["method"], r["score"], r["topk"], r["n_bins"]) for r in expected
+  assert [(r["label"], r["score"], r["topk"], r["n_bins"]) for r in got] == [
+    (r["label"], r["score"], r["topk"], r["n_bins"]) for r in expected
   ]
   np.testing.assert_allclose([r["brier"] for r in got], [r["brier"] for r in expected], rtol=1e-5)
 
 
 def _one_line_error(result, text):
-  assert result.returncode != 0
+  """Exit 1 and one error line, the last (progress lines may come before it), no traceback."""
+  assert result.returncode == 1
   assert "Traceback" not in result.stderr, result.stderr
   lines = [line for line in result.stderr.splitlines() if line.strip()]
-  assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], result.stderr
+  errors = [line for line in lines if line.startswith("error: ")]
+  assert errors == lines[-1:] and text in lines[-1], result.stderr
 
 
 def _predictions_file(path, dataset="fashion_mnist", num=200, seed=0):
@@ -147,64 +158,74 @@ def _predictions_file(path, dataset="fashion_mnist", num=200, seed=0):
   return path
 
 
+EVAL = "--config=configs/imagenet_eval.py"
+
+
 @pytest.mark.parametrize(
   "args, message",
   [
-    (["--scores=pmax,bogus"], "--scores: unknown score(s) bogus"),
-    (["--n_bins=0"], "--n_bins: expected integers >= 1, got 0"),
-    (["--n_bins=ten"], "--n_bins: expected integers, got ten"),
-    (["--n_bins=500"], "--n_bins: 500 bins need at least that many calibration examples"),
-    (["--topk=11"], "--topk: 11 exceeds the 10 classes"),
-    (["--dataset=mnist"], "is of dataset 'fashion_mnist', not --dataset=mnist"),
+    (["--config.scores=(pmax,bogus)"], "--config.scores: unknown score(s) bogus"),
+    (["--config.n_bins=(0,)"], "--config.n_bins: expected values >= 1"),
+    (["--config.n_bins=(ten,)"], "--config.n_bins: expected int values"),
+    (["--config.n_bins=500"], "--config.n_bins: 500 bins need at least that many calibration"),
+    (["--config.topk=11"], "--config.topk: 11 exceeds the 10 classes"),
+    (["--config.bogus=1"], "--config: no such field"),
+    (["--nonsense=1"], "Unknown command line flag 'nonsense'"),
   ],
 )
-def test_evaluate_bad_flags_give_one_line(tmp_path, args, message):
+def test_evaluate_bad_settings_give_one_line(tmp_path, args, message):
   path = _predictions_file(tmp_path / "p.npz")
-  result = _run("evaluate", f"--workdir={tmp_path}", f"--predictions={path}", *args)
+  result = _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.predictions={path}", *args)
   _one_line_error(result, message)
 
 
 def test_evaluate_refuses_files_of_different_datasets(tmp_path):
   a = _predictions_file(tmp_path / "a.npz", num=200)
   b = _predictions_file(tmp_path / "b.npz", num=300, seed=1)
-  result = _run("evaluate", f"--workdir={tmp_path}", f"--predictions={a},{b}")
+  result = _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.predictions={a},{b}")
   _one_line_error(result, "have different labels")
 
 
 def test_missing_inputs_give_one_line(tmp_path):
-  _one_line_error(_run("evaluate", f"--workdir={tmp_path}"), "no .npz files in")
+  _one_line_error(_run("evaluate", f"--workdir={tmp_path}"), "run experiments.predict")
   _one_line_error(
-    _run("evaluate", f"--workdir={tmp_path}", "--predictions=nope.npz"), "no such file: nope.npz"
+    _run("evaluate", f"--workdir={tmp_path}", EVAL, "--config.predictions=nope.npz"),
+    "no such file: nope.npz",
   )
   _one_line_error(_run("evaluate"), "--workdir: required")
   bad = tmp_path / "bad.npz"
   bad.write_bytes(b"not a zip")
-  _one_line_error(_run("evaluate", f"--workdir={tmp_path}", f"--predictions={bad}"), "bad.npz")
+  _one_line_error(
+    _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.predictions={bad}"), "bad.npz"
+  )
+  _one_line_error(_run("evaluate", f"--workdir={tmp_path}", "--config=nope.py"), "nope.py")
 
 
 def test_evaluate_on_any_models_file(tmp_path):
   """A file from any framework: the sweep runs, and a second run reuses every point."""
-  path = _predictions_file(tmp_path / "external.npz", num=400)
-  args = [f"--workdir={tmp_path}", f"--predictions={path}", "--n_bins=4,8", "--n_folds=4"]
+  _predictions_file(tmp_path / "external.npz", num=400)
+  pattern = tmp_path / "ext*.npz"  # a glob
+  args = [f"--workdir={tmp_path}", EVAL, f"--config.predictions={pattern}", "--config.topk=(1,2)"]
+  args += ["--config.n_bins=(4,8)", "--config.n_folds=4"]
   first = _run("evaluate", *args)
   assert first.returncode == 0, first.stderr
   rows = json.loads((tmp_path / "results.json").read_text())["results"]
   assert {r["score"] for r in rows} >= {"pmax", "entropy", "neg_log_pmax", "neg_log_top2_mass"}
-  assert {r["method"] for r in rows} == {"external"}
+  assert {r["method"] for r in rows} == {"external"} and {r["label"] for r in rows} == {"external"}
   second = _run("evaluate", *args)
-  assert second.returncode == 0 and "done already, skipped" in second.stdout
+  assert second.returncode == 0 and "done already, skipped" in second.stderr
 
 
 @needs_fmnist
 @pytest.mark.slow
 def test_killed_training_resumes_from_the_last_epoch(tmp_path):
   args = [
-    "--model=mlp",
-    "--epochs=3",
-    "--ensemble_size=0",
-    "--limit_train=2000",
-    "--limit_test=500",
-    "--batch_size=100",
+    "--config=configs/quick.py",
+    "--config.epochs=3",
+    "--config.ensemble_size=0",
+    "--config.limit_train=2000",
+    "--config.limit_test=500",
+    "--config.batch_size=100",
   ]
   straight = tmp_path / "straight"
   result = _run("train", *args, f"--workdir={straight}")
@@ -219,7 +240,7 @@ def test_killed_training_resumes_from_the_last_epoch(tmp_path):
     stderr=subprocess.DEVNULL,
   )
   try:
-    checkpoint = killed / "train" / "base" / "epoch_1"
+    checkpoint = killed / "train" / POINT / "base" / "checkpoints" / "1"
     for _ in range(600):  # up to 60 s for the first epoch's checkpoint
       if checkpoint.exists() or process.poll() is not None:
         break
@@ -227,16 +248,128 @@ def test_killed_training_resumes_from_the_last_epoch(tmp_path):
     process.send_signal(signal.SIGKILL)
   finally:
     process.wait(timeout=60)
-  assert not (killed / "train" / "base.json").exists(), "finished before it could be killed"
+  assert not (killed / "train" / POINT / "base.json").exists(), "finished before it was killed"
 
   resumed = _run("train", *args, f"--workdir={killed}")
   assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert "resuming after epoch" in resumed.stdout
+  assert "resuming after epoch" in resumed.stderr
   # Batches and dropout keys follow from the seed and the step: same result as no kill.
-  expected = json.loads((straight / "train" / "base.json").read_text())["test"]
-  got = json.loads((killed / "train" / "base.json").read_text())["test"]
+  expected = json.loads((straight / "train" / POINT / "base.json").read_text())["test"]
+  got = json.loads((killed / "train" / POINT / "base.json").read_text())["test"]
   assert got["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
   assert got["loss"] == pytest.approx(expected["loss"], rel=1e-4)
 
-  other = _run("train", *args[:-1], "--batch_size=50", f"--workdir={killed}")
+  other = _run("train", *args[:-1], "--config.batch_size=50", f"--workdir={killed}")
   assert other.returncode == 1 and "trained with other settings" in other.stderr
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_a_rerun_with_other_rates_reports_only_the_rates_asked_for(quick_run, tmp_path):
+  # The issue's case: 0.05 asked for in a work dir with 0.01 and 0.2 reported all three.
+  workdir = tmp_path / "rerun"
+  shutil.copytree(quick_run[0], workdir)
+  result = _run("reproduce", *QUICK, "--config.dropout_rates=(0.2,)", f"--workdir={workdir}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = json.loads((workdir / "results.json").read_text())["results"]
+  assert {r["label"] for r in rows} == {"model", "dropout 0.2", "ensemble (2)"}
+  with open(workdir / "results.csv") as file:
+    assert {row["dropout_rate"] for row in csv.DictReader(file)} == {"0.0", "0.2"}
+  assert "not reported" in result.stderr and f"{POINT}/dropout_0.01" in result.stderr
+  assert (workdir / "predictions" / POINT / "dropout_0.01.npz").exists()  # kept, not reported
+  manifest = json.loads((workdir / "manifest.json").read_text())
+  assert manifest["config"]["dropout_rates"] == [0.2] and len(manifest["files"]) == 3
+  assert "train/" in result.stderr and "done already" in result.stderr  # nothing retrained
+
+
+def _wait_for(commands: list[list[str]], env=ENV) -> list[str]:
+  return processes.wait(processes.start(commands, env, cwd=ROOT), timeout=600)
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_numbers_and_write_each_file_once(quick_run, tmp_path):
+  workdir, port = tmp_path / "two", processes.free_port()
+  env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  _wait_for(
+    [
+      ["tests/multihost_launcher.py", str(tmp_path / f"writes{i}.txt"), "reproduce", *QUICK]
+      + [f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}"]
+      + ["--num_processes=2", f"--process_id={i}"]
+      for i in range(2)
+    ],
+    env,
+  )
+  one = json.loads((quick_run[0] / "results.json").read_text())["results"]
+  two = json.loads((workdir / "results.json").read_text())["results"]
+  key = [(r["label"], r["score"], r["topk"], r["n_bins"]) for r in one]
+  assert [(r["label"], r["score"], r["topk"], r["n_bins"]) for r in two] == key
+  # Data-parallel training sums the gradients in another order: nearly the same networks,
+  # whose predictions may cross a bin edge here and there.
+  for metric in ("accuracy", "brier", "ece"):
+    diff = np.abs(np.subtract([r[metric] for r in two], [r[metric] for r in one]))
+    assert diff.max() < 1e-2 and np.median(diff) < 1e-3, (metric, diff.max(), np.median(diff))
+  writes = (tmp_path / "writes0.txt").read_text().split()
+  assert len(writes) == len(set(writes)) and str(workdir / "results.csv") in writes
+  assert not (tmp_path / "writes1.txt").exists()  # process 1 wrote nothing
+
+
+SMALL = [*QUICK[:1], "--config.limit_train=1000", "--config.limit_test=400"]
+SMALL += ["--config.dropout_rates=(0.2,)", "--config.num_samples=4", "--config.ensemble_size=0"]
+SMALL += ["--config.n_bins=(5,10)", "--config.seeds=(0,1)", "--config.topk=1"]
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_tasks_split_a_seed_sweep_that_evaluate_merges_and_aggregate_averages(tmp_path):
+  workdir = tmp_path / "seeds"
+  outputs = _wait_for(
+    [
+      ["-m", "experiments.reproduce", *SMALL, f"--workdir={workdir}"]
+      + [f"--task_index={i}", "--num_tasks=2"]
+      for i in range(2)
+    ]
+  )
+  assert not (workdir / "results.csv").exists()  # tasks sweep; the merge writes the tables
+  assert "task 0 of 2 done" in outputs[0] and "task 1 of 2 done" in outputs[1]
+  merged = _run("evaluate", *SMALL, f"--workdir={workdir}")
+  assert merged.returncode == 0, merged.stderr[-3000:]
+  assert "done already, skipped" in merged.stderr  # the tasks' points are reused
+  with open(workdir / "results.csv") as file:
+    rows = list(csv.DictReader(file))
+  assert {r["seed"] for r in rows} == {"0", "1"} and {r["model"] for r in rows} == {"mlp"}
+  assert not list(workdir.glob(".lock*"))
+
+  out = tmp_path / "merged"
+  result = _run("aggregate", f"--workdir={out}", f"--workdirs={workdir}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(out / "aggregate.csv") as file:
+    merged_rows = list(csv.DictReader(file))
+  assert merged_rows and {r["num_runs"] for r in merged_rows} == {"2"}
+  assert {r["seeds"] for r in merged_rows} == {"0,1"}
+  one = [
+    r for r in merged_rows if (r["method"], r["score"], r["n_bins"]) == ("mc_dropout", "pmax", "5")
+  ]
+  seeds = [
+    float(r["brier"])
+    for r in rows
+    if (r["method"], r["score"], r["n_bins"]) == ("mc_dropout", "pmax", "5")
+  ]
+  assert float(one[0]["brier"]) == pytest.approx(np.mean(seeds))
+  assert float(one[0]["brier_std"]) == pytest.approx(np.std(seeds, ddof=1))
+
+
+def test_a_cloud_work_dir_without_its_package_is_one_line_and_writes_nothing(tmp_path):
+  path = _predictions_file(tmp_path / "p.npz")
+  for module, more in (("evaluate", [EVAL, f"--config.predictions={path}"]), ("reproduce", [])):
+    result = subprocess.run(
+      [sys.executable, "-m", f"experiments.{module}", "--workdir=gs://bucket/run1", *more],
+      cwd=tmp_path,
+      env=ENV,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    _one_line_error(result, "--workdir: gs://bucket/run1: gs:// paths need a package")
+    assert "Nothing was written" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz"]  # no ./gs:/bucket/run1

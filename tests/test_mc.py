@@ -3,13 +3,13 @@
 import importlib.util
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import processes
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -329,12 +329,6 @@ def test_predict_does_not_deadlock_the_cpu_thread_pool():
   assert result.returncode == 0 and "finished" in result.stdout, result.stderr[-3000:]
 
 
-def _free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
-
-
 def _worker_env(**extra) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(_ROOT), **extra)
@@ -365,36 +359,13 @@ def test_sharded_on_8_fake_devices_equals_single_device(tmp_path, reference_pred
 
 
 def test_two_processes_with_jax_distributed_equal_single_process(tmp_path, reference_predictions):
-  port = _free_port()
+  port = processes.free_port()
   outputs = [tmp_path / f"process{i}.npz" for i in range(2)]
-  workers = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        str(_TESTS / "mc_device_worker.py"),
-        "distributed",
-        str(outputs[i]),
-        str(port),
-        str(i),
-      ],
-      env=_worker_env(),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
+  commands = [
+    [str(_TESTS / "mc_device_worker.py"), "distributed", str(outputs[i]), str(port), str(i)]
     for i in range(2)
   ]
-  logs = []
-  try:
-    for worker in workers:
-      logs.append(worker.communicate(timeout=_SUBPROCESS_TIMEOUT_S)[0])
-  finally:
-    for worker in workers:
-      if worker.poll() is None:
-        worker.kill()
-        worker.wait()
-  for worker, log in zip(workers, logs, strict=True):
-    assert worker.returncode == 0, log[-3000:]
+  processes.wait(processes.start(commands, _worker_env()), _SUBPROCESS_TIMEOUT_S)
   for out in outputs:
     data = np.load(out)
     assert int(data["process_count"]) == 2 and int(data["device_count"]) == 4

@@ -1,4 +1,5 @@
-"""mislabeled.confident_errors against a plain-loop reference, in both score directions."""
+"""mislabeled.confident_errors against a plain-loop reference, in both score directions;
+mislabeled.report's rows and searched bins."""
 
 from fractions import Fraction
 
@@ -224,3 +225,88 @@ def test_bad_inputs_name_the_argument(kwargs, match):
   correct = args.pop("correct")
   with pytest.raises(ValueError, match=match):
     mislabeled.confident_errors(u, correct, **args)
+
+
+# ----------------------------------------------------------------------------
+# report: the rows and searched bins a person reads
+
+NAMES = tuple(f"class{c}" for c in range(10))
+
+
+def _labelled(num=1000, seed=0):
+  """_planted() plus Top-1 and given labels consistent with ``correct``."""
+  pmax, correct, planted = _planted(num, seed)
+  given = np.random.default_rng(seed + 1).integers(0, 10, num)
+  predicted = np.where(correct, given, (given + 1) % 10)
+  return pmax, correct, predicted, given, planted
+
+
+def test_report_rows_follow_confident_errors_with_names():
+  pmax, correct, predicted, given, planted = _labelled()
+  found = mislabeled.report(pmax, correct, predicted, given, NAMES, n_bins=10, top_bins=2)
+  errors = mislabeled.confident_errors(pmax, correct, n_bins=10, top_bins=2)
+  assert [r["index"] for r in found.rows] == errors.index.tolist()
+  assert [r["index"] for r in found.rows[:3]] == planted.tolist()
+  assert [r["rank"] for r in found.rows] == list(range(1, len(found.rows) + 1))
+  for row, prob in zip(found.rows, errors.prob, strict=True):
+    assert tuple(row) == mislabeled.COLUMNS
+    i = row["index"]
+    assert (row["given_label"], row["predicted_label"]) == (given[i], predicted[i])
+    assert (row["given_name"], row["predicted_name"]) == (NAMES[given[i]], NAMES[predicted[i]])
+    assert row["bin_prob"] == f"{prob:.6f}"
+    assert np.float32(row["score"]) == pmax[i]  # 9 digits round-trip a float32
+
+
+def test_report_searched_bins_hold_counts_and_score_ranges():
+  pmax, correct, predicted, given, _ = _labelled()
+  for u in (pmax, -np.log(pmax)):
+    found = mislabeled.report(u, correct, predicted, given, NAMES, n_bins=10, top_bins=3)
+    bins, edges = found.errors.bins, np.asarray(found.errors.bins.edges)
+    assert [b["bin"] for b in found.searched_bins] == found.errors.selected_bins.tolist()
+    for b in found.searched_bins:
+      in_bin = u[np.searchsorted(edges, u, side="left") == b["bin"]]  # right-closed bins
+      assert (b["count"], b["correct"]) == (int(bins.counts[b["bin"]]), int(bins.hits[b["bin"]]))
+      assert b["count"] == in_bin.size and b["prob"] == float(bins.prob[b["bin"]])
+      assert (b["score_min"], b["score_max"]) == (float(in_bin.min()), float(in_bin.max()))
+    summary = found.summary()
+    assert summary["num_found"] == len(found.rows) and summary["num_examples"] == len(u)
+    assert summary["accuracy"] == pytest.approx(correct.mean())
+    assert summary["searched_bins"] == found.searched_bins
+    direction = "higher" if u is pmax else "lower"
+    assert summary["direction"] == f"{direction} is more confident"
+
+
+def test_report_of_a_flawless_top_bin_has_no_rows_but_its_bin():
+  u = np.arange(40, dtype=np.float32)
+  correct = np.arange(40) >= 10
+  labels = np.zeros(40, int)
+  found = mislabeled.report(u, correct, labels, labels, ("a", "b"), n_bins=4)
+  assert found.rows == [] and found.summary()["num_found"] == 0
+  assert found.searched_bins == [
+    {"bin": 3, "count": 10, "correct": 10, "prob": pytest.approx((10 + 0.75) / 11),
+     "score_min": 30.0, "score_max": 39.0}
+  ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+  "change, match",
+  [
+    ({"predicted": np.array([0, 1, 2, 3])}, r"predicted: labels out of range \[0, 2\)"),
+    ({"given": np.array([0, 1, 1])}, "length mismatch"),
+    ({"class_names": ("only",)}, r"predicted: labels out of range \[0, 1\)"),
+    ({"u": np.array([0.1, np.inf, 0.3, 0.4])}, "u: 1 non-finite"),
+    ({"top_bins": 3}, "top_bins: expected at least 1, at most 2"),
+  ],
+)
+def test_report_names_a_bad_argument(change, match):
+  args = {
+    "u": np.array([0.1, 0.2, 0.3, 0.4]),
+    "correct": np.array([1, 0, 1, 1], bool),
+    "predicted": np.array([0, 1, 0, 0]),
+    "given": np.array([0, 0, 0, 1]),
+    "class_names": ("a", "b"),
+    "top_bins": 1,
+  }
+  args.update(change)
+  with pytest.raises(ValueError, match=match):
+    mislabeled.report(**args, n_bins=2)

@@ -9,23 +9,15 @@ the same training in this one-device process.
 import importlib.util
 import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import numpy as np
+import processes
 import pytest
 
 from top1_jax import parallel
 
 _TESTS = pathlib.Path(__file__).resolve().parent
 _TIMEOUT_S = 120  # ~10 s when it works; a process that fails leaves the other waiting
-
-
-def _free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
 
 
 def _load_worker():
@@ -35,38 +27,18 @@ def _load_worker():
   return module
 
 
-def _start_two_processes(workdir: pathlib.Path) -> list[subprocess.Popen]:
+def _start_two_processes(workdir: pathlib.Path) -> list:
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(
     JAX_PLATFORMS="cpu",
     XLA_FLAGS="--xla_force_host_platform_device_count=2",
     PYTHONPATH=str(_TESTS.parent),
   )
-  port = _free_port()
-  return [
-    subprocess.Popen(
-      [sys.executable, str(_TESTS / "multihost_worker.py"), str(port), str(i), str(workdir)],
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in range(2)
+  port = processes.free_port()
+  commands = [
+    [str(_TESTS / "multihost_worker.py"), str(port), str(i), str(workdir)] for i in range(2)
   ]
-
-
-def _wait(workers: list[subprocess.Popen]) -> None:
-  logs = []
-  try:
-    for worker in workers:
-      logs.append(worker.communicate(timeout=_TIMEOUT_S)[0])
-  finally:
-    for worker in workers:
-      if worker.poll() is None:
-        worker.kill()
-        worker.wait()
-  for worker, log in zip(workers, logs, strict=True):
-    assert worker.returncode == 0, log[-3000:]
+  return processes.start(commands, env)
 
 
 def test_two_processes_train_and_checkpoint_as_one(tmp_path):
@@ -74,7 +46,7 @@ def test_two_processes_train_and_checkpoint_as_one(tmp_path):
   try:  # the reference, in this one-device process while the workers run
     _, expected = _load_worker().train_case()
   finally:
-    _wait(workers)
+    processes.wait(workers, _TIMEOUT_S)
   for process_id in range(2):
     got = dict(np.load(tmp_path / f"process{process_id}.npz"))
     assert int(got["process_count"]) == 2 and int(got["device_count"]) == 4

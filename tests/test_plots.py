@@ -278,6 +278,83 @@ def test_ablation_figure_validation(ablation_results):
   assert len(one.axes) == 1
 
 
+# --------------------------------------------------------------------------- dropout rate
+
+
+def _sweep_rows(models=("cnn",), rates=(0.1, 0.01, 0.05), n_bins=(5, 20), mc_scores=None):
+  """Tidy results rows: a deterministic pmax row and MC-dropout rows per model and bin count."""
+  rng = np.random.default_rng(0)
+  mc_scores = mc_scores or ("pmax", "covariance_norm_probs")
+  points = [("deterministic", 0.0, "pmax")]
+  points += [("mc_dropout", rate, score) for rate in rates for score in mc_scores]
+  points += [("ensemble", 0.0, "pmax")]
+  rows = []
+  for model in models:
+    for method, rate, score in points:
+      for bins in n_bins:
+        row = {"dataset": "d", "model": model, "method": method, "train_dropout_rate": 0.1}
+        row |= {"dropout_rate": rate, "num_samples": 10, "ensemble_size": 0, "seed": 0}
+        row |= {"score": score, "topk": 1, "estimator": "bins", "n_bins": bins}
+        for metric in crossval.METRICS:
+          row[metric], row[f"{metric}_std"] = float(rng.random()), float(rng.random() / 20)
+        rows.append(row)
+  return rows
+
+
+def test_dropout_rate_figure_lines_error_bars_and_reference(tmp_path):
+  rows = _sweep_rows()
+  rows[-3]["auroc"] = None  # an undefined point is a gap, not an error
+  fig = plots.dropout_rate_figure(rows)
+  assert "cov. 2-norm (probs)" in fig.get_suptitle()  # the headline score by default
+  assert len(fig.axes) == 3
+  for ax, metric in zip(fig.axes, ("brier", "ece", "auroc"), strict=True):
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "test-time dropout rate"
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert [bar.get_label() for bar in bars] == ["5 bins", "20 bins"]
+    for bar, bins in zip(bars, (5, 20), strict=True):
+      points = [
+        r
+        for r in rows
+        if r["method"] == "mc_dropout"
+        and r["n_bins"] == bins
+        and r["score"] == "covariance_norm_probs"
+      ]
+      points.sort(key=lambda r: r["dropout_rate"])
+      line = bar.lines[0]
+      np.testing.assert_array_equal(line.get_xdata(), [0.01, 0.05, 0.1])
+      expected = [np.nan if r[metric] is None else r[metric] for r in points]
+      np.testing.assert_allclose(np.asarray(line.get_ydata(), float), expected)
+      segments = bar.lines[2][0].get_segments()  # the vertical error bars: mean ± std
+      half = [abs(seg[1][1] - seg[0][1]) / 2 if len(seg) else np.nan for seg in segments]
+      stds = [np.nan if r[metric] is None else r[f"{metric}_std"] for r in points]
+      np.testing.assert_allclose(half, stds, rtol=1e-6)
+    references = [line for line in ax.lines if line.get_linestyle() == ":"]
+    deterministic = [r[metric] for r in rows if r["method"] == "deterministic"]
+    assert [line.get_ydata()[0] for line in references] == pytest.approx(deterministic)
+  labels = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert labels == ["5 bins", "20 bins", "deterministic (pmax (Vanilla))"]
+  _check_png(plots.save_figure(fig, tmp_path / "dropout_rate.png"))
+
+
+def test_dropout_rate_figure_score_models_and_errors():
+  rows = _sweep_rows(models=("cnn", "mlp"), rates=(0.05,), n_bins=(10,), mc_scores=("entropy",))
+  fig = plots.dropout_rate_figure(rows, metrics=("nll",), title=None)  # entropy: the only one
+  assert fig.get_suptitle() == "" and len(fig.axes) == 1
+  labels = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert labels == ["cnn: 10 bins", "mlp: 10 bins", "deterministic (pmax (Vanilla))"]
+  with pytest.raises(ValueError, match="no mc_dropout rows .* for top-2"):
+    plots.dropout_rate_figure(rows, topk=2)
+  no_mc = [r for r in rows if r["method"] != "mc_dropout"]
+  with pytest.raises(ValueError, match="no mc_dropout rows"):
+    plots.dropout_rate_figure(no_mc)
+  with pytest.raises(ValueError, match="score: expected one of .*'entropy'"):
+    plots.dropout_rate_figure(rows, score="pmax")
+  with pytest.raises(ValueError, match="metrics"):
+    plots.dropout_rate_figure(rows, metrics=("f1",))
+  with pytest.raises(ValueError, match="rows: expected a list of dicts"):
+    plots.dropout_rate_figure(rows[0])
+
+
 # --------------------------------------------------------------------------- reliability
 
 

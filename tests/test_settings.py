@@ -63,73 +63,85 @@ def data_dir(tmp_path_factory):
   return directory
 
 
-def _refused(result, elapsed, flag, text, workdir):
+def _data(directory) -> str:
+  return f"--config.data_dir={directory}"
+
+
+QUICK = "--config=configs/quick.py"
+
+
+def _refused(result, elapsed, flag, text, workdir, prefix="config."):
   """Exit status 1, one line on stderr naming the flag, and no work done."""
   assert result.returncode == 1, (result.stdout[-2000:], result.stderr[-2000:])
   lines = [line for line in result.stderr.splitlines() if line.strip()]
   assert len(lines) == 1, result.stderr
-  assert lines[0].startswith(f"error: --{flag}: "), lines[0]
+  assert lines[0].startswith(f"error: --{prefix}{flag}: "), lines[0]
   assert text in lines[0], lines[0]
   # Before any training: no checkpoint, no predictions, no config, no progress line.
   for name in ("train", "predictions", "sweep", "config.json", "results.json"):
     assert not (workdir / name).exists(), name
-  assert "train/" not in result.stdout and "predict:" not in result.stdout, result.stdout
+  assert "train/" not in result.stderr and "predict:" not in result.stderr, result.stderr
   assert elapsed < FAST, elapsed
 
 
-# (arguments after --quick and the tiny --data_dir, the flag named, text of the error)
+# (config overrides after the quick config and the tiny data dir, the field named, the text)
 REPRODUCE_BAD = [
   # The evaluate stage's own settings, checked before stage 1 (they used to wait ~350 s).
-  (["--compare_bins=7"], "compare_bins", "7 is not one of --n_bins=5,10,20"),
-  (["--ece_bins=0"], "ece_bins", "expected at least 1, got 0"),
-  (["--figure_bins=0"], "figure_bins", "expected at least 1, got 0"),
-  (["--n_bins=5,x"], "n_bins", "expected integers, got 5,x"),
-  (["--n_bins=0,5"], "n_bins", "expected integers >= 1, got 0,5"),
-  (["--topk=0"], "topk", "expected integers >= 1, got 0"),
-  (["--scores=pmax,bogus"], "scores", "unknown score(s) bogus"),
-  (["--scores=all,pmax"], "scores", "expected 'all' alone or score names"),
-  (["--scores=human_entropy"], "scores", "human_entropy needs human label frequencies"),
-  (["--seed=-1"], "seed", "expected an integer >= 0, got -1"),
-  (["--n_folds=1"], "n_folds", "expected at least 2, got 1"),
-  (["--n_folds=128"], "n_folds", "expected at most 127, got 128"),
+  (["--config.compare_bins=7"], "compare_bins", "7 is not one of n_bins=(5, 10, 20)"),
+  (["--config.ece_bins=0"], "ece_bins", "expected an integer >= 1, got 0"),
+  (["--config.figure_bins=0"], "figure_bins", "expected an integer >= 1, got 0"),
+  (["--config.n_bins=(5,x)"], "n_bins", "expected int values, got ('5', 'x')"),
+  (["--config.n_bins=(0,5)"], "n_bins", "expected values >= 1, got (0, 5)"),
+  (["--config.topk=0"], "topk", "expected values >= 1, got (0,)"),
+  (["--config.scores=(pmax,bogus)"], "scores", "unknown score(s) bogus"),
+  (["--config.scores=(all,pmax)"], "scores", "expected ('all',) or score names"),
+  (["--config.scores=human_entropy"], "scores", "human_entropy needs human label frequencies"),
+  (["--config.seeds=(-1,)"], "seeds", "expected values >= 0, got (-1,)"),
+  (["--config.n_folds=1"], "n_folds", "expected 2 to 127 splits, got 1"),
+  (["--config.n_folds=128"], "n_folds", "expected 2 to 127 splits, got 128"),
   # The other stages' settings.
-  (["--epochs=0"], "epochs", "expected at least 1, got 0"),
-  (["--ensemble_size=-1"], "ensemble_size", "expected >= 0, got -1"),
-  (["--train_dropout_rate=1"], "train_dropout_rate", "expected a rate in [0, 1)"),
-  (["--learning_rate=0"], "learning_rate", "expected > 0, got 0"),
-  (["--limit_train=0"], "limit_train", "expected an integer >= 1, got 0"),
-  (["--limit_test=0"], "limit_test", "expected an integer >= 1, got 0"),
-  (["--num_samples=1"], "num_samples", "need >= 2 for MC dropout, got 1"),
-  (["--dropout_rates=0.1,1.5"], "dropout_rates", "expected numbers in [0.0, 1.0)"),
-  (["--chunk_size=0"], "chunk_size", "expected an integer >= 1, got 0"),
-  (["--predictions=other.npz"], "predictions", "reproduce evaluates the predictions it writes"),
+  (["--config.epochs=0"], "epochs", "expected an integer >= 1, got 0"),
+  (["--config.ensemble_size=-1"], "ensemble_size", "expected an integer >= 0, got -1"),
+  (["--config.train_dropout_rates=1.0"], "train_dropout_rates", "expected values in [0.0, 1.0)"),
+  (["--config.learning_rate=0"], "learning_rate", "expected > 0, got 0"),
+  (["--config.limit_train=0"], "limit_train", "expected an integer >= 1, got 0"),
+  (["--config.limit_test=0"], "limit_test", "expected an integer >= 1, got 0"),
+  (["--config.num_samples=1"], "num_samples", "need >= 2 for MC dropout, got 1"),
+  (["--config.dropout_rates=(0.1,1.5)"], "dropout_rates", "expected values in [0.0, 1.0)"),
+  (["--config.chunk_size=0"], "chunk_size", "expected an integer >= 1, got 0"),
+  (["--config.models=(mlp,vgg)"], "models", "expected names among cnn, mlp, resnet"),
+  (["--config.estimators=(bins,trees)"], "estimators", "expected names among bins"),
+  (["--config.predictions=other.npz"], "predictions", "reproduce evaluates the predictions it"),
   # Across stages: the test split's size (from the IDX headers) and classes.
   (
-    ["--n_bins=5,10,150"],
+    ["--config.n_bins=(5,10,150)"],
     "n_bins",
     "150 bins need at least that many calibration examples; a split has 100 of the 200 test",
   ),
   (
-    ["--limit_test=30"],
+    ["--config.limit_test=30"],
     "n_bins",
     "20 bins need at least that many calibration examples; a split has 15 of the 30 test "
-    "examples (--limit_test=30)",
+    "examples (limit_test=30)",
   ),
-  (["--figure_bins=150"], "figure_bins", "150 bins need at least that many calibration examples"),
   (
-    ["--scheme=kfold", "--n_folds=40", "--limit_test=30"],
+    ["--config.scheme=kfold", "--config.n_folds=40", "--config.limit_test=30"],
     "n_folds",
     "40 splits need at least that many examples; there are 30 test examples",
   ),
-  (["--topk=1,11"], "topk", "11 exceeds the 10 classes of fashion_mnist"),
-  (["--batch_size=400"], "batch_size", "400 is larger than the 300 training examples"),
+  (["--config.topk=(1,11)"], "topk", "11 exceeds the 10 classes of fashion_mnist"),
+  (["--config.batch_size=400"], "batch_size", "400 is larger than the 300 training examples"),
   (
-    ["--scores=covariance_norm_probs", "--dropout_rates=", "--ensemble_size=1"],
+    [
+      "--config.scores=covariance_norm_probs",
+      "--config.dropout_rates=()",
+      "--config.ensemble_size=1",
+    ],
     "scores",
     "covariance_norm_probs needs MC-dropout samples or an ensemble of 2 or more",
   ),
-  # An explicit --data_dir is used or refused, never replaced by the system copy.
-  (["--data_dir=/nonexistent"], "data_dir", "no such directory: /nonexistent"),
+  # An explicit data_dir is used or refused, never replaced by the system copy.
+  (["--config.data_dir=/nonexistent"], "data_dir", "no such directory: /nonexistent"),
 ]
 
 
@@ -143,9 +155,7 @@ AS_SUBPROCESS = [REPRODUCE_BAD[0], REPRODUCE_BAD[12], REPRODUCE_BAD[-1]]
 )
 def test_reproduce_refuses_bad_settings_before_training(tmp_path, data_dir, args, flag, text):
   workdir = tmp_path / "work"
-  result, elapsed = _run(
-    "reproduce", "--quick", f"--workdir={workdir}", f"--data_dir={data_dir}", *args
-  )
+  result, elapsed = _run("reproduce", QUICK, f"--workdir={workdir}", _data(data_dir), *args)
   _refused(result, elapsed, flag, text, workdir)
 
 
@@ -160,14 +170,17 @@ def reproduce_in_process(monkeypatch):
   def tripwire(*_, **__):
     raise AssertionError("training started before the settings were refused")
 
-  monkeypatch.setattr(train_exp, "run_stage", tripwire)
+  monkeypatch.setattr(train_exp, "run", tripwire)
 
   def run(*argv):
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+      delattr(flags.FLAGS, name)  # a parse defines the overrides' flags; the next one again
     flags.FLAGS.unparse_flags()
-    flags.FLAGS(["reproduce", *argv])
-    with pytest.raises(common.ExperimentError) as info:
+    monkeypatch.setattr(sys, "argv", ["reproduce", *argv])  # where config overrides are read
+    flags.FLAGS(sys.argv)
+    with pytest.raises(ValueError) as info:  # a SettingError or the launcher's own error
       reproduce.main([])
-    return str(info.value)
+    return common.one_line(info.value)  # as the launcher prints it, after "error: "
 
   yield run
   flags.FLAGS.unparse_flags()
@@ -180,8 +193,8 @@ def test_reproduce_checks_every_setting_before_training(
   tmp_path, data_dir, reproduce_in_process, args, flag, text
 ):
   workdir = tmp_path / "work"
-  message = reproduce_in_process("--quick", f"--workdir={workdir}", f"--data_dir={data_dir}", *args)
-  assert message.startswith(f"--{flag}: ") and text in message, message
+  message = reproduce_in_process(QUICK, f"--workdir={workdir}", _data(data_dir), *args)
+  assert message.startswith(f"--config.{flag}: ") and text in message, message
   assert "\n" not in message
   assert not workdir.exists()  # nothing written, not even the work dir
 
@@ -191,9 +204,9 @@ def test_the_full_preset_checks_evaluate_settings_first(tmp_path, data_dir):
   # after training and prediction.
   workdir = tmp_path / "work"
   result, elapsed = _run(
-    "reproduce", f"--workdir={workdir}", f"--data_dir={data_dir}", "--ece_bins=0"
+    "reproduce", f"--workdir={workdir}", _data(data_dir), "--config.ece_bins=0"
   )
-  _refused(result, elapsed, "ece_bins", "expected at least 1, got 0", workdir)
+  _refused(result, elapsed, "ece_bins", "expected an integer >= 1, got 0", workdir)
 
 
 def _partial_copy(tmp_path, data_dir, keep):
@@ -209,7 +222,7 @@ def test_data_dir_with_test_images_but_no_test_labels_is_refused(tmp_path, data_
   keep = [p.name for p in data_dir.iterdir() if not p.name.startswith("t10k-labels")]
   partial = _partial_copy(tmp_path, data_dir, keep)
   workdir = tmp_path / "work"
-  result, elapsed = _run("reproduce", "--quick", f"--workdir={workdir}", f"--data_dir={partial}")
+  result, elapsed = _run("reproduce", QUICK, f"--workdir={workdir}", _data(partial))
   _refused(
     result,
     elapsed,
@@ -223,7 +236,7 @@ def test_data_dir_with_only_the_train_split_is_refused(tmp_path, data_dir):
   # The test split would have come from another source (TFDS) than the train split.
   partial = _partial_copy(tmp_path, data_dir, [p.name for p in data_dir.glob("train-*")])
   workdir = tmp_path / "work"
-  result, elapsed = _run("train", f"--workdir={workdir}", f"--data_dir={partial}")
+  result, elapsed = _run("train", f"--workdir={workdir}", _data(partial))
   _refused(
     result,
     elapsed,
@@ -236,21 +249,24 @@ def test_data_dir_with_only_the_train_split_is_refused(tmp_path, data_dir):
 @pytest.mark.parametrize(
   "module, args, flag, text",
   [
-    ("train", ["--data_dir=/nonexistent"], "data_dir", "no such directory: /nonexistent"),
-    ("train", ["--batch_size=301"], "batch_size", "301 is larger than the 300 training"),
-    ("train", ["--limit_test=0"], "limit_test", "expected an integer >= 1, got 0"),
-    ("predict", ["--num_samples=1"], "num_samples", "need >= 2 for MC dropout"),
-    ("predict", ["--epochs=0"], "epochs", "expected at least 1, got 0"),
-    ("predict", ["--data_dir=/nonexistent"], "data_dir", "no such directory: /nonexistent"),
+    ("train", ["--config.data_dir=/nonexistent"], "config.data_dir", "no such directory"),
+    ("train", ["--config.batch_size=301"], "config.batch_size", "301 is larger than the 300"),
+    ("train", ["--config.limit_test=0"], "config.limit_test", "expected an integer >= 1, got 0"),
+    ("predict", ["--config.num_samples=1"], "config.num_samples", "need >= 2 for MC dropout"),
+    ("predict", ["--config.epochs=0"], "config.epochs", "expected an integer >= 1, got 0"),
+    ("predict", ["--config.data_dir=/nonexistent"], "config.data_dir", "no such directory"),
     ("find_mislabeled", ["--data_dir=/nonexistent"], "data_dir", "no such directory"),
     ("find_mislabeled", ["--topk=0"], "topk", "expected an integer >= 1, got 0"),
   ],
 )
 def test_other_launchers_refuse_bad_settings_first(tmp_path, data_dir, module, args, flag, text):
   workdir = tmp_path / "work"
-  data = [] if any(a.startswith("--data_dir") for a in args) else [f"--data_dir={data_dir}"]
+  given = any("data_dir" in a for a in args)
+  data = (
+    [] if given else [f"--data_dir={data_dir}" if module == "find_mislabeled" else _data(data_dir)]
+  )
   result, elapsed = _run(module, f"--workdir={workdir}", *data, *args)
-  _refused(result, elapsed, flag, text, workdir)
+  _refused(result, elapsed, flag, text, workdir, prefix="")
 
 
 def _predictions_file(path, num=400, seed=0):
@@ -268,37 +284,34 @@ def _predictions_file(path, num=400, seed=0):
   "args, flag, text",
   [
     # Before the sweep (--ece_bins used to fail only after it) and before any file is read.
-    (["--ece_bins=0"], "ece_bins", "expected at least 1, got 0"),
-    (["--compare_bins=7"], "compare_bins", "7 is not one of --n_bins=10,20,100"),
-    (["--figure_bins=-1"], "figure_bins", "expected at least 1, got -1"),
-    (["--scores=all,pmax"], "scores", "expected 'all' alone or score names"),
-    (["--n_folds=200"], "n_folds", "expected at most 127, got 200"),
-    (["--seed=-3"], "seed", "expected an integer >= 0, got -3"),
-    # Flags evaluate would ignore: its examples are the predictions files'.
-    (["--limit_test=100"], "limit_test", "this would be ignored"),
-    (["--data_dir=/nonexistent"], "data_dir", "this would be ignored"),
-    # Against the files' 400 examples: after reading them, before the sweep.
-    (["--figure_bins=300"], "figure_bins", "a split has 200 of the 400 examples"),
+    (["--config.ece_bins=0"], "ece_bins", "expected an integer >= 1, got 0"),
+    (["--config.compare_bins=7"], "compare_bins", "7 is not one of n_bins=(10, 20, 100)"),
+    (["--config.figure_bins=-1"], "figure_bins", "expected an integer >= 1, got -1"),
+    (["--config.scores=(all,pmax)"], "scores", "expected ('all',) or score names"),
+    (["--config.n_folds=200"], "n_folds", "expected 2 to 127 splits, got 200"),
+    (["--config.seeds=(-3,)"], "seeds", "expected values >= 0, got (-3,)"),
+    (["--config.labels=y.npy"], "labels", "goes with logits or probs"),
+    (["--config.logits=x.npy"], "labels", "required with logits"),
+    (["--config.logits=x.npy", "--config.probs=x.npy"], "logits", "give logits or probs, not both"),
   ],
 )
 def test_evaluate_refuses_bad_settings_before_the_sweep(tmp_path, args, flag, text):
   path = _predictions_file(tmp_path / "p.npz")
   workdir = tmp_path / "work"
-  result, elapsed = _run("evaluate", f"--workdir={workdir}", f"--predictions={path}", *args)
-  _refused(result, elapsed, flag, text, workdir)
-  assert "evaluate:" not in result.stdout  # no sweep started
-
-
-def test_default_compare_bins_outside_n_bins_falls_back_with_a_line(tmp_path):
-  # The default (20) adapts to --n_bins, and says so; an explicit value is refused above.
-  path = _predictions_file(tmp_path / "p.npz", num=100)
-  args = ["--n_bins=2,4", "--n_folds=2", "--topk=1", "--scores=pmax", "--figure_bins=4"]
-  result, _ = _run("evaluate", f"--workdir={tmp_path}", f"--predictions={path}", *args)
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert (
-    "--compare_bins=20 (the default) is not one of --n_bins=2,4; the benchmark comparison "
-    "uses 2 bins" in result.stdout
+  inputs = (
+    [] if any("logits" in a or "labels" in a for a in args) else [f"--config.predictions={path}"]
   )
+  result, elapsed = _run("evaluate", f"--workdir={workdir}", *inputs, *args)
+  _refused(result, elapsed, flag, text, workdir)
+  assert "evaluate:" not in result.stderr  # no sweep started
+
+
+def test_default_compare_bins_follows_n_bins(tmp_path):
+  # Unset, the comparison uses 20 bins when the sweep has them, else the sweep's first.
+  path = _predictions_file(tmp_path / "p.npz", num=100)
+  args = ["--config.n_bins=(2,4)", "--config.n_folds=2", "--config.topk=1", "--config.scores=pmax"]
+  result, _ = _run("evaluate", f"--workdir={tmp_path}", f"--config.predictions={path}", *args)
+  assert result.returncode == 0, result.stderr[-2000:]
   comparison = json.loads((tmp_path / "results.json").read_text())["comparison"]
   assert {row["top1_n_bins"] for row in comparison} == {2}
 
@@ -365,7 +378,29 @@ def test_train_and_test_images_of_different_sizes_are_refused_before_training(tm
   _write_idx(mixed / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (NUM_TEST, 32, 32)))
   _write_idx(mixed / "t10k-labels-idx1-ubyte.gz", np.arange(NUM_TEST) % 10)
   workdir = tmp_path / "work"
-  result, elapsed = _run("reproduce", "--quick", f"--workdir={workdir}", f"--data_dir={mixed}")
+  result, elapsed = _run("reproduce", QUICK, f"--workdir={workdir}", _data(mixed))
   _refused(
     result, elapsed, "data_dir", "train images are (28, 28, 1) but test images (32, 32, 1)", workdir
   )
+
+
+@pytest.mark.parametrize("name", ["fashion_mnist", "quick", "cifar10", "cifar100", "imagenet_eval"])
+def test_every_config_loads_and_passes_its_checks(name):
+  import importlib
+
+  from top1_jax import plan
+
+  config = importlib.import_module(f"configs.{name}").get_config()
+  if name == "imagenet_eval":
+    config.predictions = "val.npz"  # it evaluates a file the user names
+  checked = plan.check(config)
+  assert checked.n_bins and checked.topk and checked.seeds == (0,)
+  points = plan.training_points(checked)
+  assert [p.name for p in points] == [
+    f"{m}_tdr{r:g}_seed0" for m in checked.models for r in checked.train_dropout_rates
+  ]
+  names = plan.predictions_names(checked, points[0])
+  assert names[0].endswith("/deterministic") and len(names) == 1 + len(checked.dropout_rates) + (
+    checked.ensemble_size >= 1
+  )
+  assert plan.mine(list(range(5)), (1, 2)) == [1, 3]  # a task's share: every n-th from its index

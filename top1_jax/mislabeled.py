@@ -16,16 +16,36 @@ confident bins. ``confident_errors`` does that for any score:
 * Bins are ranked by their probability as an exact fraction, (hits + prior) /
   (count + 1), so float rounding never splits a tie or makes one; the float32
   probability is what is reported.
+
+``report`` adds what a reader of the result needs: one row per error with its
+labels' class names, and each searched bin's count, accuracy and score range.
 """
 
 import fractions
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax import binning, validation
+
+COLUMNS = (
+  "rank",
+  "index",
+  "given_label",
+  "given_name",
+  "predicted_label",
+  "predicted_name",
+  "bin",
+  "bin_prob",
+  "score",
+)
+"""The keys of ``Report.rows``, in the order a table shows them."""
+
+DIRECTIONS = {1: "higher is more confident", -1: "lower is more confident", 0: "no trend"}
+"""``ConfidentErrors.direction`` in words."""
 
 
 class ConfidentErrors(NamedTuple):
@@ -165,3 +185,105 @@ def confident_errors(
     direction=direction,
     bins=bins,
   )
+
+
+class Report(NamedTuple):
+  """The confident errors as table rows, and the bins they were searched in.
+
+  Attributes:
+    rows: one dict per confident error, most confident first, keyed by
+      ``COLUMNS``. ``bin_prob`` (6 decimals) and ``score`` (9 significant
+      digits) are text, so a CSV shows the float32 values the bins were fitted
+      on rather than their float64 expansions.
+    searched_bins: one dict per searched bin, most confident first: ``bin``,
+      ``count``, ``correct``, ``prob`` and ``score_min`` / ``score_max``, the
+      range of its scores (what "the top bin" means for this score).
+    errors: the ``ConfidentErrors`` the rows come from (``errors.index`` picks
+      the images to show).
+    num_examples: N.
+    accuracy: the fraction of correct examples.
+  """
+
+  rows: list[dict[str, Any]]
+  searched_bins: list[dict[str, Any]]
+  errors: ConfidentErrors
+  num_examples: int
+  accuracy: float
+
+  def summary(self) -> dict[str, Any]:
+    """JSON-ready totals: num_examples, accuracy, direction (words), searched_bins, num_found."""
+    return {
+      "num_examples": self.num_examples,
+      "accuracy": self.accuracy,
+      "direction": DIRECTIONS[self.errors.direction],
+      "searched_bins": self.searched_bins,
+      "num_found": len(self.rows),
+    }
+
+
+def report(
+  u: ArrayLike,
+  correct: ArrayLike,
+  predicted: ArrayLike,
+  given: ArrayLike,
+  class_names: Sequence[str],
+  *,
+  n_bins: int = 20,
+  top_bins: int = 1,
+) -> Report:
+  """``confident_errors`` of all N examples, as rows a person can read.
+
+  Args:
+    u: [N] float scores (either direction, as in ``confident_errors``).
+    correct: [N] bool, whether each prediction is correct (the binned event).
+    predicted: [N] int in [0, K), the model's Top-1 classes.
+    given: [N] int in [0, K), the dataset's labels.
+    class_names: K names, one per class.
+    n_bins: equal-count bins, 1 <= n_bins <= N.
+    top_bins: how many of the most confident bins to search, 1 <= top_bins <= n_bins.
+
+  Returns:
+    A ``Report``, rows ordered as ``confident_errors`` orders its examples.
+
+  Raises:
+    ValueError: an argument of the wrong shape, dtype or range (named).
+  """
+  u = validation.float_array("u", u, 1, host=True).astype(np.float32)
+  num_classes = len(class_names)
+  predicted = np.asarray(validation.labels_array("predicted", predicted, num_classes))
+  given = np.asarray(validation.labels_array("given", given, num_classes))
+  validation.same_length(u=u, predicted=predicted, given=given)
+  errors = confident_errors(u, correct, n_bins=n_bins, top_bins=top_bins)
+  correct = validation.bool_array("correct", correct, host=True)
+
+  rows = [
+    {
+      "rank": rank,
+      "index": int(i),
+      "given_label": int(given[i]),
+      "given_name": class_names[given[i]],
+      "predicted_label": int(predicted[i]),
+      "predicted_name": class_names[predicted[i]],
+      "bin": int(b),
+      "bin_prob": f"{p:.6f}",
+      "score": f"{u[i]:.9g}",
+    }
+    for rank, (i, b, p) in enumerate(zip(errors.index, errors.bin, errors.prob, strict=True), 1)
+  ]
+  example_bin = np.asarray(binning.assign(errors.bins.edges, jnp.asarray(u)))
+  bins = errors.bins
+  counts, hits, prob = np.asarray(bins.counts), np.asarray(bins.hits), np.asarray(bins.prob)
+  searched = []
+  for b in errors.selected_bins.tolist():
+    in_bin = u[example_bin == b]  # never empty: only bins holding examples are searched
+    searched.append(
+      {
+        "bin": b,
+        "count": int(counts[b]),
+        "correct": int(hits[b]),
+        "prob": float(prob[b]),
+        "score_min": float(in_bin.min()),
+        "score_max": float(in_bin.max()),
+      }
+    )
+  return Report(rows, searched, errors, int(u.shape[0]), float(np.mean(correct)))

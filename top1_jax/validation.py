@@ -14,6 +14,11 @@ import numpy as np
 from jax.typing import ArrayLike
 
 
+class SettingError(ValueError):
+  """A setting that does not fit the data (a launcher's config field or flag): the message
+  starts with the setting's name, which a launcher spells as its own flag."""
+
+
 def is_traced(x) -> bool:
   return isinstance(x, jax.core.Tracer)
 

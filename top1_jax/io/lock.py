@@ -6,6 +6,10 @@ work dir is refused with one line naming the owner, before it writes anything.
 A lock left by a run that was killed (same host, and that pid is gone or is now
 another process) is taken over with a note. The lock is removed when the run
 ends, however it ends short of ``kill -9``.
+
+A work dir that is a URL (``gs://...``) has no atomic create: there the lock is
+written after checking that none is held, which guards against the usual
+mistake (a second run started on a busy work dir), not against a race.
 """
 
 from __future__ import annotations
@@ -62,7 +66,12 @@ def _owner() -> dict:
   }
 
 
-def _create(path: pathlib.Path, owner: dict) -> bool:
+def _create(path, owner: dict) -> bool:
+  if not isinstance(path, pathlib.Path):  # a URL: check, then write
+    if path.exists():
+      return False
+    path.write_text(json.dumps(owner))
+    return True
   try:
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
   except FileExistsError:
@@ -73,19 +82,20 @@ def _create(path: pathlib.Path, owner: dict) -> bool:
 
 
 @contextlib.contextmanager
-def hold(workdir: str | os.PathLike, say=print) -> Iterator[pathlib.Path]:
+def hold(workdir, say=print, name: str = LOCK_NAME) -> Iterator[pathlib.Path]:
   """Holds ``workdir``'s lock for the duration of the block.
 
   Args:
-    workdir: a local directory (created if missing).
+    workdir: a local directory (created if missing), or a URL as ``epath.Path``.
     say: where the note about a taken-over stale lock goes.
+    name: the lock file's name (tasks of one sweep each hold their own).
 
   Raises:
     WorkdirBusyError: a live run holds it (the message names it and how to clear it).
   """
-  workdir = pathlib.Path(workdir)
+  workdir = workdir if hasattr(workdir, "exists") else pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  path = workdir / LOCK_NAME
+  path = workdir / name
   owner = _owner()
   while not _create(path, owner):
     try:

@@ -11,6 +11,9 @@
 * ``ablation_figure``: Brier, ECE and EOR (mean ± std over splits) against the
   number of bins, one line per score (scores with identical results share one),
   from ``crossval.cross_validate``.
+* ``dropout_rate_figure``: metrics of MC dropout against the test-time dropout
+  rate, one line per bin count, the deterministic network as a reference line;
+  from a run's tidy results rows or rows merged over seeds (``top1_jax.aggregate``).
 * ``risk_coverage_figure``: the risk-coverage curve of a score with selective
   prediction's guaranteed operating points (``selective.guaranteed_coverage``).
 * ``image_grid``: tiles of images with their given label, predicted label and a
@@ -18,8 +21,8 @@
 * ``save_figure``: atomic write through ``io.files`` (local path or a URL).
 
 Modules: ``bins`` (Figs. 1 and 2), ``reliability`` (the reliability diagram),
-``sweeps`` (the ablation), ``risk`` (the risk-coverage curve), ``images`` (the
-grid), ``figures`` (figure creation and saving).
+``sweeps`` (the ablation and the dropout-rate sweep), ``risk`` (the risk-coverage
+curve), ``images`` (the grid), ``figures`` (figure creation and saving).
 
 Figures are ``matplotlib.figure.Figure`` objects with an Agg canvas, made without
 pyplot: importing this package never switches the user's backend or opens a
@@ -30,15 +33,19 @@ from top1_jax.plots.bins import BOUNDS, ORDERS, bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.images import image_grid
 from top1_jax.plots.reliability import reliability_diagram
+from top1_jax.plots.results import write_figures, write_risk_coverage_figures
 from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
-from top1_jax.plots.sweeps import ablation_figure
+from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 __all__ = [
+  "write_figures",
+  "write_risk_coverage_figures",
   "BOUNDS",
   "ORDERS",
   "OperatingPoint",
   "ablation_figure",
   "bin_figure",
+  "dropout_rate_figure",
   "image_grid",
   "refinement_figure",
   "reliability_diagram",

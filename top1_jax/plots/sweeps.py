@@ -1,14 +1,16 @@
-"""Bin-count ablation: cross-validated metrics against the number of bins."""
+"""Sweeps: cross-validated metrics against the number of bins or the test-time dropout rate."""
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib as mpl
 import numpy as np
 from matplotlib import ticker
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-from top1_jax import crossval
+from top1_jax import crossval, scores
 from top1_jax.plots import figures
 
 _METRIC_LABELS = {
@@ -40,6 +42,10 @@ def _check_results(results, metrics) -> None:
       raise ValueError(
         f"results[{name!r}]: expected crossval.CrossValidation, got {type(result).__name__}"
       )
+  _check_metrics(metrics)
+
+
+def _check_metrics(metrics) -> None:
   if isinstance(metrics, str) or not metrics:
     raise ValueError(f"metrics: expected a non-empty list of names, got {metrics!r}")
   for metric in metrics:
@@ -166,4 +172,152 @@ def ablation_figure(
   )
   if title:
     fig.suptitle(title)
+  return fig
+
+
+# --------------------------------------------------------------------------- dropout rate
+
+# A sweep point's line: what else may differ between rows of one figure besides the rate.
+_LINE_COLUMNS = ("dataset", "model", "train_dropout_rate", "num_samples", "seed", "n_bins")
+# The deterministic model a line is compared with: the same network, without test-time dropout.
+_REFERENCE_COLUMNS = ("dataset", "model", "train_dropout_rate", "seed", "n_bins")
+
+
+def _line_label(key: tuple, varying: set[str]) -> str:
+  """ "10 bins", prefixed with the settings that differ between lines ("cnn, seed 1: 10 bins")."""
+  setting = dict(zip(_LINE_COLUMNS, key, strict=True))
+  rate = setting["train_dropout_rate"]
+  names = {
+    "dataset": str(setting["dataset"]),
+    "model": str(setting["model"]),
+    "train_dropout_rate": f"train dropout {'?' if rate is None else f'{rate:g}'}",
+    "num_samples": f"{setting['num_samples']} samples",
+    "seed": f"seed {setting['seed']}",
+  }
+  prefix = [names[c] for c in _LINE_COLUMNS[:-1] if c in varying]
+  bins = f"{setting['n_bins']} bins"
+  return f"{', '.join(prefix)}: {bins}" if prefix else bins
+
+
+def _select(rows, topk: int, estimator: str, score: str | None):
+  """(the MC-dropout rows of one score, the deterministic rows of theirs, the two scores)."""
+  chosen = [
+    r for r in rows if r.get("topk") == topk and (r.get("estimator") or "bins") == estimator
+  ]
+  mc = [r for r in chosen if r.get("method") == "mc_dropout" and (r.get("dropout_rate") or 0) > 0]
+  if not mc:
+    raise ValueError(
+      f"rows: no mc_dropout rows with a dropout rate > 0 for top-{topk} and estimator "
+      f"{estimator!r}: nothing to draw against the dropout rate"
+    )
+  available = list(dict.fromkeys(r["score"] for r in mc))
+  score = score or scores.headline(available)
+  if score not in available:
+    raise ValueError(f"score: expected one of the MC-dropout rows' {available}, got {score!r}")
+  deterministic = [r for r in chosen if r.get("method") == "deterministic"]
+  reference_score = scores.headline(dict.fromkeys(r["score"] for r in deterministic))
+  deterministic = [r for r in deterministic if r["score"] == reference_score]
+  return [r for r in mc if r["score"] == score], deterministic, score, reference_score
+
+
+def _reference_key(line_key: tuple) -> tuple:
+  setting = dict(zip(_LINE_COLUMNS, line_key, strict=True))
+  return tuple(setting[c] for c in _REFERENCE_COLUMNS)
+
+
+def _draw_rate_panel(ax, metric: str, lines: dict, references: dict, labels: list) -> None:
+  styles = _line_styles(len(lines))
+  for style, label, (key, points) in zip(styles, labels, lines.items(), strict=True):
+    points = sorted(points, key=lambda r: r["dropout_rate"])
+    x = [r["dropout_rate"] for r in points]
+    mean = [np.nan if r.get(metric) is None else r[metric] for r in points]
+    std = [r.get(f"{metric}_std") or 0.0 for r in points]
+    ax.errorbar(x, mean, yerr=std, capsize=3, markersize=4, label=label, **style)
+    reference = references.get(_reference_key(key))
+    if reference is not None and reference.get(metric) is not None:
+      ax.axhline(reference[metric], color=style["color"], linestyle=":", linewidth=1.2)
+  label, direction = _METRIC_LABELS.get(metric, (metric, ""))
+  ax.set_title(f"{label} ({direction})" if direction else label)
+  ax.set_ylabel(label)
+  if metric in _PERCENT_METRICS:
+    ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
+  ax.grid(alpha=0.3)
+
+
+def _format_rate_axis(ax, rates: list[float]) -> None:
+  """A log x axis with a tick at, and only at, each dropout rate of the sweep."""
+  ax.set_xlabel("test-time dropout rate")
+  ax.set_xscale("log")
+  ax.xaxis.set_major_locator(ticker.FixedLocator(rates))
+  ax.xaxis.set_major_formatter(ticker.FixedFormatter([f"{r:g}" for r in rates]))
+  ax.xaxis.set_minor_locator(ticker.NullLocator())
+  ax.set_xlim(min(rates) / 1.5, max(rates) * 1.5)
+
+
+def dropout_rate_figure(
+  rows: Sequence[Mapping[str, Any]],
+  *,
+  topk: int = 1,
+  score: str | None = None,
+  metrics: Sequence[str] = ("brier", "ece", "auroc"),
+  estimator: str = "bins",
+  title: str | None = "MC dropout, {score}, top-{topk}: metrics against the dropout rate",
+) -> Figure:
+  """Metrics of MC dropout against the test-time dropout rate, one line per bin count.
+
+  One panel per metric, log x axis at the swept rates; points are the rows'
+  ``<metric>`` with error bars of ``<metric>_std`` (over splits for a run's
+  ``results.csv``, across runs for ``aggregate.merge_runs`` rows). The
+  deterministic network each line's samples come from (same dataset, model,
+  training dropout rate, seed and bin count) is a dotted horizontal line in the
+  line's colour, so one sees at which rates sampling beats a single pass. When
+  rows mix models, training rates, sample counts or seeds, each mix is its own
+  line, named by what differs.
+
+  Args:
+    rows: tidy rows (``results.csv`` or ``aggregate.csv``): ``method``,
+      ``dropout_rate``, ``score``, ``topk``, ``n_bins`` and metric columns
+      (None where undefined).
+    topk: the Top-k event drawn.
+    score: the MC-dropout rows' score; default the paper's headline
+      (``scores.headline``: the covariance norm when present).
+    metrics: names from ``crossval.METRICS``, one panel each.
+    estimator: the estimator of P(correct | U) drawn (``crossval.ESTIMATORS``).
+    title: figure title, where ``{score}`` and ``{topk}`` name the score drawn
+      and the event; None for none.
+
+  Returns:
+    A ``Figure`` with one axes per metric.
+
+  Raises:
+    ValueError: no MC-dropout rows with a rate > 0 for ``topk`` and ``estimator``
+      (callers skip the figure), a score they do not hold, or an unknown metric.
+  """
+  _check_metrics(metrics)
+  if isinstance(rows, (str, Mapping)) or not all(isinstance(r, Mapping) for r in rows):
+    raise ValueError("rows: expected a list of dicts (tidy results rows)")
+  mc, deterministic, score, reference_score = _select(rows, topk, estimator, score)
+  lines: dict[tuple, list] = {}
+  for row in mc:
+    lines.setdefault(tuple(row.get(c) for c in _LINE_COLUMNS), []).append(row)
+  # Lines of one network together, by bin count (None sorts as text, not against numbers).
+  lines = dict(sorted(lines.items(), key=lambda item: (str(item[0][:-1]), item[0][-1])))
+  references = {tuple(r.get(c) for c in _REFERENCE_COLUMNS): r for r in deterministic}
+  varying = {c for i, c in enumerate(_LINE_COLUMNS) if len({key[i] for key in lines}) > 1}
+  labels = [_line_label(key, varying) for key in lines]
+  fig = figures.new_figure((4.6 * len(metrics), 4.2))
+  axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+  rates = sorted({r["dropout_rate"] for r in mc})
+  for ax, metric in zip(axes, metrics, strict=True):
+    _draw_rate_panel(ax, metric, lines, references, labels)
+    _format_rate_axis(ax, rates)
+  handles, labels = axes[0].get_legend_handles_labels()
+  if any(_reference_key(key) in references for key in lines):
+    handles.append(Line2D([], [], color="grey", linestyle=":", linewidth=1.2))
+    labels.append(f"deterministic ({scores.label(reference_score)})")
+  fig.legend(
+    handles, labels, loc="outside lower center", ncols=min(len(labels), 5), fontsize="small"
+  )
+  if title:
+    fig.suptitle(title.format(score=scores.label(score), topk=topk))
   return fig

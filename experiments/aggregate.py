@@ -1,0 +1,67 @@
+"""Merges runs of one sweep (one work dir per seed): metrics as mean ± std across runs.
+
+  python -m experiments.aggregate --workdir=runs/merged --workdirs='runs/seed*'
+
+Each input work dir holds a finished ``experiments.evaluate`` (results.csv and
+results.json); runs must share the cross-validation (``n_folds``, ``scheme``).
+Writes into --workdir: aggregate.csv (one tidy row per sweep point: the key
+columns, seeds, num_runs, each metric's mean and std across runs), aggregate.md,
+aggregate.json (inputs, their configs, the rows) and, when MC dropout was swept,
+figures/dropout_rate_top<k>.png.
+"""
+
+from absl import flags, logging
+
+from experiments import common
+from top1_jax import aggregate, plots
+from top1_jax.io import files, results
+
+WORKDIRS = flags.DEFINE_list(
+  "workdirs", None, "Work dirs of the runs to merge, comma-separated; globs (runs/seed*) expand."
+)
+
+
+def _figures(rows: list[dict], out) -> list:
+  """One dropout-rate figure per Top-k event that has MC-dropout rows; their paths."""
+  written = []
+  for topk in sorted({row["topk"] for row in rows}):
+    try:
+      fig = plots.dropout_rate_figure(rows, topk=topk)
+    except ValueError as e:  # no MC dropout swept for this event: nothing to draw
+      logging.info("no dropout-rate figure for top-%d: %s", topk, e)
+      continue
+    written.append(plots.save_figure(fig, out / "figures" / f"dropout_rate_top{topk}.png"))
+  return written
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise common.ExperimentError(f"unexpected arguments: {' '.join(argv[1:])}")
+  out = common.workdir()
+  names = results.expand_workdirs(WORKDIRS.value or [], exclude=out)
+  if not names:
+    raise common.ExperimentError(
+      f"--workdirs: {','.join(WORKDIRS.value or []) or '(empty)'} names no work dir"
+    )
+  runs, configs = [], []
+  for name in names:
+    rows, config = results.read_results(name)
+    logging.info("read %d rows from %s", len(rows), name)
+    runs.append(rows)
+    configs.append(config)
+  merged = aggregate.merge_runs(runs, names=names, configs=configs)
+  logging.info("merged %d runs into %d rows", len(names), len(merged))
+  written = [
+    files.write_csv(out / "aggregate.csv", merged),
+    files.write_bytes(out / "aggregate.md", aggregate.markdown(merged).encode()),
+    files.write_json(
+      out / "aggregate.json",
+      {"inputs": names, "configs": dict(zip(names, configs, strict=True)), "rows": merged},
+    ),
+    *_figures(merged, out),
+  ]
+  print(f"merged {len(names)} runs into {len(merged)} rows: {', '.join(map(str, written))}")
+
+
+if __name__ == "__main__":
+  common.run(main)

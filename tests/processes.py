@@ -1,0 +1,44 @@
+"""Several Python processes at once, for the multi-process tests (shared by their files)."""
+
+import socket
+import subprocess
+import sys
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now (for a coordinator)."""
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def start(commands: list[list[str]], env: dict, cwd=None) -> list[subprocess.Popen]:
+  """``python <command>`` for each command, all at once, stdout and stderr together."""
+  return [
+    subprocess.Popen(
+      [sys.executable, *command],
+      cwd=cwd,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for command in commands
+  ]
+
+
+def wait(processes: list[subprocess.Popen], timeout: float) -> list[str]:
+  """Their outputs; each must exit 0. One that fails leaves the others waiting: all are
+  killed on the way out."""
+  outputs = []
+  try:
+    for process in processes:
+      outputs.append(process.communicate(timeout=timeout)[0])
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+  for process, output in zip(processes, outputs, strict=True):
+    assert process.returncode == 0, output[-3000:]
+  return outputs

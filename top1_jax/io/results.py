@@ -1,0 +1,147 @@
+"""Reading a work dir's results (``results.csv`` and ``results.json``) back into rows.
+
+``experiments.evaluate`` writes them; ``experiments.aggregate`` reads several
+work dirs' to merge runs of one sweep (``top1_jax.aggregate``). Work dirs may be
+local paths or URLs (``gs://...``, through ``io.files``).
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from top1_jax import aggregate, crossval
+from top1_jax.io import files
+
+if TYPE_CHECKING:  # etils is imported only for a URL (see io.files)
+  from etils import epath
+
+STRING_COLUMNS = ("dataset", "model", "method", "source", "score", "estimator", "seeds", "label")
+"""Columns kept as text even when a cell looks like a number (a model named "1")."""
+
+INT_COLUMNS = ("num_samples", "ensemble_size", "seed", "topk", "n_bins", "num_runs")
+"""Integer columns, with every ``*_num_splits`` and ``*_num_runs``."""
+
+FLOAT_COLUMNS = ("train_dropout_rate", "dropout_rate") + tuple(
+  f"{name}{suffix}" for name in crossval.METRICS for suffix in ("", "_std")
+)
+"""Real-valued columns; a column of none of these kinds is read as whatever it parses as."""
+
+
+def _number(column: str, text: str, integer: bool) -> int | float:
+  try:
+    number = float(text)
+  except ValueError:
+    raise ValueError(f"expected a number in column {column}, got {text!r}") from None
+  if not integer:
+    return number
+  if not number.is_integer():
+    raise ValueError(f"expected an integer in column {column}, got {text!r}")
+  return int(text) if text.lstrip("+-").isdigit() else int(number)
+
+
+def _cell(column: str, text: str) -> Any:
+  """A CSV cell as Python: None when empty, int or float by column, text for names."""
+  if text == "":
+    return None
+  if column in STRING_COLUMNS:
+    return text
+  if column in INT_COLUMNS or column.endswith(("_num_splits", "_num_runs")):
+    return _number(column, text, integer=True)
+  if column in FLOAT_COLUMNS:
+    return _number(column, text, integer=False)
+  try:  # a column this reader does not know (from a newer evaluate)
+    return _number(column, text, integer=text.lstrip("+-").isdigit())
+  except ValueError:
+    return text
+
+
+def parse_csv(text: str, name: str) -> list[dict[str, Any]]:
+  """Rows of a tidy results CSV, numbers back to int/float and empty cells to None.
+
+  Args:
+    text: the CSV, with a header line.
+    name: the file's name, for error messages.
+
+  Raises:
+    ValueError: a cell that should be a number is not.
+  """
+  rows = []
+  for line, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+    try:
+      rows.append({column: _cell(column, value or "") for column, value in row.items()})
+    except ValueError as e:
+      raise ValueError(f"{name}, line {line}: {e}") from None
+  return rows
+
+
+def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+  """A work dir's tidy ``results.csv`` rows and its ``results.json`` config.
+
+  Args:
+    workdir: a run's work dir (local path or URL) after ``experiments.evaluate``.
+
+  Returns:
+    (rows, config): one dict per CSV row (None for empty cells, ints and floats
+    for numbers) and the ``"config"`` entry of ``results.json``.
+
+  Raises:
+    FileNotFoundError: no such work dir, or no ``results.csv`` / ``results.json`` in it.
+    ValueError: a file that does not parse, or a CSV without the columns of
+      ``aggregate.COLUMNS`` (one written before the tidy format).
+  """
+  root = files.as_path(workdir)
+  if not root.is_dir():
+    raise FileNotFoundError(f"{workdir}: no such work dir")
+  csv_path = root / "results.csv"
+  if not csv_path.exists():
+    raise FileNotFoundError(
+      f"{workdir}: no results.csv (run experiments.evaluate with --workdir={workdir} first)"
+    )
+  text = files.read_text(csv_path)
+  header = next(csv.reader(io.StringIO(text)), [])
+  missing = [column for column in aggregate.COLUMNS if column not in header]
+  if missing:
+    raise ValueError(
+      f"{csv_path}: no column {', '.join(missing)} (written by an older "
+      "experiments.evaluate? run it again there)"
+    )
+  rows = parse_csv(text, str(csv_path))
+  json_path = root / "results.json"
+  if not json_path.exists():
+    raise FileNotFoundError(
+      f"{workdir}: no results.json (run experiments.evaluate with --workdir={workdir} first)"
+    )
+  results = files.read_json(json_path)
+  if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
+    raise ValueError(f"{json_path}: expected a JSON object with a 'config' object")
+  return rows, results["config"]
+
+
+def expand_workdirs(patterns: Sequence[str], *, exclude: epath.PathLike | None = None) -> list[str]:
+  """Work dirs named by ``patterns``: local globs expanded and sorted, URLs as given.
+
+  Args:
+    patterns: paths, local globs (``runs/seed*``) or URLs; a pattern without
+      glob characters is kept even when it does not exist (reading it says so).
+    exclude: a directory left out of glob matches (the output work dir, which
+      ``runs/*`` also matches).
+
+  Returns:
+    The work dirs in the order of ``patterns`` (each glob's matches sorted),
+    without repeats; only directories are taken from globs.
+  """
+  skip = os.path.abspath(os.fspath(exclude)) if exclude and files.is_local(exclude) else None
+  found: list[str] = []
+  for pattern in patterns:
+    if files.is_local(pattern) and glob.has_magic(pattern):
+      matches = sorted(glob.glob(os.path.expanduser(pattern)))
+      matches = [m for m in matches if os.path.isdir(m) and os.path.abspath(m) != skip]
+    else:
+      matches = [os.path.expanduser(pattern) if files.is_local(pattern) else pattern]
+    found += [match for match in matches if match not in found]
+  return found

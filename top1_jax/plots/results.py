@@ -1,0 +1,134 @@
+"""The figures of a finished sweep, written next to its tables.
+
+``write_sweep_figures`` draws, from the sweep's loaded predictions (``sources``:
+objects with ``name``, ``label``, ``log_probs``, ``labels`` and ``scores``) and
+its records: each file's reliability diagram and bins (Fig. 1), the refinement
+(Fig. 2), the bin-count ablation, and the risk-coverage curves of selective
+prediction. Each function returns the paths it wrote.
+"""
+
+import numpy as np
+
+from top1_jax import binning, crossval, events, scores, selective
+from top1_jax.plots.bins import bin_figure, refinement_figure
+from top1_jax.plots.figures import save_figure
+from top1_jax.plots.reliability import reliability_diagram
+from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
+from top1_jax.plots.sweeps import ablation_figure
+
+
+def _cv_from_record(record: dict) -> crossval.CrossValidation:
+  n_bins = tuple(r["n_bins"] for r in record["rows"])
+  return crossval.CrossValidation.from_per_fold(n_bins, record["per_fold"])
+
+
+RELIABILITY_BINS = 15
+
+
+def _reliability_figure(figures, source, test):
+  """The raw max-softmax's reliability diagram (Top-1) on the test part of ``test``."""
+  correct = np.asarray(events.topk_correct(source.log_probs, source.labels, 1))[test]
+  # The raw confidence, as benchmarks report it: no calibration split is used.
+  confidence = source.scores["pmax"][test]
+  n = min(RELIABILITY_BINS, confidence.shape[0])
+  title = f"{source.label}: raw max-softmax, Top-1 ({n} equal-mass bins, test split)"
+  fig = reliability_diagram(confidence, correct, n, title=title)
+  return save_figure(fig, figures / f"reliability_{source.slug}_top1.png")
+
+
+def write_figures(out_dir, sources, results, n_bins, topks, figure_bins) -> list:
+  """Per-bin figures (Fig. 1), reliability diagrams, the refinement (Fig. 2), the ablation.
+
+  Each source's figures use its first calibration/test split (``source.splits``).
+  """
+  figures = out_dir / "figures"
+  written = []
+  for source in sources:
+    test = np.asarray(source.splits.test_mask(0))
+    written.append(_reliability_figure(figures, source, test))
+    score = scores.headline(source.scores)
+    if score is None:
+      continue
+    for k in topks if source is sources[0] else topks[:1]:
+      correct = np.asarray(events.topk_correct(source.log_probs, source.labels, k))
+      u = source.scores[score]
+      bins = binning.fit(u[~test], correct[~test], figure_bins)
+      test_bins = binning.refit(bins, u[test], correct[test])
+      fig = bin_figure(
+        bins,
+        test_bins,
+        event=f"Top-{k}",
+        title=f"{source.label}: {scores.label(score)}, Top-{k}, {figure_bins} bins",
+      )
+      written.append(save_figure(fig, figures / f"bins_{source.slug}_{score}_top{k}.png"))
+  source = sources[0]
+  score = scores.headline(source.scores)
+  test = np.asarray(source.splits.test_mask(0))
+  if score is not None and len(n_bins) > 1:
+    correct = np.asarray(events.topk_correct(source.log_probs, source.labels, topks[0]))
+    u = source.scores[score]
+    pairs = []
+    for n in (min(n_bins), max(n_bins)):
+      bins = binning.fit(u[~test], correct[~test], n)
+      pairs.append((bins, binning.refit(bins, u[test], correct[test])))
+    fig = refinement_figure(*pairs, event=f"Top-{topks[0]}")
+    written.append(save_figure(fig, figures / f"refinement_{source.slug}_{score}.png"))
+  names = {source.name: source.label for source in sources}
+  if len(n_bins) > 1:
+    for k in topks:
+      # Every score of the plain model; for samples, the paper's measure (cov. of probs).
+      # A score that orders the examples like another one shown (pmax, -log pmax) is
+      # one line, labelled with both.
+      chosen = [
+        r
+        for r in results
+        if r["topk"] == k
+        and (
+          r["columns"]["method"] not in ("mc_dropout", "ensemble")
+          or r["score"] == "covariance_norm_probs"
+        )
+      ]
+      shown = {(r["source"], r["score"]) for r in chosen}
+      curves = {}
+      for r in chosen:
+        twin = scores.same_order_as(r["score"])
+        if twin is not None and (r["source"], twin) in shown and scores.is_tied_twin(r["score"]):
+          continue  # drawn as its tie-free twin's line
+        label = scores.label(r["score"])
+        if twin is not None and (r["source"], twin) in shown:
+          label += f" = {scores.label(twin)}"
+        curves[f"{names[r['source']]}: {label}"] = _cv_from_record(r)
+      if curves:
+        fig = ablation_figure(curves, title=f"Top-{k}: scores against the number of bins")
+        written.append(save_figure(fig, figures / f"ablation_top{k}.png"))
+  return written
+
+
+def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
+  """Each file's risk-coverage curve (first split's test part) with its guaranteed selections."""
+  written = []
+  for source in sources:
+    test = np.asarray(source.splits.test_mask(0))
+    rows = [r for r in chosen if r["source"] == source.name]
+    if not rows:
+      continue
+    score = rows[0]["score"]
+    u = np.asarray(source.scores[score])[test]
+    correct = np.asarray(events.topk_correct(source.log_probs, source.labels, 1))[test]
+    curve = selective.risk_coverage(-u if rows[0]["order"] == "descending" else u, correct)
+    points = [
+      OperatingPoint(
+        r["target_accuracy"],
+        r["per_split"][0]["test_coverage"],
+        r["per_split"][0]["test_accuracy"],
+        r["per_split"][0]["guaranteed_accuracy"],
+      )
+      for r in rows
+    ]
+    title = (
+      f"{source.label}: {scores.label(score)}, Top-1, test split "
+      f"(δ = {rows[0]['delta']:g}, {rows[0]['n_bins']} bins)"
+    )
+    fig = risk_coverage_figure(curve, points, title=title)
+    written.append(save_figure(fig, out_dir / "figures" / f"risk_coverage_{source.slug}.png"))
+  return written
