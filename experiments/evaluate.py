@@ -14,6 +14,7 @@ files, and a run without --task_index merges. Then ``results.{json,csv,md}``,
 """
 
 import glob
+import json
 import os
 import sys
 import time
@@ -65,7 +66,7 @@ def record_run(s: plan.Settings, names: list[str], command: str) -> None:
   reported. Tasks of one sweep (--num_tasks) must share its config.
   """
   workdir = common.workdir()
-  config = s.config.to_dict()
+  config = json.loads(s.config.to_json())  # as it reads back: tuples are lists in JSON
   manifest = {"config": config, "files": names}
   before = files.read_json(workdir / "manifest.json")
   if before is not None and before != manifest:

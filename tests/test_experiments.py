@@ -339,6 +339,7 @@ def test_tasks_split_a_seed_sweep_that_evaluate_merges_and_aggregate_averages(tm
     rows = list(csv.DictReader(file))
   assert {r["seed"] for r in rows} == {"0", "1"} and {r["model"] for r in rows} == {"mlp"}
   assert not list(workdir.glob(".lock*"))
+  assert "another config" not in outputs[0] + outputs[1] + merged.stderr  # one sweep, one config
 
   out = tmp_path / "merged"
   result = _run("aggregate", f"--workdir={out}", f"--workdirs={workdir}")
