@@ -52,4 +52,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.ece_bins = 15  # equal-width bins of the benchmark's confidence ECE
   c.selective_targets = (0.9, 0.95, 0.99)
   c.selective_delta = 0.05
+  c.figures = True  # figures/ after the tables (False: tables only, faster)
   return c

@@ -154,7 +154,7 @@ def run(s: plan.Settings, asked: list[tuple[str, object]]) -> dict:
   rows = _write_tables(s, records, table1, chosen)
   timings["write"] = time.perf_counter() - tic
   tic = time.perf_counter()
-  num_figures = _write_figures(s, sources, records, rows, chosen, figure_bins)
+  num_figures = _write_figures(s, sources, records, rows, chosen, figure_bins) if s.figures else 0
   timings["figures"] = time.perf_counter() - tic
   out = common.workdir()
   logging.info(

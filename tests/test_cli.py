@@ -42,7 +42,7 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
     "--config.n_bins=(5,20)",
     "--config.n_folds=4",
     "--config.topk=1",
-    "--config.figure_bins=10",
+    "--config.figures=False",
   ]
   _run(args, cwd=tmp_path)
   results = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -140,7 +140,12 @@ def test_degenerate_top5_gives_strict_json_and_marked_cells(tmp_path):
   np.save(tmp_path / "labels.npy", labels)
   args = [str(BIN / "top1-evaluate"), "--workdir=out", "--config.logits=logits.npy"]
   args.append("--config.labels=labels.npy")
-  more = ["--config.topk=(1,5)", "--config.n_bins=(2,4)", "--config.n_folds=4"]
+  more = [
+    "--config.topk=(1,5)",
+    "--config.n_bins=(2,4)",
+    "--config.n_folds=4",
+    "--config.figures=False",
+  ]
   _run([*args, *more], cwd=tmp_path)
 
   def refuse(token):
@@ -177,7 +182,12 @@ def test_estimators_setting_gives_an_estimator_column(tmp_path):
     "--config.labels=y.npy",
   ]
   flags = ["--config.estimators=(bins,isotonic,kde)", "--config.scores=(pmax,entropy)"]
-  flags += ["--config.n_bins=(10,20)", "--config.topk=1", "--config.n_folds=4"]
+  flags += [
+    "--config.n_bins=(10,20)",
+    "--config.topk=1",
+    "--config.n_folds=4",
+    "--config.figures=False",
+  ]
   _run([*args, *flags], cwd=tmp_path)
   with open(tmp_path / "out" / "results.csv") as file:
     rows = list(csv.DictReader(file))

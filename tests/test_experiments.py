@@ -25,6 +25,7 @@ needs_fmnist = pytest.mark.skipif(
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 QUICK = ["--config=configs/quick.py", "--config.limit_train=3000", "--config.limit_test=1200"]
 POINT = "mlp_tdr0.1_seed0"  # the quick config's one training point
+NO_FIGURES = "--config.figures=False"  # for tests that check only the numbers: ~10 s less
 
 
 def _run(module, *args, timeout=300):
@@ -123,7 +124,7 @@ def test_killed_sweep_resumes_without_redoing_work(quick_run, tmp_path):
   done_points = len(list((workdir / "sweep").glob("*.json")))
   assert done_points >= 3 and not (workdir / "results.json").exists()
 
-  resumed = _run("reproduce", *QUICK, f"--workdir={workdir}")
+  resumed = _run("reproduce", *QUICK, NO_FIGURES, f"--workdir={workdir}")
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f"train/{POINT}/base: done already, skipping" in resumed.stderr
   assert f"train/{POINT}/ensemble: done already, skipping" in resumed.stderr
@@ -206,6 +207,7 @@ def test_evaluate_on_any_models_file(tmp_path):
   _predictions_file(tmp_path / "external.npz", num=400)
   pattern = tmp_path / "ext*.npz"  # a glob
   args = [f"--workdir={tmp_path}", EVAL, f"--config.predictions={pattern}", "--config.topk=(1,2)"]
+  args.append(NO_FIGURES)
   args += ["--config.n_bins=(4,8)", "--config.n_folds=4"]
   first = _run("evaluate", *args)
   assert first.returncode == 0, first.stderr
@@ -269,7 +271,9 @@ def test_a_rerun_with_other_rates_reports_only_the_rates_asked_for(quick_run, tm
   # The case: 0.05 asked for in a work dir with 0.01 and 0.2 reported all three.
   workdir = tmp_path / "rerun"
   shutil.copytree(quick_run[0], workdir)
-  result = _run("reproduce", *QUICK, "--config.dropout_rates=(0.2,)", f"--workdir={workdir}")
+  result = _run(
+    "reproduce", *QUICK, NO_FIGURES, "--config.dropout_rates=(0.2,)", f"--workdir={workdir}"
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   rows = json.loads((workdir / "results.json").read_text())["results"]
   assert {r["label"] for r in rows} == {"model", "dropout 0.2", "ensemble (2)"}
@@ -293,7 +297,13 @@ def test_two_processes_give_the_one_process_numbers_and_write_each_file_once(qui
   env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
   _wait_for(
     [
-      ["tests/multihost_launcher.py", str(tmp_path / f"writes{i}.txt"), "reproduce", *QUICK]
+      [
+        "tests/multihost_launcher.py",
+        str(tmp_path / f"writes{i}.txt"),
+        "reproduce",
+        *QUICK,
+        NO_FIGURES,
+      ]
       + [f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}"]
       + ["--num_processes=2", f"--process_id={i}"]
       for i in range(2)
@@ -316,7 +326,7 @@ def test_two_processes_give_the_one_process_numbers_and_write_each_file_once(qui
 
 SMALL = [*QUICK[:1], "--config.limit_train=1000", "--config.limit_test=400"]
 SMALL += ["--config.dropout_rates=(0.2,)", "--config.num_samples=4", "--config.ensemble_size=0"]
-SMALL += ["--config.n_bins=(5,10)", "--config.seeds=(0,1)", "--config.topk=1"]
+SMALL += ["--config.n_bins=(5,10)", "--config.seeds=(0,1)", "--config.topk=1", NO_FIGURES]
 
 
 @needs_fmnist

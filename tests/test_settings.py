@@ -310,6 +310,7 @@ def test_default_compare_bins_follows_n_bins(tmp_path):
   # Unset, the comparison uses 20 bins when the sweep has them, else the sweep's first.
   path = _predictions_file(tmp_path / "p.npz", num=100)
   args = ["--config.n_bins=(2,4)", "--config.n_folds=2", "--config.topk=1", "--config.scores=pmax"]
+  args.append("--config.figures=False")
   result, _ = _run("evaluate", f"--workdir={tmp_path}", f"--config.predictions={path}", *args)
   assert result.returncode == 0, result.stderr[-2000:]
   comparison = json.loads((tmp_path / "results.json").read_text())["comparison"]

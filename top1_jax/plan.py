@@ -110,6 +110,8 @@ def _check_evaluation(c, n_bins) -> None:
       "compare_bins",
       f"{c.compare_bins} is not one of n_bins={n_bins}; the comparison reuses the sweep's bins",
     )
+  if not isinstance(c.figures, bool):
+    _fail("figures", f"expected True or False, got {c.figures!r}")
   if not 0.0 < c.selective_delta < 0.5:
     _fail("selective_delta", f"expected a probability in (0, 0.5), got {c.selective_delta}")
 
