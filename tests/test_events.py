@@ -1,5 +1,7 @@
 """Top-k correctness events."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -35,3 +37,14 @@ def test_ties_break_towards_lower_index():
 def test_bad_input(logits, labels, k, message):
   with pytest.raises(ValueError, match=message):
     events.topk_correct(logits, labels, k)
+
+
+@pytest.mark.parametrize("k", [2, 3, 7])
+def test_topk_correct_by_rank_equals_lax_top_k_with_many_ties(k):
+  # The one-pass rank must break ties as lax.top_k does: the lower class index first.
+  rng = np.random.default_rng(k)
+  logits = np.round(rng.normal(size=(3000, 12))) + 0.0  # + 0.0: no -0.0 beside 0.0
+  labels = rng.integers(0, 12, 3000)
+  _, top = jax.lax.top_k(jnp.asarray(logits, jnp.float32), k)
+  expected = np.any(np.asarray(top) == labels[:, None], axis=-1)
+  np.testing.assert_array_equal(events.topk_correct(logits, labels, k), expected)

@@ -13,8 +13,12 @@ from top1_jax import validation
 def _topk_correct(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
   if k == 1:
     return jnp.argmax(logits, axis=-1) == labels
-  _, top_index = jax.lax.top_k(logits, k)
-  return jnp.any(top_index == labels[:, None], axis=-1)
+  # The label's rank in one pass (no sort): the classes ahead of it are the larger
+  # ones and, at a tie, the lower indices (lax.top_k's and argmax's rule).
+  own = jnp.take_along_axis(logits, labels[:, None], axis=-1)
+  lower = jnp.arange(logits.shape[-1]) < labels[:, None]
+  ahead = (logits > own) | ((logits == own) & lower)
+  return jnp.sum(ahead, axis=-1) < k
 
 
 def topk_correct(logits: ArrayLike, labels: ArrayLike, k: int = 1) -> jax.Array:
