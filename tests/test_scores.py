@@ -271,3 +271,15 @@ def test_oracle_loss_is_the_true_class_cross_entropy_and_stays_an_oracle():
   assert "oracle_loss" in values
   with pytest.raises(ValueError, match="labels: labels out of range"):
     scores.oracle_loss(logits, labels + 6)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 17])
+def test_top_k_scores_equal_the_sort_based_definition_with_ties(k):
+  # margin and -log top-k mass find the top k by arg-max passes (k <= 16) or lax.top_k.
+  rng = np.random.default_rng(k)
+  logits = np.round(2 * rng.normal(size=(500, 40))).astype(np.float32)
+  top = np.sort(logits, axis=-1)[:, ::-1][:, :k]
+  shifted = np.exp(logits - top[:, :1])
+  expected = -np.log(np.exp(top - top[:, :1]).sum(-1) / shifted.sum(-1))
+  np.testing.assert_allclose(scores.neg_log_topk_mass(logits, k), expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(scores.margin(logits), top[:, 0] - np.sort(logits)[:, -2])

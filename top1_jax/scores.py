@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import validation
+from top1_jax import covariance, validation
 
 
 def _logits(logits: ArrayLike) -> jax.Array:
@@ -102,13 +102,34 @@ def entropy(logits: ArrayLike) -> jax.Array:
   return _entropy(_logits(logits))
 
 
+_TOP_K_BY_PASSES = 16
+"""Up to this k, the top k by k arg-max passes: on CPU, ``lax.top_k`` over 1,000 classes
+is ~20x slower than a handful of passes (it sorts)."""
+
+
+def _top_k(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """The k largest entries of each row, [N, k] descending, and their [N, K] mask.
+
+  Ties go to the lower class index, as in ``lax.top_k`` and ``argmax``.
+  """
+  if k > _TOP_K_BY_PASSES:
+    values, index = jax.lax.top_k(logits, k)
+    rows = jnp.arange(logits.shape[0])[:, None]
+    return values, jnp.zeros(logits.shape, bool).at[rows, index].set(True)
+  classes = jnp.arange(logits.shape[-1])
+  remaining, in_top, values = logits, jnp.zeros(logits.shape, bool), []
+  for _ in range(k):
+    index = jnp.argmax(remaining, axis=-1)
+    values.append(jnp.take_along_axis(remaining, index[:, None], axis=-1)[:, 0])
+    hit = classes == index[:, None]
+    in_top, remaining = in_top | hit, jnp.where(hit, -jnp.inf, remaining)
+  return jnp.stack(values, axis=-1), in_top
+
+
 @functools.partial(jax.jit, static_argnames=("k",))
 def _neg_log_topk_mass(logits: jax.Array, k: int) -> jax.Array:
-  top_values, top_index = jax.lax.top_k(logits, k)
+  top_values, in_top = _top_k(logits, k)
   z_top = top_values - top_values[:, :1]
-  in_top = (
-    jnp.zeros(logits.shape, bool).at[jnp.arange(logits.shape[0])[:, None], top_index].set(True)
-  )
   rest = jnp.sum(jnp.where(in_top, 0.0, jnp.exp(logits - top_values[:, :1])), axis=-1)
   top_mass = jnp.sum(jnp.exp(z_top), axis=-1)  # >= 1: the top entry is exp(0)
   return jnp.log1p(rest / top_mass)
@@ -131,7 +152,7 @@ def neg_log_topk_mass(logits: ArrayLike, k: int = 5) -> jax.Array:
 
 @jax.jit
 def _margin(logits: jax.Array) -> jax.Array:
-  top2, _ = jax.lax.top_k(logits, 2)
+  top2, _ = _top_k(logits, 2)
   return top2[:, 0] - top2[:, 1]
 
 
@@ -150,44 +171,13 @@ def margin(logits: ArrayLike) -> jax.Array:
   return _margin(_logits(logits))
 
 
-@jax.jit
-def _covariance_norm(samples: jax.Array) -> jax.Array:
-  num_samples, _, num_classes = samples.shape
-  # Example-major [N, S, K] makes both the centring and the Gram a batched matmul
-  # pattern XLA handles well (faster on CPU than reducing over the leading S).
-  # Centre explicitly, before any product: the spread of tiny dropout rates can be
-  # 1e-4 of the logits' mean, and centring the Gram afterwards would cancel it away.
-  per_example = jnp.transpose(samples, (1, 0, 2))
-  centred = per_example - jnp.mean(per_example, axis=1, keepdims=True)
-  # Scaled to max |x| = 1 per example before the product, and the norm scaled back:
-  # squares of logits of 1e20 overflow float32 (the norm itself is then inf, not NaN).
-  scale = jnp.max(jnp.abs(centred), axis=(1, 2))
-  scale = jnp.where(scale > 0, scale, 1.0)
-  centred = centred / scale[:, None, None]
-  if num_samples < num_classes:
-    # Cov = X^T X / (S-1) with X = centred [S, K] has the same nonzero spectrum
-    # as the S x S Gram matrix X X^T / (S-1): O(S^2 K) per example, not O(K^3).
-    gram = centred @ jnp.swapaxes(centred, 1, 2)
-  else:
-    gram = jnp.swapaxes(centred, 1, 2) @ centred
-  gram = gram / (num_samples - 1)
-  if jax.default_backend() == "cpu":
-    # jaxlib's CPU LAPACK kernel splits a *batched* eigh over the intra-op thread
-    # pool and blocks a pool thread while it waits; two such calls at once (two
-    # scores, or async dispatch overlapping two calls) deadlocked a 2-core CPU.
-    # One matrix per call runs inline, and is as fast (docs/performance.md).
-    top = jax.lax.map(lambda matrix: jnp.linalg.eigvalsh(matrix)[-1], gram)
-  else:
-    top = jnp.linalg.eigvalsh(gram)[:, -1]
-  return jnp.maximum(top, 0.0) * scale**2
-
-
 def covariance_norm(samples: ArrayLike) -> jax.Array:
   """Matrix 2-norm of the sample covariance of each example's S vectors.
 
   ``||Cov_s(v_s)||_2`` with the unbiased (S-1) normalisation, as ``np.cov``. A pure
   function of the vectors as given: pass logits, probabilities or log-probabilities.
-  Computed through the S x S Gram matrix of the centred samples when S < K.
+  Computed through the S x S Gram matrix of the centred samples when S < K, with a
+  batched eigenvalue step (``covariance.covariance_norm``).
 
   Args:
     samples: [S, N, K] float, S >= 2 MC-dropout samples or ensemble members.
@@ -195,13 +185,19 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
   Returns:
     [N] float, >= 0 (larger = the samples disagree more).
   """
-  arr = validation.float_array("samples", samples, 3)
+  arr = validation.as_array("samples", samples, 3)
+  if arr.dtype.kind != "f":
+    arr = validation.float_array("samples", arr, 3)  # integers and booleans
   if arr.shape[0] < 2:
     raise ValueError(
       f"samples: need at least 2 samples on axis 0 for a covariance, got shape {arr.shape}"
     )
-  norm = _covariance_norm(arr)
+  norm = covariance.covariance_norm(arr)
   if not validation.is_traced(norm) and not bool(jnp.all(jnp.isfinite(norm))):
+    # Non-finite samples give NaN norms, so the samples are only checked here (a
+    # whole pass over them, as long as the covariance itself): name the first bad
+    # value, or else the norm itself left the float range.
+    validation.check_finite("samples", arr)
     raise ValueError(
       "samples: the covariance norm exceeds the float32 range (spread beyond ~1e19);"
       " rescale the samples"
@@ -297,7 +293,7 @@ def _pmax(log_probs: jax.Array) -> jax.Array:
 
 
 def _covariance_norm_probs(samples: jax.Array) -> jax.Array:
-  return _covariance_norm(jnp.exp(jax.nn.log_softmax(samples, axis=-1)))
+  return covariance.covariance_norm(jnp.exp(jax.nn.log_softmax(samples, axis=-1)))
 
 
 class Score(NamedTuple):
@@ -350,7 +346,7 @@ REGISTRY: dict[str, Score] = {
       "cov. 2-norm (logits)",
       "samples",
       False,
-      _covariance_norm,
+      covariance.covariance_norm,
       on_device=True,
     ),
     Score("human_entropy", "human entropy", "human_probs", False, _human_entropy),

@@ -1,0 +1,278 @@
+"""The covariance 2-norm of many small sample sets, without a solver call per example.
+
+The score of MC dropout and deep ensembles is ``||Cov_s(x_s)||_2``, the largest
+eigenvalue of the covariance of each example's S vectors of length K. Two things
+make it cheap:
+
+* With X the centred [S, K] samples, the K x K covariance ``X^T X / (S-1)`` and the
+  S x S Gram matrix ``X X^T / (S-1)`` share their nonzero eigenvalues, so only the
+  m x m one with ``m = min(S, K)`` is formed: O(m^2 max(S, K)) per example.
+* The top eigenvalue of a batch of small symmetric PSD matrices comes from m steps
+  of Lanczos run on the whole batch at once (batched matrix-vector products) and
+  bisection on the resulting tridiagonal matrices. In exact arithmetic m steps
+  span the whole space, so there is no convergence test to tune and no eigenvalue
+  gap to wait for; in floating point, Lanczos without reorthogonalisation only
+  repeats Ritz values that have converged, which leaves the largest one intact.
+  That is the CPU path: there one LAPACK ``eigh`` per matrix is serial per example,
+  and jaxlib's batched CPU ``eigh`` blocked its thread pool when two calls
+  overlapped. GPUs take one batched ``eigvalsh`` call, faster there.
+
+On the CPU the Gram matrices are formed one example at a time, each one plain
+[S, K] x [K, S] matmul sliced straight out of the ``[S, N, K]`` samples: XLA runs
+those faster than a batched matmul over examples (``benchmarks/bench_covariance.py``),
+and no transposed copy of the samples is made. Eigenvalues are taken a chunk of
+examples at a time, so the memory beyond the input stays O(chunk * m^2) whatever N.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_BLOCK_ELEMENTS = {"cpu": 1 << 15, "other": 1 << 28}
+"""Sample values per product step: one example at S = 32, K = 1000 on the CPU (a
+plain matmul); on accelerators, one large batched matmul (1 GiB of float32)."""
+
+_CHUNK_MATRIX_ELEMENTS = {"cpu": 1 << 18, "other": 1 << 26}
+"""Matrix entries per eigenvalue step: 256 examples at m = 32 on the CPU, enough
+to amortise the per-step cost of the batched Lanczos loop, small enough for cache."""
+
+
+def _on_cpu() -> bool:
+  return jax.default_backend() == "cpu"
+
+
+def _precision() -> jax.lax.Precision | None:
+  # Full float32 products: GPUs would otherwise multiply in TF32 (~1e-3 relative
+  # error). The CPU multiplies float32 in full anyway, on its default path.
+  return None if _on_cpu() else jax.lax.Precision.HIGHEST
+
+
+def _start_vector(size: int) -> np.ndarray:
+  # Not the all-ones vector: centred samples (and centred probabilities, whose
+  # entries sum to one) have it in their null space. A fixed random direction is
+  # orthogonal to the top eigenvector only on a set of measure zero.
+  vector = np.random.default_rng(0).normal(size=size)
+  return vector / np.linalg.norm(vector)
+
+
+def _lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """[B, m, m] symmetric -> Lanczos tridiagonals: [B, m] diagonal, [B, m-1] off-diagonal."""
+  size = matrices.shape[-1]
+  # Carries start from the data's own shapes (``*_like``), as shard_map requires.
+  start = jnp.zeros_like(matrices[:, 0]) + jnp.asarray(_start_vector(size), matrices.dtype)
+  # An invariant subspace ends the sequence: the next vector would be rounding noise.
+  breakdown = size * jnp.finfo(matrices.dtype).eps * jnp.trace(matrices, axis1=1, axis2=2)
+
+  def step(carry, _):
+    vector, previous, previous_beta = carry
+    product = jnp.einsum("bij,bj->bi", matrices, vector, precision=_precision())
+    alpha = jnp.sum(product * vector, axis=-1)
+    residual = product - alpha[:, None] * vector - previous_beta[:, None] * previous
+    beta = jnp.sqrt(jnp.sum(residual * residual, axis=-1))
+    alive = beta > breakdown
+    beta = jnp.where(alive, beta, 0.0)
+    following = residual * jnp.where(alive, 1 / jnp.where(alive, beta, 1.0), 0.0)[:, None]
+    return (following, vector, beta), (alpha, beta)
+
+  carry = (start, jnp.zeros_like(start), jnp.zeros_like(start[:, 0]))
+  _, (alphas, betas) = jax.lax.scan(step, carry, None, length=size)
+  return alphas.T, betas.T[:, :-1]
+
+
+def _top_of_tridiagonal(diagonal: jax.Array, off_diagonal: jax.Array) -> jax.Array:
+  """[B, m] diagonal, [B, m-1] off-diagonal -> [B] largest eigenvalue, by bisection.
+
+  The top eigenvalue lies in [max diagonal, max Gershgorin bound]; x is below it
+  iff some pivot of the LDL^T factorisation of T - x I is positive (Sturm).
+  """
+  squares = jnp.square(off_diagonal)
+  magnitude = jnp.abs(off_diagonal)
+  edge = jnp.zeros(diagonal.shape[:1] + (1,), diagonal.dtype)
+  radius = jnp.concatenate([edge, magnitude], 1) + jnp.concatenate([magnitude, edge], 1)
+  lower = jnp.max(diagonal, axis=1)
+  upper = jnp.max(diagonal + radius, axis=1)
+  finfo = jnp.finfo(diagonal.dtype)
+  pivot_floor = finfo.tiny * jnp.maximum(1.0, jnp.max(squares, axis=1, initial=0.0))
+  squares = jnp.concatenate([edge, squares], 1)
+
+  def below_top(x):
+    def pivot(i, carry):
+      previous, positive = carry
+      current = diagonal[:, i] - x - squares[:, i] / previous
+      current = jnp.where(jnp.abs(current) < pivot_floor, -pivot_floor, current)
+      return current, positive | (current > 0)
+
+    start = (jnp.ones_like(x), jnp.zeros_like(x, dtype=bool))
+    return jax.lax.fori_loop(0, diagonal.shape[1], pivot, start)[1]
+
+  def halve(_, bounds):
+    lower, upper = bounds
+    middle = 0.5 * (lower + upper)
+    below = below_top(middle)
+    return jnp.where(below, middle, lower), jnp.where(below, upper, middle)
+
+  # The bracket is at most twice the largest off-diagonal wide: nmant + 3 halvings
+  # leave it below one unit in the last place of the top eigenvalue.
+  lower, upper = jax.lax.fori_loop(0, finfo.nmant + 3, halve, (lower, upper))
+  return 0.5 * (lower + upper)
+
+
+def _top_eigenvalue(matrices: jax.Array) -> jax.Array:
+  if not _on_cpu():
+    # GPUs solve a batch of small eigenproblems in one call (cuSOLVER's batched
+    # Jacobi), faster there than Lanczos' m sequential steps and the bisection.
+    return jnp.maximum(jnp.linalg.eigvalsh(matrices)[:, -1], 0.0)
+  # Divided by the trace (>= the top eigenvalue) so that the squares inside
+  # Lanczos and the bisection stay in range whatever the scale of the matrices.
+  trace = jnp.trace(matrices, axis1=1, axis2=2)
+  trace = jnp.where(trace > 0, trace, 1.0)
+  normalised = matrices / trace[:, None, None]
+  return jnp.maximum(_top_of_tridiagonal(*_lanczos(normalised)), 0.0) * trace
+
+
+@jax.jit
+def top_eigenvalue(matrices: jax.Array) -> jax.Array:
+  """Largest eigenvalue of each symmetric positive semi-definite matrix.
+
+  On the CPU, batched Lanczos (m steps, the whole batch at once) and bisection
+  on the tridiagonals: no per-matrix solver call. Elsewhere one batched
+  ``eigvalsh``. Values are not checked.
+
+  Args:
+    matrices: [B, m, m] float, symmetric PSD.
+
+  Returns:
+    [B] float, >= 0.
+  """
+  if matrices.ndim != 3 or matrices.shape[1] != matrices.shape[2] or matrices.shape[1] == 0:
+    raise ValueError(f"matrices: expected shape [B, m, m] with m >= 1, got {matrices.shape}")
+  num_matrices, size, _ = matrices.shape
+  if num_matrices == 0:
+    return jnp.zeros((0,), matrices.dtype)
+  _, chunk, num_chunks = _sizes(num_matrices, size, size, samples_per_block=False)
+
+  def one_chunk(start):
+    return _top_eigenvalue(jax.lax.dynamic_slice_in_dim(matrices, start, chunk))
+
+  return _over_chunks(one_chunk, num_matrices, chunk, num_chunks)
+
+
+def _products(centred: jax.Array) -> jax.Array:
+  """[S, b, K] centred samples -> [b, m, m]: X X^T when S < K, else X^T X."""
+  num_samples, num_examples, num_classes = centred.shape
+  if num_examples == 1:
+    # One plain matmul: on the CPU faster than a batched one of batch size 1.
+    pattern = "sk,tk->st" if num_samples < num_classes else "sk,sl->kl"
+    return jnp.einsum(pattern, centred[:, 0], centred[:, 0], precision=_precision())[None]
+  pattern = "snk,tnk->nst" if num_samples < num_classes else "snk,snl->nkl"
+  return jnp.einsum(pattern, centred, centred, precision=_precision())
+
+
+def _centred(samples: jax.Array) -> jax.Array:
+  # Centred explicitly, before any product: the spread of tiny dropout rates can
+  # be 1e-4 of the logits' mean, and centring the Gram afterwards cancels it away.
+  return samples - jnp.mean(samples, axis=0)
+
+
+def _chunk_products(samples: jax.Array, start: jax.Array, chunk: int, block: int) -> jax.Array:
+  """Examples [start, start + chunk) -> [chunk, m, m], ``block`` examples per step."""
+
+  def one_block(index):
+    # Sliced from the whole array: slicing the chunk first would copy it once more.
+    examples = jax.lax.dynamic_slice_in_dim(samples, start + index * block, block, axis=1)
+    return _products(_centred(examples))
+
+  if chunk == block:  # no loop to compile for a single step
+    return one_block(0)
+  products = jax.lax.map(one_block, jnp.arange(chunk // block))
+  return products.reshape((chunk,) + products.shape[2:])
+
+
+def _rescaled_chunk_products(
+  samples: jax.Array, start: jax.Array, chunk: int
+) -> tuple[jax.Array, jax.Array]:
+  """The same with the samples divided by each example's largest deviation first."""
+  centred = _centred(jax.lax.dynamic_slice_in_dim(samples, start, chunk, axis=1))
+  scale = jnp.max(jnp.abs(centred), axis=(0, 2))
+  scale = jnp.where(scale > 0, scale, 1.0)
+  return _products(centred / scale[:, None]), scale
+
+
+def _chunk_norms(samples: jax.Array, start: jax.Array, chunk: int, block: int) -> jax.Array:
+  """[S, N, K] -> [chunk] covariance norms of examples [start, start + chunk)."""
+  products = _chunk_products(samples, start, chunk, block)
+  # Products of the raw deviations are accurate unless they overflow (deviations
+  # beyond ~1e19 / sqrt(K)) or sink into subnormals; only then, for this chunk, are
+  # they recomputed from rescaled samples (an extra pass the common case skips).
+  largest = jnp.max(jnp.diagonal(products, axis1=1, axis2=2), axis=1)
+  smallest_safe = np.sqrt(jnp.finfo(samples.dtype).tiny)
+  out_of_range = ~jnp.all(jnp.isfinite(products)) | jnp.any(
+    (largest > 0) & (largest < smallest_safe)
+  )
+  products, scale = jax.lax.cond(
+    out_of_range,
+    lambda: _rescaled_chunk_products(samples, start, chunk),
+    lambda: (products, jnp.ones_like(largest)),
+  )
+  # In this order so that a huge scale with a small eigenvalue does not overflow.
+  norms = _top_eigenvalue(products) / (samples.shape[0] - 1) * scale * scale
+  # Rescaled products are finite unless the samples are not: mark those examples.
+  return jnp.where(jnp.all(jnp.isfinite(products), axis=(1, 2)), norms, jnp.nan)
+
+
+def _sizes(
+  num_examples: int, num_samples: int, num_classes: int, samples_per_block: bool = True
+) -> tuple[int, int, int]:
+  """Examples per product step, per chunk (a multiple of it, at most N), and chunks."""
+  kind = "cpu" if _on_cpu() else "other"
+  size = min(num_samples, num_classes)
+  per_block = _BLOCK_ELEMENTS[kind] // (num_samples * num_classes) if samples_per_block else 1
+  block = max(1, min(num_examples, per_block))
+  blocks_per_chunk = max(1, _CHUNK_MATRIX_ELEMENTS[kind] // (size * size * block))
+  largest = block * max(1, min(blocks_per_chunk, num_examples // block))
+  num_chunks = -(-num_examples // largest)
+  # Chunks as even as the step allows, so that the last one, shifted back to end
+  # at N, recomputes few examples of its neighbour.
+  even = -(-num_examples // num_chunks)
+  if block >= even:
+    return even, even, num_chunks
+  return block, block * -(-even // block), num_chunks
+
+
+def _over_chunks(chunk_fn, num_examples: int, chunk: int, num_chunks: int) -> jax.Array:
+  """[N] results of ``chunk_fn(start) -> [chunk]`` over chunks covering [0, N)."""
+  # The last chunk is shifted back to end at N, overlapping its neighbour, rather
+  # than padded: padding would copy the whole input.
+  if num_chunks == 1:
+    return chunk_fn(0)
+  starts = jnp.minimum(jnp.arange(num_chunks) * chunk, num_examples - chunk)
+  results = jax.lax.map(chunk_fn, starts)
+  tail = num_examples - (num_chunks - 1) * chunk
+  return jnp.concatenate([results[:-1].reshape(-1), results[-1, chunk - tail :]])
+
+
+@jax.jit
+def covariance_norm(samples: jax.Array) -> jax.Array:
+  """Largest eigenvalue of each example's unbiased sample covariance, as ``np.cov``.
+
+  Values are not checked (``scores.covariance_norm`` is the checked entry point);
+  safe under ``jit`` and ``shard_map``.
+
+  Args:
+    samples: [S, N, K] float, S >= 2 samples (or ensemble members) of N examples.
+
+  Returns:
+    [N] float, >= 0; inf where the norm exceeds the float range, NaN where the
+    example's samples are not all finite.
+  """
+  if samples.ndim != 3 or samples.shape[0] < 2 or samples.shape[2] == 0:
+    raise ValueError(f"samples: expected shape [S >= 2, N, K >= 1], got {samples.shape}")
+  num_samples, num_examples, num_classes = samples.shape
+  if num_examples == 0:
+    return jnp.zeros((0,), samples.dtype)
+  block, chunk, num_chunks = _sizes(num_examples, num_samples, num_classes)
+
+  def one_chunk(start):
+    return _chunk_norms(samples, start, chunk, block)
+
+  return _over_chunks(one_chunk, num_examples, chunk, num_chunks)
