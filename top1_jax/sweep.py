@@ -17,55 +17,69 @@ file's hash, and reused when both match. A setting that does not fit the files
 raises ``SettingError``, whose message starts with the setting's name.
 """
 
-import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from top1_jax import comparison, crossval, events, scores, selective, tables, validation
-from top1_jax.io import files
-from top1_jax.io import predictions as predictions_lib
+from top1_jax import chunked, comparison, crossval, events, scores, selective, tables, validation
+from top1_jax.io import files, stream
 
 SettingError = validation.SettingError  # the one class; re-exported where it is raised
 
 
 class Source:
-  """One predictions file, its settings (``columns``), scores and calibration/test splits."""
+  """One predictions file, its settings (``columns``), scores and calibration/test splits.
 
-  def __init__(self, name: str, path, s: Any, timings: dict):
+  The file is read a chunk of examples at a time (``io.stream``) and its scores
+  computed chunk by chunk (``chunked``): memory holds the [N, K] log-probabilities
+  and one chunk, never the file's [S, N, K] samples.
+  """
+
+  def __init__(self, name: str, path, s: Any, timings: dict, chunk_size: int | None = None):
     tic = time.perf_counter()
     self.name, self.slug, self.path = name, name.replace("/", "__"), path
-    predictions = predictions_lib.load_predictions(path)
-    self.meta = dict(predictions.meta)
-    self.labels = np.asarray(predictions.labels)
-    self.digest = hashlib.sha1(path.read_bytes()).hexdigest()
-    if max(s.topk) > predictions.num_classes:
-      raise SettingError(
-        f"topk: {max(s.topk)} exceeds the {predictions.num_classes} classes of {name}"
+    with stream.PredictionsReader(path) as reader:
+      self.meta, self.labels = dict(reader.meta), reader.labels
+      self.digest = stream.file_sha1(path)
+      if max(s.topk) > reader.num_classes:
+        raise SettingError(
+          f"topk: {max(s.topk)} exceeds the {reader.num_classes} classes of {name}"
+        )
+      num_samples = reader.num_samples or 1
+      self.columns = tables.file_columns(self.meta, name, num_samples)
+      if not isinstance(self.columns["seed"], int):
+        self.columns["seed"] = s.seeds[0]  # a user's file: the config's seed draws its splits
+      self.label = tables.row_label(self.columns)  # load_sources names mixed settings too
+      # One network (not MC dropout or an ensemble): temperature scaling applies.
+      self.single_model = num_samples == 1 and self.columns["method"] not in (
+        "mc_dropout",
+        "ensemble",
       )
-    self.columns = tables.file_columns(self.meta, name, predictions.num_samples or 1)
-    if not isinstance(self.columns["seed"], int):
-      self.columns["seed"] = s.seeds[0]  # a user's file: the config's seed draws its splits
-    self.label = tables.row_label(self.columns)  # load_sources names mixed settings too
-    # One network (not MC dropout or an ensemble): temperature scaling applies.
-    self.single_model = (predictions.num_samples or 1) == 1 and self.columns["method"] not in (
-      "mc_dropout",
-      "ensemble",
-    )
-    timings["load"] = timings.get("load", 0.0) + time.perf_counter() - tic
-    tic = time.perf_counter()
-    self.log_probs, self.scores = scores.from_predictions(
-      logits=predictions.logits,
-      mean_probs=predictions.mean_probs,
-      stored_scores=predictions.scores,
-      human_probs=predictions.human_probs,
-      topk=s.topk,
-      labels=predictions.labels,  # for the oracle row
-    )
+      size = chunk_size or chunked.chunk_size(len(self.labels), num_samples, reader.num_classes)
+      chunks = _timed(reader.chunks(size), timings, "load")
+      timings["load"] = timings.get("load", 0.0) + time.perf_counter() - tic
+      tic = time.perf_counter()
+      before = timings["load"]
+      self.log_probs, self.scores = chunked.from_chunks(chunks, len(self.labels), topk=s.topk)
     self.splits = crossval.make_splits(len(self.labels), s.n_folds, self.columns["seed"], s.scheme)
-    timings["scores"] = timings.get("scores", 0.0) + time.perf_counter() - tic
+    read = timings["load"] - before  # the chunks' reads count as loading, not scoring
+    timings["scores"] = timings.get("scores", 0.0) + time.perf_counter() - tic - read
+
+
+def _timed(items, timings: dict, key: str):
+  """``items``, with the seconds spent producing each added to ``timings[key]``."""
+  iterator = iter(items)
+  while True:
+    tic = time.perf_counter()
+    try:
+      item = next(iterator)
+    except StopIteration:
+      return
+    finally:
+      timings[key] = timings.get(key, 0.0) + time.perf_counter() - tic
+    yield item
 
 
 def _requested_scores(s: Any, sources: list[Source]) -> list[str]:

@@ -33,7 +33,7 @@ _MAX_ITERATIONS = 64
 _TOLERANCE = 1e-6
 
 
-def _slope_and_curvature(centred, label_logit, log_temperature):
+def _slope_and_curvature(centred, label_logit, example_weights, log_temperature):
   """d NLL / d log T and d^2 NLL / d log T^2, from one pass over the logits."""
   beta = jnp.exp(-log_temperature)
   # centred <= 0 with a 0 in each row: exp(beta * centred) <= 1 and its row sum >= 1,
@@ -42,14 +42,17 @@ def _slope_and_curvature(centred, label_logit, log_temperature):
   total = jnp.sum(weights, axis=-1)
   mean = jnp.sum(weights * centred, axis=-1) / total
   second = jnp.sum(weights * centred**2, axis=-1) / total
-  slope_beta = jnp.mean(mean - label_logit)  # d NLL / d beta, non-decreasing in beta
-  curvature_beta = jnp.mean(jnp.maximum(second - mean**2, 0.0))  # softmax variance
+  total_weight = jnp.sum(example_weights)
+  # d NLL / d beta, non-decreasing in beta; then the softmax variance.
+  slope_beta = jnp.sum(example_weights * (mean - label_logit)) / total_weight
+  variance = jnp.maximum(second - mean**2, 0.0)
+  curvature_beta = jnp.sum(example_weights * variance) / total_weight
   # The chain rule through beta = exp(-log T).
   return -beta * slope_beta, beta * slope_beta + beta**2 * curvature_beta, slope_beta
 
 
 @jax.jit
-def _fit_temperature(logits, labels, log_min, log_max):
+def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
   # Shift-invariant, and smaller magnitudes keep the float32 sums tight.
   centred = logits - jnp.max(logits, axis=-1, keepdims=True)
   label_logit = jnp.take_along_axis(centred, labels[:, None], axis=-1)[:, 0]
@@ -58,7 +61,7 @@ def _fit_temperature(logits, labels, log_min, log_max):
 
   def step(state):
     iteration, log_t, low, high, last_step, step_before, _ = state
-    slope, curvature, slope_beta = _slope_and_curvature(centred, label_logit, log_t)
+    slope, curvature, slope_beta = _slope_and_curvature(centred, label_logit, weights, log_t)
     # The slope in beta changes sign at most once (convexity): where it is < 0 the NLL
     # still falls as T shrinks, so the optimum is below. A zero slope (the NLL flat in
     # T) counts as "above", so a T-independent NLL returns the top of the bracket.
@@ -79,8 +82,8 @@ def _fit_temperature(logits, labels, log_min, log_max):
     iteration, *_, done = state
     return (iteration < _MAX_ITERATIONS) & ~done
 
-  # T = 1 first: a trained network's optimum is usually within a factor of a few.
-  start = jnp.clip(jnp.zeros((), dtype), log_min, log_max)
+  # T = 1 by default: a trained network's optimum is usually within a factor of a few.
+  start = jnp.clip(log_start.astype(dtype), log_min, log_max)
   width = log_max - log_min
   state = (0, start, log_min, log_max, width, width, jnp.zeros((), bool))
   _, log_t, low, high, *_ = jax.lax.while_loop(not_done, step, state)
@@ -93,6 +96,8 @@ def fit_temperature(
   *,
   min_temperature: float = MIN_TEMPERATURE,
   max_temperature: float = MAX_TEMPERATURE,
+  weights: ArrayLike | None = None,
+  initial_temperature: float = 1.0,
 ) -> jax.Array:
   """Maximum-likelihood temperature T of softmax(logits / T) on a calibration split.
 
@@ -117,6 +122,12 @@ def fit_temperature(
     logits: [N, K] float, calibration-split logits (N >= 1, K >= 2).
     labels: [N] int in [0, K).
     min_temperature, max_temperature: the bracket, 0 < min < max.
+    weights: optional [N] example weights >= 0 (e.g. a split's calibration
+      mask): the NLL is their weighted mean. Splits given as masks of one [N, K]
+      array share one compiled program and need no copy of their rows.
+    initial_temperature: where Newton starts (e.g. another split's T, close
+      to this one's: fewer passes); the result does not depend on it beyond the
+      tolerance of 1e-6 in log T.
 
   Returns:
     [] float, T > 0. Apply it with ``apply_temperature``.
@@ -135,7 +146,24 @@ def fit_temperature(
       "min_temperature, max_temperature: expected finite 0 < min < max,"
       f" got {min_temperature!r}, {max_temperature!r}"
     )
-  return _fit_temperature(logits, labels, jnp.float32(np.log(low)), jnp.float32(np.log(high)))
+  if weights is None:
+    weights = jnp.ones(logits.shape[0], logits.dtype)
+  else:
+    weights = validation.float_array("weights", weights, 1)
+    validation.same_length(logits=logits, weights=weights)
+    if not validation.is_traced(weights) and not bool(
+      jnp.all(weights >= 0) & (jnp.sum(weights) > 0)
+    ):
+      raise ValueError("weights: expected weights >= 0 with a positive sum")
+  start = float(initial_temperature)
+  if not (np.isfinite(start) and start > 0):
+    raise ValueError(f"initial_temperature: expected a finite T > 0, got {initial_temperature!r}")
+  return _fit_temperature(
+    logits,
+    labels,
+    weights.astype(logits.dtype),
+    *(jnp.float32(np.log(v)) for v in (low, high, start)),
+  )
 
 
 @jax.jit

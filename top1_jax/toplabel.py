@@ -82,15 +82,16 @@ def fit(
   n_bins = validation.positive_int("n_bins", n_bins, maximum=confidence.shape[0])
   min_per_bin = validation.positive_int("min_per_bin", min_per_bin)
   pooled = binning.fit(confidence, correct, n_bins)
-  fits, own = [pooled] * num_classes, np.zeros(num_classes, bool)
-  by_class = np.argsort(classes, kind="stable")  # members of each class in input order
-  present, sizes = np.unique(classes, return_counts=True)
-  for k, members in zip(present, np.split(by_class, np.cumsum(sizes)[:-1]), strict=True):
-    if members.shape[0] >= min_per_bin * n_bins:
-      own[k] = True
-      fits[k] = binning.fit(confidence[members], correct[members], n_bins)
-  per_class = jax.tree.map(lambda *fields: jnp.stack(fields), *fits)
+  own = np.bincount(classes, minlength=num_classes) >= min_per_bin * n_bins
+  # Every class's bins at once: one sort and one compiled count, not one fit per class.
+  grouped = binning.fit_groups(confidence, classes, correct, n_bins, num_classes)
+  per_class = jax.tree.map(lambda mine, all_: _where_own(own, mine, all_), grouped, pooled)
   return TopLabelBins(per_class, jnp.asarray(own), pooled)
+
+
+@jax.jit
+def _where_own(own, per_class, pooled):
+  return jnp.where(own.reshape(-1, *[1] * pooled.ndim), per_class, pooled)
 
 
 @jax.jit
@@ -114,4 +115,10 @@ def predict(model: TopLabelBins, confidence: ArrayLike, predicted_class: ArrayLi
   confidence = validation.float_array("confidence", confidence, 1)
   classes = validation.labels_array("predicted_class", predicted_class, model.num_classes)
   validation.same_length(confidence=confidence, predicted_class=classes)
-  return _predict(model.per_class, confidence, classes)
+  num = confidence.shape[0]
+  if validation.is_traced(confidence) or validation.is_traced(classes):
+    return _predict(model.per_class, confidence, classes)
+  # Padded to a size bucket: one compiled program for every split's test size.
+  size = binning.bucket_size(num)
+  padded = [np.pad(np.asarray(x), (0, size - num)) for x in (confidence, classes)]
+  return _predict(model.per_class, *padded)[:num]

@@ -328,7 +328,8 @@ def _np_load(path: pathlib.Path | epath.Path):
   return np.load(source, allow_pickle=False)
 
 
-def _read_meta(value: np.ndarray) -> dict:
+def read_meta(value: np.ndarray) -> dict:
+  """The ``meta`` field (a 0-d JSON string array) as a dict; ValueError naming ``meta``."""
   if value.ndim != 0 or value.dtype.kind not in "US":
     raise ValueError(
       f"meta: expected a JSON string (0-d str array), got shape {value.shape} dtype {value.dtype}"
@@ -355,7 +356,7 @@ def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
       raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
     try:
       if key == "meta":
-        fields["meta"] = _read_meta(value)
+        fields["meta"] = read_meta(value)
       elif key.startswith(_SCORE_PREFIX):
         fields["scores"][key[len(_SCORE_PREFIX) :]] = value
       elif key in ("labels", "logits", "mean_probs", "human_probs"):
@@ -545,5 +546,6 @@ __all__ = [
   "attach_human_probs",
   "load_human_probs",
   "load_predictions",
+  "read_meta",
   "save_predictions",
 ]

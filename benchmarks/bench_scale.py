@@ -1,0 +1,95 @@
+r"""Evaluate at ImageNet scale: time and peak memory against one NumPy pass over the file.
+
+  python benchmarks/bench_scale.py            # [1, 50000, 1000] and [32, 20000, 1000]
+  python benchmarks/bench_scale.py --quick    # [1, 5000, 1000] and [8, 2000, 1000]
+
+For each synthetic predictions file (float32 logits of a 1,000-class model with
+about 75 % Top-1 accuracy, written to a temporary folder), in one run: the
+seconds of one NumPy pass (load + softmax), then ``experiments.evaluate`` on it
+as a subprocess (its peak RSS from the kernel, its stages from timings.json),
+and the ratios the targets are stated in: evaluate without figures over the
+NumPy pass (target <= 5), peak RSS over the file's size (target <= 0.5 for
+samples files).
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STAGES = ("load", "scores", "sweep", "comparison", "write", "figures")
+
+
+def make_file(path: pathlib.Path, num_samples: int, num: int, classes: int = 1000) -> None:
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, classes, num)
+  base = rng.normal(size=(num, classes)).astype(np.float32)
+  base[np.arange(num), labels] += rng.gamma(2.0, 1.5, num).astype(np.float32)
+  shape = (num_samples, num, classes)
+  noise = 0.3 * rng.standard_normal(shape, dtype=np.float32) if num_samples > 1 else 0.0
+  logits = (base[None] + noise).astype(np.float32)
+  np.savez(path, labels=labels, logits=logits, meta=np.array(json.dumps({"method": "external"})))
+
+
+def numpy_pass(path: pathlib.Path) -> float:
+  start = time.perf_counter()
+  with np.load(path) as data:
+    logits = data["logits"]
+  z = logits - logits.max(-1, keepdims=True)
+  np.exp(z, out=z)
+  z /= z.sum(-1, keepdims=True)
+  return time.perf_counter() - start
+
+
+def evaluate(path: pathlib.Path, workdir: pathlib.Path) -> tuple[float, float, dict]:
+  """Wall seconds, peak RSS in bytes and timings.json of one evaluate run."""
+  args = [sys.executable, "-m", "experiments.evaluate", "--config=configs/imagenet_eval.py"]
+  args += [f"--workdir={workdir}", f"--config.predictions={path}", "--config.n_bins=(10,20,100)"]
+  args += ["--config.topk=(1,5)", "--config.estimators=(bins,)", "--verbosity=-1"]
+  # A fresh parent per run: RUSAGE_CHILDREN's peak is the largest child's so far.
+  measure = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+  )
+  start = time.perf_counter()
+  out = subprocess.run([sys.executable, "-c", measure, *args], cwd=ROOT, check=True, text=True,
+                       capture_output=True)  # fmt: skip
+  wall = time.perf_counter() - start
+  peak = int(out.stdout.split()[-1]) * 1024  # kilobytes on Linux
+  return wall, peak, json.loads((workdir / "timings.json").read_text())
+
+
+def main() -> None:
+  quick = "--quick" in sys.argv
+  shapes = [(1, 5000), (8, 2000)] if quick else [(1, 50000), (32, 20000)]
+  header = (
+    "| file | MB | NumPy pass s | "
+    + " | ".join(STAGES)
+    + " | no figures s | ratio | peak RSS MB | RSS / file |"
+  )
+  print(header)
+  print("|---" * (header.count("|") - 1) + "|")
+  with tempfile.TemporaryDirectory() as folder:
+    for num_samples, num in shapes:
+      path = pathlib.Path(folder) / f"s{num_samples}_n{num}.npz"
+      make_file(path, num_samples, num)
+      size = path.stat().st_size
+      reference = min(numpy_pass(path) for _ in range(2))
+      wall, peak, timings = evaluate(path, pathlib.Path(folder) / f"w{num_samples}_{num}")
+      work = timings["total"] - timings.get("figures", 0.0)
+      cells = " | ".join(f"{timings.get(stage, 0.0):.2f}" for stage in STAGES)
+      print(
+        f"| [{num_samples}, {num}, 1000] | {size / 1e6:.0f} | {reference:.2f} | {cells} "
+        f"| {work:.2f} | {work / reference:.1f}x | {peak / 1e6:.0f} | {peak / size:.2f} |",
+        flush=True,
+      )
+      path.unlink()
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,162 @@
+"""Evaluation at scale: streamed reads and chunked scores equal the whole-file path.
+
+``io.stream.PredictionsReader`` + ``chunked.from_chunks`` against
+``load_predictions`` + ``scores.from_predictions``, bit for bit, on small files
+(samples, a single model, mean_probs with stored scores), with chunk sizes that
+do not divide N and with zip-compressed members; and ``binning`` compiling once
+per size bucket, not once per example count.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from top1_jax import binning, chunked, scores
+from top1_jax.io import predictions as predictions_lib
+from top1_jax.io import stream
+
+NUM, CLASSES, SAMPLES = 23, 6, 3
+
+
+def _predictions(kind: str) -> predictions_lib.Predictions:
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, CLASSES, NUM)
+  logits = (3 * rng.normal(size=(SAMPLES, NUM, CLASSES))).astype(np.float32)
+  human = rng.dirichlet(np.ones(CLASSES), NUM).astype(np.float32)
+  if kind == "samples":
+    return predictions_lib.Predictions(labels=labels, logits=logits, human_probs=human)
+  if kind == "logits":
+    return predictions_lib.Predictions(labels=labels, logits=logits[0], meta={"seed": 3})
+  probs = np.exp(np.asarray(scores.mean_log_probs(logits), np.float64))
+  stored = {"neg_log_pmax": rng.random(NUM).astype(np.float32)}
+  return predictions_lib.Predictions(labels=labels, mean_probs=probs / probs.sum(1, keepdims=True),
+                                     scores=stored)  # fmt: skip
+
+
+def _whole(path):
+  p = predictions_lib.load_predictions(path)
+  return scores.from_predictions(
+    logits=p.logits, mean_probs=p.mean_probs, stored_scores=p.scores,
+    human_probs=p.human_probs, topk=(1, 4), labels=p.labels,
+  )  # fmt: skip
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["stored", "compressed"])
+@pytest.mark.parametrize("kind", ["samples", "logits", "mean_probs"])
+def test_streamed_scores_equal_the_whole_file(tmp_path, kind, compress):
+  path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions(kind), compress=compress)
+  log_probs, values = _whole(path)
+  for chunk_size in (1, 7, NUM):
+    with stream.PredictionsReader(path) as reader:
+      assert bool(reader.read_whole) == compress  # compressed members are read whole
+      assert reader.num_examples == NUM and reader.num_classes == CLASSES
+      streamed, streamed_values = chunked.from_chunks(
+        reader.chunks(chunk_size), reader.num_examples, topk=(1, 4)
+      )
+    np.testing.assert_array_equal(np.asarray(streamed), np.asarray(log_probs))
+    assert list(streamed_values) == list(values)
+    for name, value in values.items():
+      np.testing.assert_array_equal(streamed_values[name], value, err_msg=f"{name} {chunk_size}")
+
+
+def test_reader_reports_the_file_and_labels(tmp_path):
+  predictions = _predictions("samples")
+  path = predictions_lib.save_predictions(tmp_path / "p.npz", predictions)
+  with stream.PredictionsReader(path) as reader:
+    np.testing.assert_array_equal(reader.labels, predictions.labels)
+    assert reader.num_samples == SAMPLES and reader.fields == ("logits", "human_probs")
+    assert reader.meta["version"]
+  assert stream.file_sha1(path) == __import__("hashlib").sha1(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (lambda f: f.update(logits=np.where(np.arange(NUM)[:, None] == 17, np.nan, f["logits"])),
+     r"logits: 6 non-finite value.*examples 14-20"),
+    (lambda f: f.update(labels=np.where(np.arange(NUM) == 9, CLASSES, f["labels"])),
+     r"labels: labels out of range \[0, 6\)"),
+    (lambda f: f.update(mean_probs=np.full((NUM, CLASSES), 0.5, np.float32)), r"mean_probs"),
+    (lambda f: f.update(logits=f["logits"][:-1]), r"logits: expected N=23"),
+    (lambda f: f.update(extra=np.zeros(3)), r"extra: unexpected field"),
+    (lambda f: f.pop("labels"), r"labels: missing field"),
+    (lambda f: f.update(logits=f["logits"].astype(np.int32)), r"logits: expected a float dtype"),
+  ],
+)  # fmt: skip
+def test_streamed_validation_names_the_file_and_field(tmp_path, change, message):
+  fields = {"labels": _predictions("logits").labels, "logits": _predictions("logits").logits[0]}
+  change(fields)
+  path = tmp_path / "bad.npz"
+  np.savez(path, **fields)
+  with pytest.raises(ValueError, match=message) as error:
+    with stream.PredictionsReader(path) as reader:
+      list(reader.chunks(7))
+  assert str(path) in str(error.value)
+
+
+def test_chunks_must_cover_the_examples(tmp_path):
+  path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("logits"))
+  with stream.PredictionsReader(path) as reader:
+    chunks = list(reader.chunks(7))
+  with pytest.raises(ValueError, match="chunks: expected a chunk at 7"):
+    chunked.from_chunks(chunks[:1] + chunks[2:], NUM)
+  with pytest.raises(ValueError, match="chunks: expected 23 examples, got 14"):
+    chunked.from_chunks(chunks[:2], NUM)
+
+
+def test_chunk_size_aims_at_a_fixed_number_of_bytes():
+  assert chunked.chunk_size(50_000, None, 1000) == chunked.DEFAULT_CHUNK_BYTES // 4000
+  assert chunked.chunk_size(50_000, 32, 1000) == chunked.DEFAULT_CHUNK_BYTES // 128_000
+  assert chunked.chunk_size(10, 32, 1000) == 10
+  assert chunked.chunk_size(10, 10**6, 10**6) == 1
+
+
+def test_binning_compiles_once_per_size_bucket():
+  rng = np.random.default_rng(1)
+  u, correct = rng.random(1000).astype(np.float32), rng.random(1000) < 0.5
+  binning.fit(u[:300], correct[:300], 10)  # warm: the bucket of 512
+  before = binning._count_by_outcome_jit._cache_size()  # noqa: SLF001 (the jit cache)
+  for num in range(300, 512, 37):
+    bins = binning.fit(u[:num], correct[:num], 10)
+    assert int(np.sum(np.asarray(bins.counts))) == num
+    binning.predict(bins, u[:num])
+  assert binning._count_by_outcome_jit._cache_size() == before  # noqa: SLF001
+
+
+def test_fit_groups_equals_fit_per_group():
+  rng = np.random.default_rng(2)
+  u = np.round(rng.random(700), 2).astype(np.float32)  # ties
+  group, correct = rng.integers(0, 5, 700), rng.random(700) < 0.6
+  grouped = binning.fit_groups(u, group, correct, 8, 6)  # group 5 is empty
+  for g in range(5):
+    alone = binning.fit(u[group == g], correct[group == g], 8)
+    for field, value in alone._asdict().items():
+      np.testing.assert_array_equal(np.asarray(getattr(grouped, field))[g], np.asarray(value))
+  assert int(grouped.counts[5].sum()) == 0
+
+
+def test_replace_keeps_a_reader_chunk_a_predictions(tmp_path):
+  path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("samples"))
+  with stream.PredictionsReader(path) as reader:
+    _, chunk = next(reader.chunks(5))
+  assert chunk.logits.shape == (SAMPLES, 5, CLASSES)
+  assert dataclasses.replace(chunk, meta={}).num_examples == 5
+
+
+def test_temperature_weights_and_start_give_the_same_fit():
+  from top1_jax import temperature
+
+  rng = np.random.default_rng(3)
+  logits = (2 * rng.normal(size=(400, 10))).astype(np.float32)
+  labels = rng.integers(0, 10, 400)
+  mask = rng.random(400) < 0.5
+  alone = float(temperature.fit_temperature(logits[mask], labels[mask]))
+  weighted = temperature.fit_temperature(logits, labels, weights=mask.astype(np.float32))
+  started = temperature.fit_temperature(
+    logits[mask], labels[mask], initial_temperature=alone * 1.02
+  )
+  assert float(weighted) == pytest.approx(alone, rel=1e-5)
+  assert float(started) == pytest.approx(alone, rel=1e-5)
+  with pytest.raises(ValueError, match="weights"):
+    temperature.fit_temperature(logits, labels, weights=np.zeros(400, np.float32))

@@ -1,0 +1,240 @@
+"""A predictions file read a chunk of examples at a time, so [S, N, K] is never held whole.
+
+``np.savez`` stores each array as an uncompressed ``.npy`` member of a zip
+archive, so the bytes of examples [a, b) of each sample lie at a known offset:
+``PredictionsReader`` finds it (the zip entry's local header, then the ``.npy``
+header) and reads only those bytes. A member that cannot be read that way (zip-
+compressed, Fortran-ordered, an archive on a remote file system) is read whole,
+as ``load_predictions`` would, and named in ``PredictionsReader.read_whole``.
+
+Every chunk is a validated ``predictions.Predictions`` of its examples, so a
+file's values get the same checks (finite, label range, rows summing to 1) as a
+full load, one chunk at a time; the checks of the file as a whole (fields,
+shapes, agreement of N and K, meta) run when the reader opens.
+"""
+
+import hashlib
+import pathlib
+import struct
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from top1_jax import validation
+from top1_jax.io import files
+from top1_jax.io import predictions as predictions_lib
+
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local file header (30 bytes)
+_ARRAY_FIELDS = ("labels", "logits", "mean_probs", "human_probs")
+_SCORE_PREFIX = "score_"
+_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile)
+
+
+class _Member:
+  """One array of the archive: read in example ranges from the file, or held in memory."""
+
+  def __init__(self, shape, dtype, offset: int | None = None, array: np.ndarray | None = None):
+    self.shape, self.dtype, self.offset, self.array = tuple(shape), np.dtype(dtype), offset, array
+
+  def rows(self, file, start: int, stop: int) -> np.ndarray:
+    """Examples [start, stop): the example axis is 1 of a 3-D array, else 0."""
+    if self.array is not None:
+      return self.array[:, start:stop] if self.array.ndim == 3 else self.array[start:stop]
+    outer, num, *inner = self.shape if len(self.shape) == 3 else (1, *self.shape)
+    row_bytes = int(np.prod(inner, dtype=np.int64)) * self.dtype.itemsize
+    out = np.empty((outer, stop - start, *inner), self.dtype)
+    for index in range(outer):
+      file.seek(self.offset + (index * num + start) * row_bytes)
+      view = memoryview(out[index]).cast("B")
+      if file.readinto(view) != view.nbytes:
+        raise ValueError(f"truncated array data ({self.shape} {self.dtype})")
+    return out if len(self.shape) == 3 else out[0]
+
+
+def _stored_member(file, info: zipfile.ZipInfo) -> _Member | None:
+  """The ``.npy`` header of an uncompressed member and its data offset; None if unusual."""
+  if info.compress_type != zipfile.ZIP_STORED:
+    return None
+  file.seek(info.header_offset)
+  fields = _LOCAL_HEADER.unpack(file.read(_LOCAL_HEADER.size))
+  if fields[0] != b"PK\x03\x04":
+    return None
+  file.seek(info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1])
+  version = np.lib.format.read_magic(file)
+  if version == (1, 0):
+    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(file)
+  elif version == (2, 0):
+    shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(file)
+  else:
+    return None
+  if fortran_order or dtype.hasobject or len(shape) not in (1, 2, 3):
+    return None
+  return _Member(shape, dtype, offset=file.tell())
+
+
+def file_sha1(path: epath.PathLike, block: int = 1 << 24) -> str:
+  """The SHA-1 of a file's bytes, read a block at a time (not the whole file at once)."""
+  digest = hashlib.sha1()
+  with files.as_path(path).open("rb") as file:
+    while data := file.read(block):
+      digest.update(data)
+  return digest.hexdigest()
+
+
+class PredictionsReader:
+  """An opened predictions file, read a chunk of examples at a time.
+
+  Use as a context manager::
+
+    with PredictionsReader(path) as reader:
+      for start, chunk in reader.chunks(4096):  # chunk: Predictions of [start, start + n)
+        ...
+
+  Attributes:
+    path: the file.
+    labels: [N] int32, checked to lie in [0, K).
+    meta: the file's meta dict.
+    num_examples, num_classes: N and K.
+    num_samples: S of the logits, or None when only ``mean_probs`` is kept.
+    fields: which of ``logits``, ``mean_probs``, ``human_probs`` the file holds.
+    score_names: the stored scores (``score_<name>`` fields).
+    read_whole: members read whole into memory (compressed, or a remote file).
+  """
+
+  def __init__(self, path: epath.PathLike):
+    self.path = files.as_path(path)
+    if not self.path.is_file():
+      raise FileNotFoundError(f"{self.path}: predictions file not found")
+    self._file = None
+    if isinstance(self.path, pathlib.Path):
+      self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115 (closed by close())
+    try:
+      self._open()
+    except BaseException:
+      self.close()
+      raise
+
+  def _open(self) -> None:
+    members = self._members() if self._file is not None else None
+    if members is None:
+      # Not a local zip that can be read at offsets: a full load, checked as a whole.
+      predictions = predictions_lib.load_predictions(self.path)
+      members = {
+        "labels": predictions.labels,
+        "logits": predictions.logits,
+        "mean_probs": predictions.mean_probs,
+        "human_probs": predictions.human_probs,
+        **{f"{_SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()},
+      }
+      members = {k: _Member(v.shape, v.dtype, array=v) for k, v in members.items() if v is not None}
+      self.meta, self._members_by_name = dict(predictions.meta), members
+      self.read_whole = tuple(k for k in members if k != "labels")
+    self._check_fields()
+
+  def _members(self) -> dict[str, _Member] | None:
+    """Each member's location (or its array, read whole); None when not a zip archive."""
+    try:
+      archive = zipfile.ZipFile(self._file)
+    except (zipfile.BadZipFile, OSError, ValueError):
+      return None  # load_predictions says what the file is instead
+    members, read_whole, self.meta = {}, [], {}
+    with archive:
+      for info in archive.infolist():
+        key = info.filename.removesuffix(".npy")
+        try:
+          member = None if key == "meta" else _stored_member(self._file, info)
+          if member is None:
+            with archive.open(info) as data:
+              value = np.lib.format.read_array(data, allow_pickle=False)
+            member = _Member(value.shape, value.dtype, array=value)
+            read_whole.append(key)
+        except _READ_ERRORS as e:
+          raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
+        if key == "meta":
+          try:
+            self.meta = predictions_lib.read_meta(member.array)
+          except ValueError as e:
+            raise ValueError(f"{self.path}: {e}") from None
+          continue
+        members[key] = member
+    self._members_by_name = members
+    self.read_whole = tuple(k for k in read_whole if k not in ("labels", "meta"))
+    return members
+
+  def _check_fields(self) -> None:
+    """The file as a whole: known fields, labels, and N and K agreeing across fields."""
+    members = self._members_by_name
+    for key in members:
+      if key not in _ARRAY_FIELDS and not key.startswith(_SCORE_PREFIX):
+        raise ValueError(
+          f"{self.path}: {key}: unexpected field; allowed: labels, logits, mean_probs,"
+          " score_<name>, human_probs, meta"
+        )
+    if "labels" not in members:
+      raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
+    labels = members["labels"]
+    labels = (
+      labels.array if labels.array is not None else labels.rows(self._file, 0, labels.shape[0])
+    )
+    if labels.ndim != 1 or labels.shape[0] == 0 or labels.dtype.kind not in "iu":
+      # Predictions checks the labels before any other field: its message names the problem.
+      self._validate(None, labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
+    num = labels.shape[0]
+    for key, member in members.items():
+      axis = 1 if len(member.shape) == 3 else 0
+      if len(member.shape) and member.shape[axis] != num:
+        raise ValueError(
+          f"{self.path}: {key}: expected N={num} (from labels) on axis {axis}, got shape"
+          f" {member.shape}"
+        )
+    # The first example checks each field's dtype, rank and K, and the meta.
+    self.labels = labels
+    first = self._chunk(0, 1, where="")
+    try:
+      checked = validation.labels_array("labels", labels, first.num_classes)
+      self.labels = np.asarray(checked, np.int32)
+    except ValueError as e:
+      raise ValueError(f"{self.path}: {e}") from None
+    self.num_examples, self.num_classes = num, first.num_classes
+    self.num_samples, self.score_names = first.num_samples, tuple(first.scores)
+    self.fields = tuple(k for k in _ARRAY_FIELDS[1:] if getattr(first, k) is not None)
+
+  def _validate(self, where: str | None, **fields: Any) -> predictions_lib.Predictions:
+    try:
+      return predictions_lib.Predictions(meta=self.meta, **fields)
+    except ValueError as e:
+      raise ValueError(f"{self.path}: {e}{where or ''}") from None
+
+  def _chunk(self, start: int, stop: int, where: str | None = None) -> predictions_lib.Predictions:
+    arrays = {"labels": self.labels[start:stop], "scores": {}}
+    for key, member in self._members_by_name.items():
+      if key.startswith(_SCORE_PREFIX):
+        arrays["scores"][key.removeprefix(_SCORE_PREFIX)] = member.rows(self._file, start, stop)
+      elif key != "labels":
+        arrays[key] = member.rows(self._file, start, stop)
+    if where is None:
+      where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
+    return self._validate(where, **arrays)
+
+  def chunks(self, chunk_size: int) -> Iterator[tuple[int, predictions_lib.Predictions]]:
+    """(start, ``Predictions`` of examples [start, start + chunk_size)), in order; the
+    last chunk may be shorter. Each chunk is validated as a file would be."""
+    for start in range(0, self.num_examples, chunk_size):
+      yield start, self._chunk(start, min(start + chunk_size, self.num_examples))
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+  def __enter__(self) -> "PredictionsReader":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+__all__ = ["PredictionsReader", "file_sha1"]
