@@ -1,5 +1,7 @@
-"""Several Python processes at once, for the multi-process tests (shared by their files)."""
+"""Launchers and several Python processes at once, as the tests start them (one place)."""
 
+import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -42,3 +44,19 @@ def wait(processes: list[subprocess.Popen], timeout: float) -> list[str]:
   for process, output in zip(processes, outputs, strict=True):
     assert process.returncode == 0, output[-3000:]
   return outputs
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LAUNCHER_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+
+
+def launcher(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  """``python -m experiments.<module> <args>`` from the clone's root, as a user runs it."""
+  return subprocess.run(
+    [sys.executable, "-m", f"experiments.{module}", *args],
+    cwd=ROOT,
+    env=LAUNCHER_ENV,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )

@@ -171,16 +171,21 @@ def test_a_work_dir_that_cannot_be_one_is_one_line(where, tmp_path):
   assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error: ")
 
 
-def test_estimators_setting_gives_an_estimator_column(tmp_path):
+def _lenet_arrays(tmp_path, num=3000) -> list[str]:
+  """LeNet's first ``num`` probabilities and labels as .npy files; top1-evaluate's arguments."""
   data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
-  np.save(tmp_path / "p.npy", data["predictions"][:3000])
-  np.save(tmp_path / "y.npy", data["ground_truth"][:3000])
-  args = [
+  np.save(tmp_path / "p.npy", data["predictions"][:num])
+  np.save(tmp_path / "y.npy", data["ground_truth"][:num])
+  return [
     str(BIN / "top1-evaluate"),
     "--workdir=out",
     "--config.probs=p.npy",
     "--config.labels=y.npy",
   ]
+
+
+def test_estimators_setting_gives_an_estimator_column(tmp_path):
+  args = _lenet_arrays(tmp_path)
   flags = ["--config.estimators=(bins,isotonic,kde)", "--config.scores=(pmax,entropy)"]
   flags += [
     "--config.n_bins=(10,20)",
@@ -203,15 +208,7 @@ def test_estimators_setting_gives_an_estimator_column(tmp_path):
 
 
 def test_selective_prediction_and_top_label_binning_on_lenet(tmp_path):
-  data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
-  np.save(tmp_path / "p.npy", data["predictions"][:3000])
-  np.save(tmp_path / "y.npy", data["ground_truth"][:3000])
-  args = [
-    str(BIN / "top1-evaluate"),
-    "--workdir=out",
-    "--config.probs=p.npy",
-    "--config.labels=y.npy",
-  ]
+  args = _lenet_arrays(tmp_path)
   # 5 bins: every predicted class (about 150 of a half's 1500) gets its own top-label bins.
   flags = ["--config.scores=pmax", "--config.n_bins=5", "--config.topk=1", "--config.n_folds=4"]
   out = _run([*args, *flags, "--config.selective_targets=(0.99,0.8,0.9)"], cwd=tmp_path)

@@ -2,7 +2,6 @@
 
 import csv
 import json
-import os
 import pathlib
 import shutil
 import signal
@@ -22,21 +21,13 @@ HAVE_FMNIST = (idx.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists()
 needs_fmnist = pytest.mark.skipif(
   not HAVE_FMNIST, reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"
 )
-ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+ENV = processes.LAUNCHER_ENV
 QUICK = ["--config=configs/quick.py", "--config.limit_train=3000", "--config.limit_test=1200"]
 POINT = "mlp_tdr0.1_seed0"  # the quick config's one training point
 NO_FIGURES = "--config.figures=False"  # for tests that check only the numbers: ~10 s less
 
 
-def _run(module, *args, timeout=300):
-  return subprocess.run(
-    [sys.executable, "-m", f"experiments.{module}", *args],
-    cwd=ROOT,
-    env=ENV,
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-  )
+_run = processes.launcher
 
 
 @pytest.fixture(scope="module")

@@ -8,37 +8,28 @@ classes, --batch_size vs. training examples) have known numbers to meet.
 
 import gzip
 import json
-import os
 import pathlib
 import shutil
 import struct
-import subprocess
 import sys
 import time
 
 import numpy as np
+import processes
 import pytest
 
 from top1_jax.io import datasets, idx
 from top1_jax.io import predictions as predictions_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 NUM_TRAIN, NUM_TEST = 300, 200
 # A refused run exits in a few seconds (imports); the quick preset trains for far longer.
 FAST = 30.0
 
 
-def _run(module, *args, timeout=300):
+def _run(module, *args):
   start = time.perf_counter()
-  result = subprocess.run(
-    [sys.executable, "-m", f"experiments.{module}", *args],
-    cwd=ROOT,
-    env=ENV,
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-  )
+  result = processes.launcher(module, *args)
   return result, time.perf_counter() - start
 
 
