@@ -91,11 +91,12 @@ def one_line(error: BaseException) -> str:
   return f"{type(error).__name__}: {text[:300]} (TOP1_DEBUG=1 shows the traceback)"
 
 
-def fail(error: BaseException) -> None:
+def fail(error: BaseException, joined: bool = True) -> None:
+  """Prints ``error`` as one line and exits 1 (``joined``: processes may have been joined)."""
   if os.environ.get("TOP1_DEBUG"):
     traceback.print_exc()
   print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
-  if parallel.process_count() > 1:
+  if joined and parallel.process_count() > 1:
     # A normal exit would wait for the other processes at JAX's shutdown barrier;
     # ending now lets the coordinator see this process gone and stop the others.
     os._exit(1)
@@ -119,11 +120,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS([_config_path(arg) for arg in argv])
   except flags.Error as e:
-    fail(ValueError(f"{e} (--helpfull lists every flag)"))
+    fail(ValueError(f"{e} (--helpfull lists every flag)"), joined=False)
   except (AttributeError, KeyError) as e:  # --config.<no such field>
-    fail(ValueError(f"--config: no such field {e} in the config file (see configs/)"))
+    fail(ValueError(f"--config: no such field {e} in the config file (see configs/)"), False)
   except Exception as e:  # noqa: BLE001 -- a config file that does not load, among others
-    fail(e)
+    fail(e, joined=False)
 
 
 _OURS = (f"{os.sep}experiments{os.sep}", f"{os.sep}top1_jax{os.sep}")
@@ -148,15 +149,6 @@ def _quiet_others(verbosity: int) -> None:
     logging.get_absl_handler().addFilter(_ours_or_warning)
 
 
-def _join_processes() -> None:
-  try:
-    parallel.initialize(
-      COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value, environ=os.environ
-    )
-  except ValueError as e:
-    raise ExperimentError(str(e)) from None
-
-
 def _holding_workdir():
   """The work dir's lock (per task when tasks share it), held by the writing process."""
   if not WORKDIR.value or not is_writer():
@@ -179,7 +171,10 @@ def run(main: Callable[[list[str]], None], default_workdir: Callable[[], str] | 
     if default_workdir is not None and not WORKDIR.value:
       flags.FLAGS.workdir = default_workdir()
     try:
-      _join_processes()
+      # Its ValueErrors name the flag: one line like any other.
+      parallel.initialize(
+        COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value, environ=os.environ
+      )
       with _holding_workdir():
         main(argv)
       parallel.barrier("top1_jax: launcher done")  # others wait for process 0's writes

@@ -163,6 +163,8 @@ EVAL = "--config=configs/imagenet_eval.py"
     (["--config.topk=11"], "--config.topk: 11 exceeds the 10 classes"),
     (["--config.bogus=1"], "--config: no such field"),
     (["--nonsense=1"], "Unknown command line flag 'nonsense'"),
+    (["--coordinator_address=127.0.0.1:1"], "--num_processes: required with --coordinator_address"),
+    (["--task_index=3", "--num_tasks=2"], "--task_index: expected 0 <= --task_index < --num_tasks"),
   ],
 )
 def test_evaluate_bad_settings_give_one_line(tmp_path, args, message):
