@@ -17,7 +17,7 @@ import optax
 from absl import logging
 
 from experiments import common, settings
-from top1_jax import models, plan, train
+from top1_jax import models, parallel, plan, train
 from top1_jax.io import checkpoints, files, sweep_data
 
 STAGES = ("base", "ensemble")
@@ -137,6 +137,7 @@ def run_stage(s, point, stage: str, train_split, test_split) -> None:
   result = {"config": _stage_config(s, point, stage), "test": metrics, "train_seconds": seconds}
   if common.is_writer():
     files.write_json(_folder(point) / f"{stage}.json", result)
+  parallel.barrier(label)  # the others read that marker next (is_done): wait for it
 
 
 def restore(s, point, stage: str, num_classes: int, sample: np.ndarray) -> train.TrainState:

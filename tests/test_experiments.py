@@ -283,60 +283,35 @@ def _wait_for(commands: list[list[str]], env=ENV) -> list[str]:
   return processes.wait(processes.start(commands, env, cwd=ROOT), timeout=600)
 
 
-@needs_fmnist
-@pytest.mark.slow
-def test_two_processes_give_the_one_process_numbers_and_write_each_file_once(quick_run, tmp_path):
-  workdir, port = tmp_path / "two", processes.free_port()
-  env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  _wait_for(
-    [
-      [
-        "tests/multihost_launcher.py",
-        str(tmp_path / f"writes{i}.txt"),
-        "reproduce",
-        *QUICK,
-        NO_FIGURES,
-      ]
-      + [f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}"]
-      + ["--num_processes=2", f"--process_id={i}"]
-      for i in range(2)
-    ],
-    env,
-  )
-  one = json.loads((quick_run[0] / "results.json").read_text())["results"]
-  two = json.loads((workdir / "results.json").read_text())["results"]
-  key = [(r["label"], r["score"], r["topk"], r["n_bins"]) for r in one]
-  assert [(r["label"], r["score"], r["topk"], r["n_bins"]) for r in two] == key
-  # Data-parallel training sums the gradients in another order: nearly the same networks,
-  # whose predictions may cross a bin edge here and there.
-  for metric in ("accuracy", "brier", "ece"):
-    diff = np.abs(np.subtract([r[metric] for r in two], [r[metric] for r in one]))
-    assert diff.max() < 1e-2 and np.median(diff) < 1e-3, (metric, diff.max(), np.median(diff))
-  writes = (tmp_path / "writes0.txt").read_text().split()
-  assert len(writes) == len(set(writes)) and str(workdir / "results.csv") in writes
-  assert not (tmp_path / "writes1.txt").exists()  # process 1 wrote nothing
-
-
 SMALL = [*QUICK[:1], "--config.limit_train=1000", "--config.limit_test=400"]
 SMALL += ["--config.dropout_rates=(0.2,)", "--config.num_samples=4", "--config.ensemble_size=0"]
-SMALL += ["--config.n_bins=(5,10)", "--config.seeds=(0,1)", "--config.topk=1", NO_FIGURES]
+SMALL += ["--config.n_bins=(5,10)", "--config.topk=1", NO_FIGURES]
+TWO_SEEDS = "--config.seeds=(0,1)"
 
 
-@needs_fmnist
-@pytest.mark.slow
-def test_tasks_split_a_seed_sweep_that_evaluate_merges_and_aggregate_averages(tmp_path):
-  workdir = tmp_path / "seeds"
+@pytest.fixture(scope="module")
+def seed_sweep(tmp_path_factory):
+  """Two seeds of a small sweep as two tasks run at once into one work dir, then merged."""
+  workdir = tmp_path_factory.mktemp("seeds")
   outputs = _wait_for(
     [
-      ["-m", "experiments.reproduce", *SMALL, f"--workdir={workdir}"]
+      ["-m", "experiments.reproduce", *SMALL, TWO_SEEDS, f"--workdir={workdir}"]
       + [f"--task_index={i}", "--num_tasks=2"]
       for i in range(2)
     ]
   )
-  assert not (workdir / "results.csv").exists()  # tasks sweep; the merge writes the tables
-  assert "task 0 of 2 done" in outputs[0] and "task 1 of 2 done" in outputs[1]
-  merged = _run("evaluate", *SMALL, f"--workdir={workdir}")
+  tables_after_tasks = (workdir / "results.csv").exists()
+  merged = _run("evaluate", *SMALL, TWO_SEEDS, f"--workdir={workdir}")
   assert merged.returncode == 0, merged.stderr[-3000:]
+  return workdir, outputs, merged, tables_after_tasks
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_tasks_split_a_seed_sweep_that_evaluate_merges_and_aggregate_averages(seed_sweep, tmp_path):
+  workdir, outputs, merged, tables_after_tasks = seed_sweep
+  assert not tables_after_tasks  # tasks sweep; the merge writes the tables
+  assert "task 0 of 2 done" in outputs[0] and "task 1 of 2 done" in outputs[1]
   assert "done already, skipped" in merged.stderr  # the tasks' points are reused
   with open(workdir / "results.csv") as file:
     rows = list(csv.DictReader(file))
@@ -361,6 +336,36 @@ def test_tasks_split_a_seed_sweep_that_evaluate_merges_and_aggregate_averages(tm
   ]
   assert float(one[0]["brier"]) == pytest.approx(np.mean(seeds))
   assert float(one[0]["brier_std"]) == pytest.approx(np.std(seeds, ddof=1))
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_numbers_and_write_each_file_once(seed_sweep, tmp_path):
+  # Seed 0 of the small sweep on two processes; one process made the same in seed_sweep.
+  workdir, port = tmp_path / "two", processes.free_port()
+  env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  args = [*SMALL, f"--workdir={workdir}", "--num_processes=2"]  # seed 0 alone
+  _wait_for(
+    [
+      ["tests/multihost_launcher.py", str(tmp_path / f"writes{i}.txt"), "reproduce", *args]
+      + [f"--coordinator_address=127.0.0.1:{port}", f"--process_id={i}"]
+      for i in range(2)
+    ],
+    env,
+  )
+  one = json.loads((seed_sweep[0] / "results.json").read_text())["results"]
+  one = [r for r in one if r["seed"] == 0]
+  two = json.loads((workdir / "results.json").read_text())["results"]
+  key = [(r["source"], r["score"], r["topk"], r["n_bins"]) for r in one]
+  assert [(r["source"], r["score"], r["topk"], r["n_bins"]) for r in two] == key
+  # Data-parallel training sums the gradients in another order: nearly the same networks,
+  # whose predictions may cross a bin edge here and there.
+  for metric in ("accuracy", "brier", "ece"):
+    diff = np.abs(np.subtract([r[metric] for r in two], [r[metric] for r in one]))
+    assert diff.max() < 1e-2 and np.median(diff) < 1e-3, (metric, diff.max(), np.median(diff))
+  writes = (tmp_path / "writes0.txt").read_text().split()
+  assert len(writes) == len(set(writes)) and str(workdir / "results.csv") in writes
+  assert not (tmp_path / "writes1.txt").exists()  # process 1 wrote nothing
 
 
 def test_a_cloud_work_dir_without_its_package_is_one_line_and_writes_nothing(tmp_path):
