@@ -173,11 +173,10 @@ def _eor_digits(row: Mapping[str, Any]) -> int:
 
 def _varying(rows: Sequence[Mapping[str, Any]]) -> set[str]:
   """The settings that differ between rows, and so must be named in a row's label."""
-  varying = {c for c in ("dataset", "model", "train_dropout_rate") if len({r[c] for r in rows}) > 1}
+  # Not the seed: merged rows are means over seeds.
+  varying = tables.varying(rows, ("dataset", "model", "train_dropout_rate"))
   mc_rows = [r for r in rows if r["method"] == "mc_dropout"]
-  if len({r["num_samples"] for r in mc_rows}) > 1:
-    varying.add("num_samples")
-  return varying
+  return varying | tables.varying(mc_rows, ("num_samples",))
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -80,9 +80,9 @@ TRAINING = ("dataset", "model", "train_dropout_rate", "seed")
 """The settings a label names when a sweep mixes them."""
 
 
-def varying(columns: list[dict]) -> set[str]:
-  """Which of ``TRAINING`` differ between files' columns (``file_columns``)."""
-  return {c for c in TRAINING if len({str(row.get(c)) for row in columns}) > 1}
+def varying(columns: list[dict], among: tuple[str, ...] = TRAINING) -> set[str]:
+  """Which of the settings ``among`` differ between rows (e.g. files' ``file_columns``)."""
+  return {c for c in among if len({str(row.get(c)) for row in columns}) > 1}
 
 
 def tidy_rows(records: list[dict]) -> list[dict]:
