@@ -30,7 +30,13 @@ _EXTRAS = {
   "tf": ["tensorflow-cpu"],
 }
 _EXTRAS["all"] = sorted({r for name in ("nn", "data", "plots", "cli") for r in _EXTRAS[name]})
-_EXTRAS["dev"] = _EXTRAS["all"] + ["pytest>=8", "hypothesis>=6.100", "scipy>=1.11", "ruff>=0.6"]
+_EXTRAS["dev"] = _EXTRAS["all"] + [
+  "pytest>=8",
+  "pytest-xdist>=3.5",
+  "hypothesis>=6.100",
+  "scipy>=1.11",
+  "ruff>=0.6",
+]
 
 _LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find_mislabeled", "demo", "aggregate")
 

@@ -40,3 +40,26 @@ def offline(monkeypatch):
     pytest.fail("download_and_prepare must not be called when data cannot be fetched")
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", forbidden)
+
+
+# The test files that take longest (seconds on a 2-core CPU, serially), run first: with
+# one file per xdist worker (test.sh), the workers then end within a few seconds of
+# each other instead of one waiting out the end-to-end launcher tests alone.
+SLOWEST_FILES = (
+  "test_experiments.py",
+  "test_mc.py",
+  "test_cli.py",
+  "test_settings.py",
+  "test_multihost.py",
+  "test_readme.py",
+  "test_train.py",
+  "test_scores.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+  def rank(item):
+    name = item.path.name
+    return SLOWEST_FILES.index(name) if name in SLOWEST_FILES else len(SLOWEST_FILES)
+
+  items.sort(key=rank)  # stable: a file's tests keep their order
