@@ -160,3 +160,24 @@ def test_temperature_weights_and_start_give_the_same_fit():
   assert float(started) == pytest.approx(alone, rel=1e-5)
   with pytest.raises(ValueError, match="weights"):
     temperature.fit_temperature(logits, labels, weights=np.zeros(400, np.float32))
+
+
+def test_temperatures_of_many_splits_in_one_call_equal_one_fit_each():
+  from top1_jax import temperature
+
+  rng = np.random.default_rng(4)
+  logits = (3 * rng.normal(size=(600, 10))).astype(np.float32)
+  labels = np.argmax(logits / 3 + rng.gumbel(size=logits.shape), axis=-1)
+  # Halves, a small part and a nearly separable one: T far apart, so a split cannot
+  # pass by starting at its neighbour's T.
+  masks = rng.random((4, 600)) < np.array([[0.5], [0.5], [0.05], [0.9]])
+  masks[3] &= np.argmax(logits, axis=-1) == labels
+  fitted = np.asarray(temperature.fit_temperature(logits, labels, weights=masks))
+  alone = [float(temperature.fit_temperature(logits[m], labels[m])) for m in masks]
+  assert fitted.shape == (4,)
+  np.testing.assert_allclose(fitted, alone, rtol=1e-5)
+  assert len(np.unique(np.round(fitted, 3))) == 4
+  with pytest.raises(ValueError, match="positive sum"):
+    temperature.fit_temperature(logits, labels, weights=np.zeros((2, 600), np.float32))
+  with pytest.raises(ValueError, match="600 weights per row"):
+    temperature.fit_temperature(logits, labels, weights=masks[:, :10])

@@ -26,24 +26,32 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import baselines, crossval, metrics, temperature, toplabel, validation
+from top1_jax import baselines, crossval, metrics, rowblocks, temperature, toplabel, validation
 
 VARIANTS = ("raw", "temperature", "toplabel")
 """Every variant ``benchmark_rows`` scores, in its order (a model with samples: raw only)."""
 
 
 @jax.jit
-def _example_terms(log_probs, labels, temperature_value):
-  """Per example: multiclass Brier, pmax, predicted class, Top-1 event of softmax(lp / T)."""
-  scaled = log_probs / temperature_value
-  predicted = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
-  weights = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))
-  total = jnp.sum(weights, axis=-1, keepdims=True)  # the top class's weight is exactly 1
-  probs = weights / total
-  # (p_k - y_k)^2 with y one-hot, without materialising the one-hot [N, K] array.
-  is_label = jnp.arange(log_probs.shape[-1]) == labels[:, None]
-  brier = jnp.sum(jnp.where(is_label, probs - 1, probs) ** 2, axis=-1)
-  return brier, 1 / total[:, 0], predicted, predicted == labels
+def _centred_and_correct(log_probs, labels):
+  """log_probs minus each row's max, and the Top-1 event (the argmax: the same for any T)."""
+  predicted = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+  return log_probs - jnp.max(log_probs, axis=-1, keepdims=True), predicted, predicted == labels
+
+
+def _softmax_terms(centred, labels, temperature_value):
+  """Per example: multiclass Brier and pmax of softmax(centred / T), by row blocks."""
+
+  def terms(block, block_labels):
+    weights = jnp.exp(block / temperature_value)  # the top class's weight is exactly 1
+    total = jnp.sum(weights, axis=-1)
+    probs = weights / total[:, None]
+    # (p_k - y_k)^2 with y one-hot, without materialising the one-hot array.
+    is_label = jnp.arange(block.shape[-1]) == block_labels[:, None]
+    return jnp.sum(jnp.where(is_label, probs - 1, probs) ** 2, axis=-1), 1 / total
+
+  rows = rowblocks.block_rows(centred.shape[-1])
+  return rowblocks.map_row_blocks(terms, (centred, labels), rows)
 
 
 @functools.partial(jax.jit, static_argnames=("ece_bins",))
@@ -62,26 +70,35 @@ def _test_means(test, brier, pmax, correct, ece_bins):
   }
 
 
-def _temperature_splits(log_probs, labels, masks: np.ndarray, ece_bins: int) -> dict:
+@functools.partial(jax.jit, static_argnames=("ece_bins",))
+def _raw_test_means(centred, labels, correct, test, ece_bins):
+  brier, pmax = _softmax_terms(centred, labels, jnp.ones((), centred.dtype))
+  return _test_means(test, brier, pmax, correct, ece_bins), pmax
+
+
+@functools.partial(jax.jit, static_argnames=("ece_bins",))
+def _scaled_test_means(centred, labels, correct, test, temperatures, ece_bins):
+  """[F] metrics of split f's test part under its own T: one [N, K] pass per split."""
+
+  def one_split(split):
+    test_f, temperature_f = split
+    # Over all N rather than the test part: one compiled pass serves every split.
+    brier, pmax = _softmax_terms(centred, labels, temperature_f)
+    means = _test_means(test_f[None], brier, pmax, correct, ece_bins)
+    return {key: value[0] for key, value in means.items()}
+
+  return jax.lax.map(one_split, (test, temperatures))
+
+
+def _temperature_splits(log_probs, centred, labels, correct, masks, ece_bins) -> dict:
   """Per split: T fitted on the calibration part, the metrics of the scaled test part."""
-  per_split = {"multiclass_brier": [], "confidence_ece": [], "raw_top1_brier": []}
-  per_split["temperature"] = []
-  test_weights = jnp.asarray(masks, log_probs.dtype)
-  start = 1.0
-  for split, test in enumerate(masks):
-    cal = np.flatnonzero(~test)
-    # Newton starts at the previous split's T: splits of one data set differ by ~1%, so
-    # two or three passes over the calibration part refine it, not five or six from T = 1.
-    fitted = temperature.fit_temperature(log_probs[cal], labels[cal], initial_temperature=start)
-    start = float(fitted)
-    # The one [N, K] pass per split this variant needs; over all N rather than the test
-    # part so that every split reuses the raw variant's compiled shapes.
-    brier, pmax, _, correct = _example_terms(log_probs, labels, fitted)
-    means = _test_means(test_weights, brier, pmax, correct, ece_bins)
-    for key, value in means.items():
-      per_split[key].append(float(value[split]))
-    per_split["temperature"].append(start)
-  return per_split
+  test = jnp.asarray(masks, log_probs.dtype)
+  # Every split's T in one program over the one [N, K] array, each split's calibration
+  # part as 0/1 weights: no copy of its rows, no per-split dispatch.
+  fitted = temperature.fit_temperature(log_probs, labels, weights=1 - test)
+  per_split = _scaled_test_means(centred, labels, correct, test, fitted, ece_bins)
+  per_split = {key: np.asarray(value) for key, value in per_split.items()}
+  return {**per_split, "temperature": np.asarray(fitted)}
 
 
 def _toplabel_splits(pmax, predicted, correct, masks, num_classes, n_bins, ece_bins) -> dict:
@@ -155,15 +172,15 @@ def benchmark_rows(
   log_probs, labels, masks, compare_bins, ece_bins = _check(
     log_probs, labels, splits, compare_bins, ece_bins, single_model
   )
+  centred, predicted, correct = _centred_and_correct(log_probs, labels)
   # The raw softmax does not depend on the split: one pass, then every split's means.
-  # T = 1 as an array of the fitted T's type: one compiled program for both variants.
-  brier, pmax, predicted, correct = _example_terms(log_probs, labels, jnp.ones((), log_probs.dtype))
-  raw = _test_means(jnp.asarray(masks, pmax.dtype), brier, pmax, correct, ece_bins)
+  test = jnp.asarray(masks, log_probs.dtype)
+  raw, pmax = _raw_test_means(centred, labels, correct, test, ece_bins)
   raw = _mean_over_splits({key: np.asarray(value) for key, value in raw.items()})
   rows = [{"variant": "raw", **raw, "temperature": 1.0}]
   if not single_model:
     return rows
-  scaled = _temperature_splits(log_probs, labels, masks, ece_bins)
+  scaled = _temperature_splits(log_probs, centred, labels, correct, masks, ece_bins)
   rows.append({"variant": "temperature", **_mean_over_splits(scaled)})
   host = [np.asarray(v) for v in (pmax, predicted, correct)]
   num_classes = log_probs.shape[-1]

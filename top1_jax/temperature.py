@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import validation
+from top1_jax import rowblocks, validation
 
 MIN_TEMPERATURE = 1e-5
 """The benchmark's bracket (``find_scaling_temperature``'s temp_range), lower end."""
@@ -36,12 +36,20 @@ _TOLERANCE = 1e-6
 def _slope_and_curvature(centred, label_logit, example_weights, log_temperature):
   """d NLL / d log T and d^2 NLL / d log T^2, from one pass over the logits."""
   beta = jnp.exp(-log_temperature)
-  # centred <= 0 with a 0 in each row: exp(beta * centred) <= 1 and its row sum >= 1,
-  # so neither overflows nor underflows to a zero total.
-  weights = jnp.exp(beta * centred)
-  total = jnp.sum(weights, axis=-1)
-  mean = jnp.sum(weights * centred, axis=-1) / total
-  second = jnp.sum(weights * centred**2, axis=-1) / total
+
+  def moments(block):
+    # centred <= 0 with a 0 in each row: exp(beta * centred) <= 1 and its row sum >= 1,
+    # so neither overflows nor underflows to a zero total.
+    weights = jnp.exp(beta * block)
+    total = jnp.sum(weights, axis=-1)
+    return (
+      jnp.sum(weights * block, axis=-1) / total,
+      jnp.sum(weights * block**2, axis=-1) / total,
+    )
+
+  # The softmax mean and second moment of each example's logits, by cache-sized blocks.
+  rows = rowblocks.block_rows(centred.shape[-1])
+  mean, second = rowblocks.map_row_blocks(moments, (centred,), rows)
   total_weight = jnp.sum(example_weights)
   # d NLL / d beta, non-decreasing in beta; then the softmax variance.
   slope_beta = jnp.sum(example_weights * (mean - label_logit)) / total_weight
@@ -51,13 +59,8 @@ def _slope_and_curvature(centred, label_logit, example_weights, log_temperature)
   return -beta * slope_beta, beta * slope_beta + beta**2 * curvature_beta, slope_beta
 
 
-@jax.jit
-def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
-  # Shift-invariant, and smaller magnitudes keep the float32 sums tight.
-  centred = logits - jnp.max(logits, axis=-1, keepdims=True)
-  label_logit = jnp.take_along_axis(centred, labels[:, None], axis=-1)[:, 0]
-  dtype = centred.dtype
-  log_min, log_max = log_min.astype(dtype), log_max.astype(dtype)
+def _newton(centred, label_logit, weights, log_min, log_max, log_start):
+  """log T minimising the weighted NLL of the centred logits, in [log_min, log_max]."""
 
   def step(state):
     iteration, log_t, low, high, last_step, step_before, _ = state
@@ -74,20 +77,82 @@ def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
     # e.g. where the NLL flattens out towards an end of the bracket.
     use_newton = (curvature > 0) & (newton > low) & (newton < high)
     use_newton &= jnp.abs(newton_step) <= 0.5 * jnp.abs(step_before)
+    # At the optimum already: stay. (A step below log T's float32 spacing leaves
+    # newton == log_t, which the bracket test above would turn into a bisection
+    # far away: seen when a split started at its optimum.)
+    converged = (curvature > 0) & (jnp.abs(newton_step) < _TOLERANCE)
     following = jnp.where(use_newton, newton, 0.5 * (low + high))
-    done = (jnp.abs(following - log_t) < _TOLERANCE) | (high - low < _TOLERANCE)
+    following = jnp.where(converged, log_t, following)
+    done = converged | (jnp.abs(following - log_t) < _TOLERANCE) | (high - low < _TOLERANCE)
     return iteration + 1, following, low, high, following - log_t, last_step, done
 
   def not_done(state):
     iteration, *_, done = state
     return (iteration < _MAX_ITERATIONS) & ~done
 
-  # T = 1 by default: a trained network's optimum is usually within a factor of a few.
-  start = jnp.clip(log_start.astype(dtype), log_min, log_max)
+  start = jnp.clip(log_start, log_min, log_max)
   width = log_max - log_min
   state = (0, start, log_min, log_max, width, width, jnp.zeros((), bool))
   _, log_t, low, high, *_ = jax.lax.while_loop(not_done, step, state)
-  return jnp.exp(jnp.clip(log_t, low, high))
+  return jnp.clip(log_t, low, high)
+
+
+def _split_starts(centred, label_logit, weights, log_pooled, log_min, log_max):
+  """Each row's (split's) log T to second order from one pass at the pooled T.
+
+  A split's slope in beta is its weighted mean of per-example terms that do not
+  depend on the split: at beta0 + d it is a + b d + c d^2 / 2, where a, b and c
+  are the weighted means of each example's softmax mean of the logits (minus
+  its label's), variance and third central moment at beta0. One pass gives all
+  three for every split, and the root of that quadratic starts each split's
+  Newton within ~1e-6 of its optimum when the splits' T are within a few per cent
+  of each other (one or two exact passes then confirm it); a split far from the
+  pool starts from a worse guess, never a wrong answer.
+  """
+  beta = jnp.exp(-log_pooled)
+
+  def cumulants(block):
+    weights_k = jnp.exp(beta * block)
+    total = jnp.sum(weights_k, axis=-1, keepdims=True)
+    mean = jnp.sum(weights_k * block, axis=-1, keepdims=True) / total
+    deviation = block - mean  # central moments: no cancellation between raw ones
+    variance = jnp.sum(weights_k * deviation**2, axis=-1) / total[:, 0]
+    third = jnp.sum(weights_k * deviation**3, axis=-1) / total[:, 0]
+    return mean[:, 0], variance, third
+
+  rows = rowblocks.block_rows(centred.shape[-1])
+  mean, variance, third = rowblocks.map_row_blocks(cumulants, (centred,), rows)
+  terms = jnp.stack([mean - label_logit, variance, third], axis=-1)
+  a, b, c = (weights @ terms / jnp.sum(weights, axis=-1, keepdims=True)).T
+  first = -a / jnp.where(b > 0, b, 1.0)
+  step = -a / jnp.where(b + 0.5 * c * first > 0, b + 0.5 * c * first, 1.0)
+  beta_split = beta + jnp.where(jnp.abs(first) < 0.5 * beta, step, 0.0)
+  log_start = -jnp.log(jnp.where(beta_split > 0, beta_split, beta))
+  return jnp.clip(jnp.where(jnp.isfinite(log_start), log_start, log_pooled), log_min, log_max)
+
+
+@jax.jit
+def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
+  """T of each row of ``weights`` [F, N]: [F] temperatures."""
+  # Shift-invariant, and smaller magnitudes keep the float32 sums tight. Centred once
+  # for all rows of weights (splits), which then share this [N, K] array.
+  centred = logits - jnp.max(logits, axis=-1, keepdims=True)
+  label_logit = jnp.take_along_axis(centred, labels[:, None], axis=-1)[:, 0]
+  dtype = centred.dtype
+  log_min, log_max, log_start = (v.astype(dtype) for v in (log_min, log_max, log_start))
+  if weights.shape[0] == 1:
+    return jnp.exp(_newton(centred, label_logit, weights[0], log_min, log_max, log_start))[None]
+  # Several splits: one fit of their pooled weights, then each split's Newton from its
+  # second-order guess (_split_starts), usually one or two passes each instead of ~4.
+  pooled = _newton(centred, label_logit, jnp.sum(weights, 0), log_min, log_max, log_start)
+  starts = _split_starts(centred, label_logit, weights, pooled, log_min, log_max)
+
+  def fit_row(_, row):
+    row_weights, row_start = row
+    return None, _newton(centred, label_logit, row_weights, log_min, log_max, row_start)
+
+  _, log_t = jax.lax.scan(fit_row, None, (weights, starts))
+  return jnp.exp(log_t)
 
 
 def fit_temperature(
@@ -123,14 +188,16 @@ def fit_temperature(
     labels: [N] int in [0, K).
     min_temperature, max_temperature: the bracket, 0 < min < max.
     weights: optional [N] example weights >= 0 (e.g. a split's calibration
-      mask): the NLL is their weighted mean. Splits given as masks of one [N, K]
-      array share one compiled program and need no copy of their rows.
+      mask): the NLL is their weighted mean. Or [F, N], one row per split: the
+      F temperatures come from one compiled program over the one [N, K] array
+      (no copy of any split's rows): one fit of the pooled weights, then each
+      split's Newton from a second-order guess made in one shared pass.
     initial_temperature: where Newton starts (e.g. another split's T, close
       to this one's: fewer passes); the result does not depend on it beyond the
       tolerance of 1e-6 in log T.
 
   Returns:
-    [] float, T > 0. Apply it with ``apply_temperature``.
+    [] float, T > 0 (or [F] with [F, N] weights). Apply it with ``apply_temperature``.
   """
   if logits is None:
     raise ValueError("logits: expected an [N, K] array, got None")
@@ -149,21 +216,24 @@ def fit_temperature(
   if weights is None:
     weights = jnp.ones(logits.shape[0], logits.dtype)
   else:
-    weights = validation.float_array("weights", weights, 1)
-    validation.same_length(logits=logits, weights=weights)
+    weights = validation.float_array("weights", weights, (1, 2))
+    if weights.shape[-1] != logits.shape[0]:
+      raise ValueError(
+        f"weights: expected {logits.shape[0]} weights per row (one per example), got shape"
+        f" {weights.shape}"
+      )
     if not validation.is_traced(weights) and not bool(
-      jnp.all(weights >= 0) & (jnp.sum(weights) > 0)
+      jnp.all(weights >= 0) & jnp.all(jnp.sum(weights, axis=-1) > 0)
     ):
-      raise ValueError("weights: expected weights >= 0 with a positive sum")
+      raise ValueError("weights: expected weights >= 0 with a positive sum (in every row)")
   start = float(initial_temperature)
   if not (np.isfinite(start) and start > 0):
     raise ValueError(f"initial_temperature: expected a finite T > 0, got {initial_temperature!r}")
-  return _fit_temperature(
-    logits,
-    labels,
-    weights.astype(logits.dtype),
-    *(jnp.float32(np.log(v)) for v in (low, high, start)),
+  rows = weights.astype(logits.dtype).reshape(-1, logits.shape[0])
+  fitted = _fit_temperature(
+    logits, labels, rows, *(jnp.float32(np.log(v)) for v in (low, high, start))
   )
+  return fitted if weights.ndim == 2 else fitted[0]
 
 
 @jax.jit

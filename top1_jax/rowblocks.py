@@ -1,0 +1,56 @@
+"""Per-example reductions over [N, K] arrays, a cache-sized block of examples at a time.
+
+Why: a reduction over classes that needs several sums of one element-wise term
+(e.g. sum w, sum w c and sum w c^2 with w = exp(beta c), for temperature
+scaling's Newton steps) makes XLA on CPU write the term as a whole [N, K] array
+and read it back once per sum: at N = 50,000, K = 1,000 that is 200 MB each
+way, and the pass takes 2.5x as long as the same sums over blocks of ~1 MB that
+stay in cache (measured: 125 ms vs 50 ms; one bare exp-and-sum pass is 20 ms).
+Inside ``jit`` only; the blocks run one after another in one compiled loop.
+"""
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+BLOCK_ELEMENTS = 1 << 18
+"""Elements of one [rows, K] float32 block (1 MiB): it and a few temporaries fit in L2."""
+
+
+def block_rows(num_classes: int) -> int:
+  """Rows per block for K classes (at least 1)."""
+  return max(1, BLOCK_ELEMENTS // max(1, num_classes))
+
+
+def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array], rows: int) -> tuple:
+  """``fn`` over blocks of ``rows`` examples of ``arrays``, its outputs stacked back to N.
+
+  Args:
+    fn: (*blocks) -> tuple of per-example arrays [rows, ...]; each block is
+      ``arrays[i][start : start + rows]``. It must treat rows independently.
+    arrays: arrays sharing their leading dimension N >= 1.
+    rows: rows per block (capped at N).
+
+  Returns:
+    ``fn``'s outputs for all N rows, as a tuple. The last block is shifted back
+    to end at N (it overlaps the one before; its rows get the same values
+    again), so no array is padded or copied.
+  """
+  num = arrays[0].shape[0]
+  rows = min(rows, num)
+  block_shapes = [jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype) for a in arrays]
+  shapes = jax.eval_shape(fn, *block_shapes)
+
+  def one_block(index, outputs):
+    start = jnp.minimum(index * rows, num - rows)
+    blocks = [lax.dynamic_slice_in_dim(a, start, rows, 0) for a in arrays]
+    values = fn(*blocks)
+    return tuple(
+      lax.dynamic_update_slice_in_dim(out, value, start, 0)
+      for out, value in zip(outputs, values, strict=True)
+    )
+
+  outputs = tuple(jnp.zeros((num, *s.shape[1:]), s.dtype) for s in shapes)
+  return lax.fori_loop(0, -(-num // rows), one_block, outputs)
