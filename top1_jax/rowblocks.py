@@ -42,22 +42,26 @@ def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array], rows: int) -> tupl
 
   Returns:
     ``fn``'s outputs for all N rows, as a tuple. The last block is shifted back
-    to end at N (it overlaps the one before; its rows get the same values
-    again), so no array is padded or copied.
+    to end at N (it overlaps the one before, whose values its repeated rows
+    keep), so no input is padded or copied.
   """
   num = arrays[0].shape[0]
   rows = min(rows, num)
-  block_shapes = [jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype) for a in arrays]
-  shapes = jax.eval_shape(fn, *block_shapes)
+  count = -(-num // rows)
+  if count == 1:
+    return tuple(fn(*arrays))
 
-  def one_block(index, outputs):
+  def one_block(index):
     start = jnp.minimum(index * rows, num - rows)
-    blocks = [lax.dynamic_slice_in_dim(a, start, rows, 0) for a in arrays]
-    values = fn(*blocks)
-    return tuple(
-      lax.dynamic_update_slice_in_dim(out, value, start, 0)
-      for out, value in zip(outputs, values, strict=True)
-    )
+    return tuple(fn(*(lax.dynamic_slice_in_dim(a, start, rows, 0) for a in arrays)))
 
-  outputs = tuple(jnp.zeros((num, *s.shape[1:]), s.dtype) for s in shapes)
-  return lax.fori_loop(0, -(-num // rows), one_block, outputs)
+  # Stacked [count, rows, ...] outputs rather than a carried [N] buffer: a carry made
+  # of fresh zeros does not type-check inside shard_map (it is not per-device).
+  stacked = lax.map(one_block, jnp.arange(count))
+  repeated = count * rows - num  # the last block's first rows, already in the one before
+
+  def assemble(value):
+    head = value[:-1].reshape((count - 1) * rows, *value.shape[2:])
+    return jnp.concatenate([head, value[-1, repeated:]])
+
+  return tuple(assemble(value) for value in stacked)

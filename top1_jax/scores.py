@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import covariance, validation
+from top1_jax import covariance, rowblocks, validation
 
 
 def _logits(logits: ArrayLike) -> jax.Array:
@@ -451,11 +451,35 @@ def _arguments(score: Score, log_probs, samples, human_probs, labels) -> tuple |
   return None if labels is None else (log_probs, labels)
 
 
+@functools.partial(jax.jit, static_argnames=("topk",))
+def _log_prob_scores(log_probs: jax.Array, topk: tuple[int, ...]) -> dict[str, jax.Array]:
+  """Every score of the log-probabilities alone (each k's top-k mass too), one program.
+
+  By cache-sized blocks of examples (``rowblocks``): each score's pass over a
+  block reads it from cache, not the whole [N, K] array from memory (at K = 1,000,
+  ~4x faster than one jitted pass per score).
+  """
+  names = [s.name for s in REGISTRY.values() if s.inputs == "log_probs" and not s.per_k]
+  ks = [k for k in topk if k >= 2]
+
+  def block_scores(block):
+    per_k = REGISTRY["neg_log_topk_mass"].fn
+    return tuple(REGISTRY[n].fn(block) for n in names) + tuple(per_k(block, k) for k in ks)
+
+  rows = rowblocks.block_rows(log_probs.shape[-1])
+  values = rowblocks.map_row_blocks(block_scores, (log_probs,), rows)
+  return dict(zip(names + [topk_name(k) for k in ks], values, strict=True))
+
+
 def _compute(log_probs, samples, human_probs, topk, labels=None) -> dict[str, jax.Array]:
+  blocked = _log_prob_scores(log_probs, tuple(topk))
   out = {}
   for score in REGISTRY.values():
     if score.per_k:
-      out.update({topk_name(k): score.fn(log_probs, k) for k in topk if k >= 2})
+      out.update({topk_name(k): blocked[topk_name(k)] for k in topk if k >= 2})
+      continue
+    if score.inputs == "log_probs":
+      out[score.name] = blocked[score.name]
       continue
     arguments = _arguments(score, log_probs, samples, human_probs, labels)
     if arguments is not None:
