@@ -66,6 +66,13 @@ class Source:
     self.splits = crossval.make_splits(len(self.labels), s.n_folds, self.columns["seed"], s.scheme)
     read = timings["load"] - before  # the chunks' reads count as loading, not scoring
     timings["scores"] = timings.get("scores", 0.0) + time.perf_counter() - tic - read
+    self._correct = {}
+
+  def correct(self, k: int) -> np.ndarray:
+    """[N] bool, the Top-k event: one [N, K] pass per k, shared by every score's point."""
+    if k not in self._correct:
+      self._correct[k] = np.asarray(events.topk_correct(self.log_probs, self.labels, k))
+    return self._correct[k]
 
 
 def _timed(items, timings: dict, key: str):
@@ -131,11 +138,10 @@ def _sweep_point(s, source: Source, score: str, k: int, estimator: str, folder, 
   saved = files.read_json(path)
   if saved is not None and saved.get("settings") == expected:
     return {**saved, "reused": True}
-  correct = events.topk_correct(source.log_probs, source.labels, k)
   known = scores.lookup(score)
   cv = crossval.cross_validate(
     source.scores[score],
-    correct,
+    source.correct(k),
     s.n_bins,
     splits=source.splits,
     estimator=estimator,
@@ -269,9 +275,8 @@ def selective_rows(s: Any, sources: list[Source]) -> list[dict]:
       continue
     known = scores.lookup(score)
     order = "descending" if known is not None and known.confident_when_high else "ascending"
-    correct = np.asarray(events.topk_correct(source.log_probs, source.labels, 1))
     for row in selective.cross_validate(
-      np.asarray(source.scores[score]), correct, source.splits, n_bins=s.compare_bins,
+      np.asarray(source.scores[score]), source.correct(1), source.splits, n_bins=s.compare_bins,
       targets=s.selective_targets, delta=s.selective_delta, order=order,
     ):  # fmt: skip
       rows.append({"label": source.label, "source": source.name, "score": score, **row})

@@ -9,7 +9,7 @@ prediction. Each function returns the paths it wrote.
 
 import numpy as np
 
-from top1_jax import binning, crossval, events, scores, selective
+from top1_jax import binning, crossval, scores, selective
 from top1_jax.plots.bins import bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.reliability import reliability_diagram
@@ -27,7 +27,7 @@ RELIABILITY_BINS = 15
 
 def _reliability_figure(figures, source, test):
   """The raw max-softmax's reliability diagram (Top-1) on the test part of ``test``."""
-  correct = np.asarray(events.topk_correct(source.log_probs, source.labels, 1))[test]
+  correct = source.correct(1)[test]
   # The raw confidence, as benchmarks report it: no calibration split is used.
   confidence = source.scores["pmax"][test]
   n = min(RELIABILITY_BINS, confidence.shape[0])
@@ -50,7 +50,7 @@ def write_figures(out_dir, sources, results, n_bins, topks, figure_bins) -> list
     if score is None:
       continue
     for k in topks if source is sources[0] else topks[:1]:
-      correct = np.asarray(events.topk_correct(source.log_probs, source.labels, k))
+      correct = source.correct(k)
       u = source.scores[score]
       bins = binning.fit(u[~test], correct[~test], figure_bins)
       test_bins = binning.refit(bins, u[test], correct[test])
@@ -65,7 +65,7 @@ def write_figures(out_dir, sources, results, n_bins, topks, figure_bins) -> list
   score = scores.headline(source.scores)
   test = np.asarray(source.splits.test_mask(0))
   if score is not None and len(n_bins) > 1:
-    correct = np.asarray(events.topk_correct(source.log_probs, source.labels, topks[0]))
+    correct = source.correct(topks[0])
     u = source.scores[score]
     pairs = []
     for n in (min(n_bins), max(n_bins)):
@@ -114,7 +114,7 @@ def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
       continue
     score = rows[0]["score"]
     u = np.asarray(source.scores[score])[test]
-    correct = np.asarray(events.topk_correct(source.log_probs, source.labels, 1))[test]
+    correct = source.correct(1)[test]
     curve = selective.risk_coverage(-u if rows[0]["order"] == "descending" else u, correct)
     points = [
       OperatingPoint(
