@@ -1,8 +1,18 @@
 """Shared pytest set-up: CPU only, deterministic, no network."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# JAX's persistent compilation cache (the launchers turn it on: experiments.common) in
+# a folder of this test process, inherited by the launchers it starts: later launcher
+# runs reuse earlier ones' programs, as a user's reruns do, and the home folder is left
+# alone.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="top1-test-xla-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
