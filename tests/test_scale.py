@@ -181,3 +181,16 @@ def test_temperatures_of_many_splits_in_one_call_equal_one_fit_each():
     temperature.fit_temperature(logits, labels, weights=np.zeros((2, 600), np.float32))
   with pytest.raises(ValueError, match="600 weights per row"):
     temperature.fit_temperature(logits, labels, weights=masks[:, :10])
+
+
+def test_temperatures_of_splits_of_a_large_set_start_from_a_subsample_and_agree():
+  from top1_jax import temperature
+
+  rng = np.random.default_rng(6)
+  num = 20_000  # > 4 x 4,096: the pooled fit starts from a subsample's fit
+  logits = (2 * rng.normal(size=(num, 4))).astype(np.float32)
+  labels = np.argmax(logits / 2 + rng.gumbel(size=logits.shape), axis=-1)
+  masks = rng.random((3, num)) < 0.5
+  fitted = np.asarray(temperature.fit_temperature(logits, labels, weights=masks))
+  alone = [float(temperature.fit_temperature(logits[m], labels[m])) for m in masks]
+  np.testing.assert_allclose(fitted, alone, rtol=1e-5)
