@@ -270,10 +270,23 @@ def log_probs_from_probs(probs: ArrayLike) -> np.ndarray:
   return np.maximum(log_probs, _LOG_ZERO).astype(np.float32)
 
 
+_UNROLLED_SAMPLES = 128
+"""Up to this many samples, ``_mean_log_probs`` sums them as separate terms."""
+
+
 @jax.jit
 def _mean_log_probs(samples: jax.Array) -> jax.Array:
   log_probs = jax.nn.log_softmax(samples, axis=-1)
-  return jax.nn.logsumexp(log_probs, axis=0) - math.log(samples.shape[0])
+  num_samples = samples.shape[0]
+  if num_samples > _UNROLLED_SAMPLES:
+    return jax.nn.logsumexp(log_probs, axis=0) - math.log(num_samples)
+  # logsumexp over the samples as S element-wise terms, which XLA fuses into one pass:
+  # its reduction over the leading axis took 7x as long on the CPU (100 ms vs 14.5 ms
+  # for a [32, 262, 1000] chunk).
+  per_sample = [log_probs[s] for s in range(num_samples)]
+  top = functools.reduce(jnp.maximum, per_sample)
+  total = functools.reduce(jnp.add, [jnp.exp(term - top) for term in per_sample])
+  return top + jnp.log(total) - math.log(num_samples)
 
 
 def mean_log_probs(samples: ArrayLike) -> jax.Array:
@@ -540,6 +553,7 @@ def from_predictions(
   human_probs: ArrayLike | None = None,
   topk: Sequence[int] = (),
   labels: ArrayLike | None = None,
+  as_numpy: bool = True,
 ) -> tuple[jax.Array, dict[str, np.ndarray]]:
   """The classifier's log-probabilities and every score, from a predictions file's fields.
 
@@ -553,6 +567,8 @@ def from_predictions(
     human_probs: optional [N, K] annotator frequencies.
     topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
     labels: optional [N] true labels, for the oracle row ``oracle_loss``.
+    as_numpy: False leaves the recomputed scores as JAX arrays, possibly still
+      being computed (e.g. to overlap several chunks on several devices).
 
   Returns:
     ([N, K] log-probabilities, name -> [N] NumPy scores).
@@ -569,4 +585,6 @@ def from_predictions(
   if "neg_log_pmax" in stored:
     stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
   values.update(stored)
+  if not as_numpy:
+    return log_probs, values
   return log_probs, {name: np.asarray(value) for name, value in values.items()}
