@@ -16,6 +16,10 @@ example, m = min(S, K).
    (batched Lanczos on the CPU) vs one ``eigvalsh`` per matrix vs one batched
    ``eigvalsh``.
 
+3. at both K, the kernel on all of the host's JAX CPU devices at once (one per core,
+   ``--cpu_devices``, as ``experiments.evaluate`` sets them), a share of the examples
+   each: XLA runs the small matmuls of one device on one core.
+
 Times are the best of ``--repeats`` warm runs (compiled, ``block_until_ready``); the
 matmul rate is the better of a run before and one after.
 
@@ -23,6 +27,7 @@ matmul rate is the better of a run before and one after.
 """
 
 import argparse
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -133,9 +138,30 @@ def _route_rows(num_classes: int, args: argparse.Namespace) -> list[Row]:
       previous,
     ),
   ]
+  rows += _over_cpu_devices(samples, gflop, args.repeats)
   if num_samples < num_classes:
     rows += _halves(samples, gflop, args.repeats)
   return rows
+
+
+def _over_cpu_devices(samples: jax.Array, gflop: float, repeats: int) -> list[Row]:
+  """The kernel on every CPU device at once, a share of the examples each.
+
+  As ``experiments.evaluate`` runs it: one JAX CPU device per core, each scoring
+  its own chunks of the file. Placing the shares is not timed (chunks are read
+  from the file straight onto their device).
+  """
+  devices = jax.local_devices()
+  if len(devices) < 2 or devices[0].platform != "cpu":
+    return []
+  shares = np.array_split(np.arange(samples.shape[1]), len(devices))
+  placed = [
+    jax.device_put(samples[:, share[0] : share[-1] + 1], device)
+    for share, device in zip(shares, devices, strict=True)
+  ]
+  seconds = _best(lambda: [covariance.covariance_norm(part) for part in placed], repeats)
+  case = f"  the same on {len(devices)} CPU devices at once, a share of the examples each"
+  return [Row(case, seconds, gflop / seconds)]
 
 
 def _halves(samples: jax.Array, gflop: float, repeats: int) -> list[Row]:
@@ -172,8 +198,13 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="N = 1,000 (a smoke run)")
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument(
+    "--cpu_devices", type=int, default=min(os.cpu_count() or 1, 8),
+    help="JAX CPU devices (one per core by default, as experiments.evaluate sets)",
+  )  # fmt: skip
   args = parser.parse_args()
   args.num_examples = 1_000 if args.quick else 10_000
+  jax.config.update("jax_num_cpu_devices", args.cpu_devices)  # before JAX starts
   print(
     f"# {platform.processor() or platform.machine()}, {jax.devices()[0].device_kind}, "
     f"jax {jax.__version__}, numpy {np.__version__}"

@@ -17,7 +17,8 @@ def _launch(name: str) -> None:
       f"error: top1-{name.replace('_', '-')} needs the package {e.name!r}, which is not"
       " installed: pip install '.[all]' in a top1_jax clone"
     )
-  common.run(module.main, getattr(module, "default_workdir", None))
+  per_core = getattr(module, "CPU_DEVICE_PER_CORE", False)
+  common.run(module.main, getattr(module, "default_workdir", None), cpu_device_per_core=per_core)
 
 
 def reproduce() -> None:

@@ -171,6 +171,27 @@ def _use_compilation_cache() -> None:
     jax.config.update("jax_compilation_cache_max_size", 2 << 30)  # least recent dropped
 
 
+MAX_CPU_DEVICES = 8
+"""At most this many JAX CPU devices for ``one_cpu_device_per_core`` (chunks in flight)."""
+
+
+def _one_cpu_device_per_core() -> None:
+  """One JAX CPU device per core (at most ``MAX_CPU_DEVICES``), for evaluate.
+
+  ``chunked.from_chunks`` scores a predictions file's chunks on all of them at once:
+  XLA runs parts of a chunk's scoring (the covariance norms' small matmuls) on one
+  core per device. Left alone when XLA_FLAGS already sets the device count.
+  """
+  import jax
+
+  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    return
+  try:
+    jax.config.update("jax_num_cpu_devices", max(1, min(os.cpu_count() or 1, MAX_CPU_DEVICES)))
+  except RuntimeError:  # JAX already started in this process (e.g. called from Python)
+    logging.info("evaluate: JAX already started; its CPU devices stay as they are")
+
+
 def _holding_workdir():
   """The work dir's lock (per task when tasks share it), held by the writing process."""
   if not WORKDIR.value or not is_writer():
@@ -182,15 +203,24 @@ def _holding_workdir():
   return lock.hold(path, say=logging.warning, name=name)
 
 
-def run(main: Callable[[list[str]], None], default_workdir: Callable[[], str] | None = None):
+def run(
+  main: Callable[[list[str]], None],
+  default_workdir: Callable[[], str] | None = None,
+  *,
+  cpu_device_per_core: bool = False,
+):
   """``app.run`` with one-line failures, the process group joined and the work dir held.
 
-  ``default_workdir`` names the work dir when --workdir is not given.
+  ``default_workdir`` names the work dir when --workdir is not given;
+  ``cpu_device_per_core`` gives JAX one CPU device per core (evaluate: no training
+  or sharding sees them, only ``chunked.from_chunks``).
   """
 
   def wrapped(argv):
     _quiet_others(logging.get_verbosity())
     _use_compilation_cache()
+    if cpu_device_per_core:
+      _one_cpu_device_per_core()
     if default_workdir is not None and not WORKDIR.value:
       flags.FLAGS.workdir = default_workdir()
     try:

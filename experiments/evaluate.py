@@ -26,6 +26,9 @@ from top1_jax import plan, plots, sweep, tables
 from top1_jax.io import files
 from top1_jax.io import predictions as predictions_lib
 
+CPU_DEVICE_PER_CORE = True
+"""On a CPU, JAX gets a device per core, each scoring its own chunk of a file (chunked)."""
+
 
 def _given_files(s: plan.Settings) -> list[tuple[str, object]]:
   """config.predictions (globs expanded) or config.logits/probs as a predictions file."""
@@ -183,4 +186,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  common.run(main)
+  common.run(main, cpu_device_per_core=CPU_DEVICE_PER_CORE)

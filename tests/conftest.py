@@ -6,6 +6,9 @@ import shutil
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One CPU device, also in the launchers the tests start (evaluate would take one per
+# core, ~0.3 s more start-up per run; tests/test_scale.py checks those devices' scores).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 # JAX's persistent compilation cache (the launchers turn it on: experiments.common) in
 # a folder of this test process, inherited by the launchers it starts: later launcher
 # runs reuse earlier ones' programs, as a user's reruns do, and the home folder is left

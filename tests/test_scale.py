@@ -8,6 +8,9 @@ per size bucket, not once per example count.
 """
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -58,6 +61,32 @@ def test_streamed_scores_equal_the_whole_file(tmp_path, kind, compress):
     assert list(streamed_values) == list(values)
     for name, value in values.items():
       np.testing.assert_array_equal(streamed_values[name], value, err_msg=f"{name} {chunk_size}")
+
+
+def test_chunks_scored_on_two_cpu_devices_at_once_equal_the_whole_file(tmp_path):
+  # experiments.evaluate gives JAX a CPU device per core; chunked.from_chunks then
+  # scores chunk i on device i % 2. The devices must not change a single bit.
+  path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("samples"))
+  _, values = _whole(path)
+  np.savez(tmp_path / "whole.npz", **values)
+  code = f"""
+import jax, numpy as np
+jax.config.update("jax_num_cpu_devices", 2)
+from top1_jax import chunked
+from top1_jax.io import stream
+assert len(jax.devices()) == 2
+with stream.PredictionsReader({str(path)!r}) as reader:
+  _, values = chunked.from_chunks(reader.chunks(7), reader.num_examples, topk=(1, 4))
+whole = np.load({str(tmp_path / "whole.npz")!r})
+assert sorted(values) == sorted(whole.files), (sorted(values), whole.files)
+for name in whole.files:
+  np.testing.assert_array_equal(values[name], whole[name], err_msg=name)
+print("same")
+"""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("XLA_FLAGS", None)
+  done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  assert done.returncode == 0 and "same" in done.stdout, done.stderr[-2000:]
 
 
 def test_reader_reports_the_file_and_labels(tmp_path):

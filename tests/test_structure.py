@@ -24,6 +24,7 @@ MATHS += ("chunked",)
 MATHS += ("covariance", "rowblocks")
 MATHS += ("aggregate", "tables")
 MATHS_MAY_IMPORT = {"jax", "numpy", "fractions", "functools", "re", "math", "collections", "typing"}
+MATHS_MAY_IMPORT |= {"contextlib"}
 FILE_TOUCHERS = ("io", "plots")
 FILE_APIS = {"open", "os", "pathlib", "shutil", "tempfile", "etils", "orbax", "glob"}
 

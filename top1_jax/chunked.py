@@ -9,9 +9,12 @@ plus one chunk. Every chunk is padded to one shape, so each jitted score
 compiles once, not once more for a shorter last chunk.
 """
 
+import collections
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -48,6 +51,26 @@ def _chunk_inputs(chunk: Any, rows: int) -> dict[str, Any]:
   }
 
 
+def _cpu_devices() -> list:
+  """The host's CPU devices when JAX has several (one per core), else [None]."""
+  devices = jax.local_devices()
+  return devices if len(devices) > 1 and devices[0].platform == "cpu" else [None]
+
+
+def _on(device):
+  return contextlib.nullcontext() if device is None else jax.default_device(device)
+
+
+def _copy_out(out: dict, num_examples: int, start, size, chunk_log_probs, chunk_scores) -> None:
+  """A scored chunk's first ``size`` rows into the whole file's arrays (made at the first)."""
+  if out["log_probs"] is None:
+    out["log_probs"] = np.empty((num_examples, chunk_log_probs.shape[-1]), np.float32)
+    out["values"] = {name: np.empty(num_examples, v.dtype) for name, v in chunk_scores.items()}
+  out["log_probs"][start : start + size] = np.asarray(chunk_log_probs)[:size]
+  for name, value in chunk_scores.items():
+    out["values"][name][start : start + size] = np.asarray(value)[:size]
+
+
 def from_chunks(
   chunks: Iterable[tuple[int, Any]],
   num_examples: int,
@@ -71,8 +94,14 @@ def from_chunks(
     ([N, K] float32 log-probabilities as a jax array, name -> [N] NumPy scores),
     equal to ``scores.from_predictions`` on the whole arrays.
   """
-  log_probs, values, rows, expected, stored = None, {}, None, 0, ()
-  for start, chunk in chunks:
+  # Chunk i is scored on the host's CPU device i % D, D - 1 chunks ahead of the one
+  # being copied out: with one JAX CPU device per core (experiments.evaluate sets
+  # that), each core scores its own chunk (XLA runs the covariance norms' small
+  # matmuls on one core per device). With one device this is the plain loop.
+  devices = _cpu_devices()
+  out = {"log_probs": None, "values": {}}
+  pending, rows, expected, stored = collections.deque(), None, 0, ()
+  for index, (start, chunk) in enumerate(chunks):
     stored = tuple(chunk.scores)
     size = int(chunk.labels.shape[0])
     if start != expected or (rows is not None and size > rows):
@@ -81,14 +110,15 @@ def from_chunks(
     inputs = _chunk_inputs(chunk, rows)
     if not with_labels:
       inputs["labels"] = None
-    chunk_log_probs, chunk_scores = scores.from_predictions(**inputs, topk=topk)
-    if log_probs is None:
-      log_probs = np.empty((num_examples, chunk_log_probs.shape[-1]), np.float32)
-      values = {name: np.empty(num_examples, v.dtype) for name, v in chunk_scores.items()}
-    log_probs[start : start + size] = np.asarray(chunk_log_probs)[:size]
-    for name, value in chunk_scores.items():
-      values[name][start : start + size] = value[:size]
+    with _on(devices[index % len(devices)]):
+      scored = scores.from_predictions(**inputs, topk=topk, as_numpy=False)
+    pending.append((start, size, *scored))
+    if len(pending) == len(devices):
+      _copy_out(out, num_examples, *pending.popleft())
     expected = start + size
+  while pending:
+    _copy_out(out, num_examples, *pending.popleft())
+  log_probs, values = out["log_probs"], out["values"]
   if expected != num_examples:
     raise ValueError(f"chunks: expected {num_examples} examples, got {expected}")
   if "neg_log_pmax" not in stored and "pmax" in values:
