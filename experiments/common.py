@@ -157,8 +157,8 @@ CACHE_DIR = os.path.join("~", ".cache", "top1_jax", "xla")
 def _use_compilation_cache() -> None:
   """JAX's persistent compilation cache: a rerun skips most of its compiling.
 
-  An evaluate of 50,000 x 1,000 logits spends about half of its 13 s compiling on
-  this CPU. JAX_COMPILATION_CACHE_DIR picks another folder and
+  An evaluate of 50,000 x 1,000 logits spent about half of a cold run compiling on
+  this CPU (14 s cold, 7 s warm in one process). JAX_COMPILATION_CACHE_DIR picks another folder and
   JAX_ENABLE_COMPILATION_CACHE=false turns the cache off (JAX's own variables).
   """
   import jax
@@ -172,7 +172,7 @@ def _use_compilation_cache() -> None:
 
 
 MAX_CPU_DEVICES = 8
-"""At most this many JAX CPU devices for ``one_cpu_device_per_core`` (chunks in flight)."""
+"""At most this many JAX CPU devices with ``run(cpu_device_per_core=True)`` (chunks in flight)."""
 
 
 def _one_cpu_device_per_core() -> None:
