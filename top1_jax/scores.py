@@ -271,18 +271,19 @@ def log_probs_from_probs(probs: ArrayLike) -> np.ndarray:
 
 
 _UNROLLED_SAMPLES = 128
-"""Up to this many samples, ``_mean_log_probs`` sums them as separate terms."""
+"""Up to this many samples, ``_mean_log_probs`` sums them as separate terms on a CPU."""
 
 
 @jax.jit
 def _mean_log_probs(samples: jax.Array) -> jax.Array:
   log_probs = jax.nn.log_softmax(samples, axis=-1)
   num_samples = samples.shape[0]
-  if num_samples > _UNROLLED_SAMPLES:
+  if num_samples > _UNROLLED_SAMPLES or jax.default_backend() != "cpu":
     return jax.nn.logsumexp(log_probs, axis=0) - math.log(num_samples)
   # logsumexp over the samples as S element-wise terms, which XLA fuses into one pass:
   # its reduction over the leading axis took 7x as long on the CPU (100 ms vs 14.5 ms
-  # for a [32, 262, 1000] chunk).
+  # for a [32, 262, 1000] chunk). Not on a GPU: there that fusion took ~17 s to compile
+  # (an H100, S = 32), and the reduction is fast.
   per_sample = [log_probs[s] for s in range(num_samples)]
   top = functools.reduce(jnp.maximum, per_sample)
   total = functools.reduce(jnp.add, [jnp.exp(term - top) for term in per_sample])
