@@ -72,6 +72,7 @@ def _test_means(test, brier, pmax, correct, ece_bins):
 
 @functools.partial(jax.jit, static_argnames=("ece_bins",))
 def _raw_test_means(centred, labels, correct, test, ece_bins):
+  """[F] metrics of each split's test part under the raw softmax, and every pmax."""
   brier, pmax = _softmax_terms(centred, labels, jnp.ones((), centred.dtype))
   return _test_means(test, brier, pmax, correct, ece_bins), pmax
 
