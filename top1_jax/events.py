@@ -1,24 +1,22 @@
 """Events whose probability we predict: "the Top-k prediction is correct"."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from top1_jax import validation
+from top1_jax import order, rowblocks, validation
 
 
-@functools.partial(jax.jit, static_argnames=("k",))
-def _topk_correct(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
-  if k == 1:
-    return jnp.argmax(logits, axis=-1) == labels
-  # The label's rank in one pass (no sort): the classes ahead of it are the larger
-  # ones and, at a tie, the lower indices (lax.top_k's and argmax's rule).
-  own = jnp.take_along_axis(logits, labels[:, None], axis=-1)
-  lower = jnp.arange(logits.shape[-1]) < labels[:, None]
-  ahead = (logits > own) | ((logits == own) & lower)
-  return jnp.sum(ahead, axis=-1) < k
+@jax.jit
+def _label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  # By cache-sized blocks: its compare-and-count pass reads each block once from cache.
+  rows = rowblocks.block_rows(logits.shape[-1])
+  return rowblocks.map_row_blocks(lambda *b: (order.label_rank(*b),), (logits, labels), rows)[0]
+
+
+@jax.jit
+def _topk_correct(logits: jax.Array, labels: jax.Array, k: jax.Array) -> jax.Array:
+  return _label_rank(logits, labels) < k  # k traced: one program for every k
 
 
 def topk_correct(logits: ArrayLike, labels: ArrayLike, k: int = 1) -> jax.Array:
@@ -40,3 +38,18 @@ def topk_correct(logits: ArrayLike, labels: ArrayLike, k: int = 1) -> jax.Array:
   validation.same_length(logits=logits, labels=labels)
   k = validation.positive_int("k", k, maximum=logits.shape[-1])
   return _topk_correct(logits, labels, k)
+
+
+def label_rank(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
+  """[N] int: how many classes rank ahead of each label (``topk_correct`` is rank < k).
+
+  One pass for every k: ``label_rank(l, y) < k`` for each k of a sweep.
+
+  Args:
+    logits: [N, K] float, logits or probabilities (only the order matters).
+    labels: [N] int in [0, K).
+  """
+  logits = validation.float_array("logits", logits, 2)
+  labels = validation.labels_array("labels", labels, logits.shape[-1])
+  validation.same_length(logits=logits, labels=labels)
+  return _label_rank(logits, labels).astype(jnp.int32)

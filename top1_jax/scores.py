@@ -10,7 +10,8 @@ Every score is computed from logits in log space. A float32 softmax saturates at
 exactly 1.0 once the top logit leads by ~17, and even ``logsumexp(l) - max(l)``
 rounds ``20 + log1p(1e-8)`` to 20; both create ties that collapse quantile bins.
 So each score is written in terms of ``s = sum_{j != argmax} exp(l_j - l_max)``
-(and similar tail sums), which keeps full relative precision when it is tiny.
+(and similar tail sums), which keeps full relative precision when it is tiny;
+``order`` computes them without an arg-max or a sort.
 
 The public functions take a batch, ``logits: [N, K]`` (or ``samples: [S, N, K]``),
 check it, and return ``[N]``.
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import covariance, rowblocks, validation
+from top1_jax import covariance, order, rowblocks, validation
 
 
 def _logits(logits: ArrayLike) -> jax.Array:
@@ -37,18 +38,9 @@ def _logits(logits: ArrayLike) -> jax.Array:
   return arr
 
 
-def _shifted(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Returns ``z = l - max(l)`` and the mask of the (first) argmax entry."""
-  top = jnp.argmax(logits, axis=-1)
-  z = logits - jnp.take_along_axis(logits, top[:, None], axis=-1)
-  is_top = jnp.arange(logits.shape[-1]) == top[:, None]
-  return z, is_top
-
-
 @jax.jit
 def _neg_log_pmax(logits: jax.Array) -> jax.Array:
-  z, is_top = _shifted(logits)
-  tail = jnp.sum(jnp.where(is_top, 0.0, jnp.exp(z)), axis=-1)
+  _, tail = order.shifted(logits)
   return jnp.log1p(tail)
 
 
@@ -83,10 +75,8 @@ def pmax(logits: ArrayLike) -> jax.Array:
 def _entropy(logits: jax.Array) -> jax.Array:
   # H = log Z - sum_j p_j z_j with z = l - l_max, Z = 1 + tail. The top entry has
   # z = 0, so both terms are small sums over the tail: no cancellation near 0.
-  z, is_top = _shifted(logits)
-  ez = jnp.where(is_top, 0.0, jnp.exp(z))
-  tail = jnp.sum(ez, axis=-1)
-  weighted = jnp.sum(jnp.where(is_top, 0.0, ez * z), axis=-1)
+  z, tail = order.shifted(logits)
+  weighted = jnp.sum(jnp.exp(z) * z, axis=-1)  # the top entries add 0
   return jnp.log1p(tail) - weighted / (1.0 + tail)
 
 
@@ -102,37 +92,18 @@ def entropy(logits: ArrayLike) -> jax.Array:
   return _entropy(_logits(logits))
 
 
-_TOP_K_BY_PASSES = 16
-"""Up to this k, the top k by k arg-max passes: on CPU, ``lax.top_k`` over 1,000 classes
-is ~20x slower than a handful of passes (it sorts)."""
-
-
-def _top_k(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """The k largest entries of each row, [N, k] descending, and their [N, K] mask.
-
-  Ties go to the lower class index, as in ``lax.top_k`` and ``argmax``.
-  """
-  if k > _TOP_K_BY_PASSES:
-    values, index = jax.lax.top_k(logits, k)
-    rows = jnp.arange(logits.shape[0])[:, None]
-    return values, jnp.zeros(logits.shape, bool).at[rows, index].set(True)
-  classes = jnp.arange(logits.shape[-1])
-  remaining, in_top, values = logits, jnp.zeros(logits.shape, bool), []
-  for _ in range(k):
-    index = jnp.argmax(remaining, axis=-1)
-    values.append(jnp.take_along_axis(remaining, index[:, None], axis=-1)[:, 0])
-    hit = classes == index[:, None]
-    in_top, remaining = in_top | hit, jnp.where(hit, -jnp.inf, remaining)
-  return jnp.stack(values, axis=-1), in_top
-
-
 @functools.partial(jax.jit, static_argnames=("k",))
 def _neg_log_topk_mass(logits: jax.Array, k: int) -> jax.Array:
-  top_values, in_top = _top_k(logits, k)
-  z_top = top_values - top_values[:, :1]
-  rest = jnp.sum(jnp.where(in_top, 0.0, jnp.exp(logits - top_values[:, :1])), axis=-1)
-  top_mass = jnp.sum(jnp.exp(z_top), axis=-1)  # >= 1: the top entry is exp(0)
-  return jnp.log1p(rest / top_mass)
+  # With t the k-th largest, the top k are the entries above t and enough of t's
+  # ties; the rest are those below t and t's other ties. Both sums without a sort.
+  z = logits - jnp.max(logits, axis=-1, keepdims=True)
+  threshold = order.kth_largest(z, k)[:, None]
+  ez, at_threshold = jnp.exp(z), jnp.exp(threshold[:, 0])
+  above = z > threshold
+  top_mass = jnp.sum(jnp.where(above, ez, 0.0), axis=-1) + (k - order.count(above)) * at_threshold
+  rest = jnp.sum(jnp.where(z < threshold, ez, 0.0), axis=-1)
+  rest += (order.count(z >= threshold) - k) * at_threshold
+  return jnp.log1p(rest / top_mass)  # top_mass >= 1: the top entry is exp(0)
 
 
 def neg_log_topk_mass(logits: ArrayLike, k: int = 5) -> jax.Array:
@@ -152,8 +123,9 @@ def neg_log_topk_mass(logits: ArrayLike, k: int = 5) -> jax.Array:
 
 @jax.jit
 def _margin(logits: jax.Array) -> jax.Array:
-  top2, _ = _top_k(logits, 2)
-  return top2[:, 0] - top2[:, 1]
+  z = logits - jnp.max(logits, axis=-1, keepdims=True)
+  second = jnp.max(jnp.where(z < 0, z, -jnp.inf), axis=-1)
+  return jnp.where(order.count(z == 0) >= 2, 0.0, -second)  # a tie at the top: margin 0
 
 
 def margin(logits: ArrayLike) -> jax.Array:
@@ -466,38 +438,45 @@ def _arguments(score: Score, log_probs, samples, human_probs, labels) -> tuple |
 
 
 @functools.partial(jax.jit, static_argnames=("topk",))
-def _log_prob_scores(log_probs: jax.Array, topk: tuple[int, ...]) -> dict[str, jax.Array]:
-  """Every score of the log-probabilities alone (each k's top-k mass too), one program.
+def _log_prob_scores(log_probs, labels, topk: tuple[int, ...]) -> dict[str, jax.Array]:
+  """Every score of the log-probabilities (each k's top-k mass too, and with ``labels``
+  the oracle's), one program.
 
   By cache-sized blocks of examples (``rowblocks``): each score's pass over a
   block reads it from cache, not the whole [N, K] array from memory (at K = 1,000,
   ~4x faster than one jitted pass per score).
   """
   names = [s.name for s in REGISTRY.values() if s.inputs == "log_probs" and not s.per_k]
+  oracles = [s.name for s in REGISTRY.values() if s.inputs == "labels"]
+  with_labels = [] if labels is None else oracles
   ks = [k for k in topk if k >= 2]
 
-  def block_scores(block):
+  def block_scores(block, *block_labels):
     per_k = REGISTRY["neg_log_topk_mass"].fn
-    return tuple(REGISTRY[n].fn(block) for n in names) + tuple(per_k(block, k) for k in ks)
+    return (
+      tuple(REGISTRY[n].fn(block) for n in names)
+      + tuple(per_k(block, k) for k in ks)
+      + tuple(REGISTRY[n].fn(block, *block_labels) for n in with_labels)
+    )
 
   rows = rowblocks.block_rows(log_probs.shape[-1])
-  values = rowblocks.map_row_blocks(block_scores, (log_probs,), rows)
-  return dict(zip(names + [topk_name(k) for k in ks], values, strict=True))
+  arrays = (log_probs,) if labels is None else (log_probs, labels)
+  values = rowblocks.map_row_blocks(block_scores, arrays, rows)
+  return dict(zip(names + [topk_name(k) for k in ks] + with_labels, values, strict=True))
 
 
 def _compute(log_probs, samples, human_probs, topk, labels=None) -> dict[str, jax.Array]:
-  blocked = _log_prob_scores(log_probs, tuple(topk))
+  blocked = _log_prob_scores(log_probs, labels, tuple(topk))
   out = {}
   for score in REGISTRY.values():
     if score.per_k:
       out.update({topk_name(k): blocked[topk_name(k)] for k in topk if k >= 2})
-      continue
-    if score.inputs == "log_probs":
+    elif score.name in blocked:
       out[score.name] = blocked[score.name]
-      continue
-    arguments = _arguments(score, log_probs, samples, human_probs, labels)
-    if arguments is not None:
-      out[score.name] = score.fn(*arguments)
+    else:
+      arguments = _arguments(score, log_probs, samples, human_probs, labels)
+      if arguments is not None:
+        out[score.name] = score.fn(*arguments)
   return out
 
 
@@ -523,16 +502,31 @@ def compute(
     name -> [N] float, in registry order.
   """
   log_probs = _logits(log_probs)
-  num_classes = log_probs.shape[-1]
-  topk = tuple(validation.positive_int("topk", k, maximum=num_classes) for k in topk)
   if samples is not None:
     samples = validation.float_array("samples", samples, 3)
+  topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
+  return _compute(log_probs, samples, human_probs, topk, labels)
+
+
+def _checked_extras(log_probs, topk, human_probs, labels) -> tuple:
+  """``compute``'s topk, human_probs and labels, checked against the [N, K] log_probs."""
+  num_classes = log_probs.shape[-1]
+  topk = tuple(validation.positive_int("topk", k, maximum=num_classes) for k in topk)
   if human_probs is not None:
     human_probs = validation.probability_array("human_probs", human_probs, 2, sums_to_one=True)
   if labels is not None:
     labels = validation.labels_array("labels", labels, num_classes)
     validation.same_length(log_probs=log_probs, labels=labels)
-  return _compute(log_probs, samples, human_probs, topk, labels)
+  return topk, human_probs, labels
+
+
+@functools.partial(jax.jit, static_argnames=("topk",))
+def _scores_of_samples(samples, human_probs, labels, topk) -> tuple:
+  """[S, N, K] logits -> ([N, K] mean log-probs, every score): one program, so XLA
+  fuses the log-softmax into the scores' passes and compiles one thing per shape."""
+  log_probs = _mean_log_probs(samples)
+  with_samples = samples if samples.shape[0] >= 2 else None
+  return log_probs, _compute(log_probs, with_samples, human_probs, topk, labels)
 
 
 def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -575,13 +569,18 @@ def from_predictions(
     ([N, K] log-probabilities, name -> [N] NumPy scores).
   """
   if logits is not None:
-    log_probs = mean_log_probs(logits)
+    samples = validation.float_array("samples", logits, 3)
+    # The [N, K] mean log-probabilities' shape, for compute's checks (not computed yet).
+    log_probs = jax.ShapeDtypeStruct(samples.shape[1:], samples.dtype)
+    if samples.shape[-1] < 2:
+      raise ValueError(f"logits: expected at least 2 classes, got shape {log_probs.shape}")
+    topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
+    log_probs, values = _scores_of_samples(samples, human_probs, labels, topk)
   elif mean_probs is not None:
     log_probs = jnp.asarray(log_probs_from_probs(mean_probs))
+    values = compute(log_probs, human_probs=human_probs, topk=topk, labels=labels)
   else:
     raise ValueError("logits, mean_probs: expected at least one of them, got neither")
-  samples = logits if logits is not None and np.shape(logits)[0] >= 2 else None
-  values = compute(log_probs, samples=samples, human_probs=human_probs, topk=topk, labels=labels)
   stored = {name: np.asarray(value) for name, value in (stored_scores or {}).items()}
   if "neg_log_pmax" in stored:
     stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))

@@ -66,13 +66,13 @@ class Source:
     self.splits = crossval.make_splits(len(self.labels), s.n_folds, self.columns["seed"], s.scheme)
     read = timings["load"] - before  # the chunks' reads count as loading, not scoring
     timings["scores"] = timings.get("scores", 0.0) + time.perf_counter() - tic - read
-    self._correct = {}
+    self._label_rank = None
 
   def correct(self, k: int) -> np.ndarray:
-    """[N] bool, the Top-k event: one [N, K] pass per k, shared by every score's point."""
-    if k not in self._correct:
-      self._correct[k] = np.asarray(events.topk_correct(self.log_probs, self.labels, k))
-    return self._correct[k]
+    """[N] bool, the Top-k event, shared by every score's point (one [N, K] pass for all k)."""
+    if self._label_rank is None:
+      self._label_rank = np.asarray(events.label_rank(self.log_probs, self.labels))
+    return self._label_rank < k
 
 
 def _timed(items, timings: dict, key: str):
