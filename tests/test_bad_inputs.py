@@ -190,3 +190,17 @@ def test_degenerate_but_valid_events_never_give_nan(correct):
   for row in cv.rows():
     assert all(v is None or np.isfinite(v) for v in row.values()), row
   assert np.all(np.isfinite(np.asarray(binning.fit(u, correct, 4).prob)))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("on_device", [False, True], ids=["numpy", "jax"])
+def test_a_non_finite_value_anywhere_is_found(bad, on_device):
+  import jax.numpy as jnp
+
+  logits = np.random.default_rng(1).normal(size=(300, 70)).astype(np.float32)
+  logits[211, 33] = bad
+  array = jnp.asarray(logits) if on_device else logits
+  with pytest.raises(
+    ValueError, match=r"logits: 1 non-finite value\(s\) \(first at flat index 14803"
+  ):
+    scores.neg_log_pmax(array)
