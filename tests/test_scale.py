@@ -223,3 +223,60 @@ def test_temperatures_of_splits_of_a_large_set_start_from_a_subsample_and_agree(
   fitted = np.asarray(temperature.fit_temperature(logits, labels, weights=masks))
   alone = [float(temperature.fit_temperature(logits[m], labels[m])) for m in masks]
   np.testing.assert_allclose(fitted, alone, rtol=1e-5)
+
+
+def _softmax_terms_oracle(logits, labels, temperature):
+  """Multiclass Brier and pmax of softmax(logits / T) in float64 NumPy."""
+  z = logits.astype(np.float64) / temperature
+  probs = np.exp(z - z.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  onehot = np.eye(logits.shape[1])[labels]
+  return ((probs - onehot) ** 2).sum(-1), probs.max(-1)
+
+
+def test_split_fits_from_cumulants_equal_each_split_fitted_and_scored_exactly():
+  from top1_jax import temperature
+
+  rng = np.random.default_rng(7)
+  num, classes = 20_000, 50
+  logits = (3 * rng.normal(size=(num, classes))).astype(np.float32)
+  labels = np.argmax(logits / 3 + rng.gumbel(size=logits.shape), axis=-1)
+  masks = rng.random((10, num)) < 0.5  # calibration halves: T within ~1 % of the pool's
+  weights = masks.astype(np.float32)
+  # The cumulants' route, not the exact fallback, gives these (a second try at most).
+  bounds = (np.float32(np.log(temperature.MIN_TEMPERATURE)), np.float32(np.log(1e5)))
+  first = temperature._fit_splits_by_cumulants(logits, labels, weights, *bounds, np.nan)
+  second = temperature._fit_splits_by_cumulants(logits, labels, weights, *bounds, first[4])
+  assert bool(np.all(first[3])) or bool(np.all(second[3]))
+  fits = temperature.fit_splits(logits, labels, weights)
+  alone = [float(temperature.fit_temperature(logits[m], labels[m])) for m in masks]
+  np.testing.assert_allclose(fits.temperature, alone, rtol=1e-5)
+  assert np.ptp(alone) > 1e-3  # the splits' own T, not one shared value
+  for f, t in enumerate(alone):
+    brier, pmax = _softmax_terms_oracle(logits, labels, t)
+    np.testing.assert_allclose(fits.multiclass_brier[f], brier, atol=2e-6)
+    np.testing.assert_allclose(fits.pmax[f], pmax, atol=2e-6)
+
+
+def test_split_fits_far_from_the_pool_take_the_exact_route():
+  from top1_jax import temperature
+
+  rng = np.random.default_rng(4)
+  logits = (3 * rng.normal(size=(600, 10))).astype(np.float32)
+  labels = np.argmax(logits / 3 + rng.gumbel(size=logits.shape), axis=-1)
+  masks = rng.random((3, 600)) < np.array([[0.5], [0.05], [0.9]])
+  masks[2] &= np.argmax(logits, axis=-1) == labels  # nearly separable: T at the bracket's end
+  fits = temperature.fit_splits(logits, labels, masks.astype(np.float32))
+  exact = temperature.fit_temperature(logits, labels, weights=masks)
+  np.testing.assert_array_equal(fits.temperature, exact)
+  brier, pmax = temperature.softmax_terms(logits, labels, exact)
+  np.testing.assert_array_equal(fits.multiclass_brier, brier)
+  np.testing.assert_array_equal(fits.pmax, pmax)
+  for f, t in enumerate(np.asarray(exact)):
+    want_brier, want_pmax = _softmax_terms_oracle(logits, labels, t)
+    np.testing.assert_allclose(brier[f], want_brier, atol=2e-6)
+    np.testing.assert_allclose(pmax[f], want_pmax, atol=2e-6)
+  with pytest.raises(ValueError, match="positive sum"):
+    temperature.fit_splits(logits, labels, np.zeros((2, 600), np.float32))
+  with pytest.raises(ValueError, match="temperatures"):
+    temperature.softmax_terms(logits, labels, [0.0])

@@ -26,37 +26,28 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import baselines, crossval, metrics, rowblocks, temperature, toplabel, validation
+from top1_jax import (
+  baselines,
+  crossval,
+  metrics,
+  order,
+  rowblocks,
+  temperature,
+  toplabel,
+  validation,
+)
 
 VARIANTS = ("raw", "temperature", "toplabel")
 """Every variant ``benchmark_rows`` scores, in its order (a model with samples: raw only)."""
 
 
-@jax.jit
-def _centred_and_correct(log_probs, labels):
-  """log_probs minus each row's max, and the Top-1 event (the argmax: the same for any T)."""
-  predicted = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
-  return log_probs - jnp.max(log_probs, axis=-1, keepdims=True), predicted, predicted == labels
-
-
-def _softmax_terms(centred, labels, temperature_value):
-  """Per example: multiclass Brier and pmax of softmax(centred / T), by row blocks."""
-
-  def terms(block, block_labels):
-    weights = jnp.exp(block / temperature_value)  # the top class's weight is exactly 1
-    total = jnp.sum(weights, axis=-1)
-    probs = weights / total[:, None]
-    # (p_k - y_k)^2 with y one-hot, without materialising the one-hot array.
-    is_label = jnp.arange(block.shape[-1]) == block_labels[:, None]
-    return jnp.sum(jnp.where(is_label, probs - 1, probs) ** 2, axis=-1), 1 / total
-
-  rows = rowblocks.block_rows(centred.shape[-1])
-  return rowblocks.map_row_blocks(terms, (centred, labels), rows)
-
-
 @functools.partial(jax.jit, static_argnames=("ece_bins",))
 def _test_means(test, brier, pmax, correct, ece_bins):
-  """[F] means of each split's test examples; ``test`` is [F, N] 0/1 weights."""
+  """[F] means of each split's test examples; ``test`` is [F, N] 0/1 weights, ``brier``
+  and ``pmax`` are [N] (shared by the splits) or [F, N] (each split's own)."""
+  if brier.ndim == 2:  # one split at a time: its own terms
+    one = lambda split: jax.tree.map(lambda v: v[0], _test_means(*split, correct, ece_bins))  # noqa: E731
+    return jax.lax.map(lambda split: one((split[0][None], *split[1:])), (test, brier, pmax))
   hit = correct.astype(pmax.dtype)
   count = jnp.sum(test, axis=-1)
   dot = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
@@ -70,36 +61,14 @@ def _test_means(test, brier, pmax, correct, ece_bins):
   }
 
 
-@functools.partial(jax.jit, static_argnames=("ece_bins",))
-def _raw_test_means(centred, labels, correct, test, ece_bins):
-  """[F] metrics of each split's test part under the raw softmax, and every pmax."""
-  brier, pmax = _softmax_terms(centred, labels, jnp.ones((), centred.dtype))
-  return _test_means(test, brier, pmax, correct, ece_bins), pmax
+@jax.jit
+def _top_class(log_probs):
+  rows = rowblocks.block_rows(log_probs.shape[-1])
+  return rowblocks.map_row_blocks(lambda block: (order.top_class(block),), (log_probs,), rows)[0]
 
 
-@functools.partial(jax.jit, static_argnames=("ece_bins",))
-def _scaled_test_means(centred, labels, correct, test, temperatures, ece_bins):
-  """[F] metrics of split f's test part under its own T: one [N, K] pass per split."""
-
-  def one_split(split):
-    test_f, temperature_f = split
-    # Over all N rather than the test part: one compiled pass serves every split.
-    brier, pmax = _softmax_terms(centred, labels, temperature_f)
-    means = _test_means(test_f[None], brier, pmax, correct, ece_bins)
-    return {key: value[0] for key, value in means.items()}
-
-  return jax.lax.map(one_split, (test, temperatures))
-
-
-def _temperature_splits(log_probs, centred, labels, correct, masks, ece_bins) -> dict:
-  """Per split: T fitted on the calibration part, the metrics of the scaled test part."""
-  test = jnp.asarray(masks, log_probs.dtype)
-  # Every split's T in one program over the one [N, K] array, each split's calibration
-  # part as 0/1 weights: no copy of its rows, no per-split dispatch.
-  fitted = temperature.fit_temperature(log_probs, labels, weights=1 - test)
-  per_split = _scaled_test_means(centred, labels, correct, test, fitted, ece_bins)
-  per_split = {key: np.asarray(value) for key, value in per_split.items()}
-  return {**per_split, "temperature": np.asarray(fitted)}
+def _split_means(test, brier, pmax, correct, ece_bins) -> dict[str, np.ndarray]:
+  return {k: np.asarray(v) for k, v in _test_means(test, brier, pmax, correct, ece_bins).items()}
 
 
 def _toplabel_splits(pmax, predicted, correct, masks, num_classes, n_bins, ece_bins) -> dict:
@@ -173,19 +142,22 @@ def benchmark_rows(
   log_probs, labels, masks, compare_bins, ece_bins = _check(
     log_probs, labels, splits, compare_bins, ece_bins, single_model
   )
-  centred, predicted, correct = _centred_and_correct(log_probs, labels)
-  # The raw softmax does not depend on the split: one pass, then every split's means.
-  test = jnp.asarray(masks, log_probs.dtype)
-  raw, pmax = _raw_test_means(centred, labels, correct, test, ece_bins)
-  raw = _mean_over_splits({key: np.asarray(value) for key, value in raw.items()})
+  # The Top-1 event is the argmax's, the same for any T; the raw softmax is one pass,
+  # then every split's means.
+  predicted = np.asarray(_top_class(log_probs))
+  correct = predicted == np.asarray(labels)
+  test = masks.astype(log_probs.dtype)  # [F, N] 0/1 weights, on the host
+  brier, pmax = (v[0] for v in temperature.softmax_terms(log_probs, labels, [1.0]))
+  raw = _mean_over_splits(_split_means(test, brier, pmax, correct, ece_bins))
   rows = [{"variant": "raw", **raw, "temperature": 1.0}]
   if not single_model:
     return rows
-  scaled = _temperature_splits(log_probs, centred, labels, correct, masks, ece_bins)
+  fits = temperature.fit_splits(log_probs, labels, (~masks).astype(log_probs.dtype))
+  scaled = _split_means(test, fits.multiclass_brier, fits.pmax, correct, ece_bins)
+  scaled["temperature"] = np.asarray(fits.temperature)
   rows.append({"variant": "temperature", **_mean_over_splits(scaled)})
-  host = [np.asarray(v) for v in (pmax, predicted, correct)]
-  num_classes = log_probs.shape[-1]
-  binned = _toplabel_splits(*host, masks, num_classes, compare_bins, ece_bins)
+  host = (np.asarray(pmax), predicted, correct, masks, log_probs.shape[-1])
+  binned = _toplabel_splits(*host, compare_bins, ece_bins)
   rows.append({**rows[0], "variant": "toplabel", **_mean_over_splits(binned)})
   return rows
 
