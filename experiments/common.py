@@ -166,7 +166,7 @@ def _use_compilation_cache() -> None:
   if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(CACHE_DIR))
   # Most of these programs compile in 0.05-1 s (JAX caches only >= 1 s by default).
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   if importlib.util.find_spec("filelock"):  # JAX's size limit needs it
     jax.config.update("jax_compilation_cache_max_size", 2 << 30)  # least recent dropped
 

@@ -147,7 +147,12 @@ class EqualWidthBins(NamedTuple):
   @property
   def ece(self) -> jax.Array:
     """[] sum_b (n_b / N) |acc_b - conf_b| = sum_b |hits_b - confidence_sum_b| / N."""
-    return jnp.sum(jnp.abs(self.hits - self.confidence_sum)) / jnp.sum(self.counts)
+    return _ece(self.hits, self.confidence_sum, self.counts)
+
+
+@jax.jit
+def _ece(hits, confidence_sum, counts):
+  return jnp.sum(jnp.abs(hits - confidence_sum)) / jnp.sum(counts)
 
 
 def equal_width_index(values: jax.Array, n_bins: int) -> jax.Array:

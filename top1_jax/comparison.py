@@ -41,24 +41,30 @@ VARIANTS = ("raw", "temperature", "toplabel")
 """Every variant ``benchmark_rows`` scores, in its order (a model with samples: raw only)."""
 
 
-@functools.partial(jax.jit, static_argnames=("ece_bins",))
-def _test_means(test, brier, pmax, correct, ece_bins):
-  """[F] means of each split's test examples; ``test`` is [F, N] 0/1 weights, ``brier``
-  and ``pmax`` are [N] (shared by the splits) or [F, N] (each split's own)."""
-  if brier.ndim == 2:  # one split at a time: its own terms
-    one = lambda split: jax.tree.map(lambda v: v[0], _test_means(*split, correct, ece_bins))  # noqa: E731
-    return jax.lax.map(lambda split: one((split[0][None], *split[1:])), (test, brier, pmax))
-  hit = correct.astype(pmax.dtype)
+def _means(test, brier, pmax, hit, ece_bins):
+  """[F] means over each split's test examples (``test``: [F, N] 0/1) of [N] terms."""
   count = jnp.sum(test, axis=-1)
   dot = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
   in_bin = jax.nn.one_hot(baselines.equal_width_index(pmax, ece_bins), ece_bins, dtype=pmax.dtype)
-  # Per-bin sufficient statistics of every split at once: [F, N] @ [N, B].
+  # Per-bin sufficient statistics: [F, N] @ [N, B].
   hits, confidence = dot(test, in_bin * hit[:, None]), dot(test, in_bin * pmax[:, None])
   return {
     "multiclass_brier": dot(test, brier) / count,
     "confidence_ece": jnp.sum(jnp.abs(hits - confidence), axis=-1) / count,
     "raw_top1_brier": dot(test, (pmax - hit) ** 2) / count,
   }
+
+
+@functools.partial(jax.jit, static_argnames=("ece_bins",))
+def _test_means(test, brier, pmax, correct, ece_bins):
+  """[F] metrics of each split's test part, from its own [F, N] ``brier`` and ``pmax``."""
+  hit = correct.astype(pmax.dtype)
+
+  def one_split(split):
+    test_f, brier_f, pmax_f = split
+    return {k: v[0] for k, v in _means(test_f[None], brier_f, pmax_f, hit, ece_bins).items()}
+
+  return jax.lax.map(one_split, (test, brier, pmax))
 
 
 @jax.jit
@@ -147,8 +153,10 @@ def benchmark_rows(
   predicted = np.asarray(_top_class(log_probs))
   correct = predicted == np.asarray(labels)
   test = masks.astype(log_probs.dtype)  # [F, N] 0/1 weights, on the host
-  brier, pmax = (v[0] for v in temperature.softmax_terms(log_probs, labels, [1.0]))
-  raw = _mean_over_splits(_split_means(test, brier, pmax, correct, ece_bins))
+  brier, pmax = (np.asarray(v)[0] for v in temperature.softmax_terms(log_probs, labels, [1.0]))
+  # Each split's own terms as for temperature scaling: one compiled program for both.
+  shared = [np.broadcast_to(v, test.shape) for v in (brier, pmax)]
+  raw = _mean_over_splits(_split_means(test, *shared, correct, ece_bins))
   rows = [{"variant": "raw", **raw, "temperature": 1.0}]
   if not single_model:
     return rows
@@ -156,7 +164,7 @@ def benchmark_rows(
   scaled = _split_means(test, fits.multiclass_brier, fits.pmax, correct, ece_bins)
   scaled["temperature"] = np.asarray(fits.temperature)
   rows.append({"variant": "temperature", **_mean_over_splits(scaled)})
-  host = (np.asarray(pmax), predicted, correct, masks, log_probs.shape[-1])
+  host = (pmax, predicted, correct, masks, log_probs.shape[-1])
   binned = _toplabel_splits(*host, compare_bins, ece_bins)
   rows.append({**rows[0], "variant": "toplabel", **_mean_over_splits(binned)})
   return rows

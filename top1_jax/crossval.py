@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import binning, isotonic, kde, metrics, validation
+from top1_jax import binning, isotonic, jitting, kde, metrics, validation
 
 SCHEMES = ("halves", "kfold")
 
@@ -325,7 +325,7 @@ def _binned_metrics(prob, prior, cal_counts, test_counts, test_hits) -> dict[str
   }
 
 
-@jax.jit
+@jitting.jit_small
 def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
   cal_counts = cal_counts.astype(jnp.float32)
   cal_hits = cal_hits.astype(jnp.float32)
@@ -469,7 +469,7 @@ def _estimator_counts(u, correct, splits: Splits, n_bins: tuple, estimator: str,
   return (*binned, *per_split)
 
 
-@jax.jit
+@jitting.jit_small
 def _estimator_metrics(cal_counts, test_counts, test_hits, prediction_sums, prior, brier, nll):
   prior = jnp.broadcast_to(prior, test_counts.shape[:-1])  # [B, F]
   prob = jnp.where(

@@ -15,6 +15,11 @@ def _label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 @jax.jit
+def _label_rank_int(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  return _label_rank(logits, labels).astype(jnp.int32)
+
+
+@jax.jit
 def _topk_correct(logits: jax.Array, labels: jax.Array, k: jax.Array) -> jax.Array:
   return _label_rank(logits, labels) < k  # k traced: one program for every k
 
@@ -52,4 +57,4 @@ def label_rank(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
   logits = validation.float_array("logits", logits, 2)
   labels = validation.labels_array("labels", labels, logits.shape[-1])
   validation.same_length(logits=logits, labels=labels)
-  return _label_rank(logits, labels).astype(jnp.int32)
+  return _label_rank_int(logits, labels)

@@ -289,15 +289,17 @@ def _checked(logits, labels, weights, ndim):
   labels = validation.labels_array("labels", labels, logits.shape[-1])
   validation.same_length(logits=logits, labels=labels)
   if weights is None:
-    return logits, labels, jnp.ones((1, logits.shape[0]), logits.dtype)
-  weights = validation.float_array("weights", weights, ndim)
+    return logits, labels, np.ones((1, logits.shape[0]), logits.dtype)
+  # [F, N] is small: checked and shaped on the host (a device array stays where it is).
+  on_host = not isinstance(weights, jax.Array)
+  weights = validation.float_array("weights", weights, ndim, host=on_host)
   if weights.shape[-1] != logits.shape[0]:
     raise ValueError(
       f"weights: expected {logits.shape[0]} weights per row (one per example), got shape"
       f" {weights.shape}"
     )
   if not validation.is_traced(weights):
-    host = np.asarray(weights)  # [F, N]: small, and no device program per shape
+    host = np.asarray(weights)
     if not (np.all(host >= 0) and np.all(np.sum(host, axis=-1) > 0)):
       raise ValueError("weights: expected weights >= 0 with a positive sum (in every row)")
   return logits, labels, weights.astype(logits.dtype).reshape(-1, logits.shape[0])
@@ -360,7 +362,7 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
     fitted, brier, pmax, within, expansion = _fit_splits_by_cumulants(
       logits, labels, weights, *log_bounds, expansion
     )
-    if bool(jnp.all(within)):
+    if bool(np.all(np.asarray(within))):
       return SplitFits(fitted, brier, pmax)
   fitted = _fit_temperature(logits, labels, weights, *log_bounds, jnp.float32(0.0))
   return SplitFits(fitted, *_softmax_terms_at(logits, labels, fitted))

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import binning, validation
+from top1_jax import binning, jitting, validation
 
 
 class TopLabelBins(NamedTuple):
@@ -85,13 +85,14 @@ def fit(
   own = np.bincount(classes, minlength=num_classes) >= min_per_bin * n_bins
   # Every class's bins at once: one sort and one compiled count, not one fit per class.
   grouped = binning.fit_groups(confidence, classes, correct, n_bins, num_classes)
-  per_class = jax.tree.map(lambda mine, all_: _where_own(own, mine, all_), grouped, pooled)
-  return TopLabelBins(per_class, jnp.asarray(own), pooled)
+  return TopLabelBins(_where_own(own, grouped, pooled), jax.device_put(own), pooled)
 
 
-@jax.jit
-def _where_own(own, per_class, pooled):
-  return jnp.where(own.reshape(-1, *[1] * pooled.ndim), per_class, pooled)
+@jitting.jit_small
+def _where_own(own, per_class: binning.Bins, pooled: binning.Bins) -> binning.Bins:
+  """Each class's own bins where it has them, else the pooled ones (every field at once)."""
+  pick = lambda mine, all_: jnp.where(own.reshape(-1, *[1] * all_.ndim), mine, all_)  # noqa: E731
+  return jax.tree.map(pick, per_class, pooled)
 
 
 @jax.jit
@@ -121,4 +122,4 @@ def predict(model: TopLabelBins, confidence: ArrayLike, predicted_class: ArrayLi
   # Padded to a size bucket: one compiled program for every split's test size.
   size = binning.bucket_size(num)
   padded = [np.pad(np.asarray(x), (0, size - num)) for x in (confidence, classes)]
-  return _predict(model.per_class, *padded)[:num]
+  return jax.device_put(np.asarray(_predict(model.per_class, *padded))[:num])  # host slice

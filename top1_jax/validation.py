@@ -55,6 +55,12 @@ def as_array(
   return arr
 
 
+def _to_device(private: np.ndarray) -> jax.Array:
+  """A host array no one else holds, on the default device: ``device_put`` may keep the
+  very buffer (so never the caller's), and unlike ``jnp.asarray`` compiles nothing."""
+  return jax.device_put(private)
+
+
 def float_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
 ) -> jax.Array | np.ndarray:
@@ -69,7 +75,9 @@ def float_array(
   if not (host or on_device):
     arr = arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False)  # as it will be
   check_finite(name, arr)
-  return arr if host or on_device else jnp.asarray(arr)
+  if host or on_device:
+    return arr
+  return _to_device(arr.copy() if np.may_share_memory(arr, x) else arr)
 
 
 @jax.jit
@@ -138,26 +146,35 @@ def labels_array(name: str, x: ArrayLike, num_classes: int) -> jax.Array:
     if lo < 0 or hi >= num_classes:
       lo, hi = (int(v) if arr.dtype.kind in "iu" else float(v) for v in (lo, hi))
       raise ValueError(f"{name}: labels out of range [0, {num_classes}): min {lo}, max {hi}")
-  return jnp.asarray(arr.astype(np.int32))
+  return _to_device(arr.astype(np.int32))  # a private copy
+
+
+@jax.jit
+def _min_max(arr: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return jnp.min(arr), jnp.max(arr)
 
 
 def probability_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, sums_to_one: bool = False
 ) -> jax.Array:
   """Values in [0, 1]; with ``sums_to_one`` the last axis sums to 1 (atol 1e-3)."""
-  arr = float_array(name, x, ndim)
+  on_device = isinstance(x, jax.Array)
+  arr = float_array(name, x, ndim, host=not on_device)  # a host array checked on the host
   if is_traced(arr) or arr.size == 0:
     return arr
-  lo, hi = float(jnp.min(arr)), float(jnp.max(arr))
+  xp = _xp(arr)
+  lo, hi = (float(v) for v in (_min_max(arr) if on_device else (arr.min(), arr.max())))
   if lo < 0.0 or hi > 1.0:
     raise ValueError(f"{name}: probabilities must lie in [0, 1], got min {lo:g}, max {hi:g}")
   if sums_to_one:
-    sums = jnp.sum(arr, axis=-1).reshape(-1)  # one per row, whatever the leading axes
-    worst = int(jnp.argmax(jnp.abs(sums - 1.0)))
+    sums = xp.sum(arr, axis=-1).reshape(-1)  # one per row, whatever the leading axes
+    worst = int(xp.argmax(xp.abs(sums - 1.0)))
     if abs(float(sums[worst]) - 1.0) > 1e-3:
       raise ValueError(
         f"{name}: each row must sum to 1, row {worst} sums to {float(sums[worst]):.6g}"
       )
+  if not on_device:
+    return _to_device(arr.copy() if np.may_share_memory(arr, x) else arr)
   return arr
 
 
