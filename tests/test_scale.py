@@ -238,10 +238,10 @@ def test_split_fits_from_cumulants_equal_each_split_fitted_and_scored_exactly():
   from top1_jax import temperature
 
   rng = np.random.default_rng(7)
-  num, classes = 20_000, 50
+  num, classes = 8_000, 50
   logits = (3 * rng.normal(size=(num, classes))).astype(np.float32)
   labels = np.argmax(logits / 3 + rng.gumbel(size=logits.shape), axis=-1)
-  masks = rng.random((10, num)) < 0.5  # calibration halves: T within ~1 % of the pool's
+  masks = rng.random((6, num)) < 0.5  # calibration halves: T within ~1 % of the pool's
   weights = masks.astype(np.float32)
   # The cumulants' route, not the exact fallback, gives these (a second try at most).
   bounds = (np.float32(np.log(temperature.MIN_TEMPERATURE)), np.float32(np.log(1e5)))
