@@ -6,7 +6,7 @@ the metrics are averaged over splits:
 
 * ``"raw"``: the classifier's softmax as it is;
 * ``"temperature"`` (single models): softmax(log_probs / T) with T fitted on each
-  calibration part (``temperature.fit_temperature``);
+  calibration part (``temperature.fit_splits``: every split from one pass of cumulants);
 * ``"toplabel"`` (single models): top-label binning of pmax (``toplabel``, Gupta &
   Ramdas), fitted on each calibration part; it predicts P(correct) only.
 

@@ -43,6 +43,9 @@ _SUBSAMPLE = 4096
 # rounds that value at ~5e-7). Typical calibration halves lie within 1 %.
 _TAYLOR_REACH = 0.02
 _TAYLOR_STEPS = 8
+# Below this many logits (N x K), fit_splits takes the exact route directly: its passes
+# cost milliseconds there, and small calibration parts often lie beyond the reach.
+_CUMULANTS_FROM = 1 << 22
 
 
 def _slope_and_curvature(logits, row_max, label_logit, example_weights, log_temperature):
@@ -267,6 +270,7 @@ def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expa
     jnp.abs(newton_step(step)) < _TOLERANCE * beta
   )
   row_beta = jnp.clip(beta + step, jnp.exp(-log_max), jnp.exp(-log_min))
+  within &= row_beta == beta + step  # a fit at the bracket's end: the exact route
   step, split_beta = step[:-1, None], row_beta[:-1, None]
   log_total = _taylor(at_beta[:, None], step)  # [F, N]
   log_total_twice = _taylor(at_twice[:, None], 2 * step)
@@ -344,8 +348,9 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
   than 2 % from the expansion point gets a second pass at the pooled fit's T; if
   one still does (small or unusual splits), or anything is not finite, every split
   takes the exact route: ``fit_temperature`` with [F, N] weights, then one pass
-  per split. The routes agree to float32 rounding (T within ~1e-7 relative, each
-  example's terms within ~1e-6, on 50,000 x 1,000 logits).
+  per split. So do all below 2^22 logits (N x K), where passes are cheap. The
+  routes agree to float32 rounding (T within ~1e-7 relative, each example's terms
+  within ~1e-6, on 50,000 x 1,000 logits).
 
   Args:
     logits: [N, K] float (N >= 1, K >= 2).
@@ -358,7 +363,7 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
   logits, labels, weights = _checked(logits, labels, weights, ndim=2)
   log_bounds = (jnp.float32(np.log(MIN_TEMPERATURE)), jnp.float32(np.log(MAX_TEMPERATURE)))
   expansion = jnp.float32(np.nan)  # first from the subsample's fit, then the pool's
-  for _ in range(2):
+  for _ in range(2 if logits.size >= _CUMULANTS_FROM else 0):
     fitted, brier, pmax, within, expansion = _fit_splits_by_cumulants(
       logits, labels, weights, *log_bounds, expansion
     )
