@@ -251,6 +251,16 @@ def test_clopper_pearson_matches_scipy(hits, count, delta):
   np.testing.assert_allclose([float(lower), float(upper)], [exp_lower, exp_upper], atol=2e-5)
 
 
+def test_clopper_pearson_under_jit_equals_the_host_one():
+  # Traced counts take the jitted bisection of betainc, concrete ones SciPy's quantiles.
+  hits = np.array([0, 1, 7, 50, 99, 100, 0])
+  count = np.array([100, 100, 100, 100, 100, 100, 0])
+  jitted = jax.jit(binning.clopper_pearson)(hits, count)
+  host = binning.clopper_pearson(hits, count)
+  np.testing.assert_allclose(np.asarray(jitted), np.asarray(host), atol=2e-6)
+  assert (float(host[0][-1]), float(host[1][-1])) == (0.0, 1.0)  # an empty bin: [0, 1]
+
+
 def test_confidence_bounds_cover_the_empirical_accuracy():
   u, correct = _data(3000, seed=2)
   bins = binning.fit(u, correct, 15)

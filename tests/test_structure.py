@@ -25,6 +25,7 @@ MATHS += ("covariance", "rowblocks", "order", "jitting")
 MATHS += ("aggregate", "tables")
 MATHS_MAY_IMPORT = {"jax", "numpy", "fractions", "functools", "re", "math", "collections", "typing"}
 MATHS_MAY_IMPORT |= {"contextlib"}
+MATHS_MAY_IMPORT |= {"scipy"}  # installed with jax, which depends on it
 FILE_TOUCHERS = ("io", "plots")
 FILE_APIS = {"open", "os", "pathlib", "shutil", "tempfile", "etils", "orbax", "glob"}
 
