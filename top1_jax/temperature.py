@@ -112,12 +112,13 @@ def _newton(logits, row_max, label_logit, weights, log_min, log_max, log_start):
   return jnp.clip(log_t, low, high)
 
 
-def _example_cumulants(logits, row_max, beta):
+def _example_cumulants(logits, row_max, beta, *, twice: bool = True):
   """Per example, the Taylor coefficients of log sum_k exp(b z_k) in b, at beta and at 2 beta.
 
-  With z the centred logits: ([5, N] at beta, [5, N] at 2 beta), each holding
-  log sum_k exp(b z_k) and the first four cumulants of z under softmax(b z) (its
-  derivatives in b). One pass: exp(2 beta z) is the square of exp(beta z). From
+  With z the centred logits: ([5, N] at beta, [5, N] at 2 beta or None without
+  ``twice``), each holding log sum_k exp(b z_k) and the first four cumulants of z
+  under softmax(b z) (its derivatives in b). One pass: exp(2 beta z) is the
+  square of exp(beta z). From
   raw moments (no second sweep for the mean): the cancellation costs the third
   and fourth cumulants a few digits, which their small Taylor terms do not show.
   """
@@ -127,7 +128,7 @@ def _example_cumulants(logits, row_max, beta):
     z2 = z * z
     weights = jnp.exp(beta * z)
     out = []
-    for w in (weights, weights * weights):
+    for w in (weights, weights * weights) if twice else (weights,):
       total = jnp.sum(w, axis=-1)
       wz, wz2 = w * z, w * z2
       m1, m2, m3, m4 = (jnp.sum(v, axis=-1) / total for v in (wz, wz2, wz2 * z, wz2 * z2))
@@ -139,7 +140,7 @@ def _example_cumulants(logits, row_max, beta):
 
   rows = rowblocks.block_rows(logits.shape[-1])
   values = rowblocks.map_row_blocks(cumulants, (logits, row_max), rows)
-  return jnp.stack(values[:5]), jnp.stack(values[5:])
+  return jnp.stack(values[:5]), jnp.stack(values[5:]) if twice else None
 
 
 def _taylor(coefficients, step):
@@ -206,7 +207,7 @@ def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
   if logits.shape[0] >= 4 * _SUBSAMPLE:
     log_start = _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max)
   pooled = _newton(logits, row_max, label_logit, pooled_weights, log_min, log_max, log_start)
-  cumulants, _ = _example_cumulants(logits, row_max, jnp.exp(-pooled))
+  cumulants, _ = _example_cumulants(logits, row_max, jnp.exp(-pooled), twice=False)
   starts = _split_starts(cumulants, label_logit, weights, pooled, log_min, log_max)
 
   def fit_row(_, row):
