@@ -55,10 +55,11 @@ def as_array(
   return arr
 
 
-def _to_device(private: np.ndarray) -> jax.Array:
-  """A host array no one else holds, on the default device: ``device_put`` may keep the
-  very buffer (so never the caller's), and unlike ``jnp.asarray`` compiles nothing."""
-  return jax.device_put(private)
+def _to_device(arr: np.ndarray, given) -> jax.Array:
+  """``arr``, checked from the caller's ``given``, on the default device: ``device_put``
+  may keep the very buffer (so never one the caller holds), and unlike ``jnp.asarray``
+  compiles nothing."""
+  return jax.device_put(arr.copy() if np.may_share_memory(arr, given) else arr)
 
 
 def float_array(
@@ -77,7 +78,7 @@ def float_array(
   check_finite(name, arr)
   if host or on_device:
     return arr
-  return _to_device(arr.copy() if np.may_share_memory(arr, x) else arr)
+  return _to_device(arr, x)
 
 
 @jax.jit
@@ -146,7 +147,7 @@ def labels_array(name: str, x: ArrayLike, num_classes: int) -> jax.Array:
     if lo < 0 or hi >= num_classes:
       lo, hi = (int(v) if arr.dtype.kind in "iu" else float(v) for v in (lo, hi))
       raise ValueError(f"{name}: labels out of range [0, {num_classes}): min {lo}, max {hi}")
-  return _to_device(arr.astype(np.int32))  # a private copy
+  return _to_device(arr.astype(np.int32), x)
 
 
 @jax.jit
@@ -174,7 +175,7 @@ def probability_array(
         f"{name}: each row must sum to 1, row {worst} sums to {float(sums[worst]):.6g}"
       )
   if not on_device:
-    return _to_device(arr.copy() if np.may_share_memory(arr, x) else arr)
+    return _to_device(arr, x)
   return arr
 
 
