@@ -10,7 +10,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from top1_jax import baselines, comparison, crossval, metrics, scores, toplabel
+from top1_jax import baselines, comparison, crossval, events, metrics, scores, toplabel
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
 
@@ -100,6 +100,12 @@ def test_benchmark_rows_match_the_split_by_split_oracle(data, compare_bins, own_
   assert rows[:1] == comparison.benchmark_rows(
     log_probs, labels, splits, single_model=False, compare_bins=compare_bins, ece_bins=15
   )
+  # The label terms handed over (as sweep.Source does from its scoring pass): the same rows.
+  given = events.label_terms(log_probs, labels)
+  assert rows == comparison.benchmark_rows(
+    log_probs, labels, splits, single_model=True, compare_bins=compare_bins, ece_bins=15,
+    label_terms=given,
+  )  # fmt: skip
 
 
 def test_table_row_puts_each_variant_beside_its_binned_cells():
@@ -136,6 +142,11 @@ SPLITS = crossval.make_splits(20, 2)
     ({"splits": "halves"}, "splits: expected crossval.Splits"),
     ({"compare_bins": 11}, "compare_bins: expected at least 1, at most 10, got 11"),
     ({"ece_bins": 0}, "ece_bins: expected at least 1, got 0"),
+    ({"label_terms": (1, 2)}, "label_terms: expected events.LabelTerms, got tuple"),
+    (
+      {"label_terms": events.label_terms(LOG_PROBS[:10], LABELS[:10])},
+      r"label_terms: expected \[20\] arrays, got shapes \[\(10,\), \(10,\), \(10,\)\]",
+    ),
   ],
 )
 def test_bad_input_gets_a_one_line_value_error(kwargs, message):

@@ -48,3 +48,22 @@ def test_topk_correct_by_rank_equals_lax_top_k_with_many_ties(k):
   _, top = jax.lax.top_k(jnp.asarray(logits, jnp.float32), k)
   expected = np.any(np.asarray(top) == labels[:, None], axis=-1)
   np.testing.assert_array_equal(events.topk_correct(logits, labels, k), expected)
+
+
+def test_label_terms_are_rank_top_class_and_the_softmax_brier_and_pmax():
+  rng = np.random.default_rng(3)
+  logits = np.round(3 * rng.normal(size=(2000, 7)), 1).astype(np.float32)  # tied tops
+  labels = rng.integers(0, 7, 2000)
+  terms = events.label_terms(logits, labels)
+  np.testing.assert_array_equal(terms.rank, events.label_rank(logits, labels))
+  np.testing.assert_array_equal(terms.top_class, np.argmax(logits, axis=-1))
+  # float64 oracle of softmax(logits): sum_k (p_k - y_k)^2 and max_k p_k.
+  z = logits.astype(np.float64)
+  probs = np.exp(z - z.max(1, keepdims=True))
+  probs /= probs.sum(1, keepdims=True)
+  brier = np.sum((probs - np.eye(7)[labels]) ** 2, axis=1)
+  np.testing.assert_allclose(terms.multiclass_brier, brier, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(terms.pmax, probs.max(1), rtol=1e-6)
+  assert terms.rank.dtype == terms.top_class.dtype == jnp.int32
+  with pytest.raises(ValueError, match="length mismatch: logits has 2000, labels has 3"):
+    events.label_terms(logits, labels[:3])

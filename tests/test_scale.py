@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from top1_jax import binning, chunked, scores
+from top1_jax import binning, chunked, events, scores
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.io import stream
 
@@ -37,11 +37,15 @@ def _predictions(kind: str) -> predictions_lib.Predictions:
                                      scores=stored)  # fmt: skip
 
 
+def _labels(path):
+  return predictions_lib.load_predictions(path).labels
+
+
 def _whole(path):
   p = predictions_lib.load_predictions(path)
   return scores.from_predictions(
     logits=p.logits, mean_probs=p.mean_probs, stored_scores=p.scores,
-    human_probs=p.human_probs, topk=(1, 4), labels=p.labels,
+    human_probs=p.human_probs, topk=(1, 4), labels=p.labels, label_terms=True,
   )  # fmt: skip
 
 
@@ -49,25 +53,33 @@ def _whole(path):
 @pytest.mark.parametrize("kind", ["samples", "logits", "mean_probs"])
 def test_streamed_scores_equal_the_whole_file(tmp_path, kind, compress):
   path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions(kind), compress=compress)
-  log_probs, values = _whole(path)
+  log_probs, values, terms = _whole(path)
   for chunk_size in (1, 7, NUM):
     with stream.PredictionsReader(path) as reader:
       assert bool(reader.read_whole) == compress  # compressed members are read whole
       assert reader.num_examples == NUM and reader.num_classes == CLASSES
-      streamed, streamed_values = chunked.from_chunks(
+      streamed, streamed_values, streamed_terms = chunked.from_chunks(
         reader.chunks(chunk_size), reader.num_examples, topk=(1, 4)
       )
     np.testing.assert_array_equal(np.asarray(streamed), np.asarray(log_probs))
     assert list(streamed_values) == list(values)
     for name, value in values.items():
       np.testing.assert_array_equal(streamed_values[name], value, err_msg=f"{name} {chunk_size}")
+    # Ranks and classes exactly; the softmax terms' exp may round apart in the last bit.
+    for name, value in terms._asdict().items():
+      tolerance = 0 if name in ("rank", "top_class") else 1e-6
+      got = getattr(streamed_terms, name)
+      assert got.shape == (NUM,) and isinstance(got, np.ndarray)
+      np.testing.assert_allclose(got, np.asarray(value), rtol=tolerance, atol=tolerance)
+  np.testing.assert_array_equal(terms.rank, events.label_rank(log_probs, _labels(path)))
+  np.testing.assert_array_equal(terms.top_class, np.argmax(np.asarray(log_probs), axis=-1))
 
 
 def test_chunks_scored_on_two_cpu_devices_at_once_equal_the_whole_file(tmp_path):
   # experiments.evaluate gives JAX a CPU device per core; chunked.from_chunks then
   # scores chunk i on device i % 2. The devices must not change a single bit.
   path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("samples"))
-  _, values = _whole(path)
+  _, values, _ = _whole(path)
   np.savez(tmp_path / "whole.npz", **values)
   code = f"""
 import jax, numpy as np
@@ -76,7 +88,7 @@ from top1_jax import chunked
 from top1_jax.io import stream
 assert len(jax.devices()) == 2
 with stream.PredictionsReader({str(path)!r}) as reader:
-  _, values = chunked.from_chunks(reader.chunks(7), reader.num_examples, topk=(1, 4))
+  _, values, _ = chunked.from_chunks(reader.chunks(7), reader.num_examples, topk=(1, 4))
 whole = np.load({str(tmp_path / "whole.npz")!r})
 assert sorted(values) == sorted(whole.files), (sorted(values), whole.files)
 for name in whole.files:

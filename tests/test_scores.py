@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from top1_jax import scores
+from top1_jax import events, scores
 
 
 def _softmax64(logits):
@@ -152,6 +152,15 @@ def test_from_predictions():
   assert "covariance_norm_probs" not in values
   with pytest.raises(ValueError, match="expected at least one of them"):
     scores.from_predictions()
+  # The label terms from the same pass, for sample files and probabilities alike.
+  labels = rng.integers(0, 6, 50)
+  for inputs in ({"logits": samples}, {"mean_probs": probs}):
+    log_probs, _, terms = scores.from_predictions(**inputs, labels=labels, label_terms=True)
+    expected = events.label_terms(log_probs, labels)
+    for name, value in expected._asdict().items():
+      np.testing.assert_allclose(getattr(terms, name), value, rtol=1e-6, err_msg=name)
+  with pytest.raises(ValueError, match="labels: label_terms=True needs the labels, got None"):
+    scores.from_predictions(logits=samples, label_terms=True)
 
 
 def test_registry_entries_match_the_public_functions():

@@ -1,6 +1,7 @@
 """Top-label binning: per-class bins are ``binning.fit`` on the class, the pooled
 fallback, predictions, and a held-out win where calibration differs by class."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -68,6 +69,30 @@ def test_the_number_of_classes_defaults_to_the_largest_class_plus_one():
   assert model.num_classes == 3 and bool(jnp.all(model.own))
 
 
+def test_fit_splits_is_fit_on_each_calibration_part_bit_for_bit():
+  rng = np.random.default_rng(5)
+  confidence, predicted, correct = _draw(rng, 3000, (0.5, 0.4, 0.1))
+  confidence = np.round(confidence, 2)  # ties inside and across the splits' edges
+  calibration = rng.random((4, 3000)) < np.array([[0.5], [0.5], [0.3], [0.9]])
+  model = toplabel.fit_splits(
+    confidence, predicted, correct, calibration, 10, num_classes=4, min_per_bin=20
+  )
+  assert model.own.shape == (4, 4) and model.num_classes == 4
+  every = np.asarray(toplabel.predict(model, confidence, predicted))
+  assert every.shape == (4, 3000)
+  for f, cal in enumerate(calibration):
+    alone = toplabel.fit(
+      confidence[cal], predicted[cal], correct[cal], 10, num_classes=4, min_per_bin=20
+    )
+    split = jax.tree.map(lambda field, f=f: field[f], model)
+    for actual, expected in zip(jax.tree.leaves(split), jax.tree.leaves(alone), strict=True):
+      np.testing.assert_array_equal(np.asarray(actual), np.asarray(expected))
+    np.testing.assert_array_equal(every[f], toplabel.predict(alone, confidence, predicted))
+  # Class 2 gets its own bins in the 90 % split only; class 3 never has examples.
+  np.testing.assert_array_equal(np.asarray(model.own)[:, 2], [False, False, False, True])
+  assert not np.asarray(model.own)[:, 3].any()
+
+
 @pytest.mark.parametrize(
   "call, message",
   [
@@ -78,6 +103,14 @@ def test_the_number_of_classes_defaults_to_the_largest_class_plus_one():
     (lambda m: toplabel.fit([0.5, 0.6], [0, 1], [1, 0], 3), "n_bins: expected at least 1"),
     (lambda m: toplabel.fit([0.5], [0], [1], num_classes=0), "num_classes: expected at least 1"),
     (lambda m: toplabel.fit([0.5], [0], [1], 1, min_per_bin=0), "min_per_bin: expected at least 1"),
+    (
+      lambda m: toplabel.fit_splits([0.5, 0.6], [0, 1], [1, 0], [[True]], 1, num_classes=2),
+      r"calibration: expected \[F, 2\] \(one row per split\), got shape \(1, 1\)",
+    ),
+    (
+      lambda m: toplabel.fit_splits([0.5, 0.6], [0, 1], [1, 0], [[1, 0]], 2, num_classes=2),
+      "n_bins: expected at least 1, at most 1, got 2",
+    ),
   ],
 )
 def test_bad_input_gets_a_one_line_value_error(call, message):

@@ -290,13 +290,18 @@ def fit(
 
 def _group_edges(u: np.ndarray, group: np.ndarray, n_bins: int, num_groups: int) -> np.ndarray:
   """[G, n_bins - 1] ``_host_edges`` of every group's scores, from one sort (+inf if too few)."""
-  ordered = u[np.lexsort((u, group))]  # by group, then by score
-  sizes = np.bincount(group, minlength=num_groups)
+  order = np.lexsort((u, group))  # by group, then by score
+  return _edges_of_sorted(u[order], np.bincount(group, minlength=num_groups), n_bins)
+
+
+def _edges_of_sorted(ordered: np.ndarray, sizes: np.ndarray, n_bins: int) -> np.ndarray:
+  """[G, n_bins - 1] edges of scores sorted by group, then value; ``sizes``: [G] per group."""
+  num_groups = sizes.shape[0]
+  if not ordered.size or n_bins == 1:
+    return np.full((num_groups, n_bins - 1), np.inf, ordered.dtype)
   starts = np.cumsum(sizes) - sizes
   ranks = quantile_edge_ranks(sizes, n_bins) - 1
-  raw = ordered[np.clip(starts[:, None] + ranks, 0, max(u.shape[0] - 1, 0))] if u.size else None
-  if raw is None or n_bins == 1:
-    return np.full((num_groups, n_bins - 1), np.inf, u.dtype)
+  raw = ordered[np.clip(starts[:, None] + ranks, 0, ordered.shape[0] - 1)]
   raw = np.where((sizes >= n_bins)[:, None], _zeros_as_positive_zero(raw, np), np.inf)
   first_of_run = np.ones(raw.shape, bool)
   first_of_run[:, 1:] = raw[:, 1:] != raw[:, :-1]
@@ -306,14 +311,39 @@ def _group_edges(u: np.ndarray, group: np.ndarray, n_bins: int, num_groups: int)
   return edges
 
 
-@functools.partial(jax.jit, static_argnames=("num_groups",))
-def _count_groups(edges, u, group, correct, num_skipped, num_groups: int) -> Bins:
+def split_group_edges(
+  u: np.ndarray, group: np.ndarray, calibration: np.ndarray, n_bins: int, num_groups: int
+) -> np.ndarray:
+  """[F, G, n_bins - 1]: for each split f, ``fit_groups``'s edges of its calibration part.
+
+  Row (f, g) equals ``fit(u[c], correct[c], n_bins).edges`` for c the examples of
+  group g in ``calibration[f]`` (+inf when fewer than ``n_bins``). One sort of all
+  examples: a split's calibration part keeps that order, so each split is an O(N)
+  pass, not a sort. Unchecked host arrays: ``u`` [N] float (canonical dtype),
+  ``group`` [N] int in [0, num_groups), ``calibration`` [F, N] bool.
+  """
+  order = np.lexsort((u, group))
+  edges = np.empty((len(calibration), num_groups, n_bins - 1), u.dtype)
+  for f, cal in enumerate(calibration):
+    kept = order[cal[order]]
+    edges[f] = _edges_of_sorted(u[kept], np.bincount(group[cal], minlength=num_groups), n_bins)
+  return edges
+
+
+def counted_groups(edges, u, group, correct, weight, num_groups: int) -> Bins:
+  """Each group's ``Bins`` on its own edges ([G, n_bins - 1]), example i counted
+  ``weight[i]`` (int32 0 or 1) times. Unchecked; works under ``jit`` and ``vmap``."""
   n_bins = edges.shape[-1] + 1
   which = jax.vmap(assign)(edges[group], u)
   slots = 2 * (group * n_bins + which) + correct.astype(jnp.int32)
-  weight = (jnp.arange(u.shape[0]) >= num_skipped).astype(jnp.int32)
   by_outcome = jax.ops.segment_sum(weight, slots, 2 * n_bins * num_groups)
   return jax.vmap(_bins)(edges, by_outcome.reshape(num_groups, n_bins, 2))
+
+
+@functools.partial(jax.jit, static_argnames=("num_groups",))
+def _count_groups(edges, u, group, correct, num_skipped, num_groups: int) -> Bins:
+  weight = (jnp.arange(u.shape[0]) >= num_skipped).astype(jnp.int32)
+  return counted_groups(edges, u, group, correct, weight, num_groups)
 
 
 def fit_groups(

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from top1_jax import scores
+from top1_jax import events, scores
 
 DEFAULT_CHUNK_BYTES = 1 << 25
 """``chunk_size`` aims at chunks of about this many bytes of logits (32 MiB)."""
@@ -62,11 +62,13 @@ def _on(device):
   return contextlib.nullcontext() if device is None else jax.default_device(device)
 
 
-def _collect(out: dict, size: int, chunk_log_probs, chunk_scores, device) -> None:
+def _collect(out: dict, size: int, chunk_log_probs, chunk_scores, chunk_terms, device) -> None:
   """A scored chunk's log-probabilities kept on ``device`` (where the file's are joined),
-  its first ``size`` scores copied to the host (which waits for the chunk)."""
+  its first ``size`` scores and label terms copied to the host (which waits for it)."""
   for name, value in chunk_scores.items():
     out["values"].setdefault(name, []).append(np.asarray(value)[:size])
+  if chunk_terms is not None:
+    out["terms"].append([np.asarray(value)[:size] for value in chunk_terms])
   on_device = chunk_log_probs if device is None else jax.device_put(chunk_log_probs, device)
   out["log_probs"].append(on_device)
 
@@ -86,7 +88,7 @@ def from_chunks(
   *,
   topk: Sequence[int] = (),
   with_labels: bool = True,
-):
+) -> tuple[jax.Array, dict[str, np.ndarray], events.LabelTerms | None]:
   """``scores.from_predictions`` of a whole file, from its chunks of examples.
 
   Args:
@@ -97,11 +99,13 @@ def from_chunks(
       ``io.stream.PredictionsReader``. Every chunk but the last has the first's B.
     num_examples: N.
     topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
-    with_labels: add the oracle score ``oracle_loss`` (it needs the labels).
+    with_labels: add the oracle score ``oracle_loss`` and the label terms (they need
+      the labels).
 
   Returns:
-    ([N, K] float32 log-probabilities as a jax array, name -> [N] NumPy scores),
-    equal to ``scores.from_predictions`` on the whole arrays.
+    ([N, K] float32 log-probabilities as a jax array, name -> [N] NumPy scores,
+    ``events.LabelTerms`` of NumPy arrays or None without labels), equal to
+    ``scores.from_predictions(..., label_terms=True)`` on the whole arrays.
   """
   # Chunk i of MC samples is scored on the host's CPU device i % D, D - 1 chunks ahead
   # of the one being collected: with one JAX CPU device per core (experiments.evaluate
@@ -109,7 +113,7 @@ def from_chunks(
   # matmuls on one core per device). Without samples, one device: XLA's own threads
   # keep both cores as busy, and a second device would compile everything twice.
   devices = None
-  out = {"log_probs": [], "values": {}}
+  out = {"log_probs": [], "values": {}, "terms": []}
   pending, rows, expected, stored = collections.deque(), None, 0, ()
   for index, (start, chunk) in enumerate(chunks):
     stored = tuple(chunk.scores)
@@ -124,8 +128,10 @@ def from_chunks(
     if not with_labels:
       inputs["labels"] = None
     with _on(devices[index % len(devices)]):
-      scored = scores.from_predictions(**inputs, topk=topk, as_numpy=False)
-    pending.append((size, *scored, devices[0]))
+      log_probs, values, *terms = scores.from_predictions(
+        **inputs, topk=topk, as_numpy=False, label_terms=with_labels
+      )
+    pending.append((size, log_probs, values, terms[0] if terms else None, devices[0]))
     if len(pending) == len(devices):
       _collect(out, *pending.popleft())
     expected = start + size
@@ -134,6 +140,9 @@ def from_chunks(
   if expected != num_examples:
     raise ValueError(f"chunks: expected {num_examples} examples, got {expected}")
   values = {name: np.concatenate(parts) for name, parts in out["values"].items()}
+  terms = None
+  if out["terms"]:
+    terms = events.LabelTerms(*map(np.concatenate, zip(*out["terms"], strict=True)))
   # pmax is an element-wise exp, whose last bit depends on an element's place in the
   # SIMD lanes of its batch: redone on all N it equals the whole-file one.
   recompute = "neg_log_pmax" not in stored and "pmax" in values
@@ -142,4 +151,4 @@ def from_chunks(
   )
   if recompute:
     values["pmax"] = np.asarray(pmax)
-  return log_probs, values
+  return log_probs, values, terms

@@ -26,16 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import (
-  baselines,
-  crossval,
-  metrics,
-  order,
-  rowblocks,
-  temperature,
-  toplabel,
-  validation,
-)
+from top1_jax import baselines, crossval, events, temperature, toplabel, validation
 
 VARIANTS = ("raw", "temperature", "toplabel")
 """Every variant ``benchmark_rows`` scores, in its order (a model with samples: raw only)."""
@@ -67,33 +58,35 @@ def _test_means(test, brier, pmax, correct, ece_bins):
   return jax.lax.map(one_split, (test, brier, pmax))
 
 
-@jax.jit
-def _top_class(log_probs):
-  rows = rowblocks.block_rows(log_probs.shape[-1])
-  return rowblocks.map_row_blocks(lambda block: (order.top_class(block),), (log_probs,), rows)[0]
-
-
 def _split_means(test, brier, pmax, correct, ece_bins) -> dict[str, np.ndarray]:
   return {k: np.asarray(v) for k, v in _test_means(test, brier, pmax, correct, ece_bins).items()}
 
 
-def _toplabel_splits(pmax, predicted, correct, masks, num_classes, n_bins, ece_bins) -> dict:
+def _toplabel_splits(pmax, predicted, correct, masks, num_classes, n_bins, ece_bins, brier):
   """Per split: top-label bins of pmax fitted on the calibration part, scored on the test."""
-  per_split = {"toplabel_brier": [], "toplabel_ece": [], "toplabel_classes_with_own_bins": []}
-  for test in masks:
-    cal = ~test
-    model = toplabel.fit(pmax[cal], predicted[cal], correct[cal], n_bins, num_classes=num_classes)
-    prob = toplabel.predict(model, pmax[test], predicted[test])
-    per_split["toplabel_brier"].append(float(metrics.brier(prob, correct[test])))
-    per_split["toplabel_ece"].append(
-      float(baselines.equal_width_ece(prob, correct[test], ece_bins))
-    )
-    per_split["toplabel_classes_with_own_bins"].append(float(np.sum(np.asarray(model.own))))
-  return per_split
+  model = toplabel.fit_splits(pmax, predicted, correct, ~masks, n_bins, num_classes=num_classes)
+  prob = toplabel.predict(model, pmax, predicted)  # [F, N]: every split's bins on every example
+  # Its Brier and ECE are those of any P(correct) on the test part: the raw rows' program.
+  means = _split_means(masks.astype(prob.dtype), brier, prob, correct, ece_bins)
+  return {
+    "toplabel_brier": means["raw_top1_brier"],
+    "toplabel_ece": means["confidence_ece"],
+    "toplabel_classes_with_own_bins": np.sum(np.asarray(model.own), axis=-1).astype(np.float64),
+  }
 
 
 def _mean_over_splits(per_split: Mapping) -> dict[str, float]:
   return {key: float(np.mean(np.asarray(values, np.float64))) for key, values in per_split.items()}
+
+
+def _raw_terms(label_terms, num: int) -> tuple[np.ndarray, ...]:
+  """The host top class, multiclass Brier and pmax of ``events.LabelTerms`` of N examples."""
+  validation.instance("label_terms", label_terms, events.LabelTerms, "events.LabelTerms")
+  terms = [np.asarray(x) for x in (label_terms.top_class, label_terms.multiclass_brier)]
+  terms.append(np.asarray(label_terms.pmax))
+  if any(x.shape != (num,) for x in terms):
+    raise ValueError(f"label_terms: expected [{num}] arrays, got shapes {[x.shape for x in terms]}")
+  return tuple(terms)
 
 
 def _check(log_probs, labels, splits, compare_bins, ece_bins, single_model):
@@ -123,6 +116,7 @@ def benchmark_rows(
   single_model: bool,
   compare_bins: int,
   ece_bins: int = baselines.DEFAULT_ECE_BINS,
+  label_terms: events.LabelTerms | None = None,
 ) -> list[dict[str, str | float]]:
   """The benchmark's metrics of each variant, mean over the splits' test parts.
 
@@ -135,6 +129,8 @@ def benchmark_rows(
     compare_bins: top-label binning's bins per predicted class (the Top-1 bins'
       count in the comparison), at most the smallest calibration part.
     ece_bins: equal-width bins of the confidence ECE (15 in the benchmark).
+    label_terms: ``events.label_terms(log_probs, labels)`` when already computed
+      (``sweep.Source`` has them from its scoring pass); None computes them.
 
   Returns:
     One dict per variant, in ``VARIANTS`` order ("raw" only unless
@@ -148,12 +144,13 @@ def benchmark_rows(
   log_probs, labels, masks, compare_bins, ece_bins = _check(
     log_probs, labels, splits, compare_bins, ece_bins, single_model
   )
-  # The Top-1 event is the argmax's, the same for any T; the raw softmax is one pass,
-  # then every split's means.
-  predicted = np.asarray(_top_class(log_probs))
+  if label_terms is None:
+    label_terms = events.label_terms(log_probs, labels)
+  predicted, brier, pmax = _raw_terms(label_terms, masks.shape[-1])
+  # The Top-1 event is the argmax's, the same for any T; the raw softmax's terms come
+  # from one pass, then every split's means.
   correct = predicted == np.asarray(labels)
   test = masks.astype(log_probs.dtype)  # [F, N] 0/1 weights, on the host
-  brier, pmax = (np.asarray(v)[0] for v in temperature.softmax_terms(log_probs, labels, [1.0]))
   # Each split's own terms as for temperature scaling: one compiled program for both.
   shared = [np.broadcast_to(v, test.shape) for v in (brier, pmax)]
   raw = _mean_over_splits(_split_means(test, *shared, correct, ece_bins))
@@ -165,7 +162,7 @@ def benchmark_rows(
   scaled["temperature"] = np.asarray(fits.temperature)
   rows.append({"variant": "temperature", **_mean_over_splits(scaled)})
   host = (pmax, predicted, correct, masks, log_probs.shape[-1])
-  binned = _toplabel_splits(*host, compare_bins, ece_bins)
+  binned = _toplabel_splits(*host, compare_bins, ece_bins, shared[0])
   rows.append({**rows[0], "variant": "toplabel", **_mean_over_splits(binned)})
   return rows
 

@@ -1,10 +1,12 @@
 """Events whose probability we predict: "the Top-k prediction is correct"."""
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from top1_jax import order, rowblocks, validation
+from top1_jax import order, rowblocks, temperature, validation
 
 
 @jax.jit
@@ -58,3 +60,49 @@ def label_rank(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
   labels = validation.labels_array("labels", labels, logits.shape[-1])
   validation.same_length(logits=logits, labels=labels)
   return _label_rank_int(logits, labels)
+
+
+class LabelTerms(NamedTuple):
+  """What the labels say of each example's prediction, from one pass over [N, K].
+
+  Attributes:
+    rank: [N] int32, ``label_rank``: the Top-k event is ``rank < k``.
+    top_class: [N] int32, the Top-1 prediction (the first of tied tops).
+    multiclass_brier: [N] float, sum_k (p_k - y_k)^2 of softmax(logits).
+    pmax: [N] float, max_k p_k of softmax(logits).
+  """
+
+  rank: jax.Array
+  top_class: jax.Array
+  multiclass_brier: jax.Array
+  pmax: jax.Array
+
+
+def block_label_terms(logits: jax.Array, labels: jax.Array) -> LabelTerms:
+  """``LabelTerms`` of a block of rows, unchecked: for the body of a blocked pass that
+  computes more (the scores' chunk program), so the block is read once from cache."""
+  row_max = jnp.max(logits, axis=-1)
+  brier, pmax = temperature.block_softmax_terms(logits, row_max, labels)
+  rank = order.label_rank(logits, labels).astype(jnp.int32)
+  return LabelTerms(rank, order.top_class(logits), brier, pmax)
+
+
+@jax.jit
+def _label_terms(logits: jax.Array, labels: jax.Array) -> LabelTerms:
+  rows = rowblocks.block_rows(logits.shape[-1])
+  return LabelTerms(
+    *rowblocks.map_row_blocks(lambda *b: tuple(block_label_terms(*b)), (logits, labels), rows)
+  )
+
+
+def label_terms(logits: ArrayLike, labels: ArrayLike) -> LabelTerms:
+  """Each example's label rank, Top-1 class, multiclass Brier and pmax: one pass.
+
+  Args:
+    logits: [N, K] float, logits or log-probabilities (softmax(logits) is the model's).
+    labels: [N] int in [0, K).
+  """
+  logits = validation.float_array("logits", logits, 2)
+  labels = validation.labels_array("labels", labels, logits.shape[-1])
+  validation.same_length(logits=logits, labels=labels)
+  return _label_terms(logits, labels)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import covariance, order, rowblocks, validation
+from top1_jax import covariance, events, order, rowblocks, validation
 
 
 def _logits(logits: ArrayLike) -> jax.Array:
@@ -437,10 +437,10 @@ def _arguments(score: Score, log_probs, samples, human_probs, labels) -> tuple |
   return None if labels is None else (log_probs, labels)
 
 
-@functools.partial(jax.jit, static_argnames=("topk",))
-def _log_prob_scores(log_probs, labels, topk: tuple[int, ...]) -> dict[str, jax.Array]:
+@functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
+def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool = False):
   """Every score of the log-probabilities (each k's top-k mass too, and with ``labels``
-  the oracle's), one program.
+  the oracle's), one program; with ``label_terms`` also ``events.LabelTerms`` (else None).
 
   By cache-sized blocks of examples (``rowblocks``): each score's pass over a
   block reads it from cache, not the whole [N, K] array from memory (at K = 1,000,
@@ -453,20 +453,25 @@ def _log_prob_scores(log_probs, labels, topk: tuple[int, ...]) -> dict[str, jax.
 
   def block_scores(block, *block_labels):
     per_k = REGISTRY["neg_log_topk_mass"].fn
+    terms = tuple(events.block_label_terms(block, *block_labels)) if label_terms else ()
     return (
       tuple(REGISTRY[n].fn(block) for n in names)
       + tuple(per_k(block, k) for k in ks)
       + tuple(REGISTRY[n].fn(block, *block_labels) for n in with_labels)
+      + terms
     )
 
   rows = rowblocks.block_rows(log_probs.shape[-1])
   arrays = (log_probs,) if labels is None else (log_probs, labels)
   values = rowblocks.map_row_blocks(block_scores, arrays, rows)
-  return dict(zip(names + [topk_name(k) for k in ks] + with_labels, values, strict=True))
+  keys = names + [topk_name(k) for k in ks] + with_labels
+  terms = events.LabelTerms(*values[len(keys) :]) if label_terms else None
+  return dict(zip(keys, values[: len(keys)], strict=True)), terms
 
 
-def _compute(log_probs, samples, human_probs, topk, labels=None) -> dict[str, jax.Array]:
-  blocked = _log_prob_scores(log_probs, labels, tuple(topk))
+def _compute(log_probs, samples, human_probs, topk, labels=None, label_terms=False) -> tuple:
+  """(name -> [N] score, ``events.LabelTerms`` or None)."""
+  blocked, terms = _log_prob_scores(log_probs, labels, tuple(topk), label_terms)
   out = {}
   for score in REGISTRY.values():
     if score.per_k:
@@ -477,7 +482,7 @@ def _compute(log_probs, samples, human_probs, topk, labels=None) -> dict[str, ja
       arguments = _arguments(score, log_probs, samples, human_probs, labels)
       if arguments is not None:
         out[score.name] = score.fn(*arguments)
-  return out
+  return out, terms
 
 
 def compute(
@@ -505,7 +510,7 @@ def compute(
   if samples is not None:
     samples = validation.float_array("samples", samples, 3)
   topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
-  return _compute(log_probs, samples, human_probs, topk, labels)
+  return _compute(log_probs, samples, human_probs, topk, labels)[0]
 
 
 def _checked_extras(log_probs, topk, human_probs, labels) -> tuple:
@@ -520,13 +525,14 @@ def _checked_extras(log_probs, topk, human_probs, labels) -> tuple:
   return topk, human_probs, labels
 
 
-@functools.partial(jax.jit, static_argnames=("topk",))
-def _scores_of_samples(samples, human_probs, labels, topk) -> tuple:
-  """[S, N, K] logits -> ([N, K] mean log-probs, every score): one program, so XLA
-  fuses the log-softmax into the scores' passes and compiles one thing per shape."""
+@functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
+def _scores_of_samples(samples, human_probs, labels, topk, label_terms) -> tuple:
+  """[S, N, K] logits -> ([N, K] mean log-probs, every score, ``LabelTerms`` or None):
+  one program, so XLA fuses the log-softmax into the scores' passes and compiles one
+  thing per shape."""
   log_probs = _mean_log_probs(samples)
   with_samples = samples if samples.shape[0] >= 2 else None
-  return log_probs, _compute(log_probs, with_samples, human_probs, topk, labels)
+  return log_probs, *_compute(log_probs, with_samples, human_probs, topk, labels, label_terms)
 
 
 def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -536,7 +542,7 @@ def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]
   the scores of the mean probabilities and, with S >= 2, of the samples.
   """
   log_probs = _mean_log_probs(samples)
-  values = _compute(log_probs, samples, None, ())
+  values, _ = _compute(log_probs, samples, None, ())
   return log_probs, {name: values[name] for name in values if REGISTRY[name].on_device}
 
 
@@ -549,7 +555,8 @@ def from_predictions(
   topk: Sequence[int] = (),
   labels: ArrayLike | None = None,
   as_numpy: bool = True,
-) -> tuple[jax.Array, dict[str, np.ndarray]]:
+  label_terms: bool = False,
+) -> tuple:
   """The classifier's log-probabilities and every score, from a predictions file's fields.
 
   Args:
@@ -564,10 +571,15 @@ def from_predictions(
     labels: optional [N] true labels, for the oracle row ``oracle_loss``.
     as_numpy: False leaves the recomputed scores as JAX arrays, possibly still
       being computed (e.g. to overlap several chunks on several devices).
+    label_terms: also each example's ``events.LabelTerms`` (needs ``labels``), from
+      the scores' own pass over the log-probabilities.
 
   Returns:
-    ([N, K] log-probabilities, name -> [N] NumPy scores).
+    ([N, K] log-probabilities, name -> [N] NumPy scores), and with ``label_terms``
+    the ``events.LabelTerms`` (JAX arrays) third.
   """
+  if label_terms and labels is None:
+    raise ValueError("labels: label_terms=True needs the labels, got None")
   if logits is not None:
     samples = validation.float_array("samples", logits, 3)
     # The [N, K] mean log-probabilities' shape, for compute's checks (not computed yet).
@@ -575,10 +587,11 @@ def from_predictions(
     if samples.shape[-1] < 2:
       raise ValueError(f"logits: expected at least 2 classes, got shape {log_probs.shape}")
     topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
-    log_probs, values = _scores_of_samples(samples, human_probs, labels, topk)
+    log_probs, values, terms = _scores_of_samples(samples, human_probs, labels, topk, label_terms)
   elif mean_probs is not None:
     log_probs = jnp.asarray(log_probs_from_probs(mean_probs))
     values = compute(log_probs, human_probs=human_probs, topk=topk, labels=labels)
+    terms = events.label_terms(log_probs, labels) if label_terms else None
   else:
     raise ValueError("logits, mean_probs: expected at least one of them, got neither")
   stored = {name: np.asarray(value) for name, value in (stored_scores or {}).items()}
@@ -586,5 +599,6 @@ def from_predictions(
     stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
   values.update(stored)
   if not as_numpy:
-    return log_probs, values
-  return log_probs, {name: np.asarray(value) for name, value in values.items()}
+    return (log_probs, values, terms) if label_terms else (log_probs, values)
+  values = {name: np.asarray(value) for name, value in values.items()}
+  return (log_probs, values, terms) if label_terms else (log_probs, values)

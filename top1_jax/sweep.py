@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from top1_jax import chunked, comparison, crossval, events, scores, selective, tables, validation
+from top1_jax import chunked, comparison, crossval, scores, selective, tables, validation
 from top1_jax.io import files, stream
 
 SettingError = validation.SettingError  # the one class; re-exported where it is raised
@@ -66,20 +66,19 @@ class Source:
       timings["load"] = timings.get("load", 0.0) + time.perf_counter() - tic
       tic = time.perf_counter()
       before = timings["load"]
-      self.log_probs, self.scores = chunked.from_chunks(chunks, len(self.labels), topk=s.topk)
+      self.log_probs, self.scores, self.label_terms = chunked.from_chunks(
+        chunks, len(self.labels), topk=s.topk
+      )
       waited = time.perf_counter()
       self.digest = digest.result()
       timings["load"] += time.perf_counter() - waited
     self.splits = crossval.make_splits(len(self.labels), s.n_folds, self.columns["seed"], s.scheme)
     read = timings["load"] - before  # the chunks' reads (and the hash) count as loading
     timings["scores"] = timings.get("scores", 0.0) + time.perf_counter() - tic - read
-    self._label_rank = None
 
   def correct(self, k: int) -> np.ndarray:
-    """[N] bool, the Top-k event, shared by every score's point (one [N, K] pass for all k)."""
-    if self._label_rank is None:
-      self._label_rank = np.asarray(events.label_rank(self.log_probs, self.labels))
-    return self._label_rank < k
+    """[N] bool, the Top-k event, shared by every score's point (from the scores' pass)."""
+    return self.label_terms.rank < k
 
 
 def _timed(items, timings: dict, key: str):
@@ -256,7 +255,7 @@ def table1(s: Any, sources: list[Source], records: list[dict]) -> list[dict]:
       continue
     for row in comparison.benchmark_rows(
       source.log_probs, source.labels, source.splits, single_model=source.single_model,
-      compare_bins=s.compare_bins, ece_bins=s.ece_bins,
+      compare_bins=s.compare_bins, ece_bins=s.ece_bins, label_terms=source.label_terms,
     ):  # fmt: skip
       row = comparison.table_row(row, binned[(source.name, score)])
       label = _variant_name(source.label, row["variant"])

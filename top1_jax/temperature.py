@@ -218,17 +218,24 @@ def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
   return jnp.exp(log_t)
 
 
+def block_softmax_terms(logits, row_max, labels, temperature=None):
+  """Each row's multiclass Brier and pmax of softmax(logits / T) (None: T = 1).
+
+  Unchecked and traceable, for the body of a blocked pass (``rowblocks``);
+  ``row_max`` [rows] is max(logits) of each row.
+  """
+  shifted = logits - row_max[:, None]
+  weights = jnp.exp(shifted if temperature is None else shifted / temperature)  # top's is 1
+  total = jnp.sum(weights, axis=-1)
+  probs = weights / total[:, None]
+  # (p_k - y_k)^2 with y one-hot, without materialising the one-hot array.
+  is_label = jnp.arange(logits.shape[-1]) == labels[:, None]
+  return jnp.sum(jnp.where(is_label, probs - 1, probs) ** 2, axis=-1), 1 / total
+
+
 def _softmax_terms(logits, row_max, labels, temperature):
   """Per example: multiclass Brier and pmax of softmax(logits / T), by row blocks."""
-
-  def terms(block, block_max, block_labels):
-    weights = jnp.exp((block - block_max[:, None]) / temperature)  # the top's weight is 1
-    total = jnp.sum(weights, axis=-1)
-    probs = weights / total[:, None]
-    # (p_k - y_k)^2 with y one-hot, without materialising the one-hot array.
-    is_label = jnp.arange(block.shape[-1]) == block_labels[:, None]
-    return jnp.sum(jnp.where(is_label, probs - 1, probs) ** 2, axis=-1), 1 / total
-
+  terms = functools.partial(block_softmax_terms, temperature=temperature)
   rows = rowblocks.block_rows(logits.shape[-1])
   return rowblocks.map_row_blocks(terms, (logits, row_max, labels), rows)
 
