@@ -157,12 +157,12 @@ def test_binning_compiles_once_per_size_bucket():
   rng = np.random.default_rng(1)
   u, correct = rng.random(1000).astype(np.float32), rng.random(1000) < 0.5
   binning.fit(u[:300], correct[:300], 10)  # warm: the bucket of 512
-  before = binning._count_by_outcome_jit._cache_size()  # noqa: SLF001 (the jit cache)
+  before = binning._count_padded._cache_size()  # noqa: SLF001 (the jit cache)
   for num in range(300, 512, 37):
     bins = binning.fit(u[:num], correct[:num], 10)
     assert int(np.sum(np.asarray(bins.counts))) == num
     binning.predict(bins, u[:num])
-  assert binning._count_by_outcome_jit._cache_size() == before  # noqa: SLF001
+  assert binning._count_padded._cache_size() == before  # noqa: SLF001
 
 
 def test_fit_groups_equals_fit_per_group():

@@ -143,6 +143,12 @@ def _count(edges: jax.Array, u: jax.Array, correct: jax.Array) -> Bins:
   return _bins(edges, _count_by_outcome(edges, u, correct))
 
 
+@jax.jit
+def _count_padded(edges, u, correct, num_skipped) -> Bins:
+  """``_count`` of host scores padded in front: one program, where most host calls go."""
+  return _bins(edges, _count_by_outcome(edges, u, correct, num_skipped))
+
+
 _count_jit = jax.jit(_count)
 _count_by_outcome_jit = jax.jit(_count_by_outcome)
 _bins_jit = jax.jit(_bins)
@@ -183,10 +189,7 @@ def _count_host(edges: np.ndarray, u: np.ndarray, correct: np.ndarray) -> Bins:
   num = u.shape[0]
   if num <= _CHUNK:
     size = min(bucket_size(num), _CHUNK)
-    padded = _count_by_outcome_jit(
-      edges, _pad_front(u, size), _pad_front(correct, size), size - num
-    )
-    return _bins_jit(edges, padded)
+    return _count_padded(edges, _pad_front(u, size), _pad_front(correct, size), size - num)
   parts = [
     _count_by_outcome_jit(edges, u[piece], correct[piece], skipped)
     for piece, skipped in _chunks(num)

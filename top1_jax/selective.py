@@ -141,14 +141,15 @@ def guaranteed_coverage(
     accuracy = hits / kept
   else:
     threshold, kept, accuracy, bound = np.inf, 0, np.nan, np.nan
+  # Host values moved as they are: jnp.float32(x) would compile a conversion program.
   return Selection(
-    selected=jnp.asarray(selected),
+    selected=jax.device_put(selected),
     edges=bins.edges,
-    coverage=jnp.float32(kept / total),
-    threshold=jnp.float32(threshold),
-    accuracy=jnp.float32(accuracy),
-    guaranteed_accuracy=jnp.float32(bound),
-    num_tests=jnp.int32(num_tests),
+    coverage=jax.device_put(np.float32(kept / total)),
+    threshold=jax.device_put(np.float32(threshold)),
+    accuracy=jax.device_put(np.float32(accuracy)),
+    guaranteed_accuracy=jax.device_put(np.float32(bound)),
+    num_tests=jax.device_put(np.int32(num_tests)),
   )
 
 
@@ -248,7 +249,7 @@ def cross_validate(
     test = np.asarray(splits.test_mask(split), bool)
     bins = binning.fit(u[~test], correct[~test], n_bins)
     # The test part's bins once per split; each target only picks some of them.
-    which = np.asarray(binning.assign(bins.edges, jnp.asarray(u[test])))
+    which = np.asarray(binning.assign(bins.edges, u[test]))
     for outcomes, target in zip(per_target, targets, strict=True):
       selection = guaranteed_coverage(bins, target, delta, order=order)
       chosen = np.asarray(selection.selected)[which]

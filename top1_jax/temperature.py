@@ -369,15 +369,15 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
     ``SplitFits`` of [F] temperatures and [F, N] ``multiclass_brier``, ``pmax``.
   """
   logits, labels, weights = _checked(logits, labels, weights, ndim=2)
-  log_bounds = (jnp.float32(np.log(MIN_TEMPERATURE)), jnp.float32(np.log(MAX_TEMPERATURE)))
-  expansion = jnp.float32(np.nan)  # first from the subsample's fit, then the pool's
+  log_bounds = (np.float32(np.log(MIN_TEMPERATURE)), np.float32(np.log(MAX_TEMPERATURE)))
+  expansion = np.float32(np.nan)  # first from the subsample's fit, then the pool's
   for _ in range(2 if logits.size >= _CUMULANTS_FROM else 0):
     fitted, brier, pmax, within, expansion = _fit_splits_by_cumulants(
       logits, labels, weights, *log_bounds, expansion
     )
     if bool(np.all(np.asarray(within))):
       return SplitFits(fitted, brier, pmax)
-  fitted = _fit_temperature(logits, labels, weights, *log_bounds, jnp.float32(0.0))
+  fitted = _fit_temperature(logits, labels, weights, *log_bounds, np.float32(0.0))
   return SplitFits(fitted, *_softmax_terms_at(logits, labels, fitted))
 
 
@@ -436,7 +436,7 @@ def fit_temperature(
   if not (np.isfinite(start) and start > 0):
     raise ValueError(f"initial_temperature: expected a finite T > 0, got {initial_temperature!r}")
   fitted = _fit_temperature(
-    logits, labels, rows, *(jnp.float32(np.log(v)) for v in (low, high, start))
+    logits, labels, rows, *(np.float32(np.log(v)) for v in (low, high, start))
   )
   return fitted if np.ndim(weights) == 2 else fitted[0]
 
