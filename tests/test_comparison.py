@@ -6,11 +6,13 @@ functions of ``baselines``, ``metrics`` and ``toplabel`` on the test part.
 """
 
 import pathlib
+import types
 
 import numpy as np
 import pytest
 
-from top1_jax import baselines, comparison, crossval, events, metrics, scores, toplabel
+from top1_jax import baselines, comparison, crossval, events, metrics, scores, sweep, toplabel
+from top1_jax.io import predictions
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
 
@@ -159,3 +161,27 @@ def test_bad_input_gets_a_one_line_value_error(kwargs, message):
   assert "\n" not in str(info.value)
   with pytest.raises(ValueError, match="row: expected a variant"):
     comparison.table_row({"variant": "histogram"}, {"brier": 0.1, "ece": 0.1})
+
+
+def test_sweep_table1_from_benchmarks_computed_beside_the_sweep(tmp_path):
+  # experiments.evaluate computes sweep.benchmarks in a thread while sweep.run runs.
+  log_probs, labels = _synthetic(600)
+  path = predictions.save_predictions(
+    tmp_path / "p.npz", predictions.Predictions(labels=labels, logits=log_probs)
+  )
+  s = types.SimpleNamespace(
+    n_bins=(5, 10), topk=(1,), n_folds=2, scheme="halves", seeds=(0,), scores=("all",),
+    estimators=("bins",), compare_bins=5, ece_bins=15, selective_targets=(0.9,),
+    selective_delta=0.1,
+  )  # fmt: skip
+  sources = sweep.load_sources([("model", path)], s)
+  records = sweep.run(s, sources, tmp_path / "sweep", log=lambda line: None)
+  benchmarked = sweep.benchmarks(s, sources)
+  assert list(benchmarked) == ["model"]
+  table = sweep.table1(s, sources, records, benchmarked)
+  assert table == sweep.table1(s, sources, records)
+  assert [row["variant"] for row in table] == list(comparison.VARIANTS)
+  # No Top-1 point in the sweep: no Table 1, and nothing computed for it.
+  s.topk = (2,)
+  assert sweep.benchmarks(s, sources) == {}
+  assert sweep.table1(s, sources, sweep.run(s, sources, tmp_path / "k2", log=print)) == []

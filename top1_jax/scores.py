@@ -470,7 +470,6 @@ def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool
 
 
 def _compute(log_probs, samples, human_probs, topk, labels=None, label_terms=False) -> tuple:
-  """(name -> [N] score, ``events.LabelTerms`` or None)."""
   blocked, terms = _log_prob_scores(log_probs, labels, tuple(topk), label_terms)
   out = {}
   for score in REGISTRY.values():
@@ -527,9 +526,8 @@ def _checked_extras(log_probs, topk, human_probs, labels) -> tuple:
 
 @functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
 def _scores_of_samples(samples, human_probs, labels, topk, label_terms) -> tuple:
-  """[S, N, K] logits -> ([N, K] mean log-probs, every score, ``LabelTerms`` or None):
-  one program, so XLA fuses the log-softmax into the scores' passes and compiles one
-  thing per shape."""
+  """[S, N, K] logits -> ([N, K] mean log-probs, every score, ``LabelTerms`` or None), one
+  program: XLA fuses the log-softmax into the scores' passes, and it compiles once."""
   log_probs = _mean_log_probs(samples)
   with_samples = samples if samples.shape[0] >= 2 else None
   return log_probs, *_compute(log_probs, with_samples, human_probs, topk, labels, label_terms)
@@ -571,12 +569,11 @@ def from_predictions(
     labels: optional [N] true labels, for the oracle row ``oracle_loss``.
     as_numpy: False leaves the recomputed scores as JAX arrays, possibly still
       being computed (e.g. to overlap several chunks on several devices).
-    label_terms: also each example's ``events.LabelTerms`` (needs ``labels``), from
-      the scores' own pass over the log-probabilities.
+    label_terms: also return each example's ``events.LabelTerms`` (JAX arrays; needs
+      ``labels``), from the scores' own pass over the log-probabilities.
 
   Returns:
-    ([N, K] log-probabilities, name -> [N] NumPy scores), and with ``label_terms``
-    the ``events.LabelTerms`` (JAX arrays) third.
+    ([N, K] log-probabilities, name -> [N] NumPy scores[, ``events.LabelTerms``]).
   """
   if label_terms and labels is None:
     raise ValueError("labels: label_terms=True needs the labels, got None")
@@ -598,7 +595,6 @@ def from_predictions(
   if "neg_log_pmax" in stored:
     stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
   values.update(stored)
-  if not as_numpy:
-    return (log_probs, values, terms) if label_terms else (log_probs, values)
-  values = {name: np.asarray(value) for name, value in values.items()}
+  if as_numpy:
+    values = {name: np.asarray(value) for name, value in values.items()}
   return (log_probs, values, terms) if label_terms else (log_probs, values)

@@ -7,6 +7,9 @@ The engine of ``experiments.evaluate``, usable on its own:
   table1 = sweep.table1(settings, sources, records)  # the paper's Table 1
   chosen = sweep.selective_rows(settings, sources)   # selection with a guarantee
 
+Table 1's passes (``benchmarks``) and the selective rows need no sweep record: they
+may run beside ``run``, then ``table1(settings, sources, records, benchmarked)``.
+
 ``settings`` is anything with the attributes ``n_bins``, ``topk``, ``n_folds``,
 ``scheme``, ``seeds`` (the first draws the splits of files that name no seed),
 ``scores`` (``("all",)`` or names), ``estimators``, ``compare_bins``,
@@ -241,8 +244,29 @@ def load_sources(asked, s: Any, timings: dict | None = None) -> list[Source]:
   return sources
 
 
-def table1(s: Any, sources: list[Source], records: list[dict]) -> list[dict]:
-  """The paper's Table 1 for each file's headline score (``top1_jax.comparison``)."""
+def benchmarks(s: Any, sources: list[Source]) -> dict[str, list[dict]]:
+  """Table 1's ``comparison.benchmark_rows`` of each file whose headline score the sweep
+  bins at Top-1, by file name. They need no sweep record, so they may be computed
+  beside ``run`` (``experiments.evaluate`` does, in a thread)."""
+  points = _points(s, sources)
+  out = {}
+  for source in sources:
+    score = scores.headline(source.scores)
+    if score is None or (source, score, 1, "bins") not in points:
+      continue
+    out[source.name] = comparison.benchmark_rows(
+      source.log_probs, source.labels, source.splits, single_model=source.single_model,
+      compare_bins=s.compare_bins, ece_bins=s.ece_bins, label_terms=source.label_terms,
+    )  # fmt: skip
+  return out
+
+
+def table1(
+  s: Any, sources: list[Source], records: list[dict], benchmarked: dict | None = None
+) -> list[dict]:
+  """The paper's Table 1 for each file's headline score (``top1_jax.comparison``): the
+  ``benchmarks`` (computed here when not given) beside the Top-1 bins' records."""
+  benchmarked = benchmarks(s, sources) if benchmarked is None else benchmarked
   binned = {
     (r["source"], r["score"]): next(row for row in r["rows"] if row["n_bins"] == s.compare_bins)
     for r in records
@@ -251,12 +275,9 @@ def table1(s: Any, sources: list[Source], records: list[dict]) -> list[dict]:
   rows = []
   for source in sources:
     score = scores.headline(source.scores)
-    if score is None or (source.name, score) not in binned:
+    if source.name not in benchmarked or (source.name, score) not in binned:
       continue
-    for row in comparison.benchmark_rows(
-      source.log_probs, source.labels, source.splits, single_model=source.single_model,
-      compare_bins=s.compare_bins, ece_bins=s.ece_bins, label_terms=source.label_terms,
-    ):  # fmt: skip
+    for row in benchmarked[source.name]:
       row = comparison.table_row(row, binned[(source.name, score)])
       label = _variant_name(source.label, row["variant"])
       rows.append({"label": label, "source": source.name, "top1_score": score, **row})
