@@ -150,7 +150,7 @@ def fit_splits(
   return _fit_splits(own, per_class, pooled, *examples, weight)
 
 
-@jitting.jit_small
+@jax.jit  # per-example work over [F, N]: at backend level 0 it ran 115 ms, here 40 ms
 def _fit_splits(own, per_class_edges, pooled_edges, u, classes, correct, weight) -> TopLabelBins:
   def one_split(own, per_class_edges, pooled_edges, weight):
     per_class = binning.counted_groups(per_class_edges, u, classes, correct, weight, own.shape[0])
