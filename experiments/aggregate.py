@@ -13,25 +13,12 @@ figures/dropout_rate_top<k>.png.
 from absl import flags, logging
 
 from experiments import common
-from top1_jax import aggregate, plots
+from top1_jax import aggregate
 from top1_jax.io import files, results
 
 WORKDIRS = flags.DEFINE_list(
   "workdirs", None, "Work dirs of the runs to merge, comma-separated; globs (runs/seed*) expand."
 )
-
-
-def _figures(rows: list[dict], out) -> list:
-  """One dropout-rate figure per Top-k event that has MC-dropout rows; their paths."""
-  written = []
-  for topk in sorted({row["topk"] for row in rows}):
-    try:
-      fig = plots.dropout_rate_figure(rows, topk=topk)
-    except ValueError as e:  # no MC dropout swept for this event: nothing to draw
-      logging.info("no dropout-rate figure for top-%d: %s", topk, e)
-      continue
-    written.append(plots.save_figure(fig, out / "figures" / f"dropout_rate_top{topk}.png"))
-  return written
 
 
 def main(argv: list[str]) -> None:
@@ -58,8 +45,10 @@ def main(argv: list[str]) -> None:
       out / "aggregate.json",
       {"inputs": names, "configs": dict(zip(names, configs, strict=True)), "rows": merged},
     ),
-    *_figures(merged, out),
   ]
+  from top1_jax import plots  # matplotlib: 0.5 s of import that a refused run skips
+
+  written += plots.write_dropout_rate_figures(out, merged, {row["topk"] for row in merged})
   print(f"merged {len(names)} runs into {len(merged)} rows: {', '.join(map(str, written))}")
 
 

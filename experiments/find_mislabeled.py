@@ -15,7 +15,7 @@ import pathlib
 from absl import flags, logging
 
 from experiments import common
-from top1_jax import mislabeled, plots, scores
+from top1_jax import mislabeled, scores
 from top1_jax.io import files, mislabeled_report
 
 PREDICTIONS = flags.DEFINE_string(
@@ -104,6 +104,8 @@ def main(argv) -> None:
   title = f"{path.stem}: wrong in the top {top} of {n_bins} {score} bins"
   title += f" ({len(shown)} of {len(rows)}; p = the bin's P(correct))"
   tiles = images.images[shown], given[shown], predicted[shown], probs, images.class_names
+  from top1_jax import plots  # matplotlib: 0.5 s of import that refused runs skip
+
   plots.save_figure(plots.image_grid(*tiles, title=title), png_path)
   for row in rows[:5]:
     logging.info(

@@ -33,11 +33,16 @@ from top1_jax.plots.bins import BOUNDS, ORDERS, bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.images import image_grid
 from top1_jax.plots.reliability import reliability_diagram
-from top1_jax.plots.results import write_figures, write_risk_coverage_figures
+from top1_jax.plots.results import (
+  write_dropout_rate_figures,
+  write_figures,
+  write_risk_coverage_figures,
+)
 from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
 from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 __all__ = [
+  "write_dropout_rate_figures",
   "write_figures",
   "write_risk_coverage_figures",
   "BOUNDS",

@@ -4,7 +4,8 @@
 objects with ``name``, ``label``, ``log_probs``, ``labels`` and ``scores``) and
 its records: each file's reliability diagram and bins (Fig. 1), the refinement
 (Fig. 2), the bin-count ablation, and the risk-coverage curves of selective
-prediction. Each function returns the paths it wrote.
+prediction; ``write_dropout_rate_figures`` draws tidy rows (a run's or merged runs').
+Each function returns the paths it wrote.
 """
 
 import numpy as np
@@ -14,7 +15,7 @@ from top1_jax.plots.bins import bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.reliability import reliability_diagram
 from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
-from top1_jax.plots.sweeps import ablation_figure
+from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 
 def _cv_from_record(record: dict) -> crossval.CrossValidation:
@@ -131,4 +132,17 @@ def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
     )
     fig = risk_coverage_figure(curve, points, title=title)
     written.append(save_figure(fig, out_dir / "figures" / f"risk_coverage_{source.slug}.png"))
+  return written
+
+
+def write_dropout_rate_figures(out_dir, rows, topks) -> list:
+  """``dropout_rate_figure`` of tidy ``rows`` (a run's or runs merged over seeds) for
+  each Top-k event of ``topks`` that has MC-dropout rows: none without MC dropout."""
+  written = []
+  for k in sorted(set(topks)):
+    try:
+      fig = dropout_rate_figure(rows, topk=k)
+    except ValueError:
+      continue  # no MC-dropout rows at a rate > 0 for this event
+    written.append(save_figure(fig, out_dir / "figures" / f"dropout_rate_top{k}.png"))
   return written
