@@ -46,6 +46,14 @@ def wait(processes: list[subprocess.Popen], timeout: float) -> list[str]:
   return outputs
 
 
+def xla_flags_but_the_device_count() -> str:
+  """This process's XLA_FLAGS less the device count: a child that picks its own count
+  still compiles as this process does (conftest's backend level), so their numbers
+  compare bit for bit."""
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  return " ".join(f for f in flags if not f.startswith("--xla_force_host_platform_device_count"))
+
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAUNCHER_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 

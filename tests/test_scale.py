@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import processes
 import pytest
 
 from top1_jax import binning, chunked, events, scores
@@ -95,8 +96,11 @@ for name in whole.files:
   np.testing.assert_array_equal(values[name], whole[name], err_msg=name)
 print("same")
 """
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  env.pop("XLA_FLAGS", None)
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": processes.xla_flags_but_the_device_count(),
+  }
   done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
   assert done.returncode == 0 and "same" in done.stdout, done.stderr[-2000:]
 

@@ -251,7 +251,11 @@ def _interval(model: KernelModel, u: jax.Array, z: jax.Array):
   shrink = 1 + z**2 / n
   centre = (p + z**2 / (2 * n)) / shrink
   half = z / shrink * jnp.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
-  return jnp.clip(centre - half, 0.0, 1.0), jnp.clip(centre + half, 0.0, 1.0)
+  # Wilson's interval holds p; taken in explicitly as rounding can leave it just out
+  # (at p = 1 the upper end is 1 exactly, computed as 0.99999994 when compiled at XLA's
+  # backend level 0).
+  lower, upper = jnp.minimum(centre - half, p), jnp.maximum(centre + half, p)
+  return jnp.clip(lower, 0.0, 1.0), jnp.clip(upper, 0.0, 1.0)
 
 
 def predict_interval(
