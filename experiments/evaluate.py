@@ -96,6 +96,17 @@ def record_run(s: plan.Settings, names: list[str], command: str) -> None:
     )
 
 
+def _check_present(s: plan.Settings, asked: list[tuple[str, object]]) -> None:
+  """Before anything is written: a run of the wrong --config leaves the work dir as it was."""
+  try:
+    sweep.check_present(asked)
+  except FileNotFoundError as e:
+    before = files.read_json(common.workdir() / "manifest.json") or {}
+    if before.get("config", {}) not in ({}, json.loads(s.config.to_json())):
+      raise FileNotFoundError(f"{e}; or give the --config {common.workdir()} was made with") from e
+    raise
+
+
 def _write_tables(s, records, table1, chosen) -> list[dict]:
   rows = tables.tidy_rows(records)
   dataset = next((r["dataset"] for r in rows if r["dataset"]), "predictions")
@@ -177,6 +188,7 @@ def main(argv):
     logging.warning("evaluate: data_dir and limit_test apply to predict; evaluate reads files")
   start = time.perf_counter()
   asked = asked_files(s)
+  _check_present(s, plan.mine(asked, common.tasks()))
   record_run(
     s, [name for name, _ in asked], " ".join(["python -m experiments.evaluate", *sys.argv[1:]])
   )

@@ -211,6 +211,22 @@ def test_evaluate_on_any_models_file(tmp_path):
   assert second.returncode == 0 and "done already, skipped" in second.stderr
 
 
+def test_evaluate_with_another_config_than_the_work_dirs_leaves_it_as_it_was(tmp_path):
+  # A rerun that forgets --config gets the default (Fashion-MNIST) config, whose files
+  # this work dir never had: one line naming the way out, and nothing written.
+  path = _predictions_file(tmp_path / "p.npz")
+  workdir = tmp_path / "run"
+  first = _run("evaluate", f"--workdir={workdir}", EVAL, f"--config.predictions={path}", NO_FIGURES)
+  assert first.returncode == 0, first.stderr[-3000:]
+  before = {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()}
+  again = _run("evaluate", f"--workdir={workdir}")
+  assert again.returncode == 1
+  lines = again.stderr.strip().splitlines()
+  assert lines[-1].startswith("error: predictions files not there: ")
+  assert lines[-1].endswith(f"or give the --config {workdir} was made with")
+  assert {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()} == before
+
+
 @needs_fmnist
 @pytest.mark.slow
 def test_killed_training_resumes_from_the_last_epoch(tmp_path):

@@ -224,18 +224,23 @@ def _check_sources(sources: list[Source]) -> None:
       )
 
 
-def load_sources(asked, s: Any, timings: dict | None = None) -> list[Source]:
-  """The predictions files ``asked`` ((name, path) pairs), checked to share their labels.
-
-  ``timings`` (if given) accumulates the seconds of ``load`` and ``scores``.
-  """
-  timings = {} if timings is None else timings
+def check_present(asked) -> None:
+  """Raises FileNotFoundError naming the files of ``asked`` ((name, path) pairs) not there."""
   missing = [name for name, path in asked if not path.exists()]
   if missing:
     raise FileNotFoundError(
       f"predictions files not there: {', '.join(missing)}; run experiments.predict (or "
       "reproduce) with this config first"
     )
+
+
+def load_sources(asked, s: Any, timings: dict | None = None) -> list[Source]:
+  """The predictions files ``asked`` ((name, path) pairs), checked to share their labels.
+
+  ``timings`` (if given) accumulates the seconds of ``load`` and ``scores``.
+  """
+  timings = {} if timings is None else timings
+  check_present(asked)
   sources = [Source(name, path, s, timings) for name, path in asked]
   _check_sources(sources)
   mixed = tables.varying([source.columns for source in sources])
