@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
@@ -295,17 +296,12 @@ def _from_dict(cls, state: Any, source: str) -> Calibrator:
     raise ValueError(f"{source}: prior must lie in [0, 1], got {prior}")
   padded = np.full(n - 1, np.inf, np.float32)
   padded[: edges.shape[0]] = edges
-  counts_j = jnp.asarray(counts, jnp.int32)
-  hits_j = jnp.asarray(hits, jnp.int32)
-  prior_j = jnp.float32(prior)
-  cal.bins = binning.Bins(
-    edges=jnp.asarray(padded),
-    counts=counts_j,
-    hits=hits_j,
-    prob=binning.calibrated_prob(hits_j, counts_j, prior_j),
-    prior=prior_j,
-    num_effective_bins=jnp.sum(counts_j > 0).astype(jnp.int32),
-  )
+  # On the host in float32, as binning.fit computes them, then moved as they are: jnp
+  # conversions and arithmetic would compile a small program each (~20 ms a load).
+  counts, hits, prior = counts.astype(np.int32), hits.astype(np.int32), np.float32(prior)
+  prob = binning.calibrated_prob(hits.astype(np.float32), counts.astype(np.float32), prior)
+  effective = np.int32(np.sum(counts > 0))
+  cal.bins = binning.Bins(*jax.device_put((padded, counts, hits, prob, prior, effective)))
   cal.num_classes = num_classes
   cal.n_bins_chosen = n
   if state.get("n_bins_requested") == "cv":
