@@ -24,6 +24,7 @@ MATHS += ("chunked",)
 MATHS += ("covariance", "rowblocks", "order", "jitting")
 MATHS += ("aggregate", "tables")
 MATHS_MAY_IMPORT = {"jax", "numpy", "fractions", "functools", "re", "math", "collections", "typing"}
+MATHS_MAY_IMPORT |= {"statistics"}  # the standard library's, e.g. a normal quantile on the host
 MATHS_MAY_IMPORT |= {"contextlib"}
 MATHS_MAY_IMPORT |= {"scipy"}  # installed with jax, which depends on it
 FILE_TOUCHERS = ("io", "plots")
