@@ -9,6 +9,7 @@ per size bucket, not once per example count.
 
 import dataclasses
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -76,24 +77,43 @@ def test_streamed_scores_equal_the_whole_file(tmp_path, kind, compress):
   np.testing.assert_array_equal(terms.top_class, np.argmax(np.asarray(log_probs), axis=-1))
 
 
+def _streamed(path, size: int) -> dict[str, np.ndarray]:
+  with stream.PredictionsReader(path) as reader:
+    log_probs, values, terms = chunked.from_chunks(reader.chunks(size), NUM, topk=(1, 4))
+  named_terms = {f"terms_{name}": value for name, value in terms._asdict().items()}
+  return {"log_probs": np.asarray(log_probs), **values, **named_terms}
+
+
 def test_chunks_scored_on_two_cpu_devices_at_once_equal_the_whole_file(tmp_path):
   # experiments.evaluate gives JAX a CPU device per core; chunked.from_chunks then
-  # scores chunk i on device i % 2. The devices must not change a single bit.
+  # scores each group of two chunks with one program over both devices (a short last
+  # group repeats its chunk). The devices must not change a single bit, and the scores'
+  # program compiles once, not once per device: 2 compiles with _joined's.
   path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("samples"))
-  _, values, _ = _whole(path)
-  np.savez(tmp_path / "whole.npz", **values)
+  _, whole, _ = _whole(path)
+  for size in (7, 5):  # groups of 7 + 7, 7 + 2; of 5 + 5, 5 + 5, 3 + a repeat
+    one_device = _streamed(path, size)
+    for name, value in whole.items():
+      np.testing.assert_array_equal(one_device[name], value, err_msg=name)
+    np.savez(tmp_path / f"one_device_{size}.npz", **one_device)
   code = f"""
 import jax, numpy as np
 jax.config.update("jax_num_cpu_devices", 2)
-from top1_jax import chunked
-from top1_jax.io import stream
+from test_scale import _streamed
 assert len(jax.devices()) == 2
-with stream.PredictionsReader({str(path)!r}) as reader:
-  _, values, _ = chunked.from_chunks(reader.chunks(7), reader.num_examples, topk=(1, 4))
-whole = np.load({str(tmp_path / "whole.npz")!r})
-assert sorted(values) == sorted(whole.files), (sorted(values), whole.files)
-for name in whole.files:
-  np.testing.assert_array_equal(values[name], whole[name], err_msg=name)
+compiles = []
+def count(event, seconds, **kwargs):
+  if event.endswith("backend_compile_duration"):
+    compiles.append(seconds)
+jax.monitoring.register_event_duration_secs_listener(count)
+for size in (7, 5):
+  compiles.clear()
+  got = _streamed({str(path)!r}, size)
+  assert len(compiles) == 2, compiles
+  one_device = np.load({str(tmp_path)!r} + f"/one_device_{{size}}.npz")
+  assert sorted(got) == sorted(one_device.files), (sorted(got), one_device.files)
+  for name in one_device.files:
+    np.testing.assert_array_equal(got[name], one_device[name], err_msg=name)
 print("same")
 """
   env = {
@@ -101,7 +121,10 @@ print("same")
     "JAX_PLATFORMS": "cpu",
     "XLA_FLAGS": processes.xla_flags_but_the_device_count(),
   }
-  done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  tests = str(pathlib.Path(__file__).parent)
+  done = subprocess.run(
+    [sys.executable, "-c", code], env=env, cwd=tests, capture_output=True, text=True
+  )
   assert done.returncode == 0 and "same" in done.stdout, done.stderr[-2000:]
 
 

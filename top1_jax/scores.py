@@ -1,10 +1,9 @@
 """Scalar uncertainty scores U(x) and their one registry.
 
-``REGISTRY`` lists every score once: its name, display label, what it is computed
-from (log-probabilities, samples or human labels), which direction is confident,
-and whether ``mc.predict`` computes it on the devices. Evaluation, MC prediction,
-the demo, the report and the mislabelled finder all read it; adding a score is
-one entry.
+``REGISTRY`` lists every score once: its name, label, inputs (log-probabilities,
+samples or human labels), which direction is confident, and whether ``mc.predict``
+computes it on the devices. Evaluation, MC prediction, the demo, the report and the
+mislabelled finder all read it; adding a score is one entry.
 
 Every score is computed from logits in log space. A float32 softmax saturates at
 exactly 1.0 once the top logit leads by ~17, and even ``logsumexp(l) - max(l)``
@@ -295,8 +294,7 @@ class Score(NamedTuple):
       False for uncertainties. Binning does not care; a raw-score AUROC does.
     fn: the array function, without input checks (``fn(x)``, or ``fn(x, k)`` when
       ``per_k``); safe under ``jit``.
-    on_device: computed by ``mc.predict`` on the devices and stored in its
-      predictions files.
+    on_device: ``mc.predict`` computes it on the devices and stores it in its files.
     per_k: takes the Top-k event's k; its name for one k is ``topk_name(k)``.
   """
 
@@ -342,11 +340,9 @@ REGISTRY: dict[str, Score] = {
 """Every score by name, in the order sweeps and tables list them. Adding a score is one entry."""
 
 ORDER_TWINS = (("pmax", "neg_log_pmax"),)
-"""Scores that rank examples identically (one is a monotone function of the other),
-as (the one that saturates into ties in float32, the tie-free one).
-Their bins hold the same calibration examples; with right-closed bins the edges
-sit at neighbouring points, so held-out metrics can differ slightly. Figures show
-one line for a pair."""
+"""Scores of one ranking (one a monotone function of the other), as (the one that ties
+in float32, the tie-free one). Their bins hold the same calibration examples; the right-
+closed bins' edges sit at neighbouring points (held-out metrics differ slightly)."""
 
 HEADLINE = ("covariance_norm_probs", "pmax", "human_entropy")
 """The score the paper bins for a classifier (Table 1, the figures): the first one available."""
@@ -525,9 +521,10 @@ def _checked_extras(log_probs, topk, human_probs, labels) -> tuple:
 
 
 @functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
-def _scores_of_samples(samples, human_probs, labels, topk, label_terms) -> tuple:
+def of_samples(samples, human_probs, labels, topk: tuple, label_terms: bool) -> tuple:
   """[S, N, K] logits -> ([N, K] mean log-probs, every score, ``LabelTerms`` or None), one
-  program: XLA fuses the log-softmax into the scores' passes, and it compiles once."""
+  program: XLA fuses the log-softmax into the scores' passes, and it compiles once.
+  Unchecked (``from_predictions`` checks, then runs it); traceable."""
   log_probs = _mean_log_probs(samples)
   with_samples = samples if samples.shape[0] >= 2 else None
   return log_probs, *_compute(log_probs, with_samples, human_probs, topk, labels, label_terms)
@@ -542,6 +539,14 @@ def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]
   log_probs = _mean_log_probs(samples)
   values, _ = _compute(log_probs, samples, None, ())
   return log_probs, {name: values[name] for name in values if REGISTRY[name].on_device}
+
+
+def stored_values(stored_scores: dict[str, ArrayLike] | None) -> dict[str, np.ndarray]:
+  """A file's stored scores, as they replace recomputed ones (pmax from a stored neg_log_pmax)."""
+  stored = {name: np.asarray(value) for name, value in (stored_scores or {}).items()}
+  if "neg_log_pmax" in stored:
+    stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
+  return stored
 
 
 def from_predictions(
@@ -560,15 +565,13 @@ def from_predictions(
   Args:
     logits: [S, N, K] samples (S = 1 for a plain model), or None.
     mean_probs: [N, K] mean probabilities, used when ``logits`` is None.
-    stored_scores: precomputed name -> [N] scores; they take precedence over
-      recomputed ones (``mc.predict`` computes them on device in log space, more
-      precisely than a float32 ``mean_probs`` allows), and ``pmax`` follows from a
-      stored ``neg_log_pmax``.
+    stored_scores: precomputed name -> [N] scores, which replace recomputed ones
+      (``stored_values``; ``mc.predict`` computes them on device in log space, more
+      precisely than float32 ``mean_probs`` allow).
     human_probs: optional [N, K] annotator frequencies.
     topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
     labels: optional [N] true labels, for the oracle row ``oracle_loss``.
-    as_numpy: False leaves the recomputed scores as JAX arrays, possibly still
-      being computed (e.g. to overlap several chunks on several devices).
+    as_numpy: False leaves the recomputed scores as JAX arrays, maybe still running.
     label_terms: also return each example's ``events.LabelTerms`` (JAX arrays; needs
       ``labels``), from the scores' own pass over the log-probabilities.
 
@@ -584,17 +587,14 @@ def from_predictions(
     if samples.shape[-1] < 2:
       raise ValueError(f"logits: expected at least 2 classes, got shape {log_probs.shape}")
     topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
-    log_probs, values, terms = _scores_of_samples(samples, human_probs, labels, topk, label_terms)
+    log_probs, values, terms = of_samples(samples, human_probs, labels, topk, label_terms)
   elif mean_probs is not None:
     log_probs = jnp.asarray(log_probs_from_probs(mean_probs))
     values = compute(log_probs, human_probs=human_probs, topk=topk, labels=labels)
     terms = events.label_terms(log_probs, labels) if label_terms else None
   else:
     raise ValueError("logits, mean_probs: expected at least one of them, got neither")
-  stored = {name: np.asarray(value) for name, value in (stored_scores or {}).items()}
-  if "neg_log_pmax" in stored:
-    stored.setdefault("pmax", np.exp(-stored["neg_log_pmax"]))
-  values.update(stored)
+  values.update(stored_values(stored_scores))
   if as_numpy:
     values = {name: np.asarray(value) for name, value in values.items()}
   return (log_probs, values, terms) if label_terms else (log_probs, values)
