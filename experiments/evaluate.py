@@ -101,8 +101,8 @@ def _check_present(s: plan.Settings, asked: list[tuple[str, object]]) -> None:
   try:
     sweep.check_present(asked)
   except FileNotFoundError as e:
-    before = files.read_json(common.workdir() / "manifest.json") or {}
-    if before.get("config", {}) not in ({}, json.loads(s.config.to_json())):
+    made_with = (files.read_json(common.workdir() / "manifest.json") or {}).get("config")
+    if made_with is not None and made_with != json.loads(s.config.to_json()):
       raise FileNotFoundError(f"{e}; or give the --config {common.workdir()} was made with") from e
     raise
 
@@ -188,13 +188,14 @@ def main(argv):
     logging.warning("evaluate: data_dir and limit_test apply to predict; evaluate reads files")
   start = time.perf_counter()
   asked = asked_files(s)
-  _check_present(s, plan.mine(asked, common.tasks()))
+  mine = plan.mine(asked, common.tasks())
+  _check_present(s, mine)
   record_run(
     s, [name for name, _ in asked], " ".join(["python -m experiments.evaluate", *sys.argv[1:]])
   )
   if not common.is_writer():
     return  # evaluation is process 0's alone
-  timings = run(s, plan.mine(asked, common.tasks()))
+  timings = run(s, mine)
   timings["total"] = time.perf_counter() - start
   if common.tasks()[1] == 1:
     files.write_json(common.workdir() / "timings.json", timings)
