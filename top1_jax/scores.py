@@ -292,8 +292,7 @@ class Score(NamedTuple):
       ``"labels"`` (log-probs and the [N] true labels: an oracle, for comparison only).
     confident_when_high: True for confidences (larger = more likely correct),
       False for uncertainties. Binning does not care; a raw-score AUROC does.
-    fn: the array function, without input checks (``fn(x)``, or ``fn(x, k)`` when
-      ``per_k``); safe under ``jit``.
+    fn: the unchecked array function, ``fn(x)`` (``fn(x, k)`` when ``per_k``); jittable.
     on_device: ``mc.predict`` computes it on the devices and stores it in its files.
     per_k: takes the Top-k event's k; its name for one k is ``topk_name(k)``.
   """
@@ -342,7 +341,8 @@ REGISTRY: dict[str, Score] = {
 ORDER_TWINS = (("pmax", "neg_log_pmax"),)
 """Scores of one ranking (one a monotone function of the other), as (the one that ties
 in float32, the tie-free one). Their bins hold the same calibration examples; the right-
-closed bins' edges sit at neighbouring points (held-out metrics differ slightly)."""
+closed bins' edges sit at neighbouring points (held-out metrics differ slightly).
+Figures show one line for a pair."""
 
 HEADLINE = ("covariance_norm_probs", "pmax", "human_entropy")
 """The score the paper bins for a classifier (Table 1, the figures): the first one available."""
