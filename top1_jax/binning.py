@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
+from scipy import special as scipy_special  # a dependency of jax itself
 
 from top1_jax import validation
 
@@ -514,8 +515,6 @@ def clopper_pearson(
   # Concrete counts (a few hundred bins at most): SciPy's float64 Beta quantiles on the
   # host. The jitted bisection of betainc takes ~0.9 s to compile, and on a GPU each of
   # its steps waited on the host (~150 ms a call on an H100).
-  from scipy import special as scipy_special  # jax's own dependency; 0.2 s of import
-
   hits, count = np.broadcast_arrays(hits.astype(np.float64), count.astype(np.float64))
   with np.errstate(invalid="ignore", divide="ignore"):  # the edge cases are fixed up below
     lower = scipy_special.betaincinv(hits, count - hits + 1, delta / 2)
