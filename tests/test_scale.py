@@ -88,9 +88,13 @@ def test_chunks_scored_on_two_cpu_devices_at_once_equal_the_whole_file(tmp_path)
   # experiments.evaluate gives JAX a CPU device per core; chunked.from_chunks then
   # scores each group of two chunks with one program over both devices (a short last
   # group repeats its chunk). The devices must not change a single bit, and the scores'
-  # program compiles once, not once per device: 2 compiles with _joined's.
-  path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("samples"))
+  # program compiles once, not once per device: 2 compiles with _joined's. A stored
+  # score (as mc.predict writes them) replaces the recomputed one on every device.
+  stored = {"covariance_norm_probs": np.random.default_rng(1).random(NUM).astype(np.float32)}
+  predictions = dataclasses.replace(_predictions("samples"), scores=stored)
+  path = predictions_lib.save_predictions(tmp_path / "p.npz", predictions)
   _, whole, _ = _whole(path)
+  np.testing.assert_array_equal(whole["covariance_norm_probs"], stored["covariance_norm_probs"])
   for size in (7, 5):  # groups of 7 + 7, 7 + 2; of 5 + 5, 5 + 5, 3 + a repeat
     one_device = _streamed(path, size)
     for name, value in whole.items():
