@@ -90,7 +90,11 @@ def _score_group(group: list[dict], devices: list, topk: tuple, with_labels: boo
     out = scores.from_predictions(**inputs, topk=topk, as_numpy=False, label_terms=with_labels)
     return out if with_labels else (*out, None)
   group = group + group[-1:] * (len(devices) - len(group))
-  samples = validation.float_array("samples", np.stack([g["logits"] for g in group]), 4, host=True)
+  # Stacked where device_put keeps each chunk's slice (an unaligned stack was copied again:
+  # 26 ms a group of two 33 MB chunks here).
+  stacked = validation.aligned_empty((len(group), *group[0]["logits"].shape), np.float32)
+  np.stack([g["logits"] for g in group], out=stacked)
+  samples = validation.float_array("samples", stacked, 4, host=True)
   if samples.shape[-1] < 2:
     raise ValueError(f"logits: expected at least 2 classes, got shape {samples.shape[1:]}")
   human, labels = (None if group[0][name] is None else np.stack([g[name] for g in group])

@@ -60,10 +60,18 @@ _CPU_ALIGNMENT = 64
 copies any other one, at about half the speed of a NumPy copy."""
 
 
-def _aligned_copy(arr: np.ndarray) -> np.ndarray:
-  raw = np.empty(arr.nbytes + _CPU_ALIGNMENT, np.uint8)
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+  """An uninitialised host array that XLA:CPU's ``device_put`` keeps rather than copies
+  (fill it, then move it; every shard of a leading-axis sharding whose slices are
+  multiples of 64 bytes is kept too)."""
+  nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+  raw = np.empty(nbytes + _CPU_ALIGNMENT, np.uint8)
   start = -raw.ctypes.data % _CPU_ALIGNMENT
-  out = raw[start : start + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+  return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _aligned_copy(arr: np.ndarray) -> np.ndarray:
+  out = aligned_empty(arr.shape, arr.dtype)
   np.copyto(out, arr)
   return out
 
