@@ -8,6 +8,7 @@ logits whose miscalibration is known.
 
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 import scipy.optimize
@@ -234,6 +235,21 @@ def test_equal_width_bins_edges_are_right_closed():
   expected = _loop_ece(confidence, correct, 4)
   assert float(bins.ece) == pytest.approx(expected, abs=1e-7)
   np.testing.assert_allclose(bins.edges, [0, 0.25, 0.5, 0.75, 1])
+
+
+@pytest.mark.parametrize("n_bins", [1, 2, 3, 10, 15, 29, 100])
+def test_equal_width_index_is_one_rule_on_the_host_and_the_device(n_bins):
+  # The benchmark's np.digitize(right=True) on np.linspace's edges, cast to float32;
+  # every edge, its float32 neighbours, 0 and 1, binned by NumPy and by jitted JAX.
+  edges = np.linspace(0.0, 1.0, n_bins + 1)[1:-1].astype(np.float32)
+  near = [np.nextafter(edges, -np.inf), edges, np.nextafter(edges, np.inf)]
+  values = np.concatenate([*near, np.float32([0.0, 1.0])]).astype(np.float32)
+  expected = np.digitize(values, edges, right=True)
+  host = baselines.equal_width_index(values, n_bins)
+  device = jax.jit(baselines.equal_width_index, static_argnums=1)(values, n_bins)
+  assert isinstance(host, np.ndarray) and host.dtype == np.int32
+  np.testing.assert_array_equal(host, expected)
+  np.testing.assert_array_equal(np.asarray(device), expected)
 
 
 def test_multiclass_brier_is_top1_brier_of_pmax_plus_the_rest():

@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax import validation
@@ -155,14 +156,25 @@ def _ece(hits, confidence_sum, counts):
   return jnp.sum(jnp.abs(hits - confidence_sum)) / jnp.sum(counts)
 
 
-def equal_width_index(values: jax.Array, n_bins: int) -> jax.Array:
+def equal_width_edges(n_bins: int, dtype) -> np.ndarray:
+  """The B - 1 interior edges b / B of equal-width bins of [0, 1], each rounded once
+  to ``dtype`` (as ``np.linspace(0, 1, B + 1)`` cast to it; float32 ``jnp.linspace``
+  is an ulp off for most B): the host and the device bin alike."""
+  return (np.arange(1, n_bins) / n_bins).astype(dtype)
+
+
+def equal_width_index(values: jax.Array | np.ndarray, n_bins: int) -> jax.Array | np.ndarray:
   """Right-closed equal-width bin of each value in [0, 1]: #{interior edges < value}.
 
   The one bin rule of every equal-width statistic here (``EqualWidthBins``,
-  histogram binning); ``values`` of any shape, traceable, ``n_bins`` static.
+  histogram binning, Table 1's ECE); ``values`` of any shape, traceable,
+  ``n_bins`` static. A NumPy array is binned on the host, by NumPy, to the same
+  int32 indices.
   """
-  interior = jnp.linspace(0.0, 1.0, n_bins + 1, dtype=values.dtype)[1:-1]
-  return jnp.searchsorted(interior, values, side="left").astype(jnp.int32)
+  edges = equal_width_edges(n_bins, values.dtype)
+  if isinstance(values, np.ndarray):
+    return np.searchsorted(edges, values, side="left").astype(np.int32)
+  return jnp.searchsorted(edges, values, side="left").astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("n_bins",))
