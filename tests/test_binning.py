@@ -159,7 +159,17 @@ def test_assign_matches_the_loop_for_every_search_method(num_edges):
   u = np.concatenate([rng.choice(edges[: max(num_edges, 1)], 300), rng.random(300) * 8 - 0.5])
   u = u.astype(np.float32)
   u = u[np.isfinite(u)]
-  np.testing.assert_array_equal(binning.assign(edges, u), reference.assign(edges, u))
+  on_host = binning.assign(edges, u)  # NumPy scores: NumPy's search
+  on_device = binning.assign(jax.device_put(edges), jax.device_put(u))
+  assert isinstance(on_host, np.ndarray) and isinstance(on_device, jax.Array)
+  np.testing.assert_array_equal(on_host, reference.assign(edges, u))
+  np.testing.assert_array_equal(on_device, reference.assign(edges, u))
+  # Float64 host scores are compared as the device compares them: rounded to float32.
+  just_above = np.nextafter(edges[:num_edges].astype(np.float64), np.inf)
+  np.testing.assert_array_equal(
+    binning.assign(edges, just_above),
+    binning.assign(jax.device_put(edges), just_above.astype(np.float32)),
+  )
 
 
 def test_predict_and_refit_take_numpy_and_jax_inputs_alike():

@@ -95,15 +95,22 @@ def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array:
   """The bin of each score: how many edges lie strictly below it (right-closed bins).
 
   The one bin-assignment rule: ``predict``, ``refit``, the mislabelled finder and
-  the launchers use it. Unchecked (works under ``jit``).
+  the launchers use it. Unchecked (works under ``jit``). NumPy scores are binned
+  on the host, by NumPy, to the same indices (no device round trip, no program).
 
   Args:
     edges: [n_bins - 1] ascending interior edges (``Bins.edges``).
     u: [N] scores.
 
   Returns:
-    [N] int32 in [0, n_bins).
+    [N] int32 in [0, n_bins), a NumPy array for NumPy scores.
   """
+  if isinstance(u, np.ndarray):
+    # Compared in the dtype the device would compare in (float32 unless x64 is on).
+    dtype = jax.dtypes.canonicalize_dtype(np.result_type(u.dtype, np.asarray(edges).dtype))
+    return np.searchsorted(
+      np.asarray(edges, dtype), u.astype(dtype, copy=False), side="left"
+    ).astype(np.int32)
   # Comparing with every edge is one branch-free fused pass, fastest for a few dozen
   # edges; past ~32 XLA:CPU stops vectorising it and the binary search wins.
   num_edges = jnp.shape(edges)[-1]
