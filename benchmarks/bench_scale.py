@@ -17,6 +17,11 @@ cached (``experiments.common`` turns JAX's persistent cache on), as a user's
 second evaluate of a sweep finds them, and "warm": its stages run twice in one
 process, the second timed (every program traced and compiled: what the data
 itself costs, without the process's fixed costs).
+
+Where a fresh process's fixed costs go: each run also sums JAX's own compile-time
+events (``jax.monitoring``) over its programs, figures left out: seconds of
+tracing to jaxprs, lowering to MLIR, and compiling or loading from the cache
+(XLA's part), and how many programs. They are part of the stages' seconds.
 """
 
 import json
@@ -32,6 +37,13 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAGES = ("load", "scores", "sweep", "comparison", "write", "figures")
+COMPILE_EVENTS = {
+  "trace": "/jax/core/compile/jaxpr_trace_duration",
+  "lower": "/jax/core/compile/jaxpr_to_mlir_module_duration",
+  "compile or load": "/jax/core/compile/backend_compile_duration",
+}
+"""JAX's compile-time events, by the name of their column."""
+COSTS_FILE = "jax_compile.json"  # in the work dir, beside timings.json
 
 
 def make_file(path: pathlib.Path, num_samples: int, num: int, classes: int = 1000) -> None:
@@ -55,12 +67,60 @@ def numpy_pass(path: pathlib.Path) -> float:
   return time.perf_counter() - start
 
 
+def _compile_costs() -> dict:
+  """Seconds per ``COMPILE_EVENTS`` column (and the programs compiled or loaded), summed
+  from now on, updated in place, until evaluate starts its figures: like the
+  ratio, they leave the figures out."""
+  from jax import monitoring  # noqa: PLC0415 (a child only: the parent never imports jax)
+
+  from experiments import evaluate  # noqa: PLC0415
+
+  costs = dict.fromkeys(COMPILE_EVENTS, 0.0) | {"programs": 0, "figures": False}
+  column = {event: name for name, event in COMPILE_EVENTS.items()}
+
+  def listener(event: str, duration: float, **_) -> None:
+    if event in column and not costs["figures"]:
+      costs[column[event]] += duration
+      costs["programs"] += event == COMPILE_EVENTS["compile or load"]
+
+  def write_figures(*args, **kwargs):
+    costs["figures"] = True  # the last stage: Table 1's thread is done
+    return draw(*args, **kwargs)
+
+  draw, evaluate._write_figures = evaluate._write_figures, write_figures
+  monitoring.register_event_duration_secs_listener(listener)
+  return costs
+
+
+def _write_costs(costs: dict) -> None:
+  from experiments import common  # noqa: PLC0415
+
+  (pathlib.Path(str(common.workdir())) / COSTS_FILE).write_text(json.dumps(costs))
+
+
+def _evaluate_once() -> None:
+  """The child of a "cold" or "rerun" run: ``experiments.evaluate`` itself, its JAX
+  compile costs written beside its timings.json."""
+  sys.path.insert(0, str(ROOT))
+  from experiments import common, evaluate  # noqa: PLC0415 (the child only)
+
+  costs = _compile_costs()
+
+  def main(argv):
+    evaluate.main(argv)
+    _write_costs(costs)
+
+  common.run(main, cpu_device_per_core=evaluate.CPU_DEVICE_PER_CORE)
+
+
 def _evaluate_twice() -> None:
   """The child of a "warm" run: evaluate's stages twice in this process (the sweep's
   saved points removed in between, or the second run would reuse them); the second
-  run's stage seconds go to timings.json."""
+  run's stage seconds go to timings.json, its compile costs beside them."""
   sys.path.insert(0, str(ROOT))
   from experiments import common, evaluate, settings  # noqa: PLC0415 (the child only)
+
+  costs = _compile_costs()
 
   def main(argv):
     del argv
@@ -68,19 +128,21 @@ def _evaluate_twice() -> None:
     asked = evaluate.asked_files(s)
     for _ in range(2):
       shutil.rmtree(str(common.workdir() / "sweep"), ignore_errors=True)
+      costs.update(dict.fromkeys(COMPILE_EVENTS, 0.0), programs=0, figures=False)
       start = time.perf_counter()
       timings = evaluate.run(s, asked)
       timings["total"] = time.perf_counter() - start
     (pathlib.Path(str(common.workdir())) / "timings.json").write_text(json.dumps(timings))
+    _write_costs(costs)
 
   common.run(main, cpu_device_per_core=evaluate.CPU_DEVICE_PER_CORE)
 
 
 def evaluate(path: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, warm: bool = False):
-  """Wall seconds, peak RSS in bytes and timings.json of one evaluate run (``warm``: of
-  the second of two runs in one process)."""
-  launcher = [str(pathlib.Path(__file__).resolve()), "--evaluate-twice"] if warm else None
-  args = [sys.executable, *(launcher or ["-m", "experiments.evaluate"])]
+  """Wall seconds, peak RSS in bytes, timings.json and JAX compile costs of one evaluate
+  run (``warm``: of the second of two runs in one process)."""
+  child = "--evaluate-twice" if warm else "--evaluate-once"
+  args = [sys.executable, str(pathlib.Path(__file__).resolve()), child]
   args += ["--config=configs/imagenet_eval.py"]
   args += [f"--workdir={workdir}", f"--config.predictions={path}", "--config.n_bins=(10,20,100)"]
   args += ["--config.topk=(1,5)", "--config.estimators=(bins,)", "--verbosity=-1"]
@@ -95,7 +157,8 @@ def evaluate(path: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, war
                        capture_output=True, env=env)  # fmt: skip
   wall = time.perf_counter() - start
   peak = int(out.stdout.split()[-1]) * 1024  # kilobytes on Linux
-  return wall, peak, json.loads((workdir / "timings.json").read_text())
+  costs = json.loads((workdir / COSTS_FILE).read_text())
+  return wall, peak, json.loads((workdir / "timings.json").read_text()), costs
 
 
 def main() -> None:
@@ -104,7 +167,9 @@ def main() -> None:
   header = (
     "| file | MB | NumPy pass s | run | "
     + " | ".join(STAGES)
-    + " | no figures s | ratio | peak RSS MB | RSS / file |"
+    + " | no figures s | ratio | peak RSS MB | RSS / file | "
+    + " | ".join(f"JAX {name} s" for name in COMPILE_EVENTS)
+    + " | programs |"
   )
   print(header)
   print("|---" * (header.count("|") - 1) + "|")
@@ -117,20 +182,24 @@ def main() -> None:
       cache = pathlib.Path(folder) / f"xla{num_samples}_{num}"
       for run in ("cold", "rerun", "warm"):
         workdir = pathlib.Path(folder) / f"w{num_samples}_{num}_{run}"
-        wall, peak, timings = evaluate(path, workdir, cache, warm=run == "warm")
+        wall, peak, timings, costs = evaluate(path, workdir, cache, warm=run == "warm")
         work = timings["total"] - timings.get("figures", 0.0)
         cells = " | ".join(f"{timings.get(stage, 0.0):.2f}" for stage in STAGES)
+        jax_cells = " | ".join(f"{costs[name]:.2f}" for name in COMPILE_EVENTS)
         print(
           f"| [{num_samples}, {num}, 1000] | {size / 1e6:.0f} | {reference:.2f} | {run} | {cells} "
-          f"| {work:.2f} | {work / reference:.1f}x | {peak / 1e6:.0f} | {peak / size:.2f} |",
+          f"| {work:.2f} | {work / reference:.1f}x | {peak / 1e6:.0f} | {peak / size:.2f} "
+          f"| {jax_cells} | {costs['programs']} |",
           flush=True,
         )
       path.unlink()
 
 
 if __name__ == "__main__":
-  if "--evaluate-twice" in sys.argv:
-    sys.argv.remove("--evaluate-twice")
-    _evaluate_twice()
-  else:
+  children = {"--evaluate-once": _evaluate_once, "--evaluate-twice": _evaluate_twice}
+  child = next((flag for flag in children if flag in sys.argv), None)
+  if child is None:
     main()
+  else:
+    sys.argv.remove(child)
+    children[child]()
