@@ -250,6 +250,10 @@ def test_equal_width_index_is_one_rule_on_the_host_and_the_device(n_bins):
   assert isinstance(host, np.ndarray) and host.dtype == np.int32
   np.testing.assert_array_equal(host, expected)
   np.testing.assert_array_equal(np.asarray(device), expected)
+  # Float64 host values are binned as the device bins them: rounded to float32 first.
+  just_above = np.nextafter(edges.astype(np.float64), np.inf)
+  on_device = jax.jit(baselines.equal_width_index, static_argnums=1)(just_above, n_bins)
+  np.testing.assert_array_equal(baselines.equal_width_index(just_above, n_bins), on_device)
 
 
 def test_multiclass_brier_is_top1_brier_of_pmax_plus_the_rest():

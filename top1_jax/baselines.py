@@ -169,12 +169,13 @@ def equal_width_index(values: jax.Array | np.ndarray, n_bins: int) -> jax.Array 
   The one bin rule of every equal-width statistic here (``EqualWidthBins``,
   histogram binning, Table 1's ECE); ``values`` of any shape, traceable,
   ``n_bins`` static. A NumPy array is binned on the host, by NumPy, to the same
-  int32 indices.
+  int32 indices (in the dtype the device would bin it in: float32 unless x64 is on).
   """
+  on_host = isinstance(values, np.ndarray)
+  if on_host:
+    values = values.astype(jax.dtypes.canonicalize_dtype(values.dtype), copy=False)
   edges = equal_width_edges(n_bins, values.dtype)
-  if isinstance(values, np.ndarray):
-    return np.searchsorted(edges, values, side="left").astype(np.int32)
-  return jnp.searchsorted(edges, values, side="left").astype(jnp.int32)
+  return (np if on_host else jnp).searchsorted(edges, values, side="left").astype(np.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("n_bins",))

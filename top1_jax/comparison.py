@@ -54,7 +54,7 @@ def _toplabel_splits(pmax, predicted, correct, masks, num_classes, n_bins, ece_b
   """Per split: top-label bins of pmax fitted on the calibration part, scored on the test."""
   model = toplabel.fit_splits(pmax, predicted, correct, ~masks, n_bins, num_classes=num_classes)
   prob = toplabel.predict(model, pmax, predicted)  # [F, N]: every split's bins on every example
-  # Its Brier and ECE are those of any P(correct) on the test part: the raw rows' program.
+  # Its Brier and ECE are those of any P(correct) on the test part: the raw rows' means.
   means = _split_means(masks, brier, prob, correct, ece_bins)
   return {
     "toplabel_brier": means["raw_top1_brier"],
