@@ -87,7 +87,7 @@ def _compile_costs() -> dict:
     costs["figures"] = True  # the last stage: Table 1's thread is done
     return draw(*args, **kwargs)
 
-  draw, evaluate._write_figures = evaluate._write_figures, write_figures
+  draw, evaluate.write_figures = evaluate.write_figures, write_figures
   monitoring.register_event_duration_secs_listener(listener)
   return costs
 

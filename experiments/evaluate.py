@@ -129,7 +129,8 @@ def _write_tables(s, records, table1, chosen) -> list[dict]:
   return rows
 
 
-def _write_figures(s, sources, records, rows, chosen, figure_bins) -> int:
+def write_figures(s, sources, records, rows, chosen, figure_bins) -> int:
+  """The last stage: every figure of the sweep into figures/; returns how many."""
   from top1_jax import plots  # matplotlib: 0.5 s of import that runs without figures skip
 
   out = common.workdir()
@@ -171,7 +172,7 @@ def run(s: plan.Settings, asked: list[tuple[str, object]]) -> dict:
   rows = _write_tables(s, records, table1, chosen)
   timings["write"] = time.perf_counter() - tic
   tic = time.perf_counter()
-  num_figures = _write_figures(s, sources, records, rows, chosen, figure_bins) if s.figures else 0
+  num_figures = write_figures(s, sources, records, rows, chosen, figure_bins) if s.figures else 0
   timings["figures"] = time.perf_counter() - tic
   out = common.workdir()
   logging.info(
