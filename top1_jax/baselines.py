@@ -173,7 +173,7 @@ def equal_width_index(values: jax.Array | np.ndarray, n_bins: int) -> jax.Array 
   """
   on_host = isinstance(values, np.ndarray)
   if on_host:
-    values = values.astype(jax.dtypes.canonicalize_dtype(values.dtype), copy=False)
+    values = validation.in_device_dtype(values)
   edges = equal_width_edges(n_bins, values.dtype)
   return (np if on_host else jnp).searchsorted(edges, values, side="left").astype(np.int32)
 

@@ -106,11 +106,8 @@ def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array:
     [N] int32 in [0, n_bins), a NumPy array for NumPy scores.
   """
   if isinstance(u, np.ndarray):
-    # Compared in the dtype the device would compare in (float32 unless x64 is on).
-    dtype = jax.dtypes.canonicalize_dtype(np.result_type(u.dtype, np.asarray(edges).dtype))
-    return np.searchsorted(
-      np.asarray(edges, dtype), u.astype(dtype, copy=False), side="left"
-    ).astype(np.int32)
+    edges, u = (validation.in_device_dtype(np.asarray(x)) for x in (edges, u))
+    return np.searchsorted(edges, u, side="left").astype(np.int32)
   # Comparing with every edge is one branch-free fused pass, fastest for a few dozen
   # edges; past ~32 XLA:CPU stops vectorising it and the binary search wins.
   num_edges = jnp.shape(edges)[-1]
@@ -294,7 +291,7 @@ def fit(
   # The scores as the jitted path sees them (e.g. float64 becomes float32 without
   # x64), so both select the same order statistics and merge the same ties.
   u = np.asarray(u)
-  u = u.astype(jax.dtypes.canonicalize_dtype(u.dtype), copy=False)
+  u = validation.in_device_dtype(u)
   return _count_host(_host_edges(u, n_bins), u, np.asarray(correct))
 
 
@@ -382,7 +379,7 @@ def fit_groups(
   group = np.asarray(validation.labels_array("group", group, num_groups))
   validation.same_length(u=u, group=group)
   n_bins = validation.positive_int("n_bins", n_bins)
-  u = u.astype(jax.dtypes.canonicalize_dtype(u.dtype), copy=False)
+  u = validation.in_device_dtype(u)
   edges = _group_edges(u, group, n_bins, num_groups)
   size = bucket_size(u.shape[0])
   padded = [_pad_front(np.asarray(x), size) for x in (u, group, correct)]

@@ -155,7 +155,7 @@ def fit(
     raise ValueError(f"prior: expected a bool, got {prior!r}")
   u, correct = validation.score_and_event("u", u, correct, host=True)
   # The scores as predict sees them (float64 becomes float32 without x64).
-  u = u.astype(jax.dtypes.canonicalize_dtype(u.dtype), copy=False)
+  u = validation.in_device_dtype(u)
   order = np.argsort(u)
   sorted_u = u[order]
   # Tie groups are pooled: the diagram has one point per distinct score.

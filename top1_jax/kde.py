@@ -88,7 +88,7 @@ def _checked(u: ArrayLike, correct: ArrayLike):
   _concrete("correct", correct)
   u, correct = validation.score_and_event("u", u, correct, host=True)
   # The scores as predict sees them (float64 becomes float32 without x64).
-  return u.astype(jax.dtypes.canonicalize_dtype(u.dtype), copy=False), correct
+  return validation.in_device_dtype(u), correct
 
 
 def _cells(u: np.ndarray, correct: np.ndarray) -> _Cells:

@@ -138,7 +138,7 @@ def fit_splits(
   smallest = int(calibration.sum(axis=1).min()) if calibration.shape[0] else 0
   n_bins = validation.positive_int("n_bins", n_bins, maximum=smallest)
   min_per_bin = validation.positive_int("min_per_bin", min_per_bin)
-  u = confidence.astype(jax.dtypes.canonicalize_dtype(confidence.dtype), copy=False)
+  u = validation.in_device_dtype(confidence)
   per_class = binning.split_group_edges(u, classes, calibration, n_bins, num_classes)
   pooled = binning.split_group_edges(u, np.zeros_like(classes), calibration, n_bins, 1)
   sizes = np.stack([np.bincount(classes[cal], minlength=num_classes) for cal in calibration])

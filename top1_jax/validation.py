@@ -87,6 +87,12 @@ def _to_device(arr: np.ndarray, given) -> jax.Array:
   return jax.device_put(arr)
 
 
+def in_device_dtype(arr: np.ndarray) -> np.ndarray:
+  """A host array in the dtype JAX would hold it in (float64 -> float32 unless x64 is
+  on), so host arithmetic on it rounds as the device's would; no copy if it already is."""
+  return arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False)
+
+
 def float_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
 ) -> jax.Array | np.ndarray:
@@ -99,7 +105,7 @@ def float_array(
       raise ValueError(f"{name}: expected a real-valued array, got dtype {arr.dtype}")
     arr = arr.astype(np.float32)
   if not (host or on_device):
-    arr = arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False)  # as it will be
+    arr = in_device_dtype(arr)  # as it will be
   check_finite(name, arr)
   if host or on_device:
     return arr
