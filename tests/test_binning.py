@@ -170,6 +170,9 @@ def test_assign_matches_the_loop_for_every_search_method(num_edges):
     binning.assign(edges, just_above),
     binning.assign(jax.device_put(edges), just_above.astype(np.float32)),
   )
+  # Traced edges with NumPy scores (a constant of the traced function): the device's search.
+  traced = jax.jit(lambda e: binning.assign(e, u))(edges)
+  np.testing.assert_array_equal(traced, reference.assign(edges, u))
 
 
 def test_predict_and_refit_take_numpy_and_jax_inputs_alike():

@@ -105,7 +105,7 @@ def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array:
   Returns:
     [N] int32 in [0, n_bins), a NumPy array for NumPy scores.
   """
-  if isinstance(u, np.ndarray):
+  if isinstance(u, np.ndarray) and not validation.is_traced(edges):
     edges, u = (validation.in_device_dtype(np.asarray(x)) for x in (edges, u))
     return np.searchsorted(edges, u, side="left").astype(np.int32)
   # Comparing with every edge is one branch-free fused pass, fastest for a few dozen
