@@ -91,7 +91,7 @@ def _check_scores(u: ArrayLike, correct: ArrayLike):
 _COMPARE_ALL_MAX_EDGES = 32
 
 
-def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array:
+def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array | np.ndarray:
   """The bin of each score: how many edges lie strictly below it (right-closed bins).
 
   The one bin-assignment rule: ``predict``, ``refit``, the mislabelled finder and
