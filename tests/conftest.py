@@ -84,3 +84,20 @@ def pytest_collection_modifyitems(items):
     return SLOWEST_FILES.index(name) if name in SLOWEST_FILES else len(SLOWEST_FILES)
 
   items.sort(key=rank)  # stable: a file's tests keep their order
+
+
+@pytest.fixture
+def compiles():
+  """A list that gets one entry per program XLA compiles (or loads from the cache)
+  while the test runs, from JAX's own event."""
+  from jax import monitoring
+
+  seen, listening = [], [True]
+
+  def count(event: str, seconds: float, **_) -> None:
+    if listening[0] and event == "/jax/core/compile/backend_compile_duration":
+      seen.append(seconds)
+
+  monitoring.register_event_duration_secs_listener(count)
+  yield seen
+  listening[0] = False  # JAX keeps its listeners; this one stops counting

@@ -284,7 +284,10 @@ def risk_coverage(u: ArrayLike, correct: ArrayLike) -> RiskCoverage:
   Returns:
     ``RiskCoverage`` of two [N] float arrays.
   """
-  u, correct = validation.score_and_event("u", u, correct)
-  num = u.shape[0]
-  coverage = jnp.arange(1, num + 1, dtype=jnp.float32) / num
+  return _risk_coverage(*validation.score_and_event("u", u, correct))
+
+
+@jax.jit  # one program, where the eager negation, range and division compiled one each
+def _risk_coverage(u: jax.Array, correct: jax.Array) -> RiskCoverage:
+  coverage = jnp.arange(1, u.shape[0] + 1, dtype=jnp.float32) / u.shape[0]
   return RiskCoverage(coverage, metrics.selective_risk(-u, correct))

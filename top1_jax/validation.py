@@ -119,9 +119,22 @@ def _all_finite(arr: jax.Array) -> jax.Array:
   return jnp.isfinite(jnp.sum(arr * 0))
 
 
+_HOST_CHECKED_ELEMENTS = 1 << 16
+"""A device array up to this size is checked from a host copy (microseconds), not by a
+program compiled for its shape (~50 ms each: per-bin arrays come in many shapes)."""
+
+
+def _checked_where(arr: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
+  """``arr`` itself, or a host copy of a small device array, for value checks."""
+  if isinstance(arr, np.ndarray) or arr.size > _HOST_CHECKED_ELEMENTS:
+    return arr
+  return np.asarray(arr)
+
+
 def check_finite(name: str, arr: jax.Array | np.ndarray) -> None:
   if is_traced(arr) or arr.size == 0:
     return
+  arr = _checked_where(arr)
   if not bool(np.isfinite(arr).all() if isinstance(arr, np.ndarray) else _all_finite(arr)):
     xp = _xp(arr)
     finite = xp.isfinite(arr)
@@ -141,16 +154,20 @@ def check_nonempty(name: str, arr: jax.Array, axis: int = 0) -> None:
 
 def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) -> jax.Array:
   """A boolean event array; accepts bools or 0/1 numbers."""
-  arr = as_array(name, x, ndim, host=host)
-  if arr.dtype == np.bool_:
+  # A host array is checked on the host, then moved: no device program per shape.
+  on_device = isinstance(x, jax.Array)
+  arr = as_array(name, x, ndim, host=host or not on_device)
+  if arr.dtype != np.bool_:
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+      raise ValueError(f"{name}: expected bool or 0/1 values, got dtype {arr.dtype}")
+    xp = _xp(arr)
+    if not is_traced(arr) and arr.size and not bool(xp.all((arr == 0) | (arr == 1))):
+      bad = arr.reshape(-1)[xp.argmax((arr != 0) & (arr != 1))]
+      raise ValueError(f"{name}: expected bool or 0/1 values, got {bad}")
+    arr = arr.astype(bool)
+  if host or on_device:
     return arr
-  if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-    raise ValueError(f"{name}: expected bool or 0/1 values, got dtype {arr.dtype}")
-  xp = _xp(arr)
-  if not is_traced(arr) and arr.size and not bool(xp.all((arr == 0) | (arr == 1))):
-    bad = arr.reshape(-1)[xp.argmax((arr != 0) & (arr != 1))]
-    raise ValueError(f"{name}: expected bool or 0/1 values, got {bad}")
-  return arr.astype(bool)
+  return _to_device(arr, x)
 
 
 def labels_array(name: str, x: ArrayLike, num_classes: int) -> jax.Array:
@@ -194,12 +211,13 @@ def probability_array(
   arr = float_array(name, x, ndim, host=not on_device)  # a host array checked on the host
   if is_traced(arr) or arr.size == 0:
     return arr
-  xp = _xp(arr)
-  lo, hi = (float(v) for v in (_min_max(arr) if on_device else (arr.min(), arr.max())))
+  values = _checked_where(arr)
+  xp = _xp(values)
+  lo, hi = (float(v) for v in (_min_max(values) if xp is jnp else (values.min(), values.max())))
   if lo < 0.0 or hi > 1.0:
     raise ValueError(f"{name}: probabilities must lie in [0, 1], got min {lo:g}, max {hi:g}")
   if sums_to_one:
-    sums = xp.sum(arr, axis=-1).reshape(-1)  # one per row, whatever the leading axes
+    sums = xp.sum(values, axis=-1).reshape(-1)  # one per row, whatever the leading axes
     worst = int(xp.argmax(xp.abs(sums - 1.0)))
     if abs(float(sums[worst]) - 1.0) > 1e-3:
       raise ValueError(

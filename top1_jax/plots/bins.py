@@ -33,7 +33,7 @@ def _check_bins(name: str, bins) -> None:
       f"{name}: expected 1-D counts, hits and prob of one shape (one binning, not a batch),"
       f" got {counts}, {np.shape(bins.hits)}, {np.shape(bins.prob)}"
     )
-  if int(np.sum(bins.counts)) <= 0:
+  if int(np.sum(np.asarray(bins.counts))) <= 0:  # np.sum of a jax array would compile one
     raise ValueError(f"{name}: no examples were counted in any bin")
 
 
@@ -159,7 +159,9 @@ def _draw_bins(
   """Draws one calibration/test bin pair on ``ax``; returns the layout used."""
   layout = _layout(train_bins, order)
   if accuracy is None:
-    baseline = float(np.sum(test_bins.hits)) / float(np.sum(test_bins.counts))
+    baseline = float(np.sum(np.asarray(test_bins.hits))) / float(
+      np.sum(np.asarray(test_bins.counts))
+    )
   else:
     baseline = accuracy
   ece = float(metrics_lib.ece(train_bins, test_bins))
