@@ -125,10 +125,11 @@ program compiled for its shape (~50 ms each: per-bin arrays come in many shapes)
 
 
 def _checked_where(arr: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
-  """``arr`` itself, or a host copy of a small device array, for value checks."""
+  """``arr`` itself, or a host copy of a small device array, for value checks (not of
+  an array spread over several processes: this one cannot read all of it)."""
   if isinstance(arr, np.ndarray) or arr.size > _HOST_CHECKED_ELEMENTS:
     return arr
-  return np.asarray(arr)
+  return np.asarray(arr) if arr.is_fully_addressable else arr
 
 
 def check_finite(name: str, arr: jax.Array | np.ndarray) -> None:
