@@ -376,7 +376,7 @@ def fit_groups(
   """
   u, correct = validation.score_and_event("u", u, correct, host=True)
   num_groups = validation.positive_int("num_groups", num_groups)
-  group = np.asarray(validation.labels_array("group", group, num_groups))
+  group = validation.labels_array("group", group, num_groups, host=True)
   validation.same_length(u=u, group=group)
   n_bins = validation.positive_int("n_bins", n_bins)
   u = validation.in_device_dtype(u)

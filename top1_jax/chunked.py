@@ -100,10 +100,10 @@ def _score_group(group: list[dict], devices: list, topk: tuple, with_labels: boo
   human, labels = (None if group[0][name] is None else np.stack([g[name] for g in group])
                    for name in ("human_probs", "labels"))  # fmt: skip
   if human is not None:
-    human = np.asarray(validation.probability_array("human_probs", human, 3, sums_to_one=True))
+    human = validation.probability_array("human_probs", human, 3, sums_to_one=True, host=True)
   if labels is not None:
-    checked = validation.labels_array("labels", labels.reshape(-1), samples.shape[-1])
-    labels = np.asarray(checked).reshape(labels.shape)
+    checked = validation.labels_array("labels", labels.reshape(-1), samples.shape[-1], host=True)
+    labels = checked.reshape(labels.shape)
   program, by_chunk = _program_over(tuple(devices), topk, with_labels)
   return program(*jax.device_put((samples, human, labels), by_chunk))
 

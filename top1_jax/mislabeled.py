@@ -250,8 +250,8 @@ def report(
   """
   u = validation.float_array("u", u, 1, host=True).astype(np.float32)
   num_classes = len(class_names)
-  predicted = np.asarray(validation.labels_array("predicted", predicted, num_classes))
-  given = np.asarray(validation.labels_array("given", given, num_classes))
+  predicted = validation.labels_array("predicted", predicted, num_classes, host=True)
+  given = validation.labels_array("given", given, num_classes, host=True)
   validation.same_length(u=u, predicted=predicted, given=given)
   errors = confident_errors(u, correct, n_bins=n_bins, top_bins=top_bins)
   correct = validation.bool_array("correct", correct, host=True)

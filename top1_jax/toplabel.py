@@ -42,10 +42,12 @@ class TopLabelBins(NamedTuple):
 def _classes(predicted_class: ArrayLike, num_classes: int | None) -> tuple[np.ndarray, int]:
   """Host int32 class ids and the number of classes (max + 1 when not given)."""
   if num_classes is None:
-    ids = validation.labels_array("predicted_class", predicted_class, np.iinfo(np.int32).max)
-    num_classes = int(jnp.max(ids)) + 1 if ids.shape[0] else 1
+    ids = validation.labels_array(
+      "predicted_class", predicted_class, np.iinfo(np.int32).max, host=True
+    )
+    num_classes = int(np.max(ids)) + 1 if ids.shape[0] else 1
   num_classes = validation.positive_int("num_classes", num_classes)
-  return np.asarray(validation.labels_array("predicted_class", predicted_class, num_classes)), (
+  return validation.labels_array("predicted_class", predicted_class, num_classes, host=True), (
     num_classes
   )
 

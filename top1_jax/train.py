@@ -306,7 +306,7 @@ def _dataset(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray]:
   if not np.all(np.isfinite(images)):
     raise ValueError(f"images: {int(np.sum(~np.isfinite(images)))} non-finite value(s)")
   num_classes = _num_classes(model, variables, images)
-  labels = np.asarray(validation.labels_array("labels", labels, num_classes), dtype=np.int32)
+  labels = validation.labels_array("labels", labels, num_classes, host=True)
   validation.same_length(images=images, labels=labels)
   return images, labels
 

@@ -171,8 +171,10 @@ def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) ->
   return _to_device(arr, x)
 
 
-def labels_array(name: str, x: ArrayLike, num_classes: int) -> jax.Array:
-  """Integer class labels in [0, num_classes), as int32.
+def labels_array(
+  name: str, x: ArrayLike, num_classes: int, *, host: bool = False
+) -> jax.Array | np.ndarray:
+  """Integer class labels in [0, num_classes), as int32 (NumPy with ``host``).
 
   The range is checked before the conversion to int32 (on the host, in the
   input's own dtype), so a label of 2**32 + 3 or a uint64 2**63 is an error, not
@@ -196,7 +198,7 @@ def labels_array(name: str, x: ArrayLike, num_classes: int) -> jax.Array:
     if lo < 0 or hi >= num_classes:
       lo, hi = (int(v) if arr.dtype.kind in "iu" else float(v) for v in (lo, hi))
       raise ValueError(f"{name}: labels out of range [0, {num_classes}): min {lo}, max {hi}")
-  return _to_device(arr.astype(np.int32), x)
+  return arr.astype(np.int32) if host else _to_device(arr.astype(np.int32), x)
 
 
 @jax.jit
@@ -205,10 +207,16 @@ def _min_max(arr: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def probability_array(
-  name: str, x: ArrayLike, ndim: int | Sequence[int], *, sums_to_one: bool = False
-) -> jax.Array:
-  """Values in [0, 1]; with ``sums_to_one`` the last axis sums to 1 (atol 1e-3)."""
-  on_device = isinstance(x, jax.Array)
+  name: str,
+  x: ArrayLike,
+  ndim: int | Sequence[int],
+  *,
+  sums_to_one: bool = False,
+  host: bool = False,
+) -> jax.Array | np.ndarray:
+  """Values in [0, 1]; with ``sums_to_one`` the last axis sums to 1 (atol 1e-3). With
+  ``host`` a NumPy array, as ``float_array``'s."""
+  on_device = isinstance(x, jax.Array) and not host
   arr = float_array(name, x, ndim, host=not on_device)  # a host array checked on the host
   if is_traced(arr) or arr.size == 0:
     return arr
@@ -224,9 +232,7 @@ def probability_array(
       raise ValueError(
         f"{name}: each row must sum to 1, row {worst} sums to {float(sums[worst]):.6g}"
       )
-  if not on_device:
-    return _to_device(arr, x)
-  return arr
+  return arr if host or on_device else _to_device(arr, x)
 
 
 def same_length(**arrays: jax.Array) -> int:

@@ -281,7 +281,7 @@ def load_idx(
     )
   if len(images) == 0:
     raise ValueError(f"{images_path}: expected at least one image, got 0")
-  labels = np.asarray(validation.labels_array(str(labels_path), labels, num_classes), np.int32)
+  labels = validation.labels_array(str(labels_path), labels, num_classes, host=True)
   if limit is not None:
     images, labels = images[:limit], labels[:limit]
   if class_names is None:

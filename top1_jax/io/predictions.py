@@ -254,7 +254,7 @@ class Predictions:
     if num_classes < 2:
       field = "logits" if logits is not None else "mean_probs"
       raise ValueError(f"{field}: expected at least 2 classes, got K={num_classes}")
-    labels = np.asarray(validation.labels_array("labels", labels, num_classes), np.int32)
+    labels = validation.labels_array("labels", labels, num_classes, host=True)
     scores = _check_scores(self.scores, num_examples)
     human_probs = None
     if self.human_probs is not None:

@@ -194,8 +194,7 @@ class PredictionsReader:
     self.labels = labels
     first = self._chunk(0, 1, where="")
     try:
-      checked = validation.labels_array("labels", labels, first.num_classes)
-      self.labels = np.asarray(checked, np.int32)
+      self.labels = validation.labels_array("labels", labels, first.num_classes, host=True)
     except ValueError as e:
       raise ValueError(f"{self.path}: {e}") from None
     self.num_examples, self.num_classes = num, first.num_classes

@@ -303,7 +303,7 @@ def load_tfds(
   if known_splits and base_split not in known_splits:
     raise ValueError(f"split: {name} has splits {known_splits}, got {split!r}")
   images, labels, ids = _read_examples(tfds, builder, split, limit, keys, what, image_size)
-  labels = np.asarray(validation.labels_array(what, labels, num_classes), np.int32)
+  labels = validation.labels_array(what, labels, num_classes, host=True)
   names = tuple(getattr(label_feature, "names", None) or map(str, range(num_classes)))
   return DatasetSplit(
     images=scale_images(images, what),
