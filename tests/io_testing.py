@@ -19,11 +19,12 @@ def assert_one_clean_line(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def mock_bucket(root: pathlib.Path, monkeypatch) -> Iterator[list[tuple[str, str]]]:
+def mock_bucket(root: pathlib.Path, monkeypatch, wrap_file=None) -> Iterator[list[tuple[str, str]]]:
   """Serves ``gs://`` paths from the folder ``root`` through epath's backend, offline.
 
   Like an object store, opening an object for writing needs no folders, and
-  there is no rename (using it fails the test).
+  there is no rename (using it fails the test). ``wrap_file``, if given, wraps
+  every opened file object (e.g. to act as another store's client).
 
   Yields:
     The (path, mode) of every file opened, in order.
@@ -43,7 +44,8 @@ def mock_bucket(root: pathlib.Path, monkeypatch) -> Iterator[list[tuple[str, str
     opened.append((os.fspath(path), mode))
     if "w" in mode:
       os.makedirs(os.path.dirname(local(path)), exist_ok=True)
-    return original(local(path), mode)
+    opened_file = original(local(path), mode)
+    return opened_file if wrap_file is None else wrap_file(opened_file)
 
   def no_rename(original, path, dst, *args, **kwargs):
     raise AssertionError(f"rename {path} -> {dst}: object stores have no rename")

@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 
+import io_testing
 import numpy as np
 import processes
 import pytest
@@ -130,6 +131,62 @@ print("same")
     [sys.executable, "-c", code], env=env, cwd=tests, capture_output=True, text=True
   )
   assert done.returncode == 0 and "same" in done.stdout, done.stderr[-2000:]
+
+
+class _StoreFile:
+  """An object store's file object: records each read's size; ``readinto`` that returns at
+  most ``most`` bytes a call (None: no ``readinto`` at all, as TensorFlow's GFile)."""
+
+  def __init__(self, file, sizes: list, most: int | None):
+    self._file, self._sizes, self._most = file, sizes, most
+    if most is not None:
+      self.readinto = self._readinto
+
+  def _readinto(self, view):
+    view = memoryview(view)[: self._most]
+    self._sizes.append(view.nbytes)
+    return self._file.readinto(view)
+
+  def read(self, size=-1):
+    data = self._file.read(size)
+    self._sizes.append(len(data))
+    return data
+
+  def __getattr__(self, name):  # seek, tell, close, ...: the file's own
+    return getattr(self._file, name)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self._file.close()
+
+
+@pytest.mark.parametrize("most", [None, 1 << 20, 50], ids=["read", "readinto", "short reads"])
+def test_a_file_in_a_bucket_is_read_by_ranges_not_whole(tmp_path, monkeypatch, most):
+  # Cloud work dirs keep their predictions files in a bucket; an ImageNet MC-dropout
+  # file is 6.4 GB, so it is read a chunk at a time there too, by seeks and ranged reads.
+  path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("samples"))
+  local = _streamed(path, 7)
+  (tmp_path / "bucket").mkdir()
+  path.rename(tmp_path / "bucket" / "p.npz")
+  sizes = []
+  monkeypatch.setattr(predictions_lib, "load_predictions", lambda *_: pytest.fail("read whole"))
+  wrap = lambda file: _StoreFile(file, sizes, most)  # noqa: E731
+  with io_testing.mock_bucket(tmp_path, monkeypatch, wrap_file=wrap) as opened:
+    with stream.PredictionsReader("gs://bucket/p.npz") as reader:
+      assert reader.read_whole == () and reader.num_samples == SAMPLES
+    remote = _streamed("gs://bucket/p.npz", 7)
+    read_sizes = list(sizes)
+    digest = stream.file_sha1("gs://bucket/p.npz")
+  assert ("gs://bucket/p.npz", "rb") in opened
+  assert sorted(remote) == sorted(local)
+  for name, value in local.items():
+    np.testing.assert_array_equal(remote[name], value, err_msg=name)
+  bucket_file = (tmp_path / "bucket" / "p.npz").read_bytes()
+  assert digest == __import__("hashlib").sha1(bucket_file).hexdigest()
+  # No read came near the logits' 1,656 bytes: a chunk's are 7 x 6 x 4 bytes per sample.
+  assert max(read_sizes) < SAMPLES * NUM * CLASSES * 4 / 2
 
 
 def test_reader_reports_the_file_and_labels(tmp_path):

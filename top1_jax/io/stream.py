@@ -3,9 +3,10 @@
 ``np.savez`` stores each array as an uncompressed ``.npy`` member of a zip
 archive, so the bytes of examples [a, b) of each sample lie at a known offset:
 ``PredictionsReader`` finds it (the zip entry's local header, then the ``.npy``
-header) and reads only those bytes. A member that cannot be read that way (zip-
-compressed, Fortran-ordered, an archive on a remote file system) is read whole,
-as ``load_predictions`` would, and named in ``PredictionsReader.read_whole``.
+header) and reads only those bytes, from a local file or, through ``epath``, from
+an object store (``gs://``, ``s3://``: ranged reads). A member that cannot be read
+that way (zip-compressed, Fortran-ordered) is read whole, as ``load_predictions``
+would, and named in ``PredictionsReader.read_whole``.
 
 Every chunk is a validated ``predictions.Predictions`` of its examples, so a
 file's values get the same checks (finite, label range, rows summing to 1) as a
@@ -13,6 +14,7 @@ full load, one chunk at a time; the checks of the file as a whole (fields,
 shapes, agreement of N and K, meta) run when the reader opens.
 """
 
+import contextlib
 import hashlib
 import pathlib
 import struct
@@ -48,10 +50,26 @@ class _Member:
     out = np.empty((outer, stop - start, *inner), self.dtype)
     for index in range(outer):
       file.seek(self.offset + (index * num + start) * row_bytes)
-      view = memoryview(out[index]).cast("B")
-      if file.readinto(view) != view.nbytes:
+      if not _read_into(file, memoryview(out[index]).cast("B")):
         raise ValueError(f"truncated array data ({self.shape} {self.dtype})")
     return out if len(self.shape) == 3 else out[0]
+
+
+def _read_into(file, view: memoryview) -> bool:
+  """Fills ``view`` from ``file``'s position; False at an early end of the file. Short
+  reads are continued; a file without ``readinto`` (TensorFlow's GFile) is ``read``."""
+  filled = 0
+  while filled < view.nbytes:
+    if hasattr(file, "readinto"):
+      got = file.readinto(view[filled:])
+    else:
+      data = file.read(view.nbytes - filled)
+      got = len(data)
+      view[filled : filled + got] = data
+    if not got:
+      return False
+    filled += got
+  return True
 
 
 def _stored_member(file, info: zipfile.ZipInfo) -> _Member | None:
@@ -101,26 +119,28 @@ class PredictionsReader:
     num_samples: S of the logits, or None when only ``mean_probs`` is kept.
     fields: which of ``logits``, ``mean_probs``, ``human_probs`` the file holds.
     score_names: the stored scores (``score_<name>`` fields).
-    read_whole: members read whole into memory (compressed, or a remote file).
+    read_whole: members read whole into memory (zip-compressed or unusual ones).
   """
 
   def __init__(self, path: epath.PathLike):
     self.path = files.as_path(path)
     if not self.path.is_file():
       raise FileNotFoundError(f"{self.path}: predictions file not found")
-    self._file = None
-    if isinstance(self.path, pathlib.Path):
-      self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115 (closed by close())
+    self._opened = contextlib.ExitStack()  # epath's opens are context managers (gfile's too)
     try:
+      if isinstance(self.path, pathlib.Path):
+        self._file = self._opened.enter_context(open(self.path, "rb", buffering=0))
+      else:  # an object store: every read below is a ranged read
+        self._file = self._opened.enter_context(self.path.open("rb"))
       self._open()
     except BaseException:
       self.close()
       raise
 
   def _open(self) -> None:
-    members = self._members() if self._file is not None else None
+    members = self._members()
     if members is None:
-      # Not a local zip that can be read at offsets: a full load, checked as a whole.
+      # Not a zip archive: a full load, checked as a whole (its error names the problem).
       predictions = predictions_lib.load_predictions(self.path)
       members = {
         "labels": predictions.labels,
@@ -225,9 +245,8 @@ class PredictionsReader:
       yield start, self._chunk(start, min(start + chunk_size, self.num_examples))
 
   def close(self) -> None:
-    if self._file is not None:
-      self._file.close()
-      self._file = None
+    self._opened.close()
+    self._file = None
 
   def __enter__(self) -> "PredictionsReader":
     return self
