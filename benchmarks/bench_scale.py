@@ -1,7 +1,8 @@
 r"""Evaluate at ImageNet scale: time and peak memory against one NumPy pass over the file.
 
-  python benchmarks/bench_scale.py            # [1, 50000, 1000] and [32, 20000, 1000]
-  python benchmarks/bench_scale.py --quick    # [1, 5000, 1000] and [8, 2000, 1000]
+  python benchmarks/bench_scale.py               # [1, 50000, 1000] and [32, 20000, 1000]
+  python benchmarks/bench_scale.py --quick       # [1, 5000, 1000] and [8, 2000, 1000]
+  python benchmarks/bench_scale.py --compressed  # the files written by np.savez_compressed
 
 For each synthetic predictions file (float32 logits of a 1,000-class model with
 about 75 % Top-1 accuracy, written to a temporary folder), in one run: the
@@ -9,7 +10,9 @@ seconds of one NumPy pass (load + softmax), then ``experiments.evaluate`` on it
 as a subprocess (its peak RSS from the kernel, its stages from timings.json),
 and the ratios the targets are stated in: evaluate without figures over the
 NumPy pass (target <= 5), peak RSS over the file's size (target <= 0.5 for
-samples files).
+samples files). ``--compressed`` writes the files with ``np.savez_compressed``
+(the NumPy pass then inflates them; evaluate's reader inflates each large array
+into a temporary file and reads it by chunks).
 
 Evaluate runs three times per file, into fresh work dirs: "cold" with an empty
 compilation cache (a first run), then "rerun" with the programs the first one
@@ -46,7 +49,9 @@ COMPILE_EVENTS = {
 COSTS_FILE = "jax_compile.json"  # in the work dir, beside timings.json
 
 
-def make_file(path: pathlib.Path, num_samples: int, num: int, classes: int = 1000) -> None:
+def make_file(
+  path: pathlib.Path, num_samples: int, num: int, classes: int = 1000, compressed: bool = False
+) -> None:
   rng = np.random.default_rng(0)
   labels = rng.integers(0, classes, num)
   base = rng.normal(size=(num, classes)).astype(np.float32)
@@ -54,7 +59,8 @@ def make_file(path: pathlib.Path, num_samples: int, num: int, classes: int = 100
   shape = (num_samples, num, classes)
   noise = 0.3 * rng.standard_normal(shape, dtype=np.float32) if num_samples > 1 else 0.0
   logits = (base[None] + noise).astype(np.float32)
-  np.savez(path, labels=labels, logits=logits, meta=np.array(json.dumps({"method": "external"})))
+  save = np.savez_compressed if compressed else np.savez
+  save(path, labels=labels, logits=logits, meta=np.array(json.dumps({"method": "external"})))
 
 
 def numpy_pass(path: pathlib.Path) -> float:
@@ -162,7 +168,7 @@ def evaluate(path: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, war
 
 
 def main() -> None:
-  quick = "--quick" in sys.argv
+  quick, compressed = "--quick" in sys.argv, "--compressed" in sys.argv
   shapes = [(1, 5000), (8, 2000)] if quick else [(1, 50000), (32, 20000)]
   header = (
     "| file | MB | NumPy pass s | run | "
@@ -176,7 +182,7 @@ def main() -> None:
   with tempfile.TemporaryDirectory() as folder:
     for num_samples, num in shapes:
       path = pathlib.Path(folder) / f"s{num_samples}_n{num}.npz"
-      make_file(path, num_samples, num)
+      make_file(path, num_samples, num, compressed=compressed)
       size = path.stat().st_size
       reference = min(numpy_pass(path) for _ in range(2))
       cache = pathlib.Path(folder) / f"xla{num_samples}_{num}"

@@ -10,8 +10,10 @@ per size bucket, not once per example count.
 import dataclasses
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import io_testing
 import numpy as np
@@ -52,18 +54,34 @@ def _whole(path):
   )  # fmt: skip
 
 
-@pytest.mark.parametrize("compress", [False, True], ids=["stored", "compressed"])
+@pytest.mark.parametrize("compress", ["stored", "compressed", "compressed, spilled"])
 @pytest.mark.parametrize("kind", ["samples", "logits", "mean_probs"])
-def test_streamed_scores_equal_the_whole_file(tmp_path, kind, compress):
-  path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions(kind), compress=compress)
+def test_streamed_scores_equal_the_whole_file(tmp_path, monkeypatch, kind, compress):
+  # "spilled": every compressed member is inflated into a temporary file (as those over
+  # IN_MEMORY_BYTES are) and read from there by ranges; each is closed with the reader.
+  spills, make_file = [], tempfile.TemporaryFile
+
+  def temporary_file():
+    spills.append(make_file())
+    return spills[-1]
+
+  if compress == "compressed, spilled":
+    monkeypatch.setattr(stream, "IN_MEMORY_BYTES", 0)
+  monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+  predictions = _predictions(kind)
+  path = predictions_lib.save_predictions(
+    tmp_path / "p.npz", predictions, compress=compress != "stored"
+  )
   log_probs, values, terms = _whole(path)
   for chunk_size in (1, 7, NUM):
     with stream.PredictionsReader(path) as reader:
-      assert bool(reader.read_whole) == compress  # compressed members are read whole
+      # Compressed members are read whole (into memory, or into a temporary file).
+      assert bool(reader.read_whole) == (compress != "stored")
       assert reader.num_examples == NUM and reader.num_classes == CLASSES
       streamed, streamed_values, streamed_terms = chunked.from_chunks(
         reader.chunks(chunk_size), reader.num_examples, topk=(1, 4)
       )
+    assert all(spill.closed for spill in spills)
     np.testing.assert_array_equal(np.asarray(streamed), np.asarray(log_probs))
     assert list(streamed_values) == list(values)
     for name, value in values.items():
@@ -76,6 +94,9 @@ def test_streamed_scores_equal_the_whole_file(tmp_path, kind, compress):
       np.testing.assert_allclose(got, np.asarray(value), rtol=tolerance, atol=tolerance)
   np.testing.assert_array_equal(terms.rank, events.label_rank(log_probs, _labels(path)))
   np.testing.assert_array_equal(terms.top_class, np.argmax(np.asarray(log_probs), axis=-1))
+  # Spilled: one temporary file per member (labels and meta too), per reader.
+  with np.load(path) as members:
+    assert len(spills) == (3 * len(members.files) if compress == "compressed, spilled" else 0)
 
 
 def _streamed(path, size: int) -> dict[str, np.ndarray]:
@@ -222,6 +243,33 @@ def test_streamed_validation_names_the_file_and_field(tmp_path, change, message)
     with stream.PredictionsReader(path) as reader:
       list(reader.chunks(7))
   assert str(path) in str(error.value)
+
+
+def test_a_full_temporary_folder_is_named_in_one_line(tmp_path, monkeypatch):
+  class FullDisk:
+    def write(self, data):
+      raise OSError(28, "No space left on device")
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      pass
+
+  monkeypatch.setattr(stream, "IN_MEMORY_BYTES", 0)
+  monkeypatch.setattr(tempfile, "TemporaryFile", FullDisk)
+  path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("logits"), compress=True)
+  with pytest.raises(ValueError, match=r"cannot be read \(inflating its 0\.00 GB failed") as error:
+    stream.PredictionsReader(path)
+  text = io_testing.assert_one_clean_line(error.value)
+  assert str(path) in text and "No space left on device" in text and "TMPDIR" in text
+  # Less free space than the array needs: refused before anything is written.
+  usage = shutil.disk_usage(tmp_path)._replace(free=10)
+  monkeypatch.setattr(shutil, "disk_usage", lambda _: usage)
+  with pytest.raises(
+    ValueError, match=r"cannot be read \(inflating it needs 0\.00 GB of disk; free"
+  ):
+    stream.PredictionsReader(path)
 
 
 def test_chunks_must_cover_the_examples(tmp_path):

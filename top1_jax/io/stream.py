@@ -4,9 +4,11 @@
 archive, so the bytes of examples [a, b) of each sample lie at a known offset:
 ``PredictionsReader`` finds it (the zip entry's local header, then the ``.npy``
 header) and reads only those bytes, from a local file or, through ``epath``, from
-an object store (``gs://``, ``s3://``: ranged reads). A member that cannot be read
-that way (zip-compressed, Fortran-ordered) is read whole, as ``load_predictions``
-would, and named in ``PredictionsReader.read_whole``.
+an object store (``gs://``, ``s3://``: ranged reads). A zip-compressed member
+(``np.savez_compressed``) has no such offsets: it is inflated once, as a stream,
+into a temporary file (larger than ``IN_MEMORY_BYTES``) or into memory, and read
+from there. A stored member in an unusual layout (Fortran-ordered) is read whole.
+Both kinds are named in ``PredictionsReader.read_whole``.
 
 Every chunk is a validated ``predictions.Predictions`` of its examples, so a
 file's values get the same checks (finite, label range, rows summing to 1) as a
@@ -17,7 +19,9 @@ shapes, agreement of N and K, meta) run when the reader opens.
 import contextlib
 import hashlib
 import pathlib
+import shutil
 import struct
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from typing import Any
@@ -34,17 +38,25 @@ _ARRAY_FIELDS = ("labels", "logits", "mean_probs", "human_probs")
 _SCORE_PREFIX = "score_"
 _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 
+IN_MEMORY_BYTES = 1 << 26
+"""A zip-compressed member of up to this many bytes (inflated) is read into memory; a
+larger one is inflated into a temporary file (in ``tempfile.gettempdir()``, i.e.
+$TMPDIR), so memory never holds an [S, N, K] array whatever the file's format."""
+
 
 class _Member:
-  """One array of the archive: read in example ranges from the file, or held in memory."""
+  """One array of the archive: read in example ranges from a file (the archive, or
+  ``file``: a temporary one holding the inflated member), or held in memory."""
 
-  def __init__(self, shape, dtype, offset: int | None = None, array: np.ndarray | None = None):
+  def __init__(self, shape, dtype, offset=None, array: np.ndarray | None = None, file=None):
     self.shape, self.dtype, self.offset, self.array = tuple(shape), np.dtype(dtype), offset, array
+    self.file = file
 
   def rows(self, file, start: int, stop: int) -> np.ndarray:
     """Examples [start, stop): the example axis is 1 of a 3-D array, else 0."""
     if self.array is not None:
       return self.array[:, start:stop] if self.array.ndim == 3 else self.array[start:stop]
+    file = file if self.file is None else self.file
     outer, num, *inner = self.shape if len(self.shape) == 3 else (1, *self.shape)
     row_bytes = int(np.prod(inner, dtype=np.int64)) * self.dtype.itemsize
     out = np.empty((outer, stop - start, *inner), self.dtype)
@@ -81,6 +93,38 @@ def _stored_member(file, info: zipfile.ZipInfo) -> _Member | None:
   if fields[0] != b"PK\x03\x04":
     return None
   file.seek(info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1])
+  return _npy_member(file)
+
+
+def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Member:
+  """A member read whole: into memory, or, when zip-compressed and larger than
+  ``IN_MEMORY_BYTES``, inflated a block at a time into a temporary file that
+  ``spill`` (an ``ExitStack``) closes, and read from there like a stored one."""
+  with archive.open(info) as data:
+    if info.compress_type == zipfile.ZIP_STORED or info.file_size <= IN_MEMORY_BYTES:
+      value = np.lib.format.read_array(data, allow_pickle=False)
+      return _Member(value.shape, value.dtype, array=value)
+    folder = tempfile.gettempdir()
+    advice = f"free space in {folder} (or set TMPDIR), or write the file with np.savez"
+    if shutil.disk_usage(folder).free < info.file_size:
+      raise OSError(f"inflating it needs {info.file_size / 1e9:.2f} GB of disk; {advice}")
+    file = spill.enter_context(tempfile.TemporaryFile())
+    try:
+      shutil.copyfileobj(data, file, 1 << 24)
+    except OSError as e:
+      raise OSError(f"inflating its {info.file_size / 1e9:.2f} GB failed ({e}); {advice}") from None
+  file.seek(0)
+  member = _npy_member(file)
+  if member is None:  # e.g. Fortran order: not readable by rows, so into memory after all
+    file.seek(0)
+    value = np.lib.format.read_array(file, allow_pickle=False)
+    return _Member(value.shape, value.dtype, array=value)
+  member.file = file
+  return member
+
+
+def _npy_member(file) -> _Member | None:
+  """The ``.npy`` array whose header starts at ``file``'s position; None if unusual."""
   version = np.lib.format.read_magic(file)
   if version == (1, 0):
     shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(file)
@@ -119,7 +163,8 @@ class PredictionsReader:
     num_samples: S of the logits, or None when only ``mean_probs`` is kept.
     fields: which of ``logits``, ``mean_probs``, ``human_probs`` the file holds.
     score_names: the stored scores (``score_<name>`` fields).
-    read_whole: members read whole into memory (zip-compressed or unusual ones).
+    read_whole: members read whole rather than at their offsets in the file (zip-
+      compressed ones, inflated into memory or a temporary file; unusual ones).
   """
 
   def __init__(self, path: epath.PathLike):
@@ -167,9 +212,7 @@ class PredictionsReader:
         try:
           member = None if key == "meta" else _stored_member(self._file, info)
           if member is None:
-            with archive.open(info) as data:
-              value = np.lib.format.read_array(data, allow_pickle=False)
-            member = _Member(value.shape, value.dtype, array=value)
+            member = _whole_member(archive, info, self._opened)
             read_whole.append(key)
         except _READ_ERRORS as e:
           raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
