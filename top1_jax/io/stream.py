@@ -41,7 +41,7 @@ _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 IN_MEMORY_BYTES = 1 << 26
 """A zip-compressed member of up to this many bytes (inflated) is read into memory; a
 larger one is inflated into a temporary file (in ``tempfile.gettempdir()``, i.e.
-$TMPDIR), so memory never holds an [S, N, K] array whatever the file's format."""
+$TMPDIR), so a compressed [S, N, K] array is never held whole in memory either."""
 
 
 class _Member:
