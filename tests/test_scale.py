@@ -155,18 +155,11 @@ print("same")
 
 
 class _StoreFile:
-  """An object store's file object: records each read's size; ``readinto`` that returns at
-  most ``most`` bytes a call (None: no ``readinto`` at all, as TensorFlow's GFile)."""
+  """An object store's file object, as TensorFlow's GFile: ``read`` (each size recorded),
+  no ``readinto``."""
 
-  def __init__(self, file, sizes: list, most: int | None):
-    self._file, self._sizes, self._most = file, sizes, most
-    if most is not None:
-      self.readinto = self._readinto
-
-  def _readinto(self, view):
-    view = memoryview(view)[: self._most]
-    self._sizes.append(view.nbytes)
-    return self._file.readinto(view)
+  def __init__(self, file, sizes: list):
+    self._file, self._sizes = file, sizes
 
   def read(self, size=-1):
     data = self._file.read(size)
@@ -174,6 +167,8 @@ class _StoreFile:
     return data
 
   def __getattr__(self, name):  # seek, tell, close, ...: the file's own
+    if name == "readinto":
+      raise AttributeError(name)
     return getattr(self._file, name)
 
   def __enter__(self):
@@ -183,31 +178,34 @@ class _StoreFile:
     self._file.close()
 
 
-@pytest.mark.parametrize("most", [None, 1 << 20, 50], ids=["read", "readinto", "short reads"])
-def test_a_file_in_a_bucket_is_read_by_ranges_not_whole(tmp_path, monkeypatch, most):
-  # Cloud work dirs keep their predictions files in a bucket; an ImageNet MC-dropout
-  # file is 6.4 GB, so it is read a chunk at a time there too, by seeks and ranged reads.
+def test_a_file_in_a_bucket_is_downloaded_once_and_hashed_on_the_way(tmp_path, monkeypatch):
+  # Cloud work dirs keep their predictions files in a bucket. A chunk of an [S, N, K]
+  # file is S byte ranges (S requests), so the reader copies the file into a temporary
+  # one in a single sequential read, takes its SHA-1 on the way, and reads chunks there.
   path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("samples"))
   local = _streamed(path, 7)
   (tmp_path / "bucket").mkdir()
-  path.rename(tmp_path / "bucket" / "p.npz")
+  path = path.rename(tmp_path / "bucket" / "p.npz")
   sizes = []
   monkeypatch.setattr(predictions_lib, "load_predictions", lambda *_: pytest.fail("read whole"))
-  wrap = lambda file: _StoreFile(file, sizes, most)  # noqa: E731
+  wrap = lambda file: _StoreFile(file, sizes)  # noqa: E731
   with io_testing.mock_bucket(tmp_path, monkeypatch, wrap_file=wrap) as opened:
-    with stream.PredictionsReader("gs://bucket/p.npz") as reader:
-      assert reader.read_whole == () and reader.num_samples == SAMPLES
     remote = _streamed("gs://bucket/p.npz", 7)
-    read_sizes = list(sizes)
-    digest = stream.file_sha1("gs://bucket/p.npz")
-  assert ("gs://bucket/p.npz", "rb") in opened
+    with stream.PredictionsReader("gs://bucket/p.npz") as reader:
+      digest = reader.file_sha1()
+      assert reader.read_whole == () and reader.num_samples == SAMPLES
+    # Less free space than the file needs: refused before anything is written.
+    usage = shutil.disk_usage(tmp_path)._replace(free=10)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage)
+    with pytest.raises(OSError, match=r"^gs://bucket/p.npz: downloading it needs 0\.00 GB"):
+      stream.PredictionsReader("gs://bucket/p.npz")
+  # One read to the end per reader: the SHA-1 was not a second one.
+  assert opened == [("gs://bucket/p.npz", "rb")] * 3
+  assert sizes == [path.stat().st_size, 0] * 2
+  assert digest == __import__("hashlib").sha1(path.read_bytes()).hexdigest()
   assert sorted(remote) == sorted(local)
   for name, value in local.items():
     np.testing.assert_array_equal(remote[name], value, err_msg=name)
-  bucket_file = (tmp_path / "bucket" / "p.npz").read_bytes()
-  assert digest == __import__("hashlib").sha1(bucket_file).hexdigest()
-  # No read came near the logits' 1,656 bytes: a chunk's are 7 x 6 x 4 bytes per sample.
-  assert max(read_sizes) < SAMPLES * NUM * CLASSES * 4 / 2
 
 
 def test_reader_reports_the_file_and_labels(tmp_path):
@@ -259,7 +257,9 @@ def test_a_full_temporary_folder_is_named_in_one_line(tmp_path, monkeypatch):
   monkeypatch.setattr(stream, "IN_MEMORY_BYTES", 0)
   monkeypatch.setattr(tempfile, "TemporaryFile", FullDisk)
   path = predictions_lib.save_predictions(tmp_path / "p.npz", _predictions("logits"), compress=True)
-  with pytest.raises(ValueError, match=r"cannot be read \(inflating its 0\.00 GB failed") as error:
+  with pytest.raises(
+    ValueError, match=r"cannot be read \(inflating it \(0\.00 GB\) failed"
+  ) as error:
     stream.PredictionsReader(path)
   text = io_testing.assert_one_clean_line(error.value)
   assert str(path) in text and "No space left on device" in text and "TMPDIR" in text

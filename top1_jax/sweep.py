@@ -44,11 +44,13 @@ class Source:
   def __init__(self, name: str, path, s: Any, timings: dict, chunk_size: int | None = None):
     tic = time.perf_counter()
     self.name, self.slug, self.path = name, name.replace("/", "__"), path
-    # The file's hash (which sweep points are reused) in a thread while its chunks are
-    # read and scored: hashlib lets go of the GIL (0.2 s for 200 MB here).
-    hashing = concurrent.futures.ThreadPoolExecutor(1)
-    digest = hashing.submit(stream.file_sha1, path)
-    with hashing, stream.PredictionsReader(path) as reader:
+    with (
+      stream.PredictionsReader(path) as reader,
+      concurrent.futures.ThreadPoolExecutor(1) as hashing,
+    ):
+      # The file's hash (which sweep points are reused) in a thread while its chunks are
+      # read and scored: hashlib lets go of the GIL (0.1-0.2 s for 200 MB here).
+      digest = hashing.submit(reader.file_sha1)
       self.meta, self.labels = dict(reader.meta), reader.labels
       if max(s.topk) > reader.num_classes:
         raise SettingError(

@@ -3,12 +3,16 @@
 ``np.savez`` stores each array as an uncompressed ``.npy`` member of a zip
 archive, so the bytes of examples [a, b) of each sample lie at a known offset:
 ``PredictionsReader`` finds it (the zip entry's local header, then the ``.npy``
-header) and reads only those bytes, from a local file or, through ``epath``, from
-an object store (``gs://``, ``s3://``: ranged reads). A zip-compressed member
-(``np.savez_compressed``) has no such offsets: it is inflated once, as a stream,
-into a temporary file (larger than ``IN_MEMORY_BYTES``) or into memory, and read
-from there. A stored member in an unusual layout (Fortran-ordered) is read whole.
-Both kinds are named in ``PredictionsReader.read_whole``.
+header) and reads only those bytes. A file in an object store (``gs://``, ``s3://``,
+through ``epath``) is first downloaded, in one sequential read, into a temporary
+file (its SHA-1 taken on the way): a chunk of examples is S separate byte ranges,
+one request each, thousands for an ImageNet MC-dropout file. A zip-compressed
+member (``np.savez_compressed``) has no offsets to read at: it is inflated once,
+as a stream, into a temporary file (larger than ``IN_MEMORY_BYTES``) or into
+memory, and read from there. A stored member in an unusual layout (Fortran-
+ordered) is read whole. Both kinds are named in ``PredictionsReader.read_whole``.
+Temporary files go to ``tempfile.gettempdir()`` ($TMPDIR) and are deleted when
+the reader closes.
 
 Every chunk is a validated ``predictions.Predictions`` of its examples, so a
 file's values get the same checks (finite, label range, rows summing to 1) as a
@@ -40,8 +44,9 @@ _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 
 IN_MEMORY_BYTES = 1 << 26
 """A zip-compressed member of up to this many bytes (inflated) is read into memory; a
-larger one is inflated into a temporary file (in ``tempfile.gettempdir()``, i.e.
-$TMPDIR), so a compressed [S, N, K] array is never held whole in memory either."""
+larger one is inflated into a temporary file, so a compressed [S, N, K] array is
+never held whole in memory either."""
+_BLOCK = 1 << 24  # bytes per read of a sequential copy (download, inflation, hash)
 
 
 class _Member:
@@ -62,26 +67,31 @@ class _Member:
     out = np.empty((outer, stop - start, *inner), self.dtype)
     for index in range(outer):
       file.seek(self.offset + (index * num + start) * row_bytes)
-      if not _read_into(file, memoryview(out[index]).cast("B")):
+      view = memoryview(out[index]).cast("B")
+      if file.readinto(view) != view.nbytes:
         raise ValueError(f"truncated array data ({self.shape} {self.dtype})")
     return out if len(self.shape) == 3 else out[0]
 
 
-def _read_into(file, view: memoryview) -> bool:
-  """Fills ``view`` from ``file``'s position; False at an early end of the file. Short
-  reads are continued; a file without ``readinto`` (TensorFlow's GFile) is ``read``."""
-  filled = 0
-  while filled < view.nbytes:
-    if hasattr(file, "readinto"):
-      got = file.readinto(view[filled:])
-    else:
-      data = file.read(view.nbytes - filled)
-      got = len(data)
-      view[filled : filled + got] = data
-    if not got:
-      return False
-    filled += got
-  return True
+def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", digest=None):
+  """What is left of the file object ``source``, copied a block at a time into a
+  temporary file that ``spill`` (an ``ExitStack``) closes, its bytes fed to
+  ``digest`` on the way; refused up front when the folder has less than ``size``
+  bytes free. Returns the temporary file, at its start."""
+  folder = tempfile.gettempdir()
+  advice = f"free space in {folder} (or set TMPDIR){advice}"
+  if shutil.disk_usage(folder).free < size:
+    raise OSError(f"{doing} needs {size / 1e9:.2f} GB of disk; {advice}")
+  file = spill.enter_context(tempfile.TemporaryFile())
+  while block := source.read(_BLOCK):
+    if digest is not None:
+      digest.update(block)
+    try:
+      file.write(block)
+    except OSError as e:
+      raise OSError(f"{doing} ({size / 1e9:.2f} GB) failed ({e}); {advice}") from None
+  file.seek(0)
+  return file
 
 
 def _stored_member(file, info: zipfile.ZipInfo) -> _Member | None:
@@ -104,16 +114,8 @@ def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Me
     if info.compress_type == zipfile.ZIP_STORED or info.file_size <= IN_MEMORY_BYTES:
       value = np.lib.format.read_array(data, allow_pickle=False)
       return _Member(value.shape, value.dtype, array=value)
-    folder = tempfile.gettempdir()
-    advice = f"free space in {folder} (or set TMPDIR), or write the file with np.savez"
-    if shutil.disk_usage(folder).free < info.file_size:
-      raise OSError(f"inflating it needs {info.file_size / 1e9:.2f} GB of disk; {advice}")
-    file = spill.enter_context(tempfile.TemporaryFile())
-    try:
-      shutil.copyfileobj(data, file, 1 << 24)
-    except OSError as e:
-      raise OSError(f"inflating its {info.file_size / 1e9:.2f} GB failed ({e}); {advice}") from None
-  file.seek(0)
+    advice = ", or write the file with np.savez"
+    file = _temporary_copy(data, info.file_size, spill, "inflating it", advice)
   member = _npy_member(file)
   if member is None:  # e.g. Fortran order: not readable by rows, so into memory after all
     file.seek(0)
@@ -137,11 +139,11 @@ def _npy_member(file) -> _Member | None:
   return _Member(shape, dtype, offset=file.tell())
 
 
-def file_sha1(path: epath.PathLike, block: int = 1 << 24) -> str:
+def file_sha1(path: epath.PathLike) -> str:
   """The SHA-1 of a file's bytes, read a block at a time (not the whole file at once)."""
   digest = hashlib.sha1()
   with files.as_path(path).open("rb") as file:
-    while data := file.read(block):
+    while data := file.read(_BLOCK):
       digest.update(data)
   return digest.hexdigest()
 
@@ -171,16 +173,36 @@ class PredictionsReader:
     self.path = files.as_path(path)
     if not self.path.is_file():
       raise FileNotFoundError(f"{self.path}: predictions file not found")
-    self._opened = contextlib.ExitStack()  # epath's opens are context managers (gfile's too)
+    self._opened = contextlib.ExitStack()  # the file and any temporary copies
+    self._sha1 = None
     try:
       if isinstance(self.path, pathlib.Path):
         self._file = self._opened.enter_context(open(self.path, "rb", buffering=0))
-      else:  # an object store: every read below is a ranged read
-        self._file = self._opened.enter_context(self.path.open("rb"))
+      else:
+        self._file = self._downloaded()
       self._open()
     except BaseException:
       self.close()
       raise
+
+  def _downloaded(self):
+    """A temporary copy of the object-store file, read in order (module docstring)."""
+    digest = hashlib.sha1()
+    try:
+      with self.path.open("rb") as remote:  # epath's opens are context managers
+        size = self.path.stat().length
+        copy = _temporary_copy(remote, size, self._opened, "downloading it", digest=digest)
+    except OSError as e:
+      raise OSError(f"{self.path}: {e}") from None
+    self._sha1 = digest.hexdigest()
+    return copy
+
+  def file_sha1(self) -> str:
+    """``file_sha1`` of the file: taken as it was downloaded, or read now (a block at a
+    time, from a file handle of its own: safe beside ``chunks`` in another thread)."""
+    if self._sha1 is None:
+      self._sha1 = file_sha1(self.path)
+    return self._sha1
 
   def _open(self) -> None:
     members = self._members()
