@@ -8,4 +8,4 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/bootstrap.sh"
 install_fashion_mnist || true
 cd "$ROOT"
-exec "$VENV/bin/python" -m experiments.reproduce --config=configs/fashion_mnist.py "$@"
+exec "$VENV/bin/python" -m top1_jax.launch.reproduce --config=top1_jax/configs/fashion_mnist.py "$@"

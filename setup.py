@@ -17,7 +17,7 @@ import setuptools
 _HERE = pathlib.Path(__file__).parent
 
 _VERSION = re.search(
-  r'__version__ = "([^"]+)"', (_HERE / "top1_jax" / "__init__.py").read_text()
+  r'__version__ = "([^"]+)"', (_HERE / "top1_jax" / "version.py").read_text()
 ).group(1)
 
 _CORE = ["jax>=0.4.30", "numpy>=1.26"]
@@ -46,13 +46,13 @@ setuptools.setup(
   description="Calibrated Top-1 uncertainty for classifiers by binning a score (JAX).",
   long_description=(_HERE / "README.md").read_text(),
   long_description_content_type="text/markdown",
-  packages=setuptools.find_packages(include=["top1_jax", "top1_jax.*", "experiments", "configs"]),
+  packages=setuptools.find_packages(include=["top1_jax", "top1_jax.*"]),
   python_requires=">=3.10",
   install_requires=_CORE,
   extras_require=_EXTRAS,
   entry_points={
     "console_scripts": [
-      f"top1-{name.replace('_', '-')} = experiments.cli:{name}" for name in _LAUNCHERS
+      f"top1-{name.replace('_', '-')} = top1_jax.launch.cli:{name}" for name in _LAUNCHERS
     ]
   },
 )

@@ -22,7 +22,8 @@ import time
 import jax
 import numpy as np
 
-from top1_jax import binning, crossval, scores
+from top1_jax.core import binning, scores
+from top1_jax.evaluation import crossval
 
 # The plain-loop oracle lives with the tests; it is also this benchmark's naive baseline.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))

@@ -72,7 +72,7 @@ def _cifar_shaped(count: int, seed: int) -> tuple[np.ndarray, str]:
 
 def _model(name: str, placement: str = "all"):
   """The named model with its defaults (resnet is ResNet-20)."""
-  from top1_jax import models
+  from top1_jax.engine import models
 
   return models.MODELS[name](dropout_placement=placement)
 
@@ -141,7 +141,8 @@ def _child_mc(
   import jax
   import jax.numpy as jnp
 
-  from top1_jax import mc, models, scores
+  from top1_jax.core import scores
+  from top1_jax.engine import mc, models
 
   images, source = _inputs_for(model_name, _FASHION_MNIST, num_examples, seed=0)
   model = _model(model_name, placement)
@@ -232,7 +233,7 @@ def _bench_ensemble(model_name: str, num_steps: int, ensemble_size: int, batch_s
   import jax
   import optax
 
-  from top1_jax import train
+  from top1_jax.engine import train
 
   images, _ = _inputs_for(model_name, _TRAIN_IMAGES, 10000, seed=1)
   labels = np.random.default_rng(2).integers(0, 10, images.shape[0]).astype(np.int32)
@@ -321,7 +322,7 @@ def main() -> None:
 
   import jax
 
-  from top1_jax import mc
+  from top1_jax.engine import mc
 
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} device(s),")
   print(f"{os.cpu_count()} CPU core(s), Python {platform.python_version()}")

@@ -37,7 +37,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from top1_jax import binning
+from top1_jax.core import binning
 
 N_BINS = 20
 RELPLOT_MAX_SIZE = 10**6  # a Python loop per example

@@ -6,7 +6,7 @@ r"""Evaluate at ImageNet scale: time and peak memory against one NumPy pass over
 
 For each synthetic predictions file (float32 logits of a 1,000-class model with
 about 75 % Top-1 accuracy, written to a temporary folder), in one run: the
-seconds of one NumPy pass (load + softmax), then ``experiments.evaluate`` on it
+seconds of one NumPy pass (load + softmax), then ``top1_jax.launch.evaluate`` on it
 as a subprocess (its peak RSS from the kernel, its stages from timings.json),
 and the ratios the targets are stated in: evaluate without figures over the
 NumPy pass (target <= 5), peak RSS over the file's size (target <= 0.5 for
@@ -16,7 +16,7 @@ into a temporary file and reads it by chunks).
 
 Evaluate runs three times per file, into fresh work dirs: "cold" with an empty
 compilation cache (a first run), then "rerun" with the programs the first one
-cached (``experiments.common`` turns JAX's persistent cache on), as a user's
+cached (``top1_jax.launch.common`` turns JAX's persistent cache on), as a user's
 second evaluate of a sweep finds them, and "warm": its stages run three times in
 one process, the faster of the last two timed (every program traced and compiled: what the data
 itself costs, without the process's fixed costs).
@@ -79,7 +79,7 @@ def _compile_costs() -> dict:
   ratio, they leave the figures out."""
   from jax import monitoring  # noqa: PLC0415 (a child only: the parent never imports jax)
 
-  from experiments import evaluate  # noqa: PLC0415
+  from top1_jax.launch import evaluate
 
   costs = dict.fromkeys(COMPILE_EVENTS, 0.0) | {"programs": 0, "figures": False}
   column = {event: name for name, event in COMPILE_EVENTS.items()}
@@ -99,16 +99,16 @@ def _compile_costs() -> dict:
 
 
 def _write_costs(costs: dict) -> None:
-  from experiments import common  # noqa: PLC0415
+  from top1_jax.launch import common
 
   (pathlib.Path(str(common.workdir())) / COSTS_FILE).write_text(json.dumps(costs))
 
 
 def _evaluate_once() -> None:
-  """The child of a "cold" or "rerun" run: ``experiments.evaluate`` itself, its JAX
+  """The child of a "cold" or "rerun" run: ``top1_jax.launch.evaluate`` itself, its JAX
   compile costs written beside its timings.json."""
   sys.path.insert(0, str(ROOT))
-  from experiments import common, evaluate  # noqa: PLC0415 (the child only)
+  from top1_jax.launch import common, evaluate
 
   costs = _compile_costs()
 
@@ -129,7 +129,7 @@ def _evaluate_warm() -> None:
   of the fastest run after the first go to timings.json, its compile costs beside them
   (zero: the first run compiled everything)."""
   sys.path.insert(0, str(ROOT))
-  from experiments import common, evaluate, settings  # noqa: PLC0415 (the child only)
+  from top1_jax.launch import common, evaluate, settings
 
   costs = _compile_costs()
 
@@ -157,7 +157,7 @@ def evaluate(path: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, war
   run (``warm``: of the fastest after the first of ``WARM_RUNS`` in one process)."""
   child = "--evaluate-warm" if warm else "--evaluate-once"
   args = [sys.executable, str(pathlib.Path(__file__).resolve()), child]
-  args += ["--config=configs/imagenet_eval.py"]
+  args += ["--config=top1_jax/configs/imagenet_eval.py"]
   args += [f"--workdir={workdir}", f"--config.predictions={path}", "--config.n_bins=(10,20,100)"]
   args += ["--config.topk=(1,5)", "--config.estimators=(bins,)", "--verbosity=-1"]
   # A fresh parent per run: RUSAGE_CHILDREN's peak is the largest child's so far.

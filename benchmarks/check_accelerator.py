@@ -27,7 +27,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from top1_jax import mc, models, train
+from top1_jax.engine import mc, models, train
 
 
 def _report(name: str, ok: bool, detail: str) -> bool:

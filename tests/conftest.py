@@ -17,7 +17,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault(
   "XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
 )
-# JAX's persistent compilation cache (the launchers turn it on: experiments.common) in
+# JAX's persistent compilation cache (the launchers turn it on: top1_jax.launch.common) in
 # a folder of this test process, inherited by the launchers it starts: later launcher
 # runs reuse earlier ones' programs, as a user's reruns do, and the home folder is left
 # alone.

@@ -29,7 +29,7 @@ def predictions_of_case(mesh=None, with_ensemble: bool = True) -> dict[str, np.n
   import jax
   import jax.numpy as jnp
 
-  from top1_jax import mc, models
+  from top1_jax.engine import mc, models
 
   # An MLP keeps the compile time of the worker processes low; the sharding code
   # path does not depend on the layer types.

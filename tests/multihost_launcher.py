@@ -24,7 +24,7 @@ def main() -> None:
   files.atomic_write = logged
   import importlib
 
-  from experiments import common
+  from top1_jax.launch import common
 
   module = importlib.import_module(f"experiments.{launcher}")
   common.run(module.main, getattr(module, "default_workdir", None))

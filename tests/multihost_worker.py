@@ -41,7 +41,7 @@ def train_case() -> tuple[object, dict[str, np.ndarray]]:
   import optax
   from toy_data import gaussian_blobs
 
-  from top1_jax import models, train
+  from top1_jax.engine import models, train
 
   images, labels = gaussian_blobs()
   model, tx = models.MLP(num_classes=4, hidden_sizes=(16,)), optax.adam(1e-2)
@@ -69,13 +69,13 @@ def train_case() -> tuple[object, dict[str, np.ndarray]]:
 
 
 def main(port: int, process_id: int, workdir: pathlib.Path) -> None:
-  from top1_jax import parallel
+  from top1_jax.engine import parallel
 
   parallel.initialize(f"127.0.0.1:{port}", 2, process_id)
   import jax
   import jax.numpy as jnp
 
-  from top1_jax import train
+  from top1_jax.engine import train
   from top1_jax.io import checkpoints
 
   state, results = train_case()

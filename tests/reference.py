@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from top1_jax import binning
+from top1_jax.core import binning
 
 
 def fit_bins(u: np.ndarray, correct: np.ndarray, n_bins: int):

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from top1_jax import aggregate, crossval
+from top1_jax.evaluation import crossval
 from top1_jax.io import files, results
+from top1_jax.sweep import aggregate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = {"n_folds": 4, "scheme": "random_halves", "n_bins": [5, 10]}
@@ -204,7 +205,7 @@ def test_read_results_types_and_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="nowhere: no such work dir"):
     results.read_results(tmp_path / "nowhere")
   (tmp_path / "empty").mkdir()
-  with pytest.raises(FileNotFoundError, match="empty: no results.csv .*experiments.evaluate"):
+  with pytest.raises(FileNotFoundError, match="empty: no results.csv .*top1_jax.launch.evaluate"):
     results.read_results(tmp_path / "empty")
   files.write_csv(tmp_path / "old" / "results.csv", [{"method": "x", "brier": 0.1}])
   with pytest.raises(ValueError, match="no column dataset, model,"):
@@ -233,7 +234,7 @@ def test_expand_workdirs(tmp_path):
 
 def _launch(*args):
   return subprocess.run(
-    [sys.executable, "-m", "experiments.aggregate", *args],
+    [sys.executable, "-m", "top1_jax.launch.aggregate", *args],
     cwd=ROOT,
     env={**os.environ, "JAX_PLATFORMS": "cpu"},
     capture_output=True,

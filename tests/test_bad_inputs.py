@@ -10,7 +10,8 @@ import gzip
 import numpy as np
 import pytest
 
-from top1_jax import baselines, binning, crossval, events, metrics, scores, validation
+from top1_jax.core import binning, events, metrics, scores, validation
+from top1_jax.evaluation import baselines, crossval
 from top1_jax.io import predictions
 
 LOGITS = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)

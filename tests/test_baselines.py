@@ -17,7 +17,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from top1_jax import baselines, binning, events, metrics, scores
+from top1_jax.core import binning, events, metrics, scores
+from top1_jax.evaluation import baselines
 
 NUM_CLASSES = 10
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"

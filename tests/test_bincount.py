@@ -5,7 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from top1_jax import Calibrator, bincount, binning, crossval, metrics
+from top1_jax import Calibrator
+from top1_jax.core import binning, metrics
+from top1_jax.estimators import bin_count
+from top1_jax.evaluation import crossval
 
 
 def _smooth(num, seed):
@@ -19,8 +22,8 @@ def _smooth(num, seed):
 def test_the_chosen_count_is_near_the_best_on_a_big_independent_test_set():
   u, correct = _smooth(20_000, seed=0)
   u_test, correct_test = _smooth(400_000, seed=99)
-  chosen, cv = bincount.choose_n_bins(u, correct)
-  assert cv.n_bins == bincount.DEFAULT_GRID and chosen in cv.n_bins
+  chosen, cv = bin_count.choose_n_bins(u, correct)
+  assert cv.n_bins == bin_count.DEFAULT_GRID and chosen in cv.n_bins
   nll = {
     n: float(metrics.nll(binning.predict(binning.fit(u, correct, n), u_test), correct_test))
     for n in cv.n_bins
@@ -32,21 +35,21 @@ def test_the_chosen_count_is_near_the_best_on_a_big_independent_test_set():
 
 def test_the_choice_is_the_lowest_mean_nll_of_the_nested_splits_ties_to_fewer_bins():
   u, correct = _smooth(3000, seed=1)
-  chosen, cv = bincount.choose_n_bins(u, correct, grid=(40, 10, 20, 10), n_folds=6, seed=3)
+  chosen, cv = bin_count.choose_n_bins(u, correct, grid=(40, 10, 20, 10), n_folds=6, seed=3)
   splits = crossval.make_splits(3000, 6, 3, "halves")
   expected = crossval.cross_validate(u, correct, (10, 20, 40), splits=splits)
   assert cv.n_bins == (10, 20, 40)
   np.testing.assert_array_equal(cv.mean["nll"], expected.mean["nll"])
   assert chosen == cv.n_bins[int(np.argmin(expected.mean["nll"]))]
   # Constant scores: every count gives the same (one effective) bin, so the fewest wins.
-  flat, _ = bincount.choose_n_bins(np.zeros(200), correct[:200], grid=(50, 5, 20))
+  flat, _ = bin_count.choose_n_bins(np.zeros(200), correct[:200], grid=(50, 5, 20))
   assert flat == 5
 
 
 def test_same_seed_same_choice():
   u, correct = _smooth(2000, seed=2)
-  first = bincount.choose_n_bins(u, correct, seed=7)
-  second = bincount.choose_n_bins(u, correct, seed=7)
+  first = bin_count.choose_n_bins(u, correct, seed=7)
+  second = bin_count.choose_n_bins(u, correct, seed=7)
   assert first[0] == second[0]
   np.testing.assert_array_equal(first[1].per_fold["nll"], second[1].per_fold["nll"])
 
@@ -54,17 +57,17 @@ def test_same_seed_same_choice():
 @pytest.mark.parametrize("num", [10, 11, 25, 60])
 def test_tiny_data_clips_the_default_grid_and_chooses_a_valid_count(num):
   u, correct = _smooth(num, seed=num)
-  chosen, cv = bincount.choose_n_bins(u, correct)
-  assert cv.n_bins == tuple(sorted({min(n, num // 2) for n in bincount.DEFAULT_GRID}))
+  chosen, cv = bin_count.choose_n_bins(u, correct)
+  assert cv.n_bins == tuple(sorted({min(n, num // 2) for n in bin_count.DEFAULT_GRID}))
   assert max(cv.n_bins) <= num // 2 and 1 <= chosen <= num // 2
-  bins, n = bincount.fit_cv(u, correct)
+  bins, n = bin_count.fit_cv(u, correct)
   assert n == chosen and bins.counts.shape == (n,) and int(np.sum(bins.counts)) == num
 
 
 def test_fit_cv_is_binning_fit_with_the_chosen_count():
   u, correct = _smooth(5000, seed=4)
-  bins, n = bincount.fit_cv(u, correct, grid=(5, 10, 20), seed=1)
-  assert n == bincount.choose_n_bins(u, correct, grid=(5, 10, 20), seed=1)[0]
+  bins, n = bin_count.fit_cv(u, correct, grid=(5, 10, 20), seed=1)
+  assert n == bin_count.choose_n_bins(u, correct, grid=(5, 10, 20), seed=1)[0]
   expected = binning.fit(u, correct, n)
   for got, want in zip(bins, expected, strict=True):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -88,15 +91,15 @@ def test_fit_cv_is_binning_fit_with_the_chosen_count():
 def test_bad_arguments_are_one_line_errors(kwargs, message):
   u, correct = _smooth(100, seed=5)
   with pytest.raises(ValueError, match=message) as info:
-    bincount.choose_n_bins(u, correct, **kwargs)
+    bin_count.choose_n_bins(u, correct, **kwargs)
   assert "\n" not in str(info.value)
 
 
 def test_bad_scores_are_one_line_errors():
   with pytest.raises(ValueError, match="length mismatch"):
-    bincount.choose_n_bins(np.zeros(20), np.zeros(19, bool))
+    bin_count.choose_n_bins(np.zeros(20), np.zeros(19, bool))
   with pytest.raises(ValueError, match="u: 1 non-finite"):
-    bincount.choose_n_bins(np.r_[np.zeros(19), np.nan], np.zeros(20, bool))
+    bin_count.choose_n_bins(np.r_[np.zeros(19), np.nan], np.zeros(20, bool))
 
 
 def _logits(num, num_classes=10, seed=0):
@@ -114,7 +117,7 @@ def test_calibrator_cv_fits_with_the_chosen_count_and_round_trips(tmp_path):
   cal.fit(logits[:3000], labels[:3000])
   u = cal.scores_of(logits[:3000])
   correct = logits[:3000].argmax(1) == labels[:3000]
-  bins, chosen = bincount.fit_cv(u, correct)
+  bins, chosen = bin_count.fit_cv(u, correct)
   assert cal.n_bins_chosen == chosen and cal.bins.counts.shape == (chosen,)
   expected = np.asarray(binning.predict(bins, cal.scores_of(logits)))
   np.testing.assert_array_equal(cal.predict_proba(logits), expected)

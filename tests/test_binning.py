@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from top1_jax import binning
+from top1_jax.core import binning
 
 
 def _data(num, seed=0, ties=False):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import reference
 
-from top1_jax import Calibrator, binning, scores
+from top1_jax import Calibrator
+from top1_jax.core import binning, scores
 
 
 def _logits(num=2000, num_classes=10, seed=0):

@@ -11,8 +11,11 @@ import types
 import numpy as np
 import pytest
 
-from top1_jax import baselines, comparison, crossval, events, metrics, scores, sweep, toplabel
+from top1_jax.core import events, metrics, scores
+from top1_jax.estimators import toplabel
+from top1_jax.evaluation import baselines, crossval
 from top1_jax.io import predictions
+from top1_jax.sweep import comparison, runner
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
 
@@ -102,7 +105,7 @@ def test_benchmark_rows_match_the_split_by_split_oracle(data, compare_bins, own_
   assert rows[:1] == comparison.benchmark_rows(
     log_probs, labels, splits, single_model=False, compare_bins=compare_bins, ece_bins=15
   )
-  # The label terms handed over (as sweep.Source does from its scoring pass): the same rows.
+  # The label terms handed over (as runner.Source does from its scoring pass): the same rows.
   given = events.label_terms(log_probs, labels)
   assert rows == comparison.benchmark_rows(
     log_probs, labels, splits, single_model=True, compare_bins=compare_bins, ece_bins=15,
@@ -164,7 +167,7 @@ def test_bad_input_gets_a_one_line_value_error(kwargs, message):
 
 
 def test_sweep_table1_from_benchmarks_computed_beside_the_sweep(tmp_path):
-  # experiments.evaluate computes sweep.benchmarks in a thread while sweep.run runs.
+  # top1_jax.launch.evaluate computes runner.benchmarks in a thread while runner.run runs.
   log_probs, labels = _synthetic(600)
   path = predictions.save_predictions(
     tmp_path / "p.npz", predictions.Predictions(labels=labels, logits=log_probs)
@@ -174,14 +177,14 @@ def test_sweep_table1_from_benchmarks_computed_beside_the_sweep(tmp_path):
     estimators=("bins",), compare_bins=5, ece_bins=15, selective_targets=(0.9,),
     selective_delta=0.1,
   )  # fmt: skip
-  sources = sweep.load_sources([("model", path)], s)
-  records = sweep.run(s, sources, tmp_path / "sweep", log=lambda line: None)
-  benchmarked = sweep.benchmarks(s, sources)
+  sources = runner.load_sources([("model", path)], s)
+  records = runner.run(s, sources, tmp_path / "sweep", log=lambda line: None)
+  benchmarked = runner.benchmarks(s, sources)
   assert list(benchmarked) == ["model"]
-  table = sweep.table1(s, sources, records, benchmarked)
-  assert table == sweep.table1(s, sources, records)
+  table = runner.table1(s, sources, records, benchmarked)
+  assert table == runner.table1(s, sources, records)
   assert [row["variant"] for row in table] == list(comparison.VARIANTS)
   # No Top-1 point in the sweep: no Table 1, and nothing computed for it.
   s.topk = (2,)
-  assert sweep.benchmarks(s, sources) == {}
-  assert sweep.table1(s, sources, sweep.run(s, sources, tmp_path / "k2", log=print)) == []
+  assert runner.benchmarks(s, sources) == {}
+  assert runner.table1(s, sources, runner.run(s, sources, tmp_path / "k2", log=print)) == []

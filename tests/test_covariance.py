@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import reference
 
-from top1_jax import covariance
+from top1_jax.kernels import covariance
 
 
 def _oracle(samples: np.ndarray) -> np.ndarray:

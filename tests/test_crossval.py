@@ -8,7 +8,8 @@ import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from top1_jax import binning, crossval, metrics
+from top1_jax.core import binning, metrics
+from top1_jax.evaluation import crossval
 
 
 def _data(num, seed=0, distinct=None):

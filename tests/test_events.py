@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from top1_jax import events
+from top1_jax.core import events
 
 
 def test_topk_correct_matches_loop():

@@ -22,7 +22,11 @@ needs_fmnist = pytest.mark.skipif(
   not HAVE_FMNIST, reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"
 )
 ENV = processes.LAUNCHER_ENV
-QUICK = ["--config=configs/quick.py", "--config.limit_train=3000", "--config.limit_test=1200"]
+QUICK = [
+  "--config=top1_jax/configs/quick.py",
+  "--config.limit_train=3000",
+  "--config.limit_test=1200",
+]
 POINT = "mlp_tdr0.1_seed0"  # the quick config's one training point
 NO_FIGURES = "--config.figures=False"  # for tests that check only the numbers: ~10 s less
 
@@ -94,7 +98,7 @@ def test_killed_sweep_resumes_without_redoing_work(quick_run, tmp_path):
   for name in ("results.json", "results.csv", "results.md"):
     (workdir / name).unlink()
   process = subprocess.Popen(
-    [sys.executable, "-m", "experiments.reproduce", *QUICK, f"--workdir={workdir}"],
+    [sys.executable, "-m", "top1_jax.launch.reproduce", *QUICK, f"--workdir={workdir}"],
     cwd=ROOT,
     env=ENV,
     stdout=subprocess.PIPE,
@@ -150,7 +154,7 @@ def _predictions_file(path, dataset="fashion_mnist", num=200, seed=0):
   return path
 
 
-EVAL = "--config=configs/imagenet_eval.py"
+EVAL = "--config=top1_jax/configs/imagenet_eval.py"
 
 
 @pytest.mark.parametrize(
@@ -181,7 +185,7 @@ def test_evaluate_refuses_files_of_different_datasets(tmp_path):
 
 
 def test_missing_inputs_give_one_line(tmp_path):
-  _one_line_error(_run("evaluate", f"--workdir={tmp_path}"), "run experiments.predict")
+  _one_line_error(_run("evaluate", f"--workdir={tmp_path}"), "run top1_jax.launch.predict")
   _one_line_error(
     _run("evaluate", f"--workdir={tmp_path}", EVAL, "--config.predictions=nope.npz"),
     "no such file: nope.npz",
@@ -231,7 +235,7 @@ def test_evaluate_with_another_config_than_the_work_dirs_leaves_it_as_it_was(tmp
 @pytest.mark.slow
 def test_killed_training_resumes_from_the_last_epoch(tmp_path):
   args = [
-    "--config=configs/quick.py",
+    "--config=top1_jax/configs/quick.py",
     "--config.epochs=3",
     "--config.ensemble_size=0",
     "--config.limit_train=2000",
@@ -244,7 +248,7 @@ def test_killed_training_resumes_from_the_last_epoch(tmp_path):
 
   killed = tmp_path / "killed"
   process = subprocess.Popen(
-    [sys.executable, "-m", "experiments.train", *args, f"--workdir={killed}"],
+    [sys.executable, "-m", "top1_jax.launch.train", *args, f"--workdir={killed}"],
     cwd=ROOT,
     env=ENV,
     stdout=subprocess.DEVNULL,
@@ -311,7 +315,7 @@ def seed_sweep(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("seeds")
   outputs = _wait_for(
     [
-      ["-m", "experiments.reproduce", *SMALL, TWO_SEEDS, f"--workdir={workdir}"]
+      ["-m", "top1_jax.launch.reproduce", *SMALL, TWO_SEEDS, f"--workdir={workdir}"]
       + [f"--task_index={i}", "--num_tasks=2"]
       for i in range(2)
     ]

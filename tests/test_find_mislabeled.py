@@ -1,4 +1,4 @@
-"""experiments.find_mislabeled end to end (real Fashion-MNIST images and planted errors, or a
+"""top1_jax.launch.find_mislabeled end to end (real Fashion-MNIST images and planted errors, or a
 tiny IDX folder), and the files it reads and writes (io.mislabeled_report)."""
 
 import csv
@@ -14,7 +14,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from top1_jax import mislabeled
+from top1_jax.evaluation import mislabeled
 from top1_jax.io import datasets, idx, mislabeled_report
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.io.splits import DatasetSplit
@@ -32,7 +32,7 @@ PLANTED = [17, 123, 256]  # wrong with the three largest margins, in this order
 
 def _run(*args):
   return subprocess.run(
-    [sys.executable, "-m", "experiments.find_mislabeled", *args],
+    [sys.executable, "-m", "top1_jax.launch.find_mislabeled", *args],
     cwd=ROOT,
     env=ENV,
     capture_output=True,

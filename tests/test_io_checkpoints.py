@@ -7,7 +7,7 @@ import pytest
 from etils import epath
 from toy_data import gaussian_blobs
 
-from top1_jax import models, train
+from top1_jax.engine import models, train
 from top1_jax.io import checkpoints
 
 

@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sklearn.isotonic import IsotonicRegression
 
-from top1_jax import binning, crossval, isotonic, metrics
+from top1_jax.core import binning, metrics
+from top1_jax.estimators import isotonic
+from top1_jax.evaluation import crossval
 
 
 def _data(num, seed=0, ties=False, increasing=False):

@@ -4,7 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from top1_jax import binning, crossval, kde
+from top1_jax.core import binning
+from top1_jax.estimators import kde
+from top1_jax.evaluation import crossval
 
 
 def _truth(u):

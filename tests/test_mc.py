@@ -1,4 +1,4 @@
-"""Tests for top1_jax.mc: vmapped samples against loops, streaming, devices."""
+"""Tests for top1_jax.engine.mc: vmapped samples against loops, streaming, devices."""
 
 import importlib.util
 import os
@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from top1_jax import mc, models, scores
+from top1_jax.core import scores
+from top1_jax.engine import mc, models
 
 _TESTS = pathlib.Path(__file__).resolve().parent
 _ROOT = _TESTS.parent

@@ -7,7 +7,7 @@ import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from top1_jax import binning, metrics
+from top1_jax.core import binning, metrics
 
 
 def _expand(prob, weight, num=48000):

@@ -11,7 +11,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from top1_jax import metrics, selective
+from top1_jax.core import metrics
+from top1_jax.evaluation import selective
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
 

@@ -9,7 +9,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from top1_jax import mislabeled
+from top1_jax.evaluation import mislabeled
 
 
 def _reference(u, correct, n_bins, top_bins, calibration=None):

@@ -1,4 +1,4 @@
-"""Tests for top1_jax.models: shapes, call-time dropout, apply functions."""
+"""Tests for top1_jax.engine.models: shapes, call-time dropout, apply functions."""
 
 import json
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from top1_jax import models
+from top1_jax.engine import models
 
 
 def _param_count(variables) -> int:

@@ -1,4 +1,4 @@
-"""Tests for top1_jax.parallel: two processes train as one, and the topology checks.
+"""Tests for top1_jax.engine.parallel: two processes train as one, and the topology checks.
 
 One two-process run (``multihost_worker.py``, 2 fake CPU devices per process, so
 4 in all) covers data-parallel ``fit`` and ``fit_ensemble``, evaluation, the
@@ -14,7 +14,7 @@ import numpy as np
 import processes
 import pytest
 
-from top1_jax import parallel
+from top1_jax.engine import parallel
 
 _TESTS = pathlib.Path(__file__).resolve().parent
 _TIMEOUT_S = 120  # ~10 s when it works; a process that fails leaves the other waiting

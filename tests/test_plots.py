@@ -10,7 +10,9 @@ from matplotlib import image as mpl_image
 from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 
-from top1_jax import binning, crossval, metrics, plots
+from top1_jax import plots
+from top1_jax.core import binning, metrics
+from top1_jax.evaluation import crossval
 
 
 def _scores(num, seed=0, ties=False):

@@ -1,6 +1,6 @@
 """Evaluation at scale: streamed reads and chunked scores equal the whole-file path.
 
-``io.stream.PredictionsReader`` + ``chunked.from_chunks`` against
+``io.stream.PredictionsReader`` + ``streaming.from_chunks`` against
 ``load_predictions`` + ``scores.from_predictions``, bit for bit, on small files
 (samples, a single model, mean_probs with stored scores), with chunk sizes that
 do not divide N and with zip-compressed members; and ``binning`` compiling once
@@ -20,7 +20,8 @@ import numpy as np
 import processes
 import pytest
 
-from top1_jax import binning, chunked, events, scores
+from top1_jax.core import binning, events, scores
+from top1_jax.engine import streaming
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.io import stream
 
@@ -78,7 +79,7 @@ def test_streamed_scores_equal_the_whole_file(tmp_path, monkeypatch, kind, compr
       # Compressed members are read whole (into memory, or into a temporary file).
       assert bool(reader.read_whole) == (compress != "stored")
       assert reader.num_examples == NUM and reader.num_classes == CLASSES
-      streamed, streamed_values, streamed_terms = chunked.from_chunks(
+      streamed, streamed_values, streamed_terms = streaming.from_chunks(
         reader.chunks(chunk_size), reader.num_examples, topk=(1, 4)
       )
     assert all(spill.closed for spill in spills)
@@ -101,13 +102,13 @@ def test_streamed_scores_equal_the_whole_file(tmp_path, monkeypatch, kind, compr
 
 def _streamed(path, size: int) -> dict[str, np.ndarray]:
   with stream.PredictionsReader(path) as reader:
-    log_probs, values, terms = chunked.from_chunks(reader.chunks(size), NUM, topk=(1, 4))
+    log_probs, values, terms = streaming.from_chunks(reader.chunks(size), NUM, topk=(1, 4))
   named_terms = {f"terms_{name}": value for name, value in terms._asdict().items()}
   return {"log_probs": np.asarray(log_probs), **values, **named_terms}
 
 
 def test_chunks_scored_on_two_cpu_devices_at_once_equal_the_whole_file(tmp_path):
-  # experiments.evaluate gives JAX a CPU device per core; chunked.from_chunks then
+  # top1_jax.launch.evaluate gives JAX a CPU device per core; streaming.from_chunks then
   # scores each group of two chunks with one program over both devices (a short last
   # group repeats its chunk). The devices must not change a single bit, and the scores'
   # program compiles once, not once per device: 2 compiles with _joined's. A stored
@@ -277,16 +278,16 @@ def test_chunks_must_cover_the_examples(tmp_path):
   with stream.PredictionsReader(path) as reader:
     chunks = list(reader.chunks(7))
   with pytest.raises(ValueError, match="chunks: expected a chunk at 7"):
-    chunked.from_chunks(chunks[:1] + chunks[2:], NUM)
+    streaming.from_chunks(chunks[:1] + chunks[2:], NUM)
   with pytest.raises(ValueError, match="chunks: expected 23 examples, got 14"):
-    chunked.from_chunks(chunks[:2], NUM)
+    streaming.from_chunks(chunks[:2], NUM)
 
 
 def test_chunk_size_aims_at_a_fixed_number_of_bytes():
-  assert chunked.chunk_size(50_000, None, 1000) == chunked.DEFAULT_CHUNK_BYTES // 4000
-  assert chunked.chunk_size(50_000, 32, 1000) == chunked.DEFAULT_CHUNK_BYTES // 128_000
-  assert chunked.chunk_size(10, 32, 1000) == 10
-  assert chunked.chunk_size(10, 10**6, 10**6) == 1
+  assert streaming.chunk_size(50_000, None, 1000) == streaming.DEFAULT_CHUNK_BYTES // 4000
+  assert streaming.chunk_size(50_000, 32, 1000) == streaming.DEFAULT_CHUNK_BYTES // 128_000
+  assert streaming.chunk_size(10, 32, 1000) == 10
+  assert streaming.chunk_size(10, 10**6, 10**6) == 1
 
 
 def test_binning_compiles_once_per_size_bucket():
@@ -322,7 +323,7 @@ def test_replace_keeps_a_reader_chunk_a_predictions(tmp_path):
 
 
 def test_temperature_weights_and_start_give_the_same_fit():
-  from top1_jax import temperature
+  from top1_jax.estimators import temperature
 
   rng = np.random.default_rng(3)
   logits = (2 * rng.normal(size=(400, 10))).astype(np.float32)
@@ -340,7 +341,7 @@ def test_temperature_weights_and_start_give_the_same_fit():
 
 
 def test_temperatures_of_many_splits_in_one_call_equal_one_fit_each():
-  from top1_jax import temperature
+  from top1_jax.estimators import temperature
 
   rng = np.random.default_rng(4)
   logits = (3 * rng.normal(size=(600, 10))).astype(np.float32)
@@ -361,7 +362,7 @@ def test_temperatures_of_many_splits_in_one_call_equal_one_fit_each():
 
 
 def test_temperatures_of_splits_of_a_large_set_start_from_a_subsample_and_agree():
-  from top1_jax import temperature
+  from top1_jax.estimators import temperature
 
   rng = np.random.default_rng(6)
   num = 20_000  # > 4 x 4,096: the pooled fit starts from a subsample's fit
@@ -383,7 +384,7 @@ def _softmax_terms_oracle(logits, labels, temperature):
 
 
 def test_split_fits_from_cumulants_equal_each_split_fitted_and_scored_exactly(monkeypatch):
-  from top1_jax import temperature
+  from top1_jax.estimators import temperature
 
   monkeypatch.setattr(temperature, "_CUMULANTS_FROM", 0)  # this small set takes them too
 
@@ -409,7 +410,7 @@ def test_split_fits_from_cumulants_equal_each_split_fitted_and_scored_exactly(mo
 
 
 def test_split_fits_far_from_the_pool_take_the_exact_route(monkeypatch):
-  from top1_jax import temperature
+  from top1_jax.estimators import temperature
 
   monkeypatch.setattr(temperature, "_CUMULANTS_FROM", 0)  # tried first, then refused
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from top1_jax import events, scores
+from top1_jax.core import events, scores
 
 
 def _softmax64(logits):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from top1_jax import binning, crossval, selective
+from top1_jax.core import binning
+from top1_jax.evaluation import crossval, selective
 
 
 def _accuracy(u):

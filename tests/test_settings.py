@@ -58,7 +58,7 @@ def _data(directory) -> str:
   return f"--config.data_dir={directory}"
 
 
-QUICK = "--config=configs/quick.py"
+QUICK = "--config=top1_jax/configs/quick.py"
 
 
 def _refused(result, elapsed, flag, text, workdir, prefix="config."):
@@ -155,8 +155,8 @@ def reproduce_in_process(monkeypatch):
   """``reproduce.main`` in this process, with training replaced by a tripwire."""
   from absl import flags
 
-  from experiments import common, reproduce
-  from experiments import train as train_exp
+  from top1_jax.launch import common, reproduce
+  from top1_jax.launch import train as train_exp
 
   def tripwire(*_, **__):
     raise AssertionError("training started before the settings were refused")
@@ -380,7 +380,7 @@ def test_train_and_test_images_of_different_sizes_are_refused_before_training(tm
 def test_every_config_loads_and_passes_its_checks(name):
   import importlib
 
-  from top1_jax import plan
+  from top1_jax.sweep import plan
 
   config = importlib.import_module(f"configs.{name}").get_config()
   if name == "imagenet_eval":

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from top1_jax import binning, metrics, toplabel
+from top1_jax.core import binning, metrics
+from top1_jax.estimators import toplabel
 
 # P(correct | confidence c, predicted class): calibrated, overconfident, underconfident.
 CURVES = (lambda c: c, lambda c: c**3, lambda c: np.sqrt(c))

@@ -1,4 +1,4 @@
-"""Tests for top1_jax.train: steps, ensembles (vmap = loop), resuming, real data."""
+"""Tests for top1_jax.engine.train: steps, ensembles (vmap = loop), resuming, real data."""
 
 import gzip
 import pathlib
@@ -11,7 +11,7 @@ import optax
 import pytest
 from toy_data import gaussian_blobs
 
-from top1_jax import mc, models, train
+from top1_jax.engine import mc, models, train
 from top1_jax.io import checkpoints
 
 _FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist")

@@ -17,30 +17,14 @@ The package's face is the paper's maths, which needs only jax and numpy::
   cv = t1.cross_validate(u, correct, n_bins=(10, 20, 100))
 
 The rest is imported by name, so ``import top1_jax`` stays light:
-``top1_jax.models`` / ``mc`` / ``train`` (Flax models, MC dropout and ensembles),
+``top1_jax.engine.models`` / ``mc`` / ``train`` (Flax models, MC dropout and ensembles),
 ``top1_jax.io`` (datasets, predictions files, writing files), ``top1_jax.plots``.
 docs/architecture.md describes the layers.
 """
 
-__version__ = "0.1.0"
-
-from top1_jax import (
-  baselines,
-  bincount,
-  binning,
-  comparison,
-  crossval,
-  events,
-  isotonic,
-  kde,
-  metrics,
-  mislabeled,
-  scores,
-  selective,
-  temperature,
-  toplabel,
-)
-from top1_jax.binning import (
+from top1_jax.calibrator import Calibrator
+from top1_jax.core import binning, events, metrics, scores
+from top1_jax.core.binning import (
   Bins,
   assign,
   calibrated_prob,
@@ -49,13 +33,11 @@ from top1_jax.binning import (
   hoeffding_halfwidth,
   quantile_edge_ranks,
 )
-from top1_jax.binning import fit as fit_bins
-from top1_jax.binning import predict as predict_bins
-from top1_jax.binning import refit as refit_bins
-from top1_jax.calibrator import Calibrator
-from top1_jax.crossval import METRICS, CrossValidation, Splits, cross_validate, make_splits
-from top1_jax.events import topk_correct
-from top1_jax.metrics import (
+from top1_jax.core.binning import fit as fit_bins
+from top1_jax.core.binning import predict as predict_bins
+from top1_jax.core.binning import refit as refit_bins
+from top1_jax.core.events import topk_correct
+from top1_jax.core.metrics import (
   Decomposition,
   auroc,
   brier,
@@ -65,8 +47,7 @@ from top1_jax.metrics import (
   nll,
   nll_decomposition,
 )
-from top1_jax.mislabeled import ConfidentErrors, confident_errors
-from top1_jax.scores import (
+from top1_jax.core.scores import (
   REGISTRY,
   Score,
   covariance_norm,
@@ -78,13 +59,25 @@ from top1_jax.scores import (
   neg_log_topk_mass,
   pmax,
 )
+from top1_jax.estimators import bin_count, isotonic, kde, temperature, toplabel
+from top1_jax.evaluation import baselines, crossval, mislabeled, selective
+from top1_jax.evaluation.crossval import (
+  METRICS,
+  CrossValidation,
+  Splits,
+  cross_validate,
+  make_splits,
+)
+from top1_jax.evaluation.mislabeled import ConfidentErrors, confident_errors
+from top1_jax.sweep import comparison
+from top1_jax.version import __version__  # noqa: F401  (the public version)
 
 __all__ = [
   # the practitioner's calibrator
   "Calibrator",
   # modules of the maths
   "baselines",
-  "bincount",
+  "bin_count",
   "binning",
   "comparison",
   "crossval",

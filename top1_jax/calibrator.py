@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax import bincount, binning, events, metrics, scores, validation
+from top1_jax.core import binning, events, metrics, scores, validation
+from top1_jax.estimators import bin_count
 
 FORMAT = "top1_jax.Calibrator"
 VERSION = 1
@@ -43,8 +44,8 @@ class Calibrator:
       takes ``k``), or a callable ``score(x) -> [N]`` of the raw input (not
       saveable).
     n_bins: equal-count bins fitted on the calibration data, or ``"cv"``: the count
-      of ``bincount.DEFAULT_GRID`` with the lowest held-out NLL in nested
-      cross-validation on the calibration data (``bincount.fit_cv``, seed 0);
+      of ``bin_count.DEFAULT_GRID`` with the lowest held-out NLL in nested
+      cross-validation on the calibration data (``bin_count.fit_cv``, seed 0);
       ``n_bins_chosen`` holds the count used once fitted.
     k: the event is "the true label is among the k top classes".
     inputs: ``"logits"`` or ``"probs"``: what ``x`` holds.
@@ -142,7 +143,7 @@ class Calibrator:
     try:
       u, correct = self._score_and_correct(x, labels)
       if self.n_bins == "cv":
-        bins, n_bins = bincount.fit_cv(u, correct)
+        bins, n_bins = bin_count.fit_cv(u, correct)
       else:
         n_bins = validation.positive_int("n_bins", self.n_bins, maximum=u.shape[0])
         bins = binning.fit(u, correct, n_bins)

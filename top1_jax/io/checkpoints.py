@@ -20,15 +20,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from top1_jax import models
+from top1_jax.engine import models
+from top1_jax.engine.train import TrainState
 from top1_jax.io import files
-from top1_jax.train import TrainState
 
 __all__ = ["RunCheckpoints", "save_checkpoint", "restore_checkpoint"]
 
 # Written into every checkpoint and checked on restore. It names the module that
 # first wrote the format; changing it would make existing checkpoints unreadable.
-_FORMAT = "top1_jax.train.TrainState/1"
+_FORMAT = "top1_jax.engine.train.TrainState/1"
 # The folders ``save_checkpoint`` wrote per epoch before runs used RunCheckpoints.
 _LEGACY_PREFIX = "epoch_"
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 from etils import epath
 
-from top1_jax import validation
+from top1_jax.core import validation
 from top1_jax.io import files, idx, tfds
 from top1_jax.io.splits import (
   INSTALL_FASHION_MNIST,

@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 from etils import epath
 
-from top1_jax import validation
+from top1_jax.core import validation
 from top1_jax.io import files
 from top1_jax.io.splits import DatasetSplit, scale_images
 

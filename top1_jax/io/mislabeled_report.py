@@ -22,7 +22,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from top1_jax import events, mislabeled, scores, validation
+from top1_jax.core import events, scores, validation
+from top1_jax.evaluation import mislabeled
 from top1_jax.io import datasets, files
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.io.splits import DatasetSplit

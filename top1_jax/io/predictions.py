@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from top1_jax import __version__, scores, validation
+from top1_jax.core import scores, validation
 from top1_jax.io import files
+from top1_jax.version import __version__
 
 _SCORE_PREFIX = "score_"
 _SCORE_NAME = re.compile(r"^[A-Za-z0-9_]+$")

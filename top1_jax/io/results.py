@@ -1,7 +1,7 @@
 """Reading a work dir's results (``results.csv`` and ``results.json``) back into rows.
 
-``experiments.evaluate`` writes them; ``experiments.aggregate`` reads several
-work dirs' to merge runs of one sweep (``top1_jax.aggregate``). Work dirs may be
+``top1_jax.launch.evaluate`` writes them; ``top1_jax.launch.aggregate`` reads several
+work dirs' to merge runs of one sweep (``top1_jax.sweep.aggregate``). Work dirs may be
 local paths or URLs (``gs://...``, through ``io.files``).
 """
 
@@ -14,11 +14,28 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from top1_jax import aggregate, crossval
+from top1_jax.evaluation import crossval
 from top1_jax.io import files
 
 if TYPE_CHECKING:  # etils is imported only for a URL (see io.files)
   from etils import epath
+
+COLUMNS = (
+  "dataset",
+  "model",
+  "method",
+  "train_dropout_rate",
+  "dropout_rate",
+  "num_samples",
+  "ensemble_size",
+  "seed",
+  "source",
+  "score",
+  "topk",
+  "estimator",
+  "n_bins",
+)
+"""results.csv's settings columns, in order; the metrics' columns follow (crossval.rows)."""
 
 STRING_COLUMNS = ("dataset", "model", "method", "source", "score", "estimator", "seeds", "label")
 """Columns kept as text even when a cell looks like a number (a model named "1")."""
@@ -83,7 +100,7 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
   """A work dir's tidy ``results.csv`` rows and its ``results.json`` config.
 
   Args:
-    workdir: a run's work dir (local path or URL) after ``experiments.evaluate``.
+    workdir: a run's work dir (local path or URL) after ``top1_jax.launch.evaluate``.
 
   Returns:
     (rows, config): one dict per CSV row (None for empty cells, ints and floats
@@ -92,7 +109,7 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
   Raises:
     FileNotFoundError: no such work dir, or no ``results.csv`` / ``results.json`` in it.
     ValueError: a file that does not parse, or a CSV without the columns of
-      ``aggregate.COLUMNS`` (one written before the tidy format).
+      ``COLUMNS`` (one written before the tidy format).
   """
   root = files.as_path(workdir)
   if not root.is_dir():
@@ -100,21 +117,21 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
   csv_path = root / "results.csv"
   if not csv_path.exists():
     raise FileNotFoundError(
-      f"{workdir}: no results.csv (run experiments.evaluate with --workdir={workdir} first)"
+      f"{workdir}: no results.csv (run top1_jax.launch.evaluate with --workdir={workdir} first)"
     )
   text = files.read_text(csv_path)
   header = next(csv.reader(io.StringIO(text)), [])
-  missing = [column for column in aggregate.COLUMNS if column not in header]
+  missing = [column for column in COLUMNS if column not in header]
   if missing:
     raise ValueError(
       f"{csv_path}: no column {', '.join(missing)} (written by an older "
-      "experiments.evaluate? run it again there)"
+      "top1_jax.launch.evaluate? run it again there)"
     )
   rows = parse_csv(text, str(csv_path))
   json_path = root / "results.json"
   if not json_path.exists():
     raise FileNotFoundError(
-      f"{workdir}: no results.json (run experiments.evaluate with --workdir={workdir} first)"
+      f"{workdir}: no results.json (run top1_jax.launch.evaluate with --workdir={workdir} first)"
     )
   results = files.read_json(json_path)
   if not isinstance(results, dict) or not isinstance(results.get("config"), dict):

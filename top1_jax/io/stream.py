@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from top1_jax import validation
+from top1_jax.core import validation
 from top1_jax.io import files
 from top1_jax.io import predictions as predictions_lib
 

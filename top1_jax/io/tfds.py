@@ -19,7 +19,7 @@ import threading
 import numpy as np
 from etils import epath
 
-from top1_jax import validation
+from top1_jax.core import validation
 from top1_jax.io.splits import (
   INSTALL_FASHION_MNIST,
   INSTALL_TENSORFLOW,

@@ -13,7 +13,7 @@
   from ``crossval.cross_validate``.
 * ``dropout_rate_figure``: metrics of MC dropout against the test-time dropout
   rate, one line per bin count, the deterministic network as a reference line;
-  from a run's tidy results rows or rows merged over seeds (``top1_jax.aggregate``).
+  from a run's tidy results rows or rows merged over seeds (``top1_jax.sweep.aggregate``).
 * ``risk_coverage_figure``: the risk-coverage curve of a score with selective
   prediction's guaranteed operating points (``selective.guaranteed_coverage``).
 * ``image_grid``: tiles of images with their given label, predicted label and a

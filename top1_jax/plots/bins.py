@@ -8,8 +8,8 @@ from matplotlib import offsetbox, ticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from top1_jax import binning
-from top1_jax import metrics as metrics_lib
+from top1_jax.core import binning
+from top1_jax.core import metrics as metrics_lib
 from top1_jax.plots import figures
 
 BOUNDS = ("clopper_pearson", "hoeffding")

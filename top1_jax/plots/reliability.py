@@ -8,7 +8,7 @@ from matplotlib import ticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from top1_jax import binning, validation
+from top1_jax.core import binning, validation
 from top1_jax.plots import figures
 
 _POINT_COLOR = "#08519c"  # dark blue: per-bin accuracy

@@ -10,7 +10,8 @@ Each function returns the paths it wrote.
 
 import numpy as np
 
-from top1_jax import binning, crossval, scores, selective
+from top1_jax.core import binning, scores
+from top1_jax.evaluation import crossval, selective
 from top1_jax.plots.bins import bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.reliability import reliability_diagram

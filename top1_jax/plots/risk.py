@@ -8,7 +8,8 @@ import numpy as np
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
-from top1_jax import selective, validation
+from top1_jax.core import validation
+from top1_jax.evaluation import selective
 from top1_jax.plots import figures
 
 _CURVE_COLOR = "#08519c"  # dark blue, as the reliability diagram's points

@@ -10,7 +10,8 @@ from matplotlib import ticker
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from top1_jax import crossval, scores
+from top1_jax.core import scores
+from top1_jax.evaluation import crossval
 from top1_jax.plots import figures
 
 _METRIC_LABELS = {

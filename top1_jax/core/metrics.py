@@ -1,0 +1,434 @@
+"""Scores for P(correct) predictions: Brier, NLL, ECE, EOR, AUROC, decompositions.
+
+Per-example metrics take ``p: [N]`` predicted probabilities and ``correct: [N]``
+events. Binned metrics work on per-bin sufficient statistics (counts and hits):
+the Brier and NLL of a binned predictor on a test split, their decompositions
+(paper §4) and the ECE all follow from the calibration bins' probabilities and
+the test split's counts and hits in the same bins, so the array-level functions
+(``*_from_counts``) also serve the vectorised cross-validation.
+
+Conventions for a binned predictor evaluated on test data, with test weights
+w_i = n_i / n, test accuracy per bin a_i = h_i / n_i, test accuracy a = sum w_i a_i
+and predicted (calibration) probabilities p_i:
+
+* Brier = a(1-a) - sum w_i (a_i - a)^2 + sum w_i (p_i - a_i)^2
+  (uncertainty - resolution + calibration), exactly.
+* NLL = H(a) - sum w_i KL(a_i || a) + sum w_i KL(a_i || p_i), exactly.
+* ECE = sum w_i |a_i - p_i| (paper eq. CE).
+* EOR = sum w_i OR(p_i, base rate) (Definition EOR).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import validation
+from top1_jax.core.binning import Bins
+
+# Clip so a saturated 1.0 costs -log(2^-23) ~ 15.9 nats, not inf. 2^-23 (not 1e-7) so
+# that 1 - eps is exact in float32 and float64 alike.
+_PROB_EPS = 2.0**-23
+
+
+class Decomposition(NamedTuple):
+  """uncertainty - resolution + calibration == total (the score)."""
+
+  uncertainty: jax.Array
+  resolution: jax.Array
+  calibration: jax.Array
+  total: jax.Array
+
+
+def _xlogy_binary(a: jax.Array, p: jax.Array) -> jax.Array:
+  """-(a log p + (1-a) log(1-p)) with 0 log 0 = 0 and p clipped away from 0, 1."""
+  p = jnp.clip(p, _PROB_EPS, 1.0 - _PROB_EPS)
+  return -(jax.scipy.special.xlogy(a, p) + jax.scipy.special.xlog1py(1.0 - a, -p))
+
+
+def _binary_entropy(a: jax.Array) -> jax.Array:
+  # An accuracy that rounded just above 1 (hits / counts on a GPU, a weighted sum)
+  # would give log1p(-a) = nan; it is 1.
+  a = jnp.clip(a, 0.0, 1.0)
+  return -(jax.scipy.special.xlogy(a, a) + jax.scipy.special.xlog1py(1.0 - a, -a))
+
+
+def _kl_binary(a: jax.Array, p: jax.Array) -> jax.Array:
+  """KL(Bernoulli(a) || Bernoulli(p))."""
+  return _xlogy_binary(a, p) - _binary_entropy(a)
+
+
+@jax.jit
+def _brier(p, correct):
+  return jnp.mean((p - correct) ** 2)
+
+
+def brier(p: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Binary Brier score mean((p - correct)^2) of P(correct) predictions.
+
+  Args:
+    p: [N] float in [0, 1].
+    correct: [N] bool.
+
+  Returns:
+    [] float in [0, 1] (smaller is better).
+  """
+  return _brier(*validation.score_and_event("p", p, correct, probability=True))
+
+
+@jax.jit
+def _nll(p, correct):
+  return jnp.mean(_xlogy_binary(correct.astype(p.dtype), p))
+
+
+def nll(p: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Binary negative log-likelihood (nats), p clipped to [2^-23, 1 - 2^-23].
+
+  Args:
+    p: [N] float in [0, 1].
+    correct: [N] bool.
+
+  Returns:
+    [] float >= 0 (smaller is better).
+  """
+  return _nll(*validation.score_and_event("p", p, correct, probability=True))
+
+
+@jax.jit
+def _auroc(score, correct):
+  num = score.shape[0]
+  order = jnp.argsort(score)
+  sorted_score = score[order]
+  # Mid-rank of each tie group (1-based): ties count one half.
+  first = jnp.searchsorted(sorted_score, sorted_score, side="left")
+  last = jnp.searchsorted(sorted_score, sorted_score, side="right")
+  mid_rank = 0.5 * (first + last + 1)
+  positive = correct[order].astype(jnp.float32)
+  num_pos = jnp.sum(positive)
+  num_neg = num - num_pos
+  rank_sum = jnp.sum(mid_rank * positive)
+  return (rank_sum - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg)
+
+
+def auroc(score: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Area under the ROC curve for separating correct from incorrect by ``score``.
+
+  P(score of a random correct example > that of a random incorrect one), ties
+  counting one half. Larger scores must mean "more likely correct": pass a
+  probability or a confidence, or negate an uncertainty.
+
+  Args:
+    score: [N] float.
+    correct: [N] bool with both classes present.
+
+  Returns:
+    [] float in [0, 1].
+  """
+  score = validation.float_array("score", score, 1)
+  correct = validation.bool_array("correct", correct)
+  num = validation.same_length(score=score, correct=correct)
+  if not validation.is_traced(correct):
+    num_pos = int(jnp.sum(correct))
+    if num_pos in (0, num):
+      raise ValueError(
+        f"correct: AUROC needs both correct and incorrect examples, got {num_pos} of {num} correct"
+      )
+  return _auroc(score, correct)
+
+
+def auroc_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.Array:
+  """AUROC of a binned predictor: bins scored by ``prob``, ties between bins one half.
+
+  Args:
+    prob: [..., B] float, the prediction of each bin.
+    counts: [..., B] examples per bin; hits: [..., B] correct ones.
+
+  Returns:
+    [...] float (NaN when only one class is present).
+  """
+  pos = hits.astype(jnp.float32)
+  neg = (counts - hits).astype(jnp.float32)
+  diff = prob[..., :, None] - prob[..., None, :]
+  wins = jnp.where(diff > 0, 1.0, jnp.where(diff == 0, 0.5, 0.0))
+  pairs = jnp.einsum("...i,...ij,...j->...", pos, wins, neg)
+  return pairs / (jnp.sum(pos, -1) * jnp.sum(neg, -1))
+
+
+def eor_from_probs(prob: jax.Array, weight: jax.Array, base_rate: jax.Array) -> jax.Array:
+  """Array form of ``eor`` without input checks; batch axes lead, bins last."""
+  logit_gap = jnp.abs(jax.scipy.special.logit(prob) - jax.scipy.special.logit(base_rate)[..., None])
+  total = jnp.sum(weight, axis=-1)
+  # exp(|logit p - logit a|) = max(O(p)/O(a), O(a)/O(p)); zero weight never costs inf.
+  return jnp.sum(jnp.where(weight > 0, weight * jnp.exp(logit_gap), 0.0), axis=-1) / total
+
+
+def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> jax.Array:
+  """Expected odds ratio sum_i w_i max(O(p_i)/O(a), O(a)/O(p_i)), O(p) = p/(1-p).
+
+  The paper's coin example (p = [1/2, 1/2, 15/16, 1/16], equal weights, a = 1/2)
+  gives 8. Weights are normalised to sum to one.
+
+  Args:
+    prob: [B] float in (0, 1), probability of each bin.
+    weight: [B] float >= 0, bin weights (e.g. counts).
+    base_rate: [] float in (0, 1), e.g. the model's accuracy.
+
+  Returns:
+    [] float >= 1 (larger = more resolution).
+  """
+  prob = validation.probability_array("prob", prob, 1)
+  weight = validation.float_array("weight", weight, 1)
+  validation.same_length(prob=prob, weight=weight)
+  base_rate = validation.probability_array("base_rate", base_rate, 0)
+  # Concrete [B] arrays are checked on the host: eager jnp ops compile a program each.
+  if not validation.is_traced(weight):
+    host_weight = np.asarray(weight)
+    if np.any(host_weight < 0) or not np.sum(host_weight) > 0:
+      raise ValueError("weight: expected non-negative weights with a positive sum")
+  if not validation.is_traced(prob):
+    used = np.asarray(prob)[np.asarray(weight) > 0]
+    if np.any((used <= 0) | (used >= 1)):
+      raise ValueError("prob: the odds ratio needs probabilities strictly inside (0, 1)")
+    if not 0.0 < float(base_rate) < 1.0:
+      raise ValueError(
+        f"base_rate: expected a value strictly inside (0, 1), got {float(base_rate)}"
+      )
+  return _eor_from_probs(prob, weight, base_rate)
+
+
+def _test_terms(counts, hits):
+  counts = counts.astype(jnp.float32)
+  total = jnp.sum(counts, axis=-1, keepdims=True)
+  weight = counts / total
+  # Clipped: float32 division on a GPU is not always correctly rounded, and a bin
+  # with hits == counts came out as 1 + 2^-23 there (every NLL was nan).
+  acc_bin = jnp.clip(jnp.where(counts > 0, hits / jnp.maximum(counts, 1.0), 0.0), 0.0, 1.0)
+  acc = jnp.sum(weight * acc_bin, axis=-1, keepdims=True)
+  return weight, acc_bin, acc
+
+
+def brier_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> Decomposition:
+  """Brier decomposition of predictions ``prob`` on a split with ``counts``/``hits``.
+
+  Args:
+    prob: [..., B] float, prediction per bin; counts, hits: [..., B] of the split.
+
+  Returns:
+    ``Decomposition`` of [...] arrays.
+  """
+  weight, acc_bin, acc = _test_terms(counts, hits)
+  uncertainty = (acc * (1 - acc))[..., 0]
+  resolution = jnp.sum(weight * (acc_bin - acc) ** 2, axis=-1)
+  calibration = jnp.sum(weight * (prob - acc_bin) ** 2, axis=-1)
+  return Decomposition(uncertainty, resolution, calibration, uncertainty - resolution + calibration)
+
+
+def nll_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> Decomposition:
+  """NLL decomposition (nats), same arguments as ``brier_from_counts``."""
+  weight, acc_bin, acc = _test_terms(counts, hits)
+  uncertainty = _binary_entropy(acc)[..., 0]
+  resolution = jnp.sum(weight * _kl_binary(acc_bin, acc), axis=-1)
+  calibration = jnp.sum(weight * _kl_binary(acc_bin, prob), axis=-1)
+  return Decomposition(uncertainty, resolution, calibration, uncertainty - resolution + calibration)
+
+
+def ece_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.Array:
+  """sum_i w_i |a_i - p_i| with test weights and accuracies; same arguments as above."""
+  weight, acc_bin, _ = _test_terms(counts, hits)
+  return jnp.sum(weight * jnp.abs(acc_bin - prob), axis=-1)
+
+
+# The binned metrics of concrete bins, each one program: run eagerly, their jnp ops
+# compiled a program apiece (the figures of one evaluate compiled 36 of them).
+_ece_of_counts = jax.jit(ece_from_counts)
+_brier_of_counts = jax.jit(brier_from_counts)
+_nll_of_counts = jax.jit(nll_from_counts)
+_eor_from_probs = jax.jit(eor_from_probs)
+
+
+def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
+  validation.instance("train_bins", train_bins, Bins, "binning.Bins from binning.fit")
+  validation.instance("test_bins", test_bins, Bins, "binning.Bins from binning.refit")
+  if train_bins.n_bins != test_bins.n_bins:
+    raise ValueError(
+      f"test_bins: expected {train_bins.n_bins} bins like train_bins, got {test_bins.n_bins}"
+    )
+  if not validation.is_traced(test_bins.counts) and not np.sum(np.asarray(test_bins.counts)) > 0:
+    raise ValueError("test_bins: no examples were counted")
+
+
+def ece(train_bins: Bins, test_bins: Bins) -> jax.Array:
+  """Expected calibration error sum_i w_i^test |p_i^test - p_i^train| (paper eq. CE).
+
+  p^train is the predicted (regularised) probability of ``train_bins``; p^test and
+  w^test are the empirical accuracy and weight of each bin on the test data, e.g.
+  ``binning.refit(train_bins, u_test, correct_test)``.
+
+  Returns:
+    [] float in [0, 1].
+  """
+  _check_bin_pair(train_bins, test_bins)
+  return _ece_of_counts(train_bins.prob, test_bins.counts, test_bins.hits)
+
+
+def brier_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
+  """Brier score of ``train_bins``' predictions on the test data, decomposed (§4).
+
+  ``total`` equals ``brier(binning.predict(train_bins, u_test), correct_test)``.
+  """
+  _check_bin_pair(train_bins, test_bins)
+  return _brier_of_counts(train_bins.prob, test_bins.counts, test_bins.hits)
+
+
+def nll_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
+  """NLL of ``train_bins``' predictions on the test data, decomposed (§4).
+
+  ``total`` equals ``nll(binning.predict(train_bins, u_test), correct_test)``.
+  """
+  _check_bin_pair(train_bins, test_bins)
+  return _nll_of_counts(train_bins.prob, test_bins.counts, test_bins.hits)
+
+
+# Binning-free metrics: the smooth ECE and the area under the risk-coverage curve.
+
+# The smooth ECE works on a grid of _SMOOTH_GRID + 1 points over [0, 1]: one O(N)
+# splat, then each bandwidth costs one FFT, so the fixed-point search is cheap. The
+# grid step (1.2e-4) is 8x finer than the smallest bandwidth, as relplot's grid is 10x.
+_SMOOTH_GRID = 2**13
+_SMOOTH_MIN_SIGMA = 1e-3  # relplot's floor on the bandwidth search
+_SMOOTH_STEPS = 24  # bisection halvings: the final bracket is 6e-8 wide
+
+
+def _grid_density(values: jax.Array, prob: jax.Array) -> jax.Array:
+  """[G + 1] density on the grid of point masses ``values`` placed at ``prob``.
+
+  Each mass is split linearly between its two nearest grid points and divided by
+  the trapezoid weight there, so the trapezoid rule integrates it back exactly: a
+  point at 0 or 1 keeps its whole mass (its reflection is itself).
+  """
+  position = prob * _SMOOTH_GRID
+  left = jnp.clip(jnp.floor(position).astype(jnp.int32), 0, _SMOOTH_GRID - 1)
+  frac = position - left
+  mass = jax.ops.segment_sum(
+    jnp.concatenate([values * (1 - frac), values * frac]),
+    jnp.concatenate([left, left + 1]),
+    _SMOOTH_GRID + 1,
+  )
+  return mass / _trapezoid_weights()
+
+
+def _trapezoid_weights() -> jax.Array:
+  weights = jnp.full(_SMOOTH_GRID + 1, 1.0 / _SMOOTH_GRID)
+  return weights.at[jnp.array([0, -1])].set(0.5 / _SMOOTH_GRID)
+
+
+def _reflected_smooth(spectrum: jax.Array, sigma: jax.Array) -> jax.Array:
+  """Densities convolved with the Gaussian reflected at 0 and 1 (all images).
+
+  Reflecting at both ends is the same as smoothing the even extension of the
+  density, a function of period 2, with the periodic Gaussian; in Fourier space
+  that is the factor exp(-2 pi^2 sigma^2 xi^2) on frequency xi = k / 2.
+  """
+  xi = jnp.arange(spectrum.shape[0]) / 2.0
+  smoothed = jnp.fft.irfft(spectrum * jnp.exp(-2 * (jnp.pi * sigma * xi) ** 2), 2 * _SMOOTH_GRID)
+  return smoothed[: _SMOOTH_GRID + 1]
+
+
+@jax.jit
+def _smooth_ece(prob, correct):
+  density = _grid_density(correct.astype(prob.dtype) - prob, prob)
+  even = jnp.concatenate([density, density[-2:0:-1]])  # period 2
+  spectrum = jnp.fft.rfft(even)
+  weights = _trapezoid_weights()
+
+  def at_bandwidth(sigma):
+    return jnp.sum(weights * jnp.abs(_reflected_smooth(spectrum, sigma))) / prob.shape[0]
+
+  def halve(_, bracket):
+    low, high = bracket
+    mid = 0.5 * (low + high)
+    below_fixed_point = at_bandwidth(mid) > mid
+    return jnp.where(below_fixed_point, mid, low), jnp.where(below_fixed_point, high, mid)
+
+  start = (jnp.float32(_SMOOTH_MIN_SIGMA), jnp.float32(1.0))
+  _, sigma = jax.lax.fori_loop(0, _SMOOTH_STEPS, halve, start)
+  return at_bandwidth(sigma)
+
+
+def smooth_ece(prob: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Smooth ECE (Błasiok & Nakkiran 2023) of P(correct) predictions, no bins.
+
+  smECE_sigma = integral over t in [0, 1] of |sum_i K_sigma(t, p_i) (correct_i - p_i)| / N,
+  with K_sigma the Gaussian kernel reflected at 0 and 1 (so each example's kernel
+  integrates to one on [0, 1]), at the bandwidth where smECE_sigma = sigma, found by
+  bisection on [1e-3, 1] (below 1e-3 the floor is returned, as in relplot).
+  Computed on a grid of 2^13 + 1 points (a linear splat, then an FFT per
+  bandwidth): O(N + grid log grid).
+
+  The authors' ``relplot.smECE`` approximates the same quantity with two
+  departures (tests/test_metrics_smooth.py compares both ways): it truncates the
+  kernel at |t - p| = 1/2, felt at bandwidths above ~0.15, and its grid gives the
+  points in its last cell [0.999, 1] (and first) only part of their weight, felt
+  when many predictions saturate near 1. Elsewhere the two agree within 2e-3.
+
+  Args:
+    prob: [N] float in [0, 1], predicted P(correct) (e.g. the max softmax).
+    correct: [N] bool.
+
+  Returns:
+    [] float in [0, 1] (smaller is better).
+  """
+  prob, correct = validation.score_and_event("prob", prob, correct, probability=True)
+  return _smooth_ece(prob.astype(jnp.float32), correct)
+
+
+@jax.jit
+def _selective_risk(confidence, correct):
+  order = jnp.argsort(-confidence)
+  key = -confidence[order]
+  wrong_before = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(~correct[order])])
+  first = jnp.searchsorted(key, key, side="left")
+  last = jnp.searchsorted(key, key, side="right")
+  # Among the first n, a tie group [first, last) contributes in expectation its mean
+  # error per example taken: the average over every order of the tied examples.
+  group_wrong = (wrong_before[last] - wrong_before[first]).astype(jnp.float32)
+  taken = jnp.arange(1, key.shape[0] + 1) - first
+  expected_wrong = wrong_before[first] + taken * group_wrong / (last - first)
+  return expected_wrong / jnp.arange(1, key.shape[0] + 1)
+
+
+def selective_risk(confidence: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Error rate among the n most confident examples, for n = 1..N.
+
+  Ties in ``confidence`` are averaged over every order of the tied examples (in
+  expectation over a uniformly random tie-break), so the curve depends only on
+  the multiset of (confidence, correct) pairs, not on the input order.
+
+  Args:
+    confidence: [N] float, larger = more likely correct (negate an uncertainty).
+    correct: [N] bool.
+
+  Returns:
+    [N] float in [0, 1]: entry n - 1 is the (expected) risk at coverage n / N.
+  """
+  confidence, correct = validation.score_and_event("confidence", confidence, correct)
+  return _selective_risk(confidence, correct)
+
+
+def aurc(confidence: ArrayLike, correct: ArrayLike) -> jax.Array:
+  """Area under the risk-coverage curve: the mean of ``selective_risk`` over n = 1..N.
+
+  Ties as in ``selective_risk`` (averaged over orders, so independent of the input
+  order). A perfect ranking of N examples with E errors scores the minimum
+  sum_{n > N - E} (n - N + E) / n / N; a random one about the error rate.
+
+  Args:
+    confidence: [N] float, larger = more likely correct.
+    correct: [N] bool.
+
+  Returns:
+    [] float in [0, 1] (smaller is better).
+  """
+  return jnp.mean(selective_risk(confidence, correct))

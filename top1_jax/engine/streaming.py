@@ -1,0 +1,212 @@
+"""A predictions file's log-probabilities and every score, a chunk of examples at a time.
+
+Why: an ImageNet MC-dropout file holds [S, N, K] = [32, 50000, 1000] float32
+logits (6.4 GB), and its evaluation needs only the [N, K] mean log-probabilities
+and one [N] array per score. Each chunk of examples goes through
+``scores.from_predictions`` (the same functions as a whole file, so the same
+values) and is written into the [N, K] and [N] results; peak memory is those
+plus one chunk. Every chunk is padded to one shape, so each jitted score
+compiles once, not once more for a shorter last chunk.
+"""
+
+import collections
+import functools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from top1_jax.core import events, scores, validation
+
+_AXIS = "chunks"  # the devices' mesh axis: chunk d of a group on device d
+
+DEFAULT_CHUNK_BYTES = 1 << 25
+"""``chunk_size`` aims at chunks of about this many bytes of logits (32 MiB)."""
+
+
+def chunk_size(num_examples: int, num_samples: int | None, num_classes: int) -> int:
+  """Examples per chunk: about ``DEFAULT_CHUNK_BYTES`` of float32 [S, chunk, K] logits."""
+  row_bytes = 4 * (num_samples or 1) * num_classes
+  return int(max(1, min(num_examples, DEFAULT_CHUNK_BYTES // row_bytes)))
+
+
+def _padded(value, rows: int, axis: int):
+  """``value`` with its last example repeated up to ``rows`` (valid inputs for every check)."""
+  if value is None or value.shape[axis] == rows:
+    return value
+  width = [(0, 0)] * value.ndim
+  width[axis] = (0, rows - value.shape[axis])
+  return np.pad(value, width, mode="edge")
+
+
+def _chunk_inputs(chunk: Any, rows: int) -> dict[str, Any]:
+  """``scores.from_predictions``'s keyword arguments for one chunk, padded to ``rows``."""
+  logits = chunk.logits
+  return {
+    "logits": None if logits is None else _padded(logits, rows, logits.ndim - 2),
+    "mean_probs": None if logits is not None else _padded(chunk.mean_probs, rows, 0),
+    "stored_scores": {name: _padded(v, rows, 0) for name, v in chunk.scores.items()},
+    "human_probs": _padded(chunk.human_probs, rows, 0),
+    "labels": _padded(chunk.labels, rows, 0),
+  }
+
+
+def _cpu_devices() -> list:
+  """The host's CPU devices when JAX has several (one per core), else [None]."""
+  devices = jax.local_devices()
+  return devices if len(devices) > 1 and devices[0].platform == "cpu" else [None]
+
+
+def _local_scores(samples, human_probs, labels, *, topk, label_terms):
+  """One device's chunk, as [1, ...] blocks inside ``shard_map``: a lone chunk's program."""
+  first = [None if x is None else x[0] for x in (samples, human_probs, labels)]
+  return jax.tree.map(lambda x: x[None], scores.of_samples(*first, topk, label_terms))
+
+
+@functools.lru_cache(maxsize=8)
+def _program_over(devices: tuple, topk: tuple, label_terms: bool):
+  """Scores D chunks at once, chunk d on device d: one SPMD program (``jax.shard_map``, no
+  communication), compiled once; a jit per device compiled the same program D times."""
+  mesh = Mesh(np.asarray(devices), (_AXIS,))
+  local = functools.partial(_local_scores, topk=topk, label_terms=label_terms)
+  sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(_AXIS),) * 3, out_specs=P(_AXIS))
+  return jax.jit(sharded), NamedSharding(mesh, P(_AXIS))
+
+
+def _score_group(group: list[dict], devices: list, topk: tuple, with_labels: bool) -> tuple:
+  """A group's (log-probabilities, scores, label terms or None), not waited for.
+
+  One device: ``scores.from_predictions`` of the group's one chunk. D devices: the D
+  chunks (a short last group repeats its last one), checked as it checks them,
+  stacked, and scored by ``_program_over`` the devices: each result gets a leading
+  axis of D. Stored scores are left to ``_collect``.
+  """
+  if len(devices) == 1:
+    inputs = {**group[0], "stored_scores": None}
+    out = scores.from_predictions(**inputs, topk=topk, as_numpy=False, label_terms=with_labels)
+    return out if with_labels else (*out, None)
+  group = group + group[-1:] * (len(devices) - len(group))
+  # Stacked where device_put keeps each chunk's slice (an unaligned stack was copied again:
+  # 26 ms a group of two 33 MB chunks here).
+  stacked = validation.aligned_empty((len(group), *group[0]["logits"].shape), np.float32)
+  np.stack([g["logits"] for g in group], out=stacked)
+  samples = validation.float_array("samples", stacked, 4, host=True)
+  if samples.shape[-1] < 2:
+    raise ValueError(f"logits: expected at least 2 classes, got shape {samples.shape[1:]}")
+  human, labels = (None if group[0][name] is None else np.stack([g[name] for g in group])
+                   for name in ("human_probs", "labels"))  # fmt: skip
+  if human is not None:
+    human = validation.probability_array("human_probs", human, 3, sums_to_one=True, host=True)
+  if labels is not None:
+    checked = validation.labels_array("labels", labels.reshape(-1), samples.shape[-1], host=True)
+    labels = checked.reshape(labels.shape)
+  program, by_chunk = _program_over(tuple(devices), topk, with_labels)
+  return program(*jax.device_put((samples, human, labels), by_chunk))
+
+
+def _collect(out: dict, sizes: list[int], stored: list[dict], scored: tuple, device) -> None:
+  """A scored group's log-probabilities kept on ``device`` (where the file's are joined);
+  each chunk's first ``size`` scores (its stored ones replacing them) and label terms
+  copied to the host, which waits for them."""
+  log_probs, values, terms = scored
+  count = log_probs.shape[0] if log_probs.ndim == 3 else 1  # chunks the program scored
+  values = {name: np.asarray(value).reshape(count, -1) for name, value in values.items()}
+  terms = None if terms is None else [np.asarray(value).reshape(count, -1) for value in terms]
+  for index, size in enumerate(sizes):
+    chunk_values = {name: value[index, :size] for name, value in values.items()}
+    chunk_values.update({name: v[:size] for name, v in scores.stored_values(stored[index]).items()})
+    for name, value in chunk_values.items():
+      out["values"].setdefault(name, []).append(value)
+    if terms is not None:
+      out["terms"].append([value[index, :size] for value in terms])
+  out["log_probs"].append(log_probs if device is None else jax.device_put(log_probs, device))
+
+
+@functools.partial(jax.jit, static_argnames=("num_examples",))
+def _joined(parts, neg_log_pmax, num_examples: int):
+  """The chunks' [B, K] (or groups' [D, B, K]) log-probabilities as one [N, K] array: one
+  copy (only the last chunks are padding); on the host and back would be two, ~0.4 s at
+  50,000 x 1,000. And pmax from all N ``neg_log_pmax`` (None: none)."""
+  pmax = None if neg_log_pmax is None else jnp.exp(-neg_log_pmax)
+  joined = jnp.concatenate([part.reshape(-1, part.shape[-1]) for part in parts])
+  return joined[:num_examples], pmax
+
+
+def from_chunks(
+  chunks: Iterable[tuple[int, Any]],
+  num_examples: int,
+  *,
+  topk: Sequence[int] = (),
+  with_labels: bool = True,
+) -> tuple[jax.Array, dict[str, np.ndarray], events.LabelTerms | None]:
+  """``scores.from_predictions`` of a whole file, from its chunks of examples.
+
+  Args:
+    chunks: (start, chunk) in order, covering [0, num_examples) without gaps; a
+      chunk has the fields of ``io.predictions.Predictions`` (``labels`` [B],
+      ``logits`` [S, B, K] or None, ``mean_probs`` [B, K] or None, ``scores``
+      {name: [B]}, ``human_probs`` [B, K] or None), e.g. the chunks of
+      ``io.stream.PredictionsReader``. Every chunk but the last has the first's B.
+    num_examples: N.
+    topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
+    with_labels: add the oracle score ``oracle_loss`` and the label terms (they need
+      the labels).
+
+  Returns:
+    ([N, K] float32 log-probabilities as a jax array, name -> [N] NumPy scores,
+    ``events.LabelTerms`` of NumPy arrays or None without labels), equal to
+    ``scores.from_predictions(..., label_terms=True)`` on the whole arrays.
+  """
+  # MC samples: groups of D chunks, chunk d of a group on the host's CPU device d (with
+  # one JAX CPU device per core, as top1_jax.launch.evaluate sets, each core scores its own
+  # chunk: XLA runs the covariance norms' small matmuls on one core per device), one
+  # group in flight while the next is read. Without samples, one device, one chunk at a
+  # time: XLA's own threads keep both cores as busy.
+  devices, in_flight = None, collections.deque()
+  out = {"log_probs": [], "values": {}, "terms": []}
+  group, rows, expected, stored = [], None, 0, ()
+  for start, chunk in chunks:
+    stored = tuple(chunk.scores)
+    size = int(chunk.labels.shape[0])
+    if start != expected or (rows is not None and size > rows):
+      raise ValueError(f"chunks: expected a chunk at {expected} of at most {rows}, got {start}")
+    rows = size if rows is None else rows
+    if devices is None:
+      samples = chunk.logits is not None and chunk.logits.shape[0] >= 2
+      devices = _cpu_devices() if samples else [None]
+      ahead = 1 if len(devices) > 1 else 0  # groups left in flight while the next is read
+      classes = (chunk.logits if chunk.logits is not None else chunk.mean_probs).shape[-1]
+      topk = tuple(validation.positive_int("topk", k, maximum=classes) for k in topk)
+    inputs = _chunk_inputs(chunk, rows)
+    if not with_labels:
+      inputs["labels"] = None
+    group.append((size, inputs))
+    expected = start + size
+    if len(group) == len(devices) or expected >= num_examples:
+      sizes, group_inputs = zip(*group, strict=True)
+      scored = _score_group(list(group_inputs), devices, topk, with_labels)
+      in_flight.append((list(sizes), [g["stored_scores"] for g in group_inputs], scored))
+      group = []
+      if len(in_flight) > ahead:
+        _collect(out, *in_flight.popleft(), devices[0])
+  while in_flight:
+    _collect(out, *in_flight.popleft(), devices[0])
+  if expected != num_examples:
+    raise ValueError(f"chunks: expected {num_examples} examples, got {expected}")
+  values = {name: np.concatenate(parts) for name, parts in out["values"].items()}
+  terms = None
+  if out["terms"]:
+    terms = events.LabelTerms(*map(np.concatenate, zip(*out["terms"], strict=True)))
+  # pmax is an element-wise exp, whose last bit depends on an element's place in the
+  # SIMD lanes of its batch: redone on all N it equals the whole-file one.
+  recompute = "neg_log_pmax" not in stored and "pmax" in values
+  log_probs, pmax = _joined(
+    tuple(out["log_probs"]), values["neg_log_pmax"] if recompute else None, num_examples
+  )
+  if recompute:
+    values["pmax"] = np.asarray(pmax)
+  return log_probs, values, terms

@@ -1,0 +1,601 @@
+"""Training with optax: one network, or a deep ensemble trained together.
+
+* ``train_step(state, batch, key)``: one jitted, pure SGD step (cross-entropy).
+* ``fit``: ``num_steps`` steps over shuffled mini-batches; deterministic for a
+  given key on CPU. Step t (counted from ``state.step``, so a restored run goes
+  on with fresh keys and the next batches) uses the batch at position t of the
+  epoch permutations ``permutation(fold_in(shuffle_key, epoch), N)`` and the
+  dropout key ``fold_in(dropout_key, t)``, where
+  ``shuffle_key, dropout_key = split(key)``.
+* Deep ensembles: ``init_ensemble`` initialises M members with ``jax.vmap`` over
+  ``split(key, M)``; ``fit_ensemble`` trains member m exactly as
+  ``fit(member_m, ..., key=split(key, M)[m])`` would (its own shuffling and
+  dropout keys), either by one vmapped step for all members (``"vmap"``, the
+  accelerator path) or member after member (``"loop"``, faster on CPU where
+  convolutions under vmap are slow). ``mc.pick_strategy`` chooses per backend.
+* ``evaluate`` / ``evaluate_ensemble``: loss and accuracy.
+
+With several devices or processes (``parallel.initialize``) each step is
+data-parallel over all of them (``parallel.data_parallel_steps``): every process
+calls ``fit`` alike, with the whole host data, and gets the one-device result up
+to float rounding; ``batch_size`` must be a multiple of the device count.
+
+Checkpoints of a ``TrainState`` are in ``top1_jax.io.checkpoints``.
+
+Progress goes to an optional ``callback(info: dict)``; nothing here prints.
+"""
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from jax.typing import ArrayLike
+
+from top1_jax.core import validation
+from top1_jax.engine import mc, models, parallel
+
+__all__ = [
+  "TrainState",
+  "create_train_state",
+  "init_ensemble",
+  "train_step",
+  "ensemble_train_step",
+  "fit",
+  "fit_ensemble",
+  "evaluate",
+  "evaluate_ensemble",
+  "member",
+]
+
+Callback = Callable[[dict[str, Any]], None]
+
+
+@struct.dataclass
+class TrainState:
+  """Everything a training step reads and writes (a pytree).
+
+  For an ensemble every array leaf has a leading [M] member axis.
+
+  Attributes:
+    step: int32 scalar, steps taken so far.
+    params: the model's ``"params"`` collection.
+    model_state: the other mutable collections, ``{"batch_stats": ...}`` for
+      BatchNorm models, else ``{}``.
+    opt_state: the optimizer state.
+    model: the Flax module (static).
+    tx: the optax transformation (static).
+    dropout_rate: dropout rate used in training steps (static; 0 = none).
+  """
+
+  step: jax.Array
+  params: Any
+  model_state: Any
+  opt_state: Any
+  model: nn.Module = struct.field(pytree_node=False)
+  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+  dropout_rate: float = struct.field(pytree_node=False, default=0.0)
+
+  @property
+  def variables(self) -> dict[str, Any]:
+    """``{"params": ..., **model_state}``, what ``model.apply`` and ``mc`` take."""
+    return {"params": self.params, **self.model_state}
+
+
+def _train_dropout_rate(rate: Any) -> float:
+  is_number = isinstance(rate, (int, float, np.floating)) and not isinstance(rate, bool)
+  if not is_number or not 0.0 <= float(rate) < 1.0:
+    raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
+  return float(rate)
+
+
+def _check_model_and_tx(model: Any, tx: Any) -> None:
+  if not isinstance(model, nn.Module):
+    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
+  if not hasattr(tx, "init") or not hasattr(tx, "update"):
+    raise ValueError(f"tx: expected an optax GradientTransformation, got {type(tx).__name__}")
+
+
+def _create(model, tx, key, sample_input, dropout_rate) -> TrainState:
+  variables = models.init(model, key, sample_input)
+  params = variables["params"]
+  model_state = {name: value for name, value in variables.items() if name != "params"}
+  step = jnp.zeros((), jnp.int32)
+  return TrainState(step, params, model_state, tx.init(params), model, tx, dropout_rate)
+
+
+# Jitted: creating the optimizer state op by op (under vmap, too) took seconds.
+@functools.partial(jax.jit, static_argnums=(0, 1, 4))
+def _create_jit(model, tx, key, sample_input, dropout_rate) -> TrainState:
+  return _create(model, tx, key, sample_input, dropout_rate)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 4))
+def _create_ensemble(model, tx, keys, sample_input, dropout_rate) -> TrainState:
+  return jax.vmap(lambda key: _create(model, tx, key, sample_input, dropout_rate))(keys)
+
+
+def create_train_state(
+  model: nn.Module,
+  tx: optax.GradientTransformation,
+  key: jax.Array,
+  sample_input: ArrayLike,
+  *,
+  dropout_rate: float = 0.0,
+) -> TrainState:
+  """Initialises one network and its optimizer state.
+
+  Args:
+    model: a Flax module from ``models`` (or with the same call signature).
+    tx: an optax transformation, e.g. ``optax.adam(1e-3)``.
+    key: PRNG key for the initial parameters.
+    sample_input: [B, ...] an example batch (only shape and dtype matter).
+    dropout_rate: dropout rate during training, in [0, 1).
+
+  Returns:
+    A ``TrainState`` at step 0.
+  """
+  _check_model_and_tx(model, tx)
+  sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
+  return _create_jit(
+    model, tx, mc.as_prng_key(key), sample_input, _train_dropout_rate(dropout_rate)
+  )
+
+
+def init_ensemble(
+  model: nn.Module,
+  tx: optax.GradientTransformation,
+  key: jax.Array,
+  sample_input: ArrayLike,
+  *,
+  ensemble_size: int,
+  dropout_rate: float = 0.0,
+) -> TrainState:
+  """Initialises M members by ``jax.vmap`` over ``jax.random.split(key, M)``.
+
+  Member m equals ``create_train_state(model, tx, split(key, M)[m], ...)``.
+
+  Args:
+    model, tx, sample_input, dropout_rate: as ``create_train_state``.
+    key: PRNG key, split into one key per member.
+    ensemble_size: M >= 1.
+
+  Returns:
+    A ``TrainState`` whose array leaves have a leading [M] axis.
+  """
+  _check_model_and_tx(model, tx)
+  ensemble_size = validation.positive_int("ensemble_size", ensemble_size)
+  sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
+  dropout_rate = _train_dropout_rate(dropout_rate)
+  keys = jax.random.split(mc.as_prng_key(key), ensemble_size)
+  return _create_ensemble(model, tx, keys, sample_input, dropout_rate)
+
+
+def _member(states: TrainState, index: int) -> TrainState:
+  return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
+
+
+def member(states: TrainState, index: int) -> TrainState:
+  """Member ``index`` of an ensemble ``TrainState`` (leaves ``[index]``)."""
+  size = mc.ensemble_size(states.params)
+  return _member(states, validation.positive_int("index", index, minimum=0, maximum=size - 1))
+
+
+def _stack(states: list[TrainState]) -> TrainState:
+  return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *states)
+
+
+def _loss_and_updates(state: TrainState, params, images, labels, key):
+  mutable = list(state.model_state)
+  outputs = state.model.apply(
+    {"params": params, **state.model_state},
+    images,
+    train=True,
+    dropout_rate=state.dropout_rate,
+    rngs={"dropout": key},
+    mutable=mutable or False,
+  )
+  logits, new_model_state = outputs if mutable else (outputs, {})
+  loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+  return loss, (logits, dict(new_model_state))
+
+
+def _train_step(state: TrainState, batch, key):
+  images, labels = batch
+  grad_fn = jax.value_and_grad(
+    lambda params: _loss_and_updates(state, params, images, labels, key),
+    has_aux=True,
+  )
+  (loss, (logits, model_state)), grads = grad_fn(state.params)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  new_state = state.replace(
+    step=state.step + 1,
+    params=optax.apply_updates(state.params, updates),
+    model_state=model_state,
+    opt_state=opt_state,
+  )
+  accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == labels)
+  return new_state, {"loss": loss, "accuracy": accuracy}
+
+
+_ensemble_step = jax.vmap(_train_step)
+_train_step_jit = jax.jit(_train_step)
+_ensemble_train_step_jit = jax.jit(_ensemble_step)
+
+
+def _check_batch(batch: Any, member_axis: bool) -> tuple[jax.Array, jax.Array]:
+  if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+    raise ValueError("batch: expected a pair (images, labels)")
+  lead = 1 if member_axis else 0
+  images = validation.as_array("batch images", batch[0], range(2 + lead, 6 + lead))
+  labels = validation.as_array("batch labels", batch[1], 1 + lead)
+  if not jnp.issubdtype(labels.dtype, jnp.integer):
+    raise ValueError(f"batch labels: expected integer labels, got dtype {labels.dtype}")
+  if images.shape[: lead + 1] != labels.shape:
+    raise ValueError(
+      f"batch: images {images.shape} and labels {labels.shape} disagree on the"
+      f" {'member and ' if member_axis else ''}batch axes"
+    )
+  return images, labels
+
+
+def train_step(
+  state: TrainState, batch: tuple[ArrayLike, ArrayLike], key: jax.Array
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer step on the mean softmax cross-entropy (jitted, pure).
+
+  Label values are not range-checked here (that would sync with the device every
+  step); ``fit`` checks them once.
+
+  Args:
+    state: the current ``TrainState``.
+    batch: ``(images [B, ...] float, labels [B] int)``.
+    key: PRNG key for this step's dropout masks (use a fresh one every step).
+
+  Returns:
+    ``(new_state, {"loss": [], "accuracy": []})`` (metrics of this batch, before
+    the update).
+  """
+  return _train_step_jit(state, _check_batch(batch, False), mc.as_prng_key(key))
+
+
+def ensemble_train_step(
+  states: TrainState, batch: tuple[ArrayLike, ArrayLike], keys: jax.Array
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """``train_step`` of every member at once, by ``jax.vmap`` (jitted, pure).
+
+  Args:
+    states: an ensemble ``TrainState`` (leaves with a leading [M] axis).
+    batch: ``(images [M, B, ...], labels [M, B])``: one batch per member.
+    keys: [M] PRNG keys, one per member.
+
+  Returns:
+    ``(new_states, {"loss": [M], "accuracy": [M]})``.
+  """
+  size = mc.ensemble_size(states.params)
+  images, labels = _check_batch(batch, True)
+  if images.shape[0] != size:
+    raise ValueError(f"batch: expected {size} member batches, got {images.shape[0]}")
+  if (
+    not isinstance(keys, jax.Array)
+    or not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+    or keys.shape != (size,)
+  ):
+    raise ValueError(f"keys: expected [{size}] PRNG keys from jax.random.split")
+  return _ensemble_train_step_jit(states, (images, labels), keys)
+
+
+def _num_classes(model: nn.Module, variables: Any, images: np.ndarray) -> int:
+  shape = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), variables, images[:1])
+  return int(shape.shape[-1])
+
+
+def _dataset(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray]:
+  """Host float32 images [N, ...] and int32 labels [N], checked once."""
+  images = np.asarray(images)
+  if images.ndim < 2 or images.shape[0] == 0:
+    raise ValueError(f"images: expected [N, ...] with N >= 1, got shape {images.shape}")
+  if not (np.issubdtype(images.dtype, np.floating) or np.issubdtype(images.dtype, np.integer)):
+    raise ValueError(f"images: expected a real-valued array, got dtype {images.dtype}")
+  images = images.astype(np.float32, copy=False)
+  if not np.all(np.isfinite(images)):
+    raise ValueError(f"images: {int(np.sum(~np.isfinite(images)))} non-finite value(s)")
+  num_classes = _num_classes(model, variables, images)
+  labels = validation.labels_array("labels", labels, num_classes, host=True)
+  validation.same_length(images=images, labels=labels)
+  return images, labels
+
+
+class _Batches:
+  """Mini-batch indices of one member: a fresh permutation every epoch."""
+
+  def __init__(self, shuffle_key: jax.Array, num_examples: int, batch_size: int):
+    self._key = shuffle_key
+    self._num_examples = num_examples
+    self._batch_size = batch_size
+    self._steps_per_epoch = num_examples // batch_size
+    self._epoch = -1
+    self._order = np.empty(0, np.int64)
+
+  def indices(self, step: int) -> np.ndarray:
+    epoch, position = divmod(step, self._steps_per_epoch)
+    if epoch != self._epoch:
+      epoch_key = jax.random.fold_in(self._key, epoch)
+      self._order = np.asarray(jax.random.permutation(epoch_key, self._num_examples))
+      self._epoch = epoch
+    start = position * self._batch_size
+    return self._order[start : start + self._batch_size]
+
+
+def _check_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[int, int, int]:
+  num_steps = validation.positive_int("num_steps", num_steps)
+  batch_size = validation.positive_int("batch_size", batch_size, maximum=num_examples)
+  log_every = validation.positive_int("log_every", log_every)
+  parallel.check_global_batch("batch_size", batch_size)
+  return num_steps, batch_size, log_every
+
+
+class _Progress:
+  """Sums the step metrics on device; reports their mean every ``log_every`` steps."""
+
+  def __init__(self, callback, begin, end, log_every, examples_per_step, member_index):
+    self._callback = callback
+    self._begin, self.end, self._log_every = begin, end, log_every
+    self._examples_per_step, self._member = examples_per_step, member_index
+    self._reset()
+
+  def _reset(self):
+    self._running, self._count, self._start = None, 0, time.perf_counter()
+
+  def update(self, step: int, metrics: dict[str, jax.Array]) -> None:
+    """Records the metrics of ``step`` (0-based); reports when due."""
+    if self._callback is None:
+      return
+    self._running = (
+      metrics if self._running is None else jax.tree_util.tree_map(jnp.add, self._running, metrics)
+    )
+    self._count += 1
+    done = step + 1
+    if (done - self._begin) % self._log_every and done != self.end:
+      return
+    means = {name: np.asarray(total) / self._count for name, total in self._running.items()}
+    elapsed = max(time.perf_counter() - self._start, 1e-9)
+    info = {"step": done, "num_steps": self.end, "member": self._member}
+    info |= {name: float(mean) if mean.ndim == 0 else mean for name, mean in means.items()}
+    self._callback(info | {"examples_per_second": self._count * self._examples_per_step / elapsed})
+    self._reset()
+
+
+def fit(
+  state: TrainState,
+  images: ArrayLike,
+  labels: ArrayLike,
+  key: jax.Array,
+  *,
+  num_steps: int,
+  batch_size: int,
+  log_every: int = 100,
+  callback: Callback | None = None,
+) -> TrainState:
+  """Trains one network for ``num_steps`` mini-batch steps.
+
+  Epochs are fresh permutations of the N examples; the last N mod batch_size
+  examples of each permutation are skipped. See the module docstring for how
+  ``key`` determines the batches and dropout masks.
+
+  Args:
+    state: the ``TrainState`` to start from (step 0 or restored).
+    images: [N, ...] float inputs (host arrays; integers are cast to float32).
+    labels: [N] int labels in [0, K).
+    key: PRNG key of this run.
+    num_steps: steps to take, >= 1.
+    batch_size: examples per step, 1 <= batch_size <= N, a multiple of the device count.
+    log_every: call ``callback`` every this many steps (and after the last).
+    callback: receives ``{"step", "num_steps", "loss", "accuracy",
+      "examples_per_second", "member"}`` (loss and accuracy averaged over the
+      steps since the previous call; ``member`` is None here).
+
+  Returns:
+    The trained ``TrainState``.
+  """
+  key = mc.as_prng_key(key)
+  images, labels = _dataset(state.model, state.variables, images, labels)
+  num_steps, batch_size, log_every = _check_schedule(
+    num_steps, batch_size, images.shape[0], log_every
+  )
+  return _fit_one(state, images, labels, key, num_steps, batch_size, log_every, callback, None)
+
+
+def _fit_one(state, images, labels, key, num_steps, batch_size, log_every, callback, index):
+  shuffle_key, dropout_key = jax.random.split(key)
+  batches = _Batches(shuffle_key, images.shape[0], batch_size)
+  begin = int(state.step)
+  progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size, index)
+  return _steps(state, images, labels, batches.indices, dropout_key, begin, progress)
+
+
+def _steps(state, images, labels, indices, dropout_key, begin, progress):
+  """Steps ``begin`` to ``progress.end``, on one device or data-parallel over all.
+
+  Step t trains on rows ``indices(t)`` [B] (or [M, B]) with the dropout key
+  ``fold_in(dropout_key, t)`` (per member for [M] keys)."""
+  ensemble = dropout_key.ndim == 1
+  fold_in = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if ensemble else jax.random.fold_in
+  if jax.device_count() > 1:
+    return parallel.data_parallel_steps(
+      _ensemble_step if ensemble else _train_step,
+      state,
+      (images, labels),
+      indices,
+      lambda step: fold_in(dropout_key, step),
+      range(begin, progress.end),
+      progress.update,
+      mesh=mc.default_mesh(),
+      axis=1 if ensemble else 0,
+    )
+  step_fn = _ensemble_train_step_jit if ensemble else _train_step_jit
+  for step in range(begin, progress.end):
+    idx = indices(step)
+    state, metrics = step_fn(state, (images[idx], labels[idx]), fold_in(dropout_key, step))
+    progress.update(step, metrics)
+  return state
+
+
+def fit_ensemble(
+  states: TrainState,
+  images: ArrayLike,
+  labels: ArrayLike,
+  key: jax.Array,
+  *,
+  num_steps: int,
+  batch_size: int,
+  strategy: str = "auto",
+  log_every: int = 100,
+  callback: Callback | None = None,
+) -> TrainState:
+  """Trains every member of an ensemble; member m as ``fit`` with ``split(key, M)[m]``.
+
+  Args:
+    states: an ensemble ``TrainState`` (from ``init_ensemble``), all members at
+      the same step.
+    images, labels, num_steps, batch_size, log_every: as ``fit``.
+    key: PRNG key of this run, split into one key per member.
+    strategy: ``"vmap"`` (one vmapped step trains all members), ``"loop"``
+      (member after member) or ``"auto"`` (``mc.pick_strategy``: vmap on gpu/tpu,
+      loop on cpu). Both give the same members up to float rounding.
+    callback: as ``fit``; with ``"loop"`` ``member`` is the member's index and
+      loss/accuracy are floats, with ``"vmap"`` ``member`` is None and loss /
+      accuracy are [M] arrays.
+
+  Returns:
+    The trained ensemble ``TrainState``.
+  """
+  size = mc.ensemble_size(states.params)
+  strategy = mc.pick_strategy(strategy)
+  member_keys = jax.random.split(mc.as_prng_key(key), size)
+  steps = np.asarray(states.step).reshape(-1)
+  if np.any(steps != steps[0]):
+    raise ValueError(f"states: members are at different steps {steps.tolist()}")
+  images, labels = _dataset(states.model, _member(states, 0).variables, images, labels)
+  schedule = _check_schedule(num_steps, batch_size, images.shape[0], log_every)
+  if strategy == "loop":
+    return _stack(
+      [
+        _fit_one(_member(states, m), images, labels, member_keys[m], *schedule, callback, m)
+        for m in range(size)
+      ]
+    )
+  return _fit_vmapped(states, images, labels, member_keys, *schedule, callback)
+
+
+def _fit_vmapped(states, images, labels, member_keys, num_steps, batch_size, log_every, callback):
+  """``fit_ensemble`` by one vmapped step: the same keys and batches as ``_fit_one``."""
+  size = len(member_keys)
+  split_keys = [jax.random.split(k) for k in member_keys]
+  member_batches = [_Batches(k[0], images.shape[0], batch_size) for k in split_keys]
+  dropout_keys = jnp.stack([k[1] for k in split_keys])
+  begin = int(np.asarray(states.step).reshape(-1)[0])
+  progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size * size, None)
+
+  def indices(step):
+    return np.stack([batches.indices(step) for batches in member_batches])
+
+  return _steps(states, images, labels, indices, dropout_keys, begin, progress)
+
+
+@jax.jit
+def _eval_batch(state: TrainState, images, labels, mask):
+  logits = state.model.apply(state.variables, images, train=False)
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = jnp.argmax(logits, axis=-1) == labels
+  return jnp.sum(jnp.where(mask, losses, 0.0)), jnp.sum(correct & mask)
+
+
+def evaluate(
+  state: TrainState, images: ArrayLike, labels: ArrayLike, *, batch_size: int = 1000
+) -> dict[str, float]:
+  """Mean cross-entropy and accuracy of one network (no dropout, BN averages).
+
+  Args:
+    state: a single-network ``TrainState``.
+    images: [N, ...] float inputs.
+    labels: [N] int labels.
+    batch_size: examples per jitted call (the last batch is padded).
+
+  Returns:
+    ``{"loss": float, "accuracy": float, "num_examples": int}``.
+  """
+  images, labels = _dataset(state.model, state.variables, images, labels)
+  batch_size = validation.positive_int("batch_size", batch_size)
+  return _evaluate(parallel.to_local(state), images, labels, batch_size)
+
+
+def _evaluate(state: TrainState, images, labels, batch_size: int) -> dict[str, float]:
+  """``evaluate`` of checked host arrays."""
+  num_examples = images.shape[0]
+  batch_size = min(batch_size, num_examples)
+  loss_sum, correct = 0.0, 0
+  for start in range(0, num_examples, batch_size):
+    x, y = images[start : start + batch_size], labels[start : start + batch_size]
+    valid = x.shape[0]
+    if valid < batch_size:
+      x = np.concatenate([x, np.zeros((batch_size - valid,) + x.shape[1:], x.dtype)])
+      y = np.concatenate([y, np.zeros(batch_size - valid, y.dtype)])
+    batch_loss, batch_correct = _eval_batch(state, x, y, np.arange(batch_size) < valid)
+    loss_sum += float(batch_loss)
+    correct += int(batch_correct)
+  return {
+    "loss": loss_sum / num_examples,
+    "accuracy": correct / num_examples,
+    "num_examples": num_examples,
+  }
+
+
+def evaluate_ensemble(
+  states: TrainState,
+  images: ArrayLike,
+  labels: ArrayLike,
+  *,
+  chunk_size: int = 1000,
+  strategy: str = "auto",
+) -> dict[str, Any]:
+  """The ensemble's accuracy and NLL (of the mean probabilities), and each member's.
+
+  Args:
+    states: an ensemble ``TrainState``.
+    images: [N, ...] float inputs.
+    labels: [N] int labels.
+    chunk_size: examples per device step.
+    strategy: see ``mc.pick_strategy``.
+
+  Returns:
+    ``{"loss": float, "accuracy": float, "member_accuracy": [M] list,
+    "num_examples": int}``.
+  """
+  size, states = mc.ensemble_size(states.params), parallel.to_local(states)
+  images, labels = _dataset(states.model, _member(states, 0).variables, images, labels)
+  predictions = mc.predict(
+    models.make_apply_fn(states.model),
+    states.variables,
+    images,
+    ensemble=True,
+    chunk_size=chunk_size,
+    strategy=strategy,
+  )
+  log_probs = predictions.mean_log_probs
+  nll = -np.take_along_axis(log_probs, labels[:, None], axis=1)[:, 0]
+  member_accuracy = [
+    _evaluate(_member(states, m), images, labels, chunk_size)["accuracy"] for m in range(size)
+  ]
+  return {
+    "loss": float(np.mean(nll)),
+    "accuracy": float(np.mean(np.argmax(log_probs, axis=1) == labels)),
+    "member_accuracy": member_accuracy,
+    "num_examples": int(labels.shape[0]),
+  }

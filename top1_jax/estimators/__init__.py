@@ -1,0 +1,1 @@
+"""Estimators of P(correct | U) behind one protocol and registry."""

@@ -1,0 +1,202 @@
+"""Isotonic estimate of P(correct | U): pool-adjacent-violators with the bins' prior.
+
+The fitted probability is a monotone function of the score, non-increasing in U
+by default (U is an uncertainty; ``increasing=True`` is for confidences):
+
+* **Blocks.** The calibration points, sorted by U and with tied scores pooled into
+  one weighted point (as scikit-learn pools them), are cut into contiguous blocks
+  whose accuracies ``hits / count`` form the least-squares monotone fit (isotonic
+  regression, found by pool-adjacent-violators).
+* **Prior.** Each block then predicts ``binning.calibrated_prob(hits, count, p_A)``
+  = ``(hits + p_A) / (count + 1)``, the bins' one-pseudo-count prior at the
+  calibration accuracy p_A, so no block predicts exactly 0 or 1. The prior pulls a
+  small block further than a large one and can put two neighbours out of order;
+  such neighbours are pooled again (repeatedly, until the probabilities are
+  monotone). ``prior=False`` keeps the plain accuracies: scikit-learn's
+  ``IsotonicRegression`` fit.
+* **Prediction** interpolates linearly in U between the first and last distinct
+  score of each block (flat inside a block, a ramp between blocks) and is constant
+  beyond the calibration range: scikit-learn's
+  ``IsotonicRegression(out_of_bounds="clip").predict``.
+
+How the blocks are found after one sort, without a Python loop over the points:
+the isotonic fit is the slope of the least concave majorant (for increasing: the
+greatest convex minorant) of the cumulative sum diagram (cumulative count,
+cumulative hits) taken at the ends of the tie groups. That hull is computed by
+repeatedly deleting, all at once with NumPy, every point that is not a strict
+corner between its current neighbours (such a point is on or under the chord of two
+points of the set, so it is never a hull corner). The diagram's coordinates are
+integers, so the corner test is exact in int64. Each pass is one vectorised sweep
+that removes every such point at once; random data needs a few dozen passes over a
+set that shrinks fast. A pass removes at least one point, so the worst case is
+quadratic in the points left after the first pass; the long cascades that need
+many passes peel a concave chain of distinct accuracies, which (the accuracies
+being fractions of whole counts) has at most ~N^(2/3) corners.
+docs/performance.md times random data and such a chain.
+
+``fit`` runs on the host (NumPy) and needs concrete arrays; ``predict`` is one
+jitted interpolation and works under ``jit``.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import binning, validation
+
+
+class IsotonicModel(NamedTuple):
+  """A fitted isotonic estimate (a pytree of jax arrays).
+
+  Attributes:
+    knots: [K] float32, ascending scores at which the estimate is tabulated: the
+      first and last distinct calibration score of each block, then the last one
+      repeated (to a power-of-two length, so that predicting with models of
+      different sizes reuses one compiled program).
+    prob: [K] float32, P(correct) at the knots (the value of each knot's block).
+    counts: [B] int32, calibration examples per block, in ascending U.
+    hits: [B] int32, correct examples per block.
+    prior: [] float32, the calibration accuracy p_A.
+  """
+
+  knots: jax.Array
+  prob: jax.Array
+  counts: jax.Array
+  hits: jax.Array
+  prior: jax.Array
+
+  @property
+  def num_blocks(self) -> int:
+    return self.counts.shape[0]
+
+
+def _hull_corners(count_below: np.ndarray, hits_below: np.ndarray, sign: int):
+  """The corners of the concave (sign 1) or convex (sign -1) majorant/minorant.
+
+  Args:
+    count_below, hits_below: [P] int64, the cumulative diagram; x strictly increasing.
+    sign: 1 keeps corners where the slope strictly decreases, -1 where it increases.
+
+  Returns:
+    (count_below, hits_below) of the corners, [C] each, first and last point included.
+  """
+  x, y = count_below, hits_below
+  while x.shape[0] > 2:
+    dx, dy = np.diff(x), np.diff(y)
+    # Slope in > slope out, cross-multiplied: exact on whole counts.
+    strict = sign * (dy[:-1] * dx[1:] - dy[1:] * dx[:-1]) > 0
+    if strict.all():
+      break
+    keep = np.concatenate([[True], strict, [True]])
+    x, y = x[keep], y[keep]
+  return x, y
+
+
+def _repool(counts, hits, first, last, prior, sign):
+  """Pools runs of neighbouring blocks whose prior-smoothed values are out of order."""
+  while counts.shape[0] > 1:
+    prob = binning.calibrated_prob(hits, counts, prior)
+    wrong_way = sign * (prob[1:] - prob[:-1]) > 0
+    if not wrong_way.any():
+      break
+    starts = np.flatnonzero(np.concatenate([[True], ~wrong_way]))
+    ends = np.concatenate([starts[1:], [counts.shape[0]]]) - 1
+    counts = np.add.reduceat(counts, starts)
+    hits = np.add.reduceat(hits, starts)
+    first, last = first[starts], last[ends]
+  return counts, hits, first, last
+
+
+def _knot_table(first, last, values):
+  """Knots at each block's first and last distinct score, padded to a power of two."""
+  knots = np.stack([first, last], axis=1).reshape(-1)
+  prob = np.repeat(values, 2)
+  distinct = np.concatenate([[True], knots[1:] != knots[:-1]])
+  knots, prob = knots[distinct], prob[distinct]
+  size = 1 << max(1, int(knots.shape[0] - 1).bit_length())
+  pad = size - knots.shape[0]
+  return np.pad(knots, (0, pad), mode="edge"), np.pad(prob, (0, pad), mode="edge")
+
+
+def _concrete(name: str, value):
+  if validation.is_traced(value):
+    raise ValueError(
+      f"{name}: isotonic.fit needs concrete arrays (it runs on the host), got a tracer"
+    )
+
+
+def fit(
+  u: ArrayLike, correct: ArrayLike, *, increasing: bool = False, prior: bool = True
+) -> IsotonicModel:
+  """Fits a monotone P(correct | U) by pool-adjacent-violators on a calibration split.
+
+  Args:
+    u: [N] float scores (N >= 1).
+    correct: [N] bool, whether each prediction is correct.
+    increasing: False (default) for an uncertainty, whose P(correct) does not
+      increase with U; True for a confidence.
+    prior: True (default) gives each block ``(hits + p_A) / (count + 1)`` (the
+      bins' prior, then neighbours put out of order by it pooled); False gives the
+      plain block accuracies, i.e. scikit-learn's isotonic regression.
+
+  Returns:
+    ``IsotonicModel``. With the prior every probability lies strictly inside
+    (0, 1) unless the calibration split is all correct or all wrong (p_A = 1 or 0),
+    as for the bins.
+  """
+  _concrete("u", u)
+  _concrete("correct", correct)
+  if not isinstance(increasing, (bool, np.bool_)):
+    raise ValueError(f"increasing: expected a bool, got {increasing!r}")
+  if not isinstance(prior, (bool, np.bool_)):
+    raise ValueError(f"prior: expected a bool, got {prior!r}")
+  u, correct = validation.score_and_event("u", u, correct, host=True)
+  # The scores as predict sees them (float64 becomes float32 without x64).
+  u = validation.in_device_dtype(u)
+  order = np.argsort(u)
+  sorted_u = u[order]
+  # Tie groups are pooled: the diagram has one point per distinct score.
+  group_end = np.append(np.flatnonzero(sorted_u[1:] != sorted_u[:-1]) + 1, u.shape[0])
+  count_below = np.concatenate([[0], group_end]).astype(np.int64)
+  hits_below = np.concatenate([[0], np.cumsum(correct[order], dtype=np.int64)])[count_below]
+  sign = -1 if increasing else 1
+  corner_count, corner_hits = _hull_corners(count_below, hits_below, sign)
+  counts, hits = np.diff(corner_count), np.diff(corner_hits)
+  first, last = sorted_u[corner_count[:-1]], sorted_u[corner_count[1:] - 1]
+  p_a = np.float32(hits.sum()) / np.float32(counts.sum())  # as binning computes it
+  if prior:
+    counts, hits, first, last = _repool(counts, hits, first, last, np.float64(p_a), sign)
+    values = binning.calibrated_prob(hits, counts, np.float64(p_a))
+  else:
+    values = hits / counts
+  knots, prob = _knot_table(first, last, values)
+  return IsotonicModel(
+    jnp.asarray(knots),
+    jnp.asarray(prob, jnp.float32),
+    jnp.asarray(counts, jnp.int32),
+    jnp.asarray(hits, jnp.int32),
+    jnp.asarray(p_a),
+  )
+
+
+@jax.jit
+def _predict(model: IsotonicModel, u: jax.Array) -> jax.Array:
+  return jnp.interp(u, model.knots, model.prob)
+
+
+def predict(model: IsotonicModel, u: ArrayLike) -> jax.Array:
+  """P(correct) for new scores: linear between block ends, clipped beyond the data.
+
+  Args:
+    model: from ``fit``.
+    u: [N] float scores of the same kind as the calibration scores.
+
+  Returns:
+    [N] float32 (inside (0, 1) when fitted with the prior and 0 < p_A < 1).
+  """
+  validation.instance("model", model, IsotonicModel, "isotonic.IsotonicModel from isotonic.fit")
+  u = validation.float_array("u", u, 1)
+  return _predict(model, u)

@@ -1,0 +1,2 @@
+"""Evaluation of any estimator: cross-validation, selective prediction, the
+mislabelled finder, the benchmark's multiclass metrics."""

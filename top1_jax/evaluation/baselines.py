@@ -1,0 +1,510 @@
+"""Benchmark implementations to compare Top-1 binning against (paper Table 1).
+
+The comparison methods and metrics of Ovadia, Snoek et al. 2019 ("Can you trust
+your model's uncertainty?"), defined as that benchmark defines them:
+
+* **Temperature scaling** (Guo et al. 2017): one scalar T > 0 fitted on the
+  calibration split by minimising the multiclass NLL of softmax(logits / T).
+* **Multiclass histogram binning** (Guo et al. 2017, one-vs-rest after Zadrozny &
+  Elkan 2002): equal-width bins of each class probability, bin value = how often
+  that class is the label in the bin, then renormalised across classes.
+* **Multiclass metrics** of a full probability vector: Brier
+  ``sum_k (p_k - y_k)^2``, NLL ``-log p_y`` and the confidence ECE with
+  equal-width bins over the max probability.
+
+Conventions shared by the functions here:
+
+* A prediction is passed as exactly one of ``probs=`` ([N, K], rows summing to 1)
+  or ``logits=`` ([N, K]); labels come first, as in the benchmark's own
+  ``brier_scores(labels, probs=None, logits=None)``. ``fit_temperature`` and
+  ``apply_temperature`` (defined in ``temperature``, re-exported here) take
+  logits only.
+* The predicted class is the first argmax (as ``events.topk_correct``).
+* Equal-width bins are right-closed, ``((b-1)/B, b/B]``, with 0 in the first
+  bin (Guo et al.'s ``I_m``; the benchmark's ``np.digitize(..., right=True)``).
+
+**Brier convention.** ``multiclass_brier`` is ``mean_n sum_k (p_nk - y_nk)^2``,
+in [0, 2] (0 for a confident correct one-hot prediction; 1 - 1/K for uniform).
+The benchmark numbers quoted in the paper's Table 1 (Vanilla: 0.18 on CIFAR-10,
+0.34 on ImageNet) fit this scale: on the code's scale below they would be
+negative at those accuracies, on the 1/K scale about K times smaller.
+Conversions:
+
+* the benchmark's code (``metrics_lib.brier_scores``) returns
+  ``sum_k p_k^2 - 2 p_y`` = this - 1, in [-1, 1];
+* the benchmark paper's formula carries a factor 1/|Y|, and a mean over all
+  N x K entries (``np.mean((p - onehot)**2)``) is the same: this / K, so
+  multiply those by K to get this.
+
+**Not the Top-1 Brier.** Writing c = 1[argmax p = y],
+``sum_k (p_k - y_k)^2 = (p_max - c)^2 + sum_{k != argmax} (p_k - y_k)^2``: the
+multiclass Brier is the binary Top-1 Brier of ``p_max`` used as P(correct)
+(``metrics.brier(pmax, correct)``) *plus* a non-negative term for how the rest of
+the mass is spread. Compare Top-1 binning with the latter, not the former.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import validation
+from top1_jax.estimators.temperature import apply_temperature as apply_temperature
+from top1_jax.estimators.temperature import fit_temperature as fit_temperature
+
+DEFAULT_ECE_BINS = 15
+"""The benchmark's (and Guo et al.'s) number of equal-width ECE bins."""
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def _check_n_bins(n_bins) -> int:
+  return validation.positive_int("n_bins", n_bins)
+
+
+def _prediction(
+  labels: ArrayLike, probs: ArrayLike | None, logits: ArrayLike | None
+) -> tuple[jax.Array, jax.Array, bool]:
+  """Validates (labels, exactly one of probs / logits); returns (pred, labels, from_logits)."""
+  if (probs is None) == (logits is None):
+    given = "both" if probs is not None else "neither"
+    raise ValueError(f"probs, logits: expected exactly one of them, got {given}")
+  if logits is not None:
+    pred = validation.float_array("logits", logits, 2)
+    name = "logits"
+  else:
+    pred = validation.probability_array("probs", probs, 2, sums_to_one=True)
+    name = "probs"
+  if pred.shape[-1] < 2:
+    raise ValueError(f"{name}: expected at least 2 classes, got shape {pred.shape}")
+  validation.check_nonempty(name, pred)
+  labels = validation.labels_array("labels", labels, pred.shape[-1])
+  validation.same_length(**{name: pred, "labels": labels})
+  return pred, labels, logits is not None
+
+
+def _log_probs(pred: jax.Array, from_logits: bool) -> jax.Array:
+  if from_logits:
+    return jax.nn.log_softmax(pred, axis=-1)
+  # Only exact zeros are clipped (float32 softmax underflow): -log(tiny) ~ 87.3 nats
+  # instead of inf. Pass logits to avoid the underflow altogether.
+  return jnp.log(jnp.maximum(pred, jnp.finfo(pred.dtype).tiny))
+
+
+def _probs(pred: jax.Array, from_logits: bool) -> jax.Array:
+  return jax.nn.softmax(pred, axis=-1) if from_logits else pred
+
+
+def _confidence_and_correct(
+  pred: jax.Array, labels: jax.Array, from_logits: bool
+) -> tuple[jax.Array, jax.Array]:
+  # argmax of the input itself (logits when given): a saturated float32 softmax
+  # could tie classes whose logits differ.
+  correct = jnp.argmax(pred, axis=-1) == labels
+  return jnp.max(_probs(pred, from_logits), axis=-1), correct
+
+
+# --------------------------------------------------------------------- equal-width bins
+
+
+class EqualWidthBins(NamedTuple):
+  """Per-bin sufficient statistics of P(correct) predictions in equal-width bins.
+
+  Bin b (0-based) is ``(b / B, (b + 1) / B]``; bin 0 also holds 0.
+
+  Attributes:
+    counts: [B] int32, predictions per bin.
+    hits: [B] int32, correct ones per bin.
+    confidence_sum: [B] float, sum of the predictions in each bin.
+  """
+
+  counts: jax.Array
+  hits: jax.Array
+  confidence_sum: jax.Array
+
+  @property
+  def n_bins(self) -> int:
+    return self.counts.shape[-1]
+
+  @property
+  def edges(self) -> jax.Array:
+    """[B + 1] float, 0, 1/B, ..., 1."""
+    return jnp.linspace(0.0, 1.0, self.n_bins + 1)
+
+  @property
+  def accuracy(self) -> jax.Array:
+    """[B] hits / counts (NaN for an empty bin)."""
+    return self.hits / self.counts
+
+  @property
+  def mean_confidence(self) -> jax.Array:
+    """[B] mean prediction per bin (NaN for an empty bin)."""
+    return self.confidence_sum / self.counts
+
+  @property
+  def ece(self) -> jax.Array:
+    """[] sum_b (n_b / N) |acc_b - conf_b| = sum_b |hits_b - confidence_sum_b| / N."""
+    return _ece(self.hits, self.confidence_sum, self.counts)
+
+
+@jax.jit
+def _ece(hits, confidence_sum, counts):
+  return jnp.sum(jnp.abs(hits - confidence_sum)) / jnp.sum(counts)
+
+
+def equal_width_edges(n_bins: int, dtype) -> np.ndarray:
+  """The B - 1 interior edges b / B of equal-width bins of [0, 1], each rounded once
+  to ``dtype`` (as ``np.linspace(0, 1, B + 1)`` cast to it; float32 ``jnp.linspace``
+  is an ulp off for most B): the host and the device bin alike."""
+  return (np.arange(1, n_bins) / n_bins).astype(dtype)
+
+
+def equal_width_index(values: jax.Array | np.ndarray, n_bins: int) -> jax.Array | np.ndarray:
+  """Right-closed equal-width bin of each value in [0, 1]: #{interior edges < value}.
+
+  The one bin rule of every equal-width statistic here (``EqualWidthBins``,
+  histogram binning, Table 1's ECE); ``values`` of any shape, traceable,
+  ``n_bins`` static. A NumPy array is binned on the host, by NumPy, to the same
+  int32 indices (in the dtype the device would bin it in: float32 unless x64 is on).
+  """
+  on_host = isinstance(values, np.ndarray)
+  if on_host:
+    values = validation.in_device_dtype(values)
+  edges = equal_width_edges(n_bins, values.dtype)
+  return (np if on_host else jnp).searchsorted(edges, values, side="left").astype(np.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("n_bins",))
+def _equal_width_bins(confidence: jax.Array, correct: jax.Array, n_bins: int) -> EqualWidthBins:
+  index = equal_width_index(confidence, n_bins)
+  counts = jax.ops.segment_sum(jnp.ones_like(index), index, n_bins)
+  hits = jax.ops.segment_sum(correct.astype(jnp.int32), index, n_bins)
+  confidence_sum = jax.ops.segment_sum(confidence, index, n_bins)
+  return EqualWidthBins(counts, hits, confidence_sum)
+
+
+def equal_width_bins(
+  confidence: ArrayLike, correct: ArrayLike, n_bins: int = DEFAULT_ECE_BINS
+) -> EqualWidthBins:
+  """Counts P(correct) predictions in equal-width bins of [0, 1] (reliability diagram).
+
+  Args:
+    confidence: [N] float in [0, 1], predicted probability that each prediction is
+      correct (e.g. the max softmax probability).
+    correct: [N] bool, whether it was.
+    n_bins: B >= 1.
+
+  Returns:
+    ``EqualWidthBins`` with counts, hits and the sum of the predictions per bin.
+  """
+  confidence, correct = validation.score_and_event(
+    "confidence", confidence, correct, probability=True
+  )
+  return _equal_width_bins(confidence, correct, _check_n_bins(n_bins))
+
+
+def equal_width_ece(
+  confidence: ArrayLike, correct: ArrayLike, n_bins: int = DEFAULT_ECE_BINS
+) -> jax.Array:
+  """Binary ECE of P(correct) predictions with equal-width bins (the benchmark's ECE).
+
+  ``sum_b (n_b / N) |acc_b - conf_b|`` with acc_b the fraction correct and conf_b
+  the mean prediction in bin b; empty bins contribute nothing. This is the
+  benchmark's ``expected_calibration_error`` (bin centres of mass, not bin
+  midpoints). With ``confidence = pmax`` and ``correct`` the Top-1 event it is
+  ``confidence_ece``: use it for the binary Top-1 ECE of any P(correct)
+  prediction, e.g. the raw or temperature-scaled max softmax, or Top-1 binning's
+  ``binning.predict`` output scored with the benchmark's bins.
+
+  Unlike ``metrics.ece`` (the paper's eq. CE: quantile bins fitted on the
+  calibration split, test accuracy against the fitted bin probabilities), the
+  bins here are fixed equal-width intervals of the prediction itself.
+
+  Args:
+    confidence: [N] float in [0, 1].
+    correct: [N] bool.
+    n_bins: B >= 1 (15 in the benchmark).
+
+  Returns:
+    [] float in [0, 1].
+  """
+  return equal_width_bins(confidence, correct, n_bins).ece
+
+
+# ------------------------------------------------------------------ multiclass metrics
+
+
+class MulticlassMetrics(NamedTuple):
+  """The benchmark's metrics of one [N, K] prediction (see the module docstring).
+
+  Attributes:
+    accuracy: [] Top-1 accuracy.
+    brier: [] mean sum_k (p_k - y_k)^2, in [0, 2].
+    nll: [] mean -log p_y, nats.
+    ece: [] confidence ECE, equal-width bins over max_k p_k.
+  """
+
+  accuracy: jax.Array
+  brier: jax.Array
+  nll: jax.Array
+  ece: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("from_logits",))
+def _brier(pred, labels, from_logits):
+  probs = _probs(pred, from_logits)
+  onehot = jax.nn.one_hot(labels, probs.shape[-1], dtype=probs.dtype)
+  # The squared differences directly, not 1 - 2 p_y + sum p^2: no cancellation
+  # when the prediction is close to the one-hot label.
+  return jnp.mean(jnp.sum((probs - onehot) ** 2, axis=-1))
+
+
+@functools.partial(jax.jit, static_argnames=("from_logits",))
+def _nll(pred, labels, from_logits):
+  log_probs = _log_probs(pred, from_logits)
+  return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=-1))
+
+
+@functools.partial(jax.jit, static_argnames=("from_logits", "n_bins"))
+def _confidence_ece(pred, labels, from_logits, n_bins):
+  confidence, correct = _confidence_and_correct(pred, labels, from_logits)
+  return _equal_width_bins(confidence, correct, n_bins).ece
+
+
+@functools.partial(jax.jit, static_argnames=("from_logits", "n_bins"))
+def _multiclass_metrics(pred, labels, from_logits, n_bins):
+  _, correct = _confidence_and_correct(pred, labels, from_logits)
+  return MulticlassMetrics(
+    accuracy=jnp.mean(correct.astype(jnp.float32)),
+    brier=_brier(pred, labels, from_logits),
+    nll=_nll(pred, labels, from_logits),
+    ece=_confidence_ece(pred, labels, from_logits, n_bins),
+  )
+
+
+def multiclass_brier(
+  labels: ArrayLike, *, probs: ArrayLike | None = None, logits: ArrayLike | None = None
+) -> jax.Array:
+  """Multiclass Brier score ``mean_n sum_k (p_nk - y_nk)^2`` (one-hot y).
+
+  On the [0, 2] scale; the benchmark's code reports this - 1, the 1/|Y| form
+  this / K (module docstring). Not comparable with the binary Top-1 Brier
+  ``metrics.brier``: it is that of ``pmax`` plus the squared error of the other
+  classes' probabilities.
+
+  Args:
+    labels: [N] int in [0, K).
+    probs: [N, K] float, rows summing to 1; or
+    logits: [N, K] float (probabilities are their softmax).
+
+  Returns:
+    [] float in [0, 2] (smaller is better).
+  """
+  pred, labels, from_logits = _prediction(labels, probs, logits)
+  return _brier(pred, labels, from_logits)
+
+
+def multiclass_nll(
+  labels: ArrayLike, *, probs: ArrayLike | None = None, logits: ArrayLike | None = None
+) -> jax.Array:
+  """Multiclass negative log-likelihood ``mean_n -log p_n,y_n`` in nats.
+
+  From logits it is ``logsumexp(l) - l_y``, exact for any logit scale. From
+  probabilities only an exact zero on the true class is clipped, to the smallest
+  normal float (float32: 87.3 nats instead of inf).
+
+  Args:
+    labels: [N] int in [0, K).
+    probs: [N, K] float, rows summing to 1; or
+    logits: [N, K] float.
+
+  Returns:
+    [] float >= 0 (smaller is better).
+  """
+  pred, labels, from_logits = _prediction(labels, probs, logits)
+  return _nll(pred, labels, from_logits)
+
+
+def confidence_ece(
+  labels: ArrayLike,
+  *,
+  probs: ArrayLike | None = None,
+  logits: ArrayLike | None = None,
+  n_bins: int = DEFAULT_ECE_BINS,
+) -> jax.Array:
+  """Confidence ECE (Guo et al. 2017; the benchmark's ``expected_calibration_error_multiclass``).
+
+  ``sum_b (n_b / N) |acc_b - conf_b|`` over B equal-width bins of the max
+  probability ``pmax = max_k p_k``, acc_b the Top-1 accuracy and conf_b the mean
+  pmax in bin b.
+
+  This already *is* the binary Top-1 ECE of pmax used as P(correct), with
+  equal-width bins: ``equal_width_ece(pmax, argmax p == y, n_bins)``. There is no
+  separate Top-1 version of it; call ``equal_width_ece`` for other P(correct)
+  predictions.
+
+  Args:
+    labels: [N] int in [0, K).
+    probs: [N, K] float, rows summing to 1; or
+    logits: [N, K] float.
+    n_bins: B >= 1 (15 in the benchmark).
+
+  Returns:
+    [] float in [0, 1].
+  """
+  pred, labels, from_logits = _prediction(labels, probs, logits)
+  return _confidence_ece(pred, labels, from_logits, _check_n_bins(n_bins))
+
+
+def multiclass_metrics(
+  labels: ArrayLike,
+  *,
+  probs: ArrayLike | None = None,
+  logits: ArrayLike | None = None,
+  n_bins: int = DEFAULT_ECE_BINS,
+) -> MulticlassMetrics:
+  """Accuracy, multiclass Brier, NLL and confidence ECE in one validated, jitted call.
+
+  Args:
+    labels: [N] int in [0, K).
+    probs: [N, K] float, rows summing to 1; or
+    logits: [N, K] float.
+    n_bins: equal-width ECE bins, >= 1.
+
+  Returns:
+    ``MulticlassMetrics`` of [] floats, each equal to its single-metric function.
+  """
+  pred, labels, from_logits = _prediction(labels, probs, logits)
+  return _multiclass_metrics(pred, labels, from_logits, _check_n_bins(n_bins))
+
+
+# ---------------------------------------------------------------- histogram binning
+
+
+class HistogramBinning(NamedTuple):
+  """Fitted one-vs-rest equal-width histogram binning (a pytree).
+
+  Attributes:
+    value: [K, B] float, the calibrated probability of class k for a class-k
+      probability in bin b: the fraction of calibration examples in that bin
+      whose label is k, or the bin's midpoint when the bin is empty.
+    counts: [K, B] int32, calibration examples whose class-k probability is in bin b.
+    hits: [K, B] int32, of those, the ones labelled k.
+  """
+
+  value: jax.Array
+  counts: jax.Array
+  hits: jax.Array
+
+  @property
+  def n_bins(self) -> int:
+    return self.counts.shape[-1]
+
+  @property
+  def num_classes(self) -> int:
+    return self.counts.shape[0]
+
+
+@functools.partial(jax.jit, static_argnames=("n_bins",))
+def _fit_histogram_binning(probs, labels, n_bins) -> HistogramBinning:
+  num_classes = probs.shape[-1]
+  index = equal_width_index(probs, n_bins)  # [N, K]
+  # One segment per (class, bin): all K one-vs-rest histograms in one segment_sum.
+  segment = (jnp.arange(num_classes, dtype=jnp.int32) * n_bins + index).reshape(-1)
+  is_label = (labels[:, None] == jnp.arange(num_classes)).reshape(-1)
+  counts = jax.ops.segment_sum(jnp.ones_like(segment), segment, num_classes * n_bins)
+  hits = jax.ops.segment_sum(is_label.astype(jnp.int32), segment, num_classes * n_bins)
+  counts = counts.reshape(num_classes, n_bins)
+  hits = hits.reshape(num_classes, n_bins)
+  midpoint = (jnp.arange(n_bins, dtype=probs.dtype) + 0.5) / n_bins
+  value = jnp.where(counts > 0, hits / jnp.maximum(counts, 1), midpoint)
+  return HistogramBinning(value.astype(probs.dtype), counts, hits)
+
+
+@jax.jit
+def _predict_histogram_binning(binning: HistogramBinning, probs):
+  n_bins = binning.value.shape[-1]
+  index = equal_width_index(probs, n_bins)
+  calibrated = jnp.take_along_axis(binning.value.T, index, axis=0)  # value[k, index[n, k]]
+  total = jnp.sum(calibrated, axis=-1, keepdims=True)
+  return jnp.where(total > 0, calibrated / jnp.where(total > 0, total, 1.0), probs)
+
+
+def fit_histogram_binning(
+  labels: ArrayLike,
+  *,
+  probs: ArrayLike | None = None,
+  logits: ArrayLike | None = None,
+  n_bins: int = DEFAULT_ECE_BINS,
+) -> HistogramBinning:
+  """Fits multiclass histogram binning (Guo et al. 2017) on a calibration split.
+
+  For each class k independently (one-vs-rest), [0, 1] is cut into B
+  equal-width right-closed bins of the class-k probability p_k, and each bin's
+  value is the fraction of the calibration examples falling in it whose label
+  is k (the squared-loss-optimal constant, Guo et al. §4.1).
+
+  Empty bins: a bin that no calibration example fell into keeps its midpoint
+  ``(b + 1/2) / B``, i.e. roughly the model's own probability, rather than 0 (which
+  would veto class k for any such test example) or NaN. netcal's
+  ``HistogramBinning`` makes the same choice.
+
+  Args:
+    labels: [N] int in [0, K).
+    probs: [N, K] float, rows summing to 1; or
+    logits: [N, K] float (binned after softmax).
+    n_bins: B >= 1.
+
+  Returns:
+    ``HistogramBinning`` with values, counts and hits of shape [K, B].
+  """
+  pred, labels, from_logits = _prediction(labels, probs, logits)
+  n_bins = _check_n_bins(n_bins)
+  return _fit_histogram_binning(_probs(pred, from_logits), labels, n_bins)
+
+
+def predict_histogram_binning(
+  binning: HistogramBinning,
+  *,
+  probs: ArrayLike | None = None,
+  logits: ArrayLike | None = None,
+) -> jax.Array:
+  """Calibrated class probabilities from fitted histogram binning.
+
+  Each class probability is replaced by its bin's value, then each row is
+  divided by its sum. A row whose K values are all 0 (every class's bin saw
+  calibration examples but never that class) has nothing to normalise; it keeps
+  the input probabilities unchanged.
+
+  Note the argmax can change (the paper notes histogram binning lost accuracy),
+  and many examples share identical rows: score the result with the multiclass
+  metrics, which take its own argmax.
+
+  Args:
+    binning: from ``fit_histogram_binning``.
+    probs: [N, K] float, rows summing to 1; or
+    logits: [N, K] float.
+
+  Returns:
+    [N, K] float, rows summing to 1.
+  """
+  validation.instance("binning", binning, HistogramBinning, "fit_histogram_binning's result")
+  if (probs is None) == (logits is None):
+    given = "both" if probs is not None else "neither"
+    raise ValueError(f"probs, logits: expected exactly one of them, got {given}")
+  if logits is not None:
+    pred = jax.nn.softmax(validation.float_array("logits", logits, 2), axis=-1)
+    name = "logits"
+  else:
+    pred = validation.probability_array("probs", probs, 2, sums_to_one=True)
+    name = "probs"
+  if pred.shape[-1] != binning.num_classes:
+    raise ValueError(
+      f"{name}: expected {binning.num_classes} classes like the fitted binning,"
+      f" got shape {pred.shape}"
+    )
+  return _predict_histogram_binning(binning, pred)

@@ -1,0 +1,289 @@
+"""Confident errors: wrong predictions in the most confident bins (paper supplement).
+
+The paper finds mislabelled or ambiguous images by binning max-softmax into
+equal-count bins and looking at the incorrectly classified examples of the most
+confident bins. ``confident_errors`` does that for any score:
+
+* Bins are fitted with ``binning.fit`` on the calibration examples (by default
+  all of them: the paper searches the test set it binned) and every example is
+  placed in its bin.
+* The bins with the highest predicted P(correct) are taken, and the wrong
+  examples in them returned, most confident first.
+* Which end of the score is confident is not assumed (pmax and margin grow with
+  confidence, entropy and -log pmax shrink): it is read off the bins, as the sign
+  of the rank correlation between a bin's position and its probability. Ties in
+  probability and in score are broken in that direction, then by example index.
+* Bins are ranked by their probability as an exact fraction, (hits + prior) /
+  (count + 1), so float rounding never splits a tie or makes one; the float32
+  probability is what is reported.
+
+``report`` adds what a reader of the result needs: one row per error with its
+labels' class names, and each searched bin's count, accuracy and score range.
+"""
+
+import fractions
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import binning, validation
+
+COLUMNS = (
+  "rank",
+  "index",
+  "given_label",
+  "given_name",
+  "predicted_label",
+  "predicted_name",
+  "bin",
+  "bin_prob",
+  "score",
+)
+"""The keys of ``Report.rows``, in the order a table shows them."""
+
+DIRECTIONS = {1: "higher is more confident", -1: "lower is more confident", 0: "no trend"}
+"""``ConfidentErrors.direction`` in words."""
+
+
+class ConfidentErrors(NamedTuple):
+  """Wrong examples of the most confident bins, most confident first.
+
+  Attributes:
+    index: [M] int64, example indices into ``u``.
+    prob: [M] float32, each example's bin probability (predicted P(correct)).
+    bin: [M] int32, each example's bin.
+    selected_bins: [B] int32, the bins searched, most confident first
+      (B = min(top_bins, bins holding calibration examples)).
+    direction: +1 when higher scores are more confident, -1 when lower scores
+      are, 0 when the bins show no trend (then only probability and index order).
+    bins: the fitted ``binning.Bins``.
+  """
+
+  index: np.ndarray
+  prob: np.ndarray
+  bin: np.ndarray
+  selected_bins: np.ndarray
+  direction: int
+  bins: binning.Bins
+
+
+def _twice_average_ranks(values: np.ndarray) -> np.ndarray:
+  """2 x the 1-based average ranks of ``values`` (ties share their mean rank); exact ints."""
+  _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+  ends = np.cumsum(counts)  # 1-based rank of the last member of each tie group
+  starts = ends - counts + 1
+  return (starts + ends)[inverse.reshape(-1)].astype(np.int64)
+
+
+def confidence_direction(prob: ArrayLike) -> int:
+  """Which way along the bins P(correct) grows: the sign of Spearman's correlation.
+
+  Computed on exact integer ranks, so equal probabilities share a rank and the
+  sign is exact.
+
+  Args:
+    prob: [B] float (or int ranks), the bins' probabilities in ascending score
+      order (only bins that hold examples).
+
+  Returns:
+    +1 if the probability tends to grow with the score, -1 if it tends to fall,
+    0 if neither (including B < 2).
+  """
+  prob = validation.float_array("prob", prob, 1, host=True)
+  num = prob.shape[0]
+  if num < 2:
+    return 0
+  position = 2 * np.arange(1, num + 1, dtype=np.int64) - (num + 1)
+  rank = _twice_average_ranks(prob) - (num + 1)
+  return int(np.sign(np.sum(position * rank)))
+
+
+def _exact_prob_rank(hits: np.ndarray, counts: np.ndarray, num_hits: int, num: int) -> np.ndarray:
+  """Dense ranks (0 = lowest) of the bins' (hits + prior) / (counts + 1), compared exactly.
+
+  ``binning.calibrated_prob`` on exact fractions (prior = num_hits / num): ordering
+  the rationals, not their float32 roundings, makes equal bins tie and different
+  bins differ whatever the rounding of the division.
+  """
+  prior = fractions.Fraction(num_hits, num)
+  exact = [
+    binning.calibrated_prob(fractions.Fraction(int(h)), int(c), prior)
+    for h, c in zip(hits, counts, strict=True)
+  ]
+  levels = {value: rank for rank, value in enumerate(sorted(set(exact)))}
+  return np.array([levels[value] for value in exact], np.int64)
+
+
+def confident_errors(
+  u: ArrayLike,
+  correct: ArrayLike,
+  *,
+  n_bins: int = 20,
+  top_bins: int = 1,
+  calibration: ArrayLike | None = None,
+) -> ConfidentErrors:
+  """The wrong examples in the ``top_bins`` bins of highest predicted P(correct).
+
+  Args:
+    u: [N] float scores, confidences (pmax, margin) or uncertainties (entropy,
+      -log pmax): the direction is read from the fitted bins.
+    correct: [N] bool, whether each prediction is correct (``events``).
+    n_bins: equal-count bins, 1 <= n_bins <= number of calibration examples.
+    top_bins: how many of the most confident bins to search, 1 <= top_bins <=
+      n_bins; fewer are searched when ties leave fewer non-empty bins.
+    calibration: optional [N] bool mask of the examples the bins are fitted on
+      (default: all). Wrong examples are collected from all N examples.
+
+  Returns:
+    ``ConfidentErrors``, ordered by bin probability (highest first), then by score
+    from the confident end, then by index.
+
+  Raises:
+    ValueError: an argument of the wrong shape, dtype or range (named).
+  """
+  u = validation.float_array("u", u, 1, host=True)
+  correct = validation.bool_array("correct", correct, host=True)
+  num = validation.same_length(u=u, correct=correct)
+  validation.check_nonempty("u", u)
+  if calibration is None:
+    calibration = np.ones(num, bool)
+  else:
+    calibration = validation.bool_array("calibration", calibration, host=True)
+    validation.same_length(u=u, calibration=calibration)
+    if not calibration.any():
+      raise ValueError("calibration: expected at least one True entry, got none")
+  num_calibration = int(calibration.sum())
+  n_bins = validation.positive_int("n_bins", n_bins, maximum=num_calibration)
+  top_bins = validation.positive_int("top_bins", top_bins, maximum=n_bins)
+
+  u_device = jnp.asarray(u, jnp.float32)
+  bins = binning.fit(u_device[calibration], correct[calibration], n_bins=n_bins)
+  example_bin = np.asarray(binning.assign(bins.edges, u_device))
+  prob = np.asarray(bins.prob)
+  counts = np.asarray(bins.counts)
+  level = _exact_prob_rank(
+    np.asarray(bins.hits), counts, int(correct[calibration].sum()), num_calibration
+  )
+  filled = np.flatnonzero(counts > 0)
+  direction = confidence_direction(level[filled])
+  # lexsort: the last key is the primary one.
+  order = np.lexsort((-direction * filled, -level[filled]))
+  selected = filled[order[:top_bins]].astype(np.int32)
+
+  wrong = np.flatnonzero(np.isin(example_bin, selected) & ~correct)
+  score = np.asarray(u_device, np.float64)[wrong]
+  order = np.lexsort((wrong, -direction * score, -level[example_bin[wrong]]))
+  index = wrong[order].astype(np.int64)
+  return ConfidentErrors(
+    index=index,
+    prob=prob[example_bin[index]].astype(np.float32),
+    bin=example_bin[index],
+    selected_bins=selected,
+    direction=direction,
+    bins=bins,
+  )
+
+
+class Report(NamedTuple):
+  """The confident errors as table rows, and the bins they were searched in.
+
+  Attributes:
+    rows: one dict per confident error, most confident first, keyed by
+      ``COLUMNS``. ``bin_prob`` (6 decimals) and ``score`` (9 significant
+      digits) are text, so a CSV shows the float32 values the bins were fitted
+      on rather than their float64 expansions.
+    searched_bins: one dict per searched bin, most confident first: ``bin``,
+      ``count``, ``correct``, ``prob`` and ``score_min`` / ``score_max``, the
+      range of its scores (what "the top bin" means for this score).
+    errors: the ``ConfidentErrors`` the rows come from (``errors.index`` picks
+      the images to show).
+    num_examples: N.
+    accuracy: the fraction of correct examples.
+  """
+
+  rows: list[dict[str, Any]]
+  searched_bins: list[dict[str, Any]]
+  errors: ConfidentErrors
+  num_examples: int
+  accuracy: float
+
+  def summary(self) -> dict[str, Any]:
+    """JSON-ready totals: num_examples, accuracy, direction (words), searched_bins, num_found."""
+    return {
+      "num_examples": self.num_examples,
+      "accuracy": self.accuracy,
+      "direction": DIRECTIONS[self.errors.direction],
+      "searched_bins": self.searched_bins,
+      "num_found": len(self.rows),
+    }
+
+
+def report(
+  u: ArrayLike,
+  correct: ArrayLike,
+  predicted: ArrayLike,
+  given: ArrayLike,
+  class_names: Sequence[str],
+  *,
+  n_bins: int = 20,
+  top_bins: int = 1,
+) -> Report:
+  """``confident_errors`` of all N examples, as rows a person can read.
+
+  Args:
+    u: [N] float scores (either direction, as in ``confident_errors``).
+    correct: [N] bool, whether each prediction is correct (the binned event).
+    predicted: [N] int in [0, K), the model's Top-1 classes.
+    given: [N] int in [0, K), the dataset's labels.
+    class_names: K names, one per class.
+    n_bins: equal-count bins, 1 <= n_bins <= N.
+    top_bins: how many of the most confident bins to search, 1 <= top_bins <= n_bins.
+
+  Returns:
+    A ``Report``, rows ordered as ``confident_errors`` orders its examples.
+
+  Raises:
+    ValueError: an argument of the wrong shape, dtype or range (named).
+  """
+  u = validation.float_array("u", u, 1, host=True).astype(np.float32)
+  num_classes = len(class_names)
+  predicted = validation.labels_array("predicted", predicted, num_classes, host=True)
+  given = validation.labels_array("given", given, num_classes, host=True)
+  validation.same_length(u=u, predicted=predicted, given=given)
+  errors = confident_errors(u, correct, n_bins=n_bins, top_bins=top_bins)
+  correct = validation.bool_array("correct", correct, host=True)
+
+  rows = [
+    {
+      "rank": rank,
+      "index": int(i),
+      "given_label": int(given[i]),
+      "given_name": class_names[given[i]],
+      "predicted_label": int(predicted[i]),
+      "predicted_name": class_names[predicted[i]],
+      "bin": int(b),
+      "bin_prob": f"{p:.6f}",
+      "score": f"{u[i]:.9g}",
+    }
+    for rank, (i, b, p) in enumerate(zip(errors.index, errors.bin, errors.prob, strict=True), 1)
+  ]
+  example_bin = np.asarray(binning.assign(errors.bins.edges, jnp.asarray(u)))
+  bins = errors.bins
+  counts, hits, prob = np.asarray(bins.counts), np.asarray(bins.hits), np.asarray(bins.prob)
+  searched = []
+  for b in errors.selected_bins.tolist():
+    in_bin = u[example_bin == b]  # never empty: only bins holding examples are searched
+    searched.append(
+      {
+        "bin": b,
+        "count": int(counts[b]),
+        "correct": int(hits[b]),
+        "prob": float(prob[b]),
+        "score_min": float(in_bin.min()),
+        "score_max": float(in_bin.max()),
+      }
+    )
+  return Report(rows, searched, errors, int(u.shape[0]), float(np.mean(correct)))

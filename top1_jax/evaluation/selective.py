@@ -1,0 +1,294 @@
+"""Selective prediction: answer only where the bins guarantee an accuracy.
+
+From fitted equal-count bins (``binning.fit`` on a calibration split),
+``guaranteed_coverage`` keeps the largest set of most-confident bins whose pooled
+accuracy has an exact lower confidence bound of at least a target, following
+Geifman & El-Yaniv's selection with guaranteed risk (SGR, "Selective
+classification for deep neural networks", NeurIPS 2017, Algorithm 1), with the
+bins as the candidate thresholds. ``select`` applies the selection to new scores;
+``cross_validate`` fits and applies it on every calibration/test split;
+``risk_coverage`` gives the empirical risk-coverage curve of a score.
+"""
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import binning, metrics, validation
+from top1_jax.evaluation import crossval
+
+ORDERS = ("prob", "ascending", "descending")
+
+
+class Selection(NamedTuple):
+  """The bins kept by ``guaranteed_coverage`` (a pytree of jax arrays).
+
+  Attributes:
+    selected: [n_bins] bool, the bins whose examples are answered.
+    edges: [n_bins - 1] float, the bins' edges (``Bins.edges``), for ``select``.
+    coverage: [] float, the fraction of the calibration examples selected.
+    threshold: [] float, the smallest predicted P(correct) among the selected
+      bins (+inf when none is selected).
+    accuracy: [] float, the pooled calibration accuracy of the selected bins
+      (NaN when none is selected).
+    guaranteed_accuracy: [] float, its one-sided Clopper–Pearson lower bound at
+      level delta / num_tests (NaN when none is selected).
+    num_tests: [] int32, the number of bounds the binary search may test.
+  """
+
+  selected: jax.Array
+  edges: jax.Array
+  coverage: jax.Array
+  threshold: jax.Array
+  accuracy: jax.Array
+  guaranteed_accuracy: jax.Array
+  num_tests: jax.Array
+
+
+class RiskCoverage(NamedTuple):
+  """The risk-coverage curve: [N] coverage n / N and [N] risk among the n most confident."""
+
+  coverage: jax.Array
+  risk: jax.Array
+
+
+def _candidate_order(bins: binning.Bins, order: str) -> np.ndarray:
+  """Indices of the non-empty bins, most confident first (ties: lower bin index first)."""
+  nonempty = np.flatnonzero(np.asarray(bins.counts) > 0)
+  if order == "prob":
+    return nonempty[np.argsort(-np.asarray(bins.prob)[nonempty], kind="stable")]
+  return nonempty if order == "ascending" else nonempty[::-1]
+
+
+def _largest_passing_prefix(passes: np.ndarray) -> int:
+  """SGR's binary search for the largest j in [0, m] with ``passes[j - 1]`` (j = 0 passes)."""
+  low, high = 0, passes.shape[0] + 1  # low passes; high stands for "fails"
+  while high - low > 1:
+    mid = (low + high) // 2
+    low, high = (mid, high) if passes[mid - 1] else (low, mid)
+  return low
+
+
+def guaranteed_coverage(
+  bins: binning.Bins,
+  target_accuracy: float = 0.99,
+  delta: float = 0.05,
+  *,
+  order: str = "ascending",
+) -> Selection:
+  """The largest set of most-confident bins whose accuracy is guaranteed >= a target.
+
+  The m non-empty bins are ranked, most confident first (``order``); the
+  candidates are the m prefixes of that ranking (the top j bins, j = 1..m). A
+  prefix passes when the one-sided Clopper–Pearson lower bound of its pooled
+  accuracy (pooled hits over pooled counts) is at least ``target_accuracy``. As in
+  SGR, a binary search over j (assuming passes are monotone in j) tests at most
+  k = ceil(log2(m + 1)) prefixes, and each bound is taken at level delta / k
+  (Bonferroni over the tested thresholds), so with probability >= 1 - delta every
+  tested bound holds together, the returned one included: the true accuracy of
+  the selected region is >= ``guaranteed_accuracy`` >= the target. When no tested
+  prefix passes the selection is empty.
+
+  The guarantee assumes ``bins`` counts calibration examples drawn i.i.d. from
+  the deployment distribution and a ranking that does not look at their hits.
+  The default ranks by the score (bin 0, the lowest scores, first: U is an
+  uncertainty); the edges are order statistics of the same data, which is
+  harmless when accuracy does not increase with U (a prefix's pooled hits are
+  then stochastically below a binomial at the region's accuracy). Ranking by
+  ``"prob"``, the bins' own calibrated P(correct), picks the luckiest bins first
+  and voids the bound where true accuracy is flat across bins (with 100 bins at
+  a true 0.988 it "guarantees" 0.99 in every draw, tests/test_selective.py): use
+  it only when ``bins.prob`` comes from other data than the counts and hits, e.g.
+  ``binning.refit(bins, u_other, correct_other)._replace(prob=bins.prob)``.
+
+  Args:
+    bins: from ``binning.fit`` on the calibration split.
+    target_accuracy: the accuracy to guarantee, in [0, 1].
+    delta: total failure probability in (0, 0.5).
+    order: "ascending" (low scores are confident, e.g. U = -log pmax),
+      "descending" (high scores are confident, e.g. pmax) or "prob" (by
+      ``bins.prob``, ties by bin index; see above).
+
+  Returns:
+    ``Selection``.
+  """
+  validation.instance("bins", bins, binning.Bins, "binning.Bins from binning.fit")
+  validation.in_range("target_accuracy", float(target_accuracy), 0.0, 1.0)
+  if not 0.0 < float(delta) < 0.5:
+    raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
+  if order not in ORDERS:
+    raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
+  ranked = _candidate_order(bins, order)
+  if ranked.shape[0] == 0:
+    raise ValueError("bins: no examples were counted")
+  num_tests = math.ceil(math.log2(ranked.shape[0] + 1))
+  pooled_counts = np.cumsum(np.asarray(bins.counts)[ranked])
+  pooled_hits = np.cumsum(np.asarray(bins.hits)[ranked])
+  # A two-sided interval at 2 delta' has the one-sided lower bound at delta'.
+  lower, _ = binning.clopper_pearson(pooled_hits, pooled_counts, 2 * float(delta) / num_tests)
+  lower = np.asarray(lower)
+  size = _largest_passing_prefix(lower >= target_accuracy)
+  selected = np.zeros(bins.n_bins, bool)
+  selected[ranked[:size]] = True
+  total = pooled_counts[-1]
+  if size:
+    threshold = np.min(np.asarray(bins.prob)[ranked[:size]])
+    kept, hits, bound = pooled_counts[size - 1], pooled_hits[size - 1], lower[size - 1]
+    accuracy = hits / kept
+  else:
+    threshold, kept, accuracy, bound = np.inf, 0, np.nan, np.nan
+  # Host values moved as they are: jnp.float32(x) would compile a conversion program.
+  return Selection(
+    selected=jax.device_put(selected),
+    edges=bins.edges,
+    coverage=jax.device_put(np.float32(kept / total)),
+    threshold=jax.device_put(np.float32(threshold)),
+    accuracy=jax.device_put(np.float32(accuracy)),
+    guaranteed_accuracy=jax.device_put(np.float32(bound)),
+    num_tests=jax.device_put(np.int32(num_tests)),
+  )
+
+
+@jax.jit
+def _select(selected: jax.Array, edges: jax.Array, u: jax.Array) -> jax.Array:
+  return selected[binning.assign(edges, u)]
+
+
+def select(selection: Selection, u: ArrayLike) -> jax.Array:
+  """Which new examples to answer: those whose score falls in a selected bin.
+
+  Args:
+    selection: from ``guaranteed_coverage``.
+    u: [N] float scores of the same kind as the calibration scores.
+
+  Returns:
+    [N] bool.
+  """
+  validation.instance("selection", selection, Selection, "selective.Selection")
+  u = validation.float_array("u", u, 1)
+  return _select(selection.selected, selection.edges, u)
+
+
+def _split_outcome(selection: Selection, chosen: np.ndarray, correct: np.ndarray) -> dict:
+  """One split's selection: its bound, and its coverage and accuracy on the test part."""
+  bound = float(selection.guaranteed_accuracy)
+  kept = int(chosen.sum())
+  return {
+    "guaranteed_accuracy": bound if np.isfinite(bound) else None,
+    "calibration_coverage": float(selection.coverage),
+    "test_coverage": kept / chosen.shape[0],
+    "test_accuracy": float(correct[chosen].mean()) if kept else None,
+  }
+
+
+def _means(per_split: list[dict]) -> dict:
+  """Means over splits, each over the splits where it is defined (None if none is)."""
+
+  def mean(key):
+    values = [p[key] for p in per_split if p[key] is not None]
+    return float(np.mean(values)) if values else None
+
+  keys = ("guaranteed_accuracy", "calibration_coverage", "test_coverage", "test_accuracy")
+  return {
+    **{key: mean(key) for key in keys},
+    "num_splits": len(per_split),
+    "num_empty": sum(p["guaranteed_accuracy"] is None for p in per_split),
+  }
+
+
+def cross_validate(
+  u: ArrayLike,
+  correct: ArrayLike,
+  splits: crossval.Splits,
+  n_bins: int,
+  targets: Sequence[float] = (0.9, 0.95, 0.99),
+  delta: float = 0.05,
+  *,
+  order: str = "ascending",
+) -> list[dict]:
+  """Selection with a guarantee, fitted on each calibration part and tested on the rest.
+
+  On each split: ``n_bins`` bins of ``u`` fitted on the calibration part
+  (``binning.fit``), ``guaranteed_coverage`` for each target, and ``select`` on the
+  test part. Shows whether the guarantee holds out of sample, and at what coverage.
+
+  Args:
+    u: [N] float scores.
+    correct: [N] bool, the event (e.g. the Top-1 prediction is correct).
+    splits: ``crossval.make_splits(N, ...)``.
+    n_bins: bins per calibration part, at most its size.
+    targets: accuracies to guarantee, each in [0, 1].
+    delta: failure probability of each guarantee, in (0, 0.5).
+    order: the ranking of the bins, as in ``guaranteed_coverage``.
+
+  Returns:
+    One dict per target, in the given order: ``order``; the means over splits of
+    ``guaranteed_accuracy``, ``calibration_coverage``, ``test_coverage`` and
+    ``test_accuracy`` (the bound and the test accuracy over the splits that
+    selected something; None when none did); ``num_splits``; ``num_empty`` (splits
+    that selected nothing); ``target_accuracy``; ``delta``; ``n_bins``;
+    ``num_below_target`` (splits whose test accuracy fell below the target); and
+    ``per_split``, a list of each split's four numbers (None where undefined).
+  """
+  u, correct = validation.score_and_event("u", u, correct, host=True)
+  validation.instance("splits", splits, crossval.Splits, "crossval.Splits from make_splits")
+  if splits.fold.shape[-1] != u.shape[0]:
+    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {u.shape[0]}")
+  for target in targets:
+    validation.in_range("targets", float(target), 0.0, 1.0)
+  if not 0.0 < float(delta) < 0.5:
+    raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
+  if order not in ORDERS:
+    raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
+  per_target = [[] for _ in targets]
+  for split in range(splits.num_splits):
+    test = np.asarray(splits.test_mask(split), bool)
+    bins = binning.fit(u[~test], correct[~test], n_bins)
+    # The test part's bins once per split; each target only picks some of them.
+    which = np.asarray(binning.assign(bins.edges, u[test]))
+    for outcomes, target in zip(per_target, targets, strict=True):
+      selection = guaranteed_coverage(bins, target, delta, order=order)
+      chosen = np.asarray(selection.selected)[which]
+      outcomes.append(_split_outcome(selection, chosen, correct[test]))
+  return [
+    {
+      "order": order,
+      **_means(per_split),
+      "target_accuracy": target,
+      "delta": delta,
+      "n_bins": n_bins,
+      "num_below_target": sum(
+        p["test_accuracy"] is not None and p["test_accuracy"] < target for p in per_split
+      ),
+      "per_split": per_split,
+    }
+    for target, per_split in zip(targets, per_target, strict=True)
+  ]
+
+
+def risk_coverage(u: ArrayLike, correct: ArrayLike) -> RiskCoverage:
+  """The empirical risk-coverage curve of an uncertainty score (low = confident).
+
+  Entry n - 1 is the error rate among the n examples with the lowest ``u``; ties
+  are averaged over every order of the tied examples (``metrics.selective_risk``),
+  so ``mean(risk) == metrics.aurc(-u, correct)``.
+
+  Args:
+    u: [N] float uncertainty scores.
+    correct: [N] bool.
+
+  Returns:
+    ``RiskCoverage`` of two [N] float arrays.
+  """
+  return _risk_coverage(*validation.score_and_event("u", u, correct))
+
+
+@jax.jit  # one program, where the eager negation, range and division compiled one each
+def _risk_coverage(u: jax.Array, correct: jax.Array) -> RiskCoverage:
+  coverage = jnp.arange(1, u.shape[0] + 1, dtype=jnp.float32) / u.shape[0]
+  return RiskCoverage(coverage, metrics.selective_risk(-u, correct))

@@ -1,0 +1,240 @@
+"""The launchers' shared runner: work dir, processes, tasks, logging, one-line errors.
+
+Every launcher runs ``common.run(main)``: flags parsed (a bad one is one line),
+processes joined (``--coordinator_address``...), the work dir checked (a URL
+needs its file-system package) and locked, progress through absl logging
+(``--verbosity``), and any failure printed as one line with exit status 1.
+Only process 0 writes files; ``is_writer`` says which process this is.
+"""
+
+import contextlib
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+from absl import app, flags, logging
+
+from top1_jax.engine import parallel
+from top1_jax.io import datasets, files, lock
+from top1_jax.sweep import runner
+from top1_jax.version import __version__
+
+WORKDIR = flags.DEFINE_string("workdir", None, "Directory or URL (gs://...) for this run's files.")
+COORDINATOR = flags.DEFINE_string(
+  "coordinator_address", None, "host:port of process 0, for a run over several processes."
+)
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a multi-process run.")
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+TASK_INDEX = flags.DEFINE_integer(
+  "task_index", 0, "This task's index when --num_tasks tasks share a sweep (a job array)."
+)
+NUM_TASKS = flags.DEFINE_integer(
+  "num_tasks", 1, "Tasks that split the sweep's points between them."
+)
+
+
+class ExperimentError(ValueError):
+  """A problem the user can fix (bad setting, missing file): printed as one line."""
+
+
+def workdir():
+  """``--workdir`` as a path (``pathlib`` when local, ``epath`` for a URL)."""
+  if not WORKDIR.value:
+    raise ExperimentError("--workdir: required (a directory or URL for this run's files)")
+  return files.as_path(os.path.expanduser(WORKDIR.value))
+
+
+def is_writer() -> bool:
+  """Whether this process writes files: process 0 of a multi-process run."""
+  return parallel.is_writer()
+
+
+def tasks() -> tuple[int, int]:
+  """(task index, number of tasks), checked."""
+  if NUM_TASKS.value < 1 or not 0 <= TASK_INDEX.value < NUM_TASKS.value:
+    raise ExperimentError(
+      f"--task_index: expected 0 <= --task_index < --num_tasks, got {TASK_INDEX.value} of "
+      f"{NUM_TASKS.value}"
+    )
+  return TASK_INDEX.value, NUM_TASKS.value
+
+
+def versions() -> dict[str, str]:
+  import jax
+  import numpy
+
+  return {
+    "top1_jax": __version__,
+    "jax": jax.__version__,
+    "numpy": numpy.__version__,
+    "python": sys.version.split()[0],
+    "backend": jax.default_backend(),
+    "devices": str(len(jax.devices())),
+    "processes": str(jax.process_count()),
+  }
+
+
+_USER_ERRORS = (
+  ValueError,  # ExperimentError and the library's SettingError among them
+  OSError,  # a work dir that is a file, unwritable, full, ...
+  datasets.DataUnavailableError,
+  lock.WorkdirBusyError,
+)
+
+
+def one_line(error: BaseException) -> str:
+  text = " ".join(str(error).split()) or type(error).__name__
+  if isinstance(error, runner.SettingError):  # the library names the field: as a flag here
+    return f"--config.{text}"
+  if isinstance(error, _USER_ERRORS):
+    return text
+  # Anything else (Flax, orbax, XLA): its type and first words, the rest with TOP1_DEBUG=1.
+  return f"{type(error).__name__}: {text[:300]} (TOP1_DEBUG=1 shows the traceback)"
+
+
+def fail(error: BaseException, joined: bool = True) -> None:
+  """Prints ``error`` as one line and exits 1 (``joined``: processes may have been joined)."""
+  if os.environ.get("TOP1_DEBUG"):
+    traceback.print_exc()
+  print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+  if joined and parallel.process_count() > 1:
+    # A normal exit would wait for the other processes at JAX's shutdown barrier;
+    # ending now lets the coordinator see this process gone and stop the others.
+    os._exit(1)
+  sys.exit(1)
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config_path(arg: str) -> str:
+  """--config=configs/x.py from any folder: the clone's configs/ when not found here."""
+  if arg.startswith("--config=") and not os.path.exists(arg[9:].split(":")[0]):
+    candidate = os.path.join(_ROOT, arg[9:])
+    if os.path.exists(candidate.split(":")[0]):
+      return f"--config={candidate}"
+  return arg
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, with a bad flag or config override as one line (not a traceback)."""
+  try:
+    return flags.FLAGS([_config_path(arg) for arg in argv])
+  except flags.Error as e:
+    fail(ValueError(f"{e} (--helpfull lists every flag)"), joined=False)
+  except (AttributeError, KeyError) as e:  # --config.<no such field>
+    fail(ValueError(f"--config: no such field {e} in the config file (see configs/)"), False)
+  except Exception as e:  # noqa: BLE001 -- a config file that does not load, among others
+    fail(e, joined=False)
+
+
+_OURS = (f"{os.sep}experiments{os.sep}", f"{os.sep}top1_jax{os.sep}")
+
+
+def _ours_or_warning(record) -> bool:
+  return record.levelno >= logging.converter.STANDARD_WARNING or any(
+    part in record.pathname for part in _OURS
+  )
+
+
+def _quiet_others(verbosity: int) -> None:
+  """At the default verbosity, only this project's progress and everyone's warnings.
+
+  JAX (no TPU found) and orbax (every file of a checkpoint) log INFO lines that
+  drown the progress; ``-v 1`` shows them.
+  """
+  import logging as python_logging
+
+  if verbosity < 1:
+    python_logging.getLogger("jax").setLevel(python_logging.WARNING)
+    logging.get_absl_handler().addFilter(_ours_or_warning)
+
+
+CACHE_DIR = os.path.join("~", ".cache", "top1_jax", "xla")
+"""Where compiled XLA programs are kept between runs (unless JAX_COMPILATION_CACHE_DIR is set)."""
+
+
+def _use_compilation_cache() -> None:
+  """JAX's persistent compilation cache: a rerun skips most of its compiling.
+
+  An evaluate of 50,000 x 1,000 logits spends most of a cold run compiling on this
+  CPU (about 5 of 8 s in one process). JAX_COMPILATION_CACHE_DIR picks another
+  folder and JAX_ENABLE_COMPILATION_CACHE=false turns the cache off (JAX's own
+  variables).
+  """
+  import jax
+
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(CACHE_DIR))
+  # Every program: most compile in 0.01-1 s (JAX caches only those >= 1 s by default).
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  if importlib.util.find_spec("filelock"):  # JAX's size limit needs it
+    jax.config.update("jax_compilation_cache_max_size", 2 << 30)  # least recent dropped
+
+
+MAX_CPU_DEVICES = 8
+"""At most this many JAX CPU devices with ``run(cpu_device_per_core=True)`` (chunks in flight)."""
+
+
+def _one_cpu_device_per_core() -> None:
+  """One JAX CPU device per core (at most ``MAX_CPU_DEVICES``), for evaluate.
+
+  ``chunked.from_chunks`` scores a predictions file's chunks on all of them at once:
+  XLA runs parts of a chunk's scoring (the covariance norms' small matmuls) on one
+  core per device. Left alone when XLA_FLAGS already sets the device count.
+  """
+  import jax
+
+  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    return
+  try:
+    jax.config.update("jax_num_cpu_devices", max(1, min(os.cpu_count() or 1, MAX_CPU_DEVICES)))
+  except RuntimeError:  # JAX already started in this process (e.g. called from Python)
+    logging.info("evaluate: JAX already started; its CPU devices stay as they are")
+
+
+def _holding_workdir():
+  """The work dir's lock (per task when tasks share it), held by the writing process."""
+  if not WORKDIR.value or not is_writer():
+    return contextlib.nullcontext()
+  path = workdir()
+  files.check_usable(path, "--workdir")
+  index, count = tasks()
+  name = lock.LOCK_NAME if count == 1 else f"{lock.LOCK_NAME}.task{index}of{count}"
+  return lock.hold(path, say=logging.warning, name=name)
+
+
+def run(
+  main: Callable[[list[str]], None],
+  default_workdir: Callable[[], str] | None = None,
+  *,
+  cpu_device_per_core: bool = False,
+):
+  """``app.run`` with one-line failures, the process group joined and the work dir held.
+
+  ``default_workdir`` names the work dir when --workdir is not given;
+  ``cpu_device_per_core`` gives JAX one CPU device per core (evaluate: no training
+  or sharding sees them, only ``chunked.from_chunks``).
+  """
+
+  def wrapped(argv):
+    _quiet_others(logging.get_verbosity())
+    _use_compilation_cache()
+    if cpu_device_per_core:
+      _one_cpu_device_per_core()
+    if default_workdir is not None and not WORKDIR.value:
+      flags.FLAGS.workdir = default_workdir()
+    try:
+      # Its ValueErrors name the flag: one line like any other.
+      parallel.initialize(
+        COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value, environ=os.environ
+      )
+      with _holding_workdir():
+        main(argv)
+      parallel.barrier("top1_jax: launcher done")  # others wait for process 0's writes
+    except Exception as e:  # noqa: BLE001 -- every failure becomes one line
+      fail(e)
+
+  app.run(wrapped, flags_parser=_parse_flags)

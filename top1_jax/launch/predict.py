@@ -1,0 +1,141 @@
+r"""Writes each training point's predictions files: plain model, MC dropout, ensemble.
+
+  python -m top1_jax.launch.predict --config=top1_jax/configs/fashion_mnist.py --workdir=runs/fmnist
+
+Writes ``predictions/<point>/deterministic.npz`` (logits, S = 1),
+``dropout_<rate>.npz`` (mean probabilities and the scores computed on device, or
+all S samples with config.keep_samples) and ``ensemble.npz`` (the members'
+logits). MC dropout is sharded over all processes' devices, chunked
+(config.chunk_size), so [S, N, K] never has to fit in memory. A file that
+exists and matches the config is skipped.
+"""
+
+import time
+
+import jax
+from absl import logging
+
+from top1_jax.engine import mc, models
+from top1_jax.io import predictions as predictions_lib
+from top1_jax.io import sweep_data
+from top1_jax.launch import common, settings
+from top1_jax.launch import train as train_exp
+from top1_jax.sweep import plan
+from top1_jax.version import __version__
+
+
+def meta(s: plan.Settings, point: plan.TrainingPoint, name: str) -> dict:
+  """What a predictions file records: the tidy results' columns come from here."""
+  kind = name.rsplit("/", 1)[1]
+  method = "deterministic" if kind == "deterministic" else kind.split("_")[0]
+  method = "mc_dropout" if method == "dropout" else method
+  rate = float(kind.split("_", 1)[1]) if method == "mc_dropout" else 0.0
+  return {
+    "dataset": s.dataset,
+    "split": "test",
+    "limit_test": s.limit_test,
+    "model": point.model,
+    "train_dropout_rate": point.train_dropout_rate,
+    "seed": point.seed,
+    "method": method,
+    "dropout_rate": rate,
+    "num_samples": s.num_samples if method == "mc_dropout" else 1,
+    "epochs": s.epochs,
+    "version": __version__,
+    **({"ensemble_size": s.ensemble_size} if method == "ensemble" else {}),
+  }
+
+
+def _is_current(path, expected: dict) -> bool:
+  """The file exists, loads cleanly, and was made with the same settings."""
+  if not path.exists():
+    return False
+  try:
+    saved = predictions_lib.load_predictions(path).meta
+  except ValueError as e:
+    logging.warning("  %s is unreadable (%s); writing it again", path.name, e)
+    return False
+  return all(saved.get(k) == v for k, v in expected.items() if k != "version")
+
+
+def _progress(label: str, every_seconds: float = 10.0):
+  """A progress callback that logs at most every ``every_seconds`` and at the end."""
+  start = last = time.perf_counter()
+
+  def callback(done: int, total: int) -> None:
+    nonlocal last
+    now = time.perf_counter()
+    if done == total or now - last >= every_seconds:
+      last = now
+      rate = done / max(now - start, 1e-9)
+      logging.info(
+        "  %s: %s/%s examples (%s ex/s)", label, f"{done:,}", f"{total:,}", f"{rate:,.0f}"
+      )
+
+  return callback
+
+
+def _predict(s, point, name: str, states, test_split) -> predictions_lib.Predictions:
+  info = meta(s, point, name)
+  x, labels = test_split.images, test_split.labels
+  state = states(info["method"])
+  apply_fn = models.make_apply_fn(state.model)
+  if info["method"] != "mc_dropout":
+    result = mc.predict(
+      apply_fn, state.variables, x, ensemble=info["method"] == "ensemble", keep_samples=True,
+      chunk_size=s.chunk_size, strategy=s.ensemble_strategy,
+    )  # fmt: skip
+    return predictions_lib.Predictions(labels=labels, logits=result.logits, meta=info)
+  index = s.dropout_rates.index(info["dropout_rate"])
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.key(point.seed), 100), index)
+  result = mc.predict(
+    apply_fn, state.variables, x, key=key, num_samples=s.num_samples, rate=info["dropout_rate"],
+    chunk_size=s.chunk_size, keep_samples=s.keep_samples,
+    progress=_progress(f"{name} x{s.num_samples}"),
+  )  # fmt: skip
+  # Scores computed on device in log space keep the precision that a float32 mean
+  # probability loses when it saturates at 1.
+  return predictions_lib.Predictions(
+    labels=labels,
+    logits=result.logits if s.keep_samples else None,
+    mean_probs=result.mean_probs,
+    scores=result.scores,
+    meta=info,
+  )
+
+
+def run(s: plan.Settings, points, test_split) -> None:
+  """Writes every predictions file of ``points`` that is missing or stale."""
+  for point in points:
+    restored = {}
+
+    def states(method, point=point, restored=restored):
+      stage = "ensemble" if method == "ensemble" else "base"
+      if stage not in restored:
+        restored[stage] = train_exp.restore(
+          s, point, stage, test_split.num_classes, test_split.images[:1]
+        )
+      return restored[stage]
+
+    for name in plan.predictions_names(s, point):
+      path = common.workdir() / "predictions" / f"{name}.npz"
+      if _is_current(path, meta(s, point, name)):
+        logging.info("predict: %s done already, skipping", name)
+        continue
+      start = time.perf_counter()
+      predictions = _predict(s, point, name, states, test_split)
+      if common.is_writer():
+        predictions_lib.save_predictions(path, predictions)
+        logging.info("predict: wrote %s (%.1f s)", path, time.perf_counter() - start)
+
+
+def main(argv):
+  del argv
+  s = settings.check()
+  sweep_data.check(s, ("test",))
+  test_split = sweep_data.load(s, "test")
+  run(s, plan.mine(plan.training_points(s), common.tasks()), test_split)
+
+
+if __name__ == "__main__":
+  common.run(main)

@@ -1,0 +1,263 @@
+"""The sweep's tables as Markdown, and its tidy rows (formatting only: no files, no maths).
+
+* ``tidy_rows``: one row per (predictions file, score, k, estimator, bin count)
+  with the file's settings as columns (``COLUMNS``) and every metric's mean and
+  std over splits: what results.csv holds.
+* ``row_label``: a row's readable name (``model``, ``dropout 0.05``, ...).
+* ``markdown``, ``comparison_table``, ``selective_table``: results.md's parts.
+"""
+
+import math
+
+from top1_jax.core import scores
+from top1_jax.io import results
+
+COLUMNS = results.COLUMNS
+"""results.csv's settings columns, in order (defined where results.csv is read)."""
+
+
+def file_columns(meta: dict, source: str, num_samples: int) -> dict:
+  """A predictions file's settings columns, from its meta (None where it does not say)."""
+  method = meta.get("method") or "external"
+  training = meta.get("training") or {}
+  return {
+    "dataset": meta.get("dataset"),
+    "model": meta.get("model"),
+    "method": method,
+    "train_dropout_rate": meta.get("train_dropout_rate", training.get("train_dropout_rate")),
+    "dropout_rate": float(meta.get("dropout_rate") or 0.0),
+    "num_samples": int(meta.get("num_samples") or num_samples),
+    "ensemble_size": int(meta.get("ensemble_size") or 0) if method == "ensemble" else 0,
+    "seed": meta.get("seed"),
+    "source": source,
+  }
+
+
+def _rate(value: float | None) -> str:
+  return "?" if value is None else f"{value:g}"
+
+
+def row_label(row: dict, varying: set[str] = frozenset()) -> str:
+  """A row's readable name: ``model``, ``dropout 0.05``, ``ensemble (5)``, or a user file's name.
+
+  Prefixed with the dataset, model, training dropout rate and seed that are in
+  ``varying`` (when a table mixes them); MC dropout names its sample count when
+  ``num_samples`` is.
+  """
+  method = row["method"]
+  if method == "mc_dropout":
+    label = f"dropout {_rate(row['dropout_rate'])}"
+    if "num_samples" in varying:
+      label += f", {row['num_samples']} samples"
+  elif method == "ensemble":
+    label = f"ensemble ({row['ensemble_size']})"
+  elif method == "deterministic":
+    label = "model"
+  else:
+    label = str(row.get("source") or method).rsplit("/", 1)[-1]
+  prefix = [str(row[c]) for c in ("dataset", "model") if c in varying and row[c] is not None]
+  if "train_dropout_rate" in varying:
+    prefix.append(f"train dropout {_rate(row['train_dropout_rate'])}")
+  if "seed" in varying:
+    prefix.append(f"seed {row['seed']}")
+  return f"{' '.join(prefix)}: {label}" if prefix else label
+
+
+TRAINING = ("dataset", "model", "train_dropout_rate", "seed")
+"""The settings a label names when a sweep mixes them."""
+
+
+def varying(columns: list[dict], among: tuple[str, ...] = TRAINING) -> set[str]:
+  """Which of the settings ``among`` differ between rows (e.g. files' ``file_columns``)."""
+  return {c for c in among if len({str(row.get(c)) for row in columns}) > 1}
+
+
+def tidy_rows(records: list[dict]) -> list[dict]:
+  """One row per (file, score, k, estimator, bin count): settings, then metrics; ``label``
+  (``row_label``) last, for the tables."""
+  mixed = varying([record["columns"] for record in records])
+  rows = []
+  for record in records:
+    for row in record["rows"]:
+      settings = {**record["columns"], "score": record["score"], "topk": record["topk"]}
+      settings["estimator"] = record.get("estimator", "bins")
+      tidy = {**settings, **row}
+      tidy["label"] = row_label(tidy, mixed)
+      rows.append(tidy)
+  return rows
+
+
+def cell(value: float | None, digits: int) -> str:
+  """A table cell: "–" for an undefined metric; never "-0.0000" for a rounding residue."""
+  if value is None:
+    return "–"
+  text = f"{value:.{digits}f}"
+  return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def _pm(mean: float | None, std: float | None, digits: int) -> str:
+  return "–" if mean is None else f"{cell(mean, digits)} ± {cell(std, digits)}"
+
+
+def _eor(mean: float | None, std: float | None) -> str:
+  if mean is None or not math.isfinite(mean):
+    return cell(mean, 2)
+  digits = 2 if mean < 10 else 1 if mean < 100 else 0
+  return _pm(mean, std, digits)
+
+
+def _defined_on(row: dict, metric: str, n_folds: int | None) -> str:
+  """ " (k/F splits)" when the metric is undefined on some splits (one class in a half)."""
+  count = row.get(f"{metric}_num_splits")
+  return "" if count is None or n_folds is None or count == n_folds else f" ({count}/{n_folds})"
+
+
+def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None = None) -> str:
+  lines = [
+    "| method | score | Brier | NLL | ECE (%) | EOR | AUROC | bins |",
+    "|---|---|---:|---:|---:|---:|---:|---:|",
+  ]
+  for r in rows:
+    if r["topk"] != topk or r["n_bins"] != n_bins:
+      continue
+    ece = None if r["ece"] is None else (100 * r["ece"], 100 * r["ece_std"])
+    lines.append(
+      f"| {r['label']} | {_score_cell(r)} | {cell(r['brier'], 4)} | {cell(r['nll'], 4)} "
+      f"| {_pm(*(ece or (None, None)), 2)} "
+      f"| {_eor(r['eor'], r['eor_std'])}{_defined_on(r, 'eor', n_folds)} "
+      f"| {cell(r['auroc'], 3)}{_defined_on(r, 'auroc', n_folds)} "
+      f"| {cell(r['num_effective_bins'], 0)} |"
+    )
+  return "\n".join(lines)
+
+
+def _score_cell(row: dict) -> str:
+  """The score's label, and the estimator when it is not the paper's bins."""
+  estimator = row.get("estimator", "bins")
+  return scores.label(row["score"]) + ("" if estimator == "bins" else f" [{estimator}]")
+
+
+def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, ...]) -> str:
+  keys = []
+  for r in rows:
+    key = (r["label"], r["score"], r.get("estimator", "bins"))
+    if key not in keys:
+      keys.append(key)
+  header = "| method | score | " + " | ".join(f"Top-{k}" for k in topks) + " |"
+  lines = [header, "|---|---|" + "---:|" * len(topks)]
+  for method, score, estimator in keys:
+    cells = []
+    for k in topks:
+      match = [
+        r
+        for r in rows
+        if (r["label"], r["score"], r.get("estimator", "bins"), r["topk"], r["n_bins"])
+        == (method, score, estimator, k, n_bins)
+      ]
+      if not match:
+        cells.append("–")
+      elif metric == "eor":
+        cells.append(_eor(match[0]["eor"], match[0]["eor_std"]))
+      else:
+        cells.append(cell(match[0][metric], 4))
+    label = _score_cell({"score": score, "estimator": estimator})
+    lines.append(f"| {method} | {label} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def markdown(rows: list[dict], config: dict, topks: tuple[int, ...], title: str) -> str:
+  n_bins = config["n_bins"]
+  parts = [
+    f"# {title}",
+    "",
+    f"{config['n_folds']} {config['scheme']} calibration/test splits (seed {config['seed']}); "
+    "mean ± std over splits. ECE, EOR and AUROC of the binned Top-k predictions; "
+    "`bins` = bins left after merging tied edges (mean).",
+  ]
+  accuracy = {}
+  for r in rows:
+    accuracy.setdefault((r["label"], r["topk"]), r["accuracy"])
+  parts += ["", "Test accuracy of each classifier (mean over test halves):", ""]
+  parts += ["| method | " + " | ".join(f"Top-{k}" for k in topks) + " |"]
+  parts += ["|---|" + "---:|" * len(topks)]
+  for method in dict.fromkeys(m for m, _ in accuracy):
+    cells = [cell(accuracy.get((method, k)), 4) for k in topks]
+    parts.append(f"| {method} | " + " | ".join(cells) + " |")
+  for k in topks:
+    for n in n_bins:
+      parts += ["", f"## Top-{k}, {n} bins", "", metric_table(rows, k, n, config["n_folds"])]
+  largest = max(n_bins)
+  parts += ["", f"## Brier score, {largest} bins (supplementary table)", ""]
+  parts += [summary_table(rows, "brier", largest, topks)]
+  parts += ["", f"## Expected odds ratio, {largest} bins (supplementary table)", ""]
+  parts += [summary_table(rows, "eor", largest, topks)]
+  return "\n".join(parts) + "\n"
+
+
+def comparison_table(comparison: list[dict]) -> str:
+  if not comparison:
+    return ""
+  n_bins, ece_bins = comparison[0]["top1_n_bins"], comparison[0]["ece_bins"]
+  lines = [
+    f"## Benchmark metrics vs Top-1 binning (paper Table 1; {n_bins} Top-1 bins, "
+    f"{ece_bins} equal-width ECE bins)",
+    "",
+    "Multiclass Brier scores the whole probability vector, Top-1 Brier only the event "
+    '"the prediction is correct": compare Top-1 binning with the *raw pmax* columns, '
+    "which use max-softmax directly as P(correct). The benchmark's confidence ECE is "
+    "exactly the raw pmax's Top-1 ECE with equal-width bins.",
+    "",
+    "| method | binned score | multiclass Brier (benchmark) | Top-1 Brier: raw pmax "
+    "| Top-1 Brier: binned | ECE (%): benchmark = raw pmax | ECE (%): Top-1 binned |",
+    "|---|---|---:|---:|---:|---:|---:|",
+  ]
+  for r in comparison:
+    method = r["label"]
+    if r["temperature"] != 1.0:
+      method += f" (T = {r['temperature']:.2f})"
+    toplabel = r.get("top1_estimator") == "toplabel"
+    score = scores.label(r["top1_score"]) + (", per predicted class" if toplabel else "")
+    ece = cell(100 * r["top1_binned_ece"], 2) + (" †" if toplabel else "")
+    lines.append(
+      f"| {method} | {score} | {cell(r['multiclass_brier'], 4)} "
+      f"| {r['raw_top1_brier']:.4f} | {r['top1_binned_brier']:.4f} "
+      f"| {100 * r['confidence_ece']:.2f} | {ece} |"
+    )
+  if any(r.get("top1_estimator") == "toplabel" for r in comparison):
+    lines += [
+      "",
+      f"Top-label binning (Gupta & Ramdas, ICLR 2022): {n_bins} equal-count bins of pmax for "
+      "each predicted class (pooled bins for a class with too few calibration examples), fitted "
+      "on each calibration half; it predicts P(correct) only, so no multiclass Brier. "
+      f"† its ECE is the equal-width ECE ({ece_bins} bins) of its P(correct), as the benchmark "
+      "column; the other binned ECEs use the fitted quantile bins.",
+    ]
+  return "\n".join(lines)
+
+
+def selective_table(rows: list[dict]) -> str:
+  """Selective prediction with a guarantee: one line per (file, target accuracy)."""
+  if not rows:
+    return ""
+  first = rows[0]
+  lines = [
+    "## Selective prediction with a guarantee",
+    "",
+    f"Top-1 event; {first['n_bins']} bins of each file's headline score fitted on each "
+    "calibration part; the largest set of most-confident bins whose accuracy is at least the "
+    f"target with probability {1 - first['delta']:g} (Geifman & El-Yaniv's SGR), applied to the "
+    "test part. Means over splits; the guaranteed (lower bound) and test accuracies over the "
+    "splits that selected something.",
+    "",
+    "| method | score | target | guaranteed accuracy | test coverage | test accuracy "
+    "| splits: nothing selected | splits: test accuracy < target |",
+    "|---|---|---:|---:|---:|---:|---:|---:|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['label']} | {scores.label(r['score'])} | {r['target_accuracy']:g} "
+      f"| {cell(r['guaranteed_accuracy'], 4)} | {100 * r['test_coverage']:.1f}% "
+      f"| {cell(r['test_accuracy'], 4)} | {r['num_empty']}/{r['num_splits']} "
+      f"| {r['num_below_target']}/{r['num_splits']} |"
+    )
+  return "\n".join(lines)
