@@ -26,7 +26,7 @@ def main() -> None:
 
   from top1_jax.launch import common
 
-  module = importlib.import_module(f"experiments.{launcher}")
+  module = importlib.import_module(f"top1_jax.launch.{launcher}")
   common.run(module.main, getattr(module, "default_workdir", None))
 
 

@@ -59,9 +59,9 @@ LAUNCHER_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 
 
 def launcher(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-  """``python -m experiments.<module> <args>`` from the clone's root, as a user runs it."""
+  """``python -m top1_jax.launch.<module> <args>`` from the clone's root, as a user runs it."""
   return subprocess.run(
-    [sys.executable, "-m", f"experiments.{module}", *args],
+    [sys.executable, "-m", f"top1_jax.launch.{module}", *args],
     cwd=ROOT,
     env=LAUNCHER_ENV,
     capture_output=True,

@@ -392,7 +392,7 @@ def test_a_cloud_work_dir_without_its_package_is_one_line_and_writes_nothing(tmp
   path = _predictions_file(tmp_path / "p.npz")
   for module, more in (("evaluate", [EVAL, f"--config.predictions={path}"]), ("reproduce", [])):
     result = subprocess.run(
-      [sys.executable, "-m", f"experiments.{module}", "--workdir=gs://bucket/run1", *more],
+      [sys.executable, "-m", f"top1_jax.launch.{module}", "--workdir=gs://bucket/run1", *more],
       cwd=tmp_path,
       env=ENV,
       capture_output=True,

@@ -304,7 +304,7 @@ def test_bad_inputs_raise_naming_the_argument(mlp):
 
 _DEADLOCK_CHECK = """
 import jax, numpy as np
-from top1_jax import mc, models
+from top1_jax.engine import mc, models
 model = models.MLP(num_classes=10, hidden_sizes=(32,))
 x = np.random.default_rng(0).normal(size=(1024, 20)).astype(np.float32)
 variables = models.init(model, jax.random.key(0), x[:1])

@@ -382,7 +382,7 @@ def test_every_config_loads_and_passes_its_checks(name):
 
   from top1_jax.sweep import plan
 
-  config = importlib.import_module(f"configs.{name}").get_config()
+  config = importlib.import_module(f"top1_jax.configs.{name}").get_config()
   if name == "imagenet_eval":
     config.predictions = "val.npz"  # it evaluates a file the user names
   checked = plan.check(config)

@@ -106,16 +106,20 @@ def fail(error: BaseException, joined: bool = True) -> None:
   sys.exit(1)
 
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 def _config_path(arg: str) -> str:
-  """--config=configs/x.py from any folder: the clone's configs/ when not found here."""
-  if arg.startswith("--config=") and not os.path.exists(arg[9:].split(":")[0]):
-    candidate = os.path.join(_ROOT, arg[9:])
-    if os.path.exists(candidate.split(":")[0]):
-      return f"--config={candidate}"
-  return arg
+  """--config=NAME (a packaged config: quick, default, ...) or a path; a path that does not
+  exist here but names a packaged config (configs/quick.py) is that config, from any folder."""
+  if not arg.startswith("--config="):
+    return arg
+  value, colon, rest = arg[len("--config=") :].partition(":")
+  if os.path.exists(value):
+    return arg
+  name = os.path.basename(value)
+  packaged = os.path.join(_CONFIGS, name if name.endswith(".py") else f"{name}.py")
+  return f"--config={packaged}{colon}{rest}" if os.path.exists(packaged) else arg
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
