@@ -240,6 +240,35 @@ def ece_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.
   return jnp.sum(weight * jnp.abs(acc_bin - prob), axis=-1)
 
 
+def binned_metrics(prob, prior, cal_counts, test_counts, test_hits) -> dict[str, jax.Array]:
+  """ECE, EOR, AUROC and the bins in use, from each bin's prediction and test counts.
+
+  The metrics of cross-validation that every estimator's path computes the same way
+  (the bins' one-sort path and the generic fit/predict loop); unchecked, for use
+  inside jitted code. EOR and AUROC are NaN where undefined: the base rate ``prior``
+  at 0 or 1, or a test part that holds one class.
+
+  Args:
+    prob: [..., B] float, each bin's prediction.
+    prior: [...] float, the calibration accuracy (EOR's base rate).
+    cal_counts: [..., B] calibration examples per bin.
+    test_counts, test_hits: [..., B] float, test examples and correct ones per bin.
+
+  Returns:
+    "ece", "eor", "auroc", "num_effective_bins" (float32) -> [...] arrays.
+  """
+  return {
+    "ece": ece_from_counts(prob, test_counts, test_hits),
+    "eor": jnp.where((prior > 0) & (prior < 1), eor_from_probs(prob, test_counts, prior), jnp.nan),
+    "auroc": jnp.where(
+      (jnp.sum(test_hits, -1) > 0) & (jnp.sum(test_counts - test_hits, -1) > 0),
+      auroc_from_counts(prob, test_counts, test_hits),
+      jnp.nan,
+    ),
+    "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
+  }
+
+
 # The binned metrics of concrete bins, each one program: run eagerly, their jnp ops
 # compiled a program apiece (the figures of one evaluate compiled 36 of them).
 _ece_of_counts = jax.jit(ece_from_counts)

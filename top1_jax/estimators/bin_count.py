@@ -2,9 +2,9 @@
 
 ``choose_n_bins`` splits the calibration data itself (nested: the test data is
 never seen) into random halves, scores every bin count of a grid by its mean
-held-out NLL with ``crossval.cross_validate`` (all counts from one sort), and
-returns the count with the lowest mean NLL; ties go to fewer bins. ``fit_cv``
-then fits ``binning.fit`` on all the calibration data with that count.
+held-out NLL with the bins' cross-validation (``bins_crossval``: all counts from
+one sort), and returns the count with the lowest mean NLL; ties go to fewer bins.
+``fit_cv`` then fits ``binning.fit`` on all the calibration data with that count.
 """
 
 from collections.abc import Sequence
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import binning, validation
-from top1_jax.evaluation import crossval
+from top1_jax.core import binning, splits, validation
+from top1_jax.estimators import bins_crossval
 
 DEFAULT_GRID = (5, 10, 15, 20, 30, 50, 100)
 """The bin counts tried when no grid is given (clipped to the calibration size)."""
@@ -48,7 +48,7 @@ def choose_n_bins(
   grid: Sequence[int] | None = None,
   n_folds: int = 10,
   seed: int = 0,
-) -> tuple[int, crossval.CrossValidation]:
+) -> tuple[int, splits.CrossValidation]:
   """The bin count of ``grid`` with the lowest held-out NLL on the calibration data.
 
   Args:
@@ -71,8 +71,8 @@ def choose_n_bins(
       f"u: choosing n_bins by cross-validation needs at least n_folds={n_folds} examples, got {num}"
     )
   grid = _grid(grid, num // 2)
-  splits = crossval.make_splits(num, n_folds, seed, SCHEME)
-  cv = crossval.cross_validate(u, correct, grid, splits=splits)
+  nested = splits.make_splits(num, n_folds, seed, SCHEME)
+  cv = bins_crossval.cross_validate(u, correct, grid, nested)
   nll = np.asarray(cv.mean["nll"], np.float64)
   # argmin takes the first of equal minima: the grid is ascending, so fewer bins win.
   return int(cv.n_bins[int(np.argmin(nll))]), cv

@@ -35,7 +35,8 @@ being fractions of whole counts) has at most ~N^(2/3) corners.
 docs/performance.md times random data and such a chain.
 
 ``fit`` runs on the host (NumPy) and needs concrete arrays; ``predict`` is one
-jitted interpolation and works under ``jit``.
+jitted interpolation (``table.interpolate``, shared with kde) and works under ``jit``.
+``ESTIMATOR`` is its entry in ``registry.REGISTRY``.
 """
 
 from typing import NamedTuple
@@ -46,6 +47,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax.core import binning, validation
+from top1_jax.estimators import base, table
 
 
 class IsotonicModel(NamedTuple):
@@ -115,10 +117,7 @@ def _knot_table(first, last, values):
   knots = np.stack([first, last], axis=1).reshape(-1)
   prob = np.repeat(values, 2)
   distinct = np.concatenate([[True], knots[1:] != knots[:-1]])
-  knots, prob = knots[distinct], prob[distinct]
-  size = 1 << max(1, int(knots.shape[0] - 1).bit_length())
-  pad = size - knots.shape[0]
-  return np.pad(knots, (0, pad), mode="edge"), np.pad(prob, (0, pad), mode="edge")
+  return table.pad(knots[distinct], prob[distinct])
 
 
 def _concrete(name: str, value):
@@ -182,11 +181,6 @@ def fit(
   )
 
 
-@jax.jit
-def _predict(model: IsotonicModel, u: jax.Array) -> jax.Array:
-  return jnp.interp(u, model.knots, model.prob)
-
-
 def predict(model: IsotonicModel, u: ArrayLike) -> jax.Array:
   """P(correct) for new scores: linear between block ends, clipped beyond the data.
 
@@ -199,4 +193,47 @@ def predict(model: IsotonicModel, u: ArrayLike) -> jax.Array:
   """
   validation.instance("model", model, IsotonicModel, "isotonic.IsotonicModel from isotonic.fit")
   u = validation.float_array("u", u, 1)
-  return _predict(model, u)
+  return table.interpolate(u, model.knots, model.prob)
+
+
+def to_dict(model: IsotonicModel) -> dict:
+  """The fitted model as JSON values (``from_dict`` reads it back exactly)."""
+  return {
+    "knots": np.asarray(model.knots, np.float64).tolist(),
+    "prob": np.asarray(model.prob, np.float64).tolist(),
+    "counts": np.asarray(model.counts).tolist(),
+    "hits": np.asarray(model.hits).tolist(),
+    "prior": float(model.prior),
+  }
+
+
+def from_dict(d, source: str) -> IsotonicModel:
+  """An ``IsotonicModel`` from ``to_dict``'s values, each checked (one-line ValueError)."""
+  knots, prob = table.read_knots(d, source, "prob")
+  counts = base.read_array(d, "counts", source, "i")
+  hits = base.read_array(d, "hits", source, "i")
+  prior = base.read_number(d, "prior", source, 0.0, 1.0)
+  if np.any((prob < 0) | (prob > 1)):
+    raise ValueError(f"{source}: field 'prob' must lie in [0, 1]")
+  if counts.shape != hits.shape or np.any(hits < 0) or np.any(hits > counts):
+    raise ValueError(f"{source}: counts and hits must be as many integers, 0 <= hits <= counts")
+  device_float = validation.in_device_dtype(knots).dtype  # float32 unless x64 is on
+  fields = (knots.astype(device_float), prob.astype(np.float32))
+  fields += (counts.astype(np.int32), hits.astype(np.int32), np.float32(prior))
+  return IsotonicModel(*jax.device_put(fields))
+
+
+def _fit_evidence(evidence: base.Evidence, *, increasing: bool = False, prior: bool = True):
+  return fit(evidence.u, evidence.correct, increasing=increasing, prior=prior)
+
+
+ESTIMATOR = base.Estimator(
+  name="isotonic",
+  needs="scores",
+  fit=_fit_evidence,
+  predict=lambda model, evidence: predict(model, evidence.u),
+  to_dict=to_dict,
+  from_dict=from_dict,
+  options=("increasing", "prior"),
+)
+"""Pool-adjacent-violators with the bins' prior; ``increasing=True`` for a confidence."""

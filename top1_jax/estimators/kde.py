@@ -26,7 +26,8 @@ point out of its own cell subtracts its weight 1 (and its event) from the window
 sums there, so the whole curve costs a few FFTs.
 
 ``fit`` runs on the host (NumPy) and needs concrete arrays; ``predict`` and
-``predict_interval`` are jitted interpolations and work under ``jit``.
+``predict_interval`` are jitted interpolations (``table.interpolate``, shared with
+isotonic) and work under ``jit``. ``ESTIMATOR`` is its entry in ``registry.REGISTRY``.
 """
 
 import statistics
@@ -38,6 +39,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax.core import binning, validation
+from top1_jax.estimators import base, table
 
 NUM_CELLS = 4096
 """Equal-width cells of rank the calibration points are counted into before smoothing."""
@@ -180,9 +182,7 @@ def _table(cells: _Cells, bandwidth: float):
   hit_sum = np.minimum(hit_sum, weight_sum)
   prob = binning.calibrated_prob(hit_sum, weight_sum, np.float64(cells.prior))
   effective = (weight_sum + 1) ** 2 / (square_sum + 1)
-  size = 1 << max(1, int(knots.shape[0] - 1).bit_length())
-  pad = lambda x: np.pad(x, (0, size - x.shape[0]), mode="edge")  # noqa: E731
-  return pad(knots), pad(prob), pad(effective)
+  return table.pad(knots, prob, effective)
 
 
 def fit(u: ArrayLike, correct: ArrayLike, bandwidth: float | None = None) -> KernelModel:
@@ -222,11 +222,6 @@ def _check_model(model) -> KernelModel:
   return validation.instance("model", model, KernelModel, "kde.KernelModel from kde.fit")
 
 
-@jax.jit
-def _predict(model: KernelModel, u: jax.Array) -> jax.Array:
-  return jnp.interp(u, model.knots, model.prob)
-
-
 def predict(model: KernelModel, u: ArrayLike) -> jax.Array:
   """P(correct) for new scores: the tabulated estimate, linear in U between knots.
 
@@ -238,13 +233,13 @@ def predict(model: KernelModel, u: ArrayLike) -> jax.Array:
     [N] float32, inside (0, 1) when 0 < p_A < 1.
   """
   _check_model(model)
-  return _predict(model, validation.float_array("u", u, 1))
+  return table.interpolate(validation.float_array("u", u, 1), model.knots, model.prob)
 
 
 @jax.jit
 def _interval(model: KernelModel, u: jax.Array, z: jax.Array):
-  p = jnp.interp(u, model.knots, model.prob)
-  n = jnp.interp(u, model.knots, model.effective_count)
+  p = table.interpolate(u, model.knots, model.prob)
+  n = table.interpolate(u, model.knots, model.effective_count)
   shrink = 1 + z**2 / n
   centre = (p + z**2 / (2 * n)) / shrink
   half = z / shrink * jnp.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
@@ -279,3 +274,47 @@ def predict_interval(
   delta = validation.probability("delta", delta)
   z = np.float32(statistics.NormalDist().inv_cdf(1 - delta / 2))  # on the host: no program
   return _interval(model, u, z)
+
+
+def to_dict(model: KernelModel) -> dict:
+  """The fitted model as JSON values (``from_dict`` reads it back exactly)."""
+  listed = lambda x: np.asarray(x, np.float64).tolist()  # noqa: E731
+  return {
+    "knots": listed(model.knots),
+    "prob": listed(model.prob),
+    "effective_count": listed(model.effective_count),
+    "prior": float(model.prior),
+    "bandwidth": float(model.bandwidth),
+  }
+
+
+def from_dict(d, source: str) -> KernelModel:
+  """A ``KernelModel`` from ``to_dict``'s values, each checked (one-line ValueError)."""
+  knots, prob, effective = table.read_knots(d, source, "prob", "effective_count")
+  if np.any((prob < 0) | (prob > 1)):
+    raise ValueError(f"{source}: field 'prob' must lie in [0, 1]")
+  if np.any(effective <= 0):
+    raise ValueError(f"{source}: field 'effective_count' must be positive")
+  prior = base.read_number(d, "prior", source, 0.0, 1.0)
+  bandwidth = base.read_number(d, "bandwidth", source, 0.0, np.inf)
+  if bandwidth == 0:
+    raise ValueError(f"{source}: field 'bandwidth' must be positive, got 0")
+  fields = (knots, prob, effective, prior, bandwidth)
+  return KernelModel(*jax.device_put([np.asarray(x, np.float32) for x in fields]))
+
+
+def _fit_evidence(evidence: base.Evidence, *, bandwidth: float | None = None) -> KernelModel:
+  return fit(evidence.u, evidence.correct, bandwidth)
+
+
+ESTIMATOR = base.Estimator(
+  name="kde",
+  needs="scores",
+  fit=_fit_evidence,
+  predict=lambda model, evidence: predict(model, evidence.u),
+  to_dict=to_dict,
+  from_dict=from_dict,
+  options=("bandwidth",),
+  predict_interval=lambda model, evidence, delta: predict_interval(model, evidence.u, delta),
+)
+"""The kernel estimate on the rank scale of U; ``bandwidth=None`` chooses it by LOO NLL."""

@@ -6,6 +6,11 @@ confidence is binned separately for each predicted class, so P(correct) may
 depend on the class as well as on the confidence. Each class's bins are
 ``binning.fit`` on that class's calibration examples (same quantile edges,
 right-closed bins and one-pseudo-count prior, here at the class's accuracy).
+
+``ESTIMATOR`` (its entry in ``registry.REGISTRY``) takes the confidence and the
+predicted class from the model's log-probabilities: the log of the top-k mass (log
+pmax for Top-1; its order is pmax's, without pmax's ties at 1.0 in float32) and the
+arg max.
 """
 
 from typing import NamedTuple
@@ -15,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import binning, validation
+from top1_jax.core import binning, scores, validation
+from top1_jax.estimators import base, bins
 from top1_jax.kernels import compile_policy
 
 
@@ -196,3 +202,59 @@ def predict(model: TopLabelBins, confidence: ArrayLike, predicted_class: ArrayLi
   size = binning.bucket_size(num)
   padded = [np.pad(np.asarray(x), (0, size - num)) for x in (confidence, classes)]
   return jax.device_put(np.asarray(program(model.per_class, *padded))[..., :num])  # host slice
+
+
+def to_dict(model: TopLabelBins) -> dict:
+  """The fitted model as JSON values: each class's bins, which are its own, the pooled."""
+  host = jax.tree.map(np.asarray, model.per_class)  # one copy, then sliced on the host
+  per_class = [
+    bins.to_dict(jax.tree.map(lambda field, c=c: field[c], host)) for c in range(model.num_classes)
+  ]
+  own = np.asarray(model.own).tolist()
+  return {"per_class": per_class, "own": own, "pooled": bins.to_dict(model.pooled)}
+
+
+def from_dict(d, source: str) -> TopLabelBins:
+  """``TopLabelBins`` from ``to_dict``'s values, each checked (one-line ValueError)."""
+  listed = base.field(d, "per_class", source)
+  own = base.field(d, "own", source)
+  if not isinstance(listed, list) or not listed:
+    raise ValueError(f"{source}: field 'per_class' must be a list of bins, one per class")
+  if not isinstance(own, list) or len(own) != len(listed) or {*map(type, own)} - {bool}:
+    raise ValueError(f"{source}: field 'own' must be {len(listed)} booleans, one per class")
+  pooled = bins.from_dict(base.field(d, "pooled", source), f"{source} (pooled)")
+  per_class = [bins.host_from_dict(b, f"{source} (class {c})") for c, b in enumerate(listed)]
+  if any(b.n_bins != pooled.n_bins for b in per_class):
+    raise ValueError(f"{source}: every class must have the pooled bins' {pooled.n_bins} bins")
+  stacked = jax.tree.map(lambda *fields: np.stack(fields), *per_class)
+  return TopLabelBins(jax.device_put(stacked), jax.device_put(np.asarray(own)), pooled)
+
+
+def _confidence_and_class(evidence: base.Evidence) -> tuple[np.ndarray, np.ndarray]:
+  log_probs = evidence.log_probs
+  confidence = -np.asarray(scores.compute_one(scores.topk_name(evidence.k), log_probs))
+  return confidence, np.asarray(np.argmax(log_probs, axis=-1))
+
+
+def _fit_evidence(evidence: base.Evidence, *, n_bins: int = 15, min_per_bin: int = 10):
+  confidence, classes = _confidence_and_class(evidence)
+  num_classes = int(evidence.log_probs.shape[-1])
+  return fit(
+    confidence, classes, evidence.correct, n_bins, num_classes=num_classes, min_per_bin=min_per_bin
+  )
+
+
+def _predict_evidence(model: TopLabelBins, evidence: base.Evidence) -> jax.Array:
+  return predict(model, *_confidence_and_class(evidence))
+
+
+ESTIMATOR = base.Estimator(
+  name="toplabel",
+  needs="log_probs",
+  fit=_fit_evidence,
+  predict=_predict_evidence,
+  to_dict=to_dict,
+  from_dict=from_dict,
+  options=("n_bins", "min_per_bin"),
+)
+"""Equal-count bins of the top-k mass per predicted class (Gupta & Ramdas 2022)."""

@@ -1,0 +1,175 @@
+"""Calibration/test splits and the record of a cross-validation (paper §5.1).
+
+The splits (``make_splits``), the metrics every cross-validation reports (``METRICS``)
+and their statistics over splits (``CrossValidation``) are shared by every estimator's
+cross-validation: the bins' one-sort path (``estimators.bins_crossval``), the generic
+fit/predict loop (``evaluation.crossval``) and the bin count chosen by nested
+cross-validation (``estimators.bin_count``). ``evaluation.crossval`` re-exports them.
+"""
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from top1_jax.core import validation
+
+SCHEMES = ("halves", "kfold")
+
+METRICS = (
+  "accuracy",
+  "brier",
+  "brier_uncertainty",
+  "brier_resolution",
+  "brier_calibration",
+  "nll",
+  "nll_uncertainty",
+  "nll_resolution",
+  "nll_calibration",
+  "ece",
+  "eor",
+  "auroc",
+  "num_effective_bins",
+)
+"""Every metric that ``cross_validate`` reports, for each bin count."""
+
+
+class Splits(NamedTuple):
+  """Test folds of each split, as a fold id per example and repetition.
+
+  Split ``f`` tests on the examples with ``fold[f // per_rep] == f % per_rep``
+  and calibrates on the others.
+
+  Attributes:
+    fold: [R, N] int8, the fold of each example in each repetition.
+    per_rep: folds per repetition (2 for halves, k for k-fold).
+    num_splits: how many splits are used (<= R * per_rep).
+  """
+
+  fold: np.ndarray
+  per_rep: int
+  num_splits: int
+
+  def test_mask(self, split: int) -> np.ndarray:
+    """[N] bool, the test examples of one split."""
+    return self.fold[split // self.per_rep] == split % self.per_rep
+
+
+def make_splits(num_examples: int, n_folds: int, seed: int = 0, scheme: str = "halves") -> Splits:
+  """Random calibration/test splits of ``num_examples`` examples.
+
+  Args:
+    num_examples: N.
+    n_folds: number of splits.
+    seed: NumPy seed.
+    scheme: "halves": calibrate on a uniformly random half, test on the other
+      half (the paper's protocol), n_folds times, as repeated 2-fold
+      cross-validation (ceil(n_folds / 2) random halvings, each used both ways;
+      5x2 CV for n_folds = 10). "kfold": k-fold, calibrate on n_folds - 1 folds,
+      test on the remaining one.
+
+  Returns:
+    ``Splits``.
+  """
+  if scheme not in SCHEMES:
+    raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+  num_examples = validation.positive_int("num_examples", num_examples, minimum=2)
+  n_folds = validation.positive_int("n_folds", n_folds, minimum=2, maximum=num_examples)
+  seed = validation.seed("seed", seed)
+  if n_folds > 127:
+    raise ValueError(f"n_folds: expected at most 127, got {n_folds}")
+  rng = np.random.default_rng(seed)
+  if scheme == "kfold":
+    fold = np.empty((1, num_examples), np.int8)
+    fold[0, rng.permutation(num_examples)] = np.arange(num_examples) % n_folds
+    return Splits(fold, n_folds, n_folds)
+  num_reps = -(-n_folds // 2)
+  fold = np.stack([_random_half(rng, num_examples) for _ in range(num_reps)])
+  return Splits(fold, 2, n_folds)
+
+
+def _random_half(rng: np.random.Generator, num_examples: int) -> np.ndarray:
+  """A uniformly random subset of exactly N // 2 examples, as int8 0/1.
+
+  Fair coin flips, then a uniformly random choice of the surplus members flipped
+  back: exchangeable and of fixed size, hence uniform over subsets. (Avoids a
+  full permutation, which costs more than the rest of cross-validation.)
+  """
+  bits = rng.integers(0, 2, num_examples, dtype=np.int8)
+  surplus = int(bits.sum()) - num_examples // 2
+  if surplus:
+    value = 1 if surplus > 0 else 0
+    candidates = np.flatnonzero(bits == value)
+    bits[rng.choice(candidates, abs(surplus), replace=False)] = 1 - value
+  return bits
+
+
+UNDEFINABLE = ("auroc", "eor")
+"""Metrics undefined on some splits: AUROC when the test part holds one class only,
+EOR when the calibration accuracy (the base rate) is 0 or 1. They are NaN in
+``per_fold`` there, and means and stds use the splits where they are defined."""
+
+
+class CrossValidation(NamedTuple):
+  """Metrics over splits for each bin count.
+
+  Attributes:
+    n_bins: the bin counts, in order.
+    per_fold: metric name -> [len(n_bins), n_folds] array (NaN where undefined).
+    mean: metric name -> [len(n_bins)] mean over the splits where it is defined
+      (NaN when it is defined on none).
+    std: metric name -> [len(n_bins)] sample standard deviation over those splits
+      (0 for one split).
+    num_defined: metric name -> [len(n_bins)] int, the splits it is defined on.
+  """
+
+  n_bins: tuple[int, ...]
+  per_fold: dict[str, np.ndarray]
+  mean: dict[str, np.ndarray]
+  std: dict[str, np.ndarray]
+  num_defined: dict[str, np.ndarray]
+
+  @classmethod
+  def from_per_fold(
+    cls, n_bins: Sequence[int], per_fold: dict[str, np.ndarray]
+  ) -> "CrossValidation":
+    """Mean and sample std over the splits axis, over the splits where each value is defined.
+
+    The one place the statistics over splits are computed (None in JSON-read
+    ``per_fold`` lists counts as undefined).
+    """
+    per_fold = {name: np.asarray(value, np.float64) for name, value in per_fold.items()}
+    mean, std, num_defined = {}, {}, {}
+    for name, value in per_fold.items():
+      defined = np.isfinite(value)
+      count = defined.sum(axis=1)
+      total = np.where(defined, value, 0.0).sum(axis=1)
+      with np.errstate(invalid="ignore", divide="ignore"):
+        mean[name] = np.where(count > 0, total / count, np.nan)
+        squares = np.where(defined, (value - mean[name][:, None]) ** 2, 0.0).sum(axis=1)
+        std[name] = np.where(count > 1, np.sqrt(squares / (count - 1)), 0.0)
+      std[name] = np.where(count > 0, std[name], np.nan)
+      num_defined[name] = count
+    return cls(tuple(n_bins), per_fold, mean, std, num_defined)
+
+  def rows(self) -> list[dict[str, float | int | None]]:
+    """One flat dict per bin count: n_bins, <metric>, <metric>_std, and for the
+    metrics that can be undefined <metric>_num_splits; None where undefined."""
+    out = []
+    for i, n in enumerate(self.n_bins):
+      row: dict[str, float | int | None] = {"n_bins": n}
+      for name in METRICS:
+        defined = int(self.num_defined[name][i]) > 0
+        row[name] = float(self.mean[name][i]) if defined else None
+        row[f"{name}_std"] = float(self.std[name][i]) if defined else None
+        if name in UNDEFINABLE:
+          row[f"{name}_num_splits"] = int(self.num_defined[name][i])
+      out.append(row)
+    return out
+
+  def per_fold_lists(self) -> dict[str, list]:
+    """``per_fold`` as nested lists with None where undefined (strict JSON)."""
+    return {
+      name: [[float(v) if np.isfinite(v) else None for v in row] for row in value]
+      for name, value in self.per_fold.items()
+    }

@@ -1,0 +1,105 @@
+"""The paper's estimator as a registry entry: equal-count bins of U (``core.binning``).
+
+``fit`` is ``binning.fit`` with ``n_bins`` bins, or with the count chosen by nested
+cross-validation on the calibration data when ``n_bins="cv"`` (``bin_count.fit_cv``);
+``predict`` is ``binning.predict``; each bin has its exact (Clopper–Pearson) interval;
+cross-validation takes the one-sort path of ``bins_crossval``. ``to_dict`` and
+``from_dict`` (the fields of a version-1 calibrator file) also serve ``toplabel``,
+whose per-class bins are ``Bins`` too.
+"""
+
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+from top1_jax.core import binning, validation
+from top1_jax.estimators import base, bin_count, bins_crossval
+
+
+def fit(evidence: base.Evidence, *, n_bins: int | str = 20) -> binning.Bins:
+  """Equal-count bins of ``evidence.u``.
+
+  Args:
+    evidence: ``u`` [N] and ``correct`` [N].
+    n_bins: the bin count, in [1, N], or ``"cv"``: the count of
+      ``bin_count.DEFAULT_GRID`` with the lowest held-out NLL in nested
+      cross-validation on this data (seed 0).
+
+  Returns:
+    ``binning.Bins``.
+  """
+  if isinstance(n_bins, str):
+    if n_bins != "cv":
+      raise ValueError(f'n_bins: expected an integer or "cv", got {n_bins!r}')
+    bins, _ = bin_count.fit_cv(evidence.u, evidence.correct)
+    return bins
+  n_bins = validation.positive_int("n_bins", n_bins, maximum=evidence.u.shape[0])
+  return binning.fit(evidence.u, evidence.correct, n_bins)
+
+
+def predict_interval(bins: binning.Bins, evidence: base.Evidence, delta: float = 0.05):
+  """The exact (Clopper–Pearson) 1 - delta interval of each example's bin accuracy.
+
+  Returns:
+    (lower, upper), each [N] float32 in [0, 1].
+  """
+  lower, upper = binning.clopper_pearson(bins.hits, bins.counts, delta)
+  index = np.asarray(binning.assign(bins.edges, evidence.u))
+  return np.asarray(lower)[index], np.asarray(upper)[index]
+
+
+def to_dict(bins: binning.Bins) -> dict:
+  """The bins as JSON values: the finite edges, counts, hits, prior and prob."""
+  edges = np.asarray(bins.edges, np.float64)
+  return {
+    "n_bins": int(bins.counts.shape[-1]),
+    "edges": edges[np.isfinite(edges)].tolist(),
+    "counts": np.asarray(bins.counts).tolist(),
+    "hits": np.asarray(bins.hits).tolist(),
+    "prior": float(bins.prior),
+    "prob": np.asarray(bins.prob, np.float64).tolist(),
+  }
+
+
+def from_dict(d: Mapping, source: str) -> binning.Bins:
+  """``Bins`` from ``to_dict``'s values, each checked; the probabilities are recomputed
+  from the counts, hits and prior (so a file cannot hold inconsistent ones)."""
+  return binning.Bins(*jax.device_put(tuple(host_from_dict(d, source))))
+
+
+def host_from_dict(d: Mapping, source: str) -> binning.Bins:
+  """``from_dict``'s ``Bins`` as host (NumPy) arrays, e.g. to stack several first."""
+  n = base.read_int(d, "n_bins", source)
+  counts = base.read_array(d, "counts", source, "i")
+  hits = base.read_array(d, "hits", source, "i")
+  edges = base.read_array(d, "edges", source, "f")
+  prior = base.read_number(d, "prior", source, 0.0, 1.0)
+  if counts.shape != (n,) or hits.shape != (n,):
+    raise ValueError(f"{source}: counts and hits must be {n} integers each")
+  if np.any(hits < 0) or np.any(hits > counts):
+    raise ValueError(f"{source}: expected 0 <= hits <= counts in every bin")
+  if edges.shape[0] > n - 1 or np.any(np.diff(edges) <= 0):
+    raise ValueError(f"{source}: edges must be at most {n - 1} strictly ascending numbers")
+  padded = np.full(n - 1, np.inf, np.float32)
+  padded[: edges.shape[0]] = edges
+  # On the host in float32, as binning.fit computes them (moved as they are: jnp
+  # conversions and arithmetic would compile a small program each, ~20 ms a load).
+  counts, hits, prior = counts.astype(np.int32), hits.astype(np.int32), np.float32(prior)
+  prob = binning.calibrated_prob(hits.astype(np.float32), counts.astype(np.float32), prior)
+  effective = np.int32(np.sum(counts > 0))
+  return binning.Bins(padded, counts, hits, prob, prior, effective)
+
+
+ESTIMATOR = base.Estimator(
+  name="bins",
+  needs="scores",
+  fit=fit,
+  predict=lambda bins, evidence: binning.predict(bins, evidence.u),
+  to_dict=to_dict,
+  from_dict=from_dict,
+  options=("n_bins",),
+  predict_interval=predict_interval,
+  cross_validate=bins_crossval.cross_validate,
+)
+"""Equal-count bins of U with the one-pseudo-count prior (the paper)."""
