@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The main job. First run sets up .venv and the offline data; flags go to the job.
-#   ./run.sh                                   # configs/fashion_mnist.py into runs/fashion_mnist
-#   ./run.sh --config=configs/quick.py         # a 30-second preset (MLP, 1 epoch, slices)
+#   ./run.sh                                   # top1_jax/configs/default.py into runs/default
+#   ./run.sh --config=quick                    # a 30-second preset (MLP, 1 epoch, slices)
 #   ./run.sh '--config.dropout_rates=(0.05,)'  # any field of the config, overridden
 #   ./run.sh --helpfull                        # every flag
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/bootstrap.sh"
 install_fashion_mnist || true
 cd "$ROOT"
-exec "$VENV/bin/python" -m top1_jax.launch.reproduce --config=top1_jax/configs/fashion_mnist.py "$@"
+exec "$VENV/bin/python" -m top1_jax.launch.reproduce --config=top1_jax/configs/default.py "$@"

@@ -37,7 +37,8 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
   args = [
     str(BIN / "top1-evaluate"),
     "--workdir=out",
-    "--config.probs=lenet_probs.npy",
+    "--config.inputs=lenet_probs.npy",
+    "--config.input_kind=probs",
     "--config.labels=labels.npy",
     "--config.n_bins=(5,20)",
     "--config.n_folds=4",
@@ -59,19 +60,14 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
   assert (tmp_path / "out" / "results.csv").is_file()
 
 
+# The config's own refusals (labels without an array, selective_targets, ...) are checked
+# in-process in test_settings.py; these need the arrays read.
 @pytest.mark.parametrize(
   "flags, message",
   [
-    (["--config.probs=p.npy"], "--config.labels: required with probs"),
-    (["--config.labels=labels.npy"], "--config.labels: goes with logits or probs"),
-    (["--config.probs=p.npy", "--config.logits=p.npy", "--config.labels=labels.npy"], "not both"),
-    (["--config.probs=missing.npy", "--config.labels=labels.npy"], "probs: no such file"),
-    (["--config.probs=p.npy", "--config.labels=short.npy"], "probs: expected 3 rows (one per"),
-    (["--config.probs=bad.npy", "--config.labels=labels.npy"], "probs: each row must sum to 1"),
-    (["--config.selective_targets=(0.9,x)"], "--config.selective_targets: expected float"),
-    (["--config.selective_targets=(0.9,1.5)"], "--config.selective_targets: expected values in"),
-    (["--config.selective_targets=0"], "--config.selective_targets: expected accuracies in (0,"),
-    (["--config.selective_delta=0.5"], "--config.selective_delta: expected a probability in (0,"),
+    (["--config.inputs=missing.npy", "--config.labels=labels.npy"], "probs: no such file"),
+    (["--config.inputs=p.npy", "--config.labels=short.npy"], "probs: expected 3 rows (one per"),
+    (["--config.inputs=bad.npy", "--config.labels=labels.npy"], "probs: each row must sum to 1"),
   ],
 )
 def test_top1_evaluate_array_errors_are_one_line(flags, message, tmp_path):
@@ -79,7 +75,8 @@ def test_top1_evaluate_array_errors_are_one_line(flags, message, tmp_path):
   np.save(tmp_path / "bad.npy", np.full((4, 3), 0.5, np.float32))
   np.save(tmp_path / "labels.npy", np.array([0, 1, 2, 0]))
   np.save(tmp_path / "short.npy", np.array([0, 1, 2]))
-  out = _run([str(BIN / "top1-evaluate"), "--workdir=out", *flags], cwd=tmp_path, check=False)
+  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--config.input_kind=probs", *flags]
+  out = _run(args, cwd=tmp_path, check=False)
   assert out.returncode == 1
   assert out.stderr.strip().splitlines() == [out.stderr.strip()]
   assert message in out.stderr
@@ -138,8 +135,8 @@ def test_degenerate_top5_gives_strict_json_and_marked_cells(tmp_path):
   logits[0, labels[0]] = -10.0
   np.save(tmp_path / "logits.npy", logits)
   np.save(tmp_path / "labels.npy", labels)
-  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--config.logits=logits.npy"]
-  args.append("--config.labels=labels.npy")
+  args = [str(BIN / "top1-evaluate"), "--workdir=out", "--config.inputs=logits.npy"]
+  args += ["--config.input_kind=logits", "--config.labels=labels.npy"]
   more = [
     "--config.topk=(1,5)",
     "--config.n_bins=(2,4)",
@@ -162,6 +159,35 @@ def test_degenerate_top5_gives_strict_json_and_marked_cells(tmp_path):
   assert "/4)" in table or "–" in table
 
 
+_MY_CONFIG = """
+from top1_jax.configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.models = ("mlp",)
+  config.seeds = (7,)
+  return config
+"""
+
+
+@pytest.mark.parametrize(
+  "config, files",
+  [
+    ("quick", "mlp_tdr0.1_seed0/deterministic, mlp_tdr0.1_seed0/dropout_0.01"),
+    ("mine/my.py", "mlp_tdr0.1_seed7/deterministic"),
+  ],
+)
+def test_a_packaged_config_by_name_and_a_users_by_path_from_another_folder(config, files, tmp_path):
+  # evaluate names the predictions files the config asks for: which config was loaded.
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "my.py").write_text(_MY_CONFIG)
+  args = [str(BIN / "top1-evaluate"), "--workdir=out", f"--config={config}"]
+  out = _run(args, cwd=tmp_path, check=False)
+  assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+  assert out.stderr.startswith(f"error: predictions files not there: {files}"), out.stderr
+
+
 @pytest.mark.parametrize("where", ["a_file", "a_file/below"])
 def test_a_work_dir_that_cannot_be_one_is_one_line(where, tmp_path):
   (tmp_path / "a_file").write_text("not a folder")
@@ -179,7 +205,8 @@ def _lenet_arrays(tmp_path, num=3000) -> list[str]:
   return [
     str(BIN / "top1-evaluate"),
     "--workdir=out",
-    "--config.probs=p.npy",
+    "--config.inputs=p.npy",
+    "--config.input_kind=probs",
     "--config.labels=y.npy",
   ]
 

@@ -23,7 +23,7 @@ needs_fmnist = pytest.mark.skipif(
 )
 ENV = processes.LAUNCHER_ENV
 QUICK = [
-  "--config=top1_jax/configs/quick.py",
+  "--config=quick",
   "--config.limit_train=3000",
   "--config.limit_test=1200",
 ]
@@ -154,7 +154,7 @@ def _predictions_file(path, dataset="fashion_mnist", num=200, seed=0):
   return path
 
 
-EVAL = "--config=top1_jax/configs/imagenet_eval.py"
+EVAL = "--config=evaluate_files"
 
 
 @pytest.mark.parametrize(
@@ -173,28 +173,28 @@ EVAL = "--config=top1_jax/configs/imagenet_eval.py"
 )
 def test_evaluate_bad_settings_give_one_line(tmp_path, args, message):
   path = _predictions_file(tmp_path / "p.npz")
-  result = _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.predictions={path}", *args)
+  result = _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.inputs={path}", *args)
   _one_line_error(result, message)
 
 
 def test_evaluate_refuses_files_of_different_datasets(tmp_path):
   a = _predictions_file(tmp_path / "a.npz", num=200)
   b = _predictions_file(tmp_path / "b.npz", num=300, seed=1)
-  result = _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.predictions={a},{b}")
+  result = _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.inputs={a},{b}")
   _one_line_error(result, "have different labels")
 
 
 def test_missing_inputs_give_one_line(tmp_path):
   _one_line_error(_run("evaluate", f"--workdir={tmp_path}"), "run top1_jax.launch.predict")
   _one_line_error(
-    _run("evaluate", f"--workdir={tmp_path}", EVAL, "--config.predictions=nope.npz"),
-    "no such file: nope.npz",
+    _run("evaluate", f"--workdir={tmp_path}", EVAL, "--config.inputs=nope.npz"),
+    "--config.inputs: no such file: nope.npz",
   )
   _one_line_error(_run("evaluate"), "--workdir: required")
   bad = tmp_path / "bad.npz"
   bad.write_bytes(b"not a zip")
   _one_line_error(
-    _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.predictions={bad}"), "bad.npz"
+    _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.inputs={bad}"), "bad.npz"
   )
   _one_line_error(_run("evaluate", f"--workdir={tmp_path}", "--config=nope.py"), "nope.py")
 
@@ -203,7 +203,7 @@ def test_evaluate_on_any_models_file(tmp_path):
   """A file from any framework: the sweep runs, and a second run reuses every point."""
   _predictions_file(tmp_path / "external.npz", num=400)
   pattern = tmp_path / "ext*.npz"  # a glob
-  args = [f"--workdir={tmp_path}", EVAL, f"--config.predictions={pattern}", "--config.topk=(1,2)"]
+  args = [f"--workdir={tmp_path}", EVAL, f"--config.inputs={pattern}", "--config.topk=(1,2)"]
   args.append(NO_FIGURES)
   args += ["--config.n_bins=(4,8)", "--config.n_folds=4"]
   first = _run("evaluate", *args)
@@ -220,7 +220,7 @@ def test_evaluate_with_another_config_than_the_work_dirs_leaves_it_as_it_was(tmp
   # this work dir never had: one line naming the way out, and nothing written.
   path = _predictions_file(tmp_path / "p.npz")
   workdir = tmp_path / "run"
-  first = _run("evaluate", f"--workdir={workdir}", EVAL, f"--config.predictions={path}", NO_FIGURES)
+  first = _run("evaluate", f"--workdir={workdir}", EVAL, f"--config.inputs={path}", NO_FIGURES)
   assert first.returncode == 0, first.stderr[-3000:]
   before = {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()}
   again = _run("evaluate", f"--workdir={workdir}")
@@ -235,8 +235,8 @@ def test_evaluate_with_another_config_than_the_work_dirs_leaves_it_as_it_was(tmp
 @pytest.mark.slow
 def test_killed_training_resumes_from_the_last_epoch(tmp_path):
   args = [
-    "--config=top1_jax/configs/quick.py",
-    "--config.epochs=3",
+    "--config=quick",
+    "--config.num_epochs=3",
     "--config.ensemble_size=0",
     "--config.limit_train=2000",
     "--config.limit_test=500",
@@ -390,7 +390,7 @@ def test_two_processes_give_the_one_process_numbers_and_write_each_file_once(see
 
 def test_a_cloud_work_dir_without_its_package_is_one_line_and_writes_nothing(tmp_path):
   path = _predictions_file(tmp_path / "p.npz")
-  for module, more in (("evaluate", [EVAL, f"--config.predictions={path}"]), ("reproduce", [])):
+  for module, more in (("evaluate", [EVAL, f"--config.inputs={path}"]), ("reproduce", [])):
     result = subprocess.run(
       [sys.executable, "-m", f"top1_jax.launch.{module}", "--workdir=gs://bucket/run1", *more],
       cwd=tmp_path,

@@ -14,6 +14,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from top1_jax.core.validation import SettingError
 from top1_jax.evaluation import mislabeled
 from top1_jax.io import datasets, idx, mislabeled_report
 from top1_jax.io import predictions as predictions_lib
@@ -186,16 +187,16 @@ def test_load_inputs_gives_the_score_event_and_checked_images(tmp_path, tiny_dir
 )
 def test_a_setting_that_does_not_fit_the_file_is_named(tmp_path, tiny_dir, kwargs, match):
   path = _tiny_predictions(tmp_path / "p.npz")
-  with pytest.raises(mislabeled_report.SettingError, match=match):
+  with pytest.raises(SettingError, match=match):
     mislabeled_report.load_inputs(path, **kwargs, data_dir=tiny_dir)
 
 
 def test_predictions_of_another_order_or_without_a_dataset_are_refused(tmp_path, tiny_dir):
   rolled = _tiny_predictions(tmp_path / "rolled.npz", labels=np.roll(np.arange(TINY) % 10, 1))
-  with pytest.raises(mislabeled_report.SettingError, match="^predictions: rolled.npz .*differ"):
+  with pytest.raises(SettingError, match="^predictions: rolled.npz .*differ"):
     mislabeled_report.load_inputs(rolled, data_dir=tiny_dir)
   nameless = _tiny_predictions(tmp_path / "nameless.npz", meta={"split": "test"})
-  with pytest.raises(mislabeled_report.SettingError, match="^dataset: nameless.npz names no"):
+  with pytest.raises(SettingError, match="^dataset: nameless.npz names no"):
     mislabeled_report.load_inputs(nameless, data_dir=tiny_dir)
   found = mislabeled_report.load_inputs(nameless, dataset="fashion_mnist", data_dir=tiny_dir)
   assert found.images.name == "fashion_mnist"
@@ -210,7 +211,7 @@ def test_file_score_prefers_stored_scores_and_says_what_a_missing_one_needs(tmp_
   _, top2 = mislabeled_report.file_score(predictions, "neg_log_topk_mass", 2)
   expected = -np.log(np.sort(np.exp(np.asarray(log_probs)), axis=1)[:, -2:].sum(axis=1))
   np.testing.assert_allclose(top2, expected, rtol=1e-5, atol=1e-6)
-  with pytest.raises(mislabeled_report.SettingError, match=r"available: custom, entropy"):
+  with pytest.raises(SettingError, match=r"available: custom, entropy"):
     mislabeled_report.file_score(predictions, "human_entropy", 1)
 
 
@@ -227,7 +228,7 @@ def test_check_images_says_how_they_differ(tmp_path, change, problem):
   labels = np.arange(TINY) % 10
   images = DatasetSplit(np.zeros((TINY, 2, 2, 1), np.float32), labels, 10, "d", "test", "", ())
   assert mislabeled_report.check_images(images, predictions) is images
-  with pytest.raises(mislabeled_report.SettingError, match=problem):
+  with pytest.raises(SettingError, match=problem):
     mislabeled_report.check_images(images._replace(**change), predictions, "p.npz")
 
 

@@ -1,36 +1,35 @@
 """Every setting of every stage is checked before any work, in one line naming the flag.
 
-The launchers run as a user runs them (subprocesses, as in test_experiments.py),
-on a tiny Fashion-MNIST-shaped IDX data dir written here: 300 training and 200
-test images, so the cross-stage checks (bins vs. test examples, --topk vs.
-classes, --batch_size vs. training examples) have known numbers to meet.
+The checks are pure: ``plan.check`` (every field), ``plan.check_examples`` (against the
+test split's size) and the data's headers (``io.sweep_data``), which the launchers run
+first. Each refusal is checked here, in this process, on a config parsed from the same
+command-line overrides a user types; two launchers (reproduce, evaluate) run as a user
+runs them to show that a refusal is one line, exit status 1, before any work. The data is
+a tiny Fashion-MNIST-shaped IDX data dir written here: 300 training and 200 test images,
+so the cross-stage checks (bins vs. test examples, topk vs. classes, batch_size vs.
+training examples) have known numbers to meet.
 """
 
 import gzip
-import json
 import pathlib
 import shutil
 import struct
-import sys
-import time
 
 import numpy as np
 import processes
 import pytest
+from absl import flags
+from absl.testing import flagsaver
+from ml_collections import config_flags
 
-from top1_jax.io import datasets, idx
+from top1_jax.core.validation import SettingError
+from top1_jax.io import datasets, idx, sweep_data
 from top1_jax.io import predictions as predictions_lib
+from top1_jax.launch import common, find_mislabeled, reproduce
+from top1_jax.sweep import plan, runner
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NUM_TRAIN, NUM_TEST = 300, 200
-# A refused run exits in a few seconds (imports); the quick preset trains for far longer.
-FAST = 30.0
-
-
-def _run(module, *args):
-  start = time.perf_counter()
-  result = processes.launcher(module, *args)
-  return result, time.perf_counter() - start
 
 
 def _write_idx(path: pathlib.Path, array: np.ndarray) -> None:
@@ -58,21 +57,28 @@ def _data(directory) -> str:
   return f"--config.data_dir={directory}"
 
 
-QUICK = "--config=top1_jax/configs/quick.py"
+def _config(name: str, *overrides: str):
+  """A packaged config with ``--config.<field>=<value>`` overrides, parsed as a launcher
+  parses them (ml_collections' flag), in this process."""
+  argv = ["test", f"--config={pathlib.Path(common.PACKAGED_CONFIGS) / name}.py", *overrides]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+  flag_values(argv)
+  return flag_values.config
 
 
-def _refused(result, elapsed, flag, text, workdir, prefix="config."):
-  """Exit status 1, one line on stderr naming the flag, and no work done."""
-  assert result.returncode == 1, (result.stdout[-2000:], result.stderr[-2000:])
-  lines = [line for line in result.stderr.splitlines() if line.strip()]
-  assert len(lines) == 1, result.stderr
-  assert lines[0].startswith(f"error: --{prefix}{flag}: "), lines[0]
-  assert text in lines[0], lines[0]
-  # Before any training: no checkpoint, no predictions, no config, no progress line.
-  for name in ("train", "predictions", "sweep", "config.json", "results.json"):
-    assert not (workdir / name).exists(), name
-  assert "train/" not in result.stderr and "predict:" not in result.stderr, result.stderr
-  assert elapsed < FAST, elapsed
+def _refusal(check, *args) -> str:
+  """The ``SettingError`` of ``check(*args)`` as a launcher prints it, after "error: "."""
+  with pytest.raises(SettingError) as info:
+    check(*args)
+  message = common.one_line(info.value)
+  assert "\n" not in message
+  return message
+
+
+def _reproduce_checks(config) -> None:
+  """What reproduce checks before it reads data: every field, then the data's headers."""
+  reproduce.check(plan.check(config))
 
 
 # (config overrides after the quick config and the tiny data dir, the field named, the text)
@@ -91,7 +97,7 @@ REPRODUCE_BAD = [
   (["--config.n_folds=1"], "n_folds", "expected 2 to 127 splits, got 1"),
   (["--config.n_folds=128"], "n_folds", "expected 2 to 127 splits, got 128"),
   # The other stages' settings.
-  (["--config.epochs=0"], "epochs", "expected an integer >= 1, got 0"),
+  (["--config.num_epochs=0"], "num_epochs", "expected an integer >= 1, got 0"),
   (["--config.ensemble_size=-1"], "ensemble_size", "expected an integer >= 0, got -1"),
   (["--config.train_dropout_rates=1.0"], "train_dropout_rates", "expected values in [0.0, 1.0)"),
   (["--config.learning_rate=0"], "learning_rate", "expected > 0, got 0"),
@@ -102,7 +108,7 @@ REPRODUCE_BAD = [
   (["--config.chunk_size=0"], "chunk_size", "expected an integer >= 1, got 0"),
   (["--config.models=(mlp,vgg)"], "models", "expected names among cnn, mlp, resnet"),
   (["--config.estimators=(bins,trees)"], "estimators", "expected names among bins"),
-  (["--config.predictions=other.npz"], "predictions", "reproduce evaluates the predictions it"),
+  (["--config.inputs=other.npz"], "inputs", "reproduce evaluates the predictions it"),
   # Across stages: the test split's size (from the IDX headers) and classes.
   (
     ["--config.n_bins=(5,10,150)"],
@@ -136,68 +142,34 @@ REPRODUCE_BAD = [
 ]
 
 
-# As a subprocess (exit status, the one stderr line, timing): a few rows; the whole table
-# runs in-process below, where a row costs milliseconds instead of the launcher's imports.
-AS_SUBPROCESS = [REPRODUCE_BAD[0], REPRODUCE_BAD[12], REPRODUCE_BAD[-1]]
-
-
-@pytest.mark.parametrize(
-  "args, flag, text", AS_SUBPROCESS, ids=[" ".join(case[0]) for case in AS_SUBPROCESS]
-)
-def test_reproduce_refuses_bad_settings_before_training(tmp_path, data_dir, args, flag, text):
-  workdir = tmp_path / "work"
-  result, elapsed = _run("reproduce", QUICK, f"--workdir={workdir}", _data(data_dir), *args)
-  _refused(result, elapsed, flag, text, workdir)
-
-
-@pytest.fixture()
-def reproduce_in_process(monkeypatch):
-  """``reproduce.main`` in this process, with training replaced by a tripwire."""
-  from absl import flags
-
-  from top1_jax.launch import common, reproduce
-  from top1_jax.launch import train as train_exp
-
-  def tripwire(*_, **__):
-    raise AssertionError("training started before the settings were refused")
-
-  monkeypatch.setattr(train_exp, "run", tripwire)
-
-  def run(*argv):
-    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
-      delattr(flags.FLAGS, name)  # a parse defines the overrides' flags; the next one again
-    flags.FLAGS.unparse_flags()
-    monkeypatch.setattr(sys, "argv", ["reproduce", *argv])  # where config overrides are read
-    flags.FLAGS(sys.argv)
-    with pytest.raises(ValueError) as info:  # a SettingError or the launcher's own error
-      reproduce.main([])
-    return common.one_line(info.value)  # as the launcher prints it, after "error: "
-
-  yield run
-  flags.FLAGS.unparse_flags()
-
-
 @pytest.mark.parametrize(
   "args, flag, text", REPRODUCE_BAD, ids=[" ".join(case[0]) for case in REPRODUCE_BAD]
 )
-def test_reproduce_checks_every_setting_before_training(
-  tmp_path, data_dir, reproduce_in_process, args, flag, text
-):
-  workdir = tmp_path / "work"
-  message = reproduce_in_process(QUICK, f"--workdir={workdir}", _data(data_dir), *args)
+def test_reproduce_checks_every_setting_before_training(data_dir, args, flag, text):
+  message = _refusal(_reproduce_checks, _config("quick", _data(data_dir), *args))
   assert message.startswith(f"--config.{flag}: ") and text in message, message
-  assert "\n" not in message
-  assert not workdir.exists()  # nothing written, not even the work dir
 
 
-def test_the_full_preset_checks_evaluate_settings_first(tmp_path, data_dir):
-  # The issue's case: the default job (CNN, ensemble of 5) reached --ece_bins only
-  # after training and prediction.
+def _refused(result, flag, text, workdir):
+  """Exit status 1, one line on stderr naming the flag, and no work done."""
+  assert result.returncode == 1, (result.stdout[-2000:], result.stderr[-2000:])
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f"error: --config.{flag}: "), lines[0]
+  assert text in lines[0], lines[0]
+  # Before any training: no checkpoint, no predictions, no config, no progress line.
+  for name in ("train", "predictions", "sweep", "config.json", "results.json"):
+    assert not (workdir / name).exists(), name
+  assert "train/" not in result.stderr and "predict:" not in result.stderr, result.stderr
+
+
+def test_the_full_preset_refuses_in_one_line_before_any_work(tmp_path, data_dir):
+  # The issue's case: the default job (CNN, ensemble of 5) reached ece_bins only after
+  # training and prediction. A launcher as a user runs it: one line, nothing written.
   workdir = tmp_path / "work"
-  result, elapsed = _run(
-    "reproduce", f"--workdir={workdir}", _data(data_dir), "--config.ece_bins=0"
-  )
-  _refused(result, elapsed, "ece_bins", "expected an integer >= 1, got 0", workdir)
+  args = [f"--workdir={workdir}", _data(data_dir), "--config.ece_bins=0"]
+  result = processes.launcher("reproduce", *args)
+  _refused(result, "ece_bins", "expected an integer >= 1, got 0", workdir)
 
 
 def _partial_copy(tmp_path, data_dir, keep):
@@ -212,52 +184,72 @@ def test_data_dir_with_test_images_but_no_test_labels_is_refused(tmp_path, data_
   # The test labels would have come from another copy (the system's) than the images.
   keep = [p.name for p in data_dir.iterdir() if not p.name.startswith("t10k-labels")]
   partial = _partial_copy(tmp_path, data_dir, keep)
-  workdir = tmp_path / "work"
-  result, elapsed = _run("reproduce", QUICK, f"--workdir={workdir}", _data(partial))
-  _refused(
-    result,
-    elapsed,
-    "data_dir",
-    f"{partial} has t10k-images-idx3-ubyte.gz but no t10k-labels-idx1-ubyte[.gz]",
-    workdir,
-  )
+  message = _refusal(_reproduce_checks, _config("quick", _data(partial)))
+  assert message.startswith("--config.data_dir: "), message
+  assert f"{partial} has t10k-images-idx3-ubyte.gz but no t10k-labels-idx1-ubyte[.gz]" in message
 
 
 def test_data_dir_with_only_the_train_split_is_refused(tmp_path, data_dir):
-  # The test split would have come from another source (TFDS) than the train split.
+  # The test split would have come from another source (TFDS) than the train split;
+  # train checks both splits' headers first.
   partial = _partial_copy(tmp_path, data_dir, [p.name for p in data_dir.glob("train-*")])
-  workdir = tmp_path / "work"
-  result, elapsed = _run("train", f"--workdir={workdir}", _data(partial))
-  _refused(
-    result,
-    elapsed,
-    "data_dir",
-    f"the train split from idx:{partial} but the test split from tfds:{partial}",
-    workdir,
-  )
+  message = _refusal(sweep_data.check, plan.check(_config("default", _data(partial))))
+  assert message.startswith("--config.data_dir: "), message
+  assert f"the train split from idx:{partial} but the test split from tfds:{partial}" in message
+
+
+def test_train_and_test_images_of_different_sizes_are_refused_before_training(tmp_path, data_dir):
+  # Known only once the images are read: reproduce and train load both splits first.
+  mixed = _partial_copy(tmp_path, data_dir, [p.name for p in data_dir.glob("train-*")])
+  rng = np.random.default_rng(2)
+  _write_idx(mixed / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (NUM_TEST, 32, 32)))
+  _write_idx(mixed / "t10k-labels-idx1-ubyte.gz", np.arange(NUM_TEST) % 10)
+  settings = plan.check(_config("quick", _data(mixed)))
+  reproduce.check(settings)  # the headers alone cannot tell
+  message = _refusal(sweep_data.load_both, settings)
+  assert message.startswith("--config.data_dir: "), message
+  assert "train images are (28, 28, 1) but test images (32, 32, 1)" in message
+
+
+# (the launcher, the splits whose headers it checks first, overrides, field, text)
+OTHER_STAGES_BAD = [
+  ("train", ("train", "test"), ["--config.data_dir=/nonexistent"], "data_dir", "no such dir"),
+  ("train", ("train", "test"), ["--config.batch_size=301"], "batch_size", "301 is larger than"),
+  ("train", ("train", "test"), ["--config.limit_test=0"], "limit_test", "expected an integer"),
+  ("predict", ("test",), ["--config.num_samples=1"], "num_samples", "need >= 2 for MC dropout"),
+  ("predict", ("test",), ["--config.num_epochs=0"], "num_epochs", "expected an integer >= 1"),
+  ("predict", ("test",), ["--config.data_dir=/nonexistent"], "data_dir", "no such directory"),
+]
 
 
 @pytest.mark.parametrize(
-  "module, args, flag, text",
+  "launcher, splits, args, flag, text",
+  OTHER_STAGES_BAD,
+  ids=[f"{case[0]} {' '.join(case[2])}" for case in OTHER_STAGES_BAD],
+)
+def test_train_and_predict_check_their_settings_first(data_dir, launcher, splits, args, flag, text):
+  # What train and predict run before any work: every field, then their splits' headers.
+  config = _config("default", _data(data_dir), *args)
+  message = _refusal(lambda: sweep_data.check(plan.check(config), splits))
+  assert message.startswith(f"--config.{flag}: ") and text in message, (launcher, message)
+
+
+@pytest.mark.parametrize(
+  "values, text",
   [
-    ("train", ["--config.data_dir=/nonexistent"], "config.data_dir", "no such directory"),
-    ("train", ["--config.batch_size=301"], "config.batch_size", "301 is larger than the 300"),
-    ("train", ["--config.limit_test=0"], "config.limit_test", "expected an integer >= 1, got 0"),
-    ("predict", ["--config.num_samples=1"], "config.num_samples", "need >= 2 for MC dropout"),
-    ("predict", ["--config.epochs=0"], "config.epochs", "expected an integer >= 1, got 0"),
-    ("predict", ["--config.data_dir=/nonexistent"], "config.data_dir", "no such directory"),
-    ("find_mislabeled", ["--data_dir=/nonexistent"], "data_dir", "no such directory"),
-    ("find_mislabeled", ["--topk=0"], "topk", "expected an integer >= 1, got 0"),
+    ({"data_dir": "/nonexistent"}, "--data_dir: no such directory"),
+    ({"topk": 0}, "--topk: expected an integer >= 1, got 0"),
+    ({"n_bins": 4, "top_bins": 5}, "--top_bins: expected at most --n_bins=4, got 5"),
   ],
 )
-def test_other_launchers_refuse_bad_settings_first(tmp_path, data_dir, module, args, flag, text):
-  workdir = tmp_path / "work"
-  given = any("data_dir" in a for a in args)
-  data = (
-    [] if given else [f"--data_dir={data_dir}" if module == "find_mislabeled" else _data(data_dir)]
-  )
-  result, elapsed = _run(module, f"--workdir={workdir}", *data, *args)
-  _refused(result, elapsed, flag, text, workdir, prefix="")
+def test_find_mislabeled_checks_its_flags_first(values, text):
+  flags.FLAGS.mark_as_parsed()  # the launcher's flags at their defaults, but these
+  try:
+    with flagsaver.flagsaver(**values), pytest.raises(common.ExperimentError) as info:
+      find_mislabeled.check_settings()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert common.one_line(info.value).startswith(text), info.value
 
 
 def _predictions_file(path, num=400, seed=0):
@@ -271,41 +263,64 @@ def _predictions_file(path, num=400, seed=0):
   return path
 
 
+# (the overrides after --config.inputs=p.npz unless they name the inputs, the field, the text):
+# all checked before the sweep (ece_bins used to fail only after it) and before a file is read.
+EVALUATE_BAD = [
+  (["--config.ece_bins=0"], "ece_bins", "expected an integer >= 1, got 0"),
+  (["--config.compare_bins=7"], "compare_bins", "7 is not one of n_bins=(10, 20, 100)"),
+  (["--config.figure_bins=-1"], "figure_bins", "expected an integer >= 1, got -1"),
+  (["--config.scores=(all,pmax)"], "scores", "expected ('all',) or score names"),
+  (["--config.n_folds=200"], "n_folds", "expected 2 to 127 splits, got 200"),
+  (["--config.seeds=(-3,)"], "seeds", "expected values >= 0, got (-3,)"),
+  (["--config.selective_targets=(0.9,x)"], "selective_targets", "expected float values"),
+  (["--config.selective_targets=(0.9,1.5)"], "selective_targets", "expected values in [0.0, 1.0)"),
+  (["--config.selective_targets=0"], "selective_targets", "expected accuracies in (0, 1)"),
+  (["--config.selective_delta=0.5"], "selective_delta", "expected a probability in (0, 0.5)"),
+  # The inputs: what they are, and what goes with them.
+  (["--config.labels=y.npy"], "labels", "goes with input_kind=logits or probs"),
+  (["--config.input_kind=npz"], "input_kind", "expected one of predictions, logits, probs"),
+  (["--config.inputs=x.npy"], "input_kind", "x.npy is an array: give input_kind=logits or"),
+  (["--config.inputs=x.npy", "--config.input_kind=probs"], "labels", "required with input_kind"),
+  (["--config.input_kind=logits", "--config.labels=y.npy"], "inputs", "required with input_kind"),
+  (
+    ["--config.inputs=x.npy,z.npy", "--config.input_kind=logits", "--config.labels=y.npy"],
+    "inputs",
+    "input_kind=logits reads one .npy array, got 2",
+  ),
+]
+
+
 @pytest.mark.parametrize(
-  "args, flag, text",
-  [
-    # Before the sweep (--ece_bins used to fail only after it) and before any file is read.
-    (["--config.ece_bins=0"], "ece_bins", "expected an integer >= 1, got 0"),
-    (["--config.compare_bins=7"], "compare_bins", "7 is not one of n_bins=(10, 20, 100)"),
-    (["--config.figure_bins=-1"], "figure_bins", "expected an integer >= 1, got -1"),
-    (["--config.scores=(all,pmax)"], "scores", "expected ('all',) or score names"),
-    (["--config.n_folds=200"], "n_folds", "expected 2 to 127 splits, got 200"),
-    (["--config.seeds=(-3,)"], "seeds", "expected values >= 0, got (-3,)"),
-    (["--config.labels=y.npy"], "labels", "goes with logits or probs"),
-    (["--config.logits=x.npy"], "labels", "required with logits"),
-    (["--config.logits=x.npy", "--config.probs=x.npy"], "logits", "give logits or probs, not both"),
-  ],
+  "args, flag, text", EVALUATE_BAD, ids=[" ".join(case[0]) for case in EVALUATE_BAD]
 )
-def test_evaluate_refuses_bad_settings_before_the_sweep(tmp_path, args, flag, text):
+def test_evaluate_checks_every_setting_before_the_sweep(args, flag, text):
+  named = any(a.startswith(("--config.inputs=", "--config.input_kind=")) for a in args)
+  given = [] if named else ["--config.inputs=p.npz"]
+  message = _refusal(plan.check, _config("default", *given, *args))
+  assert message.startswith(f"--config.{flag}: ") and text in message, message
+
+
+def test_evaluate_refuses_in_one_line_before_any_work(tmp_path):
+  # The other launcher as a user runs it: one line, no sweep started, nothing written.
   path = _predictions_file(tmp_path / "p.npz")
   workdir = tmp_path / "work"
-  inputs = (
-    [] if any("logits" in a or "labels" in a for a in args) else [f"--config.predictions={path}"]
-  )
-  result, elapsed = _run("evaluate", f"--workdir={workdir}", *inputs, *args)
-  _refused(result, elapsed, flag, text, workdir)
+  args = [f"--workdir={workdir}", f"--config.inputs={path}", "--config.labels=y.npy"]
+  result = processes.launcher("evaluate", *args)
+  _refused(result, "labels", "goes with input_kind=logits or probs", workdir)
   assert "evaluate:" not in result.stderr  # no sweep started
 
 
 def test_default_compare_bins_follows_n_bins(tmp_path):
   # Unset, the comparison uses 20 bins when the sweep has them, else the sweep's first.
+  assert plan.check(_config("default", "--config.n_bins=(10,20,30)")).compare_bins == 20
   path = _predictions_file(tmp_path / "p.npz", num=100)
   args = ["--config.n_bins=(2,4)", "--config.n_folds=2", "--config.topk=1", "--config.scores=pmax"]
-  args.append("--config.figures=False")
-  result, _ = _run("evaluate", f"--workdir={tmp_path}", f"--config.predictions={path}", *args)
-  assert result.returncode == 0, result.stderr[-2000:]
-  comparison = json.loads((tmp_path / "results.json").read_text())["comparison"]
-  assert {row["top1_n_bins"] for row in comparison} == {2}
+  settings = plan.check(_config("default", f"--config.inputs={path}", *args))
+  assert settings.compare_bins == 2
+  sources = runner.load_sources([("p", path)], settings)
+  records = runner.run(settings, sources, tmp_path / "sweep", log=lambda line: None)
+  comparison = runner.table1(settings, sources, records)
+  assert comparison and {row["top1_n_bins"] for row in comparison} == {2}
 
 
 # ----------------------------------------------------------------------------
@@ -364,27 +379,12 @@ def test_half_an_idx_pair_is_refused_not_skipped(tmp_path, monkeypatch, data_dir
       datasets.split_info("fashion_mnist", "test", data_dir=tmp_path, fallback=fallback)
 
 
-def test_train_and_test_images_of_different_sizes_are_refused_before_training(tmp_path, data_dir):
-  mixed = _partial_copy(tmp_path, data_dir, [p.name for p in data_dir.glob("train-*")])
-  rng = np.random.default_rng(2)
-  _write_idx(mixed / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (NUM_TEST, 32, 32)))
-  _write_idx(mixed / "t10k-labels-idx1-ubyte.gz", np.arange(NUM_TEST) % 10)
-  workdir = tmp_path / "work"
-  result, elapsed = _run("reproduce", QUICK, f"--workdir={workdir}", _data(mixed))
-  _refused(
-    result, elapsed, "data_dir", "train images are (28, 28, 1) but test images (32, 32, 1)", workdir
-  )
-
-
-@pytest.mark.parametrize("name", ["fashion_mnist", "quick", "cifar10", "cifar100", "imagenet_eval"])
+@pytest.mark.parametrize("name", ["default", "quick", "cifar10", "cifar100", "evaluate_files"])
 def test_every_config_loads_and_passes_its_checks(name):
-  import importlib
-
-  from top1_jax.sweep import plan
-
-  config = importlib.import_module(f"top1_jax.configs.{name}").get_config()
-  if name == "imagenet_eval":
-    config.predictions = "val.npz"  # it evaluates a file the user names
+  config = _config(name)
+  if name == "evaluate_files":
+    assert config.dataset is None  # a user's files: no dataset unless they name one
+    config.inputs = "val.npz"  # it evaluates a file the user names
   checked = plan.check(config)
   assert checked.n_bins and checked.topk and checked.seeds == (0,)
   points = plan.training_points(checked)
@@ -395,4 +395,17 @@ def test_every_config_loads_and_passes_its_checks(name):
   assert names[0].endswith("/deterministic") and len(names) == 1 + len(checked.dropout_rates) + (
     checked.ensemble_size >= 1
   )
-  assert plan.mine(list(range(5)), (1, 2)) == [1, 3]  # a task's share: every n-th from its index
+
+
+def test_every_field_of_every_config_is_in_default():
+  # Variants override default's fields; none adds a field that default does not explain.
+  fields = set(_config("default").keys())
+  for name in ("quick", "cifar10", "cifar100", "evaluate_files"):
+    assert set(_config(name).keys()) == fields, name
+
+
+def test_a_task_share_is_every_nth_unit_from_its_index():
+  units = list(range(5))
+  assert plan.task_share(units, (1, 2)) == [1, 3]
+  shares = [plan.task_share(units, (i, 3)) for i in range(3)]
+  assert sorted(sum(shares, [])) == units  # the tasks split the units: none twice, none left

@@ -1,9 +1,10 @@
-"""Console scripts: ``top1-<launcher>`` runs ``python -m experiments.<launcher>`` from anywhere.
+"""Console scripts: ``top1-<launcher>`` runs ``python -m top1_jax.launch.<launcher>``.
 
 pip installs one script per launcher (setup.py). The launchers need the full stack
 (``pip install 'top1_jax[all]'``); a core-only install gets one line saying so.
 """
 
+import functools
 import importlib
 import sys
 
@@ -21,29 +22,11 @@ def _launch(name: str) -> None:
   common.run(module.main, getattr(module, "default_workdir", None), cpu_device_per_core=per_core)
 
 
-def reproduce() -> None:
-  _launch("reproduce")
-
-
-def train() -> None:
-  _launch("train")
-
-
-def predict() -> None:
-  _launch("predict")
-
-
-def evaluate() -> None:
-  _launch("evaluate")
-
-
-def find_mislabeled() -> None:
-  _launch("find_mislabeled")
-
-
-def demo() -> None:
-  _launch("demo")
-
-
-def aggregate() -> None:
-  _launch("aggregate")
+# One callable per console script (setup.py's console_scripts name them).
+reproduce = functools.partial(_launch, "reproduce")
+train = functools.partial(_launch, "train")
+predict = functools.partial(_launch, "predict")
+evaluate = functools.partial(_launch, "evaluate")
+find_mislabeled = functools.partial(_launch, "find_mislabeled")
+demo = functools.partial(_launch, "demo")
+aggregate = functools.partial(_launch, "aggregate")

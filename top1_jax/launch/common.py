@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 from absl import app, flags, logging
 
+from top1_jax import configs
+from top1_jax.core import validation
 from top1_jax.engine import parallel
 from top1_jax.io import datasets, files, lock
-from top1_jax.sweep import runner
 from top1_jax.version import __version__
 
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory or URL (gs://...) for this run's files.")
@@ -86,7 +87,7 @@ _USER_ERRORS = (
 
 def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
-  if isinstance(error, runner.SettingError):  # the library names the field: as a flag here
+  if isinstance(error, validation.SettingError):  # the library names the field: a flag here
     return f"--config.{text}"
   if isinstance(error, _USER_ERRORS):
     return text
@@ -106,7 +107,8 @@ def fail(error: BaseException, joined: bool = True) -> None:
   sys.exit(1)
 
 
-_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+PACKAGED_CONFIGS = os.path.dirname(os.path.abspath(configs.__file__))
+"""The configs that ship inside the package (``top1_jax/configs``)."""
 
 
 def _config_path(arg: str) -> str:
@@ -118,7 +120,7 @@ def _config_path(arg: str) -> str:
   if os.path.exists(value):
     return arg
   name = os.path.basename(value)
-  packaged = os.path.join(_CONFIGS, name if name.endswith(".py") else f"{name}.py")
+  packaged = os.path.join(PACKAGED_CONFIGS, name if name.endswith(".py") else f"{name}.py")
   return f"--config={packaged}{colon}{rest}" if os.path.exists(packaged) else arg
 
 
@@ -129,12 +131,14 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except flags.Error as e:
     fail(ValueError(f"{e} (--helpfull lists every flag)"), joined=False)
   except (AttributeError, KeyError) as e:  # --config.<no such field>
-    fail(ValueError(f"--config: no such field {e} in the config file (see configs/)"), False)
+    fail(
+      ValueError(f"--config: no such field {e} (top1_jax/configs/default.py has them all)"), False
+    )
   except Exception as e:  # noqa: BLE001 -- a config file that does not load, among others
     fail(e, joined=False)
 
 
-_OURS = (f"{os.sep}experiments{os.sep}", f"{os.sep}top1_jax{os.sep}")
+_OURS = (f"{os.sep}top1_jax{os.sep}",)
 
 
 def _ours_or_warning(record) -> bool:

@@ -27,6 +27,18 @@ _OVERCONFIDENCE = flags.DEFINE_float(
 _N_BINS = flags.DEFINE_list("n_bins", ["10", "20", "100"], "Bin counts to compare.")
 _N_FOLDS = flags.DEFINE_integer("n_folds", 10, "Number of calibration/test splits.")
 _SCHEME = flags.DEFINE_enum("scheme", "halves", crossval.SCHEMES, "How splits are drawn.")
+_SEED = flags.DEFINE_integer("seed", 0, "Draws the synthetic data and the splits.")
+
+
+def _bin_counts() -> list[int]:
+  """--n_bins as integers >= 1, or one line naming the flag."""
+  try:
+    n_bins = [int(value) for value in _N_BINS.value]
+  except ValueError:
+    n_bins = []
+  if not n_bins or min(n_bins) < 1:
+    raise common.ExperimentError(f"--n_bins: expected integers >= 1, got {_N_BINS.value}")
+  return n_bins
 
 
 def synthetic_logits(num_examples, num_classes, overconfidence, seed):
@@ -41,9 +53,9 @@ def synthetic_logits(num_examples, num_classes, overconfidence, seed):
 
 def main(argv):
   del argv
-  n_bins = common.parse_ints("n_bins", _N_BINS.value)
+  n_bins = _bin_counts()
   logits, labels = synthetic_logits(
-    _NUM_EXAMPLES.value, _NUM_CLASSES.value, _OVERCONFIDENCE.value, common.SEED.value
+    _NUM_EXAMPLES.value, _NUM_CLASSES.value, _OVERCONFIDENCE.value, _SEED.value
   )
   correct = events.topk_correct(logits, labels, k=1)
   print(
@@ -56,7 +68,7 @@ def main(argv):
     f"NLL {float(metrics.nll(raw_pmax, correct)):.4f}"
   )
   score_values = scores.compute(logits, topk=(2,))  # every single-model score
-  splits = crossval.make_splits(len(labels), _N_FOLDS.value, common.SEED.value, _SCHEME.value)
+  splits = crossval.make_splits(len(labels), _N_FOLDS.value, _SEED.value, _SCHEME.value)
   rows = []
   header = "| score | bins | Brier | NLL | ECE | EOR | AUROC |"
   lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]

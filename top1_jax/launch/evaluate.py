@@ -1,11 +1,14 @@
 r"""Sweeps scores x bin counts x Top-k events over predictions files; writes the results.
 
-  python -m top1_jax.launch.evaluate --config=top1_jax/configs/fashion_mnist.py --workdir=runs/fmnist
-  python -m top1_jax.launch.evaluate --config=top1_jax/configs/imagenet_eval.py --workdir=out \
-      --config.predictions=a.npz,b.npz '--config.n_bins=(10,20,100)' '--config.topk=(1,5)'
+  python -m top1_jax.launch.evaluate --config=default --workdir=runs/default
+  python -m top1_jax.launch.evaluate --config=evaluate_files --workdir=out \
+      --config.inputs=a.npz,b.npz '--config.n_bins=(10,20,100)' '--config.topk=(1,5)'
+  python -m top1_jax.launch.evaluate --config=evaluate_files --workdir=out \
+      --config.inputs=p.npy --config.input_kind=probs --config.labels=y.npy
 
 The files are the ones the config asks for (``manifest.json``): its training
-points' predictions, or config.predictions / config.logits. Every (file, score,
+points' predictions, or ``config.inputs`` (predictions files, or one array of
+``config.input_kind`` with ``config.labels``). Every (file, score,
 event, estimator) is one sweep point, cross-validated over all bin counts on the
 same random splits (``crossval.cross_validate``) and saved to ``sweep/``; a rerun
 skips points that are done. With --num_tasks, each task sweeps its share of the
@@ -22,55 +25,56 @@ import time
 
 from absl import logging
 
+from top1_jax.core.validation import SettingError
 from top1_jax.io import files
 from top1_jax.io import predictions as predictions_lib
-from top1_jax.launch import common, settings
+from top1_jax.launch import common, config_flag
 from top1_jax.sweep import plan, runner, tables
 
 CPU_DEVICE_PER_CORE = True
 """On a CPU, JAX gets a device per core, each scoring its own chunk of a file (chunked)."""
 
 
-def _given_files(s: plan.Settings) -> list[tuple[str, object]]:
-  """config.predictions (globs expanded) or config.logits/probs as a predictions file."""
-  if s.logits or s.probs:
-    array = s.logits or s.probs
-    path = common.workdir() / "predictions" / f"{os.path.splitext(os.path.basename(array))[0]}.npz"
+def _given_files(settings: plan.Settings) -> list[tuple[str, object]]:
+  """config.inputs: predictions files (globs expanded), or one array made a predictions file."""
+  if settings.input_kind != "predictions":  # plan.check: one .npy array, with labels
+    (array,) = settings.inputs
+    name = os.path.splitext(os.path.basename(array))[0]
+    path = common.workdir() / "predictions" / f"{name}.npz"
     if common.is_writer():
-      predictions = predictions_lib.from_arrays(
-        labels=s.labels, logits=s.logits or None, probs=s.probs or None
-      )
+      arrays = {settings.input_kind: array}  # logits=... or probs=...
+      predictions = predictions_lib.from_arrays(labels=settings.labels, **arrays)
       predictions_lib.save_predictions(path, predictions)
     return [(path.stem, path)]
   found = []
-  for pattern in s.inputs:
+  for pattern in settings.inputs:
     matches = sorted(glob.glob(os.path.expanduser(pattern))) if files.is_local(pattern) else []
     if not matches and not files.as_path(pattern).is_file():
-      raise runner.SettingError(f"predictions: no such file: {pattern}")
+      raise SettingError(f"inputs: no such file: {pattern}")
     found += [(files.as_path(m).stem, files.as_path(m)) for m in matches or [pattern]]
   return found
 
 
-def asked_files(s: plan.Settings) -> list[tuple[str, object]]:
+def asked_files(settings: plan.Settings) -> list[tuple[str, object]]:
   """(name, path) of every predictions file the config asks for, in the sweep's order."""
-  if s.inputs or s.logits or s.probs:
-    return _given_files(s)
+  if settings.inputs:
+    return _given_files(settings)
   folder = common.workdir() / "predictions"
   return [
     (name, folder / f"{name}.npz")
-    for point in plan.training_points(s)
-    for name in plan.predictions_names(s, point)
+    for point in plan.training_points(settings)
+    for name in plan.predictions_names(settings, point)
   ]
 
 
-def record_run(s: plan.Settings, names: list[str], command: str) -> None:
+def record_run(settings: plan.Settings, names: list[str], command: str) -> None:
   """config.json and manifest.json: what this sweep asks for, and a word on what it replaces.
 
   Files of an earlier sweep in the same work dir stay on disk but are never
   reported. Tasks of one sweep (--num_tasks) must share its config.
   """
   workdir = common.workdir()
-  config = json.loads(s.config.to_json())  # as it reads back: tuples are lists in JSON
+  config = json.loads(settings.config.to_json())  # as it reads back: tuples are lists in JSON
   manifest = {"config": config, "files": names}
   before = files.read_json(workdir / "manifest.json")
   if before is not None and before != manifest:
@@ -81,14 +85,12 @@ def record_run(s: plan.Settings, names: list[str], command: str) -> None:
       )
     dropped = sorted(set(before.get("files", [])) - set(names))
     changed = sorted(k for k in config if before.get("config", {}).get(k) != config[k])
+    listed = f": {', '.join(dropped)}" if dropped else ""
     logging.warning(
       "evaluate: %s held a sweep of another config (changed: %s); its %d file(s) not asked for "
       "now stay on disk and are not reported%s",
-      workdir,
-      ", ".join(changed) or "none",
-      len(dropped),
-      f": {', '.join(dropped)}" if dropped else "",
-    )
+      workdir, ", ".join(changed) or "none", len(dropped), listed,
+    )  # fmt: skip
   if common.is_writer():
     files.write_json(workdir / "manifest.json", manifest)
     files.write_json(
@@ -96,22 +98,27 @@ def record_run(s: plan.Settings, names: list[str], command: str) -> None:
     )
 
 
-def _check_present(s: plan.Settings, asked: list[tuple[str, object]]) -> None:
+def _check_present(settings: plan.Settings, asked: list[tuple[str, object]]) -> None:
   """Before anything is written: a run of the wrong --config leaves the work dir as it was."""
   try:
     runner.check_present(asked)
   except FileNotFoundError as e:
     made_with = (files.read_json(common.workdir() / "manifest.json") or {}).get("config")
-    if made_with is not None and made_with != json.loads(s.config.to_json()):
+    if made_with is not None and made_with != json.loads(settings.config.to_json()):
       raise FileNotFoundError(f"{e}; or give the --config {common.workdir()} was made with") from e
     raise
 
 
-def _write_tables(s, records, table1, chosen) -> list[dict]:
+def _write_tables(settings, records, table1, chosen) -> list[dict]:
   rows = tables.tidy_rows(records)
   dataset = next((r["dataset"] for r in rows if r["dataset"]), "predictions")
-  config = {"n_bins": list(s.n_bins), "n_folds": s.n_folds, "scheme": s.scheme, "seed": s.seeds[0]}
-  text = tables.markdown(rows, config, s.topk, f"Calibrated Top-k bins: {dataset}")
+  config = {
+    "n_bins": list(settings.n_bins),
+    "n_folds": settings.n_folds,
+    "scheme": settings.scheme,
+    "seed": settings.seeds[0],
+  }
+  text = tables.markdown(rows, config, settings.topk, f"Calibrated Top-k bins: {dataset}")
   text += "".join("\n" + t + "\n" for t in (tables.comparison_table(table1),
                                             tables.selective_table(chosen)) if t)  # fmt: skip
   out = common.workdir()
@@ -129,50 +136,53 @@ def _write_tables(s, records, table1, chosen) -> list[dict]:
   return rows
 
 
-def write_figures(s, sources, records, rows, chosen, figure_bins) -> int:
+def write_figures(settings, sources, records, rows, chosen, figure_bins) -> int:
   """The last stage: every figure of the sweep into figures/; returns how many."""
   from top1_jax import plots  # matplotlib: 0.5 s of import that runs without figures skip
 
   out = common.workdir()
   binned = [r for r in records if r["estimator"] == "bins"]
-  written = plots.write_figures(out, sources, binned, s.n_bins, s.topk, figure_bins)
+  written = plots.write_figures(out, sources, binned, settings.n_bins, settings.topk, figure_bins)
   written += plots.write_risk_coverage_figures(out, sources, chosen)
-  return len(written + plots.write_dropout_rate_figures(out, rows, s.topk))
+  return len(written + plots.write_dropout_rate_figures(out, rows, settings.topk))
 
 
-def _comparison(s: plan.Settings, sources: list) -> tuple[dict, list[dict], float]:
+def _comparison(settings: plan.Settings, sources: list) -> tuple[dict, list[dict], float]:
   tic = time.perf_counter()  # Table 1's benchmark rows, the selective rows, their seconds
-  benchmarked, chosen = runner.benchmarks(s, sources), runner.selective_rows(s, sources)
+  benchmarked = runner.benchmarks(settings, sources)
+  chosen = runner.selective_rows(settings, sources)
   return benchmarked, chosen, time.perf_counter() - tic
 
 
-def run(s: plan.Settings, asked: list[tuple[str, object]]) -> dict:
+def run(settings: plan.Settings, asked: list[tuple[str, object]]) -> dict:
   """The sweep of ``asked`` (this task's share of ``asked_files``); without tasks, then the
   tables and figures. Returns the seconds of each stage."""
   timings = {}
   index, count = common.tasks()
-  sources = runner.load_sources(asked, s, timings)
+  sources = runner.load_sources(asked, settings, timings)
   figure_bins = plan.check_examples(
-    s, len(sources[0].labels), max(x.log_probs.shape[-1] for x in sources), "examples"
+    settings, len(sources[0].labels), max(x.log_probs.shape[-1] for x in sources), "examples"
   )
   with concurrent.futures.ThreadPoolExecutor(1) as beside:
     # Table 1 and the selective rows need no sweep record: their XLA passes and compiles
     # (which let go of the GIL) run beside the sweep's host sorts; their seconds overlap.
-    comparison = beside.submit(_comparison, s, sources) if count == 1 else None
+    comparison = beside.submit(_comparison, settings, sources) if count == 1 else None
     tic = time.perf_counter()
-    records = runner.run(s, sources, common.workdir() / "sweep", log=logging.info)
+    records = runner.run(settings, sources, common.workdir() / "sweep", log=logging.info)
     timings["sweep"] = time.perf_counter() - tic
     if comparison is None:
       done = "evaluate: task %d of %d done; when every task is, top1_jax.launch.evaluate with "
       logging.info(done + "this config and no --task_index writes the tables", index, count)
       return timings
     benchmarked, chosen, timings["comparison"] = comparison.result()
-  table1 = runner.table1(s, sources, records, benchmarked)
+  table1 = runner.table1(settings, sources, records, benchmarked)
   tic = time.perf_counter()
-  rows = _write_tables(s, records, table1, chosen)
+  rows = _write_tables(settings, records, table1, chosen)
   timings["write"] = time.perf_counter() - tic
   tic = time.perf_counter()
-  num_figures = write_figures(s, sources, records, rows, chosen, figure_bins) if s.figures else 0
+  num_figures = 0
+  if settings.figures:
+    num_figures = write_figures(settings, sources, records, rows, chosen, figure_bins)
   timings["figures"] = time.perf_counter() - tic
   out = common.workdir()
   logging.info(
@@ -184,19 +194,18 @@ def run(s: plan.Settings, asked: list[tuple[str, object]]) -> dict:
 
 def main(argv):
   del argv
-  s = settings.check()
-  if s.data_dir or s.limit_test:
+  settings = config_flag.check()
+  if settings.data_dir or settings.limit_test:
     logging.warning("evaluate: data_dir and limit_test apply to predict; evaluate reads files")
   start = time.perf_counter()
-  asked = asked_files(s)
-  mine = plan.mine(asked, common.tasks())
-  _check_present(s, mine)
-  record_run(
-    s, [name for name, _ in asked], " ".join(["python -m top1_jax.launch.evaluate", *sys.argv[1:]])
-  )
+  asked = asked_files(settings)
+  ours = plan.task_share(asked, common.tasks())
+  _check_present(settings, ours)
+  command = " ".join(["python -m top1_jax.launch.evaluate", *sys.argv[1:]])
+  record_run(settings, [name for name, _ in asked], command)
   if not common.is_writer():
     return  # evaluation is process 0's alone
-  timings = run(s, mine)
+  timings = run(settings, ours)
   timings["total"] = time.perf_counter() - start
   if common.tasks()[1] == 1:
     files.write_json(common.workdir() / "timings.json", timings)

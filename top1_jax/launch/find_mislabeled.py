@@ -1,12 +1,13 @@
 r"""Shows the wrong predictions in the most confident bins: mislabelled or ambiguous images.
 
-  python -m top1_jax.launch.find_mislabeled --workdir=runs/fmnist --score=neg_log_pmax --top_bins=2
+  python -m top1_jax.launch.find_mislabeled --workdir=runs/default --score=neg_log_pmax --top_bins=2
 
-The paper's supplement (``top1_jax.evaluation.mislabeled.report``). Writes under ``<workdir>/mislabeled/``
-mislabeled.csv (the wrong examples of the --top_bins most confident of --n_bins equal-count
-bins, most confident first), mislabeled.png (the first --max_images, given vs predicted label)
-and mislabeled.json (settings, searched bins). The images are the predictions file's split
-(meta ``dataset``, first ``limit_test``), refused unless their labels equal the file's.
+The paper's supplement (``top1_jax.evaluation.mislabeled.report``). Writes under
+``<workdir>/mislabeled/`` mislabeled.csv (the wrong examples of the --top_bins most
+confident of --n_bins equal-count bins, most confident first), mislabeled.png (the first
+--max_images, given vs predicted label) and mislabeled.json (settings, searched bins). The
+images are the predictions file's split (meta ``dataset``, first ``limit_test``), refused
+unless their labels equal the file's.
 """
 
 import os
@@ -15,6 +16,7 @@ import pathlib
 from absl import flags, logging
 
 from top1_jax.core import scores
+from top1_jax.core.validation import SettingError
 from top1_jax.evaluation import mislabeled
 from top1_jax.io import files, mislabeled_report
 from top1_jax.launch import common
@@ -75,7 +77,7 @@ def main(argv) -> None:
     inputs = mislabeled_report.load_inputs(
       path, score=score, topk=k, n_bins=n_bins, dataset=DATASET.value, data_dir=data_dir
     )
-  except mislabeled_report.SettingError as e:  # the library names the setting: here a flag
+  except SettingError as e:  # the library names the setting: here a flag
     raise common.ExperimentError(f"--{e}") from None
   images, given, predicted = inputs.images, inputs.predictions.labels, inputs.predicted
   logging.info(

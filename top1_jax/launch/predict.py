@@ -1,6 +1,6 @@
 r"""Writes each training point's predictions files: plain model, MC dropout, ensemble.
 
-  python -m top1_jax.launch.predict --config=top1_jax/configs/fashion_mnist.py --workdir=runs/fmnist
+  python -m top1_jax.launch.predict --config=default --workdir=runs/default
 
 Writes ``predictions/<point>/deterministic.npz`` (logits, S = 1),
 ``dropout_<rate>.npz`` (mean probabilities and the scores computed on device, or
@@ -18,32 +18,9 @@ from absl import logging
 from top1_jax.engine import mc, models
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.io import sweep_data
-from top1_jax.launch import common, settings
+from top1_jax.launch import common, config_flag
 from top1_jax.launch import train as train_exp
 from top1_jax.sweep import plan
-from top1_jax.version import __version__
-
-
-def meta(s: plan.Settings, point: plan.TrainingPoint, name: str) -> dict:
-  """What a predictions file records: the tidy results' columns come from here."""
-  kind = name.rsplit("/", 1)[1]
-  method = "deterministic" if kind == "deterministic" else kind.split("_")[0]
-  method = "mc_dropout" if method == "dropout" else method
-  rate = float(kind.split("_", 1)[1]) if method == "mc_dropout" else 0.0
-  return {
-    "dataset": s.dataset,
-    "split": "test",
-    "limit_test": s.limit_test,
-    "model": point.model,
-    "train_dropout_rate": point.train_dropout_rate,
-    "seed": point.seed,
-    "method": method,
-    "dropout_rate": rate,
-    "num_samples": s.num_samples if method == "mc_dropout" else 1,
-    "epochs": s.epochs,
-    "version": __version__,
-    **({"ensemble_size": s.ensemble_size} if method == "ensemble" else {}),
-  }
 
 
 def _is_current(path, expected: dict) -> bool:
@@ -75,36 +52,36 @@ def _progress(label: str, every_seconds: float = 10.0):
   return callback
 
 
-def _predict(s, point, name: str, states, test_split) -> predictions_lib.Predictions:
-  info = meta(s, point, name)
+def _predict(settings, point, name: str, states, test_split) -> predictions_lib.Predictions:
+  info = plan.predictions_meta(settings, point, name)
   x, labels = test_split.images, test_split.labels
   state = states(info["method"])
   apply_fn = models.make_apply_fn(state.model)
   if info["method"] != "mc_dropout":
     result = mc.predict(
       apply_fn, state.variables, x, ensemble=info["method"] == "ensemble", keep_samples=True,
-      chunk_size=s.chunk_size, strategy=s.ensemble_strategy,
+      chunk_size=settings.chunk_size, strategy=settings.ensemble_strategy,
     )  # fmt: skip
     return predictions_lib.Predictions(labels=labels, logits=result.logits, meta=info)
-  index = s.dropout_rates.index(info["dropout_rate"])
+  index = settings.dropout_rates.index(info["dropout_rate"])
   key = jax.random.fold_in(jax.random.fold_in(jax.random.key(point.seed), 100), index)
   result = mc.predict(
-    apply_fn, state.variables, x, key=key, num_samples=s.num_samples, rate=info["dropout_rate"],
-    chunk_size=s.chunk_size, keep_samples=s.keep_samples,
-    progress=_progress(f"{name} x{s.num_samples}"),
+    apply_fn, state.variables, x, key=key, num_samples=settings.num_samples,
+    rate=info["dropout_rate"], chunk_size=settings.chunk_size, keep_samples=settings.keep_samples,
+    progress=_progress(f"{name} x{settings.num_samples}"),
   )  # fmt: skip
   # Scores computed on device in log space keep the precision that a float32 mean
   # probability loses when it saturates at 1.
   return predictions_lib.Predictions(
     labels=labels,
-    logits=result.logits if s.keep_samples else None,
+    logits=result.logits if settings.keep_samples else None,
     mean_probs=result.mean_probs,
     scores=result.scores,
     meta=info,
   )
 
 
-def run(s: plan.Settings, points, test_split) -> None:
+def run(settings: plan.Settings, points, test_split) -> None:
   """Writes every predictions file of ``points`` that is missing or stale."""
   for point in points:
     restored = {}
@@ -113,17 +90,17 @@ def run(s: plan.Settings, points, test_split) -> None:
       stage = "ensemble" if method == "ensemble" else "base"
       if stage not in restored:
         restored[stage] = train_exp.restore(
-          s, point, stage, test_split.num_classes, test_split.images[:1]
+          settings, point, stage, test_split.num_classes, test_split.images[:1]
         )
       return restored[stage]
 
-    for name in plan.predictions_names(s, point):
+    for name in plan.predictions_names(settings, point):
       path = common.workdir() / "predictions" / f"{name}.npz"
-      if _is_current(path, meta(s, point, name)):
+      if _is_current(path, plan.predictions_meta(settings, point, name)):
         logging.info("predict: %s done already, skipping", name)
         continue
       start = time.perf_counter()
-      predictions = _predict(s, point, name, states, test_split)
+      predictions = _predict(settings, point, name, states, test_split)
       if common.is_writer():
         predictions_lib.save_predictions(path, predictions)
         logging.info("predict: wrote %s (%.1f s)", path, time.perf_counter() - start)
@@ -131,10 +108,10 @@ def run(s: plan.Settings, points, test_split) -> None:
 
 def main(argv):
   del argv
-  s = settings.check()
-  sweep_data.check(s, ("test",))
-  test_split = sweep_data.load(s, "test")
-  run(s, plan.mine(plan.training_points(s), common.tasks()), test_split)
+  settings = config_flag.check()
+  sweep_data.check(settings, ("test",))
+  test_split = sweep_data.load(settings, "test")
+  run(settings, plan.task_share(plan.training_points(settings), common.tasks()), test_split)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 r"""The main job: train, sample, sweep, and write the paper-style tables and figures.
 
-  python -m top1_jax.launch.reproduce                                  # top1_jax/configs/fashion_mnist.py
-  python -m top1_jax.launch.reproduce --config=top1_jax/configs/quick.py        # under a minute
-  python -m top1_jax.launch.reproduce --config=top1_jax/configs/cifar10.py --workdir=gs://bucket/c10
-  python -m top1_jax.launch.reproduce --config=top1_jax/configs/quick.py '--config.seeds=(0,1,2)' \
+  python -m top1_jax.launch.reproduce                   # the default config, into runs/default
+  python -m top1_jax.launch.reproduce --config=quick    # under a minute, into runs/quick
+  python -m top1_jax.launch.reproduce --config=cifar10 --workdir=gs://bucket/c10
+  python -m top1_jax.launch.reproduce --config=my_config.py  # a config of your own, by path
+  python -m top1_jax.launch.reproduce --config=quick '--config.seeds=(0,1,2)' \
       --task_index=$SLURM_ARRAY_TASK_ID --num_tasks=3 --workdir=runs/seeds
 
 Stages, each skipped when its outputs exist (so a killed run resumes):
@@ -21,63 +22,66 @@ import time
 
 from absl import logging
 
+from top1_jax.core.validation import SettingError
 from top1_jax.io import files, sweep_data
-from top1_jax.launch import common, evaluate, predict, settings, train
-from top1_jax.sweep import plan, runner
+from top1_jax.launch import common, config_flag, evaluate, predict, train
+from top1_jax.sweep import plan
 
 
-def check(s: plan.Settings) -> None:
+def check(settings: plan.Settings) -> None:
   """The settings against the data's headers (no data read): before anything is written."""
-  if s.inputs or s.logits or s.probs:
-    raise runner.SettingError(
-      "predictions: reproduce evaluates the predictions it writes; for other files run "
+  if settings.inputs:
+    raise SettingError(
+      "inputs: reproduce evaluates the predictions it writes; for other files run "
       "top1_jax.launch.evaluate"
     )
-  test = sweep_data.check(s)["test"]
+  test = sweep_data.check(settings)["test"]
   if test.num_examples is not None:
-    _check_test_split(s, test.num_examples, test.num_classes)
+    _check_test_split(settings, test.num_examples, test.num_classes)
 
 
-def _check_test_split(s: plan.Settings, num_examples: int, num_classes: int) -> None:
-  limited = s.limit_test == num_examples
-  what = f"test examples (limit_test={s.limit_test})" if limited else "test examples"
-  plan.check_examples(s, num_examples, num_classes, what)
+def _check_test_split(settings: plan.Settings, num_examples: int, num_classes: int) -> None:
+  limited = settings.limit_test == num_examples
+  what = f"test examples (limit_test={settings.limit_test})" if limited else "test examples"
+  plan.check_examples(settings, num_examples, num_classes, what)
 
 
 def main(argv):
   del argv
-  s = settings.check()
-  check(s)
+  settings = config_flag.check()
+  check(settings)
   timings = {}
   start = tic = time.perf_counter()
   # The data is loaded and checked before anything is written: a refused run leaves
   # the work dir as it was.
-  train_split, test_split = sweep_data.load_both(s)
-  _check_test_split(s, len(test_split.labels), test_split.num_classes)
+  train_split, test_split = sweep_data.load_both(settings)
+  _check_test_split(settings, len(test_split.labels), test_split.num_classes)
   timings["data"] = time.perf_counter() - tic
   workdir = common.workdir()
-  asked = evaluate.asked_files(s)
-  evaluate.record_run(
-    s, [name for name, _ in asked], " ".join(["python -m top1_jax.launch.reproduce", *sys.argv[1:]])
-  )
-  points = plan.mine(plan.training_points(s), common.tasks())
+  asked = evaluate.asked_files(settings)
+  command = " ".join(["python -m top1_jax.launch.reproduce", *sys.argv[1:]])
+  evaluate.record_run(settings, [name for name, _ in asked], command)
+  points = plan.task_share(plan.training_points(settings), common.tasks())
   logging.info(
     "reproduce: %s, %d of %d training point(s) in %s; data %s: %s train / %s test %s from %s",
-    settings.config_name(), len(points), len(plan.training_points(s)), workdir, s.dataset,
+    config_flag.config_name(), len(points), len(plan.training_points(settings)), workdir,
+    settings.dataset,
     f"{len(train_split.labels):,}", f"{len(test_split.labels):,}",
     train_split.images.shape[1:], train_split.source,
   )  # fmt: skip
   tic = time.perf_counter()
-  train.run(s, points, train_split, test_split)
+  train.run(settings, points, train_split, test_split)
   timings["train"] = time.perf_counter() - tic
   tic = time.perf_counter()
-  predict.run(s, points, test_split)
+  predict.run(settings, points, test_split)
   timings["predict"] = time.perf_counter() - tic
   if not common.is_writer():
     return  # evaluation is process 0's alone (no collectives): the others are done
   tic = time.perf_counter()
-  mine = {f"{p.name}/" for p in points}
-  timings["evaluate"] = evaluate.run(s, [a for a in asked if a[0].split("/")[0] + "/" in mine])
+  ours = {f"{p.name}/" for p in points}
+  timings["evaluate"] = evaluate.run(
+    settings, [a for a in asked if a[0].split("/")[0] + "/" in ours]
+  )
   timings["evaluate"]["total"] = time.perf_counter() - tic
   timings["total"] = time.perf_counter() - start
   if common.tasks()[1] == 1:
@@ -90,7 +94,7 @@ def main(argv):
 
 def default_workdir() -> str:
   """runs/<config name>, e.g. runs/quick, when --workdir is not given."""
-  return f"runs/{settings.config_name()}"
+  return f"runs/{config_flag.config_name()}"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 r"""Trains each (model, train dropout rate, seed) of the config: a base network and a deep ensemble.
 
-  python -m top1_jax.launch.train --config=top1_jax/configs/fashion_mnist.py --workdir=runs/fmnist
+  python -m top1_jax.launch.train --config=default --workdir=runs/default
 
 Training is data-parallel over all processes' devices. The ensemble's members
 are trained together (one vmapped step) on GPU/TPU and one after the other on
@@ -18,36 +18,21 @@ from absl import logging
 
 from top1_jax.engine import models, parallel, train
 from top1_jax.io import checkpoints, files, sweep_data
-from top1_jax.launch import common, settings
+from top1_jax.launch import common, config_flag
 from top1_jax.sweep import plan
 
 STAGES = ("base", "ensemble")
 
 
-def _stage_config(s: plan.Settings, point: plan.TrainingPoint, stage: str) -> dict:
-  """The settings a trained stage depends on: a finished stage with others is refused."""
-  config = {
-    "dataset": s.dataset,
-    "limit_train": s.limit_train,
-    "model": point.model,
-    "train_dropout_rate": point.train_dropout_rate,
-    "epochs": s.epochs,
-    "batch_size": s.batch_size,
-    "learning_rate": s.learning_rate,
-    "seed": point.seed,
-  }
-  return {**config, "ensemble_size": s.ensemble_size} if stage == "ensemble" else config
-
-
-def _template(s, point, stage: str, num_classes: int, sample: np.ndarray) -> train.TrainState:
+def _template(settings, point, stage: str, num_classes: int, sample) -> train.TrainState:
   """A fresh state of the right structure: the initial state, and the restore template."""
   key = jax.random.fold_in(jax.random.key(point.seed), STAGES.index(stage))
   model = models.MODELS[point.model](num_classes=num_classes)
-  tx, rate = optax.adam(s.learning_rate), point.train_dropout_rate
+  tx, rate = optax.adam(settings.learning_rate), point.train_dropout_rate
   if stage == "base":
     return train.create_train_state(model, tx, key, sample, dropout_rate=rate)
   return train.init_ensemble(
-    model, tx, key, sample, ensemble_size=s.ensemble_size, dropout_rate=rate
+    model, tx, key, sample, ensemble_size=settings.ensemble_size, dropout_rate=rate
   )
 
 
@@ -55,11 +40,11 @@ def _folder(point: plan.TrainingPoint):
   return common.workdir() / "train" / point.name
 
 
-def is_done(s, point, stage: str) -> bool:
+def is_done(settings, point, stage: str) -> bool:
   done = files.read_json(_folder(point) / f"{stage}.json")
   if done is None:
     return False
-  if done.get("config") != _stage_config(s, point, stage):
+  if done.get("config") != plan.training_config(settings, point, stage):
     raise common.ExperimentError(
       f"--workdir: {_folder(point) / stage} was trained with other settings "
       f"({done.get('config')}); use a new --workdir or the same config"
@@ -79,92 +64,91 @@ def _progress(label: str, epoch: int, epochs: int):
   return callback
 
 
-def _fit_epoch(s, stage, state, images, labels, key, callback):
-  kwargs = dict(num_steps=images.shape[0] // s.batch_size, batch_size=s.batch_size)
+def _fit_epoch(settings, stage, state, images, labels, key, callback):
+  kwargs = dict(num_steps=images.shape[0] // settings.batch_size, batch_size=settings.batch_size)
   kwargs["log_every"] = kwargs["num_steps"]
   if stage == "base":
     return train.fit(state, images, labels, key, callback=callback, **kwargs)
-  strategy = s.ensemble_strategy
+  strategy = settings.ensemble_strategy
   return train.fit_ensemble(
     state, images, labels, key, strategy=strategy, callback=callback, **kwargs
   )
 
 
-def run_stage(s, point, stage: str, train_split, test_split) -> None:
+def run_stage(settings, point, stage: str, train_split, test_split) -> None:
   """Trains (or resumes) one stage of a training point and evaluates it on the test split."""
   label = f"train/{point.name}/{stage}"
-  if stage == "ensemble" and s.ensemble_size < 1:
+  if stage == "ensemble" and settings.ensemble_size < 1:
     return
-  if is_done(s, point, stage):
+  if is_done(settings, point, stage):
     logging.info("%s: done already, skipping", label)
     return
   images, labels = train_split.images, train_split.labels
-  state = _template(s, point, stage, train_split.num_classes, images[:1])
+  state = _template(settings, point, stage, train_split.num_classes, images[:1])
   # Epoch checkpoints may only be resumed by a run with the same settings.
   started = _folder(point) / stage / "config.json"
   saved = files.read_json(started)
-  if saved is not None and saved != _stage_config(s, point, stage):
+  if saved is not None and saved != plan.training_config(settings, point, stage):
     raise common.ExperimentError(
       f"--workdir: {started.parent} holds an unfinished run with other settings ({saved}); "
       "use a new --workdir or the same config"
     )
   if common.is_writer():
-    files.write_json(started, _stage_config(s, point, stage))
+    files.write_json(started, plan.training_config(settings, point, stage))
   key = jax.random.fold_in(jax.random.key(point.seed), 10 + STAGES.index(stage))
   start = time.perf_counter()
   with checkpoints.RunCheckpoints(_folder(point) / stage / "checkpoints") as manager:
     first, state = manager.latest(state)
     if first:
       logging.info("%s: resuming after epoch %d", label, first)
-    logging.info("%s: %s on %s images, %d epochs", label, point.model, f"{len(labels):,}", s.epochs)
-    for epoch in range(first + 1, s.epochs + 1):
-      callback = _progress(label, epoch, s.epochs)
-      state = _fit_epoch(s, stage, state, images, labels, key, callback)
+    logging.info(
+      "%s: %s on %s images, %d epochs", label, point.model, f"{len(labels):,}", settings.num_epochs
+    )
+    for epoch in range(first + 1, settings.num_epochs + 1):
+      callback = _progress(label, epoch, settings.num_epochs)
+      state = _fit_epoch(settings, stage, state, images, labels, key, callback)
       manager.save(epoch, state)
   seconds = time.perf_counter() - start
   if stage == "base":
     metrics = train.evaluate(state, test_split.images, test_split.labels)
   else:
     metrics = train.evaluate_ensemble(
-      state, test_split.images, test_split.labels, strategy=s.ensemble_strategy
+      state, test_split.images, test_split.labels, strategy=settings.ensemble_strategy
     )
-  logging.info(
-    "%s: test accuracy %.4f, NLL %.4f (%.0f s)",
-    label,
-    metrics["accuracy"],
-    metrics["loss"],
-    seconds,
-  )
-  result = {"config": _stage_config(s, point, stage), "test": metrics, "train_seconds": seconds}
+  accuracy, loss = metrics["accuracy"], metrics["loss"]
+  logging.info("%s: test accuracy %.4f, NLL %.4f (%.0f s)", label, accuracy, loss, seconds)
+  config = plan.training_config(settings, point, stage)
+  result = {"config": config, "test": metrics, "train_seconds": seconds}
   if common.is_writer():
     files.write_json(_folder(point) / f"{stage}.json", result)
   parallel.barrier(label)  # the others read that marker next (is_done): wait for it
 
 
-def restore(s, point, stage: str, num_classes: int, sample: np.ndarray) -> train.TrainState:
+def restore(settings, point, stage: str, num_classes: int, sample: np.ndarray) -> train.TrainState:
   """The trained state of a finished stage."""
-  if not is_done(s, point, stage):
+  if not is_done(settings, point, stage):
     raise common.ExperimentError(
       f"--workdir: no finished {stage} training of {point.name} in {common.workdir()}; run "
       "top1_jax.launch.train first"
     )
-  state = _template(s, point, stage, num_classes, sample)
+  state = _template(settings, point, stage, num_classes, sample)
   with checkpoints.RunCheckpoints(_folder(point) / stage / "checkpoints") as manager:
     return manager.latest(state)[1]
 
 
-def run(s: plan.Settings, points, train_split, test_split) -> None:
+def run(settings: plan.Settings, points, train_split, test_split) -> None:
   for point in points:
     for stage in STAGES:
-      run_stage(s, point, stage, train_split, test_split)
+      run_stage(settings, point, stage, train_split, test_split)
 
 
 def main(argv):
   del argv
-  s = settings.check()
-  sweep_data.check(s)
-  train_split, test_split = sweep_data.load_both(s)
-  run(s, plan.mine(plan.training_points(s), common.tasks()), train_split, test_split)
+  settings = config_flag.check()
+  sweep_data.check(settings)
+  train_split, test_split = sweep_data.load_both(settings)
+  points = plan.task_share(plan.training_points(settings), common.tasks())
+  run(settings, points, train_split, test_split)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """What a sweep asks for: its checked settings, training points, files, and a task's share.
 
-A config (``configs/*.py``) holds every setting; its lists sweep: ``models``,
+A config (``top1_jax/configs/default.py`` names every field) holds every setting;
+its lists sweep: ``models``,
 ``train_dropout_rates`` and ``seeds`` train one network (and ensemble) each, a
 *training point*; ``dropout_rates``, ``scores``, ``topk``, ``n_bins`` and
 ``estimators`` multiply the evaluation. ``check`` turns a config into
 ``Settings`` (or a ``SettingError`` naming the field), ``check_examples`` checks
 it against the test examples once they are known, and ``training_points`` /
-``predictions_names`` say what the sweep will write.
+``predictions_names`` say what the sweep will write; ``task_share`` is the part of
+a sweep's units one task of a job array runs.
 """
 
 import dataclasses
@@ -16,9 +18,13 @@ from typing import Any
 from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
 from top1_jax.engine import models
+from top1_jax.estimators import registry
 from top1_jax.evaluation import crossval
+from top1_jax.version import __version__
 
 MAX_FOLDS = 127  # crossval.make_splits stores a split's fold in an int8
+INPUT_KINDS = ("predictions", "logits", "probs")
+"""What ``config.inputs`` holds: predictions files, or one .npy array of logits or probs."""
 
 
 def _fail(field: str, message: str):
@@ -39,8 +45,8 @@ def _items(value) -> tuple:
   return tuple(out)
 
 
-def _numbers(c, field: str, kind, low=None, high=None, allow_empty=False) -> tuple:
-  values = _items(c[field])
+def _numbers(config, field: str, kind, low=None, high=None, allow_empty=False) -> tuple:
+  values = _items(config[field])
   try:
     parsed = tuple(kind(v) for v in values)
   except (TypeError, ValueError):
@@ -56,8 +62,8 @@ def _numbers(c, field: str, kind, low=None, high=None, allow_empty=False) -> tup
   return tuple(dict.fromkeys(parsed))
 
 
-def _at_least(c, field: str, low, kind=int):
-  value = c[field]
+def _at_least(config, field: str, low, kind=int):
+  value = config[field]
   if value is None:
     return None
   if not isinstance(value, (int, float)) or value < low:
@@ -80,7 +86,7 @@ class Settings:
   estimators: tuple[str, ...]
   compare_bins: int
   selective_targets: tuple[float, ...]
-  inputs: tuple[str, ...]  # predictions files given instead of training, or ()
+  inputs: tuple[str, ...]  # given instead of training (``input_kind`` says what), or ()
 
   def __getattr__(self, name):  # every other field as given
     if name.startswith("_") or name == "config":
@@ -88,100 +94,96 @@ class Settings:
     return self.config[name]
 
 
-def _check_training(c) -> None:
-  for field in ("epochs", "batch_size"):
-    _at_least(c, field, 1)
-  _at_least(c, "ensemble_size", 0)
+def _check_training(config) -> None:
+  for field in ("num_epochs", "batch_size"):
+    _at_least(config, field, 1)
+  _at_least(config, "ensemble_size", 0)
   for field in ("limit_train", "limit_test", "chunk_size"):
-    _at_least(c, field, 1)
-  if not c.learning_rate > 0:
-    _fail("learning_rate", f"expected > 0, got {c.learning_rate}")
-  if c.ensemble_strategy not in ("auto", "vmap", "loop"):
-    _fail("ensemble_strategy", f"expected auto, vmap or loop, got {c.ensemble_strategy!r}")
+    _at_least(config, field, 1)
+  if not config.learning_rate > 0:
+    _fail("learning_rate", f"expected > 0, got {config.learning_rate}")
+  if config.ensemble_strategy not in ("auto", "vmap", "loop"):
+    _fail("ensemble_strategy", f"expected auto, vmap or loop, got {config.ensemble_strategy!r}")
 
 
-def _check_evaluation(c, n_bins) -> None:
-  if not 2 <= c.n_folds <= MAX_FOLDS:
-    _fail("n_folds", f"expected 2 to {MAX_FOLDS} splits, got {c.n_folds}")
-  if c.scheme not in crossval.SCHEMES:
-    _fail("scheme", f"expected one of {', '.join(crossval.SCHEMES)}, got {c.scheme!r}")
+def _check_evaluation(config, n_bins) -> None:
+  if not 2 <= config.n_folds <= MAX_FOLDS:
+    _fail("n_folds", f"expected 2 to {MAX_FOLDS} splits, got {config.n_folds}")
+  if config.scheme not in crossval.SCHEMES:
+    _fail("scheme", f"expected one of {', '.join(crossval.SCHEMES)}, got {config.scheme!r}")
   for field in ("figure_bins", "ece_bins"):
-    _at_least(c, field, 1)
-  if c.compare_bins is not None and c.compare_bins not in n_bins:
+    _at_least(config, field, 1)
+  if config.compare_bins is not None and config.compare_bins not in n_bins:
     _fail(
       "compare_bins",
-      f"{c.compare_bins} is not one of n_bins={n_bins}; the comparison reuses the sweep's bins",
+      f"{config.compare_bins} is not one of n_bins={n_bins}; the comparison reuses the "
+      "sweep's bins",
     )
-  if not isinstance(c.figures, bool):
-    _fail("figures", f"expected True or False, got {c.figures!r}")
-  if not 0.0 < c.selective_delta < 0.5:
-    _fail("selective_delta", f"expected a probability in (0, 0.5), got {c.selective_delta}")
+  if not isinstance(config.figures, bool):
+    _fail("figures", f"expected True or False, got {config.figures!r}")
+  if not 0.0 < config.selective_delta < 0.5:
+    _fail("selective_delta", f"expected a probability in (0, 0.5), got {config.selective_delta}")
 
 
-def _check_scores(c, has_samples: bool) -> tuple[str, ...]:
-  names = _items(c.scores)
+def _check_scores(config, has_samples: bool) -> tuple[str, ...]:
+  names = _items(config.scores)
   if not names or ("all" in names and names != ("all",)):
     _fail("scores", f"expected ('all',) or score names, got {names}")
   if names == ("all",):
     return names
-  unknown = [n for n in names if scores.lookup(n) is None and not _stored_score(c, n)]
+  given = bool(_items(config.inputs))  # a user's files may store scores of their own
+  unknown = [n for n in names if scores.lookup(n) is None and not given]
   if unknown:
     _fail("scores", f"unknown score(s) {', '.join(unknown)}; known: {', '.join(scores.REGISTRY)}")
   for name in names:
     known = scores.lookup(name)
-    if known is not None and not _inputs(c) and known.inputs == "human_probs":
+    if known is not None and not given and known.inputs == "human_probs":
       _fail("scores", f"{name} needs human label frequencies, which trained models do not have")
-    if known is not None and not _inputs(c) and known.inputs == "samples" and not has_samples:
+    if known is not None and not given and known.inputs == "samples" and not has_samples:
       _fail(
         "scores",
         f"{name} needs MC-dropout samples or an ensemble of 2 or more, but dropout_rates is "
-        f"empty and ensemble_size={c.ensemble_size}",
+        f"empty and ensemble_size={config.ensemble_size}",
       )
   return names
 
 
-def _stored_score(c, name: str) -> bool:
-  # A score stored in a user's predictions file: known only once the file is read.
-  return bool(_inputs(c))
-
-
-def _inputs(c) -> tuple[str, ...]:
-  return tuple(p for p in (_items(c.predictions) + _items(c.logits) + _items(c.probs)) if p)
-
-
-def check(c: Any) -> Settings:
-  """Every setting of a config (``configs/*.py``) that can be checked without data.
+def check(config: Any) -> Settings:
+  """Every setting of a config that can be checked without data.
 
   Args:
-    c: a config: an ``ml_collections.ConfigDict`` or anything with the same fields
-      (item access).
+    config: a config (``top1_jax/configs/default.py``): an ``ml_collections.ConfigDict``
+      or anything with the same fields (item access).
 
   Raises:
     SettingError: one line starting with the field's name.
   """
-  _check_training(c)
-  if c.models == () or any(m not in models.MODELS for m in _items(c.models)):
-    _fail("models", f"expected names among {', '.join(sorted(models.MODELS))}, got {c.models}")
-  seeds = _numbers(c, "seeds", int, low=0)
-  train_rates = _numbers(c, "train_dropout_rates", float, 0.0, 1.0)
-  rates = _numbers(c, "dropout_rates", float, 0.0, 1.0, allow_empty=True)
-  if rates and c.num_samples < 2:
-    _fail("num_samples", f"need >= 2 for MC dropout, got {c.num_samples}")
-  n_bins = _numbers(c, "n_bins", int, low=1)
-  topk = _numbers(c, "topk", int, low=1)
-  estimators = _items(c.estimators)
-  if not estimators or any(e not in crossval.ESTIMATORS for e in estimators):
-    _fail("estimators", f"expected names among {', '.join(crossval.ESTIMATORS)}, got {estimators}")
-  _check_evaluation(c, n_bins)
-  targets = _numbers(c, "selective_targets", float, 0.0, 1.0)
+  _check_training(config)
+  if config.models == () or any(m not in models.MODELS for m in _items(config.models)):
+    _fail("models", f"expected names among {', '.join(sorted(models.MODELS))}, got {config.models}")
+  seeds = _numbers(config, "seeds", int, low=0)
+  train_rates = _numbers(config, "train_dropout_rates", float, 0.0, 1.0)
+  rates = _numbers(config, "dropout_rates", float, 0.0, 1.0, allow_empty=True)
+  if rates and config.num_samples < 2:
+    _fail("num_samples", f"need >= 2 for MC dropout, got {config.num_samples}")
+  n_bins = _numbers(config, "n_bins", int, low=1)
+  topk = _numbers(config, "topk", int, low=1)
+  estimators = _items(config.estimators)
+  known = registry.names(scores_only=True)  # a sweep cross-validates a score alone
+  if not estimators or any(e not in known for e in estimators):
+    _fail("estimators", f"expected names among {', '.join(known)}, got {estimators}")
+  _check_evaluation(config, n_bins)
+  targets = _numbers(config, "selective_targets", float, 0.0, 1.0)
   if min(targets) <= 0:
     _fail("selective_targets", f"expected accuracies in (0, 1), got {targets}")
-  names = _check_scores(c, bool(rates) or c.ensemble_size >= 2)
-  inputs = _check_inputs(c)
-  compare = c.compare_bins if c.compare_bins is not None else (20 if 20 in n_bins else n_bins[0])
+  names = _check_scores(config, bool(rates) or config.ensemble_size >= 2)
+  inputs = _check_inputs(config)
+  compare = config.compare_bins
+  if compare is None:  # Table 1's bins: 20 when swept, else the sweep's first
+    compare = 20 if 20 in n_bins else n_bins[0]
   return Settings(
-    c,
-    tuple(dict.fromkeys(_items(c.models))),
+    config,
+    tuple(dict.fromkeys(_items(config.models))),
     train_rates,
     seeds,
     rates,
@@ -195,45 +197,54 @@ def check(c: Any) -> Settings:
   )
 
 
-def _check_inputs(c) -> tuple[str, ...]:
-  arrays = [f for f in ("logits", "probs") if c[f]]
-  if len(arrays) == 2:
-    _fail("logits", "give logits or probs, not both")
-  if arrays and c.predictions:
-    _fail("predictions", "give either predictions files or logits/probs with labels")
-  if arrays and not c.labels:
-    _fail("labels", f"required with {arrays[0]} (a .npy of [N] integer labels)")
-  if c.labels and not arrays:
-    _fail("labels", "goes with logits or probs")
-  return _items(c.predictions)
+def _check_inputs(config) -> tuple[str, ...]:
+  """``inputs``, ``input_kind`` and ``labels`` together (``configs/default.py``)."""
+  inputs, kind = _items(config.inputs), config.input_kind
+  if kind not in INPUT_KINDS:
+    _fail("input_kind", f"expected one of {', '.join(INPUT_KINDS)}, got {kind!r}")
+  if kind == "predictions":
+    if config.labels:
+      _fail("labels", "goes with input_kind=logits or probs (a predictions file holds its labels)")
+    arrays = [path for path in inputs if path.endswith(".npy")]
+    if arrays:
+      _fail("input_kind", f"{arrays[0]} is an array: give input_kind=logits or probs, and labels")
+    return inputs
+  if not inputs:
+    _fail("inputs", f"required with input_kind={kind} (a .npy of [N, K] or [S, N, K] {kind})")
+  if len(inputs) > 1:
+    _fail("inputs", f"input_kind={kind} reads one .npy array, got {len(inputs)}: {inputs}")
+  if not config.labels:
+    _fail("labels", f"required with input_kind={kind} (a .npy of [N] integer labels)")
+  return inputs
 
 
-def smallest_calibration(s: Settings, num_examples: int) -> int:
+def smallest_calibration(settings: Settings, num_examples: int) -> int:
   """The fewest calibration examples of any split of ``num_examples`` (crossval.make_splits)."""
-  folds = 2 if s.scheme == "halves" else s.n_folds
+  folds = 2 if settings.scheme == "halves" else settings.n_folds
   return num_examples - -(-num_examples // folds)
 
 
-def check_examples(s: Settings, num_examples: int, num_classes: int, what: str) -> int:
+def check_examples(settings: Settings, num_examples: int, num_classes: int, what: str) -> int:
   """The bins, splits and events against N examples of K classes; returns the figures' bins.
 
   ``what`` says where N comes from (e.g. ``test examples (limit_test=30)``).
   """
-  if s.n_folds > num_examples:
+  if settings.n_folds > num_examples:
     _fail(
       "n_folds",
-      f"{s.n_folds} splits need at least that many examples; there are {num_examples} {what}",
+      f"{settings.n_folds} splits need at least that many examples; there are "
+      f"{num_examples} {what}",
     )
-  smallest = smallest_calibration(s, num_examples)
-  if max(s.n_bins) > smallest:
+  smallest = smallest_calibration(settings, num_examples)
+  if max(settings.n_bins) > smallest:
     _fail(
       "n_bins",
-      f"{max(s.n_bins)} bins need at least that many calibration examples; a split has "
+      f"{max(settings.n_bins)} bins need at least that many calibration examples; a split has "
       f"{smallest} of the {num_examples} {what}",
     )
-  if max(s.topk) > num_classes:
-    _fail("topk", f"{max(s.topk)} exceeds the {num_classes} classes of {s.dataset}")
-  return min(s.figure_bins, smallest)
+  if max(settings.topk) > num_classes:
+    _fail("topk", f"{max(settings.topk)} exceeds the {num_classes} classes of {settings.dataset}")
+  return min(settings.figure_bins, smallest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,22 +260,74 @@ class TrainingPoint:
     return f"{self.model}_tdr{self.train_dropout_rate:g}_seed{self.seed}"
 
 
-def training_points(s: Settings) -> list[TrainingPoint]:
+def training_points(settings: Settings) -> list[TrainingPoint]:
+  """Every (model, train dropout rate, seed) of the sweep, in the order tasks share them."""
   return [
-    TrainingPoint(m, r, seed) for m in s.models for r in s.train_dropout_rates for seed in s.seeds
+    TrainingPoint(m, r, seed)
+    for m in settings.models
+    for r in settings.train_dropout_rates
+    for seed in settings.seeds
   ]
 
 
-def predictions_names(s: Settings, point: TrainingPoint) -> list[str]:
+def predictions_names(settings: Settings, point: TrainingPoint) -> list[str]:
   """The files predict writes for a training point, relative to predictions/, no suffix."""
   names = [f"{point.name}/deterministic"]
-  names += [f"{point.name}/dropout_{rate:g}" for rate in s.dropout_rates]
-  if s.ensemble_size >= 1:
+  names += [f"{point.name}/dropout_{rate:g}" for rate in settings.dropout_rates]
+  if settings.ensemble_size >= 1:
     names.append(f"{point.name}/ensemble")
   return names
 
 
-def mine(items: list, task: tuple[int, int]) -> list:
-  """This task's share of a sweep's units: every num_tasks-th, from task_index."""
+def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dict:
+  """What a trained stage (``base`` or ``ensemble``) depends on: ``train`` records it and
+  refuses to resume or reuse a stage trained with other settings."""
+  config = {
+    "dataset": settings.dataset,
+    "limit_train": settings.limit_train,
+    "model": point.model,
+    "train_dropout_rate": point.train_dropout_rate,
+    "epochs": settings.num_epochs,  # the key from before num_epochs: older runs resume
+    "batch_size": settings.batch_size,
+    "learning_rate": settings.learning_rate,
+    "seed": point.seed,
+  }
+  return {**config, "ensemble_size": settings.ensemble_size} if stage == "ensemble" else config
+
+
+def predictions_meta(settings: Settings, point: TrainingPoint, name: str) -> dict:
+  """What a predictions file of ``predictions_names`` records (its ``meta``): the tidy
+  results' columns come from here, and ``predict`` rewrites a file whose meta differs."""
+  kind = name.rsplit("/", 1)[1]
+  method = "deterministic" if kind == "deterministic" else kind.split("_")[0]
+  method = "mc_dropout" if method == "dropout" else method
+  rate = float(kind.split("_", 1)[1]) if method == "mc_dropout" else 0.0
+  return {
+    "dataset": settings.dataset,
+    "split": "test",
+    "limit_test": settings.limit_test,
+    "model": point.model,
+    "train_dropout_rate": point.train_dropout_rate,
+    "seed": point.seed,
+    "method": method,
+    "dropout_rate": rate,
+    "num_samples": settings.num_samples if method == "mc_dropout" else 1,
+    "epochs": settings.num_epochs,  # the key from before num_epochs: older files stay current
+    "version": __version__,
+    **({"ensemble_size": settings.ensemble_size} if method == "ensemble" else {}),
+  }
+
+
+def task_share(items: list, task: tuple[int, int]) -> list:
+  """This task's share of a sweep's units (training points or files) in a job array.
+
+  Args:
+    items: all of the sweep's units, in the same order in every task.
+    task: (task index, number of tasks), e.g. ``(SLURM_ARRAY_TASK_ID, 3)``.
+
+  Returns:
+    every ``number of tasks``-th unit, from the task's index: the tasks split
+    ``items`` without overlap, and none is left out.
+  """
   index, count = task
   return items[index::count]

@@ -13,11 +13,12 @@ may run beside ``run``, then ``table1(settings, sources, records, benchmarked)``
 ``settings`` is anything with the attributes ``n_bins``, ``topk``, ``n_folds``,
 ``scheme``, ``seeds`` (the first draws the splits of files that name no seed),
 ``scores`` (``("all",)`` or names), ``estimators``, ``compare_bins``,
-``ece_bins``, ``selective_targets`` and ``selective_delta`` (the launchers'
-``top1_jax.launch.settings.Settings``). Every point's record is saved in ``folder``
+``ece_bins``, ``selective_targets`` and ``selective_delta`` (the launchers pass
+``top1_jax.sweep.plan.Settings``). Every point's record is saved in ``folder``
 (``<file>__<score>__top<k>[__<estimator>].json``) with its settings and the
 file's hash, and reused when both match. A setting that does not fit the files
-raises ``SettingError``, whose message starts with the setting's name.
+raises ``top1_jax.core.validation.SettingError``, whose message starts with the
+setting's name.
 """
 
 import concurrent.futures
@@ -27,13 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from top1_jax.core import scores, validation
+from top1_jax.core import scores
+from top1_jax.core.validation import SettingError
 from top1_jax.engine import streaming
 from top1_jax.evaluation import crossval, selective
 from top1_jax.io import files, stream
 from top1_jax.sweep import comparison, tables
-
-SettingError = validation.SettingError  # the one class; re-exported where it is raised
 
 
 class Source:
@@ -44,7 +44,7 @@ class Source:
   and one chunk, never the file's [S, N, K] samples.
   """
 
-  def __init__(self, name: str, path, s: Any, timings: dict, chunk_size: int | None = None):
+  def __init__(self, name: str, path, settings: Any, timings: dict, chunk_size: int | None = None):
     tic = time.perf_counter()
     self.name, self.slug, self.path = name, name.replace("/", "__"), path
     with (
@@ -55,14 +55,15 @@ class Source:
       # read and scored: hashlib lets go of the GIL (0.1-0.2 s for 200 MB here).
       digest = hashing.submit(reader.file_sha1)
       self.meta, self.labels = dict(reader.meta), reader.labels
-      if max(s.topk) > reader.num_classes:
+      if max(settings.topk) > reader.num_classes:
         raise SettingError(
-          f"topk: {max(s.topk)} exceeds the {reader.num_classes} classes of {name}"
+          f"topk: {max(settings.topk)} exceeds the {reader.num_classes} classes of {name}"
         )
       num_samples = reader.num_samples or 1
       self.columns = tables.file_columns(self.meta, name, num_samples)
       if not isinstance(self.columns["seed"], int):
-        self.columns["seed"] = s.seeds[0]  # a user's file: the config's seed draws its splits
+        # A user's file names no seed: the config's first draws its splits.
+        self.columns["seed"] = settings.seeds[0]
       self.label = tables.row_label(self.columns)  # load_sources names mixed settings too
       # One network (not MC dropout or an ensemble): temperature scaling applies.
       self.single_model = num_samples == 1 and self.columns["method"] not in (
@@ -75,12 +76,14 @@ class Source:
       tic = time.perf_counter()
       before = timings["load"]
       self.log_probs, self.scores, self.label_terms = streaming.from_chunks(
-        chunks, len(self.labels), topk=s.topk
+        chunks, len(self.labels), topk=settings.topk
       )
       waited = time.perf_counter()
       self.digest = digest.result()
       timings["load"] += time.perf_counter() - waited
-    self.splits = crossval.make_splits(len(self.labels), s.n_folds, self.columns["seed"], s.scheme)
+    self.splits = crossval.make_splits(
+      len(self.labels), settings.n_folds, self.columns["seed"], settings.scheme
+    )
     read = timings["load"] - before  # the chunks' reads (and the hash) count as loading
     timings["scores"] = timings.get("scores", 0.0) + time.perf_counter() - tic - read
 
@@ -103,30 +106,30 @@ def _timed(items, timings: dict, key: str):
     yield item
 
 
-def _requested_scores(s: Any, sources: list[Source]) -> list[str]:
+def _requested_scores(settings: Any, sources: list[Source]) -> list[str]:
   available = {name for source in sources for name in source.scores}
   known = set(scores.REGISTRY)
-  if s.scores == ("all",):
-    per_k = {scores.topk_name(k) for k in s.topk}
+  if settings.scores == ("all",):
+    per_k = {scores.topk_name(k) for k in settings.topk}
     return [n for n in scores.REGISTRY if n in available or scores.REGISTRY[n].per_k] + sorted(
       available - known - per_k
     )
-  unknown = [n for n in s.scores if n not in available and n not in known]
+  unknown = [n for n in settings.scores if n not in available and n not in known]
   if unknown:
     raise SettingError(
       f"scores: unknown score(s) {', '.join(unknown)}; known: "
       f"{', '.join(scores.REGISTRY)} and the files' stored scores "
       f"{', '.join(sorted(available - known)) or '(none)'}"
     )
-  return list(s.scores)
+  return list(settings.scores)
 
 
-def _points(s: Any, sources: list[Source]) -> list[tuple]:
-  requested = _requested_scores(s, sources)
+def _points(settings: Any, sources: list[Source]) -> list[tuple]:
+  requested = _requested_scores(settings, sources)
   points = []
-  for estimator in s.estimators:
+  for estimator in settings.estimators:
     for source in sources:
-      for k in s.topk:
+      for k in settings.topk:
         for score in requested:
           point = (source, scores.for_event(score, k), k, estimator)
           if point[1] in source.scores and point not in points:
@@ -138,14 +141,16 @@ def _points(s: Any, sources: list[Source]) -> list[tuple]:
   return points
 
 
-def _sweep_point(s, source: Source, score: str, k: int, estimator: str, folder, write) -> dict:
+def _sweep_point(
+  settings, source: Source, score: str, k: int, estimator: str, folder, write
+) -> dict:
   """One point's cross-validation, or the saved one when its settings and file match."""
   name = f"{source.slug}__{score}__top{k}" + ("" if estimator == "bins" else f"__{estimator}")
   path = folder / f"{name}.json"
   expected = {
-    "n_bins": list(s.n_bins),
-    "n_folds": s.n_folds,
-    "scheme": s.scheme,
+    "n_bins": list(settings.n_bins),
+    "n_folds": settings.n_folds,
+    "scheme": settings.scheme,
     "seed": source.columns["seed"],
     "file_sha1": source.digest,
   }
@@ -156,7 +161,7 @@ def _sweep_point(s, source: Source, score: str, k: int, estimator: str, folder, 
   cv = crossval.cross_validate(
     source.scores[score],
     source.correct(k),
-    s.n_bins,
+    settings.n_bins,
     splits=source.splits,
     estimator=estimator,
     increasing=known is not None and known.confident_when_high,
@@ -178,12 +183,17 @@ def _sweep_point(s, source: Source, score: str, k: int, estimator: str, folder, 
 
 
 def run(
-  s: Any, sources: list[Source], folder, *, write: bool = True, log: Callable[[str], Any] = print
+  settings: Any,
+  sources: list[Source],
+  folder,
+  *,
+  write: bool = True,
+  log: Callable[[str], Any] = print,
 ) -> list[dict]:
   """Every sweep point of ``sources``: cross-validated, or reused from ``folder``.
 
   Args:
-    s: the settings (module docstring).
+    settings: the settings (module docstring).
     sources: ``load_sources``.
     folder: where each point's record is saved and looked up (a path or ``epath``).
     write: save new records (False on processes that must not write).
@@ -194,16 +204,16 @@ def run(
     ``source``, ``columns`` (the file's, ``tables.file_columns``), ``score``,
     ``topk``, ``estimator``, ``rows`` (``CrossValidation.rows()``) and ``per_fold``.
   """
-  points = _points(s, sources)
+  points = _points(settings, sources)
   num = len(sources[0].labels)
   log(
     f"evaluate: {len(sources)} file(s), {num:,} examples, {len(points)} sweep points x bins "
-    f"{','.join(map(str, s.n_bins))} x {s.n_folds} {s.scheme} splits"
+    f"{','.join(map(str, settings.n_bins))} x {settings.n_folds} {settings.scheme} splits"
   )
   records, reused, start = [], 0, time.perf_counter()
   for index, point in enumerate(points, 1):
     tic = time.perf_counter()
-    records.append(_sweep_point(s, *point, folder, write))
+    records.append(_sweep_point(settings, *point, folder, write))
     if records[-1].pop("reused", False):
       reused += 1
       continue
@@ -239,14 +249,14 @@ def check_present(asked) -> None:
     )
 
 
-def load_sources(asked, s: Any, timings: dict | None = None) -> list[Source]:
+def load_sources(asked, settings: Any, timings: dict | None = None) -> list[Source]:
   """The predictions files ``asked`` ((name, path) pairs), checked to share their labels.
 
   ``timings`` (if given) accumulates the seconds of ``load`` and ``scores``.
   """
   timings = {} if timings is None else timings
   check_present(asked)
-  sources = [Source(name, path, s, timings) for name, path in asked]
+  sources = [Source(name, path, settings, timings) for name, path in asked]
   _check_sources(sources)
   mixed = tables.varying([source.columns for source in sources])
   for source in sources:
@@ -254,11 +264,11 @@ def load_sources(asked, s: Any, timings: dict | None = None) -> list[Source]:
   return sources
 
 
-def benchmarks(s: Any, sources: list[Source]) -> dict[str, list[dict]]:
+def benchmarks(settings: Any, sources: list[Source]) -> dict[str, list[dict]]:
   """Table 1's ``comparison.benchmark_rows`` of each file whose headline score the sweep
   bins at Top-1, by file name. They need no sweep record, so they may be computed
   beside ``run`` (``top1_jax.launch.evaluate`` does, in a thread)."""
-  points = _points(s, sources)
+  points = _points(settings, sources)
   out = {}
   for source in sources:
     score = scores.headline(source.scores)
@@ -266,19 +276,22 @@ def benchmarks(s: Any, sources: list[Source]) -> dict[str, list[dict]]:
       continue
     out[source.name] = comparison.benchmark_rows(
       source.log_probs, source.labels, source.splits, single_model=source.single_model,
-      compare_bins=s.compare_bins, ece_bins=s.ece_bins, label_terms=source.label_terms,
+      compare_bins=settings.compare_bins, ece_bins=settings.ece_bins,
+      label_terms=source.label_terms,
     )  # fmt: skip
   return out
 
 
 def table1(
-  s: Any, sources: list[Source], records: list[dict], benchmarked: dict | None = None
+  settings: Any, sources: list[Source], records: list[dict], benchmarked: dict | None = None
 ) -> list[dict]:
   """The paper's Table 1 for each file's headline score (``top1_jax.sweep.comparison``): the
   ``benchmarks`` (computed here when not given) beside the Top-1 bins' records."""
-  benchmarked = benchmarks(s, sources) if benchmarked is None else benchmarked
+  benchmarked = benchmarks(settings, sources) if benchmarked is None else benchmarked
   binned = {
-    (r["source"], r["score"]): next(row for row in r["rows"] if row["n_bins"] == s.compare_bins)
+    (r["source"], r["score"]): next(
+      row for row in r["rows"] if row["n_bins"] == settings.compare_bins
+    )
     for r in records
     if r["topk"] == 1 and r["estimator"] == "bins"
   }
@@ -291,7 +304,7 @@ def table1(
       row = comparison.table_row(row, binned[(source.name, score)])
       label = _variant_name(source.label, row["variant"])
       rows.append({"label": label, "source": source.name, "top1_score": score, **row})
-      rows[-1].update(top1_n_bins=s.compare_bins, ece_bins=s.ece_bins)
+      rows[-1].update(top1_n_bins=settings.compare_bins, ece_bins=settings.ece_bins)
   return rows
 
 
@@ -303,7 +316,7 @@ def _variant_name(label: str, variant: str) -> str:
   return added if label == "model" else f"{label} + {added}"
 
 
-def selective_rows(s: Any, sources: list[Source]) -> list[dict]:
+def selective_rows(settings: Any, sources: list[Source]) -> list[dict]:
   """Selective prediction with a guarantee from each file's headline-score bins (Top-1)."""
   rows = []
   for source in sources:
@@ -313,8 +326,9 @@ def selective_rows(s: Any, sources: list[Source]) -> list[dict]:
     known = scores.lookup(score)
     order = "descending" if known is not None and known.confident_when_high else "ascending"
     for row in selective.cross_validate(
-      np.asarray(source.scores[score]), source.correct(1), source.splits, n_bins=s.compare_bins,
-      targets=s.selective_targets, delta=s.selective_delta, order=order,
+      np.asarray(source.scores[score]), source.correct(1), source.splits,
+      n_bins=settings.compare_bins, targets=settings.selective_targets,
+      delta=settings.selective_delta, order=order,
     ):  # fmt: skip
       rows.append({"label": source.label, "source": source.name, "score": score, **row})
   return rows

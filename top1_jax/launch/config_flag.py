@@ -1,0 +1,34 @@
+"""The sweep launchers' ``--config`` flag (ml_collections) and its checks.
+
+``--config`` names a config file: a packaged one by name (``--config=quick``) or
+any path (``common`` resolves both from any folder); ``--config.<field>=<value>``
+overrides a field. ``check`` is ``top1_jax.sweep.plan.check`` on the result; the
+rest of the plan (training points, files, a task's share) is ``top1_jax.sweep.plan``.
+"""
+
+import os
+
+from absl import flags
+from ml_collections import config_flags
+
+from top1_jax.launch import common
+from top1_jax.sweep import plan
+
+
+def config_name() -> str:
+  """The config file's name without .py (the default work dir is runs/<it>)."""
+  path = config_flags.get_config_filename(flags.FLAGS["config"])
+  return os.path.splitext(os.path.basename(path.split(":")[0]))[0]
+
+
+def check() -> plan.Settings:
+  """The --config, checked (``plan.check``): before anything is read or written."""
+  return plan.check(CONFIG.value)
+
+
+CONFIG = config_flags.DEFINE_config_file(
+  "config",
+  os.path.join(common.PACKAGED_CONFIGS, "default.py"),
+  "A config: a packaged one by name (default, quick, cifar10, cifar100, evaluate_files) or a "
+  "path; --config.<field>=<value> overrides one field (top1_jax/configs/default.py lists them).",
+)
