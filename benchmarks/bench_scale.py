@@ -129,20 +129,20 @@ def _evaluate_warm() -> None:
   of the fastest run after the first go to timings.json, its compile costs beside them
   (zero: the first run compiled everything)."""
   sys.path.insert(0, str(ROOT))
-  from top1_jax.launch import common, evaluate, settings
+  from top1_jax.launch import common, config_flag, evaluate
 
   costs = _compile_costs()
 
   def main(argv):
     del argv
-    s = settings.check()
-    asked = evaluate.asked_files(s)
+    settings = config_flag.check()
+    asked = evaluate.asked_files(settings)
     fastest, fastest_costs = None, None
     for run in range(WARM_RUNS):
       shutil.rmtree(str(common.workdir() / "sweep"), ignore_errors=True)
       costs.update(dict.fromkeys(COMPILE_EVENTS, 0.0), programs=0, figures=False)
       start = time.perf_counter()
-      timings = evaluate.run(s, asked)
+      timings = evaluate.run(settings, asked)
       timings["total"] = time.perf_counter() - start
       if run and (fastest is None or timings["total"] < fastest["total"]):
         fastest, fastest_costs = timings, dict(costs)
@@ -157,8 +157,8 @@ def evaluate(path: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, war
   run (``warm``: of the fastest after the first of ``WARM_RUNS`` in one process)."""
   child = "--evaluate-warm" if warm else "--evaluate-once"
   args = [sys.executable, str(pathlib.Path(__file__).resolve()), child]
-  args += ["--config=top1_jax/configs/imagenet_eval.py"]
-  args += [f"--workdir={workdir}", f"--config.predictions={path}", "--config.n_bins=(10,20,100)"]
+  args += ["--config=evaluate_files"]
+  args += [f"--workdir={workdir}", f"--config.inputs={path}", "--config.n_bins=(10,20,100)"]
   args += ["--config.topk=(1,5)", "--config.estimators=(bins,)", "--verbosity=-1"]
   # A fresh parent per run: RUSAGE_CHILDREN's peak is the largest child's so far.
   measure = (
