@@ -113,38 +113,38 @@ def _logits(num, num_classes=10, seed=0):
 def test_calibrator_cv_fits_with_the_chosen_count_and_round_trips(tmp_path):
   logits, labels = _logits(4000)
   cal = Calibrator(n_bins="cv")
-  assert cal.n_bins == "cv" and cal.n_bins_chosen is None and "n_bins='cv'" in repr(cal)
+  assert cal.n_bins == "cv" and not hasattr(cal, "n_bins_") and "n_bins='cv'" in repr(cal)
   cal.fit(logits[:3000], labels[:3000])
   u = cal.scores_of(logits[:3000])
   correct = logits[:3000].argmax(1) == labels[:3000]
   bins, chosen = bin_count.fit_cv(u, correct)
-  assert cal.n_bins_chosen == chosen and cal.bins.counts.shape == (chosen,)
+  assert cal.n_bins_ == chosen and cal.bins_.counts.shape == (chosen,)
   expected = np.asarray(binning.predict(bins, cal.scores_of(logits)))
   np.testing.assert_array_equal(cal.predict_proba(logits), expected)
   cal.save(tmp_path / "cal.json")
   state = json.loads((tmp_path / "cal.json").read_text())
   assert state["n_bins"] == chosen and state["n_bins_requested"] == "cv"
   loaded = Calibrator.load(tmp_path / "cal.json")
-  assert loaded.n_bins == "cv" and loaded.n_bins_chosen == chosen
+  assert loaded.n_bins == "cv" and loaded.n_bins_ == chosen
   np.testing.assert_array_equal(loaded.predict_proba(logits), cal.predict_proba(logits))
   # A file without the requested setting loads as a fixed count, as before.
   del state["n_bins_requested"]
   plain = Calibrator.from_dict(state)
-  assert plain.n_bins == chosen and plain.n_bins_chosen == chosen
+  assert plain.n_bins == chosen and plain.n_bins_ == chosen
 
 
 def test_calibrator_integer_n_bins_is_unchanged_and_reports_its_count():
   logits, labels = _logits(1000)
   cal = Calibrator(n_bins=15).fit(logits, labels)
-  assert cal.n_bins == 15 and cal.n_bins_chosen == 15
+  assert cal.n_bins == 15 and cal.n_bins_ == 15
   assert "n_bins_requested" not in cal.to_dict() and cal.to_dict()["n_bins"] == 15
 
 
 def test_calibrator_cv_errors():
-  with pytest.raises(ValueError, match="n_bins: expected an integer or \"cv\", got 'auto'"):
-    Calibrator(n_bins="auto")
   logits, labels = _logits(5)
+  with pytest.raises(ValueError, match="n_bins: expected an integer or \"cv\", got 'auto'"):
+    Calibrator(n_bins="auto").fit(logits, labels)
   cal = Calibrator(n_bins="cv")
   with pytest.raises(ValueError, match="needs at least n_folds=10 examples, got 5"):
     cal.fit(logits, labels)
-  assert cal.bins is None and cal.n_bins_chosen is None and cal.num_classes is None
+  assert not any(hasattr(cal, name) for name in ("state_", "bins_", "n_bins_", "num_classes_"))

@@ -45,7 +45,7 @@ def test_probs_inputs_are_logged_safely_and_agree_with_logits():
   from_logits = Calibrator(n_bins=20).fit(logits[:1000], labels[:1000])
   from_probs = Calibrator(n_bins=20, inputs="probs").fit(probs[:1000], labels[:1000])
   np.testing.assert_array_equal(
-    np.asarray(from_logits.bins.counts), np.asarray(from_probs.bins.counts)
+    np.asarray(from_logits.bins_.counts), np.asarray(from_probs.bins_.counts)
   )
   np.testing.assert_array_equal(from_logits.predict_proba(logits), from_probs.predict_proba(probs))
 
@@ -90,8 +90,8 @@ def test_predict_interval_is_the_bins_exact_interval():
   logits, labels = _logits()
   cal = Calibrator(n_bins=10).fit(logits[:1000], labels[:1000])
   lo, hi = cal.predict_interval(logits[1000:], delta=0.1)
-  index = np.asarray(binning.assign(cal.bins.edges, cal.scores_of(logits[1000:])))
-  bin_lo, bin_hi = binning.clopper_pearson(cal.bins.hits, cal.bins.counts, 0.1)
+  index = np.asarray(binning.assign(cal.bins_.edges, cal.scores_of(logits[1000:])))
+  bin_lo, bin_hi = binning.clopper_pearson(cal.bins_.hits, cal.bins_.counts, 0.1)
   np.testing.assert_array_equal(lo, np.asarray(bin_lo)[index])
   np.testing.assert_array_equal(hi, np.asarray(bin_hi)[index])
   assert np.all(lo <= cal.predict_proba(logits[1000:])) and np.all(hi >= lo)
@@ -127,13 +127,56 @@ def test_save_load_round_trip_is_exact(tmp_path):
   path = tmp_path / "cal.json"
   cal.save(path)
   state = json.loads(path.read_text())
-  assert state["format"] == "top1_jax.Calibrator" and state["version"] == 1
+  assert state["format"] == "top1_jax.Calibrator" and state["version"] == 2
+  assert state["method"] == "bins" and state["state"]["n_bins"] == 15
   loaded = Calibrator.load(str(path))
   for field in ("edges", "counts", "hits", "prob", "prior"):
-    np.testing.assert_array_equal(getattr(loaded.bins, field), getattr(cal.bins, field))
+    np.testing.assert_array_equal(getattr(loaded.bins_, field), getattr(cal.bins_, field))
   np.testing.assert_array_equal(loaded.predict_proba(logits), cal.predict_proba(logits))
   assert loaded.evaluate(logits[1000:], labels[1000:]) == cal.evaluate(logits[1000:], labels[1000:])
   assert (loaded.score, loaded.n_bins, loaded.k, loaded.inputs) == ("entropy", 15, 2, "logits")
+  assert (loaded.n_bins_, loaded.num_classes_) == (15, 10)
+
+
+def test_a_version_1_file_still_loads(tmp_path):
+  # Written by top1_jax before "method" (version 1: the bins' fields at the top).
+  version_1 = {
+    "format": "top1_jax.Calibrator",
+    "version": 1,
+    "score": "neg_log_pmax",
+    "n_bins": 4,
+    "n_bins_requested": "cv",
+    "k": 1,
+    "inputs": "logits",
+    "num_classes": 10,
+    "edges": [0.25, 0.5, 1.5],
+    "counts": [25, 25, 25, 25],
+    "hits": [24, 20, 12, 3],
+    "prior": 0.59,
+    "prob": [0.9458, 0.7919, 0.4842, 0.1381],
+  }
+  path = tmp_path / "old.json"
+  path.write_text(json.dumps(version_1))
+  cal = Calibrator.load(path)
+  assert (cal.method, cal.n_bins, cal.n_bins_, cal.num_classes_) == ("bins", "cv", 4, 10)
+  assert cal.calibration_accuracy_ == pytest.approx(0.59)
+  expected = (np.array([24, 20, 12, 3]) + np.float32(0.59)) / 26
+  np.testing.assert_allclose(np.asarray(cal.bins_.prob), expected, rtol=1e-6)
+  logits = np.zeros((4, 10), np.float32)
+  logits[:, 0] = [10.0, 3.0, 1.66, 0.34]  # -log pmax ~ 0.0004, 0.37, 1.0, 2.0: one per bin
+  u = cal.scores_of(logits)
+  np.testing.assert_array_equal(cal.predict_proba(logits), np.asarray(cal.bins_.prob)[[0, 1, 2, 3]])
+  assert u[0] < 0.25 and 0.25 < u[1] <= 0.5 and 0.5 < u[2] <= 1.5 and u[3] > 1.5
+  lo, hi = cal.predict_interval(logits)
+  assert np.all(lo < cal.predict_proba(logits)) and np.all(hi > cal.predict_proba(logits))
+  # Saved again, it is a version-2 file with the same bins.
+  cal.save(tmp_path / "new.json")
+  again = json.loads((tmp_path / "new.json").read_text())
+  assert again["version"] == 2 and again["state"]["counts"] == version_1["counts"]
+  assert again["n_bins_requested"] == "cv"
+  np.testing.assert_array_equal(
+    Calibrator.load(tmp_path / "new.json").predict_proba(logits), cal.predict_proba(logits)
+  )
 
 
 def test_accepts_jax_and_array_like_inputs():
@@ -157,20 +200,37 @@ def _corrupt(tmp_path, text):
   return path
 
 
+_XY = (np.eye(4)[[0, 1, 2, 3, 0, 1]] * 3, [0, 1, 2, 3, 1, 1])  # six examples, four classes
+
+
 def _state():
   logits, labels = _logits(num=300)
   return Calibrator(n_bins=4).fit(logits, labels).to_dict()
 
 
+def _bins_state(**changed):
+  """A saved bins calibrator with fields of its state changed (None: removed)."""
+  state = _state()
+  bins = {**state["state"], **changed}
+  return {**state, "state": {k: v for k, v in bins.items() if v is not None}}
+
+
 @pytest.mark.parametrize(
   "call, message",
   [
-    (lambda: Calibrator(score="nope"), "score: expected a callable or one of pmax"),
-    (lambda: Calibrator(score="human_entropy"), "needs human_probs, which a Calibrator"),
-    (lambda: Calibrator(score="oracle_loss"), "needs labels, which a Calibrator"),
-    (lambda: Calibrator(inputs="logprobs"), "inputs: expected one of"),
-    (lambda: Calibrator(n_bins=0), "n_bins: expected at least 1"),
-    (lambda: Calibrator(k=1.5), "k: expected an integer"),
+    (lambda: Calibrator(score="nope").fit(*_XY), "score: expected a callable or one of pmax"),
+    (lambda: Calibrator(score="human_entropy").fit(*_XY), "needs human_probs, which a Calibrator"),
+    (lambda: Calibrator(score="oracle_loss").fit(*_XY), "needs labels, which a Calibrator"),
+    (lambda: Calibrator(inputs="logprobs").fit(*_XY), "inputs: expected one of"),
+    (lambda: Calibrator(n_bins=0).fit(*_XY), "n_bins: expected at least 1"),
+    (lambda: Calibrator(k=1.5).fit(*_XY), "k: expected an integer"),
+    (lambda: Calibrator(method="spline").fit(*_XY), "method: expected one of bins, isotonic"),
+    (lambda: Calibrator(bandwidth=0.1).fit(*_XY), "bandwidth: not an option of estimator 'bins'"),
+    (lambda: Calibrator(method="kde", n_bins="cv").fit(*_XY), "method 'kde' takes an integer"),
+    (
+      lambda: Calibrator(method="isotonic").fit(*_XY).predict_interval(_XY[0]),
+      "method 'isotonic' gives no interval",
+    ),
     (lambda: Calibrator().predict_proba(np.zeros((3, 4))), "not fitted"),
     (lambda: Calibrator(n_bins=2).fit(np.full((3, 4), np.nan), [0, 1, 2]), "x: 12 non-finite"),
     (lambda: Calibrator(n_bins=2).fit(np.zeros((3, 4)), [0, 1]), "length mismatch"),
@@ -192,16 +252,19 @@ def _state():
     (lambda: Calibrator.from_dict({"format": "other"}), "not a top1_jax calibrator"),
     (lambda: Calibrator.from_dict({**_state(), "version": 99}), "calibrator version 99"),
     (
-      lambda: Calibrator.from_dict({**_state(), "counts": [1, 2]}),
+      lambda: Calibrator.from_dict(_bins_state(counts=[1, 2])),
       "counts and hits must be 4 integers",
     ),
-    (lambda: Calibrator.from_dict({**_state(), "hits": [9, 9, 9, 900]}), "0 <= hits <= counts"),
-    (lambda: Calibrator.from_dict({**_state(), "edges": [3.0, 1.0]}), "strictly ascending"),
-    (
-      lambda: Calibrator.from_dict({k: v for k, v in _state().items() if k != "prior"}),
-      "field 'prior' is missing",
-    ),
+    (lambda: Calibrator.from_dict(_bins_state(hits=[9, 9, 9, 900])), "0 <= hits <= counts"),
+    (lambda: Calibrator.from_dict(_bins_state(edges=[3.0, 1.0])), "strictly ascending"),
+    (lambda: Calibrator.from_dict(_bins_state(prior=None)), "field 'prior' is missing"),
+    (lambda: Calibrator.from_dict(_bins_state(prior=1.5)), "field 'prior' must lie in"),
     (lambda: Calibrator.from_dict({**_state(), "score": "nope"}), "bad calibrator field"),
+    (lambda: Calibrator.from_dict({**_state(), "method": "nope"}), "bad calibrator field"),
+    (
+      lambda: Calibrator.from_dict({k: v for k, v in _state().items() if k != "state"}),
+      "field 'state' is missing",
+    ),
   ],
 )
 def test_bad_input_is_a_one_line_value_error(call, message):

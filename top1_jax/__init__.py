@@ -8,6 +8,8 @@ The package's face is the paper's maths, which needs only jax and numpy::
   import top1_jax as t1
   cal = t1.Calibrator(score="neg_log_pmax", n_bins=20).fit(logits_cal, labels_cal)
   p = cal.predict_proba(logits_new)            # calibrated P(Top-1 correct)
+  iso = t1.Calibrator(method="isotonic").fit(logits_cal, labels_cal)  # any estimator:
+  sorted(t1.ESTIMATOR_REGISTRY)                # bins, isotonic, kde, temperature, toplabel
 
   # or the pieces:
   correct = t1.topk_correct(logits, labels, k=1)
@@ -60,6 +62,8 @@ from top1_jax.core.scores import (
   pmax,
 )
 from top1_jax.estimators import bin_count, isotonic, kde, temperature, toplabel
+from top1_jax.estimators.base import Estimator, Evidence
+from top1_jax.estimators.registry import REGISTRY as ESTIMATOR_REGISTRY
 from top1_jax.evaluation import baselines, crossval, mislabeled, selective
 from top1_jax.evaluation.crossval import (
   METRICS,
@@ -73,8 +77,11 @@ from top1_jax.sweep import comparison
 from top1_jax.version import __version__  # noqa: F401  (the public version)
 
 __all__ = [
-  # the practitioner's calibrator
+  # the practitioner's calibrator, and the estimators it (and cross-validation) looks up
   "Calibrator",
+  "ESTIMATOR_REGISTRY",
+  "Estimator",
+  "Evidence",
   # modules of the maths
   "baselines",
   "bin_count",

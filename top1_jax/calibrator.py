@@ -1,4 +1,4 @@
-"""``Calibrator``: fit calibrated Top-k bins on one model's outputs, save them, apply them.
+"""``Calibrator``: fit a calibrated P(Top-k correct) on one model's outputs, save it, apply it.
 
 The practitioner's face of the paper::
 
@@ -7,6 +7,10 @@ The practitioner's face of the paper::
   lo, hi = cal.predict_interval(x_new, delta=0.05)
   cal.evaluate(x_test, labels_test)             # accuracy, brier, nll, ece, eor, auroc, ...
   cal.save("cal.json"); cal = Calibrator.load("cal.json")
+
+``method`` picks the estimator by name from ``estimators.registry.REGISTRY``: the
+paper's equal-count bins of the score (the default), isotonic, kde, toplabel or
+temperature scaling, or any estimator registered there.
 
 ``x`` is ``[N, K]`` logits or probabilities, or ``[S, N, K]`` MC-dropout samples or
 ensemble members (then the classifier is their mean in probability space, and the
@@ -17,81 +21,133 @@ Probabilities are turned into log-probabilities in float64 before scoring
 (``scores.log_probs_from_probs``): real networks give probabilities that underflow
 to 1e-37 or 0, and a score computed from the largest probability alone (1.0 for all
 of them) would tie; from the log of the others it stays distinct.
+
+It follows scikit-learn's conventions: ``__init__`` stores its arguments, ``fit``
+checks them and returns ``self``, fitted attributes end in ``_``, ``get_params`` /
+``set_params`` (so ``sklearn.base.clone`` works; scikit-learn is not needed).
 """
 
 import json
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax.core import binning, events, metrics, scores, validation
-from top1_jax.estimators import bin_count
+from top1_jax.estimators import base, registry
 
 FORMAT = "top1_jax.Calibrator"
-VERSION = 1
+VERSION = 2
+"""Version 2 saves any method ("method", its "options" and its estimator's "state");
+version 1 (the bins alone, their fields at the top) is still read."""
 INPUTS = ("logits", "probs")
+_PARAMS = ("method", "score", "n_bins", "k", "inputs")
 
 
 class Calibrator:
-  """Calibrated P(Top-k prediction is correct) from equal-count bins of one score.
+  """Calibrated P(Top-k prediction is correct) from one score (or the log-probabilities).
 
   Args:
+    method: a name of ``estimators.registry.REGISTRY``: "bins" (equal-count bins of
+      the score, the paper), "isotonic", "kde" (fitted on the score too), "toplabel"
+      (bins per predicted class), "temperature" (the Top-k mass of softmax(x / T)).
     score: a registered score name (``scores.REGISTRY``; ``neg_log_topk_mass``
-      takes ``k``), or a callable ``score(x) -> [N]`` of the raw input (not
-      saveable).
-    n_bins: equal-count bins fitted on the calibration data, or ``"cv"``: the count
-      of ``bin_count.DEFAULT_GRID`` with the lowest held-out NLL in nested
-      cross-validation on the calibration data (``bin_count.fit_cv``, seed 0);
-      ``n_bins_chosen`` holds the count used once fitted.
+      takes ``k``), or a callable ``score(x) -> [N]`` of the raw input (not saveable).
+    n_bins: the bin count of the methods with bins ("bins", "toplabel"), or ``"cv"``
+      for "bins": the count of ``bin_count.DEFAULT_GRID`` with the lowest held-out NLL
+      in nested cross-validation on the calibration data (seed 0). For the other
+      methods, the bins ``evaluate`` scores their predictions in.
     k: the event is "the true label is among the k top classes".
     inputs: ``"logits"`` or ``"probs"``: what ``x`` holds.
+    **options: the method's own options (``isotonic``: ``increasing``, ``prior``;
+      ``kde``: ``bandwidth``; ``toplabel``: ``min_per_bin``). ``increasing`` defaults
+      to the score's direction (True for a confidence such as ``pmax``).
+
+  Fitted attributes:
+    state_: the estimator's fitted state (``binning.Bins`` for "bins").
+    bins_: the ``binning.Bins`` when the state is one, else None.
+    n_bins_: the bin count used (chosen, for ``n_bins="cv"``).
+    num_classes_: K of the calibration data.
+    calibration_accuracy_: the calibration data's Top-k accuracy.
+    estimator_: the registry entry that was fitted.
   """
 
   def __init__(
     self,
+    method: str = "bins",
     score: str | Callable[[np.ndarray], ArrayLike] = "neg_log_pmax",
     n_bins: int | str = 20,
     k: int = 1,
     inputs: str = "logits",
+    **options,
   ):
-    if inputs not in INPUTS:
-      raise ValueError(f"inputs: expected one of {INPUTS}, got {inputs!r}")
-    if not callable(score):
-      if not isinstance(score, str) or scores.lookup(score) is None:
-        raise ValueError(
-          f"score: expected a callable or one of {', '.join(scores.REGISTRY)}, got {score!r}"
-        )
-      if scores.lookup(score).inputs in ("human_probs", "labels"):
-        raise ValueError(
-          f"score: {score!r} needs {scores.lookup(score).inputs}, which a Calibrator is not given"
-        )
+    self.method = method
     self.score = score
-    if isinstance(n_bins, str) and n_bins != "cv":
-      raise ValueError(f'n_bins: expected an integer or "cv", got {n_bins!r}')
-    self.n_bins = n_bins if n_bins == "cv" else validation.positive_int("n_bins", n_bins)
-    self.n_bins_chosen: int | None = None
-    self.k = validation.positive_int("k", k)
+    self.n_bins = n_bins
+    self.k = k
     self.inputs = inputs
-    self.bins: binning.Bins | None = None
-    self.num_classes: int | None = None
+    self.options = options
+
+  def get_params(self, deep: bool = True) -> dict[str, Any]:
+    """The constructor's arguments by name, the method's options included."""
+    del deep  # no parameter is itself an estimator
+    return {**{name: getattr(self, name) for name in _PARAMS}, **self.options}
+
+  def set_params(self, **params) -> "Calibrator":
+    """Sets constructor arguments (any other name is a method option); returns ``self``."""
+    for name, value in params.items():
+      if name in _PARAMS:
+        setattr(self, name, value)
+      else:
+        self.options[name] = value
+    return self
 
   def __repr__(self) -> str:
-    name = (
-      self.score if isinstance(self.score, str) else getattr(self.score, "__name__", "callable")
-    )
-    state = (
-      "unfitted" if self.bins is None else f"fitted on {int(np.sum(self.bins.counts))} examples"
-    )
-    settings = f"score={name!r}, n_bins={self.n_bins!r}, k={self.k}, inputs={self.inputs!r}"
-    return f"Calibrator({settings}; {state})"
+    score = self.score if isinstance(self.score, str) else getattr(self.score, "__name__", "")
+    params = {**self.get_params(), "score": score or "callable"}
+    settings = ", ".join(f"{name}={value!r}" for name, value in params.items())
+    return f"Calibrator({settings}; {'fitted' if hasattr(self, 'state_') else 'unfitted'})"
 
-  # The input, scored: the one path every method takes.
+  # The settings, checked when fitting (scikit-learn's convention), and the input, scored.
 
-  def _log_space(self, x: ArrayLike) -> np.ndarray:
+  def _checked(self) -> tuple[base.Estimator, dict[str, Any]]:
+    """The registry entry and the options its ``fit`` gets; a ValueError for a bad setting."""
+    if self.method not in registry.names():
+      raise ValueError(
+        f"method: expected one of {', '.join(registry.names())}, got {self.method!r}"
+      )
+    entry = registry.lookup(self.method)
+    if self.inputs not in INPUTS:
+      raise ValueError(f"inputs: expected one of {INPUTS}, got {self.inputs!r}")
+    if not callable(self.score):
+      if not isinstance(self.score, str) or scores.lookup(self.score) is None:
+        raise ValueError(
+          f"score: expected a callable or one of {', '.join(scores.REGISTRY)}, got {self.score!r}"
+        )
+      if scores.lookup(self.score).inputs in ("human_probs", "labels"):
+        raise ValueError(
+          f"score: {self.score!r} needs {scores.lookup(self.score).inputs}, which a Calibrator"
+          " is not given"
+        )
+    if isinstance(self.n_bins, str) and self.n_bins != "cv":
+      raise ValueError(f'n_bins: expected an integer or "cv", got {self.n_bins!r}')
+    if self.n_bins == "cv" and "n_bins" not in entry.options:
+      raise ValueError(f'n_bins: "cv" chooses a bin count; method {self.method!r} takes an integer')
+    if self.n_bins != "cv":
+      validation.positive_int("n_bins", self.n_bins)
+    validation.positive_int("k", self.k)
+    options = dict(self.options)
+    if "n_bins" in entry.options:
+      options["n_bins"] = self.n_bins
+    if "increasing" in entry.options and "increasing" not in options:
+      options["increasing"] = (
+        not callable(self.score) and scores.lookup(self.score).confident_when_high
+      )
+    return entry, entry.check_options(options)
+
+  def _log_space(self, x: ArrayLike, num_classes: int | None) -> np.ndarray:
     """``x`` as logits / log-probabilities, [N, K] or [S, N, K] float32, checked."""
     arr = validation.float_array("x", x, (2, 3), host=True)
     if self.inputs == "probs":
@@ -100,14 +156,15 @@ class Calibrator:
     if arr.shape[-1] < 2:
       raise ValueError(f"x: expected at least 2 classes on the last axis, got shape {arr.shape}")
     validation.check_nonempty("x", arr, axis=-2)
-    if self.num_classes is not None and arr.shape[-1] != self.num_classes:
+    if num_classes is not None and arr.shape[-1] != num_classes:
       raise ValueError(
-        f"x: expected {self.num_classes} classes like the calibration data, got shape {arr.shape}"
+        f"x: expected {num_classes} classes like the calibration data, got shape {arr.shape}"
       )
     return arr.astype(np.float32)
 
-  def _score_and_log_probs(self, x: ArrayLike) -> tuple[np.ndarray, jnp.ndarray]:
-    arr = self._log_space(x)
+  def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None):
+    """([N] host scores, [N, K] log-probabilities) of ``x``."""
+    arr = self._log_space(x, num_classes)
     log_probs = scores.mean_log_probs(arr) if arr.ndim == 3 else jnp.asarray(arr)
     if callable(self.score):
       u = validation.float_array("score(x)", self.score(np.asarray(x)), 1, host=True)
@@ -119,65 +176,84 @@ class Calibrator:
     name = scores.for_event(self.score, self.k)
     return np.asarray(scores.compute_one(name, log_probs, samples)), log_probs
 
-  def _score_and_correct(self, x: ArrayLike, labels: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    u, log_probs = self._score_and_log_probs(x)
+  def _evidence(self, x: ArrayLike, labels: ArrayLike | None = None, *, fitting=False):
+    """The ``base.Evidence`` of ``x``: scores, log-probabilities and (with labels) the
+    events, checked; K must be the fitted one unless ``fitting``."""
+    num_classes = None if fitting else getattr(self, "num_classes_", None)
+    u, log_probs = self._score_and_log_probs(x, num_classes)
+    if labels is None:
+      return base.Evidence(u, None, log_probs, self.k)
     validation.positive_int("k", self.k, maximum=log_probs.shape[-1])
-    correct = events.topk_correct(log_probs, labels, self.k)
-    return u, np.asarray(correct)
+    correct = np.asarray(events.topk_correct(log_probs, labels, self.k))
+    labels = validation.labels_array("labels", labels, log_probs.shape[-1], host=True)
+    return base.Evidence(u, correct, log_probs, self.k, labels)
 
-  def _fitted(self) -> binning.Bins:
-    if self.bins is None:
+  def _fitted(self) -> base.Estimator:
+    if not hasattr(self, "state_"):
       raise ValueError("Calibrator: not fitted; call fit(x, labels) or Calibrator.load(path) first")
-    return self.bins
+    return self.estimator_
+
+  def _set_fitted(self, entry, state, n_bins: int, num_classes: int, accuracy: float) -> None:
+    self.estimator_, self.state_ = entry, state
+    self.bins_ = state if isinstance(state, binning.Bins) else None
+    self.n_bins_, self.num_classes_ = n_bins, num_classes
+    self.calibration_accuracy_ = accuracy
 
   # The interface.
 
   def fit(self, x: ArrayLike, labels: ArrayLike) -> "Calibrator":
-    """Fits the bins on calibration data; returns ``self``.
+    """Fits the method on calibration data; returns ``self``. A refused fit (a bad
+    setting or input: a one-line ValueError) leaves the calibrator as it was.
 
     Args:
       x: [N, K] logits or probabilities (``inputs``), or [S, N, K] samples.
       labels: [N] int true classes.
     """
-    num_classes, self.num_classes = self.num_classes, None  # any K may be fitted anew
-    try:
-      u, correct = self._score_and_correct(x, labels)
-      if self.n_bins == "cv":
-        bins, n_bins = bin_count.fit_cv(u, correct)
-      else:
-        n_bins = validation.positive_int("n_bins", self.n_bins, maximum=u.shape[0])
-        bins = binning.fit(u, correct, n_bins)
-    except ValueError:
-      self.num_classes = num_classes  # a refused fit leaves the calibrator as it was
-      raise
-    self.bins, self.n_bins_chosen = bins, n_bins
-    self.num_classes = int(np.shape(x)[-1])
+    entry, options = self._checked()
+    evidence = self._evidence(x, labels, fitting=True)  # any K may be fitted anew
+    state = entry.fit(evidence, **options)
+    n_bins = state.n_bins if isinstance(state, binning.Bins) else int(self.n_bins)
+    correct = evidence.correct
+    accuracy = float(np.float32(np.sum(correct)) / np.float32(correct.shape[0]))
+    self._set_fitted(entry, state, n_bins, int(evidence.log_probs.shape[-1]), accuracy)
     return self
 
   def scores_of(self, x: ArrayLike) -> np.ndarray:
     """[N] the uncertainty score of each example of ``x`` (what the bins cut)."""
-    return self._score_and_log_probs(x)[0]
+    return self._score_and_log_probs(x, getattr(self, "num_classes_", None))[0]
 
   def predict_proba(self, x: ArrayLike) -> np.ndarray:
     """[N] float32: P(the Top-k prediction is correct) for each example of ``x``."""
-    bins = self._fitted()
-    u, _ = self._score_and_log_probs(x)
-    return np.asarray(binning.predict(bins, u))
+    entry = self._fitted()
+    return np.asarray(entry.predict(self.state_, self._evidence(x)), np.float32)
 
   def predict_interval(self, x: ArrayLike, delta: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-    """The exact (Clopper–Pearson) 1 - delta interval of each example's bin accuracy.
+    """A 1 - delta interval of each example's P(correct), where the method gives one.
+
+    "bins": the exact (Clopper–Pearson) interval of the example's bin accuracy;
+    "kde": Wilson's pointwise band (``kde.predict_interval``). Other methods give none
+    (a ValueError).
 
     Returns:
       (lower, upper), each [N] float32 in [0, 1].
     """
-    bins = self._fitted()
-    lower, upper = binning.clopper_pearson(bins.hits, bins.counts, delta)
-    u, _ = self._score_and_log_probs(x)
-    index = np.asarray(binning.assign(bins.edges, u))
-    return np.asarray(lower)[index], np.asarray(upper)[index]
+    entry = self._fitted()
+    if entry.predict_interval is None:
+      giving = [name for name, e in registry.REGISTRY.items() if e.predict_interval is not None]
+      raise ValueError(
+        f"predict_interval: method {entry.name!r} gives no interval (these do: {', '.join(giving)})"
+      )
+    delta = validation.probability("delta", delta)
+    lower, upper = entry.predict_interval(self.state_, self._evidence(x), delta)
+    return np.asarray(lower, np.float32), np.asarray(upper, np.float32)
 
   def evaluate(self, x: ArrayLike, labels: ArrayLike) -> dict[str, float | int | None]:
     """The calibrated predictions scored on held-out data.
+
+    A method whose state is ``binning.Bins`` (the bins) is scored in its own bins,
+    as the paper does. Any other has Brier, NLL and AUROC of its per-example
+    predictions, and ECE, EOR and the decompositions' terms over ``n_bins_``
+    equal-count bins of its test predictions, each bin predicting their mean.
 
     Returns:
       accuracy (of the Top-k event), brier, nll, ece, eor, auroc, and the Brier and
@@ -186,62 +262,53 @@ class Calibrator:
       holds only correct or only wrong predictions, EOR when the calibration data
       did (they are undefined there).
     """
-    bins = self._fitted()
-    u, correct = self._score_and_correct(x, labels)
-    test = binning.refit(bins, u, correct)
-    brier = metrics.brier_decomposition(bins, test)
-    nll = metrics.nll_decomposition(bins, test)
-    num_correct = int(np.sum(correct))
-    one_class = num_correct in (0, correct.shape[0])
-    prior = float(bins.prior)
-    out: dict[str, float | int | None] = {
-      "num_examples": int(correct.shape[0]),
-      "accuracy": num_correct / correct.shape[0],
-      "brier": float(brier.total),
-      "nll": float(nll.total),
-      "ece": float(metrics.ece(bins, test)),
-      # The odds ratio needs a base rate strictly inside (0, 1).
-      "eor": float(metrics.eor_from_probs(bins.prob, test.counts, bins.prior))
-      if 0.0 < prior < 1.0
-      else None,
-      "auroc": None
-      if one_class
-      else float(metrics.auroc_from_counts(bins.prob, test.counts, test.hits)),
-      "num_effective_bins": int(bins.num_effective_bins),
-    }
-    for name, parts in (("brier", brier), ("nll", nll)):
-      for part in ("uncertainty", "resolution", "calibration"):
-        out[f"{name}_{part}"] = float(getattr(parts, part))
-    return out
+    entry = self._fitted()
+    evidence = self._evidence(x, labels)
+    correct = evidence.correct
+    if self.bins_ is not None:
+      prediction_bins = self.bins_
+      test = binning.refit(self.bins_, evidence.u, correct)
+      p, base_rate = None, float(self.bins_.prior)  # the calibration accuracy, in float32
+    else:
+      p = np.asarray(entry.predict(self.state_, evidence), np.float32)
+      test = binning.fit(p, correct, min(self.n_bins_, correct.shape[0]))
+      index = np.asarray(binning.assign(test.edges, p))
+      sums = np.bincount(index, p, test.n_bins)
+      mean = np.where(sums > 0, sums / np.maximum(np.asarray(test.counts), 1), 0.0)
+      prediction_bins = test._replace(prob=mean.astype(np.float32))
+      base_rate = self.calibration_accuracy_
+    return _scored(prediction_bins, test, correct, p, base_rate)
 
   # Saving and loading.
 
   def to_dict(self) -> dict[str, Any]:
     """The fitted calibrator as plain JSON-able values (``from_dict`` reads it back)."""
-    bins = self._fitted()
+    entry = self._fitted()
     if callable(self.score):
       raise ValueError("score: a callable score cannot be saved; use a registered score name")
-    edges = np.asarray(bins.edges, np.float64)
+    try:
+      json.dumps(self.options, allow_nan=False)
+    except (TypeError, ValueError):
+      raise ValueError(f"options: only JSON values can be saved, got {self.options!r}") from None
     requested = {"n_bins_requested": "cv"} if self.n_bins == "cv" else {}
     return {
       "format": FORMAT,
       "version": VERSION,
+      "method": entry.name,
       "score": self.score,
-      "n_bins": int(bins.counts.shape[0]),  # the count used, also when chosen by "cv"
+      "n_bins": self.n_bins_,  # the count used, also when chosen by "cv"
       **requested,
       "k": self.k,
       "inputs": self.inputs,
-      "num_classes": self.num_classes,
-      "edges": edges[np.isfinite(edges)].tolist(),
-      "counts": np.asarray(bins.counts).tolist(),
-      "hits": np.asarray(bins.hits).tolist(),
-      "prior": float(bins.prior),
-      "prob": np.asarray(bins.prob, np.float64).tolist(),
+      "num_classes": self.num_classes_,
+      "calibration_accuracy": self.calibration_accuracy_,
+      "options": dict(self.options),
+      "state": entry.to_dict(self.state_),
     }
 
   @classmethod
   def from_dict(cls, state: Any, source: str = "state") -> "Calibrator":
-    """A fitted calibrator from ``to_dict``'s values, each checked."""
+    """A fitted calibrator from ``to_dict``'s values (version 2, or 1), each checked."""
     return _from_dict(cls, state, source)
 
   def save(self, path) -> None:
@@ -262,49 +329,79 @@ class Calibrator:
     return cls.from_dict(state, str(path))
 
 
+def _scored(prediction_bins, test, correct, p, base_rate: float) -> dict[str, float | int | None]:
+  """``evaluate``'s metrics of predictions in bins (``prediction_bins.prob``) on test counts."""
+  brier = metrics.brier_decomposition(prediction_bins, test)
+  nll = metrics.nll_decomposition(prediction_bins, test)
+  num_correct = int(np.sum(correct))
+  one_class = num_correct in (0, correct.shape[0])
+  used = np.asarray(prediction_bins.prob)[np.asarray(test.counts) > 0]
+  # The odds ratio needs a base rate and predictions strictly inside (0, 1).
+  eor_defined = 0.0 < base_rate < 1.0 and bool(np.all((used > 0) & (used < 1)))
+  if p is None:  # the bins: per bin, as the paper scores them
+    totals = float(brier.total), float(nll.total)
+    auroc = (
+      None if one_class else metrics.auroc_from_counts(prediction_bins.prob, test.counts, test.hits)
+    )
+  else:
+    totals = float(metrics.brier(p, correct)), float(metrics.nll(p, correct))
+    auroc = None if one_class else metrics.auroc(p, correct)
+  out: dict[str, float | int | None] = {
+    "num_examples": int(correct.shape[0]),
+    "accuracy": num_correct / correct.shape[0],
+    "brier": totals[0],
+    "nll": totals[1],
+    "ece": float(metrics.ece(prediction_bins, test)),
+    "eor": float(metrics.eor_from_probs(prediction_bins.prob, test.counts, np.float32(base_rate)))
+    if eor_defined
+    else None,
+    "auroc": None if auroc is None else float(auroc),
+    "num_effective_bins": int(prediction_bins.num_effective_bins),
+  }
+  for name, parts in (("brier", brier), ("nll", nll)):
+    for part in ("uncertainty", "resolution", "calibration"):
+      out[f"{name}_{part}"] = float(getattr(parts, part))
+  return out
+
+
+def _version_1(state: dict) -> dict:
+  """A version-1 file (the bins, their fields at the top) in version 2's layout."""
+  fields = ("edges", "counts", "hits", "prior", "prob")
+  bins = {"n_bins": state.get("n_bins"), **{name: state[name] for name in fields if name in state}}
+  return {**state, "method": "bins", "options": {}, "state": bins}
+
+
 def _from_dict(cls, state: Any, source: str) -> Calibrator:
   if not isinstance(state, dict) or state.get("format") != FORMAT:
     raise ValueError(f'{source}: not a top1_jax calibrator (no "format": "{FORMAT}")')
-  if state.get("version") != VERSION:
+  version = state.get("version")
+  if version not in (1, VERSION):
     raise ValueError(
-      f"{source}: calibrator version {state.get('version')!r}, this top1_jax reads {VERSION}"
+      f"{source}: calibrator version {version!r}, this top1_jax reads 1 and {VERSION}"
     )
+  if version == 1:
+    state = _version_1(state)
   try:
-    cal = cls(score=state["score"], n_bins=state["n_bins"], k=state["k"], inputs=state["inputs"])
+    options = state["options"]
+    if not isinstance(options, dict):
+      raise ValueError(f"options: expected an object, got {options!r}")
+    requested = "cv" if state.get("n_bins_requested") == "cv" else state["n_bins"]
+    settings = {name: state[name] for name in ("method", "score", "k", "inputs")}
+    cal = cls(**settings, n_bins=requested, **options)
+    entry, _ = cal._checked()
+    n_bins = validation.positive_int("n_bins", state["n_bins"])
     num_classes = validation.positive_int("num_classes", state["num_classes"], minimum=2)
     validation.positive_int("k", cal.k, maximum=num_classes)
-    counts = np.asarray(state["counts"])
-    hits = np.asarray(state["hits"])
-    edges = validation.float_array("edges", np.asarray(state["edges"], np.float64), 1, host=True)
-    prior = float(state["prior"])
   except KeyError as e:
     raise ValueError(f"{source}: calibrator field {e} is missing") from None
   except (TypeError, ValueError) as e:
     raise ValueError(f"{source}: bad calibrator field ({e})") from None
-  n = cal.n_bins
-  if (
-    counts.shape != (n,)
-    or hits.shape != (n,)
-    or counts.dtype.kind not in "iu"
-    or hits.dtype.kind not in "iu"
-  ):
-    raise ValueError(f"{source}: counts and hits must be {n} integers each")
-  if np.any(hits < 0) or np.any(hits > counts):
-    raise ValueError(f"{source}: expected 0 <= hits <= counts in every bin")
-  if edges.shape[0] > n - 1 or np.any(np.diff(edges) <= 0):
-    raise ValueError(f"{source}: edges must be at most {n - 1} strictly ascending numbers")
-  if not 0.0 <= prior <= 1.0:
-    raise ValueError(f"{source}: prior must lie in [0, 1], got {prior}")
-  padded = np.full(n - 1, np.inf, np.float32)
-  padded[: edges.shape[0]] = edges
-  # On the host in float32, as binning.fit computes them, then moved as they are: jnp
-  # conversions and arithmetic would compile a small program each (~20 ms a load).
-  counts, hits, prior = counts.astype(np.int32), hits.astype(np.int32), np.float32(prior)
-  prob = binning.calibrated_prob(hits.astype(np.float32), counts.astype(np.float32), prior)
-  effective = np.int32(np.sum(counts > 0))
-  cal.bins = binning.Bins(*jax.device_put((padded, counts, hits, prob, prior, effective)))
-  cal.num_classes = num_classes
-  cal.n_bins_chosen = n
-  if state.get("n_bins_requested") == "cv":
-    cal.n_bins = "cv"
+  fitted = entry.from_dict(base.field(state, "state", source), source)
+  if isinstance(fitted, binning.Bins) and fitted.n_bins != n_bins:
+    raise ValueError(f"{source}: n_bins is {n_bins}, the saved bins have {fitted.n_bins}")
+  if version == 1:  # the bins' prior is the calibration accuracy
+    accuracy = float(fitted.prior)
+  else:
+    accuracy = base.read_number(state, "calibration_accuracy", source, 0.0, 1.0)
+  cal._set_fitted(entry, fitted, n_bins, num_classes, accuracy)
   return cal
