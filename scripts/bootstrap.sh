@@ -22,9 +22,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   }
 fi
 
-# Reinstall only when the requirements or setup.py changed.
+# Reinstall only when the requirements or pyproject.toml changed.
 stamp="$VENV/.top1_jax-installed"
-want="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing Python packages into $VENV (first run: a few minutes)"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
