@@ -140,14 +140,16 @@ def test_covariance_norm_keeps_a_tiny_spread_around_a_large_mean():
 def test_from_predictions():
   rng = np.random.default_rng(10)
   samples = rng.normal(size=(4, 50, 6)).astype(np.float32)
-  log_probs, values = scores.from_predictions(logits=samples, topk=(1, 3))
+  scored = scores.from_predictions(logits=samples, topk=(1, 3))
+  log_probs, values = scored.log_probs, scored.scores
+  assert scored.label_terms is None  # one return type: the terms only when asked for
   np.testing.assert_allclose(np.exp(log_probs).sum(1), 1, rtol=1e-5)
   assert {"pmax", "entropy", "neg_log_top3_mass", "covariance_norm_probs"} <= set(values)
   assert "neg_log_top1_mass" not in values  # that is neg_log_pmax
   # Stored scores (computed in log space on device) win, and give pmax.
   stored = {"neg_log_pmax": np.full(50, 2.0, np.float32)}
   probs = np.exp(np.asarray(log_probs))
-  _, values = scores.from_predictions(mean_probs=probs, stored_scores=stored)
+  values = scores.from_predictions(mean_probs=probs, stored_scores=stored).scores
   np.testing.assert_allclose(values["pmax"], np.exp(-2.0), rtol=1e-6)
   assert "covariance_norm_probs" not in values
   with pytest.raises(ValueError, match="expected at least one of them"):
@@ -156,6 +158,7 @@ def test_from_predictions():
   labels = rng.integers(0, 6, 50)
   for inputs in ({"logits": samples}, {"mean_probs": probs}):
     log_probs, _, terms = scores.from_predictions(**inputs, labels=labels, label_terms=True)
+    assert isinstance(terms, events.LabelTerms)
     expected = events.label_terms(log_probs, labels)
     for name, value in expected._asdict().items():
       np.testing.assert_allclose(getattr(terms, name), value, rtol=1e-6, err_msg=name)
@@ -234,7 +237,7 @@ def test_log_probs_from_probs_keeps_underflowed_tails_apart():
   assert log_probs[2, 1] == -1000.0
   u = np.asarray(scores.neg_log_pmax(log_probs))
   assert u[1] > u[0] > u[2] >= 0  # three distinct scores where pmax is 1.0 for all three
-  _, values = scores.from_predictions(mean_probs=probs)
+  values = scores.from_predictions(mean_probs=probs).scores
   np.testing.assert_array_equal(values["neg_log_pmax"], u)
 
 
@@ -276,8 +279,7 @@ def test_oracle_loss_is_the_true_class_cross_entropy_and_stays_an_oracle():
   np.testing.assert_allclose(with_labels["oracle_loss"], expected, rtol=1e-5, atol=1e-6)
   assert scores.label("oracle_loss").startswith("oracle")
   assert not scores.REGISTRY["oracle_loss"].on_device
-  _, values = scores.from_predictions(logits=logits[None], labels=labels)
-  assert "oracle_loss" in values
+  assert "oracle_loss" in scores.from_predictions(logits=logits[None], labels=labels).scores
   with pytest.raises(ValueError, match="labels: labels out of range"):
     scores.oracle_loss(logits, labels + 6)
 

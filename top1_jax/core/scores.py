@@ -1,23 +1,17 @@
-"""Scalar uncertainty scores U(x) and their one registry.
+"""The one registry of scalar uncertainty scores U(x), and every score of a batch at once.
 
 ``REGISTRY`` lists every score once: its name, label, inputs (log-probabilities,
 samples or human labels), which direction is confident, and whether ``mc.predict``
 computes it on the devices. Evaluation, MC prediction, the demo, the report and the
-mislabelled finder all read it; adding a score is one entry.
+mislabelled finder all read it; adding a score is one entry (its arithmetic in
+``log_space``, its checked public function in ``score_functions``).
 
-Every score is computed from logits in log space. A float32 softmax saturates at
-exactly 1.0 once the top logit leads by ~17, and even ``logsumexp(l) - max(l)``
-rounds ``20 + log1p(1e-8)`` to 20; both create ties that collapse quantile bins.
-So each score is written in terms of ``s = sum_{j != argmax} exp(l_j - l_max)``
-(and similar tail sums), which keeps full relative precision when it is tiny;
-``order`` computes them without an arg-max or a sort.
-
-The public functions take a batch, ``logits: [N, K]`` (or ``samples: [S, N, K]``),
-check it, and return ``[N]``.
+``compute`` and ``from_predictions`` give every score the given predictions support;
+the single scores (``neg_log_pmax``, ``entropy``, ...) are re-exported from
+``score_functions``, so ``scores.<name>`` is where a user finds each.
 """
 
 import functools
-import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -27,261 +21,52 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import events, validation
-from top1_jax.kernels import covariance, row_blocks, top_entries
-
-
-def _logits(logits: ArrayLike) -> jax.Array:
-  arr = validation.float_array("logits", logits, 2)
-  if arr.shape[-1] < 2:
-    raise ValueError(f"logits: expected at least 2 classes, got shape {arr.shape}")
-  return arr
-
-
-@jax.jit
-def _neg_log_pmax(logits: jax.Array) -> jax.Array:
-  _, tail = top_entries.shifted(logits)
-  return jnp.log1p(tail)
-
-
-def neg_log_pmax(logits: ArrayLike) -> jax.Array:
-  """-log max_k softmax(l)_k = log1p(sum_{j != argmax} exp(l_j - l_max)).
-
-  Args:
-    logits: [N, K] float.
-
-  Returns:
-    [N] float, >= 0; distinct for logits [20, 0, ...] and [26, 0, ...] in float32.
-  """
-  return _neg_log_pmax(_logits(logits))
-
-
-def pmax(logits: ArrayLike) -> jax.Array:
-  """Max softmax probability ("Vanilla", Hendrycks & Gimpel).
-
-  Saturates at 1.0 in float32 for confident examples; bin ``neg_log_pmax`` (the
-  same ordering without the ties) when that matters.
-
-  Args:
-    logits: [N, K] float.
-
-  Returns:
-    [N] float in (0, 1].
-  """
-  return jnp.exp(-neg_log_pmax(logits))
-
-
-@jax.jit
-def _entropy(logits: jax.Array) -> jax.Array:
-  # H = log Z - sum_j p_j z_j with z = l - l_max, Z = 1 + tail. The top entry has
-  # z = 0, so both terms are small sums over the tail: no cancellation near 0.
-  z, tail = top_entries.shifted(logits)
-  weighted = jnp.sum(jnp.exp(z) * z, axis=-1)  # the top entries add 0
-  return jnp.log1p(tail) - weighted / (1.0 + tail)
-
-
-def entropy(logits: ArrayLike) -> jax.Array:
-  """Entropy of softmax(logits) in nats, accurate when the softmax saturates.
-
-  Args:
-    logits: [N, K] float.
-
-  Returns:
-    [N] float in [0, log K].
-  """
-  return _entropy(_logits(logits))
-
-
-@functools.partial(jax.jit, static_argnames=("k",))
-def _neg_log_topk_mass(logits: jax.Array, k: int) -> jax.Array:
-  # With t the k-th largest, the top k are the entries above t and enough of t's
-  # ties; the rest are those below t and t's other ties. Both sums without a sort.
-  z = logits - jnp.max(logits, axis=-1, keepdims=True)
-  threshold = top_entries.kth_largest(z, k)[:, None]
-  ez, at_threshold = jnp.exp(z), jnp.exp(threshold[:, 0])
-  above = z > threshold
-  top_mass = (
-    jnp.sum(jnp.where(above, ez, 0.0), axis=-1) + (k - top_entries.count(above)) * at_threshold
-  )
-  rest = jnp.sum(jnp.where(z < threshold, ez, 0.0), axis=-1)
-  rest += (top_entries.count(z >= threshold) - k) * at_threshold
-  return jnp.log1p(rest / top_mass)  # top_mass >= 1: the top entry is exp(0)
-
-
-def neg_log_topk_mass(logits: ArrayLike, k: int = 5) -> jax.Array:
-  """-log of the softmax mass of the k largest logits (the Top-k analogue of -log pmax).
-
-  Args:
-    logits: [N, K] float.
-    k: how many top classes, 1 <= k <= K; k = 1 equals ``neg_log_pmax``.
-
-  Returns:
-    [N] float, >= 0.
-  """
-  arr = _logits(logits)
-  k = validation.positive_int("k", k, maximum=arr.shape[-1])
-  return _neg_log_topk_mass(arr, k)
-
-
-@jax.jit
-def _margin(logits: jax.Array) -> jax.Array:
-  z = logits - jnp.max(logits, axis=-1, keepdims=True)
-  second = jnp.max(jnp.where(z < 0, z, -jnp.inf), axis=-1)
-  return jnp.where(top_entries.count(z == 0) >= 2, 0.0, -second)  # a tie at the top: margin 0
-
-
-def margin(logits: ArrayLike) -> jax.Array:
-  """Gap between the two largest logits, l_(1) - l_(2) (a confidence).
-
-  This is log(p_(1) / p_(2)): the probability ratio of the top two classes, which
-  unlike the probability difference does not saturate.
-
-  Args:
-    logits: [N, K] float.
-
-  Returns:
-    [N] float, >= 0.
-  """
-  return _margin(_logits(logits))
-
-
-def covariance_norm(samples: ArrayLike) -> jax.Array:
-  """Matrix 2-norm of the sample covariance of each example's S vectors.
-
-  ``||Cov_s(v_s)||_2`` with the unbiased (S-1) normalisation, as ``np.cov``. A pure
-  function of the vectors as given: pass logits, probabilities or log-probabilities.
-  Computed through the S x S Gram matrix of the centred samples when S < K, with a
-  batched eigenvalue step (``covariance.covariance_norm``).
-
-  Args:
-    samples: [S, N, K] float, S >= 2 MC-dropout samples or ensemble members.
-
-  Returns:
-    [N] float, >= 0 (larger = the samples disagree more).
-  """
-  arr = validation.as_array("samples", samples, 3)
-  if arr.dtype.kind != "f":
-    arr = validation.float_array("samples", arr, 3)  # integers and booleans
-  if arr.shape[0] < 2:
-    raise ValueError(
-      f"samples: need at least 2 samples on axis 0 for a covariance, got shape {arr.shape}"
-    )
-  norm = covariance.covariance_norm(arr)
-  if not validation.is_traced(norm) and not bool(jnp.all(jnp.isfinite(norm))):
-    # Non-finite samples give NaN norms, so the samples are only checked here (a
-    # whole pass over them, as long as the covariance itself): name the first bad
-    # value, or else the norm itself left the float range.
-    validation.check_finite("samples", arr)
-    raise ValueError(
-      "samples: the covariance norm exceeds the float32 range (spread beyond ~1e19);"
-      " rescale the samples"
-    )
-  return norm
-
-
-@jax.jit
-def _oracle_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  true_class = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
-  return jax.nn.logsumexp(logits, axis=-1) - true_class
-
-
-def oracle_loss(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
-  """The true class's cross-entropy, logsumexp(l) - l_label: an oracle, not a method.
-
-  It uses the labels, so it is not available at prediction time; binned, it bounds
-  the resolution any score of this classifier could reach (the paper's supplement).
-
-  Args:
-    logits: [N, K] float.
-    labels: [N] int in [0, K).
-
-  Returns:
-    [N] float, >= 0.
-  """
-  logits = _logits(logits)
-  labels = validation.labels_array("labels", labels, logits.shape[-1])
-  validation.same_length(logits=logits, labels=labels)
-  return _oracle_loss(logits, labels)
-
-
-@jax.jit
-def _human_entropy(probs: jax.Array) -> jax.Array:
-  return -jnp.sum(
-    jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0),
-    axis=-1,
-  )
-
-
-def human_entropy(probs: ArrayLike) -> jax.Array:
-  """Entropy of per-example label distributions (e.g. CIFAR-10H), 0 log 0 = 0.
-
-  Args:
-    probs: [N, K] float, rows in [0, 1] summing to 1.
-
-  Returns:
-    [N] float in [0, log K]; many exact ties (unanimous annotators give 0).
-  """
-  return _human_entropy(validation.probability_array("probs", probs, 2, sums_to_one=True))
-
-
-# log(0) for a probability that underflowed: far below any float32 log-probability
-# (the log of the smallest subnormal is -103), so it never outranks a real value.
-_LOG_ZERO = -1000.0
-
-
-def log_probs_from_probs(probs: ArrayLike) -> np.ndarray:
-  """Log-probabilities of probabilities [..., K], safe for real networks' underflow.
-
-  Taken in float64 on the host, so the 1e-37 tails of real networks' softmax keep
-  their values (and the scores computed from them stay tie-free); an exact 0 gives
-  -1000. No checks: pass probabilities.
-
-  Returns:
-    float32 array shaped like ``probs``, usable wherever logits are.
-  """
-  with np.errstate(divide="ignore"):
-    log_probs = np.log(np.asarray(probs, np.float64))
-  return np.maximum(log_probs, _LOG_ZERO).astype(np.float32)
-
-
-_UNROLLED_SAMPLES = 128
-"""Up to this many samples, ``_mean_log_probs`` sums them as separate terms on a CPU."""
-
-
-@jax.jit
-def _mean_log_probs(samples: jax.Array) -> jax.Array:
-  log_probs = jax.nn.log_softmax(samples, axis=-1)
-  num_samples = samples.shape[0]
-  if num_samples > _UNROLLED_SAMPLES or jax.default_backend() != "cpu":
-    return jax.nn.logsumexp(log_probs, axis=0) - math.log(num_samples)
-  # logsumexp over the samples as S element-wise terms, which XLA fuses into one pass:
-  # its reduction over the leading axis took 7x as long on the CPU (100 ms vs 14.5 ms
-  # for a [32, 262, 1000] chunk). Not on a GPU: there that fusion took ~17 s to compile
-  # (an H100, S = 32), and the reduction is fast.
-  per_sample = [log_probs[s] for s in range(num_samples)]
-  top = functools.reduce(jnp.maximum, per_sample)
-  total = functools.reduce(jnp.add, [jnp.exp(term - top) for term in per_sample])
-  return top + jnp.log(total) - math.log(num_samples)
-
-
-def mean_log_probs(samples: ArrayLike) -> jax.Array:
-  """Log of the sample-mean softmax, in log space: logsumexp_s(log_softmax) - log S.
-
-  Args:
-    samples: [S, N, K] logits (S = 1 for a plain model).
-
-  Returns:
-    [N, K] log-probabilities (valid logits for every score here).
-  """
-  return _mean_log_probs(validation.float_array("samples", samples, 3))
-
-
-def _pmax(log_probs: jax.Array) -> jax.Array:
-  return jnp.exp(-_neg_log_pmax(log_probs))
-
-
-def _covariance_norm_probs(samples: jax.Array) -> jax.Array:
-  return covariance.covariance_norm(jnp.exp(jax.nn.log_softmax(samples, axis=-1)))
+from top1_jax.core import events, log_space, validation
+from top1_jax.core.log_space import log_probs_from_probs
+from top1_jax.core.score_functions import (
+  checked_logits,
+  covariance_norm,
+  entropy,
+  human_entropy,
+  margin,
+  mean_log_probs,
+  neg_log_pmax,
+  neg_log_topk_mass,
+  oracle_loss,
+  pmax,
+)
+from top1_jax.kernels import covariance, row_blocks
+
+__all__ = [
+  "HEADLINE",
+  "ORDER_TWINS",
+  "REGISTRY",
+  "Score",
+  "ScoredPredictions",
+  "compute",
+  "compute_one",
+  "covariance_norm",
+  "entropy",
+  "for_event",
+  "from_predictions",
+  "headline",
+  "human_entropy",
+  "is_tied_twin",
+  "label",
+  "log_probs_from_probs",
+  "lookup",
+  "margin",
+  "mean_log_probs",
+  "neg_log_pmax",
+  "neg_log_topk_mass",
+  "of_samples",
+  "oracle_loss",
+  "pmax",
+  "same_order_as",
+  "sample_summary",
+  "stored_values",
+  "topk_name",
+]
 
 
 class Score(NamedTuple):
@@ -312,19 +97,24 @@ class Score(NamedTuple):
 REGISTRY: dict[str, Score] = {
   score.name: score
   for score in (
-    Score("pmax", "pmax (Vanilla)", "log_probs", True, _pmax),
-    Score("entropy", "entropy", "log_probs", False, _entropy, on_device=True),
-    Score("neg_log_pmax", "−log pmax", "log_probs", False, _neg_log_pmax, on_device=True),
+    Score("pmax", "pmax (Vanilla)", "log_probs", True, log_space.pmax),
+    Score("entropy", "entropy", "log_probs", False, log_space.entropy, on_device=True),
+    Score("neg_log_pmax", "−log pmax", "log_probs", False, log_space.neg_log_pmax, on_device=True),
     Score(
-      "neg_log_topk_mass", "−log top-k mass", "log_probs", False, _neg_log_topk_mass, per_k=True
+      "neg_log_topk_mass",
+      "−log top-k mass",
+      "log_probs",
+      False,
+      log_space.neg_log_topk_mass,
+      per_k=True,
     ),
-    Score("margin", "logit margin", "log_probs", True, _margin, on_device=True),
+    Score("margin", "logit margin", "log_probs", True, log_space.margin, on_device=True),
     Score(
       "covariance_norm_probs",
       "cov. 2-norm (probs)",
       "samples",
       False,
-      _covariance_norm_probs,
+      log_space.covariance_norm_probs,
       on_device=True,
     ),
     Score(
@@ -335,8 +125,8 @@ REGISTRY: dict[str, Score] = {
       covariance.covariance_norm,
       on_device=True,
     ),
-    Score("human_entropy", "human entropy", "human_probs", False, _human_entropy),
-    Score("oracle_loss", "oracle: true-class loss", "labels", False, _oracle_loss),
+    Score("human_entropy", "human entropy", "human_probs", False, log_space.human_entropy),
+    Score("oracle_loss", "oracle: true-class loss", "labels", False, log_space.oracle_loss),
   )
 }
 """Every score by name, in the order sweeps and tables list them. Adding a score is one entry."""
@@ -441,9 +231,9 @@ def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool
   """Every score of the log-probabilities (each k's top-k mass too, and with ``labels``
   the oracle's), one program; with ``label_terms`` also ``events.LabelTerms`` (else None).
 
-  By cache-sized blocks of examples (``rowblocks``): each score's pass over a
-  block reads it from cache, not the whole [N, K] array from memory (at K = 1,000,
-  ~4x faster than one jitted pass per score).
+  By cache-sized blocks of examples (``row_blocks``): each score's pass over a
+  block reads it from cache, not the whole [N, K] array from memory once per score
+  (docs/performance.md).
   """
   names = [s.name for s in REGISTRY.values() if s.inputs == "log_probs" and not s.per_k]
   oracles = [s.name for s in REGISTRY.values() if s.inputs == "labels"]
@@ -504,7 +294,7 @@ def compute(
   Returns:
     name -> [N] float, in registry order.
   """
-  log_probs = _logits(log_probs)
+  log_probs = checked_logits(log_probs)
   if samples is not None:
     samples = validation.float_array("samples", samples, 3)
   topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
@@ -523,14 +313,29 @@ def _checked_extras(log_probs, topk, human_probs, labels) -> tuple:
   return topk, human_probs, labels
 
 
+class ScoredPredictions(NamedTuple):
+  """What ``from_predictions`` returns: a classifier's log-probabilities and its scores.
+
+  Attributes:
+    log_probs: [N, K] float32 (mean) log-probabilities, a JAX array.
+    scores: name -> [N] score (NumPy arrays unless ``as_numpy=False``).
+    label_terms: each example's ``events.LabelTerms`` when asked for, else None.
+  """
+
+  log_probs: jax.Array
+  scores: dict[str, jax.Array | np.ndarray]
+  label_terms: events.LabelTerms | None = None
+
+
 @functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
-def of_samples(samples, human_probs, labels, topk: tuple, label_terms: bool) -> tuple:
-  """[S, N, K] logits -> ([N, K] mean log-probs, every score, ``LabelTerms`` or None), one
-  program: XLA fuses the log-softmax into the scores' passes, and it compiles once.
-  Unchecked (``from_predictions`` checks, then runs it); traceable."""
-  log_probs = _mean_log_probs(samples)
+def of_samples(samples, human_probs, labels, topk: tuple, label_terms: bool) -> ScoredPredictions:
+  """[S, N, K] logits -> ``ScoredPredictions`` of their mean, one program: XLA fuses the
+  log-softmax into the scores' passes, and it compiles once. ``label_terms`` None unless
+  asked for. Unchecked (``from_predictions`` checks, then runs it); traceable."""
+  log_probs = log_space.mean_log_probs(samples)
   with_samples = samples if samples.shape[0] >= 2 else None
-  return log_probs, *_compute(log_probs, with_samples, human_probs, topk, labels, label_terms)
+  values, terms = _compute(log_probs, with_samples, human_probs, topk, labels, label_terms)
+  return ScoredPredictions(log_probs, values, terms)
 
 
 def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -539,7 +344,7 @@ def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]
   What ``mc.predict`` computes on the devices (inside ``jit`` and ``shard_map``):
   the scores of the mean probabilities and, with S >= 2, of the samples.
   """
-  log_probs = _mean_log_probs(samples)
+  log_probs = log_space.mean_log_probs(samples)
   values, _ = _compute(log_probs, samples, None, ())
   return log_probs, {name: values[name] for name in values if REGISTRY[name].on_device}
 
@@ -562,7 +367,7 @@ def from_predictions(
   labels: ArrayLike | None = None,
   as_numpy: bool = True,
   label_terms: bool = False,
-) -> tuple:
+) -> ScoredPredictions:
   """The classifier's log-probabilities and every score, from a predictions file's fields.
 
   Args:
@@ -575,11 +380,12 @@ def from_predictions(
     topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
     labels: optional [N] true labels, for the oracle row ``oracle_loss``.
     as_numpy: False leaves the recomputed scores as JAX arrays, maybe still running.
-    label_terms: also return each example's ``events.LabelTerms`` (JAX arrays; needs
+    label_terms: also give each example's ``events.LabelTerms`` (JAX arrays; needs
       ``labels``), from the scores' own pass over the log-probabilities.
 
   Returns:
-    ([N, K] log-probabilities, name -> [N] NumPy scores[, ``events.LabelTerms``]).
+    ``ScoredPredictions``: [N, K] log-probabilities, name -> [N] NumPy scores, and
+    the label terms (None unless ``label_terms``).
   """
   if label_terms and labels is None:
     raise ValueError("labels: label_terms=True needs the labels, got None")
@@ -600,4 +406,4 @@ def from_predictions(
   values.update(stored_values(stored_scores))
   if as_numpy:
     values = {name: np.asarray(value) for name, value in values.items()}
-  return (log_probs, values, terms) if label_terms else (log_probs, values)
+  return ScoredPredictions(log_probs, values, terms)

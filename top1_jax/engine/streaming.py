@@ -87,11 +87,9 @@ def _score_group(group: list[dict], devices: list, topk: tuple, with_labels: boo
   """
   if len(devices) == 1:
     inputs = {**group[0], "stored_scores": None}
-    out = scores.from_predictions(**inputs, topk=topk, as_numpy=False, label_terms=with_labels)
-    return out if with_labels else (*out, None)
+    return scores.from_predictions(**inputs, topk=topk, as_numpy=False, label_terms=with_labels)
   group = group + group[-1:] * (len(devices) - len(group))
-  # Stacked where device_put keeps each chunk's slice (an unaligned stack was copied again:
-  # 26 ms a group of two 33 MB chunks here).
+  # Stacked where device_put keeps each chunk's slice (an unaligned stack is copied again).
   stacked = validation.aligned_empty((len(group), *group[0]["logits"].shape), np.float32)
   np.stack([g["logits"] for g in group], out=stacked)
   samples = validation.float_array("samples", stacked, 4, host=True)
@@ -129,8 +127,8 @@ def _collect(out: dict, sizes: list[int], stored: list[dict], scored: tuple, dev
 @functools.partial(jax.jit, static_argnames=("num_examples",))
 def _joined(parts, neg_log_pmax, num_examples: int):
   """The chunks' [B, K] (or groups' [D, B, K]) log-probabilities as one [N, K] array: one
-  copy (only the last chunks are padding); on the host and back would be two, ~0.4 s at
-  50,000 x 1,000. And pmax from all N ``neg_log_pmax`` (None: none)."""
+  copy (only the last chunks are padding), where on the host and back would be two. And
+  pmax from all N ``neg_log_pmax`` (None: none)."""
   pmax = None if neg_log_pmax is None else jnp.exp(-neg_log_pmax)
   joined = jnp.concatenate([part.reshape(-1, part.shape[-1]) for part in parts])
   return joined[:num_examples], pmax
@@ -142,7 +140,7 @@ def from_chunks(
   *,
   topk: Sequence[int] = (),
   with_labels: bool = True,
-) -> tuple[jax.Array, dict[str, np.ndarray], events.LabelTerms | None]:
+) -> scores.ScoredPredictions:
   """``scores.from_predictions`` of a whole file, from its chunks of examples.
 
   Args:
@@ -157,9 +155,10 @@ def from_chunks(
       the labels).
 
   Returns:
-    ([N, K] float32 log-probabilities as a jax array, name -> [N] NumPy scores,
-    ``events.LabelTerms`` of NumPy arrays or None without labels), equal to
-    ``scores.from_predictions(..., label_terms=True)`` on the whole arrays.
+    ``scores.ScoredPredictions``: [N, K] float32 log-probabilities as a jax array,
+    name -> [N] NumPy scores, ``events.LabelTerms`` of NumPy arrays (None without
+    labels); equal to ``scores.from_predictions(..., label_terms=True)`` on the whole
+    arrays.
   """
   # MC samples: groups of D chunks, chunk d of a group on the host's CPU device d (with
   # one JAX CPU device per core, as top1_jax.launch.evaluate sets, each core scores its own
@@ -209,4 +208,4 @@ def from_chunks(
   )
   if recompute:
     values["pmax"] = np.asarray(pmax)
-  return log_probs, values, terms
+  return scores.ScoredPredictions(log_probs, values, terms)

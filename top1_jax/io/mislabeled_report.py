@@ -76,7 +76,7 @@ def file_score(
       (e.g. MC-dropout samples) and which scores can.
   """
   name = scores.for_event(score, k)
-  log_probs, available = scores.from_predictions(
+  log_probs, available, _ = scores.from_predictions(
     logits=predictions.logits,
     mean_probs=predictions.mean_probs,
     stored_scores=predictions.scores,

@@ -1,0 +1,131 @@
+"""The scores' arithmetic in log space: unchecked, jittable array functions.
+
+Every score is computed from logits in log space. A float32 softmax saturates at
+exactly 1.0 once the top logit leads by ~17, and even ``logsumexp(l) - max(l)``
+rounds ``20 + log1p(1e-8)`` to 20; both create ties that collapse quantile bins.
+So each score is written in terms of ``s = sum_{j != argmax} exp(l_j - l_max)``
+(and similar tail sums), which keeps full relative precision when it is tiny;
+``top_entries`` computes them without an arg-max or a sort.
+
+These are the functions ``scores.REGISTRY`` calls, inside ``jit`` and ``shard_map``
+too: they trust their inputs. The checked ones a user calls are in
+``score_functions`` (re-exported by ``scores``).
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.kernels import covariance, top_entries
+
+
+@jax.jit
+def neg_log_pmax(logits: jax.Array) -> jax.Array:
+  """[N, K] logits -> [N] -log max_k softmax(l)_k = log1p(sum_{j != argmax} exp(l_j - l_max))."""
+  _, tail = top_entries.shifted(logits)
+  return jnp.log1p(tail)
+
+
+def pmax(log_probs: jax.Array) -> jax.Array:
+  """[N, K] logits -> [N] max softmax probability, exp(-neg_log_pmax)."""
+  return jnp.exp(-neg_log_pmax(log_probs))
+
+
+@jax.jit
+def entropy(logits: jax.Array) -> jax.Array:
+  """[N, K] logits -> [N] entropy of their softmax in nats."""
+  # H = log Z - sum_j p_j z_j with z = l - l_max, Z = 1 + tail. The top entry has
+  # z = 0, so both terms are small sums over the tail: no cancellation near 0.
+  z, tail = top_entries.shifted(logits)
+  weighted = jnp.sum(jnp.exp(z) * z, axis=-1)  # the top entries add 0
+  return jnp.log1p(tail) - weighted / (1.0 + tail)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def neg_log_topk_mass(logits: jax.Array, k: int) -> jax.Array:
+  """[N, K] logits -> [N] -log of the softmax mass of the k largest logits."""
+  # With t the k-th largest, the top k are the entries above t and enough of t's
+  # ties; the rest are those below t and t's other ties. Both sums without a sort.
+  z = logits - jnp.max(logits, axis=-1, keepdims=True)
+  threshold = top_entries.kth_largest(z, k)[:, None]
+  ez, at_threshold = jnp.exp(z), jnp.exp(threshold[:, 0])
+  above = z > threshold
+  top_mass = (
+    jnp.sum(jnp.where(above, ez, 0.0), axis=-1) + (k - top_entries.count(above)) * at_threshold
+  )
+  rest = jnp.sum(jnp.where(z < threshold, ez, 0.0), axis=-1)
+  rest += (top_entries.count(z >= threshold) - k) * at_threshold
+  return jnp.log1p(rest / top_mass)  # top_mass >= 1: the top entry is exp(0)
+
+
+@jax.jit
+def margin(logits: jax.Array) -> jax.Array:
+  """[N, K] logits -> [N] gap l_(1) - l_(2) between the two largest (0 for a tie at the top)."""
+  z = logits - jnp.max(logits, axis=-1, keepdims=True)
+  second = jnp.max(jnp.where(z < 0, z, -jnp.inf), axis=-1)
+  return jnp.where(top_entries.count(z == 0) >= 2, 0.0, -second)
+
+
+def covariance_norm_probs(samples: jax.Array) -> jax.Array:
+  """[S, N, K] logits -> [N] covariance 2-norm of each example's S probability vectors."""
+  return covariance.covariance_norm(jnp.exp(jax.nn.log_softmax(samples, axis=-1)))
+
+
+@jax.jit
+def oracle_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """[N, K] logits, [N] labels -> [N] the true class's cross-entropy."""
+  true_class = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+  return jax.nn.logsumexp(logits, axis=-1) - true_class
+
+
+@jax.jit
+def human_entropy(probs: jax.Array) -> jax.Array:
+  """[N, K] label frequencies -> [N] their entropy in nats, 0 log 0 = 0."""
+  return -jnp.sum(
+    jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0),
+    axis=-1,
+  )
+
+
+# log(0) for a probability that underflowed: far below any float32 log-probability
+# (the log of the smallest subnormal is -103), so it never outranks a real value.
+LOG_ZERO = -1000.0
+
+
+def log_probs_from_probs(probs: ArrayLike) -> np.ndarray:
+  """Log-probabilities of probabilities [..., K], safe for real networks' underflow.
+
+  Taken in float64 on the host, so the 1e-37 tails of real networks' softmax keep
+  their values (and the scores computed from them stay tie-free); an exact 0 gives
+  ``LOG_ZERO``. No checks: pass probabilities.
+
+  Returns:
+    float32 array shaped like ``probs``, usable wherever logits are.
+  """
+  with np.errstate(divide="ignore"):
+    log_probs = np.log(np.asarray(probs, np.float64))
+  return np.maximum(log_probs, LOG_ZERO).astype(np.float32)
+
+
+UNROLLED_SAMPLES = 128
+"""Up to this many samples, ``mean_log_probs`` sums them as separate terms on a CPU."""
+
+
+@jax.jit
+def mean_log_probs(samples: jax.Array) -> jax.Array:
+  """[S, N, K] logits -> [N, K] log of the sample-mean softmax, logsumexp_s - log S."""
+  log_probs = jax.nn.log_softmax(samples, axis=-1)
+  num_samples = samples.shape[0]
+  if num_samples > UNROLLED_SAMPLES or jax.default_backend() != "cpu":
+    return jax.nn.logsumexp(log_probs, axis=0) - math.log(num_samples)
+  # logsumexp over the samples as S element-wise terms, which XLA fuses into one pass:
+  # on a CPU its reduction over the leading axis is several times slower. Not on a GPU,
+  # where that fusion is slow to compile and the reduction is fast (docs/performance.md).
+  per_sample = [log_probs[s] for s in range(num_samples)]
+  top = functools.reduce(jnp.maximum, per_sample)
+  total = functools.reduce(jnp.add, [jnp.exp(term - top) for term in per_sample])
+  return top + jnp.log(total) - math.log(num_samples)

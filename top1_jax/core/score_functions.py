@@ -1,0 +1,168 @@
+"""The scalar uncertainty scores U(x) a user calls, each checking its input.
+
+Each takes a batch, ``logits: [N, K]`` (or ``samples: [S, N, K]``), checks it once
+and returns ``[N]``, computed in log space by ``log_space`` (why: its docstring).
+``scores`` re-exports them beside the registry that names them.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from top1_jax.core import log_space, validation
+from top1_jax.kernels import covariance
+
+
+def checked_logits(logits: ArrayLike) -> jax.Array:
+  """[N, K] finite float logits with K >= 2, the input of every log-space score."""
+  arr = validation.float_array("logits", logits, 2)
+  if arr.shape[-1] < 2:
+    raise ValueError(f"logits: expected at least 2 classes, got shape {arr.shape}")
+  return arr
+
+
+def neg_log_pmax(logits: ArrayLike) -> jax.Array:
+  """-log max_k softmax(l)_k = log1p(sum_{j != argmax} exp(l_j - l_max)).
+
+  Args:
+    logits: [N, K] float.
+
+  Returns:
+    [N] float, >= 0; distinct for logits [20, 0, ...] and [26, 0, ...] in float32.
+  """
+  return log_space.neg_log_pmax(checked_logits(logits))
+
+
+def pmax(logits: ArrayLike) -> jax.Array:
+  """Max softmax probability ("Vanilla", Hendrycks & Gimpel).
+
+  Saturates at 1.0 in float32 for confident examples; bin ``neg_log_pmax`` (the
+  same ordering without the ties) when that matters.
+
+  Args:
+    logits: [N, K] float.
+
+  Returns:
+    [N] float in (0, 1].
+  """
+  return jnp.exp(-neg_log_pmax(logits))
+
+
+def entropy(logits: ArrayLike) -> jax.Array:
+  """Entropy of softmax(logits) in nats, accurate when the softmax saturates.
+
+  Args:
+    logits: [N, K] float.
+
+  Returns:
+    [N] float in [0, log K].
+  """
+  return log_space.entropy(checked_logits(logits))
+
+
+def neg_log_topk_mass(logits: ArrayLike, k: int = 5) -> jax.Array:
+  """-log of the softmax mass of the k largest logits (the Top-k analogue of -log pmax).
+
+  Args:
+    logits: [N, K] float.
+    k: how many top classes, 1 <= k <= K; k = 1 equals ``neg_log_pmax``.
+
+  Returns:
+    [N] float, >= 0.
+  """
+  arr = checked_logits(logits)
+  k = validation.positive_int("k", k, maximum=arr.shape[-1])
+  return log_space.neg_log_topk_mass(arr, k)
+
+
+def margin(logits: ArrayLike) -> jax.Array:
+  """Gap between the two largest logits, l_(1) - l_(2) (a confidence).
+
+  This is log(p_(1) / p_(2)): the probability ratio of the top two classes, which
+  unlike the probability difference does not saturate.
+
+  Args:
+    logits: [N, K] float.
+
+  Returns:
+    [N] float, >= 0.
+  """
+  return log_space.margin(checked_logits(logits))
+
+
+def covariance_norm(samples: ArrayLike) -> jax.Array:
+  """Matrix 2-norm of the sample covariance of each example's S vectors.
+
+  ``||Cov_s(v_s)||_2`` with the unbiased (S-1) normalisation, as ``np.cov``. A pure
+  function of the vectors as given: pass logits, probabilities or log-probabilities.
+  Computed through the S x S Gram matrix of the centred samples when S < K, with a
+  batched eigenvalue step (``covariance.covariance_norm``).
+
+  Args:
+    samples: [S, N, K] float, S >= 2 MC-dropout samples or ensemble members.
+
+  Returns:
+    [N] float, >= 0 (larger = the samples disagree more).
+  """
+  arr = validation.as_array("samples", samples, 3)
+  if arr.dtype.kind != "f":
+    arr = validation.float_array("samples", arr, 3)  # integers and booleans
+  if arr.shape[0] < 2:
+    raise ValueError(
+      f"samples: need at least 2 samples on axis 0 for a covariance, got shape {arr.shape}"
+    )
+  norm = covariance.covariance_norm(arr)
+  if not validation.is_traced(norm) and not bool(jnp.all(jnp.isfinite(norm))):
+    # Non-finite samples give NaN norms, so the samples are only checked here (a
+    # whole pass over them, as long as the covariance itself): name the first bad
+    # value, or else the norm itself left the float range.
+    validation.check_finite("samples", arr)
+    raise ValueError(
+      "samples: the covariance norm exceeds the float32 range (spread beyond ~1e19);"
+      " rescale the samples"
+    )
+  return norm
+
+
+def oracle_loss(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
+  """The true class's cross-entropy, logsumexp(l) - l_label: an oracle, not a method.
+
+  It uses the labels, so it is not available at prediction time; binned, it bounds
+  the resolution any score of this classifier could reach (the paper's supplement).
+
+  Args:
+    logits: [N, K] float.
+    labels: [N] int in [0, K).
+
+  Returns:
+    [N] float, >= 0.
+  """
+  logits = checked_logits(logits)
+  labels = validation.labels_array("labels", labels, logits.shape[-1])
+  validation.same_length(logits=logits, labels=labels)
+  return log_space.oracle_loss(logits, labels)
+
+
+def human_entropy(probs: ArrayLike) -> jax.Array:
+  """Entropy of per-example label distributions (e.g. CIFAR-10H), 0 log 0 = 0.
+
+  Args:
+    probs: [N, K] float, rows in [0, 1] summing to 1.
+
+  Returns:
+    [N] float in [0, log K]; many exact ties (unanimous annotators give 0).
+  """
+  checked = validation.probability_array("probs", probs, 2, sums_to_one=True)
+  return log_space.human_entropy(checked)
+
+
+def mean_log_probs(samples: ArrayLike) -> jax.Array:
+  """Log of the sample-mean softmax, in log space: logsumexp_s(log_softmax) - log S.
+
+  Args:
+    samples: [S, N, K] logits (S = 1 for a plain model).
+
+  Returns:
+    [N, K] log-probabilities (valid logits for every score here).
+  """
+  return log_space.mean_log_probs(validation.float_array("samples", samples, 3))
