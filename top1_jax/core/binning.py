@@ -32,9 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
-from scipy import special as scipy_special  # a dependency of jax itself
 
 from top1_jax.core import validation
+from top1_jax.core.accuracy_bounds import clopper_pearson, hoeffding_halfwidth
 
 
 class Bins(NamedTuple):
@@ -176,7 +176,8 @@ def _chunks(num: int):
 
 # Host scores are padded to a power of two (at least this many), in front, and the
 # padding left out of the counts (``num_skipped``): a jitted program compiles once per
-# size bucket (each compile costs ~0.15 s) instead of once per new example count.
+# size bucket instead of once per new example count (a compile costs far more than
+# counting the padding).
 _MIN_BUCKET = 256
 
 
@@ -439,93 +440,6 @@ def refit(bins: Bins, u: ArrayLike, correct: ArrayLike) -> Bins:
   if on_cpu:
     return _count_host(bins.edges, np.asarray(u), np.asarray(correct))
   return _count_jit(bins.edges, u, correct)
-
-
-def hoeffding_halfwidth(count: ArrayLike, delta: float = 0.05) -> jax.Array:
-  """Half-width of the Hoeffding interval for a bin's accuracy (paper eq. 3).
-
-  With probability >= 1 - delta, |p_true - p_empirical| <= sqrt(log(2/delta) / (2 count)).
-
-  Args:
-    count: int array, examples per bin (0 gives +inf).
-    delta: failure probability in (0, 1).
-
-  Returns:
-    float array shaped like ``count``.
-  """
-  delta = validation.probability("delta", delta)
-  count = _counts("count", count)
-  return jnp.sqrt(jnp.log(2.0 / delta) / (2.0 * count.astype(jnp.float32)))
-
-
-def _counts(name: str, value: ArrayLike) -> jax.Array:
-  """Whole, non-negative example counts (0-, 1- or 2-D), within int32."""
-  arr = validation.as_array(name, value, (0, 1, 2), host=True)
-  if not validation.is_traced(arr) and arr.size:
-    whole = np.isfinite(arr) & (arr == np.round(arr)) if arr.dtype.kind == "f" else True
-    if not np.all(whole) or arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
-      raise ValueError(f"{name}: expected whole counts in [0, 2**31), got {value!r}")
-  return arr.astype(jnp.int32) if validation.is_traced(arr) else np.asarray(arr).astype(np.int32)
-
-
-def _beta_quantile(q: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
-  """Inverse regularised incomplete beta by bisection (monotone, 60 halvings)."""
-
-  def halve(_, bounds):
-    lo, hi = bounds
-    mid = 0.5 * (lo + hi)
-    below = jax.scipy.special.betainc(a, b, mid) < q
-    return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
-
-  lo, hi = jax.lax.fori_loop(0, 60, halve, (jnp.zeros_like(q), jnp.ones_like(q)))
-  return 0.5 * (lo + hi)
-
-
-@jax.jit
-def _clopper_pearson(hits: jax.Array, count: jax.Array, delta: jax.Array):
-  hits = hits.astype(jnp.float32)
-  count = count.astype(jnp.float32)
-  shape = jnp.broadcast_shapes(hits.shape, count.shape)
-  half = jnp.full(shape, delta / 2)
-  # Beta parameters must be positive; the edge cases are fixed up below.
-  lower = _beta_quantile(half, jnp.maximum(hits, 1.0), jnp.maximum(count - hits + 1, 1.0))
-  upper = _beta_quantile(1 - half, jnp.maximum(hits + 1, 1.0), jnp.maximum(count - hits, 1.0))
-  lower = jnp.where(hits == 0, 0.0, lower)
-  upper = jnp.where(hits == count, 1.0, upper)
-  empty = count == 0
-  return jnp.where(empty, 0.0, lower), jnp.where(empty, 1.0, upper)
-
-
-def clopper_pearson(
-  hits: ArrayLike, count: ArrayLike, delta: float = 0.05
-) -> tuple[jax.Array, jax.Array]:
-  """Exact (Clopper–Pearson) two-sided 1 - delta interval for a bin's accuracy.
-
-  Args:
-    hits: int array, correct examples per bin.
-    count: int array (broadcastable with hits), examples per bin; 0 gives [0, 1].
-    delta: failure probability in (0, 1).
-
-  Returns:
-    (lower, upper) float arrays.
-  """
-  delta = validation.probability("delta", delta)
-  hits = _counts("hits", hits)
-  count = _counts("count", count)
-  if validation.is_traced(hits) or validation.is_traced(count):
-    return _clopper_pearson(hits, count, jnp.float32(delta))
-  if np.any(hits < 0) or np.any(hits > count):
-    raise ValueError("hits: expected 0 <= hits <= count in every bin")
-  # Concrete counts (a few hundred bins at most): SciPy's float64 Beta quantiles on the
-  # host. The jitted bisection of betainc takes ~0.9 s to compile, and on a GPU each of
-  # its steps waited on the host (~150 ms a call on an H100).
-  hits, count = np.broadcast_arrays(hits.astype(np.float64), count.astype(np.float64))
-  with np.errstate(invalid="ignore", divide="ignore"):  # the edge cases are fixed up below
-    lower = scipy_special.betaincinv(hits, count - hits + 1, delta / 2)
-    upper = scipy_special.betaincinv(hits + 1, count - hits, 1 - delta / 2)
-  lower = np.where((hits == 0) | (count == 0), 0.0, lower).astype(np.float32)
-  upper = np.where(hits == count, 1.0, upper).astype(np.float32)
-  return jax.device_put(lower), jax.device_put(upper)
 
 
 def confidence_bounds(
