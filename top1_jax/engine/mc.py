@@ -1,24 +1,18 @@
-"""MC-dropout samples and deep-ensemble members, vectorized and sharded.
+"""MC-dropout samples and deep-ensemble members over a whole dataset, sharded.
 
-* ``mc_dropout_logits``: S forward passes of one network under dropout, by
-  ``jax.vmap`` over S split keys (and over the examples, each with its own key)
-  with the parameters broadcast -> [S, B, K].
-* ``ensemble_logits``: one forward pass per member of an ensemble whose
-  parameters are stacked on a leading axis -> [M, B, K].
-* ``predict``: either of the above over a whole dataset, a chunk of examples at
-  a time, sharded over the batch axis of a device mesh (all devices of all
-  processes by default). The scores are computed on the devices
-  (``scores.sample_summary``), so only ``[N, K]`` mean probabilities and ``[N]``
-  scores reach the host unless the samples are asked for.
+``predict`` runs ``forward_passes``' MC dropout or ensemble over a dataset, a
+chunk of examples at a time, sharded over the batch axis of a device mesh (all
+devices of all processes by default). The scores are computed on the devices
+(``scores.sample_summary``), so only ``[N, K]`` mean probabilities and ``[N]``
+scores reach the host unless the samples are asked for.
 
 One key scheme: sample s of example i uses ``fold_in(split(key, S)[s], i)``, with
 i the example's index in ``x``. ``mc_dropout_logits`` and ``predict`` give the same
 samples, and ``predict``'s do not depend on the chunk size or the devices.
 
-``apply_fn`` is ``apply_fn(params, x, key, rate) -> [B, K]`` logits in evaluation
-mode, as ``models.make_apply_fn(model)`` returns; ``ensemble_logits`` calls it as
-``apply_fn(params, x)``. It is a static argument of the jitted code: pass the same
-object (or an equal one) to avoid recompiling.
+The single-batch passes and the checks of keys, strategies and ensembles
+(``mc_dropout_logits``, ``ensemble_logits``, ``as_prng_key``, ``ensemble_size``,
+``pick_strategy``) live in ``forward_passes`` and are re-exported here.
 """
 
 import functools
@@ -26,7 +20,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
@@ -34,10 +27,33 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from top1_jax.core import scores, validation
+from top1_jax.engine import forward_passes
+from top1_jax.engine.forward_passes import (
+  STRATEGIES,
+  ApplyFn,
+  as_prng_key,
+  ensemble_logits,
+  ensemble_size,
+  mc_dropout_logits,
+  pick_strategy,
+)
 
-ApplyFn = Callable[..., jax.Array]
+__all__ = [
+  "SAMPLE_PASSES_PER_STEP",
+  "STRATEGIES",
+  "ApplyFn",
+  "SampleSummary",
+  "as_prng_key",
+  "default_chunk_size",
+  "default_mesh",
+  "ensemble_logits",
+  "ensemble_size",
+  "mc_dropout_logits",
+  "pick_strategy",
+  "predict",
+]
+
 Progress = Callable[[int, int], None]
-STRATEGIES = ("auto", "vmap", "loop")
 SAMPLE_PASSES_PER_STEP = {"cpu": 512, "default": 8192}
 """``predict``'s default work per device and step (S x examples forward passes).
 
@@ -45,56 +61,6 @@ Small on CPU, where larger steps ran slower and memory grows with the step;
 larger on accelerators, short of the steps where a ResNet-20 pays much memory for
 little speed. Measurements and the commands that repeat them: docs/performance.md.
 """
-
-
-def as_prng_key(key: Any) -> jax.Array:
-  """Checks a PRNG key argument and returns it as a typed key.
-
-  Args:
-    key: a typed key from ``jax.random.key(seed)`` (shape ``()``), or a raw
-      uint32 [2] key from ``jax.random.PRNGKey(seed)``.
-
-  Returns:
-    A typed PRNG key of shape ().
-
-  Raises:
-    ValueError: naming ``key`` for anything else (an int, a batch of keys).
-  """
-  if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    if key.shape != ():
-      raise ValueError(f"key: expected a single PRNG key, got key shape {key.shape}")
-    return key
-  if isinstance(key, (jax.Array, np.ndarray)) and key.dtype == np.uint32:
-    if key.shape != (2,):
-      raise ValueError(f"key: expected a raw uint32 key of shape (2,), got {key.shape}")
-    return jax.random.wrap_key_data(key)
-  raise ValueError(f"key: expected a PRNG key from jax.random.key(seed), got {type(key).__name__}")
-
-
-def ensemble_size(stacked_params: Any) -> int:
-  """M, the leading (member) axis that every leaf of stacked parameters shares.
-
-  Args:
-    stacked_params: a pytree of arrays, each with a leading [M] axis (as
-      ``jax.vmap(init)`` over M keys returns them).
-
-  Returns:
-    M >= 1.
-
-  Raises:
-    ValueError: naming ``stacked_params`` if it has no leaves, or leaves whose
-      leading sizes differ (or are 0, or scalars).
-  """
-  leaves = jax.tree_util.tree_leaves(stacked_params)
-  if not leaves:
-    raise ValueError("stacked_params: expected a pytree of arrays, got no leaves")
-  sizes = {int(np.shape(leaf)[0]) if np.ndim(leaf) else 0 for leaf in leaves}
-  if len(sizes) != 1 or 0 in sizes:
-    raise ValueError(
-      "stacked_params: every leaf must have the same leading (member) axis of"
-      f" size >= 1, got leading sizes {sorted(sizes)}"
-    )
-  return sizes.pop()
 
 
 def default_mesh() -> Mesh:
@@ -120,188 +86,6 @@ def default_chunk_size(num_samples: int, mesh: Mesh | None = None) -> int:
   """
   num_samples = validation.positive_int("num_samples", num_samples)
   return _default_chunk_size(num_samples, default_mesh() if mesh is None else mesh)
-
-
-def pick_strategy(strategy: str = "auto", backend: str | None = None) -> str:
-  """How to vectorize over ensemble members: ``"vmap"`` or ``"loop"``.
-
-  ``jax.vmap`` over stacked parameters turns each convolution into a grouped
-  convolution; accelerators run that well, but on CPU it is several times slower
-  than plain convolutions (docs/performance.md), so an unrolled loop over members
-  wins there. Both strategies give the same numbers (up to float rounding).
-
-  Args:
-    strategy: ``"auto"`` (pick by backend), or ``"vmap"`` / ``"loop"`` to force.
-    backend: ``"cpu"``, ``"gpu"``, ``"tpu"``, ...; default
-      ``jax.default_backend()``.
-
-  Returns:
-    ``"vmap"`` on gpu/tpu, ``"loop"`` otherwise, unless forced.
-  """
-  if strategy not in STRATEGIES:
-    raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
-  if strategy != "auto":
-    return strategy
-  backend = jax.default_backend() if backend is None else backend
-  return "vmap" if backend in ("gpu", "cuda", "rocm", "tpu") else "loop"
-
-
-def _dropout_rate(rate: ArrayLike) -> jax.Array:
-  """Checks 0 <= rate < 1 (when concrete); returns a float32 scalar."""
-  if isinstance(rate, bool):
-    raise ValueError(f"rate: expected a number in [0, 1), got {rate!r}")
-  if validation.is_traced(rate):
-    if jnp.ndim(rate) != 0:
-      raise ValueError(f"rate: expected a scalar, got shape {jnp.shape(rate)}")
-    return jnp.asarray(rate, jnp.float32)
-  try:
-    value = np.asarray(rate, dtype=np.float64)
-  except (TypeError, ValueError):
-    raise ValueError(f"rate: expected a number in [0, 1), got {rate!r}") from None
-  if value.ndim != 0 or not (0.0 <= float(value) < 1.0):
-    raise ValueError(f"rate: expected a number in [0, 1), got {rate!r}")
-  return jnp.asarray(value, jnp.float32)
-
-
-def _inputs(name: str, x: ArrayLike) -> jax.Array:
-  """A finite [B, ...] input batch with B >= 1."""
-  arr = validation.float_array(name, x, (2, 3, 4, 5))
-  validation.check_nonempty(name, arr)
-  return arr
-
-
-def _host_inputs(x: ArrayLike) -> np.ndarray:
-  """``predict``'s x: a finite float32 host array [N, ...] with N >= 1."""
-  x = np.asarray(x)
-  if x.dtype == np.bool_ or not (
-    np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)
-  ):
-    raise ValueError(f"x: expected a real-valued array, got dtype {x.dtype}")
-  if x.ndim < 2 or x.shape[0] == 0:
-    raise ValueError(f"x: expected [N, ...] inputs with N >= 1, got shape {x.shape}")
-  x = x.astype(np.float32, copy=False)
-  if not np.all(np.isfinite(x)):
-    raise ValueError(f"x: {int(np.sum(~np.isfinite(x)))} non-finite value(s)")
-  return x
-
-
-def _check_one_example(apply_fn, params, x, key, rate) -> None:
-  """MC dropout applies ``apply_fn`` to one example at a time: it must give [1, K]."""
-  try:
-    out = jax.eval_shape(apply_fn, params, x[:1], key, rate)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"apply_fn: cannot be applied to one example of x ({e})") from e
-  if out.ndim != 2 or out.shape[0] != 1:
-    raise ValueError(f"apply_fn: expected logits [B, K] for B = 1 inputs, got {out.shape}")
-
-
-def _check_logits(logits: jax.Array, batch: int) -> None:
-  if logits.ndim != 3 or logits.shape[1] != batch:
-    raise ValueError(
-      f"apply_fn: expected logits [B, K] with B = {batch} per call, got"
-      f" {logits.shape[1:]} (stacked: {logits.shape})"
-    )
-
-
-def _sample_logits(apply_fn, params, x, example_ids, key, rate, num_samples):
-  """[S, B, K]: sample s of example b under ``fold_in(split(key, S)[s], example_ids[b])``.
-
-  Keying each example by its index in the dataset, not its place in a batch,
-  makes the samples independent of chunking, padding and devices.
-  """
-
-  def one_sample(sample_key):
-    def one_example(example, example_id):
-      example_key = jax.random.fold_in(sample_key, example_id)
-      return apply_fn(params, example[None], example_key, rate)[0]
-
-    return jax.vmap(one_example)(x, example_ids)
-
-  return jax.vmap(one_sample)(jax.random.split(key, num_samples))
-
-
-def _member(stacked_params, index: int):
-  return jax.tree_util.tree_map(lambda leaf: leaf[index], stacked_params)
-
-
-def _ensemble(apply_fn, stacked_params, x, strategy: str):
-  if strategy == "vmap":
-    return jax.vmap(lambda params: apply_fn(params, x))(stacked_params)
-  # An unrolled loop inside one jit: plain (non-grouped) convolutions per member.
-  size = jax.tree_util.tree_leaves(stacked_params)[0].shape[0]
-  return jnp.stack([apply_fn(_member(stacked_params, m), x) for m in range(size)])
-
-
-@functools.partial(jax.jit, static_argnames=("apply_fn", "num_samples"))
-def _mc_dropout_logits(apply_fn, params, x, key, rate, num_samples):
-  example_ids = jnp.arange(x.shape[0], dtype=jnp.int32)
-  return _sample_logits(apply_fn, params, x, example_ids, key, rate, num_samples)
-
-
-def mc_dropout_logits(
-  apply_fn: ApplyFn,
-  params: Any,
-  x: ArrayLike,
-  key: jax.Array,
-  *,
-  num_samples: int,
-  rate: ArrayLike,
-) -> jax.Array:
-  """MC-dropout logits: S stochastic forward passes of one network.
-
-  Sample s of example i uses the key ``fold_in(split(key, num_samples)[s], i)``,
-  i the example's index in ``x``, so the result equals ``predict(apply_fn, params,
-  x, key=key, num_samples=S, rate=rate, keep_samples=True).logits`` and
-  ``apply_fn(params, x[i:i+1], that_key, rate)`` called on its own.
-
-  Args:
-    apply_fn: ``apply_fn(params, x, key, rate) -> [B, K]``; it must accept B = 1.
-    params: the network's variables (broadcast, not copied, across samples).
-    x: [B, ...] float inputs, B >= 1.
-    key: a PRNG key (``jax.random.key(seed)``).
-    num_samples: S >= 1.
-    rate: dropout rate in [0, 1); 0 gives S identical samples.
-
-  Returns:
-    [S, B, K] float logits.
-  """
-  num_samples = validation.positive_int("num_samples", num_samples)
-  rate = _dropout_rate(rate)
-  key = as_prng_key(key)
-  x = _inputs("x", x)
-  _check_one_example(apply_fn, params, x, key, rate)
-  return _mc_dropout_logits(apply_fn, params, x, key, rate, num_samples)
-
-
-@functools.partial(jax.jit, static_argnames=("apply_fn", "strategy"))
-def _ensemble_logits(apply_fn, stacked_params, x, strategy):
-  return _ensemble(apply_fn, stacked_params, x, strategy)
-
-
-def ensemble_logits(
-  apply_fn: ApplyFn, stacked_params: Any, x: ArrayLike, *, strategy: str = "vmap"
-) -> jax.Array:
-  """Logits of every member of an ensemble with stacked parameters.
-
-  Args:
-    apply_fn: ``apply_fn(params, x) -> [B, K]`` (deterministic; ``models``'
-      apply functions default to no dropout).
-    stacked_params: the members' variables, each leaf with a leading [M] axis
-      (as ``jax.vmap(init)`` over M keys returns them).
-    x: [B, ...] float inputs, B >= 1.
-    strategy: ``"vmap"`` over the member axis (the accelerator path), ``"loop"``
-      (unrolled inside one jit; faster for convolutions on CPU) or ``"auto"``
-      (``pick_strategy``). Same numbers either way.
-
-  Returns:
-    [M, B, K] float logits, member m from ``stacked_params`` leaves ``[m]``.
-  """
-  strategy = pick_strategy(strategy)
-  ensemble_size(stacked_params)
-  x = _inputs("x", x)
-  logits = _ensemble_logits(apply_fn, stacked_params, x, strategy)
-  _check_logits(logits, x.shape[0])
-  return logits
 
 
 class SampleSummary(NamedTuple):
@@ -353,9 +137,11 @@ def _predict_chunk(
   def local(params, x, example_ids, key_data, rate):
     if mode == "mc_dropout":
       key = jax.random.wrap_key_data(key_data, impl=impl)
-      logits = _sample_logits(apply_fn, params, x, example_ids, key, rate, num_samples)
+      logits = forward_passes.sample_logits(
+        apply_fn, params, x, example_ids, key, rate, num_samples
+      )
     else:
-      logits = _ensemble(apply_fn, params, x, strategy)
+      logits = forward_passes.member_logits(apply_fn, params, x, strategy)
     mean_log_probs, values = scores.sample_summary(logits)
     out = {"mean_log_probs": mean_log_probs, "scores": values}
     if keep_samples:
@@ -373,8 +159,8 @@ def _predict_chunk(
   )(params, x, example_ids, key_data, rate)
 
 
-class _Plan(NamedTuple):
-  """``predict``'s arguments, checked and completed."""
+class _PredictArgs(NamedTuple):
+  """``predict``'s arguments, checked and completed: what its chunks run on."""
 
   x: np.ndarray  # [N, ...] float32, finite
   mode: str  # "mc_dropout" or "ensemble"
@@ -386,13 +172,15 @@ class _Plan(NamedTuple):
   chunk: int  # examples per step, a multiple of the mesh size
 
 
-def _plan(apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mesh, strategy):
-  """Checks ``predict``'s arguments once; internal code trusts the ``_Plan``."""
-  x = _host_inputs(x)
+def _checked_args(
+  apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mesh, strategy
+) -> _PredictArgs:
+  """Checks ``predict``'s arguments once; internal code trusts the ``_PredictArgs``."""
+  x = forward_passes.host_inputs("x", x)
   if chunk_size is not None:
     chunk_size = validation.positive_int("chunk_size", chunk_size)
   num_samples = validation.positive_int("num_samples", num_samples)
-  rate = _dropout_rate(rate)
+  rate = forward_passes.dropout_rate(rate)
   mesh = default_mesh() if mesh is None else mesh
   if not isinstance(mesh, Mesh) or len(mesh.axis_names) != 1:
     raise ValueError(f"mesh: expected a 1-D jax.sharding.Mesh, got {mesh!r}")
@@ -411,12 +199,13 @@ def _plan(apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mes
         raise ValueError("key: a PRNG key is required for MC dropout")
       key = jax.random.key(0)  # unused: rate 0, one sample
     key = as_prng_key(key)
-  _check_one_example(apply_fn, _member(params, 0) if ensemble else params, x, key, rate)
+  one_network = forward_passes.member_params(params, 0) if ensemble else params
+  forward_passes.check_one_example(apply_fn, one_network, x, key, rate)
   if chunk_size is None:
     chunk_size = _default_chunk_size(num_samples, mesh)
   num_devices = mesh.devices.size
   chunk = -(-chunk_size // num_devices) * num_devices
-  return _Plan(x, mode, num_samples, strategy, key, rate, mesh, chunk)
+  return _PredictArgs(x, mode, num_samples, strategy, key, rate, mesh, chunk)
 
 
 def _global(host_array: np.ndarray, sharding: NamedSharding) -> jax.Array:
@@ -424,27 +213,27 @@ def _global(host_array: np.ndarray, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])
 
 
-def _chunk_runner(apply_fn, params, plan: _Plan, keep_samples: bool):
+def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
   """Puts the replicated arguments on the mesh once; returns ``run(x_chunk, ids)``.
 
   ``run`` takes a host chunk [chunk, ...] and its example ids [chunk] and
   dispatches the sharded step without waiting for it.
   """
-  (axis,) = plan.mesh.axis_names
-  replicated = NamedSharding(plan.mesh, P())
-  by_example = NamedSharding(plan.mesh, P(axis))
+  (axis,) = args.mesh.axis_names
+  replicated = NamedSharding(args.mesh, P())
+  by_example = NamedSharding(args.mesh, P(axis))
   params_global = jax.tree_util.tree_map(lambda leaf: _global(np.asarray(leaf), replicated), params)
-  key_global = _global(np.asarray(jax.random.key_data(plan.key)), replicated)
-  rate_global = _global(np.asarray(plan.rate), replicated)
+  key_global = _global(np.asarray(jax.random.key_data(args.key)), replicated)
+  rate_global = _global(np.asarray(args.rate), replicated)
   step = functools.partial(
     _predict_chunk,
     apply_fn,
-    mode=plan.mode,
-    num_samples=plan.num_samples,
-    strategy=plan.strategy,
+    mode=args.mode,
+    num_samples=args.num_samples,
+    strategy=args.strategy,
     keep_samples=keep_samples,
-    mesh=plan.mesh,
-    impl=jax.random.key_impl(plan.key),
+    mesh=args.mesh,
+    impl=jax.random.key_impl(args.key),
   )
 
   def run(x_chunk: np.ndarray, ids: np.ndarray) -> Any:
@@ -560,6 +349,8 @@ def predict(
     ``SampleSummary``: [N, K] mean log-probabilities, [N] scores and optionally
     [S, N, K] logits.
   """
-  plan = _plan(apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mesh, strategy)
-  run = _chunk_runner(apply_fn, params, plan, keep_samples)
-  return _concatenate(_stream(run, plan.x, plan.chunk, progress))
+  args = _checked_args(
+    apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mesh, strategy
+  )
+  run = _chunk_runner(apply_fn, params, args, keep_samples)
+  return _concatenate(_stream(run, args.x, args.chunk, progress))

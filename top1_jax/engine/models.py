@@ -137,6 +137,20 @@ def _with_channels(x: jax.Array) -> jax.Array:
   return x[..., None] if x.ndim == 3 else x
 
 
+def _head(
+  features: jax.Array, hidden_size: int | None, dropout_rate: ArrayLike, num_classes: int
+) -> jax.Array:
+  """The classifier on [B, D] features: [ReLU(Dense(hidden_size)) ->] dropout -> [B, K] logits.
+
+  The one place where the dropout of every placement acts. Called inside a model's
+  compact ``__call__``: its layers are the model's, named in the order they are made.
+  """
+  if hidden_size is not None:
+    features = nn.relu(nn.Dense(hidden_size)(features))
+  features = Dropout()(features, dropout_rate)
+  return nn.Dense(num_classes)(features)
+
+
 class MLP(nn.Module):
   """Multi-layer perceptron on flattened inputs.
 
@@ -163,9 +177,7 @@ class MLP(nn.Module):
     for width in self.hidden_sizes[:-1]:
       x = nn.relu(nn.Dense(width)(x))
       x = _hidden_dropout(self.dropout_placement, x, dropout_rate)
-    x = nn.relu(nn.Dense(self.hidden_sizes[-1])(x))
-    x = Dropout()(x, dropout_rate)
-    return nn.Dense(self.num_classes)(x)
+    return _head(x, self.hidden_sizes[-1], dropout_rate, self.num_classes)
 
 
 class CNN(nn.Module):
@@ -207,10 +219,7 @@ class CNN(nn.Module):
       if self.downsample == "max_pool":
         x = nn.max_pool(x, (2, 2), strides=(2, 2))
       x = _hidden_dropout(self.dropout_placement, x, dropout_rate)
-    x = x.reshape((x.shape[0], -1))
-    x = nn.relu(nn.Dense(self.dense_size)(x))
-    x = Dropout()(x, dropout_rate)
-    return nn.Dense(self.num_classes)(x)
+    return _head(x.reshape((x.shape[0], -1)), self.dense_size, dropout_rate, self.num_classes)
 
 
 class _ResidualBlock(nn.Module):
@@ -273,9 +282,7 @@ class ResNet(nn.Module):
       for block in range(num_blocks):
         stride = 2 if stage > 0 and block == 0 else 1
         x = _ResidualBlock(width, stride, self.dropout_placement)(x, train, dropout_rate)
-    x = jnp.mean(x, axis=(1, 2))
-    x = Dropout()(x, dropout_rate)
-    return nn.Dense(self.num_classes)(x)
+    return _head(jnp.mean(x, axis=(1, 2)), None, dropout_rate, self.num_classes)
 
 
 MODELS = {"mlp": MLP, "cnn": CNN, "resnet": ResNet}
@@ -324,7 +331,7 @@ def init(model: nn.Module, key: jax.Array, sample_input: ArrayLike) -> Variables
 
 @functools.partial(jax.jit, static_argnums=0)
 def _init(model: nn.Module, key: jax.Array, sample_input: jax.Array) -> Variables:
-  # Jitted: op-by-op initialisation of a CNN takes seconds of dispatch on CPU.
+  # Jitted: op by op, initialisation dispatches one small program per operation.
   return model.init(key, sample_input, train=False)
 
 

@@ -13,7 +13,11 @@
   dropout keys), either by one vmapped step for all members (``"vmap"``, the
   accelerator path) or member after member (``"loop"``, faster on CPU where
   convolutions under vmap are slow). ``mc.pick_strategy`` chooses per backend.
-* ``evaluate`` / ``evaluate_ensemble``: loss and accuracy.
+* ``evaluate`` / ``evaluate_ensemble``: loss and accuracy (``network_metrics``).
+
+The state and its creation (``TrainState``, ``create_train_state``,
+``init_ensemble``, ``member``) live in ``train_state``, the checked data and batch
+order in ``batches``; all are re-exported here.
 
 With several devices or processes (``parallel.initialize``) each step is
 data-parallel over all of them (``parallel.data_parallel_steps``): every process
@@ -25,21 +29,20 @@ Checkpoints of a ``TrainState`` are in ``top1_jax.io.checkpoints``.
 Progress goes to an optional ``callback(info: dict)``; nothing here prints.
 """
 
-import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import struct
 from jax.typing import ArrayLike
 
 from top1_jax.core import validation
-from top1_jax.engine import mc, models, parallel
+from top1_jax.engine import batches, mc, parallel, train_state
+from top1_jax.engine.network_metrics import evaluate, evaluate_ensemble
+from top1_jax.engine.train_state import TrainState, create_train_state, init_ensemble, member
 
 __all__ = [
   "TrainState",
@@ -55,140 +58,6 @@ __all__ = [
 ]
 
 Callback = Callable[[dict[str, Any]], None]
-
-
-@struct.dataclass
-class TrainState:
-  """Everything a training step reads and writes (a pytree).
-
-  For an ensemble every array leaf has a leading [M] member axis.
-
-  Attributes:
-    step: int32 scalar, steps taken so far.
-    params: the model's ``"params"`` collection.
-    model_state: the other mutable collections, ``{"batch_stats": ...}`` for
-      BatchNorm models, else ``{}``.
-    opt_state: the optimizer state.
-    model: the Flax module (static).
-    tx: the optax transformation (static).
-    dropout_rate: dropout rate used in training steps (static; 0 = none).
-  """
-
-  step: jax.Array
-  params: Any
-  model_state: Any
-  opt_state: Any
-  model: nn.Module = struct.field(pytree_node=False)
-  tx: optax.GradientTransformation = struct.field(pytree_node=False)
-  dropout_rate: float = struct.field(pytree_node=False, default=0.0)
-
-  @property
-  def variables(self) -> dict[str, Any]:
-    """``{"params": ..., **model_state}``, what ``model.apply`` and ``mc`` take."""
-    return {"params": self.params, **self.model_state}
-
-
-def _train_dropout_rate(rate: Any) -> float:
-  is_number = isinstance(rate, (int, float, np.floating)) and not isinstance(rate, bool)
-  if not is_number or not 0.0 <= float(rate) < 1.0:
-    raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
-  return float(rate)
-
-
-def _check_model_and_tx(model: Any, tx: Any) -> None:
-  if not isinstance(model, nn.Module):
-    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
-  if not hasattr(tx, "init") or not hasattr(tx, "update"):
-    raise ValueError(f"tx: expected an optax GradientTransformation, got {type(tx).__name__}")
-
-
-def _create(model, tx, key, sample_input, dropout_rate) -> TrainState:
-  variables = models.init(model, key, sample_input)
-  params = variables["params"]
-  model_state = {name: value for name, value in variables.items() if name != "params"}
-  step = jnp.zeros((), jnp.int32)
-  return TrainState(step, params, model_state, tx.init(params), model, tx, dropout_rate)
-
-
-# Jitted: creating the optimizer state op by op (under vmap, too) took seconds.
-@functools.partial(jax.jit, static_argnums=(0, 1, 4))
-def _create_jit(model, tx, key, sample_input, dropout_rate) -> TrainState:
-  return _create(model, tx, key, sample_input, dropout_rate)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 4))
-def _create_ensemble(model, tx, keys, sample_input, dropout_rate) -> TrainState:
-  return jax.vmap(lambda key: _create(model, tx, key, sample_input, dropout_rate))(keys)
-
-
-def create_train_state(
-  model: nn.Module,
-  tx: optax.GradientTransformation,
-  key: jax.Array,
-  sample_input: ArrayLike,
-  *,
-  dropout_rate: float = 0.0,
-) -> TrainState:
-  """Initialises one network and its optimizer state.
-
-  Args:
-    model: a Flax module from ``models`` (or with the same call signature).
-    tx: an optax transformation, e.g. ``optax.adam(1e-3)``.
-    key: PRNG key for the initial parameters.
-    sample_input: [B, ...] an example batch (only shape and dtype matter).
-    dropout_rate: dropout rate during training, in [0, 1).
-
-  Returns:
-    A ``TrainState`` at step 0.
-  """
-  _check_model_and_tx(model, tx)
-  sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  return _create_jit(
-    model, tx, mc.as_prng_key(key), sample_input, _train_dropout_rate(dropout_rate)
-  )
-
-
-def init_ensemble(
-  model: nn.Module,
-  tx: optax.GradientTransformation,
-  key: jax.Array,
-  sample_input: ArrayLike,
-  *,
-  ensemble_size: int,
-  dropout_rate: float = 0.0,
-) -> TrainState:
-  """Initialises M members by ``jax.vmap`` over ``jax.random.split(key, M)``.
-
-  Member m equals ``create_train_state(model, tx, split(key, M)[m], ...)``.
-
-  Args:
-    model, tx, sample_input, dropout_rate: as ``create_train_state``.
-    key: PRNG key, split into one key per member.
-    ensemble_size: M >= 1.
-
-  Returns:
-    A ``TrainState`` whose array leaves have a leading [M] axis.
-  """
-  _check_model_and_tx(model, tx)
-  ensemble_size = validation.positive_int("ensemble_size", ensemble_size)
-  sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  dropout_rate = _train_dropout_rate(dropout_rate)
-  keys = jax.random.split(mc.as_prng_key(key), ensemble_size)
-  return _create_ensemble(model, tx, keys, sample_input, dropout_rate)
-
-
-def _member(states: TrainState, index: int) -> TrainState:
-  return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
-
-
-def member(states: TrainState, index: int) -> TrainState:
-  """Member ``index`` of an ensemble ``TrainState`` (leaves ``[index]``)."""
-  size = mc.ensemble_size(states.params)
-  return _member(states, validation.positive_int("index", index, minimum=0, maximum=size - 1))
-
-
-def _stack(states: list[TrainState]) -> TrainState:
-  return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *states)
 
 
 def _loss_and_updates(state: TrainState, params, images, labels, key):
@@ -291,56 +160,6 @@ def ensemble_train_step(
   return _ensemble_train_step_jit(states, (images, labels), keys)
 
 
-def _num_classes(model: nn.Module, variables: Any, images: np.ndarray) -> int:
-  shape = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), variables, images[:1])
-  return int(shape.shape[-1])
-
-
-def _dataset(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray]:
-  """Host float32 images [N, ...] and int32 labels [N], checked once."""
-  images = np.asarray(images)
-  if images.ndim < 2 or images.shape[0] == 0:
-    raise ValueError(f"images: expected [N, ...] with N >= 1, got shape {images.shape}")
-  if not (np.issubdtype(images.dtype, np.floating) or np.issubdtype(images.dtype, np.integer)):
-    raise ValueError(f"images: expected a real-valued array, got dtype {images.dtype}")
-  images = images.astype(np.float32, copy=False)
-  if not np.all(np.isfinite(images)):
-    raise ValueError(f"images: {int(np.sum(~np.isfinite(images)))} non-finite value(s)")
-  num_classes = _num_classes(model, variables, images)
-  labels = validation.labels_array("labels", labels, num_classes, host=True)
-  validation.same_length(images=images, labels=labels)
-  return images, labels
-
-
-class _Batches:
-  """Mini-batch indices of one member: a fresh permutation every epoch."""
-
-  def __init__(self, shuffle_key: jax.Array, num_examples: int, batch_size: int):
-    self._key = shuffle_key
-    self._num_examples = num_examples
-    self._batch_size = batch_size
-    self._steps_per_epoch = num_examples // batch_size
-    self._epoch = -1
-    self._order = np.empty(0, np.int64)
-
-  def indices(self, step: int) -> np.ndarray:
-    epoch, position = divmod(step, self._steps_per_epoch)
-    if epoch != self._epoch:
-      epoch_key = jax.random.fold_in(self._key, epoch)
-      self._order = np.asarray(jax.random.permutation(epoch_key, self._num_examples))
-      self._epoch = epoch
-    start = position * self._batch_size
-    return self._order[start : start + self._batch_size]
-
-
-def _check_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[int, int, int]:
-  num_steps = validation.positive_int("num_steps", num_steps)
-  batch_size = validation.positive_int("batch_size", batch_size, maximum=num_examples)
-  log_every = validation.positive_int("log_every", log_every)
-  parallel.check_global_batch("batch_size", batch_size)
-  return num_steps, batch_size, log_every
-
-
 class _Progress:
   """Sums the step metrics on device; reports their mean every ``log_every`` steps."""
 
@@ -405,8 +224,8 @@ def fit(
     The trained ``TrainState``.
   """
   key = mc.as_prng_key(key)
-  images, labels = _dataset(state.model, state.variables, images, labels)
-  num_steps, batch_size, log_every = _check_schedule(
+  images, labels = batches.checked_dataset(state.model, state.variables, images, labels)
+  num_steps, batch_size, log_every = batches.checked_schedule(
     num_steps, batch_size, images.shape[0], log_every
   )
   return _fit_one(state, images, labels, key, num_steps, batch_size, log_every, callback, None)
@@ -414,10 +233,10 @@ def fit(
 
 def _fit_one(state, images, labels, key, num_steps, batch_size, log_every, callback, index):
   shuffle_key, dropout_key = jax.random.split(key)
-  batches = _Batches(shuffle_key, images.shape[0], batch_size)
+  order = batches.EpochBatches(shuffle_key, images.shape[0], batch_size)
   begin = int(state.step)
   progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size, index)
-  return _steps(state, images, labels, batches.indices, dropout_key, begin, progress)
+  return _steps(state, images, labels, order.indices, dropout_key, begin, progress)
 
 
 def _steps(state, images, labels, indices, dropout_key, begin, progress):
@@ -482,12 +301,13 @@ def fit_ensemble(
   steps = np.asarray(states.step).reshape(-1)
   if np.any(steps != steps[0]):
     raise ValueError(f"states: members are at different steps {steps.tolist()}")
-  images, labels = _dataset(states.model, _member(states, 0).variables, images, labels)
-  schedule = _check_schedule(num_steps, batch_size, images.shape[0], log_every)
+  variables = member(states, 0).variables
+  images, labels = batches.checked_dataset(states.model, variables, images, labels)
+  schedule = batches.checked_schedule(num_steps, batch_size, images.shape[0], log_every)
   if strategy == "loop":
-    return _stack(
+    return train_state.stack_members(
       [
-        _fit_one(_member(states, m), images, labels, member_keys[m], *schedule, callback, m)
+        _fit_one(member(states, m), images, labels, member_keys[m], *schedule, callback, m)
         for m in range(size)
       ]
     )
@@ -498,104 +318,12 @@ def _fit_vmapped(states, images, labels, member_keys, num_steps, batch_size, log
   """``fit_ensemble`` by one vmapped step: the same keys and batches as ``_fit_one``."""
   size = len(member_keys)
   split_keys = [jax.random.split(k) for k in member_keys]
-  member_batches = [_Batches(k[0], images.shape[0], batch_size) for k in split_keys]
+  member_batches = [batches.EpochBatches(k[0], images.shape[0], batch_size) for k in split_keys]
   dropout_keys = jnp.stack([k[1] for k in split_keys])
   begin = int(np.asarray(states.step).reshape(-1)[0])
   progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size * size, None)
 
   def indices(step):
-    return np.stack([batches.indices(step) for batches in member_batches])
+    return np.stack([order.indices(step) for order in member_batches])
 
   return _steps(states, images, labels, indices, dropout_keys, begin, progress)
-
-
-@jax.jit
-def _eval_batch(state: TrainState, images, labels, mask):
-  logits = state.model.apply(state.variables, images, train=False)
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = jnp.argmax(logits, axis=-1) == labels
-  return jnp.sum(jnp.where(mask, losses, 0.0)), jnp.sum(correct & mask)
-
-
-def evaluate(
-  state: TrainState, images: ArrayLike, labels: ArrayLike, *, batch_size: int = 1000
-) -> dict[str, float]:
-  """Mean cross-entropy and accuracy of one network (no dropout, BN averages).
-
-  Args:
-    state: a single-network ``TrainState``.
-    images: [N, ...] float inputs.
-    labels: [N] int labels.
-    batch_size: examples per jitted call (the last batch is padded).
-
-  Returns:
-    ``{"loss": float, "accuracy": float, "num_examples": int}``.
-  """
-  images, labels = _dataset(state.model, state.variables, images, labels)
-  batch_size = validation.positive_int("batch_size", batch_size)
-  return _evaluate(parallel.to_local(state), images, labels, batch_size)
-
-
-def _evaluate(state: TrainState, images, labels, batch_size: int) -> dict[str, float]:
-  """``evaluate`` of checked host arrays."""
-  num_examples = images.shape[0]
-  batch_size = min(batch_size, num_examples)
-  loss_sum, correct = 0.0, 0
-  for start in range(0, num_examples, batch_size):
-    x, y = images[start : start + batch_size], labels[start : start + batch_size]
-    valid = x.shape[0]
-    if valid < batch_size:
-      x = np.concatenate([x, np.zeros((batch_size - valid,) + x.shape[1:], x.dtype)])
-      y = np.concatenate([y, np.zeros(batch_size - valid, y.dtype)])
-    batch_loss, batch_correct = _eval_batch(state, x, y, np.arange(batch_size) < valid)
-    loss_sum += float(batch_loss)
-    correct += int(batch_correct)
-  return {
-    "loss": loss_sum / num_examples,
-    "accuracy": correct / num_examples,
-    "num_examples": num_examples,
-  }
-
-
-def evaluate_ensemble(
-  states: TrainState,
-  images: ArrayLike,
-  labels: ArrayLike,
-  *,
-  chunk_size: int = 1000,
-  strategy: str = "auto",
-) -> dict[str, Any]:
-  """The ensemble's accuracy and NLL (of the mean probabilities), and each member's.
-
-  Args:
-    states: an ensemble ``TrainState``.
-    images: [N, ...] float inputs.
-    labels: [N] int labels.
-    chunk_size: examples per device step.
-    strategy: see ``mc.pick_strategy``.
-
-  Returns:
-    ``{"loss": float, "accuracy": float, "member_accuracy": [M] list,
-    "num_examples": int}``.
-  """
-  size, states = mc.ensemble_size(states.params), parallel.to_local(states)
-  images, labels = _dataset(states.model, _member(states, 0).variables, images, labels)
-  predictions = mc.predict(
-    models.make_apply_fn(states.model),
-    states.variables,
-    images,
-    ensemble=True,
-    chunk_size=chunk_size,
-    strategy=strategy,
-  )
-  log_probs = predictions.mean_log_probs
-  nll = -np.take_along_axis(log_probs, labels[:, None], axis=1)[:, 0]
-  member_accuracy = [
-    _evaluate(_member(states, m), images, labels, chunk_size)["accuracy"] for m in range(size)
-  ]
-  return {
-    "loss": float(np.mean(nll)),
-    "accuracy": float(np.mean(np.argmax(log_probs, axis=1) == labels)),
-    "member_accuracy": member_accuracy,
-    "num_examples": int(labels.shape[0]),
-  }
