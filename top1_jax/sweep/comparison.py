@@ -25,7 +25,7 @@ from jax.typing import ArrayLike
 
 from top1_jax.core import events, validation
 from top1_jax.estimators import temperature, toplabel
-from top1_jax.evaluation import baselines, crossval
+from top1_jax.evaluation import crossval, equal_width
 
 VARIANTS = ("raw", "temperature", "toplabel")
 """Every variant ``benchmark_rows`` scores, in its order (a model with samples: raw only)."""
@@ -35,7 +35,7 @@ def _split_means(masks, brier, pmax, correct, ece_bins) -> dict[str, np.ndarray]
   """[F] means over each split's test part (``masks``: [F, N] bool) of its [F, N]
   ``brier`` and ``pmax`` (or [N], shared by all splits), float64 on the host.
 
-  On the host with NumPy: a few passes over [N] vectors per split take ~2 ms, as
+  On the host with NumPy: a few passes over [N] vectors per split take about as
   long as a compiled program runs, and a first evaluate compiles one program less.
   """
   masks, correct = np.asarray(masks, bool), np.asarray(correct, bool)
@@ -45,7 +45,7 @@ def _split_means(masks, brier, pmax, correct, ece_bins) -> dict[str, np.ndarray]
     count = np.count_nonzero(test)
     confidence, gap = pmax_f[test], correct[test] - pmax_f[test].astype(np.float64)
     # Per bin: sum of hits - sum of confidences, from one weighted count.
-    bin_gap = np.bincount(baselines.equal_width_index(confidence, ece_bins), gap, ece_bins)
+    bin_gap = np.bincount(equal_width.equal_width_index(confidence, ece_bins), gap, ece_bins)
     means["multiclass_brier"].append(np.sum(brier_f[test], dtype=np.float64) / count)
     means["confidence_ece"].append(np.sum(np.abs(bin_gap)) / count)
     means["raw_top1_brier"].append(np.sum(np.square(gap)) / count)
@@ -105,7 +105,7 @@ def benchmark_rows(
   *,
   single_model: bool,
   compare_bins: int,
-  ece_bins: int = baselines.DEFAULT_ECE_BINS,
+  ece_bins: int = equal_width.DEFAULT_ECE_BINS,
   label_terms: events.LabelTerms | None = None,
 ) -> list[dict[str, str | float]]:
   """The benchmark's metrics of each variant, mean over the splits' test parts.

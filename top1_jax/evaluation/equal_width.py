@@ -1,0 +1,145 @@
+"""Equal-width bins of a P(correct) prediction in [0, 1], and their ECE (the benchmark's).
+
+Bins are right-closed, ``((b-1)/B, b/B]``, with 0 in the first bin (Guo et al.'s
+``I_m``; the benchmark's ``np.digitize(..., right=True)``). ``equal_width_index`` is
+the one bin rule of every equal-width statistic: these bins, histogram binning
+(``baselines``) and Table 1's ECE.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import validation
+
+DEFAULT_ECE_BINS = 15
+"""The benchmark's (and Guo et al.'s) number of equal-width ECE bins."""
+
+
+class EqualWidthBins(NamedTuple):
+  """Per-bin sufficient statistics of P(correct) predictions in equal-width bins.
+
+  Bin b (0-based) is ``(b / B, (b + 1) / B]``; bin 0 also holds 0.
+
+  Attributes:
+    counts: [B] int32, predictions per bin.
+    hits: [B] int32, correct ones per bin.
+    confidence_sum: [B] float, sum of the predictions in each bin.
+  """
+
+  counts: jax.Array
+  hits: jax.Array
+  confidence_sum: jax.Array
+
+  @property
+  def n_bins(self) -> int:
+    return self.counts.shape[-1]
+
+  @property
+  def edges(self) -> jax.Array:
+    """[B + 1] float, 0, 1/B, ..., 1."""
+    return jnp.linspace(0.0, 1.0, self.n_bins + 1)
+
+  @property
+  def accuracy(self) -> jax.Array:
+    """[B] hits / counts (NaN for an empty bin)."""
+    return self.hits / self.counts
+
+  @property
+  def mean_confidence(self) -> jax.Array:
+    """[B] mean prediction per bin (NaN for an empty bin)."""
+    return self.confidence_sum / self.counts
+
+  @property
+  def ece(self) -> jax.Array:
+    """[] sum_b (n_b / N) |acc_b - conf_b| = sum_b |hits_b - confidence_sum_b| / N."""
+    return _ece(self.hits, self.confidence_sum, self.counts)
+
+
+@jax.jit
+def _ece(hits, confidence_sum, counts):
+  return jnp.sum(jnp.abs(hits - confidence_sum)) / jnp.sum(counts)
+
+
+def equal_width_edges(n_bins: int, dtype) -> np.ndarray:
+  """The B - 1 interior edges b / B of equal-width bins of [0, 1], each rounded once
+  to ``dtype`` (as ``np.linspace(0, 1, B + 1)`` cast to it; float32 ``jnp.linspace``
+  is an ulp off for most B): the host and the device bin alike."""
+  return (np.arange(1, n_bins) / n_bins).astype(dtype)
+
+
+def equal_width_index(values: jax.Array | np.ndarray, n_bins: int) -> jax.Array | np.ndarray:
+  """Right-closed equal-width bin of each value in [0, 1]: #{interior edges < value}.
+
+  The one bin rule of every equal-width statistic here (``EqualWidthBins``,
+  histogram binning, Table 1's ECE); ``values`` of any shape, traceable,
+  ``n_bins`` static. A NumPy array is binned on the host, by NumPy, to the same
+  int32 indices (in the dtype the device would bin it in: float32 unless x64 is on).
+  """
+  on_host = isinstance(values, np.ndarray)
+  if on_host:
+    values = validation.in_device_dtype(values)
+  edges = equal_width_edges(n_bins, values.dtype)
+  return (np if on_host else jnp).searchsorted(edges, values, side="left").astype(np.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("n_bins",))
+def count_equal_width(confidence: jax.Array, correct: jax.Array, n_bins: int) -> EqualWidthBins:
+  """``equal_width_bins`` of checked arrays; traceable."""
+  index = equal_width_index(confidence, n_bins)
+  counts = jax.ops.segment_sum(jnp.ones_like(index), index, n_bins)
+  hits = jax.ops.segment_sum(correct.astype(jnp.int32), index, n_bins)
+  confidence_sum = jax.ops.segment_sum(confidence, index, n_bins)
+  return EqualWidthBins(counts, hits, confidence_sum)
+
+
+def equal_width_bins(
+  confidence: ArrayLike, correct: ArrayLike, n_bins: int = DEFAULT_ECE_BINS
+) -> EqualWidthBins:
+  """Counts P(correct) predictions in equal-width bins of [0, 1] (reliability diagram).
+
+  Args:
+    confidence: [N] float in [0, 1], predicted probability that each prediction is
+      correct (e.g. the max softmax probability).
+    correct: [N] bool, whether it was.
+    n_bins: B >= 1.
+
+  Returns:
+    ``EqualWidthBins`` with counts, hits and the sum of the predictions per bin.
+  """
+  confidence, correct = validation.score_and_event(
+    "confidence", confidence, correct, probability=True
+  )
+  return count_equal_width(confidence, correct, validation.positive_int("n_bins", n_bins))
+
+
+def equal_width_ece(
+  confidence: ArrayLike, correct: ArrayLike, n_bins: int = DEFAULT_ECE_BINS
+) -> jax.Array:
+  """Binary ECE of P(correct) predictions with equal-width bins (the benchmark's ECE).
+
+  ``sum_b (n_b / N) |acc_b - conf_b|`` with acc_b the fraction correct and conf_b
+  the mean prediction in bin b; empty bins contribute nothing. This is the
+  benchmark's ``expected_calibration_error`` (bin centres of mass, not bin
+  midpoints). With ``confidence = pmax`` and ``correct`` the Top-1 event it is
+  ``baselines.confidence_ece``: use it for the binary Top-1 ECE of any P(correct)
+  prediction, e.g. the raw or temperature-scaled max softmax, or Top-1 binning's
+  ``binning.predict`` output scored with the benchmark's bins.
+
+  Unlike ``metrics.ece`` (the paper's eq. CE: quantile bins fitted on the
+  calibration split, test accuracy against the fitted bin probabilities), the
+  bins here are fixed equal-width intervals of the prediction itself.
+
+  Args:
+    confidence: [N] float in [0, 1].
+    correct: [N] bool.
+    n_bins: B >= 1 (15 in the benchmark).
+
+  Returns:
+    [] float in [0, 1].
+  """
+  return equal_width_bins(confidence, correct, n_bins).ece
