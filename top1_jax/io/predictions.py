@@ -19,7 +19,6 @@ Paths may be local or URLs (``top1_jax.io.files``).
 
 import dataclasses
 import io
-import json
 import os
 import pathlib
 import re
@@ -32,174 +31,9 @@ import numpy as np
 from etils import epath
 
 from top1_jax.core import scores, validation
-from top1_jax.io import files
+from top1_jax.io import files, prediction_checks
+from top1_jax.io.prediction_checks import read_meta
 from top1_jax.version import __version__
-
-_SCORE_PREFIX = "score_"
-_SCORE_NAME = re.compile(r"^[A-Za-z0-9_]+$")
-_META_TYPES = {
-  "dataset": (str,),
-  "split": (str,),
-  "model": (str,),
-  "method": (str,),
-  "version": (str,),
-  "dropout_rate": (int, float),
-  "ensemble_size": (int,),
-  "seed": (int,),
-}
-
-# The local checks below differ from validation.as_array/float_array on purpose:
-# a field of this file has one dtype kind, so an int array where floats belong
-# (labels saved as logits) or a str array is "expected a float dtype" (or
-# "an integer dtype"), not promoted or called "not real-valued"; and the NaN/Inf
-# scan runs in chunks, as [S, N, K] logits can be gigabytes.
-
-
-def _numpy(name: str, value: Any) -> np.ndarray:
-  if value is None:
-    raise ValueError(f"{name}: expected an array, got None")
-  try:
-    return np.asarray(value)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{name}: cannot convert to an array ({e})") from None
-
-
-def _check_float(name: str, value: Any, ndim: tuple[int, ...]) -> np.ndarray:
-  """[...] finite float32 array of one of the ranks ``ndim``."""
-  array = _numpy(name, value)
-  if array.ndim not in ndim:
-    want = " or ".join(f"{d}-D" for d in ndim)
-    raise ValueError(f"{name}: expected a {want} array, got shape {array.shape}")
-  if not np.issubdtype(array.dtype, np.floating):
-    raise ValueError(f"{name}: expected a float dtype, got {array.dtype}")
-  array = array.astype(np.float32, copy=False)
-  flat = array.reshape(-1)
-  # In chunks: [S, N, K] logits can be gigabytes, and so would a full bool mask.
-  chunk = 1 << 22
-  for start in range(0, flat.size, chunk):
-    finite = np.isfinite(flat[start : start + chunk])
-    if not finite.all():
-      first = start + int(np.argmin(finite))
-      bad = sum(
-        int(np.count_nonzero(~np.isfinite(flat[i : i + chunk])))
-        for i in range(start, flat.size, chunk)
-      )
-      raise ValueError(
-        f"{name}: {bad} non-finite value(s) (first at flat index {first}:"
-        f" {flat[first]}); remove or fix NaN/Inf"
-      )
-  return array
-
-
-def _check_probs(name: str, value: Any, num_examples: int) -> np.ndarray:
-  """[N, K] float32 probabilities, one row per label, rows summing to 1."""
-  array = _check_float(name, value, (2,))
-  if array.shape[0] != num_examples:
-    raise ValueError(
-      f"{name}: expected {num_examples} rows (one per label), got shape {array.shape}"
-    )
-  validation.probability_array(name, array, 2, sums_to_one=True)
-  return array
-
-
-def _meta_json(meta: Mapping) -> str:
-  def plain(value):
-    if isinstance(value, np.generic):
-      return value.item()
-    raise TypeError(f"{type(value).__name__} {value!r} is not JSON-serializable")
-
-  return json.dumps(meta, sort_keys=True, allow_nan=False, default=plain)
-
-
-def _check_meta(meta: Any) -> dict:
-  if meta is None:
-    return {}
-  if not isinstance(meta, Mapping):
-    raise ValueError(f"meta: expected a dict (JSON object), got {type(meta).__name__}")
-  meta = dict(meta)
-  for key in meta:
-    if not isinstance(key, str):
-      raise ValueError(f"meta: keys must be strings, got {key!r}")
-  try:
-    meta = json.loads(_meta_json(meta))
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"meta: not JSON-serializable ({e})") from None
-  for key, types in _META_TYPES.items():
-    if key in meta:
-      value = meta[key]
-      if isinstance(value, bool) or not isinstance(value, types):
-        want = " or ".join(t.__name__ for t in types)
-        raise ValueError(f"meta: {key} must be {want}, got {value!r}")
-  if "dropout_rate" in meta and not 0.0 <= meta["dropout_rate"] < 1.0:
-    raise ValueError(f"meta: dropout_rate must be in [0, 1), got {meta['dropout_rate']}")
-  if "ensemble_size" in meta and meta["ensemble_size"] < 1:
-    raise ValueError(f"meta: ensemble_size must be >= 1, got {meta['ensemble_size']}")
-  return meta
-
-
-def _check_labels(value: Any) -> np.ndarray:
-  """[N] integer labels, N >= 1 (their range is checked once K is known)."""
-  labels = _numpy("labels", value)
-  if labels.ndim != 1:
-    raise ValueError(f"labels: expected a 1-D array, got shape {labels.shape}")
-  if not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(f"labels: expected an integer dtype, got {labels.dtype}")
-  validation.check_nonempty("labels", labels)
-  return labels
-
-
-def _check_logits(value: Any, num_examples: int) -> np.ndarray:
-  """[S, N, K] float32 logits; a [N, K] array is taken as S = 1."""
-  logits = _check_float("logits", value, (2, 3))
-  if logits.ndim == 2:
-    logits = logits[None]
-  if logits.shape[1] != num_examples:
-    raise ValueError(
-      f"logits: expected N={num_examples} (from labels) on axis 1 of"
-      f" [S, N, K], got shape {logits.shape}"
-    )
-  if logits.shape[0] < 1:
-    raise ValueError(f"logits: expected at least one sample, got shape {logits.shape}")
-  return logits
-
-
-def _check_scores(scores: Any, num_examples: int) -> dict[str, np.ndarray]:
-  """name -> [N] float32 scores; names fit a file field ``score_<name>``."""
-  if not isinstance(scores, Mapping):
-    raise ValueError(f"scores: expected a dict name -> [N] array, got {type(scores).__name__}")
-  checked = {}
-  for score_name, value in scores.items():
-    field = f"{_SCORE_PREFIX}{score_name}"
-    if not isinstance(score_name, str) or not _SCORE_NAME.match(score_name):
-      raise ValueError(
-        f"{field}: score names must be letters, digits or underscores, got {score_name!r}"
-      )
-    score = _check_float(field, value, (1,))
-    if score.shape[0] != num_examples:
-      raise ValueError(
-        f"{field}: expected shape ({num_examples},) (one per label), got {score.shape}"
-      )
-    checked[score_name] = score
-  return checked
-
-
-def _check_agreement(logits: np.ndarray, mean_probs: np.ndarray) -> None:
-  """With both fields, ``mean_probs`` must be the mean softmax of ``logits``.
-
-  Evaluation uses the logits; a ``mean_probs`` that says otherwise would be
-  silently ignored, so a file that holds both must be consistent (atol 1e-3, the
-  tolerance of the row sums).
-  """
-  z = logits.astype(np.float64)
-  z = np.exp(z - z.max(axis=-1, keepdims=True))
-  expected = (z / z.sum(axis=-1, keepdims=True)).mean(axis=0)
-  worst = np.abs(expected - mean_probs).max(axis=-1)
-  row = int(np.argmax(worst))
-  if worst[row] > 1e-3:
-    raise ValueError(
-      f"mean_probs: row {row} differs from the mean softmax of logits by {worst[row]:.3g};"
-      " store one of the two, or consistent values"
-    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -230,7 +64,7 @@ class Predictions:
   meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    labels = _check_labels(self.labels)
+    labels = prediction_checks.labels_field(self.labels)
     num_examples = labels.shape[0]
     if self.logits is None and self.mean_probs is None:
       raise ValueError(
@@ -239,27 +73,27 @@ class Predictions:
     num_classes = None
     logits = None
     if self.logits is not None:
-      logits = _check_logits(self.logits, num_examples)
+      logits = prediction_checks.logits_field(self.logits, num_examples)
       num_classes = logits.shape[2]
     mean_probs = None
     if self.mean_probs is not None:
-      mean_probs = _check_probs("mean_probs", self.mean_probs, num_examples)
+      mean_probs = prediction_checks.probs_field("mean_probs", self.mean_probs, num_examples)
       if num_classes is not None and mean_probs.shape[1] != num_classes:
         raise ValueError(
           f"mean_probs: expected K={num_classes} (from logits) columns, got shape"
           f" {mean_probs.shape}"
         )
       if logits is not None:
-        _check_agreement(logits, mean_probs)
+        prediction_checks.check_agreement(logits, mean_probs)
       num_classes = mean_probs.shape[1]
     if num_classes < 2:
       field = "logits" if logits is not None else "mean_probs"
       raise ValueError(f"{field}: expected at least 2 classes, got K={num_classes}")
     labels = validation.labels_array("labels", labels, num_classes, host=True)
-    scores = _check_scores(self.scores, num_examples)
+    scores = prediction_checks.scores_fields(self.scores, num_examples)
     human_probs = None
     if self.human_probs is not None:
-      human_probs = _check_probs("human_probs", self.human_probs, num_examples)
+      human_probs = prediction_checks.probs_field("human_probs", self.human_probs, num_examples)
       if human_probs.shape[1] != num_classes:
         raise ValueError(
           f"human_probs: expected K={num_classes} columns, got shape {human_probs.shape}"
@@ -270,7 +104,7 @@ class Predictions:
       "mean_probs": mean_probs,
       "scores": scores,
       "human_probs": human_probs,
-      "meta": _check_meta(self.meta),
+      "meta": prediction_checks.checked_meta(self.meta),
     }
     for key, value in fields.items():
       object.__setattr__(self, key, value)
@@ -313,12 +147,12 @@ def save_predictions(
       f" {type(predictions).__name__}"
     )
   meta = {"version": __version__, **predictions.meta}
-  arrays = {"labels": predictions.labels, "meta": np.asarray(_meta_json(meta))}
+  arrays = {"labels": predictions.labels, "meta": np.asarray(prediction_checks.meta_json(meta))}
   for key in ("logits", "mean_probs", "human_probs"):
     if getattr(predictions, key) is not None:
       arrays[key] = getattr(predictions, key)
   for score_name, score in predictions.scores.items():
-    arrays[f"{_SCORE_PREFIX}{score_name}"] = score
+    arrays[f"{prediction_checks.SCORE_PREFIX}{score_name}"] = score
   save = np.savez_compressed if compress else np.savez
   return files.atomic_write(path, lambda file: save(file, **arrays))
 
@@ -327,24 +161,6 @@ def _np_load(path: pathlib.Path | epath.Path):
   # np.load wants a seekable file: a local path as is, an object read into memory.
   source = path if isinstance(path, pathlib.Path) else io.BytesIO(path.read_bytes())
   return np.load(source, allow_pickle=False)
-
-
-def read_meta(value: np.ndarray) -> dict:
-  """The ``meta`` field (a 0-d JSON string array) as a dict; ValueError naming ``meta``."""
-  if value.ndim != 0 or value.dtype.kind not in "US":
-    raise ValueError(
-      f"meta: expected a JSON string (0-d str array), got shape {value.shape} dtype {value.dtype}"
-    )
-  text = value.item()
-  if isinstance(text, bytes):
-    text = text.decode("utf-8", errors="replace")
-  try:
-    meta = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"meta: invalid JSON ({e})") from None
-  if not isinstance(meta, dict):
-    raise ValueError(f"meta: expected a JSON object, got {type(meta).__name__}")
-  return meta
 
 
 def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
@@ -357,16 +173,12 @@ def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
       raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
     try:
       if key == "meta":
-        fields["meta"] = read_meta(value)
-      elif key.startswith(_SCORE_PREFIX):
-        fields["scores"][key[len(_SCORE_PREFIX) :]] = value
-      elif key in ("labels", "logits", "mean_probs", "human_probs"):
-        fields[key] = value
+        fields["meta"] = prediction_checks.read_meta(value)
+      elif key.startswith(prediction_checks.SCORE_PREFIX):
+        fields["scores"][key[len(prediction_checks.SCORE_PREFIX) :]] = value
       else:
-        raise ValueError(
-          f"{key}: unexpected field; allowed: labels, logits, mean_probs,"
-          " score_<name>, human_probs, meta"
-        )
+        prediction_checks.check_field_name(key)
+        fields[key] = value
     except ValueError as e:
       raise ValueError(f"{path}: {e}") from None
   return fields
@@ -448,7 +260,7 @@ def from_arrays(
   values = _load_npy("logits" if probs is None else "probs", logits if probs is None else probs)
   fields: dict[str, Any] = {"labels": _load_npy("labels", labels)}
   if probs is not None:
-    values = _check_float("probs", values, (2, 3))
+    values = prediction_checks.float_field("probs", values, (2, 3))
     validation.probability_array("probs", values, (2, 3), sums_to_one=True)
     if values.ndim == 3:
       fields["logits"] = scores.log_probs_from_probs(values)
@@ -500,14 +312,14 @@ def load_human_probs(
         f" {sums.max():g}); divide each row by its sum to get probabilities"
       )
   try:
-    probs = _check_float("human_probs", array, (2,))
+    probs = prediction_checks.float_field("human_probs", array, (2,))
     for name, want, got in (
       ("num_examples", num_examples, probs.shape[0]),
       ("num_classes", num_classes, probs.shape[1]),
     ):
       if want is not None and want != got:
         raise ValueError(f"human_probs: expected {name}={want}, got shape {probs.shape}")
-    return _check_probs("human_probs", probs, probs.shape[0])
+    return prediction_checks.probs_field("human_probs", probs, probs.shape[0])
   except ValueError as e:
     raise ValueError(f"{path}: {e}") from None
 

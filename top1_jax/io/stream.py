@@ -34,12 +34,11 @@ import numpy as np
 from etils import epath
 
 from top1_jax.core import validation
-from top1_jax.io import files
+from top1_jax.io import files, prediction_checks
 from top1_jax.io import predictions as predictions_lib
+from top1_jax.io.prediction_checks import SCORE_PREFIX
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local file header (30 bytes)
-_ARRAY_FIELDS = ("labels", "logits", "mean_probs", "human_probs")
-_SCORE_PREFIX = "score_"
 _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 
 IN_MEMORY_BYTES = 1 << 26
@@ -214,7 +213,7 @@ class PredictionsReader:
         "logits": predictions.logits,
         "mean_probs": predictions.mean_probs,
         "human_probs": predictions.human_probs,
-        **{f"{_SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()},
+        **{f"{SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()},
       }
       members = {k: _Member(v.shape, v.dtype, array=v) for k, v in members.items() if v is not None}
       self.meta, self._members_by_name = dict(predictions.meta), members
@@ -240,7 +239,7 @@ class PredictionsReader:
           raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
         if key == "meta":
           try:
-            self.meta = predictions_lib.read_meta(member.array)
+            self.meta = prediction_checks.read_meta(member.array)
           except ValueError as e:
             raise ValueError(f"{self.path}: {e}") from None
           continue
@@ -253,11 +252,10 @@ class PredictionsReader:
     """The file as a whole: known fields, labels, and N and K agreeing across fields."""
     members = self._members_by_name
     for key in members:
-      if key not in _ARRAY_FIELDS and not key.startswith(_SCORE_PREFIX):
-        raise ValueError(
-          f"{self.path}: {key}: unexpected field; allowed: labels, logits, mean_probs,"
-          " score_<name>, human_probs, meta"
-        )
+      try:
+        prediction_checks.check_field_name(key)
+      except ValueError as e:
+        raise ValueError(f"{self.path}: {e}") from None
     if "labels" not in members:
       raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
     labels = members["labels"]
@@ -284,7 +282,8 @@ class PredictionsReader:
       raise ValueError(f"{self.path}: {e}") from None
     self.num_examples, self.num_classes = num, first.num_classes
     self.num_samples, self.score_names = first.num_samples, tuple(first.scores)
-    self.fields = tuple(k for k in _ARRAY_FIELDS[1:] if getattr(first, k) is not None)
+    arrays = prediction_checks.ARRAY_FIELDS[1:]  # all but the labels
+    self.fields = tuple(k for k in arrays if getattr(first, k) is not None)
 
   def _validate(self, where: str | None, **fields: Any) -> predictions_lib.Predictions:
     try:
@@ -295,8 +294,8 @@ class PredictionsReader:
   def _chunk(self, start: int, stop: int, where: str | None = None) -> predictions_lib.Predictions:
     arrays = {"labels": self.labels[start:stop], "scores": {}}
     for key, member in self._members_by_name.items():
-      if key.startswith(_SCORE_PREFIX):
-        arrays["scores"][key.removeprefix(_SCORE_PREFIX)] = member.rows(self._file, start, stop)
+      if key.startswith(SCORE_PREFIX):
+        arrays["scores"][key.removeprefix(SCORE_PREFIX)] = member.rows(self._file, start, stop)
       elif key != "labels":
         arrays[key] = member.rows(self._file, start, stop)
     if where is None:

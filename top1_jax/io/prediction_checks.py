@@ -1,0 +1,215 @@
+"""The checks of a predictions file's fields, one function per field.
+
+Each checks dtype, shape, agreement with N (from the labels) and K, finite values,
+and for probabilities rows summing to 1, and names the field in its error.
+``predictions.Predictions`` runs them on construction; ``stream.PredictionsReader``
+checks its field names and meta with the same rules.
+"""
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from top1_jax.core import validation
+
+ARRAY_FIELDS = ("labels", "logits", "mean_probs", "human_probs")
+"""The array fields of a predictions file, besides ``score_<name>`` and ``meta``."""
+SCORE_PREFIX = "score_"
+"""A stored score's field is ``score_<name>``."""
+_SCORE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_]+$")
+_META_TYPES = {
+  "dataset": (str,),
+  "split": (str,),
+  "model": (str,),
+  "method": (str,),
+  "version": (str,),
+  "dropout_rate": (int, float),
+  "ensemble_size": (int,),
+  "seed": (int,),
+}
+
+# The local checks below differ from validation.as_array/float_array on purpose:
+# a field of this file has one dtype kind, so an int array where floats belong
+# (labels saved as logits) or a str array is "expected a float dtype" (or
+# "an integer dtype"), not promoted or called "not real-valued"; and the NaN/Inf
+# scan runs in chunks, as [S, N, K] logits can be gigabytes.
+
+
+def _numpy(name: str, value: Any) -> np.ndarray:
+  if value is None:
+    raise ValueError(f"{name}: expected an array, got None")
+  try:
+    return np.asarray(value)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{name}: cannot convert to an array ({e})") from None
+
+
+def float_field(name: str, value: Any, ndim: tuple[int, ...]) -> np.ndarray:
+  """A finite float32 array of one of the ranks ``ndim``; errors name the field ``name``."""
+  array = _numpy(name, value)
+  if array.ndim not in ndim:
+    want = " or ".join(f"{d}-D" for d in ndim)
+    raise ValueError(f"{name}: expected a {want} array, got shape {array.shape}")
+  if not np.issubdtype(array.dtype, np.floating):
+    raise ValueError(f"{name}: expected a float dtype, got {array.dtype}")
+  array = array.astype(np.float32, copy=False)
+  flat = array.reshape(-1)
+  # In chunks: [S, N, K] logits can be gigabytes, and so would a full bool mask.
+  chunk = 1 << 22
+  for start in range(0, flat.size, chunk):
+    finite = np.isfinite(flat[start : start + chunk])
+    if not finite.all():
+      first = start + int(np.argmin(finite))
+      bad = sum(
+        int(np.count_nonzero(~np.isfinite(flat[i : i + chunk])))
+        for i in range(start, flat.size, chunk)
+      )
+      raise ValueError(
+        f"{name}: {bad} non-finite value(s) (first at flat index {first}:"
+        f" {flat[first]}); remove or fix NaN/Inf"
+      )
+  return array
+
+
+def probs_field(name: str, value: Any, num_examples: int) -> np.ndarray:
+  """[N, K] float32 probabilities, one row per label, rows summing to 1."""
+  array = float_field(name, value, (2,))
+  if array.shape[0] != num_examples:
+    raise ValueError(
+      f"{name}: expected {num_examples} rows (one per label), got shape {array.shape}"
+    )
+  validation.probability_array(name, array, 2, sums_to_one=True)
+  return array
+
+
+def meta_json(meta: Mapping) -> str:
+  """``meta`` as the file stores it: sorted JSON, NumPy scalars as plain numbers."""
+
+  def plain(value):
+    if isinstance(value, np.generic):
+      return value.item()
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON-serializable")
+
+  return json.dumps(meta, sort_keys=True, allow_nan=False, default=plain)
+
+
+def checked_meta(meta: Any) -> dict:
+  """``meta`` as a plain JSON object, its known keys of their types and ranges ({} for None)."""
+  if meta is None:
+    return {}
+  if not isinstance(meta, Mapping):
+    raise ValueError(f"meta: expected a dict (JSON object), got {type(meta).__name__}")
+  meta = dict(meta)
+  for key in meta:
+    if not isinstance(key, str):
+      raise ValueError(f"meta: keys must be strings, got {key!r}")
+  try:
+    meta = json.loads(meta_json(meta))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"meta: not JSON-serializable ({e})") from None
+  for key, types in _META_TYPES.items():
+    if key in meta:
+      value = meta[key]
+      if isinstance(value, bool) or not isinstance(value, types):
+        want = " or ".join(t.__name__ for t in types)
+        raise ValueError(f"meta: {key} must be {want}, got {value!r}")
+  if "dropout_rate" in meta and not 0.0 <= meta["dropout_rate"] < 1.0:
+    raise ValueError(f"meta: dropout_rate must be in [0, 1), got {meta['dropout_rate']}")
+  if "ensemble_size" in meta and meta["ensemble_size"] < 1:
+    raise ValueError(f"meta: ensemble_size must be >= 1, got {meta['ensemble_size']}")
+  return meta
+
+
+def labels_field(value: Any) -> np.ndarray:
+  """[N] integer labels, N >= 1 (their range is checked once K is known)."""
+  labels = _numpy("labels", value)
+  if labels.ndim != 1:
+    raise ValueError(f"labels: expected a 1-D array, got shape {labels.shape}")
+  if not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f"labels: expected an integer dtype, got {labels.dtype}")
+  validation.check_nonempty("labels", labels)
+  return labels
+
+
+def logits_field(value: Any, num_examples: int) -> np.ndarray:
+  """[S, N, K] float32 logits; a [N, K] array is taken as S = 1."""
+  logits = float_field("logits", value, (2, 3))
+  if logits.ndim == 2:
+    logits = logits[None]
+  if logits.shape[1] != num_examples:
+    raise ValueError(
+      f"logits: expected N={num_examples} (from labels) on axis 1 of"
+      f" [S, N, K], got shape {logits.shape}"
+    )
+  if logits.shape[0] < 1:
+    raise ValueError(f"logits: expected at least one sample, got shape {logits.shape}")
+  return logits
+
+
+def scores_fields(scores: Any, num_examples: int) -> dict[str, np.ndarray]:
+  """name -> [N] float32 scores; names fit a file field ``score_<name>``."""
+  if not isinstance(scores, Mapping):
+    raise ValueError(f"scores: expected a dict name -> [N] array, got {type(scores).__name__}")
+  checked = {}
+  for score_name, value in scores.items():
+    field = f"{SCORE_PREFIX}{score_name}"
+    if not isinstance(score_name, str) or not _SCORE_NAME_PATTERN.match(score_name):
+      raise ValueError(
+        f"{field}: score names must be letters, digits or underscores, got {score_name!r}"
+      )
+    score = float_field(field, value, (1,))
+    if score.shape[0] != num_examples:
+      raise ValueError(
+        f"{field}: expected shape ({num_examples},) (one per label), got {score.shape}"
+      )
+    checked[score_name] = score
+  return checked
+
+
+def check_agreement(logits: np.ndarray, mean_probs: np.ndarray) -> None:
+  """With both fields, ``mean_probs`` must be the mean softmax of ``logits``.
+
+  Evaluation uses the logits; a ``mean_probs`` that says otherwise would be
+  silently ignored, so a file that holds both must be consistent (atol 1e-3, the
+  tolerance of the row sums).
+  """
+  z = logits.astype(np.float64)
+  z = np.exp(z - z.max(axis=-1, keepdims=True))
+  expected = (z / z.sum(axis=-1, keepdims=True)).mean(axis=0)
+  worst = np.abs(expected - mean_probs).max(axis=-1)
+  row = int(np.argmax(worst))
+  if worst[row] > 1e-3:
+    raise ValueError(
+      f"mean_probs: row {row} differs from the mean softmax of logits by {worst[row]:.3g};"
+      " store one of the two, or consistent values"
+    )
+
+
+def read_meta(value: np.ndarray) -> dict:
+  """The ``meta`` field (a 0-d JSON string array) as a dict; ValueError naming ``meta``."""
+  if value.ndim != 0 or value.dtype.kind not in "US":
+    raise ValueError(
+      f"meta: expected a JSON string (0-d str array), got shape {value.shape} dtype {value.dtype}"
+    )
+  text = value.item()
+  if isinstance(text, bytes):
+    text = text.decode("utf-8", errors="replace")
+  try:
+    meta = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"meta: invalid JSON ({e})") from None
+  if not isinstance(meta, dict):
+    raise ValueError(f"meta: expected a JSON object, got {type(meta).__name__}")
+  return meta
+
+
+def check_field_name(key: str) -> None:
+  """A field a predictions file may hold: ``ARRAY_FIELDS``, ``score_<name>`` or ``meta``."""
+  if key != "meta" and key not in ARRAY_FIELDS and not key.startswith(SCORE_PREFIX):
+    raise ValueError(
+      f"{key}: unexpected field; allowed: labels, logits, mean_probs,"
+      " score_<name>, human_probs, meta"
+    )
