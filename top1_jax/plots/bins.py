@@ -363,39 +363,15 @@ def refinement_figure(
         f"{name}: expected a (train_bins, test_bins) pair, got {type(pair).__name__}"
       )
     _check_pair(*pair, name=name)
-  accuracy, delta = _check_options(accuracy, delta, bounds)
-
+  _check_options(accuracy, delta, bounds)
   fig = figures.new_figure((14.0, 5.2))
   axes = fig.subplots(1, 2, sharey=True)
-  layouts = {}
-  for ax, (name, (train_bins, test_bins)) in zip(axes, pairs.items(), strict=True):
-    layouts[name] = _draw_bins(
-      ax,
-      train_bins,
-      test_bins,
-      accuracy=accuracy,
-      delta=delta,
-      bounds=bounds,
-      order="prob",
-      annotate=True,
-      event=event,
-    )
-    ax.set_title(f"{layouts[name].index.size} bins")
+  for ax, (train_bins, test_bins) in zip(axes, pairs.values(), strict=True):
+    used = _layout(train_bins, "prob").index.size
+    options = {"accuracy": accuracy, "delta": delta, "bounds": bounds, "event": event}
+    bin_figure(train_bins, test_bins, **options, order="prob", title=f"{used} bins", ax=ax)
   if overlay:
-    coarse_layout = layouts["coarse"]
-    edges = np.append(coarse_layout.left, 1.0)
-    coarse_prob = np.asarray(coarse[0].prob, np.float64)[coarse_layout.index]
-    axes[1].stairs(
-      coarse_prob,
-      edges,
-      # No baseline: stairs would otherwise close the outline with vertical edges
-      # down to 0 at both ends, a stray line along the y axis.
-      baseline=None,
-      color="0.1",
-      linewidth=1.4,
-      label=f"{coarse_layout.index.size}-bin predictions",
-    )
-    _legend_below(axes[1])
+    _trace_predictions(axes[1], coarse[0])
   # Shared y: the limits of the panel drawn last would cut the other one.
   low = min(ax.get_ylim()[0] for ax in axes)
   high = max(ax.get_ylim()[1] for ax in axes)
@@ -404,3 +380,20 @@ def refinement_figure(
   if title:
     fig.suptitle(title)
   return fig
+
+
+def _trace_predictions(ax: Axes, train_bins: binning.Bins) -> None:
+  """Traces the predictions of ``train_bins`` (ordered by probability) as a step line."""
+  layout = _layout(train_bins, "prob")
+  edges = np.append(layout.left, 1.0)
+  ax.stairs(
+    np.asarray(train_bins.prob, np.float64)[layout.index],
+    edges,
+    # No baseline: stairs would otherwise close the outline with vertical edges
+    # down to 0 at both ends, a stray line along the y axis.
+    baseline=None,
+    color="0.1",
+    linewidth=1.4,
+    label=f"{layout.index.size}-bin predictions",
+  )
+  _legend_below(ax)
