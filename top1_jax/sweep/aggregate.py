@@ -168,11 +168,6 @@ def _mean_std(row: Mapping[str, Any], name: str, digits: int, scale: float = 1.0
   return cell
 
 
-def _eor_digits(row: Mapping[str, Any]) -> int:
-  mean = row.get("eor")
-  return 2 if mean is None or mean < 10 else 1 if mean < 100 else 0
-
-
 def _varying(rows: Sequence[Mapping[str, Any]]) -> set[str]:
   """The settings that differ between rows, and so must be named in a row's label."""
   # Not the seed: merged rows are means over seeds.
@@ -206,10 +201,11 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         continue
       estimator = row.get("estimator") or "bins"
       score = scores.label(row["score"]) + ("" if estimator == "bins" else f" [{estimator}]")
+      eor = _mean_std(row, "eor", tables.eor_digits(row.get("eor")))
       lines.append(
         f"| {tables.row_label(row, varying)} | {score} | {_mean_std(row, 'brier', 4)} "
         f"| {_mean_std(row, 'nll', 4)} | {_mean_std(row, 'ece', 2, 100.0)} "
-        f"| {_mean_std(row, 'eor', _eor_digits(row))} | {_mean_std(row, 'auroc', 3)} "
+        f"| {eor} | {_mean_std(row, 'auroc', 3)} "
         f"| {row['num_runs']} |"
       )
     parts.append("\n".join(lines))

@@ -99,11 +99,17 @@ def _pm(mean: float | None, std: float | None, digits: int) -> str:
   return "–" if mean is None else f"{cell(mean, digits)} ± {cell(std, digits)}"
 
 
+def eor_digits(mean: float | None) -> int:
+  """Decimals of an EOR cell: an odds ratio reads to about three significant digits."""
+  if mean is None or not math.isfinite(mean):
+    return 2
+  return 2 if mean < 10 else 1 if mean < 100 else 0
+
+
 def _eor(mean: float | None, std: float | None) -> str:
   if mean is None or not math.isfinite(mean):
-    return cell(mean, 2)
-  digits = 2 if mean < 10 else 1 if mean < 100 else 0
-  return _pm(mean, std, digits)
+    return cell(mean, eor_digits(mean))  # no "± nan" beside an undefined mean
+  return _pm(mean, std, eor_digits(mean))
 
 
 def _defined_on(row: dict, metric: str, n_folds: int | None) -> str:
