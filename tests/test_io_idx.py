@@ -71,6 +71,30 @@ def test_idx_limit_keeps_the_first_examples(tmp_path, no_system_fmnist):
   assert split.class_names == tuple("0123456789")
 
 
+def test_a_new_idx_dataset_is_one_registry_entry(tmp_path, monkeypatch):
+  system = tmp_path / "system"
+  system.mkdir()
+  images, labels = _small_images(n=5)
+  labels = labels % 3
+  _write_idx_split(system, "test", images, labels)
+  entry = datasets.IdxDataset(("a", "b", "c"), lambda: system, "apt-get install toy-digits")
+  monkeypatch.setitem(datasets.REGISTRY, "toy_digits", entry)
+  split = datasets.load_dataset("toy_digits", "test")
+  assert (split.num_classes, split.class_names, split.source) == (
+    3,
+    ("a", "b", "c"),
+    f"idx:{system}",
+  )
+  info = datasets.split_info("toy_digits", "test", limit=4)
+  assert (info.source, info.num_examples, info.num_classes) == (f"idx:{system}", 4, 3)
+  empty = tmp_path / "user"
+  empty.mkdir()
+  with pytest.raises(
+    datasets.DataUnavailableError, match="leave data_dir out for apt-get install toy-digits"
+  ):
+    datasets.load_dataset("toy_digits", "train", data_dir=empty, source="idx", fallback=False)
+
+
 def test_idx_system_directory_is_the_fallback(tmp_path, monkeypatch):
   system = tmp_path / "system"
   system.mkdir()

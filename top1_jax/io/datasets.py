@@ -1,14 +1,15 @@
-"""Datasets as numpy arrays: one loader for IDX files and TFDS.
+"""Datasets as numpy arrays: one registry of loaders, IDX files and TFDS.
 
 ``load_dataset(name, split)`` returns a ``DatasetSplit``: images
 ``[N, H, W, C]`` float32 in [0, 1] and labels ``[N]`` int32. Sources, in order:
 
-* ``fashion_mnist`` / ``mnist`` as IDX files (``train-images-idx3-ubyte.gz``,
-  ``t10k-labels-idx1-ubyte.gz``, ...; gzipped or not) in ``data_dir``, then, for
-  Fashion-MNIST, in ``/usr/share/datasets/fashion-mnist`` (Debian package
-  ``dataset-fashion-mnist``). This is the offline default (``top1_jax.io.idx``).
-  With ``fallback=False`` an explicit ``data_dir`` is the only place read. A
-  directory with only one of a split's two IDX files is refused, never skipped.
+* A name in ``REGISTRY`` (``fashion_mnist``, ``mnist``) as IDX files
+  (``train-images-idx3-ubyte.gz``, ``t10k-labels-idx1-ubyte.gz``, ...; gzipped or
+  not) in ``data_dir``, then in its system copy: Fashion-MNIST's in
+  ``/usr/share/datasets/fashion-mnist`` (Debian package ``dataset-fashion-mnist``),
+  the offline default (``top1_jax.io.idx``). With ``fallback=False`` an explicit
+  ``data_dir`` is the only place read. A directory with only one of a split's two
+  IDX files is refused, never skipped.
 * Any TFDS name (``cifar10``, ``cifar100``, ``imagenet2012``, ...) prepared in
   ``data_dir`` (or TFDS's default directory), or built by TFDS when TensorFlow
   and the network are there (``top1_jax.io.tfds``); otherwise one clear
@@ -19,7 +20,7 @@ divides into calibration and evaluation folds. ``split_info`` says where a split
 would be read from, and its size for IDX files, from the file headers alone.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -35,8 +36,38 @@ from top1_jax.io.splits import (
 )
 
 
+class IdxDataset(NamedTuple):
+  """A dataset read from IDX files (``top1_jax.io.idx``) before TFDS is tried.
+
+  Attributes:
+    class_names: the K class names, in label order.
+    system_dir: where a system package installs the IDX files, read when
+      ``data_dir`` lacks them (unless ``fallback=False``); a function, so the place
+      is looked up at each load (tests point it elsewhere). None: no system copy.
+    install: the command that installs that package, for error messages.
+  """
+
+  class_names: tuple[str, ...]
+  system_dir: Callable[[], epath.PathLike] | None = None
+  install: str | None = None
+
+
+REGISTRY: dict[str, IdxDataset] = {
+  "fashion_mnist": IdxDataset(
+    idx.FASHION_MNIST_CLASSES, lambda: idx.FASHION_MNIST_DIR, INSTALL_FASHION_MNIST
+  ),
+  "mnist": IdxDataset(tuple(str(digit) for digit in range(10))),
+}
+"""Datasets with a loader of their own, by name; every other name is TFDS's (its own
+registry). Adding an IDX dataset is one entry here."""
+
+
 def _no_idx_error(
-  name: str, split: str, directories: list, tfds_error: DataUnavailableError | None
+  name: str,
+  split: str,
+  dataset: IdxDataset,
+  directories: list,
+  tfds_error: DataUnavailableError | None,
 ) -> DataUnavailableError:
   """No IDX files in ``directories`` (and, with ``tfds_error``, no TFDS data either)."""
   prefix = idx.IDX_SPLIT_PREFIX[split]
@@ -44,12 +75,12 @@ def _no_idx_error(
   no_idx = (
     f"no IDX files ({prefix}-images-idx3-ubyte[.gz], {prefix}-labels-idx1-ubyte[.gz]) in {searched}"
   )
-  if name != "fashion_mnist":
+  if dataset.system_dir is None:
     fix_idx = "put the IDX files in data_dir"
-  elif files.as_path(idx.FASHION_MNIST_DIR) in directories:
-    fix_idx = f"{INSTALL_FASHION_MNIST} (the offline default), or put the IDX files in data_dir"
+  elif files.as_path(dataset.system_dir()) in directories:
+    fix_idx = f"{dataset.install} (the offline default), or put the IDX files in data_dir"
   else:  # an explicit data_dir that must not fall back to the system copy
-    fix_idx = f"put the IDX files in data_dir, or leave data_dir out for {INSTALL_FASHION_MNIST}"
+    fix_idx = f"put the IDX files in data_dir, or leave data_dir out for {dataset.install}"
   if tfds_error is None:
     return DataUnavailableError(f"{name} ({split}): {no_idx}. Fix: {fix_idx}")
   return DataUnavailableError(
@@ -59,31 +90,34 @@ def _no_idx_error(
   )
 
 
-def _check_arguments(name, split, source: str) -> bool:
-  """Checks load_dataset's arguments; whether IDX files are looked for."""
+def _idx_dataset(name, split, source: str) -> IdxDataset | None:
+  """Checks load_dataset's arguments; the registry entry whose IDX files are looked
+  for, or None when the name goes to TFDS alone."""
   if source not in ("auto", "idx", "tfds"):
     raise ValueError(f"source: expected 'auto', 'idx' or 'tfds', got {source!r}")
   if not isinstance(name, str) or not name:
     raise ValueError(f"name: expected a dataset name, got {name!r}")
   if not isinstance(split, str) or not split:
     raise ValueError(f"split: expected a split name, got {split!r}")
-  if source == "idx" and name not in idx.IDX_DATASETS:
-    raise ValueError(f"name: IDX files are read for {sorted(idx.IDX_DATASETS)}, got {name!r}")
-  if source == "tfds" or name not in idx.IDX_DATASETS:
-    return False
+  if source == "idx" and name not in REGISTRY:
+    raise ValueError(f"name: IDX files are read for {sorted(REGISTRY)}, got {name!r}")
+  if source == "tfds" or name not in REGISTRY:
+    return None
   if split not in idx.IDX_SPLIT_PREFIX:
     raise ValueError(
       f"split: {name} IDX files have splits {sorted(idx.IDX_SPLIT_PREFIX)}, got {split!r}"
       " (use limit= for a subset)"
     )
-  return True
+  return REGISTRY[name]
 
 
-def _find_idx(name: str, split: str, data_dir, fallback: bool) -> tuple[list, tuple | None]:
+def _find_idx(
+  name: str, split: str, dataset: IdxDataset, data_dir, fallback: bool
+) -> tuple[list, tuple | None]:
   """(the directories searched, the split's IDX pair found in the first that has it)."""
   directories = [files.as_path(data_dir)] if data_dir is not None else []
-  if name == "fashion_mnist" and (data_dir is None or fallback):
-    directories.append(files.as_path(idx.FASHION_MNIST_DIR))
+  if dataset.system_dir is not None and (data_dir is None or fallback):
+    directories.append(files.as_path(dataset.system_dir()))
   for directory in directories:
     half = idx.incomplete_idx_pair(directory, split)
     if half is not None:
@@ -110,10 +144,10 @@ def load_dataset(
 ) -> DatasetSplit:
   """Loads one split of a dataset into memory.
 
-  ``fashion_mnist`` and ``mnist`` are read from IDX files in ``data_dir`` (and
-  Fashion-MNIST from ``/usr/share/datasets/fashion-mnist``) when present; any
-  other name, or these when no IDX files are found, goes through TFDS
-  (``tfds.load_tfds``).
+  The names in ``REGISTRY`` (``fashion_mnist``, ``mnist``) are read from IDX files in
+  ``data_dir`` (and from their system copy, Fashion-MNIST's in
+  ``/usr/share/datasets/fashion-mnist``) when present; any other name, or these
+  when no IDX files are found, goes through TFDS (``tfds.load_tfds``).
 
   Args:
     name: ``"fashion_mnist"``, ``"mnist"`` or any TFDS name.
@@ -137,24 +171,25 @@ def load_dataset(
       of a split's two IDX files.
     ValueError: bad arguments or corrupt files.
   """
-  if not _check_arguments(name, split, source):
+  dataset = _idx_dataset(name, split, source)
+  if dataset is None:
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
-  directories, found = _find_idx(name, split, data_dir, fallback)
+  directories, found = _find_idx(name, split, dataset, data_dir, fallback)
   if found is not None:
     return idx.load_idx(
       *found,
-      num_classes=len(idx.IDX_DATASETS[name]),
+      num_classes=len(dataset.class_names),
       name=name,
       split=split,
       limit=limit,
-      class_names=idx.IDX_DATASETS[name],
+      class_names=dataset.class_names,
     )
   if source == "idx":
-    raise _no_idx_error(name, split, directories, None)
+    raise _no_idx_error(name, split, dataset, directories, None)
   try:
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
   except DataUnavailableError as e:
-    raise _no_idx_error(name, split, directories, e) from None
+    raise _no_idx_error(name, split, dataset, directories, e) from None
 
 
 class SplitInfo(NamedTuple):
@@ -193,14 +228,15 @@ def split_info(
   """
   if limit is not None:
     limit = validation.positive_int("limit", limit)
-  if _check_arguments(name, split, source):
-    directories, found = _find_idx(name, split, data_dir, fallback)
+  dataset = _idx_dataset(name, split, source)
+  if dataset is not None:
+    directories, found = _find_idx(name, split, dataset, data_dir, fallback)
     if found is not None:
       count = idx.count_idx_examples(*found)
       count = count if limit is None else min(count, limit)
-      return SplitInfo(f"idx:{found[0].parent}", count, len(idx.IDX_DATASETS[name]))
+      return SplitInfo(f"idx:{found[0].parent}", count, len(dataset.class_names))
     if source == "idx":
-      raise _no_idx_error(name, split, directories, None)
+      raise _no_idx_error(name, split, dataset, directories, None)
   return SplitInfo(f"tfds:{'default' if data_dir is None else data_dir}", None, None)
 
 
@@ -234,6 +270,8 @@ def iterate_batches(
 __all__ = [
   "DataUnavailableError",
   "DatasetSplit",
+  "IdxDataset",
+  "REGISTRY",
   "SplitInfo",
   "iterate_batches",
   "load_dataset",

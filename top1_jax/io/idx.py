@@ -34,11 +34,6 @@ FASHION_MNIST_CLASSES = (
   "Ankle boot",
 )
 
-# Datasets that are also read from IDX files: name -> class names.
-IDX_DATASETS = {
-  "fashion_mnist": FASHION_MNIST_CLASSES,
-  "mnist": tuple(str(digit) for digit in range(10)),
-}
 # Split -> file name prefix.
 IDX_SPLIT_PREFIX = {"train": "train", "test": "t10k"}
 
@@ -302,7 +297,6 @@ def load_idx(
 __all__ = [
   "FASHION_MNIST_CLASSES",
   "FASHION_MNIST_DIR",
-  "IDX_DATASETS",
   "IDX_SPLIT_PREFIX",
   "count_idx_examples",
   "find_idx_files",
