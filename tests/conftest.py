@@ -7,11 +7,11 @@ import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One CPU device, also in the launchers the tests start (evaluate would take one per
-# core, ~0.3 s more start-up per run; tests/test_scale.py checks those devices' scores).
+# core, a longer start-up per run; tests/test_scale.py checks those devices' scores).
 # And XLA's backend optimisation level 0: the suite compiles hundreds of programs over
-# tiny arrays, where LLVM optimising a program costs more than running it (four
-# compile-heavy test files: 120 s -> 65 s on 2 cores). Results agree to float32
-# rounding, and every assertion is a tolerance or compares programs compiled alike.
+# tiny arrays, where LLVM optimising a program costs more than running it. Results
+# agree to float32 rounding, and every assertion is a tolerance or compares programs
+# compiled alike.
 # Tests that start processes with their own XLA_FLAGS (several devices: test_scale,
 # test_mc, test_multihost) run at the level users get.
 os.environ.setdefault(

@@ -113,7 +113,7 @@ def test_run_checkpoints_keep_the_last_epoch_and_resume(tmp_path):
       run.latest(template)
 
 
-def test_run_checkpoints_read_the_folders_of_the_previous_layout(tmp_path):
+def test_run_checkpoints_read_the_epoch_folders_of_save_checkpoint(tmp_path):
   images, _ = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
   template = train.create_train_state(_MLP, _TX, jax.random.key(9), images[:1])

@@ -17,7 +17,7 @@ import pytest
 from top1_jax.engine import parallel
 
 _TESTS = pathlib.Path(__file__).resolve().parent
-_TIMEOUT_S = 120  # ~10 s when it works; a process that fails leaves the other waiting
+_TIMEOUT_S = 120  # far beyond a working run; a process that fails leaves the other waiting
 
 
 def _load_worker():

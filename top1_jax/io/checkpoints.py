@@ -26,10 +26,10 @@ from top1_jax.io import files
 
 __all__ = ["RunCheckpoints", "save_checkpoint", "restore_checkpoint"]
 
-# Written into every checkpoint and checked on restore. It names the module that
-# first wrote the format; changing it would make existing checkpoints unreadable.
+# Written into every checkpoint and checked on restore. A fixed name, not where
+# TrainState is defined: changing it would make existing checkpoints unreadable.
 _FORMAT = "top1_jax.engine.train.TrainState/1"
-# The folders ``save_checkpoint`` wrote per epoch before runs used RunCheckpoints.
+# The folders ``save_checkpoint`` writes, one per epoch: ``epoch_<N>``.
 _LEGACY_PREFIX = "epoch_"
 
 
@@ -195,9 +195,9 @@ class RunCheckpoints:
   process 0 writes, all read. A save is atomic: a run killed while saving
   resumes from the previous epoch. Use it as a context manager, or ``close`` it.
 
-  A folder of the layout before this class (``epoch_N/`` folders written by
-  ``save_checkpoint``) is read while the manager holds no checkpoint of its
-  own: its newest one resumes as epoch N. The next ``save`` goes beside it.
+  A folder of ``save_checkpoint``'s layout (``epoch_N/`` folders) is read while
+  the manager holds no checkpoint of its own: its newest one resumes as epoch N.
+  The next ``save`` goes beside it.
   """
 
   def __init__(self, directory: epath.PathLike):

@@ -3,9 +3,9 @@
 Prepared ArrayRecord data is read with ``tfds`` data sources, which need no
 TensorFlow; TFRecord data needs it. Building (download and prepare) needs
 TensorFlow and the network (or, for ImageNet-style datasets, the manual
-download). Both are checked first (the network probe waits at most 3 s), so a
-machine without them gets one clear ``DataUnavailableError`` instead of TFDS's
-download retries (about 205 s offline).
+download). Both are checked first (the network probe has a short ``timeout``), so
+a machine without them gets one clear ``DataUnavailableError`` at once instead of
+TFDS's download retries, which last minutes offline (docs/performance.md).
 """
 
 import importlib.util

@@ -1,9 +1,8 @@
 """How the library's small programs are compiled.
 
 ``jit_small`` is ``jax.jit`` for programs over per-bin or per-split arrays
-(kilobytes): XLA's backend at optimisation level 0 compiles them 2-3x as fast
-(cross-validation's metrics from bin counts: 1.05 s -> 0.39 s on a 2-core CPU),
-and they still run in a few milliseconds (there: 0.6 -> 2.4 ms). A first evaluate
+(kilobytes): XLA's backend at optimisation level 0 compiles them several times
+faster, and they still run in a few milliseconds (docs/performance.md). A first evaluate
 compiles a few dozen programs, so compile time is much of its wall time. Only for
 functions called outside ``jit``: JAX refuses compiler options on a nested one.
 """

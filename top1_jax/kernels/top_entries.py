@@ -1,8 +1,8 @@
 """Each row's top entries and a label's rank, by max and count passes: no sort, no arg-max.
 
-Why: on the CPU, XLA reduces a float max or sum over 1,000 classes ~20x faster
-than an arg-max (a variadic reduction it does not vectorise) and ~4x faster than
-an integer count, and ``lax.top_k`` sorts. At ImageNet size every score and event
+Why: on the CPU, XLA reduces a float max or sum over classes many times faster
+than an arg-max (a variadic reduction it does not vectorise) and faster than an
+integer count (docs/performance.md), and ``lax.top_k`` sorts. At ImageNet size every score and event
 is a pass over [N, K] = [50000, 1000], so these forms are what make them cheap.
 Ties are broken as ``argmax`` and ``lax.top_k`` break them: towards the lower class.
 """
