@@ -352,12 +352,14 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path, monkeypatch, error, e
 # Human labels
 
 
+def _saved_without_human_probs(tmp_path, fields):
+  plain = predictions_lib.Predictions(labels=fields["labels"], logits=fields["logits"])
+  return predictions_lib.save_predictions(tmp_path / "preds.npz", plain)
+
+
 def test_attach_human_probs(tmp_path):
   fields = _fields()
-  preds_path = predictions_lib.save_predictions(
-    tmp_path / "preds.npz",
-    predictions_lib.Predictions(labels=fields["labels"], logits=fields["logits"]),
-  )
+  preds_path = _saved_without_human_probs(tmp_path, fields)
   human_path = tmp_path / "cifar10h-probs.npy"
   np.save(human_path, fields["human_probs"].astype(np.float64))
   out = predictions_lib.attach_human_probs(
@@ -376,10 +378,7 @@ def test_attach_human_probs(tmp_path):
 
 def test_attach_human_probs_checks_the_shape(tmp_path):
   fields = _fields()
-  preds_path = predictions_lib.save_predictions(
-    tmp_path / "preds.npz",
-    predictions_lib.Predictions(labels=fields["labels"], logits=fields["logits"]),
-  )
+  preds_path = _saved_without_human_probs(tmp_path, fields)
   human_path = tmp_path / "h.npy"
   np.save(human_path, np.full((N + 1, K), 1 / K))
   with pytest.raises(
