@@ -8,4 +8,6 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/bootstrap.sh"
 install_fashion_mnist || true
 cd "$ROOT"
-exec "$VENV/bin/python" -m top1_jax.launch.reproduce --config=top1_jax/configs/default.py "$@"
+# No --config here: the launcher's default is top1_jax/configs/default.py, and a second
+# --config from "$@" with --config.<field> overrides would define each override twice.
+exec "$VENV/bin/python" -m top1_jax.launch.reproduce "$@"
