@@ -35,7 +35,13 @@ COLUMNS = (
   "estimator",
   "n_bins",
 )
-"""results.csv's settings columns, in order; the metrics' columns follow (crossval.rows)."""
+"""results.csv's settings columns, in order; the metrics' columns follow (``METRIC_COLUMNS``)."""
+
+METRIC_COLUMNS = tuple(
+  f"{name}{suffix}" for name in crossval.METRICS for suffix in ("", "_std", "_num_splits")
+)
+"""results.csv's metric columns, in order: each metric of ``crossval.METRICS`` (its mean
+over splits), its ``_std`` and, for a metric that can be undefined, its ``_num_splits``."""
 
 STRING_COLUMNS = ("dataset", "model", "method", "source", "score", "estimator", "seeds", "label")
 """Columns kept as text even when a cell looks like a number (a model named "1")."""
@@ -47,6 +53,17 @@ FLOAT_COLUMNS = ("train_dropout_rate", "dropout_rate") + tuple(
   f"{name}{suffix}" for name in crossval.METRICS for suffix in ("", "_std")
 )
 """Real-valued columns; a column of none of these kinds is read as whatever it parses as."""
+
+
+def in_column_order(row: dict[str, Any]) -> dict[str, Any]:
+  """``row`` with its cells in results.csv's order: ``COLUMNS``, then ``METRIC_COLUMNS``,
+  then any other key in the row's own order.
+
+  One order whatever the row's keys were built from: a sweep point's record saved as JSON
+  comes back with its keys sorted, and a rerun must write the same file.
+  """
+  known = [c for c in (*COLUMNS, *METRIC_COLUMNS) if c in row]
+  return {**{c: row[c] for c in known}, **{k: v for k, v in row.items() if k not in known}}
 
 
 def _number(column: str, text: str, integer: bool) -> int | float:

@@ -81,7 +81,7 @@ def tidy_rows(records: list[dict]) -> list[dict]:
     for row in record["rows"]:
       settings = {**record["columns"], "score": record["score"], "topk": record["topk"]}
       settings["estimator"] = record.get("estimator", "bins")
-      tidy = {**settings, **row}
+      tidy = results.in_column_order({**settings, **row})  # reused records' keys are sorted
       tidy["label"] = row_label(tidy, mixed)
       rows.append(tidy)
   return rows
