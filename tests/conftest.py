@@ -1,6 +1,7 @@
 """Shared pytest set-up: CPU only, deterministic, no network."""
 
 import atexit
+import collections
 import os
 import shutil
 import tempfile
@@ -63,27 +64,19 @@ def offline(monkeypatch):
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", forbidden)
 
 
-# The test files that take longest (seconds on a 2-core CPU, serially), run first: with
-# one file per xdist worker (test.sh), the workers then end within a few seconds of
-# each other instead of one waiting out the end-to-end launcher tests alone.
-SLOWEST_FILES = (
-  "test_experiments.py",
-  "test_mc.py",
-  "test_cli.py",
-  "test_settings.py",
-  "test_multihost.py",
-  "test_readme.py",
-  "test_train.py",
-  "test_scores.py",
-)
+# Files that hold the most slow tests (``@pytest.mark.slow``: launchers end to end,
+# training, several processes) run first: with one file per xdist worker (test.sh), the
+# workers then end within a few seconds of each other instead of one waiting out the
+# end-to-end tests alone. The order is derived from the marks, so marking a test slow
+# is all it takes; files without slow tests keep their collection order after them.
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the fast tier keeps the same order
 def pytest_collection_modifyitems(items):
-  def rank(item):
-    name = item.path.name
-    return SLOWEST_FILES.index(name) if name in SLOWEST_FILES else len(SLOWEST_FILES)
-
-  items.sort(key=rank)  # stable: a file's tests keep their order
+  slow_tests = collections.Counter(
+    item.path.name for item in items if item.get_closest_marker("slow") is not None
+  )
+  items.sort(key=lambda item: -slow_tests[item.path.name])  # stable: a file keeps its order
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ _MLP = models.MLP(num_classes=4, hidden_sizes=(16,))
 _TX = optax.adam(1e-2)
 
 
+@pytest.mark.slow  # trains an ensemble
 def test_checkpoint_round_trip_of_an_ensemble_and_refusals(tmp_path):
   images, labels = gaussian_blobs()
   ensemble = train.init_ensemble(_MLP, _TX, jax.random.key(0), images[:1], ensemble_size=2)

@@ -41,6 +41,7 @@ def _start_two_processes(workdir: pathlib.Path) -> list:
   return processes.start(commands, env)
 
 
+@pytest.mark.slow
 def test_two_processes_train_and_checkpoint_as_one(tmp_path):
   workers = _start_two_processes(tmp_path)
   try:  # the reference, in this one-device process while the workers run

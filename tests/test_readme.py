@@ -33,7 +33,17 @@ def _tested_blocks(name):
   return _BLOCK.findall((ROOT / name).read_text())
 
 
-CASES = [(name, i) for name, count in EXPECTED.items() for i in range(count)]
+def _trains(name, index):
+  """Whether a block trains a network (docs/api.md's models example): a slow test."""
+  blocks = _tested_blocks(name)
+  return index < len(blocks) and "train.fit" in blocks[index][0]
+
+
+CASES = [
+  pytest.param(name, i, id=f"{name}:{i}", marks=[pytest.mark.slow] if _trains(name, i) else [])
+  for name, count in EXPECTED.items()
+  for i in range(count)
+]
 
 
 @pytest.mark.parametrize("name", EXPECTED)
@@ -46,7 +56,7 @@ def test_the_readme_promises_printed_output():
   assert len(promised) == 2  # the practitioner's Calibrator and the cross_validate block
 
 
-@pytest.mark.parametrize(("name", "index"), CASES, ids=[f"{n}:{i}" for n, i in CASES])
+@pytest.mark.parametrize(("name", "index"), CASES)
 def test_example_runs_and_prints_what_it_says(name, index, tmp_path, monkeypatch):
   block, promised = _tested_blocks(name)[index]
   if "load_dataset" in block and not (idx.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists():
