@@ -243,6 +243,7 @@ def _launch(*args):
   )
 
 
+@pytest.mark.slow
 def test_launcher_writes_tables_json_and_figure(tmp_path):
   for seed in range(3):
     _workdir(tmp_path / "runs" / f"seed{seed}", seed, topks=(1, 2))
@@ -272,6 +273,7 @@ def _error_line(result) -> str:
   return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_launcher_errors_are_one_line(tmp_path):
   result = _launch(f"--workdir={tmp_path / 'out'}", f"--workdirs={tmp_path}/nothing*")
   assert _error_line(result) == f"error: --workdirs: {tmp_path}/nothing* names no work dir"

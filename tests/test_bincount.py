@@ -19,6 +19,7 @@ def _smooth(num, seed):
   return u.astype(np.float32), rng.random(num) < p
 
 
+@pytest.mark.slow
 def test_the_chosen_count_is_near_the_best_on_a_big_independent_test_set():
   u, correct = _smooth(20_000, seed=0)
   u_test, correct_test = _smooth(400_000, seed=99)

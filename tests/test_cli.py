@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples" / "data"
+from top1_jax import load_example
+
 BIN = pathlib.Path(sys.executable).parent
 LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find-mislabeled", "demo", "aggregate")
 
@@ -22,6 +22,7 @@ def _run(args, cwd, check=True):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LAUNCHERS)
 def test_every_console_script_is_installed_and_starts_anywhere(name, tmp_path):
   script = BIN / f"top1-{name}"
@@ -30,10 +31,11 @@ def test_every_console_script_is_installed_and_starts_anywhere(name, tmp_path):
   assert "--workdir" in out.stdout + out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
-  data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
-  np.save(tmp_path / "lenet_probs.npy", data["predictions"])
-  np.save(tmp_path / "labels.npy", data["ground_truth"])
+  data = load_example("lenet-5-cifar-10")
+  np.save(tmp_path / "lenet_probs.npy", data.probs)
+  np.save(tmp_path / "labels.npy", data.labels)
   args = [
     str(BIN / "top1-evaluate"),
     "--workdir=out",
@@ -70,6 +72,7 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
     (["--config.inputs=bad.npy", "--config.labels=labels.npy"], "probs: each row must sum to 1"),
   ],
 )
+@pytest.mark.slow
 def test_top1_evaluate_array_errors_are_one_line(flags, message, tmp_path):
   np.save(tmp_path / "p.npy", np.full((4, 3), 1 / 3, np.float32))
   np.save(tmp_path / "bad.npy", np.full((4, 3), 0.5, np.float32))
@@ -98,8 +101,7 @@ import numpy as np
 import top1_jax as t1
 from top1_jax import metrics
 
-data = np.load(sys.argv[1])
-probs, labels = data["predictions"], data["ground_truth"]
+probs, labels = t1.load_example(sys.argv[1])[:2]  # the package's example data, from any folder
 rng = np.random.default_rng(0)
 order = rng.permutation(len(labels))
 cal, test = order[:5000], order[5000:]
@@ -114,10 +116,11 @@ print(sorted(m for m in Block.HEAVY if m in sys.modules))
 """
 
 
+@pytest.mark.slow
 def test_the_core_works_without_the_heavy_packages(tmp_path):
   script = tmp_path / "core_only.py"
   script.write_text(_CORE_ONLY)
-  args = [sys.executable, str(script), str(EXAMPLES / "densenet-bc-100-cifar-100.npz"), "cal.json"]
+  args = [sys.executable, str(script), "densenet-bc-100-cifar-100", "cal.json"]
   out = _run(args, cwd=tmp_path)
   brier_lines = out.stdout.strip().splitlines()
   binned, raw = map(float, brier_lines[0].split())
@@ -126,6 +129,7 @@ def test_the_core_works_without_the_heavy_packages(tmp_path):
   assert json.loads((tmp_path / "cal.json").read_text())["format"] == "top1_jax.Calibrator"
 
 
+@pytest.mark.slow
 def test_degenerate_top5_gives_strict_json_and_marked_cells(tmp_path):
   # Top-5 is right for all but one example: most test halves hold one class only.
   rng = np.random.default_rng(0)
@@ -202,6 +206,7 @@ def test_top1_demo_runs_and_writes_its_table(tmp_path):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["a_file", "a_file/below"])
 def test_a_work_dir_that_cannot_be_one_is_one_line(where, tmp_path):
   (tmp_path / "a_file").write_text("not a folder")
@@ -213,9 +218,9 @@ def test_a_work_dir_that_cannot_be_one_is_one_line(where, tmp_path):
 
 def _lenet_arrays(tmp_path, num=3000) -> list[str]:
   """LeNet's first ``num`` probabilities and labels as .npy files; top1-evaluate's arguments."""
-  data = np.load(EXAMPLES / "lenet-5-cifar-10.npz")
-  np.save(tmp_path / "p.npy", data["predictions"][:num])
-  np.save(tmp_path / "y.npy", data["ground_truth"][:num])
+  data = load_example("lenet-5-cifar-10")
+  np.save(tmp_path / "p.npy", data.probs[:num])
+  np.save(tmp_path / "y.npy", data.labels[:num])
   return [
     str(BIN / "top1-evaluate"),
     "--workdir=out",
@@ -225,6 +230,7 @@ def _lenet_arrays(tmp_path, num=3000) -> list[str]:
   ]
 
 
+@pytest.mark.slow
 def test_estimators_setting_gives_an_estimator_column(tmp_path):
   args = _lenet_arrays(tmp_path)
   flags = ["--config.estimators=(bins,isotonic,kde)", "--config.scores=(pmax,entropy)"]
@@ -248,6 +254,7 @@ def test_estimators_setting_gives_an_estimator_column(tmp_path):
   assert all(row["top1_score"] == "pmax" for row in comparison)  # Table 1 stays the bins'
 
 
+@pytest.mark.slow
 def test_selective_prediction_and_top_label_binning_on_lenet(tmp_path):
   args = _lenet_arrays(tmp_path)
   # 5 bins: every predicted class (about 150 of a half's 1500) gets its own top-label bins.

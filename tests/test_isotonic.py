@@ -63,6 +63,7 @@ def test_matches_sklearn_without_the_prior(num, ties, seed, increasing):
   outcomes=st.lists(st.booleans(), min_size=60, max_size=60),
   increasing=st.booleans(),
 )
+@pytest.mark.slow
 def test_matches_sklearn_on_small_tied_data(levels, outcomes, increasing):
   u = np.asarray(levels, np.float32) / 4
   correct = np.asarray(outcomes[: len(levels)])

@@ -59,6 +59,7 @@ def _per_example_loop(apply_fn, variables, x, key, num_samples, rate):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["mlp", "cnn"])
 def test_mc_dropout_equals_python_loop_over_the_same_keys(case, request):
   apply_fn, variables, x = request.getfixturevalue(case)
@@ -78,6 +79,7 @@ def test_mc_dropout_equals_python_loop_over_the_same_keys(case, request):
   rate=st.floats(0.0, 0.9),
   seed=st.integers(0, 2**31 - 1),
 )
+@pytest.mark.slow
 def test_mc_dropout_loop_property(mlp, num_samples, batch, rate, seed):
   apply_fn, variables, x = mlp
   key = jax.random.key(seed)
@@ -88,6 +90,7 @@ def test_mc_dropout_loop_property(mlp, num_samples, batch, rate, seed):
   np.testing.assert_allclose(samples, loop, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["mlp", "cnn"])
 def test_mc_dropout_logits_equal_predict_samples(case, request):
   # One key scheme: the same samples from the batch function and the streamed one,
@@ -148,6 +151,7 @@ def test_ensemble_logits_equal_each_member(cnn, strategy):
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_predict_mc_matches_per_example_keys_and_scores(mlp):
   apply_fn, variables, x = mlp
   x = x[:7]
@@ -184,6 +188,7 @@ def test_predict_mc_matches_per_example_keys_and_scores(mlp):
     np.testing.assert_allclose(predictions.scores[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow
 def test_predict_does_not_depend_on_chunk_size(mlp):
   apply_fn, variables, x = mlp
   runs = [
@@ -204,6 +209,7 @@ def test_predict_does_not_depend_on_chunk_size(mlp):
     np.testing.assert_allclose(other.mean_log_probs, runs[0].mean_log_probs, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_predict_ensemble_matches_ensemble_logits(cnn):
   apply_fn, _, x = cnn
   _, stacked = _stack_members(apply_fn.model, x[:1], 4, seed=8)
@@ -316,6 +322,7 @@ print("finished")
 """
 
 
+@pytest.mark.slow
 def test_predict_does_not_deadlock_the_cpu_thread_pool():
   # Batched eigh calls large enough to be split over jaxlib's CPU thread pool,
   # two per program (probs and logits): this hung forever on 2 cores before the
@@ -342,6 +349,7 @@ def reference_predictions():
   return _load_worker().predictions_of_case()
 
 
+@pytest.mark.slow
 def test_sharded_on_8_fake_devices_equals_single_device(tmp_path, reference_predictions):
   out = tmp_path / "sharded.npz"
   env = _worker_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
@@ -359,6 +367,7 @@ def test_sharded_on_8_fake_devices_equals_single_device(tmp_path, reference_pred
     np.testing.assert_allclose(data[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow
 def test_two_processes_with_jax_distributed_equal_single_process(tmp_path, reference_predictions):
   port = processes.free_port()
   outputs = [tmp_path / f"process{i}.npz" for i in range(2)]
