@@ -12,7 +12,7 @@ import pytest
 
 from top1_jax.core import binning, events, metrics, scores, validation
 from top1_jax.evaluation import baselines, crossval
-from top1_jax.io import predictions
+from top1_jax.io import examples, predictions
 
 LOGITS = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)
 U = np.linspace(0.0, 1.0, 10)
@@ -154,6 +154,12 @@ CASES = {
     lambda: scores.compute(LOGITS, human_probs=np.full((6, 5), 0.5)),
     "human_probs: each row must sum to 1",
   ),
+  # the example data's names
+  "load_example unknown name": (
+    lambda: examples.load_example("cifar10"),
+    "name: expected one of 'densenet-bc-100-cifar-100', 'lenet-5-cifar-10', got 'cifar10'",
+  ),
+  "load_example name None": (lambda: examples.load_example(None), "name: expected one of"),
 }
 
 

@@ -6,8 +6,6 @@ the comparison the paper makes (Top-1 binning vs the raw softmax) on synthetic
 logits whose miscalibration is known.
 """
 
-import pathlib
-
 import jax
 import numpy as np
 import pytest
@@ -19,9 +17,9 @@ from hypothesis.extra import numpy as hnp
 
 from top1_jax.core import binning, events, metrics, scores
 from top1_jax.evaluation import baselines
+from top1_jax.io.examples import load_example
 
 NUM_CLASSES = 10
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
 
 
 def _sample(num, seed, scale=2.0, num_classes=NUM_CLASSES):
@@ -158,9 +156,9 @@ def _bisection_temperature(logits, labels, low=1e-5, high=1e5, steps=60):
 @pytest.mark.parametrize("name", ["lenet-5-cifar-10", "densenet-bc-100-cifar-100"])
 def test_fit_temperature_matches_bisection_on_real_networks(name):
   # Real softmax outputs (log-probabilities with 1e-37 tails), on a calibration half.
-  data = np.load(EXAMPLES / f"{name}.npz")
-  log_probs = scores.log_probs_from_probs(data["predictions"][:5000])
-  labels = data["ground_truth"][:5000]
+  data = load_example(name)
+  log_probs = scores.log_probs_from_probs(data.probs[:5000])
+  labels = data.labels[:5000]
   fitted = float(baselines.fit_temperature(log_probs, labels))
   assert fitted == pytest.approx(_bisection_temperature(log_probs, labels), rel=1e-5)
   assert 1.2 < fitted < 2.5  # both networks are overconfident

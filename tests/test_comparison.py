@@ -5,7 +5,6 @@ into the library: per split, the softmax in NumPy, then the public single-metric
 functions of ``baselines``, ``metrics`` and ``toplabel`` on the test part.
 """
 
-import pathlib
 import types
 
 import numpy as np
@@ -15,9 +14,8 @@ from top1_jax.core import events, metrics, scores
 from top1_jax.estimators import toplabel
 from top1_jax.evaluation import baselines, crossval
 from top1_jax.io import predictions
+from top1_jax.io.examples import load_example
 from top1_jax.sweep import comparison, runner
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
 
 
 def _split_metrics(log_probs, labels, variant, test, ece_bins, compare_bins):
@@ -63,8 +61,8 @@ def _oracle_rows(log_probs, labels, splits, variants, ece_bins, compare_bins):
 
 
 def _real(name, num):
-  data = np.load(EXAMPLES / f"{name}.npz")
-  return scores.log_probs_from_probs(data["predictions"][:num]), data["ground_truth"][:num]
+  data = load_example(name)
+  return scores.log_probs_from_probs(data.probs[:num]), data.labels[:num]
 
 
 def _synthetic(num, num_classes=3):

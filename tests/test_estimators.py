@@ -2,18 +2,16 @@
 same way, through Calibrator and cross-validation alike."""
 
 import json
-import pathlib
 
 import jax
 import numpy as np
 import pytest
 
-from top1_jax import Calibrator, metrics
+from top1_jax import Calibrator, load_example, metrics
 from top1_jax.core import binning, scores
 from top1_jax.estimators import base, isotonic, kde, registry, table, temperature
 from top1_jax.evaluation import crossval
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
 METHODS = registry.names()
 
 
@@ -189,8 +187,7 @@ def test_intervals_of_bins_and_kde_and_temperature_probabilities():
 
 @pytest.fixture(scope="module", params=["densenet-bc-100-cifar-100", "lenet-5-cifar-10"])
 def real_halves(request):
-  data = np.load(EXAMPLES / f"{request.param}.npz")
-  probs, labels = data["predictions"], data["ground_truth"]
+  probs, labels = load_example(request.param)[:2]
   cal, test = np.split(np.random.default_rng(0).permutation(len(labels)), 2)
   return request.param, probs[cal], labels[cal], probs[test], labels[test]
 

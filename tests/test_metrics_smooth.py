@@ -6,20 +6,17 @@ test says how, and compares with the plain-loop oracle of the definition instead
 """
 
 import itertools
-import pathlib
 
 import numpy as np
 import pytest
 
 from top1_jax.core import metrics
 from top1_jax.evaluation import selective
-
-DATA = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data"
+from top1_jax.io.examples import load_example
 
 
 def _real(name):
-  with np.load(DATA / f"{name}.npz") as record:
-    probs, labels = record["predictions"], record["ground_truth"]
+  probs, labels = load_example(name)[:2]
   return probs.max(axis=1), probs.argmax(axis=1) == labels
 
 

@@ -2,7 +2,7 @@
 what they say.
 
 Every ```python block right after a `<!-- tested -->` line is executed, from a fresh
-folder that sees the repository's `examples/` (as a user in the clone's root would).
+temporary folder (the example data comes from `top1_jax.load_example`, not the clone).
 When the block is followed by "prints (the test suite runs this block):" and a ```
 block, the printed lines must equal those, except lines starting with
 "Decomposition" (whose Array reprs the README abbreviates).
@@ -12,6 +12,8 @@ import contextlib
 import io
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -61,7 +63,6 @@ def test_example_runs_and_prints_what_it_says(name, index, tmp_path, monkeypatch
   block, promised = _tested_blocks(name)[index]
   if "load_dataset" in block and not (idx.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists():
     pytest.skip("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
-  (tmp_path / "examples").symlink_to(ROOT / "examples")  # the example data, as from the root
   monkeypatch.chdir(tmp_path)  # examples that write files write them here
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
@@ -72,3 +73,17 @@ def test_example_runs_and_prints_what_it_says(name, index, tmp_path, monkeypatch
     assert len(printed) == len(promised), out.getvalue()
     keep = [i for i, line in enumerate(promised) if not line.startswith("Decomposition")]
     assert [printed[i] for i in keep] == [promised[i] for i in keep]
+
+
+@pytest.mark.slow
+def test_the_quick_start_runs_from_a_folder_outside_the_clone(tmp_path):
+  # A user's own folder, in a fresh interpreter: nothing of the clone on the path but the
+  # installed package, so the example data must come from inside it.
+  assert ROOT not in tmp_path.resolve().parents
+  block, promised = _tested_blocks("README.md")[0]
+  out = subprocess.run(
+    [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=600
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.splitlines() == promised.splitlines()
+  assert (tmp_path / "calibrator.json").is_file()

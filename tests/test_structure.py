@@ -34,7 +34,7 @@ MAY_IMPORT = {
   "calibrator": {"io", "plots"} | _MATHS,
   "configs": set(),
   "launch": {"calibrator", "sweep", "plots", "io", "engine", "configs"} | _MATHS,
-  "__init__": {"calibrator", "sweep", "version"} | _MATHS,
+  "__init__": {"calibrator", "sweep", "io", "version"} | _MATHS,
 }
 """Each layer (a folder, or a module at the top of the package) and what it may import."""
 

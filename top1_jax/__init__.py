@@ -73,6 +73,7 @@ from top1_jax.evaluation.crossval import (
   make_splits,
 )
 from top1_jax.evaluation.mislabeled import ConfidentErrors, confident_errors
+from top1_jax.io.examples import load_example
 from top1_jax.sweep import comparison
 from top1_jax.version import __version__  # noqa: F401  (the public version)
 
@@ -139,4 +140,6 @@ __all__ = [
   # the supplement's mislabelled-image search
   "ConfidentErrors",
   "confident_errors",
+  # example data: two real networks' CIFAR test-set probabilities and labels
+  "load_example",
 ]
