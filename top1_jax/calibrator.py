@@ -27,6 +27,7 @@ checks them and returns ``self``, fitted attributes end in ``_``, ``get_params``
 ``set_params`` (so ``sklearn.base.clone`` works; scikit-learn is not needed).
 """
 
+import inspect
 import json
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,10 @@ FORMAT = "top1_jax.Calibrator"
 VERSION = 2
 """Version 2 saves any method ("method", its "options" and its estimator's "state");
 version 1 (the bins alone, their fields at the top) is still read."""
+MAX_FILE_BYTES = 1 << 28
+"""``load`` refuses a file larger than this (256 MiB) before reading it: a saved
+calibrator is far smaller (top-label bins of 1000 classes with 20 bins each take
+about 2 MB), and a hostile multi-GB file must not fill the memory."""
 INPUTS = ("logits", "probs")
 _PARAMS = ("method", "score", "n_bins", "k", "inputs")
 
@@ -319,13 +324,12 @@ class Calibrator:
 
   @classmethod
   def load(cls, path) -> "Calibrator":
-    """Reads a calibrator written by ``save``; a corrupt or foreign file is a ValueError."""
-    from top1_jax.io import files
+    """Reads a calibrator written by ``save``. A corrupt, foreign or hostile file (over
+    ``MAX_FILE_BYTES``, not UTF-8, nested too deeply, a key given twice, a NaN, a value
+    its stored dtype cannot hold) is a one-line ValueError naming the file and field."""
+    from top1_jax.io import files  # the I/O layer, imported only when a file is read
 
-    try:
-      state = json.loads(files.read_text(path))
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}: not a top1_jax calibrator (invalid JSON: {e})") from None
+    state = files.read_strict_json(path, MAX_FILE_BYTES, "a top1_jax calibrator")
     return cls.from_dict(state, str(path))
 
 
@@ -375,7 +379,7 @@ def _from_dict(cls, state: Any, source: str) -> Calibrator:
   if not isinstance(state, dict) or state.get("format") != FORMAT:
     raise ValueError(f'{source}: not a top1_jax calibrator (no "format": "{FORMAT}")')
   version = state.get("version")
-  if version not in (1, VERSION):
+  if type(version) is not int or version not in (1, VERSION):  # true == 1 == 1.0 in Python
     raise ValueError(
       f"{source}: calibrator version {version!r}, this top1_jax reads 1 and {VERSION}"
     )
@@ -389,8 +393,11 @@ def _from_dict(cls, state: Any, source: str) -> Calibrator:
     settings = {name: state[name] for name in ("method", "score", "k", "inputs")}
     cal = cls(**settings, n_bins=requested, **options)
     entry, _ = cal._checked()
-    n_bins = validation.positive_int("n_bins", state["n_bins"])
-    num_classes = validation.positive_int("num_classes", state["num_classes"], minimum=2)
+    _check_option_types(entry, options)
+    n_bins = validation.positive_int("n_bins", state["n_bins"], maximum=_INT32_MAX)
+    num_classes = validation.positive_int(
+      "num_classes", state["num_classes"], minimum=2, maximum=_INT32_MAX
+    )
     validation.positive_int("k", cal.k, maximum=num_classes)
   except KeyError as e:
     raise ValueError(f"{source}: calibrator field {e} is missing") from None
@@ -399,9 +406,47 @@ def _from_dict(cls, state: Any, source: str) -> Calibrator:
   fitted = entry.from_dict(base.field(state, "state", source), source)
   if isinstance(fitted, binning.Bins) and fitted.n_bins != n_bins:
     raise ValueError(f"{source}: n_bins is {n_bins}, the saved bins have {fitted.n_bins}")
+  examples = _calibration_examples(fitted)
+  if "n_bins" in entry.options and examples is not None and n_bins > examples:
+    raise ValueError(
+      f"{source}: field 'n_bins' is {n_bins}, more than the {examples} calibration examples"
+      " the saved counts add up to (fit makes at most one bin per example)"
+    )
   if version == 1:  # the bins' prior is the calibration accuracy
     accuracy = float(fitted.prior)
   else:
     accuracy = base.read_number(state, "calibration_accuracy", source, 0.0, 1.0)
   cal._set_fitted(entry, fitted, n_bins, num_classes, accuracy)
   return cal
+
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def _check_option_types(entry: base.Estimator, options: dict) -> None:
+  """Each saved option of the JSON type of ``fit``'s default for it (a bool for a bool,
+  an integer for an int, a number for a float); ``fit`` checks the values when refitting."""
+  parameters = inspect.signature(entry.fit).parameters
+  for name, value in options.items():
+    default = parameters[name].default if name in parameters else None
+    if default is None or default is inspect.Parameter.empty:
+      continue
+    if isinstance(default, bool):
+      kinds = (bool,)
+    elif isinstance(default, (int, float)):
+      kinds = (int,) if isinstance(default, int) else (int, float)
+      kinds = () if isinstance(value, bool) else kinds
+    else:
+      kinds = (type(default),)
+    if not isinstance(value, kinds):
+      want = type(default).__name__
+      raise ValueError(
+        f"options: {name} must be a {want} (like its default {default!r}), got {value!r}"
+      )
+
+
+def _calibration_examples(fitted: Any) -> int | None:
+  """How many calibration examples a fitted state's counts add up to (bins, top-label bins'
+  pooled ones, isotonic steps); None for a state that keeps no counts."""
+  counts = getattr(getattr(fitted, "pooled", fitted), "counts", None)
+  return None if counts is None else int(np.sum(np.asarray(counts), dtype=np.int64))

@@ -115,42 +115,87 @@ def field(d: Mapping, name: str, source: str) -> Any:
   return d[name]
 
 
+_INT32 = np.iinfo(np.int32)
+_FLOAT32 = np.finfo(np.float32)
+
+
+def _holds_bool(value: Any) -> bool:
+  """Whether a JSON list (of lists) holds a boolean, which NumPy would take for 0 or 1."""
+  if not isinstance(value, list) or not value:
+    return isinstance(value, bool)
+  if isinstance(value[0], list):
+    return any(_holds_bool(row) for row in value)
+  return bool in map(type, value)
+
+
+def _check_float32(values: np.ndarray, what: str) -> None:
+  """Refuses finite float64 ``values`` that float32 (their stored dtype) turns into an
+  infinity or into 0: a bin edge of 1e300 or 1e-50 would move the predictions."""
+  big = np.abs(values) > _FLOAT32.max
+  tiny = (values != 0) & (np.abs(values) < _FLOAT32.smallest_subnormal)
+  for bad, problem in ((big, "overflows float32"), (tiny, "float32 rounds to 0")):
+    if np.any(bad):
+      value = values.reshape(-1)[np.argmax(bad.reshape(-1))]
+      raise ValueError(
+        f"{what} holds {value:g}, which {problem} (values are stored as float32, magnitudes"
+        f" {_FLOAT32.smallest_subnormal:.3g} to {_FLOAT32.max:.3g}, or 0)"
+      )
+
+
 def read_array(
   d: Mapping, name: str, source: str, kind: str, ndim: int | Sequence[int] = 1
 ) -> np.ndarray:
-  """A saved array field, checked: ``kind`` "f" (finite floats, as float64) or "i"
-  (integers, as int64), of rank ``ndim``."""
+  """A saved array field, checked: ``kind`` "f" (finite numbers that float32 holds, as
+  float64) or "i" (integers that int32 holds, as int64), of rank ``ndim``. Values are
+  JSON numbers: a string, a boolean or a value its stored dtype cannot hold is refused,
+  never converted, wrapped or rounded to an infinity or 0."""
   value = field(d, name, source)
+  what = f"{source}: field {name!r}"
   try:
-    if kind == "f":
-      arr = np.asarray(value, np.float64)
-    else:
-      arr = np.asarray(value)
+    arr = np.asarray(value)
   except (TypeError, ValueError) as e:
-    raise ValueError(f"{source}: field {name!r} is not an array of numbers ({e})") from None
+    raise ValueError(f"{what} is not an array of numbers ({e})") from None
   ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
   if arr.ndim not in ndims:
-    raise ValueError(f"{source}: field {name!r} must have rank {ndims}, got shape {arr.shape}")
-  if kind == "i" and arr.size and arr.dtype.kind not in "iu":
-    raise ValueError(f"{source}: field {name!r} must hold integers, got {arr.dtype}")
-  if kind == "f" and not np.all(np.isfinite(arr)):
-    raise ValueError(f"{source}: field {name!r} must hold finite numbers")
-  return arr.astype(np.int64) if kind == "i" else arr
+    raise ValueError(f"{what} must have rank {ndims}, got shape {arr.shape}")
+  kinds = "iu" if kind == "i" else "iuf"
+  if arr.size and (arr.dtype.kind not in kinds or _holds_bool(value)):
+    want = "integers" if kind == "i" else "numbers"
+    found = "booleans" if arr.dtype.kind in "iuf" else f"{arr.dtype} values"
+    raise ValueError(f"{what} must hold {want}, got {found}")
+  if kind == "i":
+    if arr.size and (arr.min() < _INT32.min or arr.max() > _INT32.max):
+      bad = arr.min() if arr.min() < _INT32.min else arr.max()
+      raise ValueError(f"{what} holds {bad}, outside the int32 range its values are stored in")
+    return arr.astype(np.int64)
+  arr = arr.astype(np.float64)
+  if not np.all(np.isfinite(arr)):
+    raise ValueError(f"{what} must hold finite numbers")
+  _check_float32(arr, what)
+  return arr
 
 
 def read_number(d: Mapping, name: str, source: str, low: float, high: float) -> float:
-  """A saved number in [low, high], or a one-line ValueError naming the field."""
+  """A saved number in [low, high] that float32 holds, or a one-line ValueError naming the field."""
   value = field(d, name, source)
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise ValueError(f"{source}: field {name!r} must be a number, got {value!r}")
-  if not low <= float(value) <= high:
+  if not low <= value <= high:  # compared as given: float() of a huge int overflows
     raise ValueError(f"{source}: field {name!r} must lie in [{low:g}, {high:g}], got {value!r}")
+  if isinstance(value, int) and abs(value) > float(_FLOAT32.max):  # float() could overflow
+    raise ValueError(f"{source}: field {name!r} overflows float32, its stored dtype")
+  _check_float32(np.float64(value), f"{source}: field {name!r}")
   return float(value)
 
 
-def read_int(d: Mapping, name: str, source: str, minimum: int = 1) -> int:
-  """A saved integer >= ``minimum``, or a one-line ValueError naming the field."""
+def read_int(
+  d: Mapping, name: str, source: str, minimum: int = 1, maximum: int = int(_INT32.max)
+) -> int:
+  """A saved integer in [``minimum``, ``maximum``] (int32's by default), or a one-line
+  ValueError naming the field."""
   value = field(d, name, source)
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(f"{source}: field {name!r} must be an integer >= {minimum}, got {value!r}")
+  if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+    raise ValueError(
+      f"{source}: field {name!r} must be an integer in [{minimum}, {maximum}], got {value!r}"
+    )
   return value

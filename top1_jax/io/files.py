@@ -27,7 +27,15 @@ if TYPE_CHECKING:  # etils is imported only for a URL: the core installs without
 
 
 def is_local(path: epath.PathLike) -> bool:
-  """Whether ``path`` names a file on this machine (no ``scheme://`` prefix)."""
+  """Whether ``path`` names a file on this machine (no ``scheme://`` prefix).
+
+  Raises:
+    ValueError: ``path`` is not a path (``str`` or ``os.PathLike``), e.g. None.
+  """
+  if not isinstance(path, (str, os.PathLike)):
+    raise ValueError(
+      f"path: expected a file path (str or os.PathLike), got {type(path).__name__} {path!r:.80}"
+    )
   return "://" not in os.fspath(path)
 
 
@@ -147,6 +155,58 @@ def read_json(path: epath.PathLike) -> Any | None:
     return None
 
 
+class _Refused(ValueError):
+  """A JSON text that parses, but not strictly (a NaN, a key given twice)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+  seen = set()
+  for key, _ in pairs:
+    if key in seen:
+      raise _Refused(f"field {key!r} is given twice in one object; keep one")
+    seen.add(key)
+  return dict(pairs)
+
+
+def _no_constant(token: str):
+  raise _Refused(f"{token} is not strict JSON (write null or a number)")
+
+
+def read_strict_json(path: epath.PathLike, max_bytes: int, what: str) -> Any:
+  """The strict JSON of a file that must be ``what`` (e.g. "a top1_jax calibrator").
+
+  Refused in one line naming the file: more than ``max_bytes`` (checked before reading a
+  local file; at most ``max_bytes + 1`` bytes are read of any other), not UTF-8, invalid
+  JSON, nested deeper than Python's recursion limit, a key given twice in one object
+  (which plain ``json`` lets the last one win), ``NaN`` or ``Infinity``.
+
+  Raises:
+    ValueError: any of these; OSError: the file cannot be read (its message names it).
+  """
+  where = as_path(path)
+  size = where.stat().st_size if is_local(path) else None
+  if size is None or size <= max_bytes:
+    with where.open("rb") as file:
+      data = file.read(max_bytes + 1)
+    size = len(data)
+  if size > max_bytes:
+    raise ValueError(f"{path}: not {what} ({size} bytes, over the {max_bytes} it may have)")
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(
+      f"{path}: not {what} (not UTF-8 text: {e.reason} at byte {e.start}); save it as UTF-8"
+    ) from None
+  try:
+    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+  except RecursionError:
+    raise ValueError(f"{path}: not {what} (JSON nested too deeply)") from None
+  except _Refused as e:
+    raise ValueError(f"{path}: {e}") from None
+  except ValueError as e:  # invalid JSON, or an integer of thousands of digits
+    raise ValueError(f"{path}: not {what} (invalid JSON: {e})") from None
+
+
 def write_csv(path: epath.PathLike, rows: Sequence[dict[str, Any]]) -> pathlib.Path | epath.Path:
   """Writes dict rows as CSV, atomically; returns the path.
 
@@ -170,6 +230,7 @@ __all__ = [
   "atomic_write",
   "is_local",
   "read_json",
+  "read_strict_json",
   "write_bytes",
   "write_csv",
   "write_json",
