@@ -4,13 +4,16 @@ Calibrator files (version 1 and 2) and the estimators' saved states; predictions
 (``load_predictions`` and the streaming reader); IDX data dirs.
 """
 
+import gzip
 import json
+import struct
 
 import numpy as np
 import pytest
 
 from top1_jax import Calibrator, calibrator
 from top1_jax.estimators import registry
+from top1_jax.io import datasets, idx
 
 
 def _version_2():
@@ -156,3 +159,33 @@ def test_estimator_states_refuse_values_their_dtype_cannot_hold(name, field, val
   else:
     state[field] = value
   _refused(lambda: entry.from_dict(state, "saved.json"), f"^saved.json: .*{message}")
+
+
+# ----------------------------------------------------------------------------
+# IDX data dirs
+
+
+def _idx_bytes(array: np.ndarray) -> bytes:
+  header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+  return header + array.astype(np.uint8).tobytes()
+
+
+def test_a_gz_file_and_its_raw_twin_are_used_when_equal_and_refused_when_not(
+  tmp_path, no_system_fmnist
+):
+  # The .gz had been read silently, whatever the raw file beside it held.
+  rng = np.random.default_rng(3)
+  images, labels = rng.integers(0, 256, (6, 4, 4)), np.arange(6) % 10
+  for stem, array in (("t10k-images-idx3-ubyte", images), ("t10k-labels-idx1-ubyte", labels)):
+    (tmp_path / f"{stem}.gz").write_bytes(gzip.compress(_idx_bytes(array)))
+    (tmp_path / stem).write_bytes(_idx_bytes(array))
+  split = datasets.load_dataset("fashion_mnist", "test", data_dir=tmp_path)
+  np.testing.assert_array_equal(split.labels, labels)
+  for raw in (_idx_bytes(labels[::-1]), _idx_bytes(labels[:5]), b""):
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(raw)
+    message = "t10k-labels-idx1-ubyte.gz and t10k-labels-idx1-ubyte hold different data"
+    _refused(lambda: idx.find_idx_files(tmp_path, "test"), message, tmp_path)
+    _refused(lambda: datasets.load_dataset("fashion_mnist", "test", data_dir=tmp_path), message)
+  # A raw twin that is itself gzipped is compared by its data too.
+  (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(gzip.compress(_idx_bytes(labels), 1))
+  assert idx.find_idx_files(tmp_path, "test")[1].name == "t10k-labels-idx1-ubyte.gz"

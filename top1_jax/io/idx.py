@@ -1,9 +1,10 @@
 """IDX files: MNIST and Fashion-MNIST, read offline.
 
 ``fashion_mnist`` and ``mnist`` ship as four IDX files
-(``{train,t10k}-{images-idx3,labels-idx1}-ubyte``, gzipped or not). The Debian
-package ``dataset-fashion-mnist`` installs Fashion-MNIST in
-``FASHION_MNIST_DIR``, which makes it the offline default dataset.
+(``{train,t10k}-{images-idx3,labels-idx1}-ubyte``, gzipped or not). A folder with
+both a ``.gz`` file and its gunzipped twin uses either when their data agree and
+refuses them when not. The Debian package ``dataset-fashion-mnist`` installs
+Fashion-MNIST in ``FASHION_MNIST_DIR``, which makes it the offline default dataset.
 """
 
 import gzip
@@ -47,6 +48,7 @@ _IDX_DTYPES = {
 }
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dims: [N, rows, cols]
 _IDX_LABELS_MAGIC = 0x00000801  # unsigned bytes, 1 dim: [N]
+_COMPARE_BLOCK = 1 << 20  # bytes per read when comparing a .gz file with its raw twin
 
 
 def _read_bytes(path: pathlib.Path | epath.Path) -> bytes:
@@ -161,18 +163,49 @@ def _read_idx_with_magic(path: pathlib.Path | epath.Path, magic: int, what: str)
   return array
 
 
+def _same_data(first: pathlib.Path | epath.Path, second: pathlib.Path | epath.Path) -> bool:
+  """Whether two IDX files hold the same bytes once gunzipped: read a block at a time, side
+  by side, up to the first difference (a size difference shows at the end of the shorter)."""
+  with first.open("rb") as file_a, second.open("rb") as file_b:
+    streams = []
+    for file in (file_a, file_b):
+      gzipped = file.read(2) == b"\x1f\x8b"
+      file.seek(0)
+      streams.append(gzip.GzipFile(fileobj=file) if gzipped else file)
+    while True:
+      blocks = []
+      for path, stream in zip((first, second), streams, strict=True):
+        try:
+          blocks.append(stream.read(_COMPARE_BLOCK))
+        except (EOFError, OSError, zlib.error) as e:
+          raise ValueError(f"{path}: corrupt or truncated gzip data ({e})") from None
+      if blocks[0] != blocks[1]:
+        return False
+      if not blocks[0]:
+        return True
+
+
 def _idx_pair(
   directory: epath.PathLike, split: str
 ) -> list[tuple[str, pathlib.Path | epath.Path | None]]:
-  """[(file name pattern, the file or None)] for a split's images and labels files."""
+  """[(file name pattern, the file or None)] for a split's images and labels files.
+
+  With both ``<stem>.gz`` and ``<stem>``, either is used when they hold the same data;
+  when they differ, which one is meant is not known, so it is refused.
+  """
   if split not in IDX_SPLIT_PREFIX:
     raise ValueError(f"split: expected one of {sorted(IDX_SPLIT_PREFIX)}, got {split!r}")
   directory = files.as_path(directory)
   pair = []
   for kind in ("images-idx3", "labels-idx1"):
     stem = f"{IDX_SPLIT_PREFIX[split]}-{kind}-ubyte"
-    candidates = [directory / f"{stem}.gz", directory / stem]
-    pair.append((f"{stem}[.gz]", next((c for c in candidates if c.is_file()), None)))
+    found = [c for c in (directory / f"{stem}.gz", directory / stem) if c.is_file()]
+    if len(found) == 2 and not _same_data(*found):
+      raise ValueError(
+        f"{directory}: {stem}.gz and {stem} hold different data; remove the one that is not"
+        " wanted (or make them the same)"
+      )
+    pair.append((f"{stem}[.gz]", found[0] if found else None))
   return pair
 
 
