@@ -37,6 +37,9 @@ def test_the_wheel_installs_top1_jax_alone_with_its_configs_and_launchers(built)
     assert top_level == {"top1_jax"}
     assert "top1_jax/configs/default.py" in names and "top1_jax/configs/quick.py" in names
     assert "top1_jax/launch/reproduce.py" in names
+    # top1_jax.load_example's files, and the README with their source and licence.
+    for data in ("README.md", "lenet-5-cifar-10.npz", "densenet-bc-100-cifar-100.npz"):
+      assert f"top1_jax/io/example_data/{data}" in names, data
     info = next(n for n in names if n.endswith(".dist-info/METADATA"))
     metadata = email.message_from_bytes(wheel.read(info))
     entry_points = wheel.read(info.replace("METADATA", "entry_points.txt")).decode()
