@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from top1_jax import plots
 from top1_jax.core import binning, metrics
-from top1_jax.evaluation import crossval
+from top1_jax.evaluation import crossval, selective
 
 
 def _scores(num, seed=0, ties=False):
@@ -80,7 +80,8 @@ def test_bin_figure_two_bars_per_bin_heights_and_widths(pair10, tmp_path):
   # The baseline, the ECE and the intervals are on the plot.
   assert any(np.allclose(line.get_ydata(), baseline) for line in ax.lines)
   legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
-  assert f"ECE = {float(metrics.ece(train, test)):.2%}" in legend
+  # Which ECE, over how many bins: the equal-mass calibration bins, not equal-width ones.
+  assert f"ECE (equal-mass, 10 bins) = {float(metrics.ece(train, test)):.2%}" in legend
   assert "95% Clopper–Pearson" in legend
   (errorbars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
   segments = errorbars.lines[2][0].get_segments()
@@ -111,7 +112,9 @@ def test_bin_figure_ties_widths_follow_weights_and_bin_order():
     event="Top-5",
   )
   assert ax.get_ylabel() == "P(Top-5 prediction correct)"
-  assert ax.get_title() == f"Calibrated Top-5 bins ({num_bins} bins of 10, tied scores merged)"
+  assert ax.get_title() == (
+    f"Calibrated Top-5 bins (10 equal-mass bins requested, {num_bins} after ties)"
+  )
   assert returned is fig
   assert len(ax.patches) == 2 * num_bins
   train_bars = ax.patches[:num_bins]
@@ -124,6 +127,12 @@ def test_bin_figure_ties_widths_follow_weights_and_bin_order():
   assert all(b.get_y() == pytest.approx(0.5) for b in ax.patches)
   legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
   assert "Hoeffding" in legend and "50.0%" in legend
+  assert f"ECE (equal-mass, {num_bins} bins)" in legend
+  # A title of one's own, with the bin counts filled in.
+  fig = plots.bin_figure(train, test, title="mine: {event}, {bins}", event="Top-5")
+  assert (
+    fig.axes[0].get_title() == f"mine: Top-5, 10 equal-mass bins requested, {num_bins} after ties"
+  )
 
 
 def test_bin_figure_empty_test_bin_and_no_bounds(pair10, tmp_path):
@@ -177,7 +186,10 @@ def test_refinement_figure(pair10, tmp_path):
     steps[0].get_data().values, np.sort(np.asarray(pair10[0].prob))[::-1], rtol=1e-6
   )
   assert coarse_ax.get_ylim() == fine_ax.get_ylim()
-  assert [coarse_ax.get_title(), fine_ax.get_title()] == ["10 bins", "40 bins"]
+  assert [coarse_ax.get_title(), fine_ax.get_title()] == [
+    "10 equal-mass bins",
+    "40 equal-mass bins",
+  ]
   # The step line has no closing edges: no vertical segment at either end of the axis.
   path = steps[0].get_path()
   for (x0, y0), (x1, y1) in zip(path.vertices[:-1], path.vertices[1:], strict=True):
@@ -280,6 +292,51 @@ def test_ablation_figure_validation(ablation_results):
   assert len(one.axes) == 1
 
 
+def _oracle_cv():
+  """An oracle-like reference: its score is (almost) the label, far below every real Brier."""
+  u, correct = _scores(3000)
+  oracle = (~correct).astype(np.float32) + np.random.default_rng(2).random(u.shape) * 0.01
+  splits = crossval.make_splits(u.shape[0], 4, seed=0)
+  return crossval.cross_validate(oracle, correct, n_bins=(5, 10, 20, 50), splits=splits)
+
+
+def test_ablation_figure_oracle_is_a_grey_reference_that_leaves_the_axes(ablation_results):
+  oracle = _oracle_cv()
+  name = "model: oracle (needs labels)"
+  plain = plots.ablation_figure(ablation_results)
+  fig = plots.ablation_figure(ablation_results, references={name: oracle})
+  for ax, alone, metric in zip(fig.axes, plain.axes, ("brier", "ece", "eor"), strict=True):
+    # The compared scores set the limits, with or without the reference.
+    assert ax.get_ylim() == alone.get_ylim()
+    (line,) = [line for line in ax.lines if line.get_label() == name]
+    assert line.get_color() == "0.55" and line.get_linewidth() == 1.0
+    np.testing.assert_allclose(line.get_ydata(), oracle.mean[metric], rtol=1e-6)
+  brier_ax = fig.axes[0]
+  assert max(oracle.mean["brier"]) < brier_ax.get_ylim()[0]  # below every real score
+  (note,) = brier_ax.texts
+  assert note.get_text().startswith(f"{name}: ") and "(off scale below)" in note.get_text()
+  assert "at 5, 10, 20, 50 bins" in note.get_text()
+  labels = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert labels == ["u", "u + noise", name]
+  with pytest.raises(ValueError, match=r"references\['o'\]: expected crossval.CrossValidation"):
+    plots.ablation_figure(ablation_results, references={"o": [1]})
+  with pytest.raises(ValueError, match="references: expected a dict"):
+    plots.ablation_figure(ablation_results, references=[oracle])
+
+
+def test_ablation_figure_says_which_ece_and_bins_after_ties(ablation_results):
+  fig = plots.ablation_figure(ablation_results)
+  assert fig.axes[1].get_ylabel() == "ECE (equal-mass, bins on the x axis, %)"
+  assert fig.axes[0].get_xlabel() == "number of bins (requested)"
+  # Five distinct scores: 10 and 20 bins requested leave 5 after ties (every split).
+  u, correct = _scores(2000, ties=True)
+  splits = crossval.make_splits(u.shape[0], 4, seed=0)
+  tied = crossval.cross_validate(u, correct, n_bins=(2, 10, 20), splits=splits)
+  np.testing.assert_array_equal(tied.mean["num_effective_bins"], [2, 5, 5])
+  fig = plots.ablation_figure({"u": tied})
+  assert [t.get_text() for t in fig.legends[0].get_texts()] == ["u (ties: 10→5, 20→5 bins)"]
+
+
 # --------------------------------------------------------------------------- dropout rate
 
 
@@ -299,6 +356,7 @@ def _sweep_rows(models=("cnn",), rates=(0.1, 0.01, 0.05), n_bins=(5, 20), mc_sco
         row |= {"score": score, "topk": 1, "estimator": "bins", "n_bins": bins}
         for metric in crossval.METRICS:
           row[metric], row[f"{metric}_std"] = float(rng.random()), float(rng.random() / 20)
+        row["num_effective_bins"], row["num_effective_bins_std"] = float(bins), 0.0
         rows.append(row)
   return rows
 
@@ -392,8 +450,10 @@ def test_reliability_diagram_matches_numpy_equal_count_bins(tmp_path):
   np.testing.assert_array_equal(heights, counts)
   assert heights.sum() == num
   ece = np.sum(counts / num * np.abs(accuracy - mean_conf))
-  assert points.get_label() == f"accuracy per bin (ECE = {ece:.2%})"
-  assert f"ECE = {ece:.2%}" in [t.get_text() for t in diagram_ax.get_legend().get_texts()][2]
+  assert points.get_label() == f"accuracy per bin; ECE (equal-mass, 15 bins) = {ece:.2%}"
+  assert (
+    f"ECE (equal-mass, 15 bins) = {ece:.2%}" in diagram_ax.get_legend().get_texts()[2].get_text()
+  )
   # The diagonal, and each gap drawn from it to the bin's point.
   assert any(list(line.get_xydata().ravel()) == [0, 0, 1, 1] for line in diagram_ax.lines)
   (gaps,) = [c for c in diagram_ax.collections if c.get_label() == "gap to diagonal"]
@@ -415,7 +475,12 @@ def test_reliability_diagram_ties_merge_bins_and_counts_add_up():
   np.testing.assert_array_equal(heights, [200] * 6 + [800])
   assert len(points.get_xdata()) == 7
   assert points.get_xdata()[-1] == pytest.approx((np.sort(confidence)[1200:].sum()) / 800)
-  assert diagram_ax.get_title() == f"Reliability diagram ({len(heights)} equal-mass bins)"
+  # Requested and effective bin counts, in the title, the counts panel and the ECE's name.
+  assert (
+    diagram_ax.get_title() == "Reliability diagram (10 equal-mass bins requested, 7 after ties)"
+  )
+  assert counts_ax.texts[0].get_text().startswith("10 bins requested, 7 after ties; 200–800")
+  assert points.get_label().startswith("accuracy per bin; ECE (equal-mass, 7 bins) = ")
   assert not diagram_ax.containers  # no error bars with delta=None
 
 
@@ -435,6 +500,58 @@ def test_reliability_diagram_validation(confidence, correct, kwargs, message):
   with pytest.raises(ValueError, match=message) as error:
     plots.reliability_diagram(confidence, correct, **kwargs)
   assert "\n" not in str(error.value)
+
+
+def test_dropout_rate_figure_says_which_ece_and_bins_after_ties():
+  rows = _sweep_rows(rates=(0.01, 0.1))
+  for row in rows:
+    if row["n_bins"] == 20 and row["method"] == "mc_dropout":
+      row["num_effective_bins"] = 17.25 if row["dropout_rate"] == 0.01 else 18.0
+  fig = plots.dropout_rate_figure(rows)
+  assert fig.axes[1].get_ylabel() == "ECE (equal-mass, each line's bins, %)"
+  labels = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert labels[:2] == ["5 bins", "20 bins requested, 17.2–18 after ties"]
+
+
+def test_bins_phrase():
+  from top1_jax.plots import figures
+
+  assert figures.bins_phrase(15, 15, "equal-mass") == "15 equal-mass bins"
+  assert figures.bins_phrase(15, 12) == "15 bins requested, 12 after ties"
+  assert figures.bins_phrase(100, 73.5, "equal-mass") == (
+    "100 equal-mass bins requested, 73.5 after ties"
+  )
+
+
+# --------------------------------------------------------------------------- risk-coverage
+
+
+def test_risk_coverage_figure_every_line_style_in_the_legend(tmp_path):
+  u, correct = _scores(500)
+  curve = selective.risk_coverage(u, correct)
+  points = [
+    plots.OperatingPoint(0.8, 0.5, 0.85, 0.82),
+    plots.OperatingPoint(0.9, 0.2, 0.93, None),  # selected, no bound reported
+    plots.OperatingPoint(0.99, 0.0, None, None),  # nothing selected
+  ]
+  fig = plots.risk_coverage_figure(curve, points, title="synthetic")
+  ax = fig.axes[0]
+  legend = ax.get_legend()
+  shown = {line.get_linestyle() for line in ax.lines if len(line.get_xdata())}
+  in_legend = {handle.get_linestyle() for handle in legend.legend_handles}
+  assert {"-", "--", ":"} <= shown
+  assert shown <= in_legend  # every drawn line style is explained
+  texts = [t.get_text() for t in legend.get_texts()]
+  assert "dashed: target risk, 1 − target" in texts
+  assert "dotted: guaranteed risk, 1 − bound" in texts
+  _check_png(plots.save_figure(fig, tmp_path / "risk.png"))
+  # Without a guarantee drawn, no dotted entry; without points, no dashed one either.
+  fig = plots.risk_coverage_figure(curve, points[1:])
+  assert not any("dotted" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+  fig = plots.risk_coverage_figure(curve)
+  assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+    "risk among the most confident"
+  ]
 
 
 # --------------------------------------------------------------------------- images

@@ -165,6 +165,8 @@ def _draw_bins(
   else:
     baseline = accuracy
   ece = float(metrics_lib.ece(train_bins, test_bins))
+  # Which ECE: over the calibration split's equal-mass bins in use, not equal-width bins.
+  ece_name = f"ECE (equal-mass, {layout.index.size} bins)"
   prob = np.asarray(train_bins.prob, np.float64)[layout.index]
   test_counts = np.asarray(test_bins.counts)[layout.index]
   test_hits = np.asarray(test_bins.hits, np.float64)[layout.index]
@@ -194,7 +196,7 @@ def _draw_bins(
     color=_TEST_COLOR,
     alpha=0.85,
     linewidth=0,
-    label=f"test bins: accuracy, ECE = {ece:.2%}",
+    label=f"test bins: accuracy; {ece_name} = {ece:.2%}",
   )
   lower = upper = None
   if bounds is not None:
@@ -285,7 +287,9 @@ def bin_figure(
       -log pmax, least confident first for a confidence such as pmax).
     annotate: write the first and last bins' predictions on the plot.
     event: the predicted event, for labels ("Top-1", "Top-5").
-    title: axes title; default names the event and the number of bins.
+    title: axes title, where "{bins}" becomes the requested and effective bin
+      counts ("20 equal-mass bins", or "20 equal-mass bins requested, 17 after
+      ties") and "{event}" the event; default names both.
     ax: draw into these axes instead of a new figure.
 
   Returns:
@@ -315,10 +319,9 @@ def bin_figure(
     event=event,
   )
   if title is None:
-    used = layout.index.size
-    merged = "" if used == train_bins.n_bins else f" of {train_bins.n_bins}, tied scores merged"
-    title = f"Calibrated {event} bins ({used} bins{merged})"
-  ax.set_title(title)
+    title = "Calibrated {event} bins ({bins})"
+  bins = figures.bins_phrase(train_bins.n_bins, layout.index.size, "equal-mass")
+  ax.set_title(title.replace("{event}", event).replace("{bins}", bins))
   return fig
 
 
@@ -367,9 +370,8 @@ def refinement_figure(
   fig = figures.new_figure((14.0, 5.2))
   axes = fig.subplots(1, 2, sharey=True)
   for ax, (train_bins, test_bins) in zip(axes, pairs.values(), strict=True):
-    used = _layout(train_bins, "prob").index.size
     options = {"accuracy": accuracy, "delta": delta, "bounds": bounds, "event": event}
-    bin_figure(train_bins, test_bins, **options, order="prob", title=f"{used} bins", ax=ax)
+    bin_figure(train_bins, test_bins, **options, order="prob", title="{bins}", ax=ax)
   if overlay:
     _trace_predictions(axes[1], coarse[0])
   # Shared y: the limits of the panel drawn last would cut the other one.

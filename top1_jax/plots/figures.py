@@ -27,6 +27,27 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
   return fig
 
 
+def bins_phrase(requested: int, effective: float, kind: str = "") -> str:
+  """How many bins a figure shows: requested, and after tied edges merged when fewer.
+
+  ``bins_phrase(15, 15, "equal-mass")`` is "15 equal-mass bins";
+  ``bins_phrase(15, 12, "equal-mass")`` is "15 equal-mass bins requested, 12 after ties".
+  A mean over splits (a float) is written with up to three digits.
+
+  Args:
+    requested: the bin count asked for.
+    effective: bins that hold examples (``Bins.num_effective_bins``, or its mean).
+    kind: the binning's name ("equal-mass", "equal-width"), or "" for none.
+
+  Returns:
+    The phrase.
+  """
+  kind = f"{kind} " if kind else ""
+  if float(effective) >= requested:
+    return f"{requested} {kind}bins"
+  return f"{requested} {kind}bins requested, {float(effective):.3g} after ties"
+
+
 def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib.Path | epath.Path:
   """Writes ``fig`` atomically and closes it.
 

@@ -55,6 +55,8 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
   """The diagonal, the per-bin accuracies, their gaps and intervals; returns the lowest y."""
   conf, acc, counts = stats.mean_confidence, stats.accuracy, stats.counts
   ece = float(np.sum(counts / num * np.abs(acc - conf)))
+  # Which ECE: the one over these bins (after ties), not the benchmark's equal-width one.
+  ece_name = f"ECE (equal-mass, {counts.size} bins)"
   lowest = min(conf.min(), acc.min())
   ax.plot([0, 1], [0, 1], color="0.45", linestyle="--", linewidth=1.0, label="perfect calibration")
   # The gap of each bin, drawn from the diagonal, is what the ECE averages.
@@ -83,7 +85,7 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
     marker="o",
     markersize=4.5,
     linewidth=1.2,
-    label=f"accuracy per bin (ECE = {ece:.2%})",
+    label=f"accuracy per bin; {ece_name} = {ece:.2%}",
   )
   ax.set_ylabel("accuracy in bin")
   ax.grid(alpha=0.3)
@@ -92,7 +94,7 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
   return lowest
 
 
-def _draw_counts(ax: Axes, stats: _BinStats, span: float) -> None:
+def _draw_counts(ax: Axes, stats: _BinStats, span: float, requested: int) -> None:
   """One bar per bin across its confidence range, as high as its number of examples."""
   # Equal-count bins are narrow where confidences crowd (often near 1); a floor on
   # the drawn width keeps such a bin visible.
@@ -111,7 +113,7 @@ def _draw_counts(ax: Axes, stats: _BinStats, span: float) -> None:
   ax.text(
     0.02,
     0.9,
-    f"{counts.size} bins, {spread} examples each (N = {counts.sum()})",
+    f"{figures.bins_phrase(requested, counts.size)}; {spread} examples each (N = {counts.sum()})",
     transform=ax.transAxes,
     va="top",
     fontsize="small",
@@ -128,24 +130,30 @@ def reliability_diagram(
   n_bins: int = 15,
   *,
   delta: float | None = 0.05,
-  title: str | None = None,
+  title: str | None = "Reliability diagram ({bins})",
 ) -> Figure:
   """Confidence against accuracy in equal-mass bins, with the bins' counts below.
 
   The confidences are cut into equal-count bins (``binning.fit``, ties merged);
   each bin is a point at its mean confidence and its accuracy, joined to the
   diagonal of perfect calibration by its gap. The legend gives the ECE of these
-  bins, sum over bins of (count / N) |accuracy - mean confidence|. The lower
-  panel has one bar per bin across the bin's confidence range, as high as its
-  number of examples.
+  bins, named "ECE (equal-mass, B bins)": sum over the B bins of
+  (count / N) |accuracy - mean confidence| (not the benchmarks' equal-width ECE).
+  The lower panel has one bar per bin across the bin's confidence range, as high
+  as its number of examples. Tied confidences merge bins, so B can be below
+  ``n_bins``: the title and the lower panel then say both ("15 equal-mass bins
+  requested, 12 after ties").
 
   Args:
-    confidence: [N] predicted P(correct) in [0, 1], e.g. the raw max-softmax.
+    confidence: [N] predicted P(correct) in [0, 1]: the raw max-softmax, or a
+      calibrator's ``predict_proba``.
     correct: [N] bool, whether each prediction is correct.
-    n_bins: number of equal-mass bins, 1 <= n_bins <= N.
+    n_bins: number of equal-mass bins requested, 1 <= n_bins <= N.
     delta: draws per-bin ``1 - delta`` Clopper–Pearson intervals of the accuracy;
       None for none.
-    title: axes title; default names the number of bins.
+    title: axes title; "{bins}" in it becomes the requested and effective bin
+      counts ("15 equal-mass bins", or "15 equal-mass bins requested, 12 after ties");
+      None for none (the lower panel still gives the bin counts).
 
   Returns:
     A ``Figure`` with two axes sharing the confidence axis: the diagram, the counts.
@@ -171,11 +179,11 @@ def reliability_diagram(
   low = max(0.0, np.floor(10 * lowest - 1e-9) / 10 - 0.02)
   diagram_ax.set_xlim(low, 1.01)
   diagram_ax.set_ylim(low, 1.01)
-  _draw_counts(counts_ax, stats, 1.01 - low)
+  _draw_counts(counts_ax, stats, 1.01 - low, n_bins)
   for ax in (diagram_ax, counts_ax):
     ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
   diagram_ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
-  if title is None:
-    title = f"Reliability diagram ({stats.counts.size} equal-mass bins)"
-  diagram_ax.set_title(title)
+  if title is not None:
+    bins = figures.bins_phrase(n_bins, stats.counts.size, "equal-mass")
+    diagram_ax.set_title(title.replace("{bins}", bins))
   return fig

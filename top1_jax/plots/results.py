@@ -33,9 +33,56 @@ def _reliability_figure(figures, source, test):
   # The raw confidence, as benchmarks report it: no calibration split is used.
   confidence = source.scores["pmax"][test]
   n = min(RELIABILITY_BINS, confidence.shape[0])
-  title = f"{source.label}: raw max-softmax, Top-1 ({n} equal-mass bins, test split)"
+  # reliability_diagram fills in "{bins}": requested and, after ties, effective.
+  title = f"{source.label}: raw max-softmax, Top-1, test split ({{bins}})"
   fig = reliability_diagram(confidence, correct, n, title=title)
   return save_figure(fig, figures / f"reliability_{source.slug}_top1.png")
+
+
+def _is_oracle(score: str) -> bool:
+  entry = scores.lookup(score)
+  return entry is not None and entry.inputs == "labels"
+
+
+def _ablation_figure(figures, sources, results, k) -> list:
+  """The Top-k ablation: the compared scores as lines, the first file's oracle as a reference."""
+  names = {source.name: source.label for source in sources}
+  # Every score of the plain model; for samples, the paper's measure (cov. of probs).
+  # A score that orders the examples like another one shown (pmax, -log pmax) is
+  # one line, labelled with both.
+  chosen = [
+    r
+    for r in results
+    if r["topk"] == k
+    and (
+      r["columns"]["method"] not in ("mc_dropout", "ensemble")
+      or r["score"] == "covariance_norm_probs"
+    )
+  ]
+  shown = {(r["source"], r["score"]) for r in chosen}
+  curves, oracles = {}, {}
+  for r in chosen:
+    if _is_oracle(r["score"]):
+      # It needs the labels: a reference line, never one of the compared scores (nor
+      # the setter of their axis). One file's is enough to show where the ceiling is.
+      oracles.setdefault(r["source"], r)
+      continue
+    twin = scores.same_order_as(r["score"])
+    if twin is not None and (r["source"], twin) in shown and scores.is_tied_twin(r["score"]):
+      continue  # drawn as its tie-free twin's line
+    label = scores.label(r["score"])
+    if twin is not None and (r["source"], twin) in shown:
+      label += f" = {scores.label(twin)}"
+    curves[f"{names[r['source']]}: {label}"] = _cv_from_record(r)
+  if not curves:
+    return []
+  first = next((s.name for s in sources if s.name in oracles), None)
+  references = {}
+  if first is not None:
+    references[f"{names[first]}: oracle (needs labels)"] = _cv_from_record(oracles[first])
+  title = f"Top-{k}: scores against the number of bins (mean ± std over splits)"
+  fig = ablation_figure(curves, references=references, title=title)
+  return [save_figure(fig, figures / f"ablation_top{k}.png")]
 
 
 def write_figures(out_dir, sources, results, n_bins, topks, figure_bins) -> list:
@@ -60,7 +107,7 @@ def write_figures(out_dir, sources, results, n_bins, topks, figure_bins) -> list
         bins,
         test_bins,
         event=f"Top-{k}",
-        title=f"{source.label}: {scores.label(score)}, Top-{k}, {figure_bins} bins",
+        title=f"{source.label}: {scores.label(score)}, Top-{k}, {{bins}}",
       )
       written.append(save_figure(fig, figures / f"bins_{source.slug}_{score}_top{k}.png"))
   source = sources[0]
@@ -75,34 +122,9 @@ def write_figures(out_dir, sources, results, n_bins, topks, figure_bins) -> list
       pairs.append((bins, binning.refit(bins, u[test], correct[test])))
     fig = refinement_figure(*pairs, event=f"Top-{topks[0]}")
     written.append(save_figure(fig, figures / f"refinement_{source.slug}_{score}.png"))
-  names = {source.name: source.label for source in sources}
   if len(n_bins) > 1:
     for k in topks:
-      # Every score of the plain model; for samples, the paper's measure (cov. of probs).
-      # A score that orders the examples like another one shown (pmax, -log pmax) is
-      # one line, labelled with both.
-      chosen = [
-        r
-        for r in results
-        if r["topk"] == k
-        and (
-          r["columns"]["method"] not in ("mc_dropout", "ensemble")
-          or r["score"] == "covariance_norm_probs"
-        )
-      ]
-      shown = {(r["source"], r["score"]) for r in chosen}
-      curves = {}
-      for r in chosen:
-        twin = scores.same_order_as(r["score"])
-        if twin is not None and (r["source"], twin) in shown and scores.is_tied_twin(r["score"]):
-          continue  # drawn as its tie-free twin's line
-        label = scores.label(r["score"])
-        if twin is not None and (r["source"], twin) in shown:
-          label += f" = {scores.label(twin)}"
-        curves[f"{names[r['source']]}: {label}"] = _cv_from_record(r)
-      if curves:
-        fig = ablation_figure(curves, title=f"Top-{k}: scores against the number of bins")
-        written.append(save_figure(fig, figures / f"ablation_top{k}.png"))
+      written += _ablation_figure(figures, sources, results, k)
   return written
 
 

@@ -47,8 +47,8 @@ def risk_coverage_figure(
   The curve's entry n is the error rate among the n most confident examples
   (``selective.risk_coverage``). Each operating point is drawn at its coverage and
   risk 1 - accuracy, with a dashed line at its target risk 1 - target and a dotted
-  one at its guaranteed risk 1 - guaranteed accuracy; a selection that answered
-  nothing is listed in the legend only.
+  one at its guaranteed risk 1 - guaranteed accuracy (both line styles have a
+  legend entry); a selection that answered nothing is listed in the legend only.
 
   Args:
     curve: from ``selective.risk_coverage``.
@@ -75,6 +75,11 @@ def risk_coverage_figure(
       label += f", guaranteed ≥ {point.guaranteed_accuracy:.3f}"
     label += f": coverage {point.coverage:.1%}"
     ax.plot([point.coverage], [1 - point.accuracy], "o", color=color, ms=7, label=label)
+  # Every line style in the legend: the dashes and dots of each colour, once.
+  if points:
+    ax.plot([], [], color="0.3", ls="--", lw=0.8, label="dashed: target risk, 1 − target")
+  if any(_defined(p.accuracy) and _defined(p.guaranteed_accuracy) for p in points):
+    ax.plot([], [], color="0.3", ls=":", lw=0.8, label="dotted: guaranteed risk, 1 − bound")
   ax.set_xlim(0, 1.01)
   ax.set_ylim(0, max(float(np.max(risk, initial=0.0)) * 1.1, 0.02))
   ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
@@ -83,5 +88,5 @@ def risk_coverage_figure(
   ax.set_ylabel("risk (error rate of the answered)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8, loc="upper left")
-  ax.set_title(title or "Risk-coverage curve (dashed: target risk; dotted: guaranteed risk)")
+  ax.set_title(title or "Risk-coverage curve")
   return fig

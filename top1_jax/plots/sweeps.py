@@ -30,19 +30,26 @@ _METRIC_LABELS = {
   "num_effective_bins": ("Effective bins", ""),
 }
 _PERCENT_METRICS = ("ece", "accuracy")
+_REFERENCE_COLOR = "0.55"  # grey: a reference row (the oracle), not one of the compared lines
+_REFERENCE_DASHES = ("-", "--", ":", "-.")
 # Once the colour cycle is used up, lines differ by dash pattern and marker too.
 _LINESTYLES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D")
 
 
-def _check_results(results, metrics) -> None:
+def _check_results(results, metrics, references) -> None:
   if not isinstance(results, Mapping) or not results:
     raise ValueError("results: expected a non-empty dict of score name -> CrossValidation")
-  for name, result in results.items():
-    if not isinstance(result, crossval.CrossValidation):
-      raise ValueError(
-        f"results[{name!r}]: expected crossval.CrossValidation, got {type(result).__name__}"
-      )
+  if not isinstance(references, Mapping):
+    raise ValueError(
+      f"references: expected a dict of label -> CrossValidation, got {type(references).__name__}"
+    )
+  for what, mapping in (("results", results), ("references", references)):
+    for name, result in mapping.items():
+      if not isinstance(result, crossval.CrossValidation):
+        raise ValueError(
+          f"{what}[{name!r}]: expected crossval.CrossValidation, got {type(result).__name__}"
+        )
   _check_metrics(metrics)
 
 
@@ -102,9 +109,69 @@ def _line_styles(num_lines: int) -> list[dict]:
   ]
 
 
+def _ylabel(metric: str, bins: str) -> str:
+  """The y label; the ECE's says which ECE ("ECE (equal-mass, <bins>, %)")."""
+  label = _METRIC_LABELS.get(metric, (metric, ""))[0]
+  if metric == "ece":
+    # The estimator's own quantile bins, as in results.csv; not Table 1's equal-width ECE.
+    return f"ECE (equal-mass, {bins}, %)"
+  return label
+
+
+def _curve(result: crossval.CrossValidation, metric: str):
+  """(bin counts ascending, the metric's mean, its std over splits) of one result."""
+  n_bins = np.asarray(result.n_bins)
+  order = np.argsort(n_bins)
+  mean = np.asarray(result.mean[metric], np.float64)[order]
+  return n_bins[order], mean, np.asarray(result.std[metric], np.float64)[order]
+
+
+def _ties_note(result: crossval.CrossValidation) -> str:
+  """ " (ties: 20→17.2 bins)" where tied scores left fewer bins than requested (split mean)."""
+  if "num_effective_bins" not in result.mean:
+    return ""
+  n_bins, effective, _ = _curve(result, "num_effective_bins")
+  fewer = [f"{n}→{e:.3g}" for n, e in zip(n_bins, effective, strict=True) if e < n - 1e-6]
+  return f" (ties: {', '.join(fewer)} bins)" if fewer else ""
+
+
+def _value_text(metric: str, value: float) -> str:
+  return f"{value:.2%}" if metric in _PERCENT_METRICS else f"{value:.3g}"
+
+
+def _draw_references(ax, metric: str, references: Mapping[str, crossval.CrossValidation]) -> None:
+  """Thin grey lines that leave the axis limits to the compared lines.
+
+  A reference such as the oracle (which needs the labels) can lie far from every
+  real score; were it to set the limits, the lines a reader compares would
+  collapse into one band. Its values off the drawn range are written at that edge.
+  """
+  low, high = ax.get_ylim()  # autoscaled to the compared lines and their bands
+  notes = {"below": [], "above": []}
+  for index, (name, result) in enumerate(references.items()):
+    dashes = _REFERENCE_DASHES[index % len(_REFERENCE_DASHES)]
+    x, mean, _ = _curve(result, metric)
+    ax.plot(x, mean, color=_REFERENCE_COLOR, linewidth=1.0, linestyle=dashes, label=name)
+    for side, off in (("below", mean < low), ("above", mean > high)):
+      if np.any(off):
+        values = mean[off]
+        span = _value_text(metric, values.min())
+        if values.max() > values.min():
+          span += f"–{_value_text(metric, values.max())}"
+        at = ", ".join(str(n) for n in x[off])
+        notes[side].append(f"{name}: {span} at {at} bins (off scale {side})")
+  ax.set_ylim(low, high)
+  for side, y, va in (("below", 0.02, "bottom"), ("above", 0.98, "top")):
+    if notes[side]:
+      ax.text(
+        0.02, y, "\n".join(notes[side]), transform=ax.transAxes, va=va, fontsize="x-small",
+        color="0.35", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+      )  # fmt: skip
+
+
 def _format_bin_axis(ax, all_bins: list[int]) -> None:
   """A log x axis with a tick at, and only at, each bin count of the sweep."""
-  ax.set_xlabel("number of bins")
+  ax.set_xlabel("number of bins (requested)")
   ax.set_xscale("log")
   ax.xaxis.set_major_locator(ticker.FixedLocator(all_bins))
   ax.xaxis.set_major_formatter(ticker.FixedFormatter([str(n) for n in all_bins]))
@@ -117,47 +184,57 @@ def _format_bin_axis(ax, all_bins: list[int]) -> None:
 def ablation_figure(
   results: Mapping[str, crossval.CrossValidation],
   *,
+  references: Mapping[str, crossval.CrossValidation] | None = None,
   metrics: Sequence[str] = ("brier", "ece", "eor"),
   title: str | None = "Scores against the number of bins (mean ± std over splits)",
 ) -> Figure:
   """Cross-validated metrics against the number of bins, one line per score.
 
-  One panel per metric, log x axis at the bin counts; each score is a line
-  through the means with a band of ± one standard deviation over the splits.
+  One panel per metric, log x axis at the requested bin counts; each score is a
+  line through the means with a band of ± one standard deviation over the splits.
   Scores whose per-split metrics are exactly equal (the same bins, e.g. two
   scores that order the examples identically) share one line, labelled
   "a = b". Past the colour cycle, lines also differ by dash pattern and marker.
+  A score whose ties left fewer bins than requested says so in the legend
+  ("ties: 20→17.2 bins", the mean over splits). The ECE is the one over the
+  score's own equal-mass bins (its y label says so).
+
+  ``references`` (the oracle, which needs the labels: ``Score.inputs ==
+  "labels"``) are thin grey lines that do not set the axis limits, so the
+  compared scores keep the panel; a reference off that range is written at the
+  panel's edge.
 
   Args:
     results: score name -> ``crossval.cross_validate`` result.
+    references: label -> result of rows drawn for reference only (None for none).
     metrics: names from ``crossval.METRICS``, one panel each.
     title: figure title (None for none).
 
   Returns:
-    A ``Figure`` with one axes per metric and one line per distinct curve on each.
+    A ``Figure`` with one axes per metric: one line per distinct curve, then one
+    per reference.
 
   Raises:
     ValueError: empty ``results``, a value that is not a ``CrossValidation``, or
       an unknown metric.
   """
-  _check_results(results, metrics)
+  references = {} if references is None else references
+  _check_results(results, metrics, references)
   results = _merge_identical(results)
   fig = figures.new_figure((4.6 * len(metrics), 4.2))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
-  all_bins = sorted({n for result in results.values() for n in result.n_bins})
+  all_bins = sorted({n for r in (*results.values(), *references.values()) for n in r.n_bins})
   styles = _line_styles(len(results))
   for ax, metric in zip(axes, metrics, strict=True):
     for style, (name, result) in zip(styles, results.items(), strict=True):
-      n_bins = np.asarray(result.n_bins)
-      order = np.argsort(n_bins)
-      mean = np.asarray(result.mean[metric], np.float64)[order]
-      std = np.asarray(result.std[metric], np.float64)[order]
-      x = n_bins[order]
+      x, mean, std = _curve(result, metric)
       ax.fill_between(x, mean - std, mean + std, color=style["color"], alpha=0.15, linewidth=0)
-      ax.plot(x, mean, markersize=4, label=name, **style)
+      ax.plot(x, mean, markersize=4, label=name + _ties_note(result), **style)
+    if references:
+      _draw_references(ax, metric, references)
     label, direction = _METRIC_LABELS.get(metric, (metric, ""))
     ax.set_title(f"{label} ({direction})" if direction else label)
-    ax.set_ylabel(label)
+    ax.set_ylabel(_ylabel(metric, "bins on the x axis"))
     _format_bin_axis(ax, all_bins)
     if metric in _PERCENT_METRICS:
       ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
@@ -200,6 +277,16 @@ def _line_label(key: tuple, varying: set[str]) -> str:
   return f"{', '.join(prefix)}: {bins}" if prefix else bins
 
 
+def _rows_ties_note(points: list, n_bins) -> str:
+  """ " requested, 17.2–18 after ties" where a line's rows merged tied bins (split means)."""
+  effective = [r["num_effective_bins"] for r in points if r.get("num_effective_bins") is not None]
+  if n_bins is None or not effective or min(effective) >= float(n_bins) - 1e-6:
+    return ""
+  low, high = min(effective), max(effective)
+  span = f"{low:.3g}" if high - low < 1e-6 else f"{low:.3g}–{high:.3g}"
+  return f" requested, {span} after ties"
+
+
 def _select(rows, topk: int, estimator: str, score: str | None):
   """(the MC-dropout rows of one score, the deterministic rows of theirs, the two scores)."""
   chosen = [
@@ -239,7 +326,7 @@ def _draw_rate_panel(ax, metric: str, lines: dict, references: dict, labels: lis
       ax.axhline(reference[metric], color=style["color"], linestyle=":", linewidth=1.2)
   label, direction = _METRIC_LABELS.get(metric, (metric, ""))
   ax.set_title(f"{label} ({direction})" if direction else label)
-  ax.set_ylabel(label)
+  ax.set_ylabel(_ylabel(metric, "each line's bins"))
   if metric in _PERCENT_METRICS:
     ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
   ax.grid(alpha=0.3)
@@ -305,7 +392,7 @@ def dropout_rate_figure(
   lines = dict(sorted(lines.items(), key=lambda item: (str(item[0][:-1]), item[0][-1])))
   references = {tuple(r.get(c) for c in _REFERENCE_COLUMNS): r for r in deterministic}
   varying = {c for i, c in enumerate(_LINE_COLUMNS) if len({key[i] for key in lines}) > 1}
-  labels = [_line_label(key, varying) for key in lines]
+  labels = [_line_label(key, varying) + _rows_ties_note(lines[key], key[-1]) for key in lines]
   fig = figures.new_figure((4.6 * len(metrics), 4.2))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   rates = sorted({r["dropout_rate"] for r in mc})
