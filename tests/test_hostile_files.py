@@ -5,15 +5,20 @@ Calibrator files (version 1 and 2) and the estimators' saved states; predictions
 """
 
 import gzip
+import io
 import json
 import struct
+import types
+import warnings
+import zipfile
 
 import numpy as np
 import pytest
 
 from top1_jax import Calibrator, calibrator
 from top1_jax.estimators import registry
-from top1_jax.io import datasets, idx
+from top1_jax.io import datasets, idx, prediction_checks, predictions, stream
+from top1_jax.sweep import runner
 
 
 def _version_2():
@@ -189,3 +194,168 @@ def test_a_gz_file_and_its_raw_twin_are_used_when_equal_and_refused_when_not(
   # A raw twin that is itself gzipped is compared by its data too.
   (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(gzip.compress(_idx_bytes(labels), 1))
   assert idx.find_idx_files(tmp_path, "test")[1].name == "t10k-labels-idx1-ubyte.gz"
+
+
+# ----------------------------------------------------------------------------
+# Predictions files
+
+
+def _predictions(tmp_path, num=400, samples=3):
+  rng = np.random.default_rng(4)
+  labels = rng.integers(0, 4, num)
+  logits = (5 * rng.normal(size=(samples, num, 4))).astype(np.float32)
+  scores = {"given": rng.random(num).astype(np.float32)}
+  value = predictions.Predictions(labels=labels, logits=logits, scores=scores)
+  return predictions.save_predictions(tmp_path / "p.npz", value), value
+
+
+def _data_offset(path, member: str) -> int:
+  """Where the data of a stored member starts in the archive (after its .npy header)."""
+  with zipfile.ZipFile(path) as archive:
+    info = archive.getinfo(member)
+    with archive.open(info) as file:
+      prediction_checks.npy_header(file)
+      header = file.tell()
+  with open(path, "rb") as file:
+    file.seek(info.header_offset + 26)
+    name, extra = struct.unpack("<2H", file.read(4))
+  return info.header_offset + 30 + name + extra + header
+
+
+def _flip(path, offset: int, mask: int = 0x01, value: bytes | None = None) -> None:
+  """XORs the byte at ``offset`` with ``mask``, or writes ``value`` there."""
+  data = bytearray(path.read_bytes())
+  if value is None:
+    data[offset] ^= mask
+  else:
+    data[offset : offset + len(value)] = value
+  path.write_bytes(bytes(data))
+
+
+def _rewritten(path, out, replace=None, add=(), compression=zipfile.ZIP_STORED):
+  """The archive at ``path`` written again to ``out``: members' bytes replaced by
+  ``replace`` (name -> bytes), more members ``add`` ((name, bytes)) at the end."""
+  with zipfile.ZipFile(path) as archive:
+    members = [(name, archive.read(name)) for name in archive.namelist()]
+  with zipfile.ZipFile(out, "w", compression) as archive, warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # zipfile warns of a name given twice: the point here
+    for name, data in [*members, *add]:
+      archive.writestr(name, (replace or {}).get(name, data))
+  return out
+
+
+def _npy(array: np.ndarray) -> bytes:
+  buffer = io.BytesIO()
+  np.save(buffer, array)
+  return buffer.getvalue()
+
+
+def _read_all(path) -> list[int]:
+  """The starts of the chunks the streaming reader yields before it stops."""
+  seen = []
+  with stream.PredictionsReader(path) as reader:
+    for start, _ in reader.chunks(250):
+      seen.append(start)
+  return seen
+
+
+# N = 2000: every member is larger than the 4 kB zipfile reads with a member's header
+# (and then checks the CRC-32 of, when that is the whole member).
+@pytest.mark.parametrize(
+  "member, where",
+  [
+    ("logits.npy", lambda n: 4 * 4 * (n + 10)),  # sample 1, example 10: an early chunk
+    ("logits.npy", lambda n: 3 * 4 * n * 4 - 3),  # the last sample's last example
+    ("score_given.npy", lambda n: 4 * 123),
+  ],
+)
+def test_the_streaming_reader_checks_each_members_crc(tmp_path, member, where):
+  # A flipped low bit of a float32 stays finite: the reader and top1-evaluate had read
+  # it (-15.03 as -4.4e-38 for a flipped high bit) and exited 0.
+  path, _ = _predictions(tmp_path, num=2000)
+  assert _read_all(path) == list(range(0, 2000, 250))
+  _flip(path, _data_offset(path, member) + where(2000))
+  _refused(lambda: predictions.load_predictions(path), "Bad CRC-32", path)
+  with stream.PredictionsReader(path) as reader:
+    seen = []
+    message = f"field '{member[:-4]}': Bad CRC-32 .the zip directory says"
+    _refused(lambda: seen.extend(start for start, _ in reader.chunks(250)), message, path)
+    assert seen == list(range(0, 1750, 250))  # the last chunk is never yielded
+  # The sweep reads every chunk (load_sources) before it writes anything: it stops here.
+  settings = types.SimpleNamespace(topk=(1,), seeds=(0,))
+  _refused(lambda: runner.load_sources([("model", path)], settings), "Bad CRC-32", path)
+
+
+def test_a_corrupt_value_refused_early_is_named_a_bad_crc(tmp_path):
+  path, _ = _predictions(tmp_path, num=2000)
+  _flip(path, _data_offset(path, "logits.npy") + 4 * 4 * 30, value=struct.pack("<f", np.nan))
+  # Example 30 is in the first chunk: refused there, as corrupt rather than as a NaN.
+  _refused(lambda: _read_all(path), "field 'logits': Bad CRC-32", path)
+
+
+def test_the_labels_crc_is_checked_when_the_reader_opens(tmp_path):
+  path, _ = _predictions(tmp_path, num=2000)
+  _flip(path, _data_offset(path, "labels.npy") + 8 * 7, 0x01)  # label 0 <-> 1: in range
+  _refused(lambda: stream.PredictionsReader(path), "field 'labels': Bad CRC-32", path)
+  (tmp_path / "small").mkdir()
+  small, _ = _predictions(tmp_path / "small")
+  _flip(small, _data_offset(small, "labels.npy") + 8 * 7, 0x01)  # zipfile checks 4 kB
+  _refused(lambda: stream.PredictionsReader(small), "field 'labels' cannot be read .Bad CRC-32")
+
+
+def test_a_field_stored_twice_is_refused(tmp_path):
+  # zip readers had let the last labels.npy win.
+  path, value = _predictions(tmp_path)
+  twice = _rewritten(path, tmp_path / "twice.npz", add=[("labels.npy", _npy(value.labels[::-1]))])
+  message = "field 'labels' is stored 2 times .labels.npy, labels.npy.; a predictions file"
+  _refused(lambda: predictions.load_predictions(twice), message, twice)
+  _refused(lambda: stream.PredictionsReader(twice), message, twice)
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+@pytest.mark.parametrize("member", ["labels.npy", "logits.npy"])
+def test_a_header_that_declares_more_than_its_member_holds_is_refused(
+  tmp_path, compression, member
+):
+  # Had been "MemoryError: Unable to allocate 3.64 TiB" or "truncated array data
+  # ((2000000000,) int32)", naming neither file nor field.
+  path, _ = _predictions(tmp_path)
+  header = io.BytesIO()
+  declared = {"descr": "<i4", "fortran_order": False, "shape": (2000000000,)}
+  np.lib.format.write_array_header_1_0(header, declared)
+  bomb = _rewritten(
+    path, tmp_path / "bomb.npz", {member: header.getvalue() + bytes(16)}, (), compression
+  )
+  message = (
+    f"field '{member[:-4]}': its .npy header declares shape .2000000000,. int32 .8000000000"
+    " bytes., the member holds 16 bytes of data"
+  )
+  _refused(lambda: predictions.load_predictions(bomb), message, bomb)
+  _refused(lambda: stream.PredictionsReader(bomb), message, bomb)
+
+
+def test_a_zip_bomb_is_refused_by_the_whole_file_loader_and_streamed(tmp_path, monkeypatch):
+  # The 2.5 MB zip of 2.56 GB of zeros had peaked at 3.2 GB RSS in load_predictions.
+  monkeypatch.setattr(prediction_checks, "MAX_INFLATED_BYTES", 1 << 20)
+  num = 1 << 16
+  value = predictions.Predictions(
+    labels=np.zeros(num, int), logits=np.zeros((1, num, 4), np.float32)
+  )
+  path = predictions.save_predictions(tmp_path / "zeros.npz", value, compress=True)
+  message = "field 'logits': [0-9]+ compressed bytes declare 1048704 inflated .over 1 MiB and 20x"
+  _refused(lambda: predictions.load_predictions(path), message, path)
+  with stream.PredictionsReader(path) as reader:
+    assert sum(chunk.num_examples for _, chunk in reader.chunks(4096)) == num
+  monkeypatch.setattr(prediction_checks, "MAX_INFLATED_BYTES", 1 << 30)
+  assert predictions.load_predictions(path).num_examples == num
+
+
+def test_a_path_that_is_none_a_number_or_a_directory_is_one_line(tmp_path):
+  # Had been os.fspath's TypeError, and an IsADirectoryError naming the temporary file.
+  for bad in (None, 123):
+    _refused(lambda bad=bad: predictions.load_predictions(bad), "^path: expected a file path")
+    _refused(lambda bad=bad: stream.PredictionsReader(bad), "^path: expected a file path")
+  _, value = _predictions(tmp_path)
+  message = "is a directory; give the path of a file to write there"
+  _refused(lambda: predictions.save_predictions(tmp_path, value), message, tmp_path)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz"]

@@ -78,11 +78,14 @@ def _write_local(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
       os.fsync(file.fileno())
     os.chmod(temp_name, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
     os.replace(temp_name, path)
-  except BaseException:
+  except BaseException as e:
     try:
       os.unlink(temp_name)
     except FileNotFoundError:
       pass
+    if isinstance(e, OSError) and e.errno is not None and e.filename is None:
+      # A full disk fails in write or fsync, whose errors name no file: name it.
+      raise OSError(e.errno, e.strerror, os.fspath(path)) from e
     raise
 
 
@@ -117,9 +120,14 @@ def atomic_write(
 
   Returns:
     ``path`` as a ``pathlib.Path`` (local) or an ``epath.Path`` (URL).
+
+  Raises:
+    ValueError: ``path`` is a directory (checked before anything is written).
   """
   path = as_path(path)
   if isinstance(path, pathlib.Path):
+    if path.is_dir():  # else the rename would fail naming the temporary file
+      raise ValueError(f"{path}: is a directory; give the path of a file to write there")
     _write_local(path, write)
   else:
     _write_remote(path, write)

@@ -4,10 +4,19 @@ Each checks dtype, shape, agreement with N (from the labels) and K, finite value
 and for probabilities rows summing to 1, and names the field in its error.
 ``predictions.Predictions`` runs them on construction; ``stream.PredictionsReader``
 checks its field names and meta with the same rules.
+
+The archive itself is checked before any array is read (``archive_members``,
+``member_header``, ``check_inflation``): each field stored once, each member a
+``.npy`` array whose header declares the bytes it holds (a header declaring 2e9
+int32 in a few bytes is refused, not allocated), and, for ``load_predictions``
+which holds the arrays whole, no zip bomb.
 """
 
 import json
+import math
 import re
+import zipfile
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +29,16 @@ ARRAY_FIELDS = ("labels", "logits", "mean_probs", "human_probs")
 SCORE_PREFIX = "score_"
 """A stored score's field is ``score_<name>``."""
 _SCORE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_]+$")
+MAX_INFLATED_BYTES = 1 << 30
+"""``load_predictions`` refuses a zip-compressed member declared to inflate to more than
+this (1 GiB) and to more than ``MAX_INFLATION`` times its compressed size, before
+inflating it: a zip bomb (2.5 MB of zeros declaring 2.56 GB) would fill the memory.
+Compressed logits and probabilities shrink by less than 2x; ``stream.PredictionsReader``
+(``top1-evaluate``) reads any member a block at a time."""
+MAX_INFLATION = 20
+"""The compression ratio above which a member over ``MAX_INFLATED_BYTES`` is refused."""
+READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
+"""What reading a member of a corrupt archive may raise."""
 _META_TYPES = {
   "dataset": (str,),
   "split": (str,),
@@ -212,4 +231,83 @@ def check_field_name(key: str) -> None:
     raise ValueError(
       f"{key}: unexpected field; allowed: labels, logits, mean_probs,"
       " score_<name>, human_probs, meta"
+    )
+
+
+# ----------------------------------------------------------------------------
+# The archive's members, before any array is read
+
+
+def archive_members(path: Any, archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+  """Each field's zip member by name (``.npy`` removed); a field stored twice is refused
+  (zip readers let the last one win)."""
+  members: dict[str, list[zipfile.ZipInfo]] = {}
+  for info in archive.infolist():
+    members.setdefault(info.filename.removesuffix(".npy"), []).append(info)
+  for key, infos in members.items():
+    if len(infos) > 1:
+      names = ", ".join(info.filename for info in infos)
+      raise ValueError(
+        f"{path}: field {key!r} is stored {len(infos)} times ({names}); a predictions file"
+        " holds each field once (write it again with save_predictions)"
+      )
+  return {key: infos[0] for key, infos in members.items()}
+
+
+def npy_header(file) -> tuple[tuple[int, ...], bool, np.dtype]:
+  """(shape, Fortran order, dtype) of the ``.npy`` header at ``file``'s position, which it
+  leaves at the data; ValueError for what is not a ``.npy`` array."""
+  version = np.lib.format.read_magic(file)
+  if version == (1, 0):
+    return np.lib.format.read_array_header_1_0(file)
+  if version in ((2, 0), (3, 0)):  # 3.0 differs only in text encoding, ASCII for numbers
+    return np.lib.format.read_array_header_2_0(file)
+  raise ValueError(f"unsupported .npy format version {version}")
+
+
+def member_header(
+  path: Any, key: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo
+) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+  """The ``.npy`` header of a member: (shape, Fortran order, dtype, header bytes), checked
+  to declare exactly the data bytes the member holds, before anything is allocated.
+
+  Raises:
+    ValueError: not a ``.npy`` array, Python objects, or a header that declares more or
+      fewer bytes than the member holds; naming the file, field, shape and sizes.
+  """
+  try:
+    with archive.open(info) as file:
+      shape, fortran_order, dtype = npy_header(file)
+      header_bytes = file.tell()
+  except READ_ERRORS as e:
+    raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+  if dtype.hasobject:
+    raise ValueError(
+      f"{path}: field {key!r} cannot be read: it holds Python objects ({dtype}), and a"
+      " predictions file holds numeric arrays and a JSON string"
+    )
+  declared = math.prod(shape) * dtype.itemsize
+  actual = info.file_size - header_bytes
+  if declared != actual:
+    raise ValueError(
+      f"{path}: field {key!r}: its .npy header declares shape {shape} {dtype}"
+      f" ({declared} bytes), the member holds {actual} bytes of data; the file is"
+      " truncated or corrupt: write it again"
+    )
+  return shape, fortran_order, dtype, header_bytes
+
+
+def check_inflation(path: Any, key: str, info: zipfile.ZipInfo) -> None:
+  """Refuses a zip bomb: a compressed member over ``MAX_INFLATED_BYTES`` and
+  ``MAX_INFLATION`` times its compressed size (what ``load_predictions`` would hold)."""
+  inflated, compressed = info.file_size, max(info.compress_size, 1)
+  if (
+    info.compress_type != zipfile.ZIP_STORED
+    and inflated > MAX_INFLATED_BYTES
+    and inflated > MAX_INFLATION * compressed
+  ):
+    raise ValueError(
+      f"{path}: field {key!r}: {compressed} compressed bytes declare {inflated} inflated"
+      f" (over {MAX_INFLATED_BYTES >> 20} MiB and {MAX_INFLATION}x: a zip bomb?); not read"
+      " whole. top1-evaluate and io.stream.PredictionsReader read it a block at a time"
     )

@@ -23,7 +23,6 @@ import os
 import pathlib
 import re
 import zipfile
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -163,14 +162,24 @@ def _np_load(path: pathlib.Path | epath.Path):
   return np.load(source, allow_pickle=False)
 
 
+def _read_member(path, key: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+  """One member's array, after the archive checks (``prediction_checks.member_header``)."""
+  prediction_checks.check_inflation(path, key, info)
+  prediction_checks.member_header(path, key, archive, info)
+  try:
+    with archive.open(info) as file:
+      value = np.lib.format.read_array(file, allow_pickle=False)
+      file.read()  # to the member's end, where zipfile compares the CRC-32
+  except prediction_checks.READ_ERRORS as e:
+    raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+  return value
+
+
 def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
   """The archive's arrays as ``Predictions`` keyword arguments (not yet checked)."""
   fields: dict[str, Any] = {"scores": {}}
-  for key in archive.files:
-    try:
-      value = archive[key]
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-      raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+  for key, info in prediction_checks.archive_members(path, archive.zip).items():
+    value = _read_member(path, key, archive.zip, info)
     try:
       if key == "meta":
         fields["meta"] = prediction_checks.read_meta(value)
@@ -196,8 +205,11 @@ def load_predictions(path: epath.PathLike) -> Predictions:
 
   Raises:
     FileNotFoundError: no such file.
-    ValueError: not an ``.npz`` file, an unknown or missing field, or a field
-      with a wrong dtype, shape or value; the message names the file and field.
+    ValueError: not an ``.npz`` file, an unknown, missing or repeated field, a field
+      with a wrong dtype, shape or value, a corrupt member (bad CRC-32, a header that
+      declares other than the bytes stored), or a zip bomb (over
+      ``prediction_checks.MAX_INFLATED_BYTES``: ``stream.PredictionsReader`` reads such a
+      file a block at a time); the message names the file and field.
   """
   path = files.as_path(path)
   if not path.is_file():

@@ -27,6 +27,7 @@ import shutil
 import struct
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,13 +40,67 @@ from top1_jax.io import predictions as predictions_lib
 from top1_jax.io.prediction_checks import SCORE_PREFIX
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local file header (30 bytes)
-_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile)
+_READ_ERRORS = prediction_checks.READ_ERRORS
 
 IN_MEMORY_BYTES = 1 << 26
 """A zip-compressed member of up to this many bytes (inflated) is read into memory; a
 larger one is inflated into a temporary file, so a compressed [S, N, K] array is
 never held whole in memory either."""
 _BLOCK = 1 << 24  # bytes per read of a sequential copy (download, inflation, hash)
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+  total, bit = 0, 0
+  while vector:
+    if vector & 1:
+      total ^= matrix[bit]
+    vector, bit = vector >> 1, bit + 1
+  return total
+
+
+def _zeros_operator(num_bytes: int) -> list[int]:
+  """The GF(2) matrix that runs a CRC-32 register over ``num_bytes`` zero bytes (zlib's
+  ``crc32_combine``): crc32(a + b) = _gf2_times(_zeros_operator(len(b)), crc32(a)) ^ crc32(b).
+  Column i is the image of bit i; O(log num_bytes) squarings."""
+  power = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit
+  for _ in range(3):  # one zero byte
+    power = [_gf2_times(power, column) for column in power]
+  result = [1 << n for n in range(32)]
+  while num_bytes:
+    if num_bytes & 1:  # powers of one operator commute
+      result = [_gf2_times(power, column) for column in result]
+    num_bytes >>= 1
+    if num_bytes:
+      power = [_gf2_times(power, column) for column in power]
+  return result
+
+
+class _Crc:
+  """A stored member's CRC-32, taken as its examples are read in order (``chunks``).
+
+  A chunk of a [S, N, K] member is S byte ranges, one per sample, so each sample's CRC
+  runs on its own (its rows come in order) and, once the last example is read, they
+  are joined after the ``.npy`` header's CRC (``_zeros_operator``) and compared with
+  the zip directory's. The rows need not be held: memory stays one chunk.
+  """
+
+  def __init__(self, expected: int, start: int, header_bytes: int, header_crc: int):
+    self.expected, self.start, self.header_bytes = expected, start, header_bytes
+    self.header_crc = header_crc
+    self.running: list[int] | None = None  # per sample; None: not read in order
+    self.next_row = 0
+
+  def restart(self, outer: int) -> None:
+    self.running, self.next_row = [0] * outer, 0
+
+  def value(self, sample_bytes: int) -> int | None:
+    """The member's CRC-32 from what was read, or None when not read whole and in order."""
+    if self.running is None:
+      return None
+    total, shift = self.header_crc, _zeros_operator(sample_bytes)
+    for crc in self.running:
+      total = _gf2_times(shift, total) ^ crc
+    return total
 
 
 class _Member:
@@ -55,21 +110,53 @@ class _Member:
   def __init__(self, shape, dtype, offset=None, array: np.ndarray | None = None, file=None):
     self.shape, self.dtype, self.offset, self.array = tuple(shape), np.dtype(dtype), offset, array
     self.file = file
+    self.crc: _Crc | None = None  # a stored member read from the archive at ``offset``
+    dims = self.shape if len(self.shape) == 3 else (1, *self.shape, 1)[:3]  # meta: 0-d
+    self.outer, self.num, self.inner = dims[0], dims[1], self.shape[1 + (len(self.shape) == 3) :]
+    self.row_bytes = int(np.prod(self.inner, dtype=np.int64)) * self.dtype.itemsize
 
-  def rows(self, file, start: int, stop: int) -> np.ndarray:
-    """Examples [start, stop): the example axis is 1 of a 3-D array, else 0."""
+  def rows(self, file, start: int, stop: int, crc: bool = False) -> np.ndarray:
+    """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With
+    ``crc``, their bytes go into the running CRC-32 (``_Crc``) when read in order."""
     if self.array is not None:
+      if self.array.ndim == 0:  # no example axis: the checks of Predictions refuse it
+        return self.array
       return self.array[:, start:stop] if self.array.ndim == 3 else self.array[start:stop]
     file = file if self.file is None else self.file
-    outer, num, *inner = self.shape if len(self.shape) == 3 else (1, *self.shape)
-    row_bytes = int(np.prod(inner, dtype=np.int64)) * self.dtype.itemsize
-    out = np.empty((outer, stop - start, *inner), self.dtype)
-    for index in range(outer):
-      file.seek(self.offset + (index * num + start) * row_bytes)
+    running = self.crc.running if crc and self.crc is not None else None
+    if running is not None and start != self.crc.next_row:
+      self.crc.running = running = None  # out of order: cannot be verified in this pass
+    out = np.empty((self.outer, stop - start, *self.inner), self.dtype)
+    for index in range(self.outer):
+      file.seek(self.offset + (index * self.num + start) * self.row_bytes)
       view = memoryview(out[index]).cast("B")
       if file.readinto(view) != view.nbytes:
         raise ValueError(f"truncated array data ({self.shape} {self.dtype})")
+      if running is not None:
+        running[index] = zlib.crc32(view, running[index])
+    if running is not None:
+      self.crc.next_row = stop
     return out if len(self.shape) == 3 else out[0]
+
+  def crc_error(self) -> str | None:
+    """Why the bytes read do not match the zip directory's CRC-32, or None (matched, or
+    not known: a member in memory, or not read whole and in order)."""
+    if self.crc is None or self.crc.next_row != self.num:
+      return None
+    got = self.crc.value(self.num * self.row_bytes)
+    if got is None or got == self.crc.expected:
+      return None
+    return f"Bad CRC-32 (the zip directory says {self.crc.expected:08x}, its bytes give {got:08x})"
+
+  def read_crc_error(self, file) -> str | None:
+    """``crc_error`` from a read of the whole member, a block of examples at a time."""
+    if self.crc is None:
+      return None
+    self.crc.restart(self.outer)
+    step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
+    for start in range(0, self.num, step):
+      self.rows(file, start, min(self.num, start + step), crc=True)
+    return self.crc_error()
 
 
 def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", digest=None):
@@ -93,16 +180,22 @@ def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", dige
   return file
 
 
-def _stored_member(file, info: zipfile.ZipInfo) -> _Member | None:
-  """The ``.npy`` header of an uncompressed member and its data offset; None if unusual."""
-  if info.compress_type != zipfile.ZIP_STORED:
+def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
+  """An uncompressed member read at its offset in the archive, its CRC-32 checked as it
+  is read (``_Crc``); None if unusual. ``header``: ``prediction_checks.member_header``'s."""
+  shape, fortran_order, dtype, header_bytes = header
+  if info.compress_type != zipfile.ZIP_STORED or fortran_order or len(shape) not in (1, 2, 3):
     return None
   file.seek(info.header_offset)
   fields = _LOCAL_HEADER.unpack(file.read(_LOCAL_HEADER.size))
   if fields[0] != b"PK\x03\x04":
     return None
-  file.seek(info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1])
-  return _npy_member(file)
+  start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+  file.seek(start)
+  header_crc = zlib.crc32(file.read(header_bytes))
+  member = _Member(shape, dtype, offset=start + header_bytes)
+  member.crc = _Crc(info.CRC, start, header_bytes, header_crc)
+  return member
 
 
 def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Member:
@@ -112,6 +205,7 @@ def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Me
   with archive.open(info) as data:
     if info.compress_type == zipfile.ZIP_STORED or info.file_size <= IN_MEMORY_BYTES:
       value = np.lib.format.read_array(data, allow_pickle=False)
+      data.read()  # to the member's end, where zipfile compares the CRC-32
       return _Member(value.shape, value.dtype, array=value)
     advice = ", or write the file with np.savez"
     file = _temporary_copy(data, info.file_size, spill, "inflating it", advice)
@@ -126,13 +220,7 @@ def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Me
 
 def _npy_member(file) -> _Member | None:
   """The ``.npy`` array whose header starts at ``file``'s position; None if unusual."""
-  version = np.lib.format.read_magic(file)
-  if version == (1, 0):
-    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(file)
-  elif version == (2, 0):
-    shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(file)
-  else:
-    return None
+  shape, fortran_order, dtype = prediction_checks.npy_header(file)
   if fortran_order or dtype.hasobject or len(shape) not in (1, 2, 3):
     return None
   return _Member(shape, dtype, offset=file.tell())
@@ -228,10 +316,10 @@ class PredictionsReader:
       return None  # load_predictions says what the file is instead
     members, read_whole, self.meta = {}, [], {}
     with archive:
-      for info in archive.infolist():
-        key = info.filename.removesuffix(".npy")
+      for key, info in prediction_checks.archive_members(self.path, archive).items():
+        header = prediction_checks.member_header(self.path, key, archive, info)
         try:
-          member = None if key == "meta" else _stored_member(self._file, info)
+          member = None if key == "meta" else _stored_member(self._file, info, header)
           if member is None:
             member = _whole_member(archive, info, self._opened)
             read_whole.append(key)
@@ -259,9 +347,13 @@ class PredictionsReader:
     if "labels" not in members:
       raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
     labels = members["labels"]
-    labels = (
-      labels.array if labels.array is not None else labels.rows(self._file, 0, labels.shape[0])
-    )
+    if labels.array is None:  # read whole: its CRC-32 is checked now
+      if labels.crc is not None:
+        labels.crc.restart(labels.outer)
+      labels = labels.rows(self._file, 0, labels.shape[0], crc=True)
+      self._check_crc(["labels"])
+    else:
+      labels = labels.array
     if labels.ndim != 1 or labels.shape[0] == 0 or labels.dtype.kind not in "iu":
       # Predictions checks the labels before any other field: its message names the problem.
       self._validate(None, labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
@@ -291,22 +383,54 @@ class PredictionsReader:
     except ValueError as e:
       raise ValueError(f"{self.path}: {e}{where or ''}") from None
 
-  def _chunk(self, start: int, stop: int, where: str | None = None) -> predictions_lib.Predictions:
+  def _check_crc(self, keys, read: bool = False) -> None:
+    """Refuses the file when a member of ``keys`` read whole and in order (or, with
+    ``read``, read whole now) does not match the zip directory's CRC-32."""
+    for key in keys:
+      member = self._members_by_name[key]
+      problem = member.read_crc_error(self._file) if read else member.crc_error()
+      if problem is not None:
+        raise ValueError(
+          f"{self.path}: field {key!r}: {problem}; the file is corrupt: copy or write it again"
+        )
+
+  def _chunk(
+    self, start: int, stop: int, where: str | None = None, crc: bool = False
+  ) -> predictions_lib.Predictions:
     arrays = {"labels": self.labels[start:stop], "scores": {}}
     for key, member in self._members_by_name.items():
       if key.startswith(SCORE_PREFIX):
-        arrays["scores"][key.removeprefix(SCORE_PREFIX)] = member.rows(self._file, start, stop)
+        arrays["scores"][key.removeprefix(SCORE_PREFIX)] = member.rows(self._file, start, stop, crc)
       elif key != "labels":
-        arrays[key] = member.rows(self._file, start, stop)
+        arrays[key] = member.rows(self._file, start, stop, crc)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
     return self._validate(where, **arrays)
 
   def chunks(self, chunk_size: int) -> Iterator[tuple[int, predictions_lib.Predictions]]:
     """(start, ``Predictions`` of examples [start, start + chunk_size)), in order; the
-    last chunk may be shorter. Each chunk is validated as a file would be."""
+    last chunk may be shorter. Each chunk is validated as a file would be.
+
+    The CRC-32 of each member read from the archive is taken as its bytes are read and
+    compared with the zip directory's once the last example is read, before the last
+    chunk is yielded: a consumer that writes its results after the loop writes nothing
+    from a corrupt file. A chunk refused by its checks (a NaN, say) is refused as
+    corrupt instead when its member's CRC-32 does not match (read again to know).
+    """
+    tracked = [k for k, m in self._members_by_name.items() if m.crc is not None and k != "labels"]
+    for key in tracked:
+      member = self._members_by_name[key]
+      member.crc.restart(member.outer)
     for start in range(0, self.num_examples, chunk_size):
-      yield start, self._chunk(start, min(start + chunk_size, self.num_examples))
+      stop = min(start + chunk_size, self.num_examples)
+      try:
+        chunk = self._chunk(start, stop, crc=True)
+      except ValueError:
+        self._check_crc(tracked, read=True)
+        raise
+      if stop == self.num_examples:
+        self._check_crc(tracked)
+      yield start, chunk
 
   def close(self) -> None:
     self._opened.close()
