@@ -155,3 +155,87 @@ def covariance_norm(samples: np.ndarray) -> np.ndarray:
       for n in range(samples.shape[1])
     ]
   )
+
+
+# Top-label histogram binning, ported from the reference code of Gupta & Ramdas, "Top-label
+# calibration and multiclass-to-binary reductions" (ICLR 2022; AIgen/df-posthoc-calibration,
+# calibration.py: get_uniform_mass_bins, bin_points, nudge, HB_binary, HB_toplabel), with the
+# same loops, float64 and noise; only the prior (an option of the library) is added, and the
+# classes are numbered from 0 and the noise drawn from a seeded generator.
+
+
+def _nudge(values, delta: float, rng: np.random.Generator) -> np.ndarray:
+  """The reference's delta-randomisation: (x + U[0, delta)) / (1 + delta)."""
+  values = np.asarray(values, np.float64)
+  return (values + rng.uniform(low=0, high=delta, size=values.shape)) / (1 + delta)
+
+
+def uniform_mass_upper_edges(scores: np.ndarray, n_bins: int) -> np.ndarray:
+  """``get_uniform_mass_bins``: the largest score of each of ``np.array_split``'s groups
+  of the sorted scores but the last, then +inf."""
+  groups = np.array_split(np.sort(scores), n_bins)
+  return np.array([np.max(group) for group in groups[:-1]] + [np.inf])
+
+
+def bin_points(scores: np.ndarray, upper_edges: np.ndarray) -> np.ndarray:
+  """``bin_points``: how many upper edges lie strictly below each score."""
+  return np.sum(np.reshape(scores, (-1, 1)) > np.reshape(upper_edges, (1, -1)), axis=1)
+
+
+class HistogramBinning:
+  """``HB_binary``: equal-mass bins of a score, each predicting its mean outcome."""
+
+  def __init__(self, n_bins: int, delta: float, rng: np.random.Generator, prior: bool = False):
+    self.n_bins, self.delta, self.rng, self.prior = n_bins, delta, rng, prior
+
+  def fit(self, scores, outcome):
+    scores = _nudge(scores, self.delta, self.rng)
+    outcome = np.asarray(outcome, np.float64)
+    self.upper_edges = uniform_mass_upper_edges(scores, self.n_bins)
+    assigned = bin_points(scores, self.upper_edges)
+    self.counts = np.zeros(self.n_bins, np.int64)
+    self.mean = np.empty(self.n_bins)
+    for i in range(self.n_bins):
+      in_bin = assigned == i
+      self.counts[i] = np.sum(in_bin)
+      if self.prior:  # the library's option: one pseudo-count at the class's accuracy
+        self.mean[i] = (np.sum(outcome[in_bin]) + outcome.mean()) / (self.counts[i] + 1)
+      elif self.counts[i] > 0:
+        self.mean[i] = _nudge(outcome[in_bin].mean(), self.delta, self.rng)
+      else:
+        self.mean[i] = _nudge(0.5, self.delta, self.rng)
+    assert self.counts.sum() == outcome.size
+    return self
+
+  def predict(self, scores) -> np.ndarray:
+    return self.mean[bin_points(_nudge(scores, self.delta, self.rng), self.upper_edges)]
+
+
+class TopLabelHistogramBinning:
+  """``HB_toplabel``: per predicted class, ``n_c // points_per_bin`` bins of the top score;
+  a class with fewer points than one bin is left uncalibrated (the top score itself)."""
+
+  def __init__(self, points_per_bin=50, delta=1e-10, seed=0, prior=False):
+    self.points_per_bin, self.delta, self.prior = points_per_bin, delta, prior
+    self.rng = np.random.default_rng(seed)
+
+  def fit(self, probs: np.ndarray, labels: np.ndarray):
+    top_score, predicted = np.max(probs, axis=1), np.argmax(probs, axis=1)
+    self.per_class = []
+    for c in range(probs.shape[1]):
+      members = np.flatnonzero(predicted == c)
+      n_bins = members.size // self.points_per_bin
+      if n_bins == 0:
+        self.per_class.append(None)  # the reference's identity()
+      else:
+        binning_c = HistogramBinning(n_bins, self.delta, self.rng, self.prior)
+        self.per_class.append(binning_c.fit(top_score[members], labels[members] == c))
+    return self
+
+  def predict(self, probs: np.ndarray) -> np.ndarray:
+    top_score, predicted = np.max(probs, axis=1), np.argmax(probs, axis=1)
+    out = np.zeros(top_score.shape[0])
+    for i in range(top_score.shape[0]):
+      fitted = self.per_class[predicted[i]]
+      out[i] = top_score[i] if fitted is None else fitted.predict(top_score[i : i + 1])[0]
+    return out

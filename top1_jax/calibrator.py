@@ -60,15 +60,17 @@ class Calibrator:
       (bins per predicted class), "temperature" (the Top-k mass of softmax(x / T)).
     score: a registered score name (``scores.REGISTRY``; ``neg_log_topk_mass``
       takes ``k``), or a callable ``score(x) -> [N]`` of the raw input (not saveable).
-    n_bins: the bin count of the methods with bins ("bins", "toplabel"), or ``"cv"``
-      for "bins": the count of ``bin_count.DEFAULT_GRID`` with the lowest held-out NLL
-      in nested cross-validation on the calibration data (seed 0). For the other
-      methods, the bins ``evaluate`` scores their predictions in.
+    n_bins: the bin count of "bins", or ``"cv"``: the count of
+      ``bin_count.DEFAULT_GRID`` with the lowest held-out NLL in nested
+      cross-validation on the calibration data (seed 0). For the other methods
+      ("toplabel" sizes its bins by ``points_per_bin``), the bins ``evaluate`` scores
+      their predictions in.
     k: the event is "the true label is among the k top classes".
     inputs: ``"logits"`` or ``"probs"``: what ``x`` holds.
     **options: the method's own options (``isotonic``: ``increasing``, ``prior``;
-      ``kde``: ``bandwidth``; ``toplabel``: ``min_per_bin``). ``increasing`` defaults
-      to the score's direction (True for a confidence such as ``pmax``).
+      ``kde``: ``bandwidth``; ``toplabel``: ``points_per_bin``, ``prior``).
+      ``increasing`` defaults to the score's direction (True for a confidence such
+      as ``pmax``).
 
   Fitted attributes:
     state_: the estimator's fitted state (``binning.Bins`` for "bins").

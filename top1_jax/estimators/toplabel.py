@@ -1,18 +1,44 @@
-"""Top-label histogram binning: equal-count bins of the confidence per predicted class.
+"""Top-label histogram binning (Gupta & Ramdas 2022): equal-mass bins per predicted class.
 
 A baseline for the paper's single set of bins, after Gupta & Ramdas, "Top-label
-calibration and multiclass-to-binary reductions" (ICLR 2022): the top-label
-confidence is binned separately for each predicted class, so P(correct) may
-depend on the class as well as on the confidence. Each class's bins are
-``binning.fit`` on that class's calibration examples (same quantile edges,
-right-closed bins and one-pseudo-count prior, here at the class's accuracy).
+calibration and multiclass-to-binary reductions" (ICLR 2022), as their reference
+code (AIgen/df-posthoc-calibration, ``HB_toplabel`` over ``HB_binary``) does it:
 
-``ESTIMATOR`` (its entry in ``registry.REGISTRY``) takes the confidence and the
-predicted class from the model's log-probabilities: the log of the top-k mass (log
-pmax for Top-1; its order is pmax's, without pmax's ties at 1.0 in float32) and the
-arg max.
+* Class c, predicted for n_c calibration examples, gets ``floor(n_c / points_per_bin)``
+  bins of its top-label confidence (``points_per_bin`` = 50 by default, the
+  reference's): the class's scores sorted and cut as ``np.array_split`` cuts them
+  (``get_uniform_mass_bins``: the first ``n_c mod bins`` groups one point larger),
+  each bin's upper edge the largest score of its group, the last bin open above.
+* Bins are right-closed (``bin_points``: a score's bin is the number of edges
+  strictly below it).
+* Each bin predicts the plain fraction of its calibration examples that are correct
+  (no prior); ``prior=True`` gives the paper's one-pseudo-count prior instead,
+  ``(hits + p_c) / (count + 1)`` at the class's calibration accuracy p_c.
+* A class predicted fewer than ``points_per_bin`` times (0 bins) is left
+  uncalibrated: its examples get their confidence back unchanged (the reference's
+  ``identity``), or ``uncalibrated`` where ``predict`` is given one.
+
+Where this may differ from the reference:
+
+* Ties. The reference first adds uniform noise in [0, 1e-10) to every calibration
+  and test score ("delta-randomisation", ``nudge``), which splits tied scores
+  between neighbouring bins at random. Here nothing is random: tied calibration
+  scores stay in one bin (equal edges are merged, as ``core.binning`` merges
+  them), and a test score equal to an edge falls in the lower bin. This is the
+  reference with the noise set to 0; without ties (or with one bin per class)
+  the two agree up to the noise (~1e-10). The bin means are not nudged either.
+* An empty bin predicts 0.5, as the reference's; only the top bin of a class can be
+  empty and still be reached (its largest calibration scores tie with the last
+  edge and a test score lies above them).
+* Arithmetic in float32 (the reference: float64), so a mean may differ by an ulp.
+* ``ESTIMATOR`` (``Calibrator(method="toplabel")``) bins the log of the top-k mass
+  (log pmax for Top-1: pmax's order, without pmax's float32 ties at 1.0) and
+  returns the top-k mass for a class without bins; for k > 1 this extends the
+  reference (Top-1 only) to the Top-k event. Table 1 (``sweep.comparison``) bins
+  pmax itself, as the reference does.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -21,29 +47,46 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax.core import binning, scores, validation
-from top1_jax.estimators import base, bins
-from top1_jax.kernels import compile_policy
+from top1_jax.estimators import base
+
+DEFAULT_POINTS_PER_BIN = 50
+"""The reference's ``HB_toplabel(points_per_bin=50)``."""
+
+EMPTY_BIN_PROB = 0.5
+"""What a bin without calibration examples predicts without the prior (the reference's)."""
+
+# Bin lookups use int32 keys of (class, rank among all edges): classes x (edges + 1) < 2**31.
+_MAX_KEYS = 2**31 - 1
 
 
 class TopLabelBins(NamedTuple):
   """Bins per predicted class (a pytree of jax arrays).
 
   Attributes:
-    per_class: ``binning.Bins`` whose fields have a leading [num_classes] axis:
-      class k's own bins, or a copy of ``pooled`` when ``own[k]`` is False.
-    own: [num_classes] bool, whether class k had enough examples for its own bins.
-    pooled: ``binning.Bins`` fitted on every class together.
+    per_class: ``binning.Bins`` whose fields have a leading [C] axis, padded to B
+      slots (B - 1 a power of two, at least the most bins any class has, less one):
+      edges [C, B - 1] (+inf padded), counts, hits and
+      prob [C, B], prior [C] (the class's calibration accuracy, NaN for a class
+      never predicted) and num_effective_bins [C]. A class without bins of its own
+      has all its calibration examples counted in its first bin, unused.
+    num_bins: [C] int32, floor(n_c / points_per_bin): class c's own bins (0: none).
+    with_prior: [] bool, whether ``prob`` carries the one-pseudo-count prior.
 
   ``fit_splits`` gives every field a leading [F] axis, one entry per split.
   """
 
   per_class: binning.Bins
-  own: jax.Array
-  pooled: binning.Bins
+  num_bins: jax.Array
+  with_prior: jax.Array
 
   @property
   def num_classes(self) -> int:
-    return self.own.shape[-1]
+    return self.num_bins.shape[-1]
+
+  @property
+  def own(self) -> jax.Array:
+    """[C] (or [F, C]) bool: whether class c has bins of its own."""
+    return self.num_bins > 0
 
 
 def _classes(predicted_class: ArrayLike, num_classes: int | None) -> tuple[np.ndarray, int]:
@@ -59,53 +102,68 @@ def _classes(predicted_class: ArrayLike, num_classes: int | None) -> tuple[np.nd
   )
 
 
+def _check_prior(prior) -> bool:
+  if not isinstance(prior, (bool, np.bool_)):
+    raise ValueError(f"prior: expected a bool, got {prior!r}")
+  return bool(prior)
+
+
 def fit(
   confidence: ArrayLike,
   predicted_class: ArrayLike,
   correct: ArrayLike,
-  n_bins: int = 15,
   *,
+  points_per_bin: int = DEFAULT_POINTS_PER_BIN,
+  prior: bool = False,
   num_classes: int | None = None,
-  min_per_bin: int = 10,
 ) -> TopLabelBins:
-  """Fits equal-count bins of the top-label confidence for each predicted class.
-
-  A class with at least ``min_per_bin * n_bins`` calibration examples gets
-  ``binning.fit(confidence[c], correct[c], n_bins)`` on its own examples c;
-  a class with fewer (or none) falls back to the pooled bins, fitted on all
-  examples, as too few points per bin would make its probabilities mostly noise.
+  """Fits ``floor(n_c / points_per_bin)`` equal-mass bins of the confidence per class.
 
   Args:
-    confidence: [N] float, the top-label confidence (e.g. the max softmax); any
-      score works, as only its order matters.
+    confidence: [N] float, the top-label confidence (the max softmax in the
+      reference). Only its order matters for the bins; a class without bins
+      returns it unchanged unless ``predict`` is given ``uncalibrated``.
     predicted_class: [N] int in [0, num_classes), the predicted (top) class.
     correct: [N] bool, whether the prediction is correct.
-    n_bins: bins per class, 1 <= n_bins <= N.
+    points_per_bin: calibration examples per bin (the fewest a class needs for one).
+    prior: False (default, the reference): each bin predicts its plain accuracy;
+      True: ``(hits + p_c) / (count + 1)`` at the class's accuracy p_c.
     num_classes: the number of classes (default: max(predicted_class) + 1).
-    min_per_bin: the fewest examples per bin a class needs for its own bins.
 
   Returns:
     ``TopLabelBins``.
   """
-  confidence, correct = validation.score_and_event("confidence", confidence, correct, host=True)
-  classes, num_classes = _classes(predicted_class, num_classes)
-  validation.same_length(confidence=confidence, predicted_class=classes)
-  n_bins = validation.positive_int("n_bins", n_bins, maximum=confidence.shape[0])
-  min_per_bin = validation.positive_int("min_per_bin", min_per_bin)
-  pooled = binning.fit(confidence, correct, n_bins)
-  own = np.bincount(classes, minlength=num_classes) >= min_per_bin * n_bins
-  # Every class's bins at once: one sort and one compiled count, not one fit per class.
-  grouped = binning.fit_groups(confidence, classes, correct, n_bins, num_classes)
-  return TopLabelBins(_where_own_jit(own, grouped, pooled), jax.device_put(own), pooled)
+  num = validation.float_array("confidence", confidence, 1, host=True).shape[0]
+  model = fit_splits(
+    confidence, predicted_class, correct, np.ones((1, num), bool),
+    points_per_bin=points_per_bin, prior=prior, num_classes=num_classes,
+  )  # fmt: skip
+  return jax.tree.map(lambda field: field[0], model)
 
 
-def _where_own(own, per_class: binning.Bins, pooled: binning.Bins) -> binning.Bins:
-  """Each class's own bins where it has them, else the pooled ones (every field at once)."""
-  pick = lambda mine, all_: jnp.where(own.reshape(-1, *[1] * all_.ndim), mine, all_)  # noqa: E731
-  return jax.tree.map(pick, per_class, pooled)
+def _class_edges(ordered: np.ndarray, sizes: np.ndarray, num_bins: np.ndarray, width: int):
+  """[C, width] upper bin edges of each class (``np.array_split``'s groups), ties merged.
 
-
-_where_own_jit = compile_policy.jit_small(_where_own)
+  ``ordered``: one split's calibration scores sorted by class, then value; ``sizes``
+  and ``num_bins``: [C] examples and bins per class. +inf where a class has fewer.
+  """
+  raw = np.full((sizes.shape[0], width), np.inf, ordered.dtype)
+  if ordered.size and width:
+    groups = np.maximum(num_bins, 1)
+    size, extra = sizes // groups, sizes % groups
+    j = np.arange(1, width + 1)
+    # The end of group j: np.array_split gives the first `extra` groups one point more.
+    ends = j * size[:, None] + np.minimum(j, extra[:, None])
+    starts = (np.cumsum(sizes) - sizes)[:, None]
+    picked = ordered[np.clip(starts + ends - 1, 0, ordered.shape[0] - 1)]
+    raw = np.where(j < num_bins[:, None], picked, np.inf)
+  first_of_run = np.ones(raw.shape, bool)
+  first_of_run[:, 1:] = raw[:, 1:] != raw[:, :-1]
+  edges = np.full(raw.shape, np.inf, raw.dtype)
+  rows = np.broadcast_to(np.arange(raw.shape[0])[:, None], raw.shape)
+  columns = np.cumsum(first_of_run, axis=1) - 1
+  edges[rows[first_of_run], columns[first_of_run]] = raw[first_of_run]
+  return edges
 
 
 def fit_splits(
@@ -113,24 +171,22 @@ def fit_splits(
   predicted_class: ArrayLike,
   correct: ArrayLike,
   calibration: ArrayLike,
-  n_bins: int = 15,
   *,
-  num_classes: int,
-  min_per_bin: int = 10,
+  num_classes: int | None = None,
+  points_per_bin: int = DEFAULT_POINTS_PER_BIN,
+  prior: bool = False,
 ) -> TopLabelBins:
   """``fit`` on each split's calibration part, every split at once.
 
   Split f's bins equal ``fit(confidence[c], predicted_class[c], correct[c], ...)``
-  for c = ``calibration[f]``, bit for bit: the edges from one sort of all examples
-  (``binning.split_group_edges``), then one compiled program counts every split's
-  per-class and pooled bins (a loop of ``fit`` costs ~10 programs and a few sorts
-  per split).
+  for c = ``calibration[f]``, bit for bit (``fit`` is this with one split): the
+  edges from one sort of all examples, then one compiled program counts every
+  split's bins.
 
   Args:
     confidence, predicted_class, correct: as for ``fit``, [N] each.
-    calibration: [F, N] bool, each split's calibration examples (at least
-      ``n_bins`` in every split).
-    n_bins, num_classes, min_per_bin: as for ``fit``.
+    calibration: [F, N] bool, each split's calibration examples.
+    num_classes, points_per_bin, prior: as for ``fit``.
 
   Returns:
     ``TopLabelBins`` whose fields have a leading [F] axis (``predict`` takes it).
@@ -144,90 +200,210 @@ def fit_splits(
       f"calibration: expected [F, {confidence.shape[0]}] (one row per split), "
       f"got shape {calibration.shape}"
     )
-  smallest = int(calibration.sum(axis=1).min()) if calibration.shape[0] else 0
-  n_bins = validation.positive_int("n_bins", n_bins, maximum=smallest)
-  min_per_bin = validation.positive_int("min_per_bin", min_per_bin)
+  points_per_bin = validation.positive_int("points_per_bin", points_per_bin)
+  prior = _check_prior(prior)
   u = validation.in_device_dtype(confidence)
-  per_class = binning.split_group_edges(u, classes, calibration, n_bins, num_classes)
-  pooled = binning.split_group_edges(u, np.zeros_like(classes), calibration, n_bins, 1)
   sizes = np.stack([np.bincount(classes[cal], minlength=num_classes) for cal in calibration])
-  own = sizes >= min_per_bin * n_bins
+  num_bins = sizes // points_per_bin
+  # Edges padded with +inf to a power of two: one program for many data sizes.
+  most = max(int(num_bins.max(initial=0)), 1) - 1
+  width = 1 << (most - 1).bit_length() if most else 0
+  if num_classes * (num_classes * width + 1) > _MAX_KEYS:
+    raise ValueError(
+      f"points_per_bin: {num_classes} classes with up to {most + 1} bins each are too many "
+      f"bins to look up; raise points_per_bin above {points_per_bin}"
+    )
+  order = np.lexsort((u, classes))  # one sort: each split's part keeps this order
+  edges = np.stack([
+    _class_edges(u[order[cal[order]]], sizes[f], num_bins[f], width)
+    for f, cal in enumerate(calibration)
+  ])  # fmt: skip
   # Padded to a size bucket with weight 0: one program for every N of a bucket.
   size = binning.bucket_size(u.shape[0])
   examples = [np.pad(x, (0, size - u.shape[0])) for x in (u, classes, correct)]
   weight = np.pad(calibration, ((0, 0), (0, size - u.shape[0]))).astype(np.int32)
-  return _fit_splits(own, per_class, pooled, *examples, weight)
+  per_class = _count_splits(edges, *examples, weight, prior=prior)
+  with_prior = jnp.full(calibration.shape[:1], prior)
+  return TopLabelBins(per_class, jnp.asarray(num_bins, jnp.int32), with_prior)
 
 
-@jax.jit  # per-example work over [F, N]: at backend level 0 it ran 115 ms, here 40 ms
-def _fit_splits(own, per_class_edges, pooled_edges, u, classes, correct, weight) -> TopLabelBins:
-  def one_split(own, per_class_edges, pooled_edges, weight):
-    per_class = binning.counted_groups(per_class_edges, u, classes, correct, weight, own.shape[0])
-    pooled = binning.counted_groups(pooled_edges, u, jnp.zeros_like(classes), correct, weight, 1)
-    pooled = jax.tree.map(lambda field: field[0], pooled)
-    return TopLabelBins(_where_own(own, per_class, pooled), own, pooled)
-
-  return jax.vmap(one_split)(own, per_class_edges, pooled_edges, weight)
+# Up to this many edges per class, each example's own edges are gathered ([N, B - 1])
+# and compared (``binning.assign``): the cheapest program to compile and run. Beyond,
+# one search over every class's edges keeps memory at O(N + C B).
+_GATHER_MAX_EDGES = 32
 
 
-def _probability(per_class: binning.Bins, confidence: jax.Array, classes: jax.Array) -> jax.Array:
-  which = jax.vmap(binning.assign)(per_class.edges[classes], confidence)
-  return per_class.prob[classes, which]
+def _bin_of(edges: jax.Array, u: jax.Array, classes: jax.Array) -> jax.Array:
+  """[N] int32: the bin of each score among its class's edges ([C, B - 1]), right-closed."""
+  num_classes, width = edges.shape
+  if width == 0:
+    return jnp.zeros(u.shape, jnp.int32)
+  if width <= _GATHER_MAX_EDGES:
+    return jax.vmap(binning.assign)(edges[classes], u)
+  # By the key (class, rank of the value among every class's edges).
+  values = jnp.sort(edges.reshape(-1))
+  stride = values.shape[0] + 1  # ranks run over [0, C (B - 1)]
+  # e < u exactly when fewer edge values lie below e than below u.
+  keys = jnp.arange(num_classes, dtype=jnp.int32)[:, None] * stride
+  keys = (keys + jnp.searchsorted(values, edges, side="left").astype(jnp.int32)).reshape(-1)
+  mine = classes * stride + jnp.searchsorted(values, u, side="left").astype(jnp.int32)
+  return (jnp.searchsorted(keys, mine, side="left") - classes * width).astype(jnp.int32)
+
+
+def _bins(edges, u, classes, correct, weight, prior: bool) -> binning.Bins:
+  num_classes, n_bins = edges.shape[0], edges.shape[1] + 1
+  slots = 2 * (classes * n_bins + _bin_of(edges, u, classes)) + correct.astype(jnp.int32)
+  by_outcome = jax.ops.segment_sum(weight, slots, 2 * n_bins * num_classes)
+  by_outcome = by_outcome.reshape(num_classes, n_bins, 2)
+  hits = by_outcome[..., 1]
+  counts = by_outcome[..., 0] + hits
+  accuracy = jnp.sum(hits, 1).astype(jnp.float32) / jnp.sum(counts, 1).astype(jnp.float32)
+  if prior:
+    prob = binning.calibrated_prob(hits, counts, accuracy[:, None])
+  else:
+    prob = jnp.where(counts > 0, hits / jnp.maximum(counts, 1), EMPTY_BIN_PROB)
+  effective = jnp.sum(counts > 0, axis=1).astype(jnp.int32)
+  return binning.Bins(edges, counts, hits, prob.astype(jnp.float32), accuracy, effective)
+
+
+@functools.partial(jax.jit, static_argnames=("prior",))  # per-example work over [F, N]
+def _count_splits(edges, u, classes, correct, weight, *, prior: bool) -> binning.Bins:
+  one_split = lambda edges, weight: _bins(edges, u, classes, correct, weight, prior)  # noqa: E731
+  return jax.vmap(one_split)(edges, weight)
+
+
+def _probability(per_class: binning.Bins, own, u, classes, uncalibrated) -> jax.Array:
+  binned = per_class.prob[classes, _bin_of(per_class.edges, u, classes)]
+  return jnp.where(own[classes], binned, uncalibrated)
 
 
 _predict = jax.jit(_probability)
-_predict_splits = jax.jit(jax.vmap(_probability, (0, None, None)))
+_predict_splits = jax.jit(jax.vmap(_probability, (0, 0, None, None, None)))
 
 
-def predict(model: TopLabelBins, confidence: ArrayLike, predicted_class: ArrayLike) -> jax.Array:
-  """Calibrated P(correct): the probability of each example's bin in its class's bins.
+def _check_uncalibrated(model, confidence, classes, uncalibrated):
+  """What a class without bins predicts: ``uncalibrated``, else the confidence (then a
+  probability wherever it is used)."""
+  if uncalibrated is not None:
+    uncalibrated = validation.probability_array("uncalibrated", uncalibrated, 1, host=True)
+    validation.same_length(confidence=confidence, uncalibrated=uncalibrated)
+    return uncalibrated
+  if validation.is_traced(confidence) or validation.is_traced(classes):
+    return confidence
+  lacking = ~np.asarray(model.own).reshape(-1, model.num_classes).all(axis=0)
+  used = np.asarray(confidence)[lacking[np.asarray(classes)]]
+  if used.size and (used.min() < 0 or used.max() > 1):
+    raise ValueError(
+      "confidence: a class without bins predicts its confidence unchanged, so it must be a "
+      f"probability in [0, 1], got min {used.min():g}, max {used.max():g}; pass uncalibrated="
+      "(e.g. the max softmax) when binning another score"
+    )
+  return confidence
+
+
+def predict(
+  model: TopLabelBins,
+  confidence: ArrayLike,
+  predicted_class: ArrayLike,
+  uncalibrated: ArrayLike | None = None,
+) -> jax.Array:
+  """Calibrated P(correct): each example's bin in its class's bins, or for a class
+  without bins (fewer than ``points_per_bin`` calibration examples) its confidence.
 
   Args:
     model: from ``fit``, or from ``fit_splits`` (each split's bins on every example).
-    confidence: [N] float, the top-label confidence.
+    confidence: [N] float, the top-label confidence (what the bins cut).
     predicted_class: [N] int in [0, model.num_classes).
+    uncalibrated: [N] float in [0, 1], what a class without bins predicts (default:
+      ``confidence`` itself, the reference's choice; it must then be a probability).
 
   Returns:
-    [N] float in (0, 1); [F, N] for a model of ``fit_splits``.
+    [N] float in [0, 1]; [F, N] for a model of ``fit_splits``.
   """
   validation.instance("model", model, TopLabelBins, "toplabel.TopLabelBins from toplabel.fit")
   confidence = validation.float_array("confidence", confidence, 1)
   classes = validation.labels_array("predicted_class", predicted_class, model.num_classes)
   validation.same_length(confidence=confidence, predicted_class=classes)
-  program = _predict_splits if model.own.ndim == 2 else _predict
-  num = confidence.shape[0]
-  if validation.is_traced(confidence) or validation.is_traced(classes):
-    return program(model.per_class, confidence, classes)
+  fallback = _check_uncalibrated(model, confidence, classes, uncalibrated)
+  program = _predict_splits if model.num_bins.ndim == 2 else _predict
+  args = (confidence, classes, fallback)
+  if any(validation.is_traced(x) for x in args):
+    return program(model.per_class, model.own, *args)
   # Padded to a size bucket: one compiled program for every split's test size.
+  num = confidence.shape[0]
   size = binning.bucket_size(num)
-  padded = [np.pad(np.asarray(x), (0, size - num)) for x in (confidence, classes)]
-  return jax.device_put(np.asarray(program(model.per_class, *padded))[..., :num])  # host slice
+  padded = [np.pad(np.asarray(x), (0, size - num)) for x in args]
+  out = program(model.per_class, model.own, *padded)
+  return jax.device_put(np.asarray(out)[..., :num])  # host slice
 
 
 def to_dict(model: TopLabelBins) -> dict:
-  """The fitted model as JSON values: each class's bins, which are its own, the pooled."""
+  """The fitted model as JSON values: per class its bins' count, finite edges, counts
+  and hits (one slot for a class without bins), and whether the prior is applied."""
   host = jax.tree.map(np.asarray, model.per_class)  # one copy, then sliced on the host
-  per_class = [
-    bins.to_dict(jax.tree.map(lambda field, c=c: field[c], host)) for c in range(model.num_classes)
-  ]
-  own = np.asarray(model.own).tolist()
-  return {"per_class": per_class, "own": own, "pooled": bins.to_dict(model.pooled)}
+  classes = []
+  for c, own_bins in enumerate(np.asarray(model.num_bins).tolist()):
+    edges = host.edges[c].astype(np.float64)
+    slots = max(own_bins, 1)
+    classes.append({
+      "num_bins": own_bins,
+      "edges": edges[np.isfinite(edges)].tolist(),
+      "counts": host.counts[c, :slots].tolist(),
+      "hits": host.hits[c, :slots].tolist(),
+    })  # fmt: skip
+  return {"prior": bool(model.with_prior), "classes": classes}
+
+
+def _read_class(d, source: str) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+  num_bins = base.read_int(d, "num_bins", source, minimum=0)
+  edges = base.read_array(d, "edges", source, "f")
+  counts = base.read_array(d, "counts", source, "i")
+  hits = base.read_array(d, "hits", source, "i")
+  slots = max(num_bins, 1)
+  if counts.shape != (slots,) or hits.shape != (slots,):
+    raise ValueError(f"{source}: counts and hits must be {slots} integers each")
+  if np.any(hits < 0) or np.any(hits > counts):
+    raise ValueError(f"{source}: expected 0 <= hits <= counts in every bin")
+  if edges.shape[0] > slots - 1 or np.any(np.diff(edges) <= 0):
+    raise ValueError(f"{source}: edges must be at most {slots - 1} strictly ascending numbers")
+  return num_bins, edges, counts, hits
 
 
 def from_dict(d, source: str) -> TopLabelBins:
-  """``TopLabelBins`` from ``to_dict``'s values, each checked (one-line ValueError)."""
-  listed = base.field(d, "per_class", source)
-  own = base.field(d, "own", source)
+  """``TopLabelBins`` from ``to_dict``'s values, each checked (one-line ValueError); the
+  probabilities are recomputed from the counts and hits, as ``fit`` computes them."""
+  listed = base.field(d, "classes", source)
+  prior = base.field(d, "prior", source)
   if not isinstance(listed, list) or not listed:
-    raise ValueError(f"{source}: field 'per_class' must be a list of bins, one per class")
-  if not isinstance(own, list) or len(own) != len(listed) or {*map(type, own)} - {bool}:
-    raise ValueError(f"{source}: field 'own' must be {len(listed)} booleans, one per class")
-  pooled = bins.from_dict(base.field(d, "pooled", source), f"{source} (pooled)")
-  per_class = [bins.host_from_dict(b, f"{source} (class {c})") for c, b in enumerate(listed)]
-  if any(b.n_bins != pooled.n_bins for b in per_class):
-    raise ValueError(f"{source}: every class must have the pooled bins' {pooled.n_bins} bins")
-  stacked = jax.tree.map(lambda *fields: np.stack(fields), *per_class)
-  return TopLabelBins(jax.device_put(stacked), jax.device_put(np.asarray(own)), pooled)
+    raise ValueError(f"{source}: field 'classes' must be a list of bins, one per class")
+  if not isinstance(prior, bool):
+    raise ValueError(f"{source}: field 'prior' must be true or false, got {prior!r}")
+  read = [_read_class(c, f"{source} (class {k})") for k, c in enumerate(listed)]
+  n_bins = max(max(r[0] for r in read), 1)
+  edges = np.full((len(read), n_bins - 1), np.inf, np.float32)
+  counts, hits = (np.zeros((len(read), n_bins), np.int32) for _ in range(2))
+  for k, (_, class_edges, class_counts, class_hits) in enumerate(read):
+    edges[k, : class_edges.shape[0]] = class_edges
+    counts[k, : class_counts.shape[0]], hits[k, : class_hits.shape[0]] = class_counts, class_hits
+  num_bins = np.asarray([r[0] for r in read], np.int32)
+  host = TopLabelBins(_host_bins(edges, counts, hits, prior), num_bins, np.bool_(prior))
+  return jax.device_put(host)
+
+
+def _host_bins(edges, counts, hits, prior: bool) -> binning.Bins:
+  """``Bins`` of saved counts on the host, in float32 as ``_bins`` computes them."""
+  f32 = np.float32
+  totals = counts.sum(1).astype(f32)
+  with np.errstate(invalid="ignore", divide="ignore"):  # a class never predicted: NaN
+    accuracy = hits.sum(1).astype(f32) / totals
+    if prior:
+      prob = binning.calibrated_prob(hits.astype(f32), counts.astype(f32), accuracy[:, None])
+    else:
+      prob = np.where(
+        counts > 0, hits.astype(f32) / np.maximum(counts, 1).astype(f32), f32(EMPTY_BIN_PROB)
+      )
+  effective = np.sum(counts > 0, axis=1).astype(np.int32)
+  return binning.Bins(edges, counts, hits, prob.astype(f32), accuracy.astype(f32), effective)
 
 
 def _confidence_and_class(evidence: base.Evidence) -> tuple[np.ndarray, np.ndarray]:
@@ -236,16 +412,21 @@ def _confidence_and_class(evidence: base.Evidence) -> tuple[np.ndarray, np.ndarr
   return confidence, np.asarray(np.argmax(log_probs, axis=-1))
 
 
-def _fit_evidence(evidence: base.Evidence, *, n_bins: int = 15, min_per_bin: int = 10):
+def _fit_evidence(
+  evidence: base.Evidence, *, points_per_bin: int = DEFAULT_POINTS_PER_BIN, prior: bool = False
+):
   confidence, classes = _confidence_and_class(evidence)
   num_classes = int(evidence.log_probs.shape[-1])
   return fit(
-    confidence, classes, evidence.correct, n_bins, num_classes=num_classes, min_per_bin=min_per_bin
-  )
+    confidence, classes, evidence.correct,
+    points_per_bin=points_per_bin, prior=prior, num_classes=num_classes,
+  )  # fmt: skip
 
 
 def _predict_evidence(model: TopLabelBins, evidence: base.Evidence) -> jax.Array:
-  return predict(model, *_confidence_and_class(evidence))
+  log_mass, classes = _confidence_and_class(evidence)
+  # A class without bins gets the top-k mass itself (the reference's identity).
+  return predict(model, log_mass, classes, uncalibrated=np.exp(log_mass))
 
 
 ESTIMATOR = base.Estimator(
@@ -255,6 +436,6 @@ ESTIMATOR = base.Estimator(
   predict=_predict_evidence,
   to_dict=to_dict,
   from_dict=from_dict,
-  options=("n_bins", "min_per_bin"),
+  options=("points_per_bin", "prior"),
 )
-"""Equal-count bins of the top-k mass per predicted class (Gupta & Ramdas 2022)."""
+"""Equal-mass bins of the top-k mass per predicted class (Gupta & Ramdas 2022)."""

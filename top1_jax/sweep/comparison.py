@@ -7,8 +7,11 @@ the metrics are averaged over splits:
 * ``"raw"``: the classifier's softmax as it is;
 * ``"temperature"`` (single models): softmax(log_probs / T) with T fitted on each
   calibration part (``temperature.fit_splits``: every split from one pass of cumulants);
-* ``"toplabel"`` (single models): top-label binning of pmax (``toplabel``, Gupta &
-  Ramdas), fitted on each calibration part; it predicts P(correct) only.
+* ``"toplabel"`` (single models): top-label histogram binning of pmax (``toplabel``,
+  Gupta & Ramdas, as their reference code): per predicted class,
+  floor(n_c / points_per_bin) equal-mass bins fitted on each calibration part, a class
+  predicted fewer than ``points_per_bin`` times left at its raw pmax; it predicts
+  P(correct) only.
 
 Metrics of a variant (``baselines`` defines them): the multiclass Brier, the
 confidence ECE (equal-width bins of pmax) and the binary Top-1 Brier of pmax used
@@ -52,9 +55,11 @@ def _split_means(masks, brier, pmax, correct, ece_bins) -> dict[str, np.ndarray]
   return {key: np.asarray(values) for key, values in means.items()}
 
 
-def _toplabel_splits(pmax, predicted, correct, masks, num_classes, n_bins, ece_bins, brier):
+def _toplabel_splits(pmax, predicted, correct, masks, num_classes, points_per_bin, ece_bins, brier):
   """Per split: top-label bins of pmax fitted on the calibration part, scored on the test."""
-  model = toplabel.fit_splits(pmax, predicted, correct, ~masks, n_bins, num_classes=num_classes)
+  model = toplabel.fit_splits(
+    pmax, predicted, correct, ~masks, num_classes=num_classes, points_per_bin=points_per_bin
+  )
   prob = toplabel.predict(model, pmax, predicted)  # [F, N]: every split's bins on every example
   # Its Brier and ECE are those of any P(correct) on the test part: the raw rows' means.
   means = _split_means(masks, brier, prob, correct, ece_bins)
@@ -79,7 +84,7 @@ def _raw_terms(label_terms, num: int) -> tuple[np.ndarray, ...]:
   return tuple(terms)
 
 
-def _check(log_probs, labels, splits, compare_bins, ece_bins, single_model):
+def _check(log_probs, labels, splits, points_per_bin, ece_bins):
   log_probs = validation.float_array("log_probs", log_probs, 2)
   if log_probs.shape[-1] < 2:
     raise ValueError(f"log_probs: expected at least 2 classes, got shape {log_probs.shape}")
@@ -91,11 +96,8 @@ def _check(log_probs, labels, splits, compare_bins, ece_bins, single_model):
   masks = np.stack([np.asarray(splits.test_mask(f), bool) for f in range(splits.num_splits)])
   if not np.all(masks.any(axis=1)) or np.any(masks.all(axis=1)):
     raise ValueError("splits: every split needs calibration and test examples")
-  smallest_cal = int(num - masks.sum(axis=1).max())
-  compare_bins = validation.positive_int(
-    "compare_bins", compare_bins, maximum=smallest_cal if single_model else None
-  )
-  return log_probs, labels, masks, compare_bins, validation.positive_int("ece_bins", ece_bins)
+  points_per_bin = validation.positive_int("points_per_bin", points_per_bin)
+  return log_probs, labels, masks, points_per_bin, validation.positive_int("ece_bins", ece_bins)
 
 
 def benchmark_rows(
@@ -104,8 +106,8 @@ def benchmark_rows(
   splits: crossval.Splits,
   *,
   single_model: bool,
-  compare_bins: int,
   ece_bins: int = equal_width.DEFAULT_ECE_BINS,
+  points_per_bin: int = toplabel.DEFAULT_POINTS_PER_BIN,
   label_terms: events.LabelTerms | None = None,
 ) -> list[dict[str, str | float]]:
   """The benchmark's metrics of each variant, mean over the splits' test parts.
@@ -116,9 +118,9 @@ def benchmark_rows(
     splits: ``crossval.make_splits(N, ...)``, the splits of the Top-1 sweep.
     single_model: one network (no MC samples, no ensemble): temperature scaling
       and top-label binning apply, and add their rows.
-    compare_bins: top-label binning's bins per predicted class (the Top-1 bins'
-      count in the comparison), at most the smallest calibration part.
     ece_bins: equal-width bins of the confidence ECE (15 in the benchmark).
+    points_per_bin: top-label binning's calibration examples per bin: class c gets
+      floor(n_c / points_per_bin) bins (50, the reference's).
     label_terms: ``events.label_terms(log_probs, labels)`` when already computed
       (``sweep.Source`` has them from its scoring pass); None computes them.
 
@@ -128,11 +130,13 @@ def benchmark_rows(
     ``multiclass_brier``, ``confidence_ece``, ``raw_top1_brier`` (of the variant's
     own pmax) and ``temperature`` (1.0 but for "temperature", the mean fitted T).
     "toplabel" repeats the raw metrics (it leaves the softmax alone) and adds
-    ``toplabel_brier``, ``toplabel_ece`` (equal-width, ``ece_bins``) and
-    ``toplabel_classes_with_own_bins``.
+    ``toplabel_brier``, ``toplabel_ece`` (equal-width, ``ece_bins``),
+    ``toplabel_classes_with_own_bins`` (mean over splits of the classes predicted at
+    least ``points_per_bin`` times in the calibration part; the others keep pmax),
+    ``toplabel_num_classes`` (K) and ``toplabel_points_per_bin``.
   """
-  log_probs, labels, masks, compare_bins, ece_bins = _check(
-    log_probs, labels, splits, compare_bins, ece_bins, single_model
+  log_probs, labels, masks, points_per_bin, ece_bins = _check(
+    log_probs, labels, splits, points_per_bin, ece_bins
   )
   if label_terms is None:
     label_terms = events.label_terms(log_probs, labels)
@@ -148,9 +152,11 @@ def benchmark_rows(
   scaled = _split_means(masks, fits.multiclass_brier, fits.pmax, correct, ece_bins)
   scaled["temperature"] = np.asarray(fits.temperature)
   rows.append({"variant": "temperature", **_mean_over_splits(scaled)})
-  host = (pmax, predicted, correct, masks, log_probs.shape[-1])
-  binned = _toplabel_splits(*host, compare_bins, ece_bins, brier)
-  rows.append({**rows[0], "variant": "toplabel", **_mean_over_splits(binned)})
+  num_classes = log_probs.shape[-1]
+  host = (pmax, predicted, correct, masks, num_classes)
+  binned = _mean_over_splits(_toplabel_splits(*host, points_per_bin, ece_bins, brier))
+  binned.update(toplabel_num_classes=num_classes, toplabel_points_per_bin=points_per_bin)
+  rows.append({**rows[0], "variant": "toplabel", **binned})
   return rows
 
 

@@ -276,8 +276,7 @@ def benchmarks(settings: Any, sources: list[Source]) -> dict[str, list[dict]]:
       continue
     out[source.name] = comparison.benchmark_rows(
       source.log_probs, source.labels, source.splits, single_model=source.single_model,
-      compare_bins=settings.compare_bins, ece_bins=settings.ece_bins,
-      label_terms=source.label_terms,
+      ece_bins=settings.ece_bins, label_terms=source.label_terms,
     )  # fmt: skip
   return out
 

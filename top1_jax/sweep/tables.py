@@ -222,23 +222,36 @@ def comparison_table(comparison: list[dict]) -> str:
     if r["temperature"] != 1.0:
       method += f" (T = {r['temperature']:.2f})"
     toplabel = r.get("top1_estimator") == "toplabel"
-    score = scores.label(r["top1_score"]) + (", per predicted class" if toplabel else "")
+    score = scores.label(r["top1_score"]) + (_per_class(r) if toplabel else "")
     ece = cell(100 * r["top1_binned_ece"], 2) + (" †" if toplabel else "")
     lines.append(
       f"| {method} | {score} | {cell(r['multiclass_brier'], 4)} "
       f"| {r['raw_top1_brier']:.4f} | {r['top1_binned_brier']:.4f} "
       f"| {100 * r['confidence_ece']:.2f} | {ece} |"
     )
-  if any(r.get("top1_estimator") == "toplabel" for r in comparison):
+  top_label = [r for r in comparison if r.get("top1_estimator") == "toplabel"]
+  if top_label:
+    per_bin = top_label[0].get("toplabel_points_per_bin", "points_per_bin")
     lines += [
       "",
-      f"Top-label binning (Gupta & Ramdas, ICLR 2022): {n_bins} equal-count bins of pmax for "
-      "each predicted class (pooled bins for a class with too few calibration examples), fitted "
-      "on each calibration half; it predicts P(correct) only, so no multiclass Brier. "
+      "Top-label histogram binning (Gupta & Ramdas, ICLR 2022, as their reference code): for "
+      f"each predicted class c, floor(n_c / {per_bin}) equal-mass bins of pmax over its n_c "
+      "calibration examples, each bin predicting its accuracy; a class predicted fewer than "
+      f'{per_bin} times keeps its raw pmax. "own bins": the classes that got bins, mean '
+      "over the calibration parts. It predicts P(correct) only, so no multiclass Brier. "
       f"† its ECE is the equal-width ECE ({ece_bins} bins) of its P(correct), as the benchmark "
       "column; the other binned ECEs use the fitted quantile bins.",
     ]
   return "\n".join(lines)
+
+
+def _per_class(row: dict) -> str:
+  """A top-label row's score suffix: how many classes got bins of their own (a row
+  written before the count was kept has none)."""
+  own, num_classes = row.get("toplabel_classes_with_own_bins"), row.get("toplabel_num_classes")
+  if own is None or num_classes is None:
+    return ", per predicted class"
+  return f", per predicted class (own bins: {own:g} of {num_classes} classes)"
 
 
 def selective_table(rows: list[dict]) -> str:
