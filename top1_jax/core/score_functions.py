@@ -125,10 +125,13 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
 
 
 def oracle_loss(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
-  """The true class's cross-entropy, logsumexp(l) - l_label: an oracle, not a method.
+  """The true class's cross-entropy, logsumexp(l) - l_label: a reference, not a method.
 
-  It uses the labels, so it is not available at prediction time; binned, it bounds
-  the resolution any score of this classifier could reach (the paper's supplement).
+  The paper's "Loss" row (its supplement's Brier table, 100 equal-count bins). It uses
+  the labels, so it is not available at prediction time. It is not a bound on what
+  a score or an estimator can reach: other scores that use the labels bin better
+  (the true label's rank separates the Top-k event exactly; docs/estimators.md has
+  the numbers).
 
   Args:
     logits: [N, K] float.

@@ -77,7 +77,8 @@ class Score(NamedTuple):
     label: how tables and figures name it.
     inputs: what ``fn`` takes: ``"log_probs"`` ([N, K] logits or log-probabilities),
       ``"samples"`` ([S, N, K] logits, S >= 2), ``"human_probs"`` ([N, K]) or
-      ``"labels"`` (log-probs and the [N] true labels: an oracle, for comparison only).
+      ``"labels"`` (log-probs and the [N] true labels: a reference row such as the
+      paper's "Loss", never a method and no bound on one).
     confident_when_high: True for confidences (larger = more likely correct),
       False for uncertainties. Binning does not care; a raw-score AUROC does.
     fn: the unchecked array function, ``fn(x)`` (``fn(x, k)`` when ``per_k``); jittable.
