@@ -6,8 +6,8 @@ Each input work dir holds a finished ``top1_jax.launch.evaluate`` (results.csv a
 results.json); runs must share the cross-validation (``n_folds``, ``scheme``).
 Writes into --workdir: aggregate.csv (one tidy row per sweep point: the key
 columns, seeds, num_runs, each metric's mean and std across runs), aggregate.md,
-aggregate.json (inputs, their configs, the rows) and, when MC dropout was swept,
-figures/dropout_rate_top<k>.png.
+aggregate.json (inputs, their configs, the rows), when MC dropout was swept
+figures/dropout_rate_top<k>.png, and index.html (all of them on one page).
 """
 
 from absl import flags, logging
@@ -38,17 +38,18 @@ def main(argv: list[str]) -> None:
     configs.append(config)
   merged = aggregate.merge_runs(runs, names=names, configs=configs)
   logging.info("merged %d runs into %d rows", len(names), len(merged))
+  text = aggregate.markdown(merged)
+  inputs = {"inputs": names, "configs": dict(zip(names, configs, strict=True))}
   written = [
     files.write_csv(out / "aggregate.csv", merged),
-    files.write_bytes(out / "aggregate.md", aggregate.markdown(merged).encode()),
-    files.write_json(
-      out / "aggregate.json",
-      {"inputs": names, "configs": dict(zip(names, configs, strict=True)), "rows": merged},
-    ),
+    files.write_bytes(out / "aggregate.md", text.encode()),
+    files.write_json(out / "aggregate.json", {**inputs, "rows": merged}),
   ]
   from top1_jax import plots  # matplotlib: 0.5 s of import that a refused run skips
 
-  written += plots.write_dropout_rate_figures(out, merged, {row["topk"] for row in merged})
+  figures = plots.write_dropout_rate_figures(out, merged, {row["topk"] for row in merged})
+  title = f"Merged runs ({len(names)}): metrics as mean ± std across runs"
+  written += [*figures, plots.write_results_page(out, text, figures, config=inputs, title=title)]
   print(f"merged {len(names)} runs into {len(merged)} rows: {', '.join(map(str, written))}")
 
 

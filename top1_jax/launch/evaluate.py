@@ -13,7 +13,7 @@ event, estimator) is one sweep point, cross-validated over all bin counts on the
 same random splits (``crossval.cross_validate``) and saved to ``sweep/``; a rerun
 skips points that are done. With --num_tasks, each task sweeps its share of the
 files, and a run without --task_index merges. Then ``results.{json,csv,md}``,
-``figures/`` and ``timings.json`` are written.
+``figures/``, ``timings.json`` and ``index.html`` (all of them on one page) are written.
 """
 
 import concurrent.futures
@@ -147,6 +147,13 @@ def write_figures(settings, sources, records, rows, chosen, figure_bins) -> int:
   return len(written + plots.write_dropout_rate_figures(out, rows, settings.topk))
 
 
+def write_page(settings: plan.Settings, timings: dict) -> None:
+  """index.html: results.md's tables, figures/, config.json and the timings on one page."""
+  from top1_jax.plots import page
+
+  page.write_run_page(common.workdir(), timings, figures=None if settings.figures else [])
+
+
 def _comparison(settings: plan.Settings, sources: list) -> tuple[dict, list[dict], float]:
   tic = time.perf_counter()  # Table 1's benchmark rows, the selective rows, their seconds
   benchmarked = runner.benchmarks(settings, sources)
@@ -209,6 +216,7 @@ def main(argv):
   timings["total"] = time.perf_counter() - start
   if common.tasks()[1] == 1:
     files.write_json(common.workdir() / "timings.json", timings)
+    write_page(settings, timings)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ def main(argv):
   timings["total"] = time.perf_counter() - start
   if common.tasks()[1] == 1:
     files.write_json(workdir / "timings.json", timings)
+    evaluate.write_page(settings, timings)
   seconds = ", ".join(
     f"{k} {v['total'] if isinstance(v, dict) else v:.0f} s" for k, v in timings.items()
   )

@@ -5,12 +5,14 @@
   model's accuracy, with per-bin confidence intervals and the ECE.
 * ``refinement_figure``: the paper's Figure 2. The same score with a coarse and a
   fine binning side by side; the fine panel also traces the coarse predictions.
-* ``reliability_diagram``: the standard diagram of a raw confidence (e.g.
-  max-softmax): accuracy against mean confidence in equal-mass bins, the
-  diagonal, the bins' counts below and their ECE.
+* ``reliability_diagram(confidence, correct)``: the standard diagram of any
+  predicted P(correct) (the raw max-softmax, or a calibrator's ``predict_proba``):
+  accuracy against mean confidence in equal-mass bins, the diagonal, the bins'
+  counts below and their ECE.
 * ``ablation_figure``: Brier, ECE and EOR (mean ± std over splits) against the
   number of bins, one line per score (scores with identical results share one),
-  from ``crossval.cross_validate``.
+  from ``crossval.cross_validate``; the oracle (it needs the labels) is a grey
+  reference line that never sets the axis limits.
 * ``dropout_rate_figure``: metrics of MC dropout against the test-time dropout
   rate, one line per bin count, the deterministic network as a reference line;
   from a run's tidy results rows or rows merged over seeds (``top1_jax.sweep.aggregate``).
@@ -19,10 +21,18 @@
 * ``image_grid``: tiles of images with their given label, predicted label and a
   probability (the supplementary's mislabelled-image finder).
 * ``save_figure``: atomic write through ``io.files`` (local path or a URL).
+* ``results_page`` / ``write_results_page`` / ``write_run_page``: a run's
+  ``index.html``, its tables, figures, config and timings on one static page
+  that opens from disk.
+
+Every figure says which ECE it shows (the equal-mass ECE over its bins, not the
+benchmarks' equal-width one) and how many bins: requested, and after tied
+scores merged when fewer ("15 equal-mass bins requested, 12 after ties").
 
 Modules: ``bins`` (Figs. 1 and 2), ``reliability`` (the reliability diagram),
 ``sweeps`` (the ablation and the dropout-rate sweep), ``risk`` (the risk-coverage
-curve), ``images`` (the grid), ``figures`` (figure creation and saving).
+curve), ``images`` (the grid), ``figures`` (figure creation and saving), ``page``
+(the results page), ``results`` (a finished sweep's figures).
 
 Figures are ``matplotlib.figure.Figure`` objects with an Agg canvas, made without
 pyplot: importing this package never switches the user's backend or opens a
@@ -32,6 +42,7 @@ window, and figures are not kept alive by pyplot's registry.
 from top1_jax.plots.bins import BOUNDS, ORDERS, bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.images import image_grid
+from top1_jax.plots.page import results_page, write_results_page, write_run_page
 from top1_jax.plots.reliability import reliability_diagram
 from top1_jax.plots.results import (
   write_dropout_rate_figures,
@@ -54,6 +65,9 @@ __all__ = [
   "image_grid",
   "refinement_figure",
   "reliability_diagram",
+  "results_page",
   "risk_coverage_figure",
   "save_figure",
+  "write_results_page",
+  "write_run_page",
 ]
