@@ -1,6 +1,8 @@
 """Figures: built from real bins and cross-validation, saved atomically, content checked."""
 
 import os
+import subprocess
+import sys
 
 import matplotlib as mpl
 import numpy as np
@@ -647,3 +649,19 @@ def test_save_figure_failure_leaves_no_partial_file(tmp_path, monkeypatch):
     plots.save_figure(_small_figure(), tmp_path / "out" / "new.png")
   assert target.read_bytes() == before  # the old figure is untouched
   assert os.listdir(target.parent) == ["fig.png"]  # no partial new file, no temp file
+
+
+def test_plots_install_with_matplotlib_alone(tmp_path):
+  # The plots extra is matplotlib: figures and the results page work without etils
+  # (io.files imports it only for a URL).
+  code = (
+    "import sys; sys.modules['etils'] = None\n"
+    "import numpy as np\n"
+    "from top1_jax import plots\n"
+    "u = np.linspace(0.1, 1, 200); correct = np.arange(200) % 3 > 0\n"
+    f"plots.save_figure(plots.reliability_diagram(u, correct), {str(tmp_path / 'r.png')!r})\n"
+    f"plots.write_results_page({str(tmp_path)!r}, '# t')\n"
+  )
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert (tmp_path / "r.png").is_file() and (tmp_path / "index.html").is_file()

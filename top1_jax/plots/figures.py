@@ -1,13 +1,18 @@
 """Figure creation and saving, shared by the figure modules of ``top1_jax.plots``."""
 
+from __future__ import annotations
+
 import pathlib
 import sys
+from typing import TYPE_CHECKING
 
-from etils import epath
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from top1_jax.io import files
+
+if TYPE_CHECKING:  # etils only for a URL (io.files): the plots extra is matplotlib alone
+  from etils import epath
 
 
 def new_figure(figsize: tuple[float, float]) -> Figure:

@@ -13,17 +13,20 @@ The Markdown read is the subset the tables are written in (``sweep.tables``,
 columns are right-aligned, and inline ```code``` and ``*emphasis*``.
 """
 
+from __future__ import annotations
+
 import html
 import json
 import os
 import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from etils import epath
+from typing import TYPE_CHECKING, Any
 
 from top1_jax.io import files
+
+if TYPE_CHECKING:  # etils only for a URL (io.files): the plots extra is matplotlib alone
+  from etils import epath
 
 PAGE_NAME = "index.html"
 
