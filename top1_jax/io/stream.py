@@ -20,6 +20,7 @@ full load, one chunk at a time; the checks of the file as a whole (fields,
 shapes, agreement of N and K, meta) run when the reader opens.
 """
 
+import concurrent.futures
 import contextlib
 import hashlib
 import pathlib
@@ -115,15 +116,16 @@ class _Member:
     self.outer, self.num, self.inner = dims[0], dims[1], self.shape[1 + (len(self.shape) == 3) :]
     self.row_bytes = int(np.prod(self.inner, dtype=np.int64)) * self.dtype.itemsize
 
-  def rows(self, file, start: int, stop: int, crc: bool = False) -> np.ndarray:
-    """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With
-    ``crc``, their bytes go into the running CRC-32 (``_Crc``) when read in order."""
+  def rows(self, file, start: int, stop: int, crc: list | None = None) -> np.ndarray:
+    """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With ``crc``
+    (a list), their bytes are queued there for the running CRC-32 (``_Crc``,
+    ``_update_crcs``) when read in order."""
     if self.array is not None:
       if self.array.ndim == 0:  # no example axis: the checks of Predictions refuse it
         return self.array
       return self.array[:, start:stop] if self.array.ndim == 3 else self.array[start:stop]
     file = file if self.file is None else self.file
-    running = self.crc.running if crc and self.crc is not None else None
+    running = self.crc.running if crc is not None and self.crc is not None else None
     if running is not None and start != self.crc.next_row:
       self.crc.running = running = None  # out of order: cannot be verified in this pass
     out = np.empty((self.outer, stop - start, *self.inner), self.dtype)
@@ -133,7 +135,7 @@ class _Member:
       if file.readinto(view) != view.nbytes:
         raise ValueError(f"truncated array data ({self.shape} {self.dtype})")
       if running is not None:
-        running[index] = zlib.crc32(view, running[index])
+        crc.append((running, index, view))
     if running is not None:
       self.crc.next_row = stop
     return out if len(self.shape) == 3 else out[0]
@@ -155,8 +157,17 @@ class _Member:
     self.crc.restart(self.outer)
     step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
     for start in range(0, self.num, step):
-      self.rows(file, start, min(self.num, start + step), crc=True)
+      queued = []
+      self.rows(file, start, min(self.num, start + step), crc=queued)
+      _update_crcs(queued)
     return self.crc_error()
+
+
+def _update_crcs(queued: list) -> None:
+  """Runs the CRC-32 updates ``_Member.rows`` queued, in order. zlib lets go of the GIL
+  over large buffers, so a thread can run them beside the reading and its consumer."""
+  for running, index, view in queued:
+    running[index] = zlib.crc32(view, running[index])
 
 
 def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", digest=None):
@@ -350,7 +361,9 @@ class PredictionsReader:
     if labels.array is None:  # read whole: its CRC-32 is checked now
       if labels.crc is not None:
         labels.crc.restart(labels.outer)
-      labels = labels.rows(self._file, 0, labels.shape[0], crc=True)
+      queued = []
+      labels = labels.rows(self._file, 0, labels.shape[0], crc=queued)
+      _update_crcs(queued)
       self._check_crc(["labels"])
     else:
       labels = labels.array
@@ -395,7 +408,7 @@ class PredictionsReader:
         )
 
   def _chunk(
-    self, start: int, stop: int, where: str | None = None, crc: bool = False
+    self, start: int, stop: int, where: str | None = None, crc: list | None = None
   ) -> predictions_lib.Predictions:
     arrays = {"labels": self.labels[start:stop], "scores": {}}
     for key, member in self._members_by_name.items():
@@ -411,26 +424,33 @@ class PredictionsReader:
     """(start, ``Predictions`` of examples [start, start + chunk_size)), in order; the
     last chunk may be shorter. Each chunk is validated as a file would be.
 
-    The CRC-32 of each member read from the archive is taken as its bytes are read and
-    compared with the zip directory's once the last example is read, before the last
-    chunk is yielded: a consumer that writes its results after the loop writes nothing
-    from a corrupt file. A chunk refused by its checks (a NaN, say) is refused as
-    corrupt instead when its member's CRC-32 does not match (read again to know).
+    The CRC-32 of each member read from the archive is taken as its bytes are read (in a
+    thread, one chunk behind at most: memory stays two chunks) and compared with the zip
+    directory's once the last example is read, before the last chunk is yielded: a
+    consumer that writes its results after the loop writes nothing from a corrupt file.
+    A chunk refused by its checks (a NaN, say) is refused as corrupt instead when its
+    member's CRC-32 does not match (read again to know).
     """
     tracked = [k for k, m in self._members_by_name.items() if m.crc is not None and k != "labels"]
     for key in tracked:
       member = self._members_by_name[key]
       member.crc.restart(member.outer)
-    for start in range(0, self.num_examples, chunk_size):
-      stop = min(start + chunk_size, self.num_examples)
-      try:
-        chunk = self._chunk(start, stop, crc=True)
-      except ValueError:
-        self._check_crc(tracked, read=True)
-        raise
-      if stop == self.num_examples:
-        self._check_crc(tracked)
-      yield start, chunk
+    with concurrent.futures.ThreadPoolExecutor(1) as crc_thread:
+      pending = None
+      for start in range(0, self.num_examples, chunk_size):
+        stop, queued = min(start + chunk_size, self.num_examples), []
+        try:
+          chunk = self._chunk(start, stop, crc=queued)
+        except ValueError:
+          self._check_crc(tracked, read=True)
+          raise
+        if pending is not None:
+          pending.result()
+        pending = crc_thread.submit(_update_crcs, queued)
+        if stop == self.num_examples:
+          pending.result()
+          self._check_crc(tracked)
+        yield start, chunk
 
   def close(self) -> None:
     self._opened.close()
