@@ -11,13 +11,14 @@ import struct
 import types
 import warnings
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
 
 from top1_jax import Calibrator, calibrator
 from top1_jax.estimators import registry
-from top1_jax.io import datasets, idx, prediction_checks, predictions, stream
+from top1_jax.io import datasets, idx, prediction_checks, predictions, stream, zip_crc
 from top1_jax.sweep import runner
 
 
@@ -257,6 +258,14 @@ def _read_all(path) -> list[int]:
     for start, _ in reader.chunks(250):
       seen.append(start)
   return seen
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 4096, 123457])
+def test_crc32_of_two_ranges_combines_as_zlibs_of_the_whole(length):
+  rng = np.random.default_rng(length)
+  first, second = rng.bytes(100), rng.bytes(length)
+  joined = zip_crc.combine(zlib.crc32(first), zlib.crc32(second), zip_crc.zeros_operator(length))
+  assert joined == zlib.crc32(first + second)
 
 
 # N = 2000: every member is larger than the 4 kB zipfile reads with a member's header

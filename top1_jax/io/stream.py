@@ -17,7 +17,15 @@ the reader closes.
 Every chunk is a validated ``predictions.Predictions`` of its examples, so a
 file's values get the same checks (finite, label range, rows summing to 1) as a
 full load, one chunk at a time; the checks of the file as a whole (fields,
-shapes, agreement of N and K, meta) run when the reader opens.
+shapes, agreement of N and K, meta) run when the reader opens, after those of the
+archive (``prediction_checks.archive_members``: each field once, each ``.npy``
+header declaring the bytes its member holds).
+
+Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; the
+members read at their offsets get theirs taken as their bytes are read, in order,
+and compared when the last example is read (``PredictionsReader.chunks``), so a
+corrupt file is refused as ``load_predictions`` refuses it, and the reader still
+never holds the file.
 """
 
 import concurrent.futures
@@ -36,7 +44,7 @@ import numpy as np
 from etils import epath
 
 from top1_jax.core import validation
-from top1_jax.io import files, prediction_checks
+from top1_jax.io import files, prediction_checks, zip_crc
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.io.prediction_checks import SCORE_PREFIX
 
@@ -50,60 +58,6 @@ never held whole in memory either."""
 _BLOCK = 1 << 24  # bytes per read of a sequential copy (download, inflation, hash)
 
 
-def _gf2_times(matrix: list[int], vector: int) -> int:
-  total, bit = 0, 0
-  while vector:
-    if vector & 1:
-      total ^= matrix[bit]
-    vector, bit = vector >> 1, bit + 1
-  return total
-
-
-def _zeros_operator(num_bytes: int) -> list[int]:
-  """The GF(2) matrix that runs a CRC-32 register over ``num_bytes`` zero bytes (zlib's
-  ``crc32_combine``): crc32(a + b) = _gf2_times(_zeros_operator(len(b)), crc32(a)) ^ crc32(b).
-  Column i is the image of bit i; O(log num_bytes) squarings."""
-  power = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit
-  for _ in range(3):  # one zero byte
-    power = [_gf2_times(power, column) for column in power]
-  result = [1 << n for n in range(32)]
-  while num_bytes:
-    if num_bytes & 1:  # powers of one operator commute
-      result = [_gf2_times(power, column) for column in result]
-    num_bytes >>= 1
-    if num_bytes:
-      power = [_gf2_times(power, column) for column in power]
-  return result
-
-
-class _Crc:
-  """A stored member's CRC-32, taken as its examples are read in order (``chunks``).
-
-  A chunk of a [S, N, K] member is S byte ranges, one per sample, so each sample's CRC
-  runs on its own (its rows come in order) and, once the last example is read, they
-  are joined after the ``.npy`` header's CRC (``_zeros_operator``) and compared with
-  the zip directory's. The rows need not be held: memory stays one chunk.
-  """
-
-  def __init__(self, expected: int, start: int, header_bytes: int, header_crc: int):
-    self.expected, self.start, self.header_bytes = expected, start, header_bytes
-    self.header_crc = header_crc
-    self.running: list[int] | None = None  # per sample; None: not read in order
-    self.next_row = 0
-
-  def restart(self, outer: int) -> None:
-    self.running, self.next_row = [0] * outer, 0
-
-  def value(self, sample_bytes: int) -> int | None:
-    """The member's CRC-32 from what was read, or None when not read whole and in order."""
-    if self.running is None:
-      return None
-    total, shift = self.header_crc, _zeros_operator(sample_bytes)
-    for crc in self.running:
-      total = _gf2_times(shift, total) ^ crc
-    return total
-
-
 class _Member:
   """One array of the archive: read in example ranges from a file (the archive, or
   ``file``: a temporary one holding the inflated member), or held in memory."""
@@ -111,21 +65,21 @@ class _Member:
   def __init__(self, shape, dtype, offset=None, array: np.ndarray | None = None, file=None):
     self.shape, self.dtype, self.offset, self.array = tuple(shape), np.dtype(dtype), offset, array
     self.file = file
-    self.crc: _Crc | None = None  # a stored member read from the archive at ``offset``
+    self.crc: zip_crc.RunningCrc | None = None  # of a member read at ``offset``
     dims = self.shape if len(self.shape) == 3 else (1, *self.shape, 1)[:3]  # meta: 0-d
     self.outer, self.num, self.inner = dims[0], dims[1], self.shape[1 + (len(self.shape) == 3) :]
     self.row_bytes = int(np.prod(self.inner, dtype=np.int64)) * self.dtype.itemsize
 
-  def rows(self, file, start: int, stop: int, crc: list | None = None) -> np.ndarray:
-    """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With ``crc``
-    (a list), their bytes are queued there for the running CRC-32 (``_Crc``,
-    ``_update_crcs``) when read in order."""
+  def rows(self, file, start: int, stop: int, queue: list | None = None) -> np.ndarray:
+    """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With
+    ``queue`` (a list), their bytes are queued there for the running CRC-32
+    (``zip_crc.RunningCrc``, ``zip_crc.update``) when read in order."""
     if self.array is not None:
       if self.array.ndim == 0:  # no example axis: the checks of Predictions refuse it
         return self.array
       return self.array[:, start:stop] if self.array.ndim == 3 else self.array[start:stop]
     file = file if self.file is None else self.file
-    running = self.crc.running if crc is not None and self.crc is not None else None
+    running = self.crc.running if queue is not None and self.crc is not None else None
     if running is not None and start != self.crc.next_row:
       self.crc.running = running = None  # out of order: cannot be verified in this pass
     out = np.empty((self.outer, stop - start, *self.inner), self.dtype)
@@ -135,7 +89,7 @@ class _Member:
       if file.readinto(view) != view.nbytes:
         raise ValueError(f"truncated array data ({self.shape} {self.dtype})")
       if running is not None:
-        crc.append((running, index, view))
+        queue.append((running, index, view))
     if running is not None:
       self.crc.next_row = stop
     return out if len(self.shape) == 3 else out[0]
@@ -158,16 +112,9 @@ class _Member:
     step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
     for start in range(0, self.num, step):
       queued = []
-      self.rows(file, start, min(self.num, start + step), crc=queued)
-      _update_crcs(queued)
+      self.rows(file, start, min(self.num, start + step), queued)
+      zip_crc.update(queued)
     return self.crc_error()
-
-
-def _update_crcs(queued: list) -> None:
-  """Runs the CRC-32 updates ``_Member.rows`` queued, in order. zlib lets go of the GIL
-  over large buffers, so a thread can run them beside the reading and its consumer."""
-  for running, index, view in queued:
-    running[index] = zlib.crc32(view, running[index])
 
 
 def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", digest=None):
@@ -205,7 +152,7 @@ def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
   file.seek(start)
   header_crc = zlib.crc32(file.read(header_bytes))
   member = _Member(shape, dtype, offset=start + header_bytes)
-  member.crc = _Crc(info.CRC, start, header_bytes, header_crc)
+  member.crc = zip_crc.RunningCrc(info.CRC, header_crc)
   return member
 
 
@@ -362,8 +309,8 @@ class PredictionsReader:
       if labels.crc is not None:
         labels.crc.restart(labels.outer)
       queued = []
-      labels = labels.rows(self._file, 0, labels.shape[0], crc=queued)
-      _update_crcs(queued)
+      labels = self._rows("labels", labels, 0, labels.num, queued)
+      zip_crc.update(queued)
       self._check_crc(["labels"])
     else:
       labels = labels.array
@@ -401,21 +348,33 @@ class PredictionsReader:
     ``read``, read whole now) does not match the zip directory's CRC-32."""
     for key in keys:
       member = self._members_by_name[key]
-      problem = member.read_crc_error(self._file) if read else member.crc_error()
+      try:
+        problem = member.read_crc_error(self._file) if read else member.crc_error()
+      except _READ_ERRORS:  # unreadable: the error being raised says so
+        problem = None
       if problem is not None:
         raise ValueError(
           f"{self.path}: field {key!r}: {problem}; the file is corrupt: copy or write it again"
         )
 
+  def _rows(self, key: str, member: _Member, start: int, stop: int, queue: list | None):
+    """``member.rows``; an error names the file and the field."""
+    try:
+      return member.rows(self._file, start, stop, queue)
+    except _READ_ERRORS as e:
+      raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
+
   def _chunk(
-    self, start: int, stop: int, where: str | None = None, crc: list | None = None
+    self, start: int, stop: int, where: str | None = None, queue: list | None = None
   ) -> predictions_lib.Predictions:
     arrays = {"labels": self.labels[start:stop], "scores": {}}
     for key, member in self._members_by_name.items():
       if key.startswith(SCORE_PREFIX):
-        arrays["scores"][key.removeprefix(SCORE_PREFIX)] = member.rows(self._file, start, stop, crc)
+        arrays["scores"][key.removeprefix(SCORE_PREFIX)] = self._rows(
+          key, member, start, stop, queue
+        )
       elif key != "labels":
-        arrays[key] = member.rows(self._file, start, stop, crc)
+        arrays[key] = self._rows(key, member, start, stop, queue)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
     return self._validate(where, **arrays)
@@ -440,13 +399,13 @@ class PredictionsReader:
       for start in range(0, self.num_examples, chunk_size):
         stop, queued = min(start + chunk_size, self.num_examples), []
         try:
-          chunk = self._chunk(start, stop, crc=queued)
+          chunk = self._chunk(start, stop, queue=queued)
         except ValueError:
           self._check_crc(tracked, read=True)
           raise
         if pending is not None:
           pending.result()
-        pending = crc_thread.submit(_update_crcs, queued)
+        pending = crc_thread.submit(zip_crc.update, queued)
         if stop == self.num_examples:
           pending.result()
           self._check_crc(tracked)

@@ -1,0 +1,84 @@
+"""The CRC-32 of a zip member read in pieces out of byte order (``stream.PredictionsReader``).
+
+A chunk of examples of a [S, N, K] member is S byte ranges, one per sample, so the
+member's bytes do not come in order. Each sample's rows do: a CRC-32 runs per sample
+(``zlib.crc32``, a block at a time) and the S of them are joined, after the ``.npy``
+header's, as zlib's ``crc32_combine`` joins the CRCs of consecutive byte ranges
+(Python's zlib does not expose it): crc32(a + b) is crc32(a) run over len(b) zero
+bytes, XOR crc32(b), and running over n zero bytes is a 32 x 32 matrix over GF(2),
+built by O(log n) squarings.
+"""
+
+import zlib
+
+
+def _times(matrix: list[int], vector: int) -> int:
+  """``matrix`` (column i: the image of bit i) times ``vector``, over GF(2)."""
+  total, bit = 0, 0
+  while vector:
+    if vector & 1:
+      total ^= matrix[bit]
+    vector, bit = vector >> 1, bit + 1
+  return total
+
+
+def zeros_operator(num_bytes: int) -> list[int]:
+  """The GF(2) matrix that runs a CRC-32 register over ``num_bytes`` zero bytes."""
+  power = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit (reflected polynomial)
+  for _ in range(3):  # one zero byte
+    power = [_times(power, column) for column in power]
+  result = [1 << n for n in range(32)]
+  while num_bytes:
+    if num_bytes & 1:  # powers of one operator commute
+      result = [_times(power, column) for column in result]
+    num_bytes >>= 1
+    if num_bytes:
+      power = [_times(power, column) for column in power]
+  return result
+
+
+def combine(first: int, second: int, operator: list[int]) -> int:
+  """crc32(a + b) from ``first`` = crc32(a), ``second`` = crc32(b) and
+  ``operator`` = ``zeros_operator(len(b))``."""
+  return _times(operator, first) ^ second
+
+
+class RunningCrc:
+  """A stored member's CRC-32, taken as its examples are read in order.
+
+  Attributes:
+    expected: the zip directory's CRC-32 of the member.
+    header_crc: the CRC-32 of its ``.npy`` header (the bytes before the data).
+    running: one CRC-32 per sample of what was read of it; None when the examples were
+      not read in order (then nothing can be said).
+    next_row: the example the next read must start at to keep the order.
+  """
+
+  def __init__(self, expected: int, header_crc: int):
+    self.expected, self.header_crc = expected, header_crc
+    self.running: list[int] | None = None
+    self.next_row = 0
+
+  def restart(self, num_samples: int) -> None:
+    self.running, self.next_row = [0] * num_samples, 0
+
+  def value(self, sample_bytes: int) -> int | None:
+    """The member's CRC-32 from what was read (each sample ``sample_bytes`` long), or
+    None when it was not read in order."""
+    if self.running is None:
+      return None
+    total, operator = self.header_crc, zeros_operator(sample_bytes)
+    for sample in self.running:
+      total = combine(total, sample, operator)
+    return total
+
+
+def update(queued: list) -> None:
+  """Runs queued updates ``(running, index, bytes)``: running[index] = crc32(bytes,
+  running[index]), in order. zlib lets go of the GIL over large buffers, so a thread can
+  run them beside the reading and its consumer."""
+  for running, index, data in queued:
+    running[index] = zlib.crc32(data, running[index])
+
+
+__all__ = ["RunningCrc", "combine", "update", "zeros_operator"]
