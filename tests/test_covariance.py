@@ -1,5 +1,6 @@
 """covariance: batched covariance 2-norms against float64 NumPy ``eigvalsh``."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
@@ -125,3 +126,125 @@ def test_shapes_are_checked():
   with pytest.raises(ValueError, match=r"matrices: expected shape \[B, m, m\]"):
     covariance.top_eigenvalue(np.zeros((3, 4, 5), np.float32))
   assert covariance.covariance_norm(np.zeros((3, 0, 4), np.float32)).shape == (0,)
+
+
+def _np_cov_norms(samples: np.ndarray) -> np.ndarray:
+  """np.cov's largest eigenvalue per example, in float64: [S, N, K] -> [N]."""
+  x = np.asarray(samples, np.float64)
+  covs = [np.atleast_2d(np.cov(x[:, n], rowvar=False)) for n in range(x.shape[1])]
+  return np.array([np.linalg.eigvalsh(c)[-1] for c in covs])
+
+
+FLOAT32 = np.finfo(np.float32)
+# Norms at 1e-30 and 1e30, at the float32 limits (4x the smallest normal float, half
+# the largest), and the issue's 9.8e37: a Gram trace past 8.5e37 had its reciprocal
+# below the normal range (flushed to 0, so every norm came out 0).
+NORMS = (1e-30, 1e30, 4 * float(FLOAT32.tiny), 0.5 * float(FLOAT32.max), 9.8e37)
+# (S, K): the S x S Gram route, the K x K route, a two-sample one, K = 1.
+ROUTES = ((4, 50), (40, 5), (2, 3), (3, 1))
+
+
+@pytest.mark.parametrize("num_samples, num_classes", ROUTES)
+@pytest.mark.parametrize("num_examples", [1, 5])  # one plain matmul, and batched
+def test_norms_at_extreme_scales_match_np_cov(num_samples, num_classes, num_examples):
+  rng = np.random.default_rng(7)
+  directions = rng.normal(size=(num_samples, num_examples, num_classes))
+  unit = _np_cov_norms(directions)
+  for norm in NORMS:
+    samples = (directions * np.sqrt(norm / unit)[:, None]).astype(np.float32)
+    want = _np_cov_norms(samples)
+    got = np.asarray(covariance.covariance_norm(samples))
+    assert got.dtype == np.float32 and np.all(np.isfinite(got)) and np.all(got > 0), norm
+    np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"norm {norm:g}")
+
+
+def test_the_issue_example_is_not_zero():
+  samples = np.zeros((2, 3, 3), np.float32)
+  samples[0, :, 0], samples[1, :, 0] = 7e18, -7e18
+  np.testing.assert_allclose(covariance.covariance_norm(samples), 9.8e37, rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_samples, num_classes", ROUTES)
+def test_identical_samples_give_zero_at_any_magnitude(num_samples, num_classes):
+  # A float mean of S equal values need not equal them (1e-13 norms came out), and
+  # near the float32 limit their sum overflows (inf or NaN came out).
+  rng = np.random.default_rng(8)
+  values = [rng.normal(size=(1, 50, num_classes)), np.full((1, 2, num_classes), FLOAT32.max)]
+  values += [np.full((1, 2, num_classes), -0.9 * FLOAT32.max), 1e-44 * rng.normal(size=(1, 2, 1))]
+  values += [3e20 * rng.normal(size=(1, 2, num_classes))]
+  one = np.concatenate([np.broadcast_to(v, (1, v.shape[1], num_classes)) for v in values], 1)
+  samples = np.repeat(one.astype(np.float32), num_samples, axis=0)
+  np.testing.assert_array_equal(covariance.covariance_norm(samples), 0.0)
+
+
+@pytest.mark.parametrize("num_samples, num_classes", ROUTES)
+def test_subnormal_and_overflowing_spreads(num_samples, num_classes):
+  # Samples a subnormal apart: the norm (~1e-88) rounds to 0 in float32 (and XLA on
+  # the CPU flushes subnormals), finite and not negative. Near-max values a float
+  # spacing (2e31) apart: the norm (~1e62) exceeds float32, inf (never NaN).
+  tiny = np.zeros((num_samples, 2, num_classes), np.float32)
+  tiny[0, 0, 0], tiny[1:, 1] = 1e-45, FLOAT32.smallest_subnormal
+  np.testing.assert_array_equal(covariance.covariance_norm(tiny), 0.0)
+  assert np.all(np.float32(_np_cov_norms(tiny)) == 0)
+  huge = np.full((num_samples, 2, num_classes), FLOAT32.max, np.float32)
+  huge[0, 0, 0] = np.nextafter(FLOAT32.max, np.float32(0))
+  huge[1:, 1] = -FLOAT32.max
+  np.testing.assert_array_equal(covariance.covariance_norm(huge), np.inf)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e30, 1e-36, 1e38])
+def test_top_eigenvalue_at_extreme_scales(scale):
+  # Largest entry 1e38: the trace overflows. 1e-36: the smaller entries are near the
+  # smallest normal float, or below it (XLA reads those as 0, so the oracle does too).
+  rng = np.random.default_rng(9)
+  factor = rng.normal(size=(4, 6, 6))
+  matrices = np.einsum("bij,bkj->bik", factor, factor)
+  matrices = matrices / matrices.max(axis=(1, 2), keepdims=True)
+  scaled = (matrices * scale).astype(np.float32)
+  scaled[np.abs(scaled) < FLOAT32.tiny] = 0
+  want = np.linalg.eigvalsh(scaled.astype(np.float64))[:, -1]
+  got = np.asarray(covariance.top_eigenvalue(scaled))
+  assert np.all(np.isfinite(got)) and np.all(got > 0)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def _trap(size: int) -> np.ndarray:
+  """PSD matrix whose top eigenvector (eigenvalue 10) is orthogonal to the Lanczos
+  start vector, which itself is an eigenvector (eigenvalue 1)."""
+  start = covariance.start_vector(size)
+  rng = np.random.default_rng(size)
+  basis = np.linalg.qr(np.column_stack([start, rng.normal(size=(size, size - 1))]))[0]
+  top = basis[:, 1]
+  return 10 * np.outer(top, top) + np.outer(start, start)
+
+
+@pytest.mark.parametrize("size", [2, 3, 6, 32])
+def test_top_eigenvector_orthogonal_to_the_start_vector(size):
+  # Lanczos from that start never leaves span{start}: it reported 1, not 10. The
+  # ordinary matrices beside it in the batch keep their own result.
+  rng = np.random.default_rng(10)
+  factor = rng.normal(size=(3, size, size))
+  ordinary = np.einsum("bij,bkj->bik", factor, factor)
+  matrices = np.concatenate([_trap(size)[None], ordinary]).astype(np.float32)
+  want = np.linalg.eigvalsh(matrices.astype(np.float64))[:, -1]
+  np.testing.assert_allclose(covariance.top_eigenvalue(matrices), want, rtol=1e-5)
+
+
+def test_covariance_whose_top_direction_is_orthogonal_to_the_start_vector():
+  # The K x K route (S > K): samples whose covariance is exactly the trap.
+  size, num_samples = 6, 9
+  values, vectors = np.linalg.eigh(_trap(size))
+  rng = np.random.default_rng(11)
+  centred = np.linalg.qr(np.column_stack([np.ones(num_samples), rng.normal(size=(9, size))]))[0]
+  deviations = centred[:, 1:] * np.sqrt(np.maximum(values, 0) * (num_samples - 1)) @ vectors.T
+  samples = (deviations + rng.normal(size=size))[:, None, :].astype(np.float32)
+  np.testing.assert_allclose(covariance.covariance_norm(samples), 10.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_low_precision_samples_are_computed_in_float32(dtype):
+  samples = _examples(5, 7)[:, :3]
+  low = jnp.asarray(samples, dtype)
+  got = covariance.covariance_norm(low)
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(got, covariance.covariance_norm(np.asarray(low, np.float32)))

@@ -13,9 +13,17 @@ make it cheap:
   span the whole space, so there is no convergence test to tune and no eigenvalue
   gap to wait for; in floating point, Lanczos without reorthogonalisation only
   repeats Ritz values that have converged, which leaves the largest one intact.
+  Where the sequence stops early with trace left unaccounted for (a start vector
+  orthogonal to the top eigenvector), a restarting, fully reorthogonalised Lanczos
+  runs on that chunk instead.
   That is the CPU path: there one LAPACK ``eigh`` per matrix is serial per example,
   and jaxlib's batched CPU ``eigh`` blocked its thread pool when two calls
   overlapped. GPUs take one batched ``eigvalsh`` call, faster there.
+
+Any scale works up to the float limits: matrices far from 1 are scaled by an exact
+power of two before the eigenvalue step, and samples whose products over- or
+underflow are rescaled per example (norms past the float range are inf, norms
+below the smallest normal float 0, as XLA on the CPU flushes subnormals).
 
 On the CPU the Gram matrices are formed one example at a time, each one plain
 [S, K] x [K, S] matmul sliced straight out of the ``[S, N, K]`` samples: XLA runs
@@ -47,10 +55,18 @@ def _precision() -> jax.lax.Precision | None:
   return None if _on_cpu() else jax.lax.Precision.HIGHEST
 
 
-def _start_vector(size: int) -> np.ndarray:
-  # Not the all-ones vector: centred samples (and centred probabilities, whose
-  # entries sum to one) have it in their null space. A fixed random direction is
-  # orthogonal to the top eigenvector only on a set of measure zero.
+def _at_least_float32(values: jax.Array) -> jax.Array:
+  # float16 and bfloat16 are computed in float32: their squares leave their range.
+  return values.astype(jnp.promote_types(values.dtype, jnp.float32))
+
+
+def start_vector(size: int) -> np.ndarray:
+  """The fixed unit start vector of the CPU route's Lanczos iteration: [size] float64.
+
+  Not the all-ones vector: centred samples (and centred probabilities, whose
+  entries sum to one) have it in their null space. Public so that a test can build
+  the matrix whose top eigenvector is orthogonal to it (the restart handles that).
+  """
   vector = np.random.default_rng(0).normal(size=size)
   return vector / np.linalg.norm(vector)
 
@@ -59,7 +75,7 @@ def _lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
   """[B, m, m] symmetric -> Lanczos tridiagonals: [B, m] diagonal, [B, m-1] off-diagonal."""
   size = matrices.shape[-1]
   # Carries start from the data's own shapes (``*_like``), as shard_map requires.
-  start = jnp.zeros_like(matrices[:, 0]) + jnp.asarray(_start_vector(size), matrices.dtype)
+  start = jnp.zeros_like(matrices[:, 0]) + jnp.asarray(start_vector(size), matrices.dtype)
   # An invariant subspace ends the sequence: the next vector would be rounding noise.
   breakdown = size * jnp.finfo(matrices.dtype).eps * jnp.trace(matrices, axis1=1, axis2=2)
 
@@ -76,6 +92,47 @@ def _lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
 
   carry = (start, jnp.zeros_like(start), jnp.zeros_like(start[:, 0]))
   _, (alphas, betas) = jax.lax.scan(step, carry, None, length=size)
+  return alphas.T, betas.T[:, :-1]
+
+
+def _restarting_lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``_lanczos`` that cannot miss an eigenvalue: the same tridiagonals, each vector
+  orthogonalised against all before it and, where the Krylov space closes, a restart.
+
+  The restart vector is the unit vector with the largest part outside the span so
+  far, projected out of it. m orthonormal vectors then span the whole space, so the
+  tridiagonal holds every eigenvalue whatever the start vector. Each step costs a
+  few m x m products more than ``_lanczos``'s: the fallback where it may have missed.
+  """
+  size = matrices.shape[-1]
+  start = jnp.zeros_like(matrices[:, 0]) + jnp.asarray(start_vector(size), matrices.dtype)
+  breakdown = size * jnp.finfo(matrices.dtype).eps * jnp.trace(matrices, axis1=1, axis2=2)
+
+  def orthogonalised(vector, basis):
+    for _ in range(2):  # twice is enough (Parlett): once leaves rounding in the span
+      along = jnp.einsum("bji,bi->bj", basis, vector, precision=_precision())
+      vector = vector - jnp.einsum("bji,bj->bi", basis, along, precision=_precision())
+    return vector
+
+  def unit(vector):
+    length = jnp.sqrt(jnp.sum(vector * vector, axis=-1))
+    return vector / jnp.where(length > 0, length, 1.0)[:, None]
+
+  def step(carry, index):
+    vector, basis = carry
+    basis = jax.lax.dynamic_update_index_in_dim(basis, vector, index, axis=1)
+    product = jnp.einsum("bij,bj->bi", matrices, vector, precision=_precision())
+    alpha = jnp.sum(product * vector, axis=-1)
+    residual = orthogonalised(product, basis)
+    beta = jnp.sqrt(jnp.sum(residual * residual, axis=-1))
+    alive = beta > breakdown
+    outside = 1 - jnp.sum(basis * basis, axis=1)  # [B, m]: each unit vector's part off the span
+    fresh = jax.nn.one_hot(jnp.argmax(outside, axis=1), size, dtype=matrices.dtype)
+    following = jnp.where(alive[:, None], unit(residual), unit(orthogonalised(fresh, basis)))
+    return (following, basis), (alpha, jnp.where(alive, beta, 0.0))
+
+  carry = (start, jnp.zeros_like(matrices))
+  _, (alphas, betas) = jax.lax.scan(step, carry, jnp.arange(size))
   return alphas.T, betas.T[:, :-1]
 
 
@@ -117,17 +174,71 @@ def _top_of_tridiagonal(diagonal: jax.Array, off_diagonal: jax.Array) -> jax.Arr
   return 0.5 * (lower + upper)
 
 
-def _top_eigenvalue(matrices: jax.Array) -> jax.Array:
+def _power_of_two(exponent: jax.Array, dtype) -> jax.Array:
+  # From its bits, exact: exp2 is not exact on every backend. |exponent| <= 64 here.
+  info = jnp.finfo(dtype)
+  bits = (exponent.astype(jnp.int32) + (info.maxexp - 1)).astype(
+    jnp.int32 if info.bits == 32 else jnp.int64
+  )
+  return jax.lax.bitcast_convert_type(bits << info.nmant, dtype)
+
+
+def _binary_exponent(matrices: jax.Array) -> jax.Array:
+  """[B] int32 e: 2^-e brings the largest diagonal entry into [0.5, 1), or 0 where it
+  lies in [2^-64, 2^64] already (so that ordinary matrices are not touched)."""
+  largest = jnp.max(jnp.diagonal(matrices, axis1=1, axis2=2), axis=1)
+  exponent = jnp.frexp(largest)[1]
+  ordinary = (largest >= 2.0**-64) & (largest <= 2.0**64) | ~jnp.isfinite(largest)
+  return jnp.where(ordinary | (largest <= 0), 0, exponent)
+
+
+def _times_power_of_two(values: jax.Array, exponent: jax.Array) -> jax.Array:
+  """``values * 2^exponent`` (exact but for overflow and underflow), in two factors so
+  that each is a normal float for exponents up to 2 x 126."""
+  half = exponent // 2
+  factors = (_power_of_two(half, values.dtype), _power_of_two(exponent - half, values.dtype))
+  expand = (slice(None),) + (None,) * (values.ndim - 1)
+  return values * factors[0][expand] * factors[1][expand]
+
+
+def _lanczos_top(normalised: jax.Array) -> jax.Array:
+  """[B, m, m] PSD with trace 1 (or 0) -> [B] top eigenvalue, by Lanczos and bisection."""
+  diagonal, off_diagonal = _lanczos(normalised)
+  top = _top_of_tridiagonal(diagonal, off_diagonal)
+  # Where the sequence stopped early (an invariant subspace), the start vector's
+  # Krylov space holds sum(diagonal) of the trace and the rest belongs to eigenvectors
+  # it never reached (a top eigenvector orthogonal to the start). Where that rest could
+  # hold an eigenvalue above the one found, Lanczos restarts. (Without a stop, the
+  # diagonal's sum drifts from the trace as orthogonality is lost: no test there.)
+  size = normalised.shape[-1]
+  slack = 4 * size * jnp.finfo(normalised.dtype).eps
+  stopped = jnp.any(off_diagonal == 0, axis=1)
+  unreached = jnp.trace(normalised, axis1=1, axis2=2) - jnp.sum(diagonal, axis=1)
+  suspect = stopped & (unreached > top + slack)
+  return jax.lax.cond(
+    jnp.any(suspect),
+    lambda: jnp.where(suspect, _top_of_tridiagonal(*_restarting_lanczos(normalised)), top),
+    lambda: top,
+  )
+
+
+def _scaled_top_eigenvalue(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """[B, m, m] PSD -> [B] top eigenvalues as ``top * 2^exponent``, so that a caller can
+  divide ``top`` before the power of two takes it past the float range."""
+  # Matrices far from 1 are first scaled by an exact power of two: the trace of
+  # entries near the float limit overflows, and 1 / trace past 2^126 underflows.
+  exponent = _binary_exponent(matrices)
+  matrices = _times_power_of_two(matrices, -exponent)
   if not _on_cpu():
     # GPUs solve a batch of small eigenproblems in one call (cuSOLVER's batched
     # Jacobi), faster there than Lanczos' m sequential steps and the bisection.
-    return jnp.maximum(jnp.linalg.eigvalsh(matrices)[:, -1], 0.0)
+    return jnp.maximum(jnp.linalg.eigvalsh(matrices)[:, -1], 0.0), exponent
   # Divided by the trace (>= the top eigenvalue) so that the squares inside
   # Lanczos and the bisection stay in range whatever the scale of the matrices.
   trace = jnp.trace(matrices, axis1=1, axis2=2)
   trace = jnp.where(trace > 0, trace, 1.0)
   normalised = matrices / trace[:, None, None]
-  return jnp.maximum(_top_of_tridiagonal(*_lanczos(normalised)), 0.0) * trace
+  return jnp.maximum(_lanczos_top(normalised), 0.0) * trace, exponent
 
 
 @jax.jit
@@ -136,23 +247,26 @@ def top_eigenvalue(matrices: jax.Array) -> jax.Array:
 
   On the CPU, batched Lanczos (m steps, the whole batch at once) and bisection
   on the tridiagonals: no per-matrix solver call. Elsewhere one batched
-  ``eigvalsh``. Values are not checked.
+  ``eigvalsh``. Values are not checked. float16 and bfloat16 are computed in
+  float32.
 
   Args:
-    matrices: [B, m, m] float, symmetric PSD.
+    matrices: [B, m, m] float, symmetric PSD, entries anywhere in the float range.
 
   Returns:
-    [B] float, >= 0.
+    [B] float (at least float32), >= 0.
   """
   if matrices.ndim != 3 or matrices.shape[1] != matrices.shape[2] or matrices.shape[1] == 0:
     raise ValueError(f"matrices: expected shape [B, m, m] with m >= 1, got {matrices.shape}")
   num_matrices, size, _ = matrices.shape
+  matrices = _at_least_float32(matrices)
   if num_matrices == 0:
     return jnp.zeros((0,), matrices.dtype)
   _, chunk, num_chunks = _sizes(num_matrices, size, size, samples_per_block=False)
 
   def one_chunk(start):
-    return _top_eigenvalue(jax.lax.dynamic_slice_in_dim(matrices, start, chunk))
+    chunk_matrices = jax.lax.dynamic_slice_in_dim(matrices, start, chunk)
+    return _times_power_of_two(*_scaled_top_eigenvalue(chunk_matrices))
 
   return _over_chunks(one_chunk, num_matrices, chunk, num_chunks)
 
@@ -171,7 +285,15 @@ def _products(centred: jax.Array) -> jax.Array:
 def _centred(samples: jax.Array) -> jax.Array:
   # Centred explicitly, before any product: the spread of tiny dropout rates can
   # be 1e-4 of the logits' mean, and centring the Gram afterwards cancels it away.
-  return samples - jnp.mean(samples, axis=0)
+  centred = samples - jnp.mean(samples, axis=0)
+  # A second pass takes out the rounding error of the mean, which is as large as the
+  # spread of saturated probabilities (errors of 6e-2 to 3x in float32 without it).
+  centred = centred - jnp.mean(centred, axis=0)
+  # Identical samples centre to exactly 0 (a float mean of S equal values need not
+  # equal them, and the norm would be rounding noise where it is 0).
+  largest = jnp.max(samples, axis=0)
+  same = (largest == jnp.min(samples, axis=0)) & jnp.isfinite(largest)
+  return jnp.where(same, 0.0, centred)
 
 
 def _chunk_products(samples: jax.Array, start: jax.Array, chunk: int, block: int) -> jax.Array:
@@ -190,32 +312,50 @@ def _chunk_products(samples: jax.Array, start: jax.Array, chunk: int, block: int
 
 def _rescaled_chunk_products(
   samples: jax.Array, start: jax.Array, chunk: int
-) -> tuple[jax.Array, jax.Array]:
-  """The same with the samples divided by each example's largest deviation first."""
-  centred = _centred(jax.lax.dynamic_slice_in_dim(samples, start, chunk, axis=1))
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The same with the samples divided by each example's largest deviation first.
+
+  Returns the [chunk, m, m] products, and per example the scale and the binary
+  exponent e that the norm is multiplied back by (scale^2 4^e).
+  """
+  examples = jax.lax.dynamic_slice_in_dim(samples, start, chunk, axis=1)
+  # Near the float limit the sum behind the mean and the deviations overflow: such
+  # examples are first scaled down by an exact 2^64 (at that magnitude the float
+  # spacing is over 2^40, so no deviation is lost).
+  huge = jnp.max(jnp.abs(examples), axis=(0, 2)) > 2.0**64
+  exponent = jnp.where(huge, 64, 0)
+  centred = _centred(_times_power_of_two(examples.swapaxes(0, 1), -exponent).swapaxes(0, 1))
   scale = jnp.max(jnp.abs(centred), axis=(0, 2))
   scale = jnp.where(scale > 0, scale, 1.0)
-  return _products(centred / scale[:, None]), scale
+  return _products(centred / scale[:, None]), scale, exponent
 
 
 def _chunk_norms(samples: jax.Array, start: jax.Array, chunk: int, block: int) -> jax.Array:
   """[S, N, K] -> [chunk] covariance norms of examples [start, start + chunk)."""
   products = _chunk_products(samples, start, chunk, block)
   # Products of the raw deviations are accurate unless they overflow (deviations
-  # beyond ~1e19 / sqrt(K)) or sink into subnormals; only then, for this chunk, are
-  # they recomputed from rescaled samples (an extra pass the common case skips).
+  # beyond ~1e19 / sqrt(K)) or sink towards the subnormals (flushed to 0 below them,
+  # as identical samples give too); only those examples are recomputed from rescaled
+  # samples (an extra pass over the chunk, which the common case skips).
   largest = jnp.max(jnp.diagonal(products, axis1=1, axis2=2), axis=1)
   smallest_safe = np.sqrt(jnp.finfo(samples.dtype).tiny)
-  out_of_range = ~jnp.all(jnp.isfinite(products)) | jnp.any(
-    (largest > 0) & (largest < smallest_safe)
+  rescale = ~jnp.all(jnp.isfinite(products), axis=(1, 2)) | (largest < smallest_safe)
+
+  def rescaled():
+    new_products, scale, exponent = _rescaled_chunk_products(samples, start, chunk)
+    new_products = jnp.where(rescale[:, None, None], new_products, products)
+    return new_products, jnp.where(rescale, scale, 1.0), jnp.where(rescale, exponent, 0)
+
+  products, scale, exponent = jax.lax.cond(
+    jnp.any(rescale),
+    rescaled,
+    lambda: (products, jnp.ones_like(largest), jnp.zeros_like(largest, dtype=jnp.int32)),
   )
-  products, scale = jax.lax.cond(
-    out_of_range,
-    lambda: _rescaled_chunk_products(samples, start, chunk),
-    lambda: (products, jnp.ones_like(largest)),
-  )
-  # In this order so that a huge scale with a small eigenvalue does not overflow.
-  norms = _top_eigenvalue(products) / (samples.shape[0] - 1) * scale * scale
+  # In this order so that a huge scale with a small eigenvalue does not overflow,
+  # nor the Gram's eigenvalue (S - 1 times the norm) where the norm does not.
+  top, top_exponent = _scaled_top_eigenvalue(products)
+  norms = top / (samples.shape[0] - 1) * scale * scale
+  norms = _times_power_of_two(_times_power_of_two(norms, top_exponent), 2 * exponent)
   # Rescaled products are finite unless the samples are not: mark those examples.
   return jnp.where(jnp.all(jnp.isfinite(products), axis=(1, 2)), norms, jnp.nan)
 
@@ -256,18 +396,20 @@ def covariance_norm(samples: jax.Array) -> jax.Array:
   """Largest eigenvalue of each example's unbiased sample covariance, as ``np.cov``.
 
   Values are not checked (``scores.covariance_norm`` is the checked entry point);
-  safe under ``jit`` and ``shard_map``.
+  safe under ``jit`` and ``shard_map``. float16 and bfloat16 are computed in float32.
 
   Args:
     samples: [S, N, K] float, S >= 2 samples (or ensemble members) of N examples.
 
   Returns:
-    [N] float, >= 0; inf where the norm exceeds the float range, NaN where the
-    example's samples are not all finite.
+    [N] float (at least float32), >= 0: exactly 0 where an example's samples are
+    identical; inf where the norm exceeds the float range, NaN where the example's
+    samples are not all finite.
   """
   if samples.ndim != 3 or samples.shape[0] < 2 or samples.shape[2] == 0:
     raise ValueError(f"samples: expected shape [S >= 2, N, K >= 1], got {samples.shape}")
   num_samples, num_examples, num_classes = samples.shape
+  samples = _at_least_float32(samples)
   if num_examples == 0:
     return jnp.zeros((0,), samples.dtype)
   block, chunk, num_chunks = _sizes(num_examples, num_samples, num_classes)
