@@ -191,6 +191,23 @@ def test_callback_reports_progress_and_nothing_is_printed(capsys):
   assert captured.out == ""
 
 
+def test_a_diverging_training_stops_at_its_first_report_naming_the_learning_rate():
+  # Adam at 1e6 took the issue's quick job to a loss of 4e19; it then failed only at the
+  # covariance scores, naming nothing. Each report (every log_every steps) checks the loss.
+  images, labels = gaussian_blobs()
+  wild = optax.adam(1e6)
+  state = train.create_train_state(_MLP, wild, jax.random.key(0), images[:1])
+  kwargs = dict(num_steps=12, batch_size=16, log_every=4)
+  for callback in (None, lambda info: None):  # the last step's loss, or the reports' mean
+    with pytest.raises(train.DivergedError, match="smaller learning rate") as info:
+      train.fit(state, images, labels, jax.random.key(1), callback=callback, **kwargs)
+    assert info.value.step == 4 and not info.value.loss <= train.MAX_LOSS  # huge, or NaN
+  ensemble = train.init_ensemble(_MLP, wild, jax.random.key(0), images[:1], ensemble_size=2)
+  for strategy in ("vmap", "loop"):
+    with pytest.raises(train.DivergedError, match=r"by step 4 \(member \d\)"):
+      train.fit_ensemble(ensemble, images, labels, jax.random.key(1), strategy=strategy, **kwargs)
+
+
 def test_bad_inputs_raise_naming_the_argument():
   images, labels = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])

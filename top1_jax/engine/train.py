@@ -26,7 +26,9 @@ to float rounding; ``batch_size`` must be a multiple of the device count.
 
 Checkpoints of a ``TrainState`` are in ``top1_jax.io.checkpoints``.
 
-Progress goes to an optional ``callback(info: dict)``; nothing here prints.
+Progress goes to an optional ``callback(info: dict)``; nothing here prints. A loss
+that is not finite or above ``MAX_LOSS`` stops training with ``DivergedError``,
+checked on the host once per report (every ``log_every`` steps), not in the step.
 """
 
 import time
@@ -55,6 +57,8 @@ __all__ = [
   "evaluate",
   "evaluate_ensemble",
   "member",
+  "DivergedError",
+  "MAX_LOSS",
 ]
 
 Callback = Callable[[dict[str, Any]], None]
@@ -160,8 +164,35 @@ def ensemble_train_step(
   return _ensemble_train_step_jit(states, (images, labels), keys)
 
 
+MAX_LOSS = 1e3
+"""A mean training loss (cross-entropy, nats; chance is log K) above this means training
+diverged: ``fit`` stops with ``DivergedError``."""
+
+
+class DivergedError(ValueError):
+  """Training diverged: the loss is not finite, or above ``MAX_LOSS``.
+
+  Attributes:
+    step: the last step (1-based) of the steps whose loss was checked.
+    loss: their mean loss (the largest over an ensemble's members).
+  """
+
+  def __init__(self, step: int, loss: float, member: int | None):
+    self.step, self.loss = step, loss
+    who = "" if member is None else f" (member {member})"
+    super().__init__(
+      f"training diverged by step {step}{who}: loss {loss:.3g}, not finite or above "
+      f"{MAX_LOSS:g}; a smaller learning rate usually fixes it"
+    )
+
+
 class _Progress:
-  """Sums the step metrics on device; reports their mean every ``log_every`` steps."""
+  """Sums the step metrics on device; every ``log_every`` steps checks their mean loss on the
+  host (``DivergedError``) and reports the means.
+
+  Without a callback only the last step's metrics are kept (no device work per step),
+  and its loss is checked.
+  """
 
   def __init__(self, callback, begin, end, log_every, examples_per_step, member_index):
     self._callback = callback
@@ -173,17 +204,21 @@ class _Progress:
     self._running, self._count, self._start = None, 0, time.perf_counter()
 
   def update(self, step: int, metrics: dict[str, jax.Array]) -> None:
-    """Records the metrics of ``step`` (0-based); reports when due."""
-    if self._callback is None:
-      return
-    self._running = (
-      metrics if self._running is None else jax.tree_util.tree_map(jnp.add, self._running, metrics)
-    )
-    self._count += 1
+    """Records the metrics of ``step`` (0-based); checks and reports when due."""
+    summing = self._callback is not None and self._running is not None
+    self._running = jax.tree_util.tree_map(jnp.add, self._running, metrics) if summing else metrics
+    self._count = self._count + 1 if summing else 1
     done = step + 1
     if (done - self._begin) % self._log_every and done != self.end:
       return
     means = {name: np.asarray(total) / self._count for name, total in self._running.items()}
+    losses = np.nan_to_num(np.reshape(means["loss"], -1), nan=np.inf)  # [M] for a vmapped ensemble
+    if losses.max() > MAX_LOSS:  # once per report, on the host: the sync is paid for already
+      worst = int(np.argmax(losses))
+      member = self._member if losses.size == 1 else worst
+      raise DivergedError(done, float(np.reshape(means["loss"], -1)[worst]), member)
+    if self._callback is None:
+      return
     elapsed = max(time.perf_counter() - self._start, 1e-9)
     info = {"step": done, "num_steps": self.end, "member": self._member}
     info |= {name: float(mean) if mean.ndim == 0 else mean for name, mean in means.items()}
@@ -222,6 +257,10 @@ def fit(
 
   Returns:
     The trained ``TrainState``.
+
+  Raises:
+    DivergedError: the mean loss of the steps since the last report (the last
+      step's loss without a callback) is not finite or above ``MAX_LOSS``.
   """
   key = mc.as_prng_key(key)
   images, labels = batches.checked_dataset(state.model, state.variables, images, labels)
@@ -294,6 +333,9 @@ def fit_ensemble(
 
   Returns:
     The trained ensemble ``TrainState``.
+
+  Raises:
+    DivergedError: as ``fit``, for any member.
   """
   size = mc.ensemble_size(states.params)
   strategy = mc.pick_strategy(strategy)

@@ -16,6 +16,8 @@ import numpy as np
 import optax
 from absl import logging
 
+from top1_jax.configs import default
+from top1_jax.core.validation import SettingError
 from top1_jax.engine import models, parallel, train
 from top1_jax.io import checkpoints, files, sweep_data
 from top1_jax.launch import common, config_flag
@@ -75,6 +77,17 @@ def _fit_epoch(settings, stage, state, images, labels, key, callback):
   )
 
 
+def _diverged(settings, point, stage: str, epoch: int, error: train.DivergedError):
+  """A diverged training as one line naming the learning rate, where, and the way out."""
+  return SettingError(
+    f"learning_rate: training diverged with learning_rate={settings.learning_rate:g} in epoch "
+    f"{epoch} of train/{point.name}/{stage} (loss {error.loss:.3g} by step {error.step}, not "
+    f"finite or above {train.MAX_LOSS:g}); try a smaller learning_rate (the default is "
+    f"{default.get_config().learning_rate:g}) with a new --workdir, or after deleting "
+    f"{_folder(point) / stage}"
+  )
+
+
 def run_stage(settings, point, stage: str, train_split, test_split) -> None:
   """Trains (or resumes) one stage of a training point and evaluates it on the test split."""
   label = f"train/{point.name}/{stage}"
@@ -106,7 +119,10 @@ def run_stage(settings, point, stage: str, train_split, test_split) -> None:
     )
     for epoch in range(first + 1, settings.num_epochs + 1):
       callback = _progress(label, epoch, settings.num_epochs)
-      state = _fit_epoch(settings, stage, state, images, labels, key, callback)
+      try:
+        state = _fit_epoch(settings, stage, state, images, labels, key, callback)
+      except train.DivergedError as e:  # before this epoch is saved or anything predicted
+        raise _diverged(settings, point, stage, epoch, e) from None
       manager.save(epoch, state)
   seconds = time.perf_counter() - start
   if stage == "base":
