@@ -101,6 +101,15 @@ REPRODUCE_BAD = [
   (["--config.ensemble_size=-1"], "ensemble_size", "expected an integer >= 0, got -1"),
   (["--config.train_dropout_rates=1.0"], "train_dropout_rates", "expected values in [0.0, 1.0)"),
   (["--config.learning_rate=0"], "learning_rate", "expected > 0, got 0"),
+  # Not finite: inf passed "> 0", then JSON refused it ("Out of range float values...").
+  (["--config.learning_rate=inf"], "learning_rate", "expected a finite number, got inf"),
+  (["--config.learning_rate=1e400"], "learning_rate", "expected a finite number, got inf"),
+  (["--config.dropout_rates=(0.1,nan)"], "dropout_rates", "expected finite numbers"),
+  # A parenthesis missing: ml_collections keeps the text, which ran as 0.1 and was
+  # recorded as ["(0.1"].
+  (["--config.dropout_rates=(0.1"], "dropout_rates", "malformed value '(0.1': its parenth"),
+  (["--config.train_dropout_rates=0.1)"], "train_dropout_rates", "malformed value '0.1)'"),
+  (["--config.models=(mlp"], "models", "malformed value '(mlp'"),
   (["--config.limit_train=0"], "limit_train", "expected an integer >= 1, got 0"),
   (["--config.limit_test=0"], "limit_test", "expected an integer >= 1, got 0"),
   (["--config.num_samples=1"], "num_samples", "need >= 2 for MC dropout, got 1"),
@@ -276,6 +285,9 @@ EVALUATE_BAD = [
   (["--config.selective_targets=(0.9,1.5)"], "selective_targets", "expected values in [0.0, 1.0)"),
   (["--config.selective_targets=0"], "selective_targets", "expected accuracies in (0, 1)"),
   (["--config.selective_delta=0.5"], "selective_delta", "expected a probability in (0, 0.5)"),
+  (["--config.selective_delta=nan"], "selective_delta", "expected a finite number, got nan"),
+  (["--config.selective_targets=(0.9,inf)"], "selective_targets", "expected finite numbers"),
+  (["--config.scores=pmax)"], "scores", "malformed value 'pmax)'"),
   # The inputs: what they are, and what goes with them.
   (["--config.labels=y.npy"], "labels", "goes with input_kind=logits or probs"),
   (["--config.input_kind=npz"], "input_kind", "expected one of predictions, logits, probs"),

@@ -12,6 +12,7 @@ a sweep's units one task of a job array runs.
 """
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -32,25 +33,59 @@ def _fail(field: str, message: str):
   raise SettingError(f"{field}: {message}")
 
 
-def _items(value) -> tuple:
-  """A tuple field, also when given unquoted on the command line: (a,b) arrives as "(a,b)"."""
+def _items(config, field: str) -> tuple:
+  """A tuple field, also when given unquoted on the command line: (a,b) arrives as "(a,b)".
+
+  ml_collections keeps an override it cannot parse as one string: a typo such as
+  ``(0.1`` (a parenthesis missing) would otherwise run as the value 0.1 and be recorded
+  as ``["(0.1"]``, so parentheses that do not pair up are refused.
+  """
+  value = config[field]
   if isinstance(value, str):
     value = (value,)
   out = []
   for item in value if isinstance(value, (tuple, list)) else (value,):
     if isinstance(item, str):
+      _check_parentheses(field, item)
       out += [part for part in re.split(r"[,\s()]+", item) if part]
     else:
       out.append(item)
   return tuple(out)
 
 
+def _check_parentheses(field: str, item: str) -> None:
+  """Parentheses that pair up: ``(a,b)`` and ``a,b``, not ``(a`` or ``a)``."""
+  depth = 0
+  for char in item:
+    depth += {"(": 1, ")": -1}.get(char, 0)
+    if depth < 0:
+      break
+  if depth:
+    _fail(
+      field,
+      f"malformed value {item!r}: its parentheses do not pair up; write (a,b) or (a,), "
+      f"quoted for the shell: '--config.{field}=(a,b)'",
+    )
+
+
+def _finite(config) -> None:
+  """Every float of the config (a field, or an item of a tuple field) is a finite number."""
+  for field, value in config.items() if hasattr(config, "items") else ():
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+      _fail(
+        field, f"expected {'finite numbers' if values is value else 'a finite number'}, got {value}"
+      )
+
+
 def _numbers(config, field: str, kind, low=None, high=None, allow_empty=False) -> tuple:
-  values = _items(config[field])
+  values = _items(config, field)
   try:
     parsed = tuple(kind(v) for v in values)
-  except (TypeError, ValueError):
+  except (TypeError, ValueError, OverflowError):  # OverflowError: int("inf")
     _fail(field, f"expected {kind.__name__} values, got {values}")
+  if not all(math.isfinite(v) for v in parsed):  # "nan" in an unquoted tuple parses
+    _fail(field, f"expected finite numbers, got {values}")
   if not parsed and not allow_empty:
     _fail(field, "expected at least one value, got ()")
   if kind is int and any(float(v) != int(v) for v in values):
@@ -126,12 +161,12 @@ def _check_evaluation(config, n_bins) -> None:
 
 
 def _check_scores(config, has_samples: bool) -> tuple[str, ...]:
-  names = _items(config.scores)
+  names = _items(config, "scores")
   if not names or ("all" in names and names != ("all",)):
     _fail("scores", f"expected ('all',) or score names, got {names}")
   if names == ("all",):
     return names
-  given = bool(_items(config.inputs))  # a user's files may store scores of their own
+  given = bool(_items(config, "inputs"))  # a user's files may store scores of their own
   unknown = [n for n in names if scores.lookup(n) is None and not given]
   if unknown:
     _fail("scores", f"unknown score(s) {', '.join(unknown)}; known: {', '.join(scores.REGISTRY)}")
@@ -158,8 +193,9 @@ def check(config: Any) -> Settings:
   Raises:
     SettingError: one line starting with the field's name.
   """
+  _finite(config)  # first: learning_rate=inf would pass "> 0"
   _check_training(config)
-  if config.models == () or any(m not in models.MODELS for m in _items(config.models)):
+  if config.models == () or any(m not in models.MODELS for m in _items(config, "models")):
     _fail("models", f"expected names among {', '.join(sorted(models.MODELS))}, got {config.models}")
   seeds = _numbers(config, "seeds", int, low=0)
   train_rates = _numbers(config, "train_dropout_rates", float, 0.0, 1.0)
@@ -168,7 +204,7 @@ def check(config: Any) -> Settings:
     _fail("num_samples", f"need >= 2 for MC dropout, got {config.num_samples}")
   n_bins = _numbers(config, "n_bins", int, low=1)
   topk = _numbers(config, "topk", int, low=1)
-  estimators = _items(config.estimators)
+  estimators = _items(config, "estimators")
   known = registry.names(scores_only=True)  # a sweep cross-validates a score alone
   if not estimators or any(e not in known for e in estimators):
     _fail("estimators", f"expected names among {', '.join(known)}, got {estimators}")
@@ -183,7 +219,7 @@ def check(config: Any) -> Settings:
     compare = 20 if 20 in n_bins else n_bins[0]
   return Settings(
     config,
-    tuple(dict.fromkeys(_items(config.models))),
+    tuple(dict.fromkeys(_items(config, "models"))),
     train_rates,
     seeds,
     rates,
@@ -199,7 +235,7 @@ def check(config: Any) -> Settings:
 
 def _check_inputs(config) -> tuple[str, ...]:
   """``inputs``, ``input_kind`` and ``labels`` together (``configs/default.py``)."""
-  inputs, kind = _items(config.inputs), config.input_kind
+  inputs, kind = _items(config, "inputs"), config.input_kind
   if kind not in INPUT_KINDS:
     _fail("input_kind", f"expected one of {', '.join(INPUT_KINDS)}, got {kind!r}")
   if kind == "predictions":
