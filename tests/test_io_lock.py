@@ -59,6 +59,44 @@ def test_a_stale_lock_is_taken_over_with_a_note(owner, tmp_path):
   assert len(notes) == 1 and "stale lock" in notes[0]
 
 
+def _refusal(workdir) -> str:
+  with pytest.raises(ValueError) as info:
+    with lock.hold(workdir):
+      pass
+  assert "\n" not in str(info.value)
+  return str(info.value)
+
+
+def test_a_work_dir_that_cannot_hold_the_lock_is_one_line_naming_it(tmp_path, monkeypatch):
+  # These were bare errno messages naming no setting ([Errno 21] Is a directory: ...).
+  busy = tmp_path / "dir_lock"
+  (busy / lock.LOCK_NAME).mkdir(parents=True)
+  assert _refusal(busy) == (
+    f"--workdir: {busy / lock.LOCK_NAME} is a directory where the lock file goes; remove it"
+    f" (rm -r {busy / lock.LOCK_NAME}) if no run of this work dir is going on"
+  )
+  assert (busy / lock.LOCK_NAME).is_dir()  # left as it was
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  expected = f"--workdir: {a_file} is a file, not a directory; give a directory"
+  assert _refusal(a_file) == expected
+  assert _refusal(a_file / "run" / "1") == expected  # the folder it would be made in
+  # Read-only or not ours (as root, permissions do not stop a write: the system's answer
+  # is simulated for the lock file alone).
+  real_open = os.open
+
+  def read_only(path, *args, **kwargs):
+    if os.fspath(path).endswith(lock.LOCK_NAME):
+      raise OSError(30, "Read-only file system", os.fspath(path))
+    return real_open(path, *args, **kwargs)
+
+  monkeypatch.setattr(os, "open", read_only)
+  assert _refusal(tmp_path / "ro") == (
+    f"--workdir: cannot write in {tmp_path / 'ro'} (Read-only file system); give a directory "
+    "you can write to"
+  )
+
+
 def test_a_refused_launcher_run_changes_nothing(tmp_path):
   workdir = tmp_path / "w"
   _write_lock(workdir, host="elsewhere", pid=1, started="then", command="the other run")

@@ -2,7 +2,9 @@
 
 ``hold(workdir)`` creates ``workdir/.lock`` atomically (``O_EXCL``) with the
 owner's host, pid, process start time and command. A second run on the same
-work dir is refused with one line naming the owner, before it writes anything.
+work dir is refused with one line naming the owner, before it writes anything;
+so are a work dir that is a file or cannot be written to, and a directory where
+the lock file goes.
 A lock left by a run that was killed (same host, and that pid is gone or is now
 another process) is taken over with a note. The lock is removed when the run
 ends, however it ends short of ``kill -9``.
@@ -81,6 +83,44 @@ def _create(path, owner: dict) -> bool:
   return True
 
 
+def _usable(workdir) -> None:
+  """The work dir exists (created if missing) and is a directory: else one line naming it."""
+  if isinstance(workdir, pathlib.Path):  # it, or the folder it would be made in
+    existing = next(p for p in (workdir, *workdir.parents) if p.exists())
+    if not existing.is_dir():
+      raise ValueError(f"--workdir: {existing} is a file, not a directory; give a directory")
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:  # a parent that is a file, a read-only or unwritable parent
+    raise ValueError(
+      f"--workdir: cannot create {workdir} ({e.strerror or e}: {e.filename or workdir}); give a"
+      " directory you can write to"
+    ) from None
+
+
+def _take(path, owner: dict) -> bool:
+  """``_create`` with a lock that cannot be made (not a file, not writable) in one line."""
+  if isinstance(path, pathlib.Path) and path.is_dir():
+    raise ValueError(
+      f"--workdir: {path} is a directory where the lock file goes; remove it (rm -r {path})"
+      " if no run of this work dir is going on"
+    )
+  try:
+    return _create(path, owner)
+  except OSError as e:
+    raise ValueError(
+      f"--workdir: cannot write in {path.parent} ({e.strerror or e}); give a directory you can"
+      " write to"
+    ) from None
+
+
+def release(path, pid: int | None = None) -> None:
+  """Removes the lock at ``path`` if process ``pid`` (default: this one) holds it."""
+  with contextlib.suppress(OSError, ValueError, AttributeError):
+    if json.loads(path.read_text()).get("pid") == (os.getpid() if pid is None else pid):
+      path.unlink()
+
+
 @contextlib.contextmanager
 def hold(workdir, say=print, name: str = LOCK_NAME) -> Iterator[pathlib.Path]:
   """Holds ``workdir``'s lock for the duration of the block.
@@ -92,12 +132,14 @@ def hold(workdir, say=print, name: str = LOCK_NAME) -> Iterator[pathlib.Path]:
 
   Raises:
     WorkdirBusyError: a live run holds it (the message names it and how to clear it).
+    ValueError: the work dir is a file, or cannot be created or written to, or the
+      lock's name is taken by a directory (one line naming --workdir and the path).
   """
   workdir = workdir if hasattr(workdir, "exists") else pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  _usable(workdir)
   path = workdir / name
   owner = _owner()
-  while not _create(path, owner):
+  while not _take(path, owner):
     try:
       held = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -116,6 +158,4 @@ def hold(workdir, say=print, name: str = LOCK_NAME) -> Iterator[pathlib.Path]:
   try:
     yield path
   finally:
-    with contextlib.suppress(OSError, ValueError):
-      if json.loads(path.read_text()).get("pid") == owner["pid"]:
-        path.unlink()
+    release(path, owner["pid"])
