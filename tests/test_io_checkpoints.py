@@ -1,8 +1,11 @@
 """Tests for top1_jax.io.checkpoints: round trips and the refusals that name the mismatch."""
 
+import errno
+
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 from toy_data import gaussian_blobs
@@ -112,6 +115,42 @@ def test_run_checkpoints_keep_the_last_epoch_and_resume(tmp_path):
   with checkpoints.RunCheckpoints(directory) as run:
     with pytest.raises(ValueError, match="is damaged"):
       run.latest(template)
+
+
+def test_a_failed_save_is_one_error_naming_the_folder_and_leaves_no_temporary_folder(
+  tmp_path, monkeypatch
+):
+  # A full disk: orbax's threads printed 3 to 13 tracebacks, the error named no setting
+  # (tensorstore's "RESOURCE_EXHAUSTED ... [os_error_code='28']"), *.orbax-checkpoint-tmp
+  # folders stayed. Simulated here; tests/test_experiments.py fills a real (tmpfs) disk.
+  images, _ = gaussian_blobs()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1])
+  template = train.create_train_state(_MLP, _TX, jax.random.key(9), images[:1])
+  directory = tmp_path / "run"
+  real_save = ocp.CheckpointManager.save
+  with checkpoints.RunCheckpoints(directory) as run:
+    run.save(1, state)
+
+    def full_disk(manager, step, *args, **kwargs):
+      (directory / f"{step}.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+      raise ValueError(f"RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='{error}']")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+    for epoch, error in ((2, errno.ENOSPC), (3, errno.EROFS)):
+      with pytest.raises(OSError) as info:
+        run.save(epoch, state)
+      assert info.value.errno == error and info.value.filename == str(directory / str(epoch))
+      assert sorted(p.name for p in directory.iterdir()) == ["1"]  # epoch 1 kept, no temp
+    monkeypatch.setattr(ocp.CheckpointManager, "save", lambda *a, **k: 1 / 0)
+    with pytest.raises(ValueError, match=r"checkpoint .*/4 could not be saved \(ZeroDivision"):
+      run.save(4, state)
+  monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+  # A temporary folder that a run left (killed mid-save, or written after the failure by
+  # tensorstore's threads) goes when the next run opens the folder.
+  (directory / "5.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+  with checkpoints.RunCheckpoints(directory) as run:
+    assert sorted(p.name for p in directory.iterdir()) == ["1"]
+    assert run.latest(template)[0] == 1
 
 
 def test_run_checkpoints_read_the_epoch_folders_of_save_checkpoint(tmp_path):

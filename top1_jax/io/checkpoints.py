@@ -12,7 +12,11 @@ architecture, ensemble size or parameter shapes with a ``ValueError`` that says
 what differs.
 """
 
+import contextlib
+import os
 import pathlib
+import re
+import shutil
 from typing import Any
 
 import jax
@@ -31,6 +35,22 @@ __all__ = ["RunCheckpoints", "save_checkpoint", "restore_checkpoint"]
 _FORMAT = "top1_jax.engine.train.TrainState/1"
 # The folders ``save_checkpoint`` writes, one per epoch: ``epoch_<N>``.
 _LEGACY_PREFIX = "epoch_"
+# How orbax names the folder of a save in progress (``<step>.orbax-checkpoint-tmp...``).
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+def _save_error(path, error: Exception) -> Exception:
+  """A failed save as one error: an ``OSError`` naming ``path`` when the system said why
+  (tensorstore reports a full disk as ``ValueError: ... [os_error_code='28']``)."""
+  text = " ".join(str(error).split())
+  if isinstance(error, OSError) and error.errno is not None:
+    return OSError(error.errno, error.strerror, os.fspath(error.filename or path))
+  code = re.search(r"os_error_code='(\d+)'", text)
+  if code:
+    return OSError(int(code.group(1)), os.strerror(int(code.group(1))), os.fspath(path))
+  return ValueError(
+    f"directory: the checkpoint {path} could not be saved ({type(error).__name__}: {text[:200]})"
+  )
 
 
 def _shapes(state: TrainState) -> dict[str, list[int]]:
@@ -203,6 +223,7 @@ class RunCheckpoints:
   def __init__(self, directory: epath.PathLike):
     files.check_usable(directory, "directory")
     self.directory = _local_path(directory)
+    self._discard_unfinished()  # orbax's own cleanup runs in a thread: this one has ended
     # Synchronous: a save has ended when ``save`` returns. The cleanup removes the
     # temporary folder of a save that was killed.
     options = ocp.CheckpointManagerOptions(
@@ -211,6 +232,7 @@ class RunCheckpoints:
     self._manager = ocp.CheckpointManager(
       self.directory, options=options, item_names=("state", "metadata")
     )
+    self._failed = False
 
   def latest(self, template: TrainState) -> tuple[int, TrainState]:
     """The last saved epoch and its state, in the structure of ``template``.
@@ -250,17 +272,45 @@ class RunCheckpoints:
     Args:
       epoch: the finished epoch, after the latest saved one.
       state: the state to save (the same in every process).
+
+    Raises:
+      OSError: the system refused the write (``errno.ENOSPC`` for a full disk),
+        naming the checkpoint's folder. The unfinished save's temporary folders
+        are removed first; the previous epoch's checkpoint is kept.
+      ValueError: any other failure of the save, in one line.
     """
     latest = self._manager.latest_step() or 0
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch <= latest:
       raise ValueError(
         f"epoch: expected an integer after the latest saved epoch {latest}, got {epoch!r}"
       )
-    self._manager.save(int(epoch), args=_save_args(state))
+    try:
+      self._manager.save(int(epoch), args=_save_args(state))
+    except Exception as e:  # noqa: BLE001 -- orbax and tensorstore raise plain exceptions
+      self._failed = True
+      with contextlib.suppress(Exception):  # its threads may still be writing
+        self._manager.wait_until_finished()
+      self._discard_unfinished()
+      raise _save_error(self.directory / str(epoch), e) from e
+
+  def _discard_unfinished(self) -> None:
+    """Removes the temporary folders of a save that failed (a full disk, most often).
+
+    Done after the failure, again at ``close`` (tensorstore's threads may still write
+    there in between) and when the next ``RunCheckpoints`` opens the folder.
+    """
+    if jax.process_index() != 0 or not isinstance(self.directory, pathlib.Path):
+      return
+    for partial in self.directory.glob(f"*{_TMP_SUFFIX}*"):
+      shutil.rmtree(partial, ignore_errors=True)
 
   def close(self) -> None:
     """Waits for pending writes and releases orbax's threads."""
-    self._manager.close()
+    try:
+      self._manager.close()
+    finally:
+      if self._failed:
+        self._discard_unfinished()
 
   def __enter__(self) -> "RunCheckpoints":
     return self
