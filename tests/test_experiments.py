@@ -13,7 +13,7 @@ import numpy as np
 import processes
 import pytest
 
-from top1_jax.io import idx
+from top1_jax.io import checkpoints, idx
 from top1_jax.io import predictions as predictions_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -193,10 +193,18 @@ def test_missing_inputs_give_one_line(tmp_path):
   _one_line_error(_run("evaluate"), "--workdir: required")
   bad = tmp_path / "bad.npz"
   bad.write_bytes(b"not a zip")
+  path = _predictions_file(tmp_path / "p.npz")
   _one_line_error(
     _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.inputs={bad}"), "bad.npz"
   )
   _one_line_error(_run("evaluate", f"--workdir={tmp_path}", "--config=nope.py"), "nope.py")
+  # An unset shell variable: --workdir= wrote to runs/<config>.
+  _one_line_error(_run("reproduce", "--workdir=", "--config=quick"), "--workdir: empty")
+  # An array given as the config: "SyntaxError: source code string cannot contain null bytes".
+  _one_line_error(
+    _run("evaluate", f"--workdir={tmp_path}", f"--config={path}"),
+    f"--config: {path} is not a Python config file (it holds binary data)",
+  )
 
 
 def test_evaluate_on_any_models_file(tmp_path):
@@ -229,6 +237,60 @@ def test_evaluate_with_another_config_than_the_work_dirs_leaves_it_as_it_was(tmp
   assert lines[-1].startswith("error: predictions files not there: ")
   assert lines[-1].endswith(f"or give the --config {workdir} was made with")
   assert {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()} == before
+
+
+TINY = ["--config=quick", "--config.limit_train=500", "--config.limit_test=200"]
+TINY += ["--config.num_epochs=1", NO_FIGURES]
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_a_diverging_training_stops_naming_the_learning_rate_before_predicting(tmp_path):
+  # The issue's case: trained to a loss of 4e19, then failed on non-finite covariance
+  # scores, naming nothing.
+  result = _run("reproduce", *TINY, "--config.learning_rate=1e6", f"--workdir={tmp_path}")
+  _one_line_error(
+    result,
+    "error: --config.learning_rate: training diverged with learning_rate=1e+06 in epoch 1 "
+    f"of train/{POINT}/base (loss ",
+  )
+  assert "the default is 0.001" in result.stderr
+  assert not (tmp_path / "predictions").exists() and not (tmp_path / "results.csv").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 2 MB file system (tmpfs): room for the config files, not for a checkpoint."""
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  try:
+    mounted = subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True
+    )
+  except FileNotFoundError:
+    pytest.skip("no mount command: a full disk is simulated by tests/test_io_checkpoints.py")
+  if mounted.returncode != 0:
+    pytest.skip(f"mounting a tmpfs is not permitted here ({mounted.stderr.decode().strip()})")
+  try:
+    yield disk
+  finally:
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_naming_the_work_dir(small_disk):
+  # It was 3 to 13 tracebacks (asyncio's "Event loop is closed", orbax's threads) before
+  # tensorstore's RESOURCE_EXHAUSTED, and *.orbax-checkpoint-tmp folders left behind.
+  workdir = small_disk / "run"
+  result = _run("reproduce", *TINY, f"--workdir={workdir}")
+  _one_line_error(result, f"error: --workdir: {workdir}: no space left on device (writing ")
+  assert "free some space or give another --workdir, then rerun the same command" in result.stderr
+  assert not (workdir / ".lock").exists()
+  # The failed save's temporary folders are removed at once; tensorstore's threads may
+  # still write one after that, which the next run on the folder removes.
+  with checkpoints.RunCheckpoints(workdir / "train" / POINT / "base" / "checkpoints"):
+    assert not list(small_disk.rglob("*.orbax-checkpoint-tmp*"))
 
 
 @needs_fmnist

@@ -10,6 +10,7 @@ so the cross-stage checks (bins vs. test examples, topk vs. classes, batch_size 
 training examples) have known numbers to meet.
 """
 
+import errno
 import gzip
 import pathlib
 import shutil
@@ -259,6 +260,48 @@ def test_find_mislabeled_checks_its_flags_first(values, text):
   finally:
     flags.FLAGS.unparse_flags()
   assert common.one_line(info.value).startswith(text), info.value
+
+
+def test_a_config_that_is_not_a_python_file_is_refused_naming_it(tmp_path):
+  # The issue's case: --config=<a .npy> failed with "SyntaxError: source code string
+  # cannot contain null bytes", naming neither the flag nor the file.
+  array = tmp_path / "logits.npy"
+  np.save(array, np.zeros(3))
+  source = tmp_path / "mine.py"
+  source.write_text("def get_config():\n  return None\n")
+  cases = {
+    str(array): f"--config: {array} is not a Python config file (it holds binary data); give "
+    "a packaged config by name (cifar10, cifar100, default, evaluate_files, quick)",
+    str(tmp_path / "nope.py"): f"--config: {tmp_path / 'nope.py'}: no such file; give a packaged",
+    str(tmp_path): f"--config: {tmp_path}: a directory; give a packaged config",
+  }
+  for value, text in cases.items():
+    with pytest.raises(common.ExperimentError) as info:
+      common.check_config_file(value)
+    assert common.one_line(info.value).startswith(text), info.value
+  common.check_config_file(f"{source}:an_argument")  # a Python file, with get_config's argument
+
+
+def test_an_empty_workdir_and_a_full_one_name_the_flag(tmp_path):
+  flags.FLAGS.mark_as_parsed()
+  try:
+    # --workdir= (an unset shell variable) wrote to the default runs/<config>.
+    with flagsaver.flagsaver(workdir=""), pytest.raises(common.ExperimentError) as info:
+      common.workdir()
+    assert str(info.value) == "--workdir: empty; give a directory or URL for this run's files"
+    with flagsaver.flagsaver(workdir=str(tmp_path)):
+      # A full disk fails in write() or fsync(), naming no file (io.files adds it).
+      full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "results.json"))
+      assert common.one_line(full) == (
+        f"--workdir: {tmp_path}: no space left on device (writing {tmp_path}/results.json);"
+        " free some space or give another --workdir, then rerun the same command to resume"
+      )
+      unnamed = OSError(errno.ENOSPC, "No space left on device")
+      assert common.one_line(unnamed).startswith(f"--workdir: {tmp_path}: no space left")
+      elsewhere = OSError(errno.EACCES, "Permission denied", "/etc/shadow")  # an input's problem
+      assert common.one_line(elsewhere) == "[Errno 13] Permission denied: '/etc/shadow'"
+  finally:
+    flags.FLAGS.unparse_flags()
 
 
 def _predictions_file(path, num=400, seed=0):

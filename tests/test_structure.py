@@ -209,5 +209,7 @@ def test_only_io_and_plots_touch_files(path):
 
 def test_launchers_stay_thin():
   # The launchers parse settings, log and call the library; what they compute lives there.
+  # common.py, the shared runner, holds the process plumbing (one-line errors, the lock,
+  # Ctrl-C and SIGTERM, a full disk): about 200 of these lines.
   lines = sum(len(p.read_text().splitlines()) for p in _python_files(LIBRARY / "launch"))
-  assert lines < 1200, f"launch/: {lines} lines"
+  assert lines < 1400, f"launch/: {lines} lines"

@@ -4,13 +4,18 @@ Every launcher runs ``common.run(main)``: flags parsed (a bad one is one line),
 processes joined (``--coordinator_address``...), the work dir checked (a URL
 needs its file-system package) and locked, progress through absl logging
 (``--verbosity``), and any failure printed as one line with exit status 1.
+Ctrl-C (SIGINT) and SIGTERM (a scheduler's preemption) stop the run with one
+line, the lock released, exit status 130 and 143 (``stopping``).
 Only process 0 writes files; ``is_writer`` says which process this is.
 """
 
 import contextlib
+import errno
 import importlib.util
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 
@@ -42,6 +47,8 @@ class ExperimentError(ValueError):
 
 def workdir():
   """``--workdir`` as a path (``pathlib`` when local, ``epath`` for a URL)."""
+  if WORKDIR.value is not None and not WORKDIR.value.strip():  # --workdir= (an unset variable)
+    raise ExperimentError("--workdir: empty; give a directory or URL for this run's files")
   if not WORKDIR.value:
     raise ExperimentError("--workdir: required (a directory or URL for this run's files)")
   return files.as_path(os.path.expanduser(WORKDIR.value))
@@ -85,10 +92,28 @@ _USER_ERRORS = (
 )
 
 
+def _disk_full(error: BaseException) -> str | None:
+  """A full disk (or quota) under the work dir, as one line naming --workdir."""
+  if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+    return None
+  root = WORKDIR.value if flags.FLAGS.is_parsed() else None
+  if not root or not files.is_local(root):
+    return None
+  root, name = os.path.abspath(os.path.expanduser(root)), error.filename
+  if name is not None and os.path.commonpath([root, os.path.abspath(name)]) != root:
+    return None  # another disk's file (a cache): its own message names it
+  return (
+    f"--workdir: {root}: {os.strerror(error.errno).lower()}{f' (writing {name})' if name else ''}"
+    "; free some space or give another --workdir, then rerun the same command to resume"
+  )
+
+
 def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
   if isinstance(error, validation.SettingError):  # the library names the field: a flag here
     return f"--config.{text}"
+  if _disk_full(error):
+    return _disk_full(error)
   if isinstance(error, _USER_ERRORS):
     return text
   # Anything else (Flax, orbax, XLA): its type and first words, the rest with TOP1_DEBUG=1.
@@ -124,13 +149,50 @@ def _config_path(arg: str) -> str:
   return f"--config={packaged}{colon}{rest}" if os.path.exists(packaged) else arg
 
 
+def _packaged_names() -> str:
+  return ", ".join(sorted(n[:-3] for n in os.listdir(PACKAGED_CONFIGS) if n[0].isalpha()))
+
+
+def check_config_file(value: str) -> None:
+  """``--config``'s file (before a colon and its argument): a Python config file.
+
+  Raises:
+    ExperimentError: it is missing, a folder, or not Python text (a ``.npy`` given
+      by mistake), in one line naming the path and the packaged configs.
+  """
+  path = value.split(":", 1)[0]
+  way_out = f"give a packaged config by name ({_packaged_names()}) or a Python config file"
+  if not os.path.isfile(path):
+    what = "a directory" if os.path.isdir(path) else "no such file"
+    raise ExperimentError(f"--config: {path}: {what}; {way_out}")
+  with open(path, "rb") as file:
+    binary = b"\0" in file.read(1 << 16)  # .npy, .npz, pickles: never Python source
+  if binary:
+    raise ExperimentError(
+      f"--config: {path} is not a Python config file (it holds binary data); {way_out}"
+    )
+
+
+def _config_value(argv: list[str]) -> str | None:
+  given = [arg[len("--config=") :] for arg in argv if arg.startswith("--config=")]
+  return given[-1] if given else None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, with a bad flag or config override as one line (not a traceback)."""
+  argv = [_config_path(arg) for arg in argv]
+  given = _config_value(argv)
   try:
-    return flags.FLAGS([_config_path(arg) for arg in argv])
+    if given is not None:
+      check_config_file(given)
+    return flags.FLAGS(argv)
   except flags.Error as e:
     fail(ValueError(f"{e} (--helpfull lists every flag)"), joined=False)
+  except SyntaxError as e:  # a config file that is not Python
+    fail(ExperimentError(f"--config: {given}: not Python ({e.msg}, line {e.lineno})"), False)
   except (AttributeError, KeyError) as e:  # --config.<no such field>
+    if "get_config" in str(e):
+      fail(ExperimentError(f"--config: {given} defines no get_config() (see configs/quick.py)"), 0)
     fail(
       ValueError(f"--config: no such field {e} (top1_jax/configs/default.py has them all)"), False
     )
@@ -142,22 +204,32 @@ _OURS = (f"{os.sep}top1_jax{os.sep}",)
 
 
 def _ours_or_warning(record) -> bool:
+  if "raised an exception" in str(record.msg) and f"{os.sep}orbax{os.sep}" in record.pathname:
+    return False  # a save's worker thread failed: the save raises it, printed as one line
   return record.levelno >= logging.converter.STANDARD_WARNING or any(
     part in record.pathname for part in _OURS
   )
+
+
+def _unraisable_but_closed_loops(previous):
+  # A failed checkpoint save leaves tensorstore callbacks for an asyncio loop that orbax
+  # has closed, each a "RuntimeError: Event loop is closed" traceback. Others are shown.
+  return lambda unraisable: "loop is closed" in str(unraisable.exc_value) or previous(unraisable)
 
 
 def _quiet_others(verbosity: int) -> None:
   """At the default verbosity, only this project's progress and everyone's warnings.
 
   JAX (no TPU found) and orbax (every file of a checkpoint) log INFO lines that
-  drown the progress; ``-v 1`` shows them.
+  drown the progress; ``-v 1`` shows them. So is the noise of a failed checkpoint
+  save (orbax's threads, tensorstore's callbacks): the save raises the failure.
   """
   import logging as python_logging
 
-  if verbosity < 1:
+  if verbosity < 1 and not os.environ.get("TOP1_DEBUG"):
     python_logging.getLogger("jax").setLevel(python_logging.WARNING)
     logging.get_absl_handler().addFilter(_ours_or_warning)
+    sys.unraisablehook = _unraisable_but_closed_loops(sys.unraisablehook)
 
 
 CACHE_DIR = os.path.join("~", ".cache", "top1_jax", "xla")
@@ -203,15 +275,86 @@ def _one_cpu_device_per_core() -> None:
     logging.info("evaluate: JAX already started; its CPU devices stay as they are")
 
 
+_HELD = []
+"""The lock this process holds, for a stop that cannot wait for the unwinding."""
+
+
+@contextlib.contextmanager
 def _holding_workdir():
   """The work dir's lock (per task when tasks share it), held by the writing process."""
-  if not WORKDIR.value or not is_writer():
-    return contextlib.nullcontext()
+  if not WORKDIR.value or not is_writer():  # demo writes files only when given one
+    yield
+    return
   path = workdir()
   files.check_usable(path, "--workdir")
   index, count = tasks()
   name = lock.LOCK_NAME if count == 1 else f"{lock.LOCK_NAME}.task{index}of{count}"
-  return lock.hold(path, say=logging.warning, name=name)
+  with lock.hold(path, say=logging.warning, name=name) as held:
+    _HELD.append(held)
+    try:
+      yield
+    finally:
+      _HELD.remove(held)
+
+
+STOPS = {
+  signal.SIGINT: (130, "interrupted (Ctrl-C); rerun the same command to resume"),
+  signal.SIGTERM: (143, "terminated (SIGTERM); rerun the same command to resume"),
+}
+"""Each signal that stops a run: its exit status (128 + the signal) and its one line."""
+
+STOP_GRACE_SECONDS = 10.0
+"""How long a stopped run may unwind (temporary files, the lock) before it just exits."""
+
+
+class Stopped(KeyboardInterrupt):
+  """SIGINT or SIGTERM, raised in the main thread: the run unwinds, then exits.
+
+  A ``KeyboardInterrupt``: ``except Exception`` does not catch it, and code that
+  cleans up after Ctrl-C (an atomic write's temporary file) does it for SIGTERM too.
+  """
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _exit_stopped(signum: int) -> None:
+  """The stop's line and exit status, without Python's shutdown (``os._exit``).
+
+  XLA may be compiling in another thread (evaluate's comparison runs beside the
+  sweep); tearing down the interpreter under it can crash, so nothing waits for it.
+  """
+  for held in list(_HELD):
+    lock.release(held)
+  status, line = STOPS[signum]
+  with contextlib.suppress(Exception):
+    sys.stdout.flush()
+  print(line, file=sys.stderr, flush=True)
+  os._exit(status)
+
+
+def _on_signal(signum: int, frame) -> None:
+  del frame
+  if stopping:  # a second signal: do not wait
+    _exit_stopped(stopping[0])
+  stopping.append(signum)
+  # Should the exception be lost (raised inside a garbage-collector callback, which
+  # Python reports and ignores), the run ends anyway.
+  timer = threading.Timer(STOP_GRACE_SECONDS, _exit_stopped, (signum,))
+  timer.daemon = True  # a run that fails on its way out exits 1 at once
+  timer.start()
+  raise Stopped(signum)
+
+
+stopping: list[int] = []
+"""The signals received (``STOPS``); the run stops at the first."""
+
+
+def _catch_stops() -> None:
+  for signum in STOPS:
+    if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup, a shell's background job
+      signal.signal(signum, _on_signal)
 
 
 def run(
@@ -232,9 +375,11 @@ def run(
     _use_compilation_cache()
     if cpu_device_per_core:
       _one_cpu_device_per_core()
-    if default_workdir is not None and not WORKDIR.value:
+    if default_workdir is not None and WORKDIR.value is None:
       flags.FLAGS.workdir = default_workdir()
     try:
+      if WORKDIR.value is not None:
+        workdir()  # --workdir= (empty): refused before any work
       # Its ValueErrors name the flag: one line like any other.
       parallel.initialize(
         COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value, environ=os.environ
@@ -244,5 +389,13 @@ def run(
       parallel.barrier("top1_jax: launcher done")  # others wait for process 0's writes
     except Exception as e:  # noqa: BLE001 -- every failure becomes one line
       fail(e)
+    if stopping:  # a stop whose exception was lost: the run went on to its end
+      raise Stopped(stopping[0])
 
-  app.run(wrapped, flags_parser=_parse_flags)
+  _catch_stops()
+  try:
+    app.run(wrapped, flags_parser=_parse_flags)
+  except KeyboardInterrupt as e:  # Stopped, or Ctrl-C before the handlers were set
+    if os.environ.get("TOP1_DEBUG"):
+      traceback.print_exc()
+    _exit_stopped(getattr(e, "signum", signal.SIGINT))

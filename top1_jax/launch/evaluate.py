@@ -17,6 +17,7 @@ files, and a run without --task_index merges. Then ``results.{json,csv,md}``,
 """
 
 import concurrent.futures
+import contextlib
 import glob
 import json
 import os
@@ -161,6 +162,19 @@ def _comparison(settings: plan.Settings, sources: list) -> tuple[dict, list[dict
   return benchmarked, chosen, time.perf_counter() - tic
 
 
+@contextlib.contextmanager
+def _beside():
+  """A thread beside the sweep; a stop (Ctrl-C, SIGTERM) leaves without waiting for it."""
+  pool, stopped = concurrent.futures.ThreadPoolExecutor(1), False
+  try:
+    yield pool
+  except KeyboardInterrupt:
+    stopped = True  # its XLA compiles may run for seconds; common.run exits at once
+    raise
+  finally:
+    pool.shutdown(wait=not stopped, cancel_futures=stopped)
+
+
 def run(settings: plan.Settings, asked: list[tuple[str, object]]) -> dict:
   """The sweep of ``asked`` (this task's share of ``asked_files``); without tasks, then the
   tables and figures. Returns the seconds of each stage."""
@@ -170,7 +184,7 @@ def run(settings: plan.Settings, asked: list[tuple[str, object]]) -> dict:
   figure_bins = plan.check_examples(
     settings, len(sources[0].labels), max(x.log_probs.shape[-1] for x in sources), "examples"
   )
-  with concurrent.futures.ThreadPoolExecutor(1) as beside:
+  with _beside() as beside:
     # Table 1 and the selective rows need no sweep record: their XLA passes and compiles
     # (which let go of the GIL) run beside the sweep's host sorts; their seconds overlap.
     comparison = beside.submit(_comparison, settings, sources) if count == 1 else None
