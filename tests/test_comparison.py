@@ -1,4 +1,4 @@
-"""The paper's Table 1 (comparison.benchmark_rows) against a split-by-split oracle.
+"""The paper's Table 1 (comparison.baseline_rows) against a split-by-split oracle.
 
 The oracle is the way the evaluate launcher computed the table before it moved
 into the library: per split, the softmax in NumPy, then the public single-metric
@@ -85,7 +85,7 @@ def test_benchmark_rows_match_the_split_by_split_oracle(data, points_per_bin, ow
   log_probs, labels = data()
   splits = crossval.make_splits(labels.shape[0], 2, seed=1)
   options = {"single_model": True, "ece_bins": 15, "points_per_bin": points_per_bin}
-  rows = comparison.benchmark_rows(log_probs, labels, splits, **options)
+  rows = comparison.baseline_rows(log_probs, labels, splits, **options)
   expected = _oracle_rows(log_probs, labels, splits, comparison.VARIANTS, 15, points_per_bin)
   assert [r["variant"] for r in rows] == list(comparison.VARIANTS)
   for row, want in zip(rows, expected, strict=True):
@@ -103,10 +103,10 @@ def test_benchmark_rows_match_the_split_by_split_oracle(data, points_per_bin, ow
   assert binned["toplabel_ece"] < raw["confidence_ece"]
   # A model with samples (MC dropout, an ensemble): the raw row only, the same numbers.
   samples = {**options, "single_model": False}
-  assert rows[:1] == comparison.benchmark_rows(log_probs, labels, splits, **samples)
+  assert rows[:1] == comparison.baseline_rows(log_probs, labels, splits, **samples)
   # The label terms handed over (as runner.Source does from its scoring pass): the same rows.
   given = events.label_terms(log_probs, labels)
-  assert rows == comparison.benchmark_rows(log_probs, labels, splits, **options, label_terms=given)
+  assert rows == comparison.baseline_rows(log_probs, labels, splits, **options, label_terms=given)
 
 
 def test_top_label_row_on_cifar100_is_not_the_pooled_bins():
@@ -115,7 +115,7 @@ def test_top_label_row_on_cifar100_is_not_the_pooled_bins():
   # for the classes short of 50 x n_bins points the row equalled the pooled bins.)
   log_probs, labels = _real("densenet-bc-100-cifar-100", 10000)
   splits = crossval.make_splits(10000, 10, seed=0)
-  rows = comparison.benchmark_rows(log_probs, labels, splits, single_model=True)
+  rows = comparison.baseline_rows(log_probs, labels, splits, single_model=True)
   top_label = rows[-1]
   assert top_label["toplabel_classes_with_own_bins"] == pytest.approx(50.1)
   assert top_label["toplabel_num_classes"] == 100 and top_label["toplabel_points_per_bin"] == 50
@@ -171,7 +171,7 @@ def test_bad_input_gets_a_one_line_value_error(kwargs, message):
   args = {"log_probs": LOG_PROBS, "labels": LABELS, "splits": SPLITS}
   args.update(kwargs)
   with pytest.raises(ValueError, match=message) as info:
-    comparison.benchmark_rows(
+    comparison.baseline_rows(
       args.pop("log_probs"), args.pop("labels"), args.pop("splits"), single_model=True, **args
     )
   assert "\n" not in str(info.value)
@@ -180,7 +180,7 @@ def test_bad_input_gets_a_one_line_value_error(kwargs, message):
 
 
 def test_sweep_table1_from_benchmarks_computed_beside_the_sweep(tmp_path):
-  # top1_jax.launch.evaluate computes runner.benchmarks in a thread while runner.run runs.
+  # top1_jax.launch.evaluate computes runner.baselines in a thread while runner.run runs.
   log_probs, labels = _synthetic(600)
   path = predictions.save_predictions(
     tmp_path / "p.npz", predictions.Predictions(labels=labels, logits=log_probs)
@@ -192,12 +192,12 @@ def test_sweep_table1_from_benchmarks_computed_beside_the_sweep(tmp_path):
   )  # fmt: skip
   sources = runner.load_sources([("model", path)], s)
   records = runner.run(s, sources, tmp_path / "sweep", log=lambda line: None)
-  benchmarked = runner.benchmarks(s, sources)
-  assert list(benchmarked) == ["model"]
-  table = runner.table1(s, sources, records, benchmarked)
+  baseline_rows = runner.baselines(s, sources)
+  assert list(baseline_rows) == ["model"]
+  table = runner.table1(s, sources, records, baseline_rows)
   assert table == runner.table1(s, sources, records)
   assert [row["variant"] for row in table] == list(comparison.VARIANTS)
   # No Top-1 point in the sweep: no Table 1, and nothing computed for it.
   s.topk = (2,)
-  assert runner.benchmarks(s, sources) == {}
+  assert runner.baselines(s, sources) == {}
   assert runner.table1(s, sources, runner.run(s, sources, tmp_path / "k2", log=print)) == []

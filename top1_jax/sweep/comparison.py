@@ -31,7 +31,7 @@ from top1_jax.estimators import temperature, toplabel
 from top1_jax.evaluation import crossval, equal_width
 
 VARIANTS = ("raw", "temperature", "toplabel")
-"""Every variant ``benchmark_rows`` scores, in its order (a model with samples: raw only)."""
+"""Every variant ``baseline_rows`` scores, in its order (a model with samples: raw only)."""
 
 
 def _split_means(masks, brier, pmax, correct, ece_bins) -> dict[str, np.ndarray]:
@@ -100,7 +100,7 @@ def _check(log_probs, labels, splits, points_per_bin, ece_bins):
   return log_probs, labels, masks, points_per_bin, validation.positive_int("ece_bins", ece_bins)
 
 
-def benchmark_rows(
+def baseline_rows(
   log_probs: ArrayLike,
   labels: ArrayLike,
   splits: crossval.Splits,
@@ -169,7 +169,7 @@ def table_row(row: Mapping[str, str | float], top1_bins: Mapping[str, float | No
   only, it has no multiclass Brier (None).
 
   Args:
-    row: one of ``benchmark_rows``.
+    row: one of ``baseline_rows``.
     top1_bins: the Top-1 bins' cross-validated means at ``compare_bins`` bins,
       with keys "brier" and "ece" (a row of ``crossval.CrossValidation.rows()``).
 

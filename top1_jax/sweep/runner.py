@@ -7,8 +7,8 @@ The engine of ``top1_jax.launch.evaluate``, usable on its own:
   table1 = sweep.table1(settings, sources, records)  # the paper's Table 1
   chosen = sweep.selective_rows(settings, sources)   # selection with a guarantee
 
-Table 1's passes (``benchmarks``) and the selective rows need no sweep record: they
-may run beside ``run``, then ``table1(settings, sources, records, benchmarked)``.
+Table 1's baseline rows (``baselines``) and the selective rows need no sweep record: they
+may run beside ``run``, then ``table1(settings, sources, records, baseline_rows)``.
 
 ``settings`` is anything with the attributes ``n_bins``, ``topk``, ``n_folds``,
 ``scheme``, ``seeds`` (the first draws the splits of files that name no seed),
@@ -264,8 +264,8 @@ def load_sources(asked, settings: Any, timings: dict | None = None) -> list[Sour
   return sources
 
 
-def benchmarks(settings: Any, sources: list[Source]) -> dict[str, list[dict]]:
-  """Table 1's ``comparison.benchmark_rows`` of each file whose headline score the sweep
+def baselines(settings: Any, sources: list[Source]) -> dict[str, list[dict]]:
+  """Table 1's ``comparison.baseline_rows`` of each file whose headline score the sweep
   bins at Top-1, by file name. They need no sweep record, so they may be computed
   beside ``run`` (``top1_jax.launch.evaluate`` does, in a thread)."""
   points = _points(settings, sources)
@@ -274,7 +274,7 @@ def benchmarks(settings: Any, sources: list[Source]) -> dict[str, list[dict]]:
     score = scores.headline(source.scores)
     if score is None or (source, score, 1, "bins") not in points:
       continue
-    out[source.name] = comparison.benchmark_rows(
+    out[source.name] = comparison.baseline_rows(
       source.log_probs, source.labels, source.splits, single_model=source.single_model,
       ece_bins=settings.ece_bins, label_terms=source.label_terms,
     )  # fmt: skip
@@ -282,11 +282,11 @@ def benchmarks(settings: Any, sources: list[Source]) -> dict[str, list[dict]]:
 
 
 def table1(
-  settings: Any, sources: list[Source], records: list[dict], benchmarked: dict | None = None
+  settings: Any, sources: list[Source], records: list[dict], baseline_rows: dict | None = None
 ) -> list[dict]:
   """The paper's Table 1 for each file's headline score (``top1_jax.sweep.comparison``): the
-  ``benchmarks`` (computed here when not given) beside the Top-1 bins' records."""
-  benchmarked = benchmarks(settings, sources) if benchmarked is None else benchmarked
+  ``baselines`` (computed here when not given) beside the Top-1 bins' records."""
+  baseline_rows = baselines(settings, sources) if baseline_rows is None else baseline_rows
   binned = {
     (r["source"], r["score"]): next(
       row for row in r["rows"] if row["n_bins"] == settings.compare_bins
@@ -297,9 +297,9 @@ def table1(
   rows = []
   for source in sources:
     score = scores.headline(source.scores)
-    if source.name not in benchmarked or (source.name, score) not in binned:
+    if source.name not in baseline_rows or (source.name, score) not in binned:
       continue
-    for row in benchmarked[source.name]:
+    for row in baseline_rows[source.name]:
       row = comparison.table_row(row, binned[(source.name, score)])
       label = _variant_name(source.label, row["variant"])
       rows.append({"label": label, "source": source.name, "top1_score": score, **row})
