@@ -156,10 +156,10 @@ def write_page(settings: plan.Settings, timings: dict) -> None:
 
 
 def _comparison(settings: plan.Settings, sources: list) -> tuple[dict, list[dict], float]:
-  tic = time.perf_counter()  # Table 1's benchmark rows, the selective rows, their seconds
-  benchmarked = runner.benchmarks(settings, sources)
+  tic = time.perf_counter()  # Table 1's baseline rows, the selective rows, their seconds
+  baseline_rows = runner.baselines(settings, sources)
   chosen = runner.selective_rows(settings, sources)
-  return benchmarked, chosen, time.perf_counter() - tic
+  return baseline_rows, chosen, time.perf_counter() - tic
 
 
 @contextlib.contextmanager
@@ -195,8 +195,8 @@ def run(settings: plan.Settings, asked: list[tuple[str, object]]) -> dict:
       done = "evaluate: task %d of %d done; when every task is, top1_jax.launch.evaluate with "
       logging.info(done + "this config and no --task_index writes the tables", index, count)
       return timings
-    benchmarked, chosen, timings["comparison"] = comparison.result()
-  table1 = runner.table1(settings, sources, records, benchmarked)
+    baseline_rows, chosen, timings["comparison"] = comparison.result()
+  table1 = runner.table1(settings, sources, records, baseline_rows)
   tic = time.perf_counter()
   rows = _write_tables(settings, records, table1, chosen)
   timings["write"] = time.perf_counter() - tic
