@@ -49,11 +49,11 @@ def test_main_job_quick_writes_sane_tables_and_figures(quick_run):
   summary = json.loads((workdir / "results.json").read_text())
   rows = summary["results"]
   methods = {r["label"] for r in rows}
-  assert methods == {"model", "dropout 0.01", "dropout 0.2", "ensemble (2)"}
+  assert methods == {"deterministic", "dropout 0.01", "dropout 0.2", "ensemble (2)"}
   assert {r["method"] for r in rows} == {"deterministic", "mc_dropout", "ensemble"}
   assert {r["topk"] for r in rows} == {1, 2} and {r["n_bins"] for r in rows} == {5, 10, 20}
   scores = {(r["label"], r["score"]) for r in rows}
-  assert ("model", "pmax") in scores and ("ensemble (2)", "covariance_norm_probs") in scores
+  assert ("deterministic", "pmax") in scores and ("ensemble (2)", "covariance_norm_probs") in scores
   assert ("dropout 0.2", "covariance_norm_probs") in scores
   for r in rows:
     assert 0.0 < r["brier"] < 0.25 and 0.0 < r["nll"] < 0.7
@@ -65,7 +65,9 @@ def test_main_job_quick_writes_sane_tables_and_figures(quick_run):
   # Max-softmax bins on a trained model are calibrated to within sampling error:
   # 600 test examples / 5 bins gives ~4% noise per bin.
   vanilla = [
-    r for r in rows if (r["label"], r["score"], r["topk"], r["n_bins"]) == ("model", "pmax", 1, 5)
+    r
+    for r in rows
+    if (r["label"], r["score"], r["topk"], r["n_bins"]) == ("deterministic", "pmax", 1, 5)
   ]
   assert vanilla[0]["ece"] < 0.06
   # A real model: well above chance, and binning beats predicting the accuracy everywhere.
@@ -351,7 +353,7 @@ def test_a_rerun_with_other_rates_reports_only_the_rates_asked_for(quick_run, tm
   )
   assert result.returncode == 0, result.stderr[-3000:]
   rows = json.loads((workdir / "results.json").read_text())["results"]
-  assert {r["label"] for r in rows} == {"model", "dropout 0.2", "ensemble (2)"}
+  assert {r["label"] for r in rows} == {"deterministic", "dropout 0.2", "ensemble (2)"}
   with open(workdir / "results.csv") as file:
     assert {row["dropout_rate"] for row in csv.DictReader(file)} == {"0.0", "0.2"}
   assert "not reported" in result.stderr and f"{POINT}/dropout_0.01" in result.stderr

@@ -301,18 +301,10 @@ def table1(
       continue
     for row in baseline_rows[source.name]:
       row = comparison.table_row(row, binned[(source.name, score)])
-      label = _variant_name(source.label, row["variant"])
+      label = tables.variant_label(source.label, row["variant"])
       rows.append({"label": label, "source": source.name, "top1_score": score, **row})
       rows[-1].update(top1_n_bins=settings.compare_bins, ece_bins=settings.ece_bins)
   return rows
-
-
-def _variant_name(label: str, variant: str) -> str:
-  """A Table-1 row's name: the file's label and what was done to its softmax."""
-  added = {"temperature": "temperature scaling", "toplabel": "top-label binning"}.get(variant)
-  if added is None:
-    return "Vanilla (model)" if label == "model" else label
-  return added if label == "model" else f"{label} + {added}"
 
 
 def selective_rows(settings: Any, sources: list[Source]) -> list[dict]:

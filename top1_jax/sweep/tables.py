@@ -3,11 +3,33 @@
 * ``tidy_rows``: one row per (predictions file, score, k, estimator, bin count)
   with the file's settings as columns (``COLUMNS``) and every metric's mean and
   std over splits: what results.csv holds.
-* ``row_label``: a row's readable name (``model``, ``dropout 0.05``, ...).
+* ``row_label``: a row's readable name (``deterministic``, ``dropout 0.05``, ...).
 * ``markdown``, ``comparison_table``, ``selective_table``: results.md's parts.
+
+Names of the methods (results.csv's ``method`` column, and what tables and figures
+show). A file's kind is stored once, as its ``method``, and shown under that name:
+
+* ``deterministic``: one network, one forward pass, no test-time dropout (predict's
+  ``<point>/deterministic.npz``). The same concept has had other names: ``plain``
+  (``io.predictions.from_arrays``' meta for one [N, K] array, and examples users
+  copied) is read as ``deterministic`` (``METHOD_ALIASES``), and tables no longer say
+  "model". Kept as ``deterministic`` so that old work dirs (file names, meta, sweep
+  records, results.csv) read the same.
+* ``mc_dropout``, ``ensemble``: S samples of one network with test-time dropout, or
+  S networks.
+* ``external``: a user's file whose meta names no method. Not the same concept: its
+  kind is unknown (an [N, K] file may be one network or an average of many, an
+  [S, N, K] one MC dropout or an ensemble), so it claims none. The sweep still treats
+  an [N, K] file as one classifier where only the shape matters (Table 1's
+  temperature scaling). ``samples`` (``from_arrays``' meta for [S, N, K] arrays) is
+  likewise a user's samples of unknown kind.
+
+Rows are labelled by their file: MC dropout and ensembles by their rate and size,
+every other file by its name, which for predict's one network is ``deterministic``.
 """
 
 import math
+from collections.abc import Callable
 
 from top1_jax.core import scores
 from top1_jax.io import results
@@ -15,10 +37,24 @@ from top1_jax.io import results
 COLUMNS = results.COLUMNS
 """results.csv's settings columns, in order (defined where results.csv is read)."""
 
+DETERMINISTIC = "deterministic"
+"""The method of one network without test-time sampling: stored and shown under this name."""
+
+EXTERNAL = "external"
+"""The method of a user's file whose meta names none (its kind unknown)."""
+
+METHOD_ALIASES = {"plain": DETERMINISTIC}
+"""Other stored names of a method, read as the one shown (``from_arrays`` wrote "plain")."""
+
+
+def method_name(method: str | None) -> str:
+  """The one name of a stored method: ``METHOD_ALIASES`` resolved, None -> ``EXTERNAL``."""
+  return METHOD_ALIASES.get(method, method) if method else EXTERNAL
+
 
 def file_columns(meta: dict, source: str, num_samples: int) -> dict:
   """A predictions file's settings columns, from its meta (None where it does not say)."""
-  method = meta.get("method") or "external"
+  method = method_name(meta.get("method"))
   training = meta.get("training") or {}
   return {
     "dataset": meta.get("dataset"),
@@ -38,7 +74,8 @@ def _rate(value: float | None) -> str:
 
 
 def row_label(row: dict, varying: set[str] = frozenset()) -> str:
-  """A row's readable name: ``model``, ``dropout 0.05``, ``ensemble (5)``, or a user file's name.
+  """A row's readable name: ``dropout 0.05``, ``ensemble (5)``, or its file's name
+  (``deterministic`` for predict's one network; the method without a ``source``).
 
   Prefixed with the dataset, model, training dropout rate and seed that are in
   ``varying`` (when a table mixes them); MC dropout names its sample count when
@@ -51,9 +88,7 @@ def row_label(row: dict, varying: set[str] = frozenset()) -> str:
       label += f", {row['num_samples']} samples"
   elif method == "ensemble":
     label = f"ensemble ({row['ensemble_size']})"
-  elif method == "deterministic":
-    label = "model"
-  else:
+  else:  # predict's one network is <point>/deterministic.npz: it reads "deterministic"
     label = str(row.get("source") or method).rsplit("/", 1)[-1]
   prefix = [str(row[c]) for c in ("dataset", "model") if c in varying and row[c] is not None]
   if "train_dropout_rate" in varying:
@@ -80,6 +115,7 @@ def tidy_rows(records: list[dict]) -> list[dict]:
   for record in records:
     for row in record["rows"]:
       settings = {**record["columns"], "score": record["score"], "topk": record["topk"]}
+      settings["method"] = method_name(settings["method"])  # a record saved before an alias
       settings["estimator"] = record.get("estimator", "bins")
       tidy = results.in_column_order({**settings, **row})  # reused records' keys are sorted
       tidy["label"] = row_label(tidy, mixed)
@@ -200,34 +236,80 @@ def markdown(rows: list[dict], config: dict, topks: tuple[int, ...], title: str)
   return "\n".join(parts) + "\n"
 
 
-def comparison_table(comparison: list[dict]) -> str:
+def variant_label(label: str, variant: str) -> str:
+  """A Table-1 row's name: its file's label, and what was done to its softmax
+  ("deterministic + temperature scaling"); the raw softmax is the label alone."""
+  added = {"temperature": "temperature scaling", "toplabel": "top-label binning"}.get(variant)
+  return label if added is None else f"{label} + {added}"
+
+
+Value = Callable[[dict, str, int | None, float], str]
+"""A table cell from a row: ``value(row, name, digits, scale)`` ("–" when undefined)."""
+
+
+def run_value(row: dict, name: str, digits: int | None, scale: float = 1.0) -> str:
+  """A run's cell: the value (a mean over splits) scaled, ``digits`` decimals (None: %g)."""
+  value = row.get(name)
+  if value is None:
+    return "–"
+  return f"{scale * value:g}" if digits is None else cell(scale * value, digits)
+
+
+def _runs_column(header: list[str], across_runs: bool) -> list[str]:
+  if not across_runs:
+    return header
+  return [header[0] + " runs |", header[1] + "---:|"]
+
+
+COMPARISON_NOTE = (
+  "Multiclass Brier scores the whole probability vector, Top-1 Brier only the event "
+  '"the prediction is correct": compare Top-1 binning with the *raw pmax* columns, '
+  "which use max-softmax directly as P(correct). The benchmark's confidence ECE is "
+  "exactly the raw pmax's Top-1 ECE with equal-width bins."
+)
+
+ACROSS_RUNS = (
+  "Each cell is the mean ± std across runs (ddof = 1; the mean alone for one run) of "
+  "each run's mean over its splits; `runs`: the runs that hold the row."
+)
+
+
+def comparison_table(
+  comparison: list[dict], *, value: Value = run_value, across_runs: bool = False
+) -> str:
+  """The paper's Table 1 (``sweep.runner.table1`` rows, each with its ``label``).
+
+  ``value`` formats a cell (``run_value``; merged runs' ``mean ± std``), and
+  ``across_runs`` adds a ``runs`` column (``num_runs``) and says what the cells are.
+  """
   if not comparison:
     return ""
   n_bins, ece_bins = comparison[0]["top1_n_bins"], comparison[0]["ece_bins"]
-  lines = [
-    f"## Benchmark metrics vs Top-1 binning (paper Table 1; {n_bins} Top-1 bins, "
-    f"{ece_bins} equal-width ECE bins)",
-    "",
-    "Multiclass Brier scores the whole probability vector, Top-1 Brier only the event "
-    '"the prediction is correct": compare Top-1 binning with the *raw pmax* columns, '
-    "which use max-softmax directly as P(correct). The benchmark's confidence ECE is "
-    "exactly the raw pmax's Top-1 ECE with equal-width bins.",
-    "",
+  header = [
     "| method | binned score | multiclass Brier (benchmark) | Top-1 Brier: raw pmax "
     "| Top-1 Brier: binned | ECE (%): benchmark = raw pmax | ECE (%): Top-1 binned |",
     "|---|---|---:|---:|---:|---:|---:|",
   ]
+  lines = [
+    f"## Benchmark metrics vs Top-1 binning (paper Table 1; {n_bins} Top-1 bins, "
+    f"{ece_bins} equal-width ECE bins)",
+    "",
+    COMPARISON_NOTE + (" " + ACROSS_RUNS if across_runs else ""),
+    "",
+    *_runs_column(header, across_runs),
+  ]
   for r in comparison:
     method = r["label"]
     if r["temperature"] != 1.0:
-      method += f" (T = {r['temperature']:.2f})"
+      method += f" (T = {value(r, 'temperature', 2, 1.0)})"
     toplabel = r.get("top1_estimator") == "toplabel"
-    score = scores.label(r["top1_score"]) + (_per_class(r) if toplabel else "")
-    ece = cell(100 * r["top1_binned_ece"], 2) + (" †" if toplabel else "")
+    score = scores.label(r["top1_score"]) + (_per_class(r, value) if toplabel else "")
+    ece = value(r, "top1_binned_ece", 2, 100.0) + (" †" if toplabel else "")
+    runs = f" {r['num_runs']} |" if across_runs else ""
     lines.append(
-      f"| {method} | {score} | {cell(r['multiclass_brier'], 4)} "
-      f"| {r['raw_top1_brier']:.4f} | {r['top1_binned_brier']:.4f} "
-      f"| {100 * r['confidence_ece']:.2f} | {ece} |"
+      f"| {method} | {score} | {value(r, 'multiclass_brier', 4, 1.0)} "
+      f"| {value(r, 'raw_top1_brier', 4, 1.0)} | {value(r, 'top1_binned_brier', 4, 1.0)} "
+      f"| {value(r, 'confidence_ece', 2, 100.0)} | {ece} |{runs}"
     )
   top_label = [r for r in comparison if r.get("top1_estimator") == "toplabel"]
   if top_label:
@@ -245,20 +327,33 @@ def comparison_table(comparison: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def _per_class(row: dict) -> str:
+def _per_class(row: dict, value: Value) -> str:
   """A top-label row's score suffix: how many classes got bins of their own (a row
   written before the count was kept has none)."""
   own, num_classes = row.get("toplabel_classes_with_own_bins"), row.get("toplabel_num_classes")
   if own is None or num_classes is None:
     return ", per predicted class"
-  return f", per predicted class (own bins: {own:g} of {num_classes} classes)"
+  own = value(row, "toplabel_classes_with_own_bins", None, 1.0)
+  return f", per predicted class (own bins: {own} of {num_classes} classes)"
 
 
-def selective_table(rows: list[dict]) -> str:
-  """Selective prediction with a guarantee: one line per (file, target accuracy)."""
+def selective_table(
+  rows: list[dict], *, value: Value = run_value, across_runs: bool = False
+) -> str:
+  """Selective prediction with a guarantee: one line per (file, target accuracy).
+
+  ``value`` and ``across_runs`` as ``comparison_table``; the splits' counts are
+  ``num_empty``, ``num_below_target`` of ``num_splits`` (merged runs: summed).
+  """
   if not rows:
     return ""
   first = rows[0]
+  header = [
+    "| method | score | target | guaranteed accuracy | test coverage | test accuracy "
+    "| splits: nothing selected | splits: test accuracy < target |",
+    "|---|---|---:|---:|---:|---:|---:|---:|",
+  ]
+  across = " " + ACROSS_RUNS + " Splits are counted over all runs." if across_runs else ""
   lines = [
     "## Selective prediction with a guarantee",
     "",
@@ -266,17 +361,16 @@ def selective_table(rows: list[dict]) -> str:
     "calibration part; the largest set of most-confident bins whose accuracy is at least the "
     f"target with probability {1 - first['delta']:g} (Geifman & El-Yaniv's SGR), applied to the "
     "test part. Means over splits; the guaranteed (lower bound) and test accuracies over the "
-    "splits that selected something.",
+    "splits that selected something." + across,
     "",
-    "| method | score | target | guaranteed accuracy | test coverage | test accuracy "
-    "| splits: nothing selected | splits: test accuracy < target |",
-    "|---|---|---:|---:|---:|---:|---:|---:|",
+    *_runs_column(header, across_runs),
   ]
   for r in rows:
+    runs = f" {r['num_runs']} |" if across_runs else ""
     lines.append(
       f"| {r['label']} | {scores.label(r['score'])} | {r['target_accuracy']:g} "
-      f"| {cell(r['guaranteed_accuracy'], 4)} | {100 * r['test_coverage']:.1f}% "
-      f"| {cell(r['test_accuracy'], 4)} | {r['num_empty']}/{r['num_splits']} "
-      f"| {r['num_below_target']}/{r['num_splits']} |"
+      f"| {value(r, 'guaranteed_accuracy', 4, 1.0)} | {value(r, 'test_coverage', 1, 100.0)}% "
+      f"| {value(r, 'test_accuracy', 4, 1.0)} | {r['num_empty']}/{r['num_splits']} "
+      f"| {r['num_below_target']}/{r['num_splits']} |{runs}"
     )
   return "\n".join(lines)
