@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from top1_jax.core import binning, metrics
+from top1_jax.evaluation import crossval
 
 
 def _expand(prob, weight, num=48000):
@@ -126,6 +127,33 @@ def test_nll_survives_accuracies_that_round_above_one():
   for got, want in zip(nll, exact, strict=True):
     assert np.isfinite(float(got))
     np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+
+
+SCORES_AND_TERMS = ("brier", "brier_uncertainty", "nll", "nll_uncertainty")
+
+
+@pytest.mark.parametrize("scheme", ["halves", "kfold"])
+def test_an_all_correct_split_never_scores_below_zero(scheme):
+  # The weighted sum of the bins' accuracies of 1 rounded to 1 + 2^-23, so a(1 - a)
+  # and the Brier went negative (-1.2e-7) and the binary entropy was -0.
+  u = np.random.default_rng(0).normal(size=200).astype(np.float32)
+  cv = crossval.cross_validate(u, np.ones(200, bool), (1, 3, 7, 10, 20), scheme=scheme)
+  for name in SCORES_AND_TERMS:
+    values = np.asarray(cv.per_fold[name])
+    assert np.all(values >= 0) and not np.any(np.signbit(values)), (name, values.min())
+
+
+def test_a_total_that_rounds_below_zero_stops_at_zero():
+  # Bins of all-correct and all-wrong examples predicted exactly: resolution equals
+  # uncertainty, and their difference is rounding of either sign.
+  rng = np.random.default_rng(1)
+  counts = rng.integers(1, 1000, size=(500, 7)).astype(np.float32)
+  hits = counts * (rng.random((500, 7)) < 0.5)
+  prob = hits / counts
+  for decomposition in (metrics.brier_from_counts, metrics.nll_from_counts):
+    total = np.asarray(decomposition(prob, counts, hits).total)
+    assert np.all(total >= 0) and not np.any(np.signbit(total)), decomposition
+    np.testing.assert_allclose(total, 0, atol=2e-6)
 
 
 def test_eor_is_at_least_one_and_one_for_a_constant_predictor():

@@ -34,7 +34,8 @@ _PROB_EPS = 2.0**-23
 
 
 class Decomposition(NamedTuple):
-  """uncertainty - resolution + calibration == total (the score)."""
+  """uncertainty - resolution + calibration == total (the score; float rounding below 0
+  stops at 0, so a total is never negative)."""
 
   uncertainty: jax.Array
   resolution: jax.Array
@@ -52,7 +53,8 @@ def _binary_entropy(a: jax.Array) -> jax.Array:
   # An accuracy that rounded just above 1 (hits / counts on a GPU, a weighted sum)
   # would give log1p(-a) = nan; it is 1.
   a = jnp.clip(a, 0.0, 1.0)
-  return -(jax.scipy.special.xlogy(a, a) + jax.scipy.special.xlog1py(1.0 - a, -a))
+  # 0 - x, not -x: an accuracy of 0 or 1 has entropy +0, not -0.
+  return 0.0 - (jax.scipy.special.xlogy(a, a) + jax.scipy.special.xlog1py(1.0 - a, -a))
 
 
 def _kl_binary(a: jax.Array, p: jax.Array) -> jax.Array:
@@ -205,8 +207,16 @@ def _test_terms(counts, hits):
   # Clipped: float32 division on a GPU is not always correctly rounded, and a bin
   # with hits == counts came out as 1 + 2^-23 there (every NLL was nan).
   acc_bin = jnp.clip(jnp.where(counts > 0, hits / jnp.maximum(counts, 1.0), 0.0), 0.0, 1.0)
-  acc = jnp.sum(weight * acc_bin, axis=-1, keepdims=True)
+  # The weighted sum of accuracies of 1 rounds to 1 + 2^-23 (a negative a(1 - a)).
+  acc = jnp.clip(jnp.sum(weight * acc_bin, axis=-1, keepdims=True), 0.0, 1.0)
   return weight, acc_bin, acc
+
+
+def _decomposition(uncertainty, resolution, calibration) -> Decomposition:
+  # The total of an all-correct (or perfectly resolved) split is 0 up to rounding: a
+  # Brier or NLL is never negative, so the rounding stops at 0.
+  total = jnp.maximum(uncertainty - resolution + calibration, 0.0)
+  return Decomposition(uncertainty, resolution, calibration, total)
 
 
 def brier_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> Decomposition:
@@ -222,7 +232,7 @@ def brier_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> De
   uncertainty = (acc * (1 - acc))[..., 0]
   resolution = jnp.sum(weight * (acc_bin - acc) ** 2, axis=-1)
   calibration = jnp.sum(weight * (prob - acc_bin) ** 2, axis=-1)
-  return Decomposition(uncertainty, resolution, calibration, uncertainty - resolution + calibration)
+  return _decomposition(uncertainty, resolution, calibration)
 
 
 def nll_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> Decomposition:
@@ -231,7 +241,7 @@ def nll_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> Deco
   uncertainty = _binary_entropy(acc)[..., 0]
   resolution = jnp.sum(weight * _kl_binary(acc_bin, acc), axis=-1)
   calibration = jnp.sum(weight * _kl_binary(acc_bin, prob), axis=-1)
-  return Decomposition(uncertainty, resolution, calibration, uncertainty - resolution + calibration)
+  return _decomposition(uncertainty, resolution, calibration)
 
 
 def ece_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.Array:
