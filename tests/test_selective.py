@@ -116,16 +116,31 @@ def test_orders_rank_the_bins_as_documented():
   assert not bool(jnp.any(ascending.selected))  # bin 0 alone is 90% accurate
 
 
-def test_unreachable_target_selects_nothing():
+def test_unreachable_target_selects_nothing_and_leaves_its_accuracy_undefined():
   rng = np.random.default_rng(3)
   u, correct = _draw(rng, 5000)
   bins = binning.fit(u, correct, 20)
-  for target in (0.9999, 1.0):
-    selection = selective.guaranteed_coverage(bins, target, 0.05)
-    assert not bool(jnp.any(selection.selected))
-    assert float(selection.coverage) == 0.0 and float(selection.threshold) == np.inf
-    assert np.isnan(float(selection.guaranteed_accuracy))
-    assert not bool(jnp.any(selective.select(selection, u)))
+  selection = selective.guaranteed_coverage(bins, 0.9999, 0.05)
+  assert not bool(jnp.any(selection.selected))
+  assert float(selection.coverage) == 0.0 and float(selection.threshold) == np.inf
+  assert np.isnan(float(selection.accuracy)) and np.isnan(float(selection.guaranteed_accuracy))
+  assert not bool(jnp.any(selective.select(selection, u)))
+  splits = crossval.make_splits(5000, 2)
+  (row,) = selective.cross_validate(u, correct, splits, 20, targets=(0.9999,))
+  assert row["num_empty"] == 2 and row["test_coverage"] == 0.0
+  assert row["test_accuracy"] is None and row["guaranteed_accuracy"] is None
+
+
+@pytest.mark.parametrize("target", [1.0, 1.5, -0.1, float("nan"), "a"])
+def test_a_target_of_one_or_outside_zero_one_is_refused(target):
+  # No finite calibration set guarantees 1: a lower confidence bound is below 1 even
+  # with every example correct (past ~1.3e8 of them the float32 bound rounded to 1).
+  bins = binning.fit(np.arange(10.0), np.ones(10, bool), 2)
+  with pytest.raises(ValueError, match=r"^target_accuracy: expected an accuracy in \[0, 1\)"):
+    selective.guaranteed_coverage(bins, target)
+  splits = crossval.make_splits(10, 2)
+  with pytest.raises(ValueError, match=r"^targets: expected an accuracy in \[0, 1\)"):
+    selective.cross_validate(np.arange(10.0), np.ones(10, bool), splits, 2, targets=(0.9, target))
 
 
 def test_select_answers_the_calibration_examples_counted_as_covered():
@@ -196,7 +211,7 @@ def test_cross_validate_matches_a_split_by_split_loop(order):
 @pytest.mark.parametrize(
   "call, message",
   [
-    (lambda b: selective.guaranteed_coverage(b, 1.5), "target_accuracy: expected a value in"),
+    (lambda b: selective.guaranteed_coverage(b, 1.5), "target_accuracy: expected an accuracy in"),
     (lambda b: selective.guaranteed_coverage(b, 0.9, 0.5), "delta: expected a probability in"),
     (lambda b: selective.guaranteed_coverage(b, 0.9, order="x"), "order: expected one of"),
     (lambda b: selective.guaranteed_coverage("bins"), "bins: expected binning.Bins"),
@@ -217,7 +232,7 @@ def test_cross_validate_matches_a_split_by_split_loop(order):
       lambda b: selective.cross_validate(
         np.ones(50), np.ones(50), crossval.make_splits(50, 2), 5, targets=(0.9, 1.2)
       ),
-      "targets: expected a value in",
+      "targets: expected an accuracy in",
     ),
     (
       lambda b: selective.cross_validate(

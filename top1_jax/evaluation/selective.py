@@ -35,7 +35,8 @@ class Selection(NamedTuple):
     threshold: [] float, the smallest predicted P(correct) among the selected
       bins (+inf when none is selected).
     accuracy: [] float, the pooled calibration accuracy of the selected bins
-      (NaN when none is selected).
+      (NaN when none is selected: coverage 0, the accuracy of no example is
+      undefined; ``cross_validate`` reports None there).
     guaranteed_accuracy: [] float, its one-sided Clopper–Pearson lower bound at
       level delta / num_tests (NaN when none is selected).
     num_tests: [] int32, the number of bounds the binary search may test.
@@ -74,6 +75,21 @@ def _largest_passing_prefix(passes: np.ndarray) -> int:
   return low
 
 
+def _check_target(name: str, target) -> float:
+  # A lower confidence bound from finite counts is below 1 even when every example is
+  # correct ((delta / k)^(1/n)), so 1 could only "pass" through float32 rounding.
+  try:
+    target = float(target)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name}: expected an accuracy in [0, 1), got {target!r}") from None
+  if not 0.0 <= target < 1.0:
+    raise ValueError(
+      f"{name}: expected an accuracy in [0, 1), got {target:g}; no finite calibration"
+      " set can guarantee 1 (its lower confidence bound is below 1)"
+    )
+  return target
+
+
 def guaranteed_coverage(
   bins: binning.Bins,
   target_accuracy: float = 0.99,
@@ -92,7 +108,8 @@ def guaranteed_coverage(
   (Bonferroni over the tested thresholds), so with probability >= 1 - delta every
   tested bound holds together, the returned one included: the true accuracy of
   the selected region is >= ``guaranteed_accuracy`` >= the target. When no tested
-  prefix passes the selection is empty.
+  prefix passes the selection is empty: coverage 0, threshold +inf, and accuracy
+  and guaranteed_accuracy NaN (undefined without an example).
 
   The guarantee assumes ``bins`` counts calibration examples drawn i.i.d. from
   the deployment distribution and a ranking that does not look at their hits.
@@ -108,7 +125,8 @@ def guaranteed_coverage(
 
   Args:
     bins: from ``binning.fit`` on the calibration split.
-    target_accuracy: the accuracy to guarantee, in [0, 1].
+    target_accuracy: the accuracy to guarantee, in [0, 1): 1 is refused, as no
+      finite calibration set can guarantee it.
     delta: total failure probability in (0, 0.5).
     order: "ascending" (low scores are confident, e.g. U = -log pmax),
       "descending" (high scores are confident, e.g. pmax) or "prob" (by
@@ -117,8 +135,8 @@ def guaranteed_coverage(
   Returns:
     ``Selection``.
   """
-  validation.instance("bins", bins, binning.Bins, "binning.Bins from binning.fit")
-  validation.in_range("target_accuracy", float(target_accuracy), 0.0, 1.0)
+  binning.checked_bins(bins)
+  target_accuracy = _check_target("target_accuracy", target_accuracy)
   if not 0.0 < float(delta) < 0.5:
     raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
   if order not in ORDERS:
@@ -222,7 +240,7 @@ def cross_validate(
     correct: [N] bool, the event (e.g. the Top-1 prediction is correct).
     splits: ``crossval.make_splits(N, ...)``.
     n_bins: bins per calibration part, at most its size.
-    targets: accuracies to guarantee, each in [0, 1].
+    targets: accuracies to guarantee, each in [0, 1).
     delta: failure probability of each guarantee, in (0, 0.5).
     order: the ranking of the bins, as in ``guaranteed_coverage``.
 
@@ -240,7 +258,7 @@ def cross_validate(
   if splits.fold.shape[-1] != u.shape[0]:
     raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {u.shape[0]}")
   for target in targets:
-    validation.in_range("targets", float(target), 0.0, 1.0)
+    _check_target("targets", target)
   if not 0.0 < float(delta) < 0.5:
     raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
   if order not in ORDERS:
