@@ -7,17 +7,35 @@ NaN), its message names the argument, and the message is one line.
 
 import gzip
 
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
+from top1_jax import Calibrator
 from top1_jax.core import binning, events, metrics, scores, validation
-from top1_jax.evaluation import baselines, crossval
+from top1_jax.estimators import temperature
+from top1_jax.evaluation import baselines, crossval, selective
 from top1_jax.io import examples, predictions
 
 LOGITS = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)
 U = np.linspace(0.0, 1.0, 10)
 OK = np.arange(10) % 2 == 0
 BINS = binning.fit(U, OK, 2)
+BINS_4 = binning.fit(U, OK, 4)
+PROBS = np.exp(LOGITS) / np.exp(LOGITS).sum(1, keepdims=True)
+BOOL_LOGITS = LOGITS > 0
+LABELS = np.arange(6) % 5
+
+
+class _TensorThatRequiresGrad:
+  """What torch's ``np.asarray(tensor)`` does for a tensor that requires grad."""
+
+  def __array__(self, dtype=None, copy=None):
+    raise RuntimeError(
+      "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+    )
+
 
 CASES = {
   # labels that would wrap around int32 before the range check
@@ -105,6 +123,39 @@ CASES = {
     "count: expected whole counts",
   ),
   "fit n_bins > N": (lambda: binning.fit(U, OK, 11), "n_bins: expected at least 1, at most 10"),
+  # bins a user built: edges out of order put scores in the wrong bins, silently
+  "predict descending edges": (
+    lambda: binning.predict(BINS_4._replace(edges=np.array([0.7, 0.5, 0.2])), U),
+    "bins.edges: expected ascending edges (padded with +inf), got 0.5 at index 1 after 0.7",
+  ),
+  "predict NaN edge": (
+    lambda: binning.predict(BINS_4._replace(edges=np.array([0.2, np.nan, 0.7])), U),
+    "bins.edges: expected ascending edges",
+  ),
+  "refit descending edges": (
+    lambda: binning.refit(BINS_4._replace(edges=np.array([0.7, 0.5, 0.2])), U, OK),
+    "bins.edges: expected ascending edges",
+  ),
+  "predict prob of another length": (
+    lambda: binning.predict(BINS_4._replace(prob=BINS.prob), U),
+    "bins: expected [n_bins - 1] edges and [n_bins] prob, got shapes (3,) and (2,)",
+  ),
+  "guaranteed_coverage target 1": (
+    lambda: selective.guaranteed_coverage(BINS, 1.0),
+    "target_accuracy: expected an accuracy in [0, 1), got 1; no finite calibration set",
+  ),
+  "equal_width_ece n_bins 10**9": (
+    lambda: baselines.equal_width_ece(U, OK, n_bins=10**9),
+    "n_bins: expected at least 1, at most 65536, got 1000000000",
+  ),
+  "confidence_ece n_bins 10**9": (
+    lambda: baselines.confidence_ece(LABELS, logits=LOGITS, n_bins=10**9),
+    "n_bins: expected at least 1, at most 65536",
+  ),
+  "histogram binning n_bins 10**9": (
+    lambda: baselines.fit_histogram_binning(LABELS, logits=LOGITS, n_bins=10**9),
+    "n_bins: expected at least 1, at most 65536",
+  ),
   "fit implementation": (
     lambda: binning.fit(U, OK, 2, implementation="gpu"),
     "implementation: expected",
@@ -138,6 +189,51 @@ CASES = {
     "samples: the covariance norm exceeds the float32 range",
   ),
   "one sample": (lambda: scores.covariance_norm(LOGITS[None]), "samples: need at least 2 samples"),
+  # booleans where real numbers are expected (fit_temperature gave T = 99999.9)
+  **{
+    f"bool logits: {name}": (call, "logits: expected real numbers, got a bool array")
+    for name, call in {
+      "neg_log_pmax": lambda: scores.neg_log_pmax(BOOL_LOGITS),
+      "margin": lambda: scores.margin(BOOL_LOGITS),
+      "neg_log_topk_mass": lambda: scores.neg_log_topk_mass(BOOL_LOGITS, 2),
+      "multiclass_nll": lambda: baselines.multiclass_nll(LABELS, logits=BOOL_LOGITS),
+      "fit_temperature": lambda: temperature.fit_temperature(BOOL_LOGITS, LABELS),
+    }.items()
+  },
+  "bool logits: Calibrator": (
+    lambda: Calibrator(inputs="logits").fit(BOOL_LOGITS, LABELS),
+    "x: expected real numbers, got a bool array",
+  ),
+  "bool samples: covariance_norm": (
+    lambda: scores.covariance_norm(np.stack([BOOL_LOGITS, ~BOOL_LOGITS])),
+    "samples: expected real numbers, got a bool array",
+  ),
+  # probabilities that are not probability vectors (Calibrator refused probs * 2 already)
+  "from_predictions mean_probs * 3": (
+    lambda: scores.from_predictions(mean_probs=PROBS * 3),
+    "mean_probs: probabilities must lie in [0, 1]",
+  ),
+  "from_predictions mean_probs / 3": (
+    lambda: scores.from_predictions(mean_probs=PROBS / 3),
+    "mean_probs: each row must sum to 1, row 1 sums to 0.333333",
+  ),
+  "log_probs_from_probs zeros": (
+    lambda: scores.log_probs_from_probs(np.zeros((3, 4))),
+    "probs: each row must sum to 1, row 0 sums to 0",
+  ),
+  "log_probs_from_probs negative": (
+    lambda: scores.log_probs_from_probs(np.array([[1.5, -0.5]])),
+    "probs: probabilities must lie in [0, 1]",
+  ),
+  # a torch tensor that requires grad
+  "tensor that requires grad": (
+    lambda: scores.neg_log_pmax(_TensorThatRequiresGrad()),
+    "logits: cannot convert to an array (Can't call numpy() on Tensor that requires grad.",
+  ),
+  "tensor that requires grad: the hint": (
+    lambda: Calibrator().fit(_TensorThatRequiresGrad(), LABELS),
+    "; call .detach() on the tensor first",
+  ),
   "one class": (lambda: scores.entropy(LOGITS[:, :1]), "logits: expected at least 2 classes"),
   "human probs not summing to 1": (
     lambda: scores.human_entropy(np.full((2, 3), 0.5)),
@@ -225,3 +321,54 @@ def test_a_checked_host_array_reaches_the_device_as_a_private_copy(shift, size):
   on_device = validation.float_array("u", given, 1)
   given[:] = 7.0
   np.testing.assert_array_equal(np.asarray(on_device), np.zeros(size, np.float32))
+
+
+LOW_PRECISION = {
+  "jnp.bfloat16": lambda x: jnp.asarray(x, jnp.bfloat16),
+  "ml_dtypes.bfloat16": lambda x: np.asarray(x).astype(ml_dtypes.bfloat16),
+  "np.float16": lambda x: np.asarray(x, np.float16),
+  "jnp.float16": lambda x: jnp.asarray(x, jnp.float16),
+}
+
+
+@pytest.mark.parametrize("cast", LOW_PRECISION.values(), ids=LOW_PRECISION.keys())
+def test_low_precision_inputs_give_the_float32_result(cast):
+  # They were refused as "not real-valued" (bfloat16) or computed in float16; each call
+  # must give what the same values give in float32.
+  rng = np.random.default_rng(5)
+  logits = cast(3 * rng.normal(size=(60, 5)))
+  same = np.asarray(logits).astype(np.float32)  # the very values, in float32
+  for score in (scores.neg_log_pmax, scores.entropy, scores.margin, scores.pmax):
+    got = score(logits)
+    assert got.dtype == np.float32, score
+    np.testing.assert_array_equal(got, score(same))
+  np.testing.assert_array_equal(
+    scores.neg_log_topk_mass(logits, 2), scores.neg_log_topk_mass(same, 2)
+  )
+  samples = cast(rng.normal(size=(4, 60, 5)))
+  np.testing.assert_array_equal(
+    scores.covariance_norm(samples), scores.covariance_norm(np.asarray(samples).astype(np.float32))
+  )
+  p, correct = cast(rng.random(60)), rng.random(60) < 0.7
+  p_same = np.asarray(p).astype(np.float32)
+  for metric in (metrics.brier, metrics.nll, metrics.auroc):
+    np.testing.assert_array_equal(metric(p, correct), metric(p_same, correct))
+  labels = rng.integers(0, 5, 60)
+  fitted = Calibrator(n_bins=3).fit(logits, labels)
+  want = Calibrator(n_bins=3).fit(same, labels).predict_proba(same)
+  np.testing.assert_array_equal(fitted.predict_proba(logits), want)
+
+
+@pytest.mark.parametrize("cast", LOW_PRECISION.values(), ids=LOW_PRECISION.keys())
+def test_low_precision_probabilities_are_accepted_with_their_own_rounding(cast):
+  # A bfloat16 softmax row sums to 1 only within bfloat16's epsilon (2^-7), more than
+  # the 1e-3 of float32 inputs.
+  rng = np.random.default_rng(6)
+  z = np.exp(3 * rng.normal(size=(60, 5)))
+  probs = cast(z / z.sum(1, keepdims=True))
+  labels = rng.integers(0, 5, 60)
+  log_probs = np.log(np.asarray(probs).astype(np.float64)).astype(np.float32)
+  got = Calibrator(inputs="probs", n_bins=3).fit(probs, labels).predict_proba(probs)
+  want = Calibrator(n_bins=3).fit(log_probs, labels).predict_proba(log_probs)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(scores.log_probs_from_probs(probs), log_probs)

@@ -420,7 +420,7 @@ LABELS = np.array([0, 1])
     (lambda: baselines.multiclass_nll(LABELS, logits=LOGITS[:, :1]), "at least 2 classes"),
     (
       lambda: baselines.confidence_ece(LABELS, logits=LOGITS, n_bins=0),
-      "n_bins: expected at least 1, got 0",
+      "n_bins: expected at least 1, at most 65536, got 0",
     ),
     (lambda: baselines.equal_width_ece([0.5, 1.2], [1, 0]), r"confidence: probabilities"),
     (lambda: baselines.equal_width_ece([0.5, 0.2], [1, 2]), "correct: expected bool or 0/1"),

@@ -156,10 +156,11 @@ class Calibrator:
 
   def _log_space(self, x: ArrayLike, num_classes: int | None) -> np.ndarray:
     """``x`` as logits / log-probabilities, [N, K] or [S, N, K] float32, checked."""
-    arr = validation.float_array("x", x, (2, 3), host=True)
     if self.inputs == "probs":
-      validation.probability_array("x", arr, (2, 3), sums_to_one=True)
-      arr = scores.log_probs_from_probs(arr)
+      # Checked once, in x's own dtype (a bfloat16 row's sum gets bfloat16's tolerance).
+      arr = scores.log_probs_from_probs(validation.as_array("x", x, (2, 3), host=True), name="x")
+    else:
+      arr = validation.float_array("x", x, (2, 3), host=True)
     if arr.shape[-1] < 2:
       raise ValueError(f"x: expected at least 2 classes on the last axis, got shape {arr.shape}")
     validation.check_nonempty("x", arr, axis=-2)

@@ -83,6 +83,31 @@ def _runs_on_cpu(x) -> bool:
   return jax.default_backend() == "cpu"
 
 
+def checked_bins(bins, name: str = "bins") -> Bins:
+  """``bins`` if it is a ``Bins`` with ascending edges (+inf padding, ties allowed) and
+  one probability per bin, else a one-line ValueError: for bins a user built. Values
+  are checked only when concrete (not under ``jit``)."""
+  validation.instance(name, bins, Bins, "binning.Bins from binning.fit")
+  edges = bins.edges
+  if jnp.ndim(edges) != 1 or jnp.shape(bins.prob) != (jnp.shape(edges)[0] + 1,):
+    raise ValueError(
+      f"{name}: expected [n_bins - 1] edges and [n_bins] prob, got shapes"
+      f" {jnp.shape(edges)} and {jnp.shape(bins.prob)}"
+    )
+  if validation.is_traced(edges):
+    return bins
+  edges = np.asarray(edges)
+  # NaN compares false either way: a NaN edge is out of order too.
+  out_of_order = ~(edges[1:] >= edges[:-1]) | np.isnan(edges[1:])
+  if edges.size and (np.isnan(edges[0]) or out_of_order.any()):
+    at = 0 if np.isnan(edges[0]) else int(np.argmax(out_of_order)) + 1
+    raise ValueError(
+      f"{name}.edges: expected ascending edges (padded with +inf), got {edges[at]} at"
+      f" index {at} after {edges[at - 1] if at else 'nothing'}; make bins with binning.fit"
+    )
+  return bins
+
+
 def _check_scores(u: ArrayLike, correct: ArrayLike):
   # Host data is checked with NumPy: a device round trip would cost more than the check.
   return validation.score_and_event("u", u, correct, host=_in_host_memory(u))
@@ -410,7 +435,7 @@ def predict(bins: Bins, u: ArrayLike) -> jax.Array:
     [N] float in (0, 1).
   """
   on_cpu = _runs_on_cpu(u)
-  validation.instance("bins", bins, Bins, "binning.Bins from binning.fit")
+  checked_bins(bins)
   u = validation.float_array("u", u, 1, host=_in_host_memory(u))
   if not on_cpu:
     return _predict(bins, u)
@@ -434,7 +459,7 @@ def refit(bins: Bins, u: ArrayLike, correct: ArrayLike) -> Bins:
   Returns:
     ``Bins`` with the same edges and counts, hits and prior from the new data.
   """
-  validation.instance("bins", bins, Bins, "binning.Bins from binning.fit")
+  checked_bins(bins)
   on_cpu = _runs_on_cpu(u)
   u, correct = _check_scores(u, correct)
   if on_cpu:

@@ -7,6 +7,7 @@ and returns ``[N]``, computed in log space by ``log_space`` (why: its docstring)
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax.core import log_space, validation
@@ -105,8 +106,9 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
     [N] float, >= 0 (larger = the samples disagree more).
   """
   arr = validation.as_array("samples", samples, 3)
-  if arr.dtype.kind != "f":
-    arr = validation.float_array("samples", arr, 3)  # integers and booleans
+  if arr.dtype.kind != "f" or arr.dtype.itemsize < 4:
+    # Integers, bfloat16 and float16 (computed in float32), booleans (refused).
+    arr = validation.float_array("samples", arr, 3)
   if arr.shape[0] < 2:
     raise ValueError(
       f"samples: need at least 2 samples on axis 0 for a covariance, got shape {arr.shape}"
@@ -157,6 +159,25 @@ def human_entropy(probs: ArrayLike) -> jax.Array:
   """
   checked = validation.probability_array("probs", probs, 2, sums_to_one=True)
   return log_space.human_entropy(checked)
+
+
+def log_probs_from_probs(probs: ArrayLike, *, name: str = "probs") -> np.ndarray:
+  """Log-probabilities of probability vectors [..., K], safe for real networks' underflow.
+
+  Taken in float64 on the host, so the 1e-37 tails of real networks' softmax keep
+  their values (and the scores computed from them stay tie-free); an exact 0 gives
+  ``log_space.LOG_ZERO``.
+
+  Args:
+    probs: [N, K] (or [S, N, K], or [K]) probabilities, each row in [0, 1] summing
+      to 1 (the tolerance of ``validation.probability_array``, as ``Calibrator``'s).
+    name: the argument's name in error messages.
+
+  Returns:
+    float32 NumPy array shaped like ``probs``, usable wherever logits are.
+  """
+  checked = validation.probability_array(name, probs, (1, 2, 3), sums_to_one=True, host=True)
+  return log_space.log_probs_from_probs(checked)
 
 
 def mean_log_probs(samples: ArrayLike) -> jax.Array:

@@ -22,12 +22,12 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax.core import events, log_space, validation
-from top1_jax.core.log_space import log_probs_from_probs
 from top1_jax.core.score_functions import (
   checked_logits,
   covariance_norm,
   entropy,
   human_entropy,
+  log_probs_from_probs,
   margin,
   mean_log_probs,
   neg_log_pmax,
@@ -399,7 +399,7 @@ def from_predictions(
     topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
     log_probs, values, terms = of_samples(samples, human_probs, labels, topk, label_terms)
   elif mean_probs is not None:
-    log_probs = jnp.asarray(log_probs_from_probs(mean_probs))
+    log_probs = jnp.asarray(log_probs_from_probs(mean_probs, name="mean_probs"))
     values = compute(log_probs, human_probs=human_probs, topk=topk, labels=labels)
     terms = events.label_terms(log_probs, labels) if label_terms else None
   else:

@@ -27,6 +27,20 @@ def _xp(arr):
   return np if isinstance(arr, np.ndarray) else jnp
 
 
+def is_floating(dtype) -> bool:
+  """Whether ``dtype`` is a float, ml_dtypes' bfloat16 (NumPy kind "V") included."""
+  return jnp.issubdtype(dtype, jnp.floating)
+
+
+def _first_line(error: Exception) -> str:
+  return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _hint(error: Exception) -> str:
+  # torch refuses to convert a tensor that requires grad (a RuntimeError).
+  return "; call .detach() on the tensor first" if "requires grad" in str(error) else ""
+
+
 def as_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
 ) -> jax.Array | np.ndarray:
@@ -43,9 +57,9 @@ def as_array(
   else:
     try:
       converted = np.asarray(x)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"{name}: cannot convert to an array ({e})") from None
-    if converted.dtype.kind not in "biuf":
+    except (TypeError, ValueError, RuntimeError) as e:
+      raise ValueError(f"{name}: cannot convert to an array ({_first_line(e)}){_hint(e)}") from None
+    if not (converted.dtype.kind in "biu" or is_floating(converted.dtype)):
       raise ValueError(f"{name}: expected a real-valued array, got dtype {converted.dtype}")
     arr = converted if host else jnp.asarray(converted)
   ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
@@ -96,13 +110,17 @@ def in_device_dtype(arr: np.ndarray) -> np.ndarray:
 def float_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
 ) -> jax.Array | np.ndarray:
-  """A finite floating array of the given rank (ints and bools are promoted)."""
+  """A finite floating array of the given rank: integers are promoted, and float16 and
+  bfloat16 computed in float32 (their range and precision are too small for the
+  scores' logs and sums); booleans are refused (real numbers are expected)."""
   # A host array is checked on the host, then moved: no device program per shape.
   on_device = isinstance(x, jax.Array)
   arr = as_array(name, x, ndim, host=host or not on_device)
-  if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.floating):
-    if not (arr.dtype == np.bool_ or np.issubdtype(arr.dtype, np.integer)):
-      raise ValueError(f"{name}: expected a real-valued array, got dtype {arr.dtype}")
+  if arr.dtype == np.bool_:
+    raise ValueError(
+      f"{name}: expected real numbers, got a bool array; cast it to float if 0/1 values are meant"
+    )
+  if np.issubdtype(arr.dtype, np.integer) or jnp.finfo(arr.dtype).bits < 32:
     arr = arr.astype(np.float32)
   if not (host or on_device):
     arr = in_device_dtype(arr)  # as it will be
@@ -160,7 +178,7 @@ def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) ->
   on_device = isinstance(x, jax.Array)
   arr = as_array(name, x, ndim, host=host or not on_device)
   if arr.dtype != np.bool_:
-    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+    if not (np.issubdtype(arr.dtype, np.integer) or is_floating(arr.dtype)):
       raise ValueError(f"{name}: expected bool or 0/1 values, got dtype {arr.dtype}")
     xp = _xp(arr)
     if not is_traced(arr) and arr.size and not bool(xp.all((arr == 0) | (arr == 1))):
@@ -207,6 +225,20 @@ def _min_max(arr: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jnp.min(arr), jnp.max(arr)
 
 
+SUM_TOLERANCE = 1e-3
+"""How far a row of probabilities may sum from 1 (float32 softmax outputs, saved with a few
+digits, sum within it); bfloat16 rows get their own epsilon, 2^-7, as their rounding alone
+moves a sum by up to 2^-8."""
+
+
+def sum_tolerance(dtype) -> float:
+  """The one tolerance of a probability row's sum: ``SUM_TOLERANCE``, or the epsilon of a
+  floating ``dtype`` coarser than that (bfloat16)."""
+  if dtype is None or not is_floating(dtype):
+    return SUM_TOLERANCE
+  return max(SUM_TOLERANCE, float(jnp.finfo(dtype).eps))
+
+
 def probability_array(
   name: str,
   x: ArrayLike,
@@ -215,8 +247,9 @@ def probability_array(
   sums_to_one: bool = False,
   host: bool = False,
 ) -> jax.Array | np.ndarray:
-  """Values in [0, 1]; with ``sums_to_one`` the last axis sums to 1 (atol 1e-3). With
-  ``host`` a NumPy array, as ``float_array``'s."""
+  """Values in [0, 1]; with ``sums_to_one`` the last axis sums to 1 within
+  ``sum_tolerance`` of the given dtype. With ``host`` a NumPy array, as ``float_array``'s."""
+  tolerance = sum_tolerance(getattr(x, "dtype", None))
   on_device = isinstance(x, jax.Array) and not host
   arr = float_array(name, x, ndim, host=not on_device)  # a host array checked on the host
   if is_traced(arr) or arr.size == 0:
@@ -229,7 +262,7 @@ def probability_array(
   if sums_to_one:
     sums = xp.sum(values, axis=-1).reshape(-1)  # one per row, whatever the leading axes
     worst = int(xp.argmax(xp.abs(sums - 1.0)))
-    if abs(float(sums[worst]) - 1.0) > 1e-3:
+    if abs(float(sums[worst]) - 1.0) > tolerance:
       raise ValueError(
         f"{name}: each row must sum to 1, row {worst} sums to {float(sums[worst]):.6g}"
       )

@@ -56,7 +56,9 @@ from top1_jax.estimators.temperature import apply_temperature as apply_temperatu
 from top1_jax.estimators.temperature import fit_temperature as fit_temperature
 from top1_jax.evaluation.equal_width import (
   DEFAULT_ECE_BINS,
+  MAX_EQUAL_WIDTH_BINS,
   EqualWidthBins,
+  checked_n_bins,
   count_equal_width,
   equal_width_bins,
   equal_width_ece,
@@ -66,6 +68,7 @@ from top1_jax.evaluation.equal_width import (
 
 __all__ = [
   "DEFAULT_ECE_BINS",
+  "MAX_EQUAL_WIDTH_BINS",
   "EqualWidthBins",
   "HistogramBinning",
   "MulticlassMetrics",
@@ -85,10 +88,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def _check_n_bins(n_bins) -> int:
-  return validation.positive_int("n_bins", n_bins)
 
 
 def _prediction(
@@ -249,13 +248,13 @@ def confidence_ece(
     labels: [N] int in [0, K).
     probs: [N, K] float, rows summing to 1; or
     logits: [N, K] float.
-    n_bins: B >= 1 (15 in the benchmark).
+    n_bins: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS`` (15 in the benchmark).
 
   Returns:
     [] float in [0, 1].
   """
   pred, labels, from_logits = _prediction(labels, probs, logits)
-  return _confidence_ece(pred, labels, from_logits, _check_n_bins(n_bins))
+  return _confidence_ece(pred, labels, from_logits, checked_n_bins(n_bins))
 
 
 def multiclass_metrics(
@@ -271,13 +270,13 @@ def multiclass_metrics(
     labels: [N] int in [0, K).
     probs: [N, K] float, rows summing to 1; or
     logits: [N, K] float.
-    n_bins: equal-width ECE bins, >= 1.
+    n_bins: equal-width ECE bins, 1 <= B <= ``MAX_EQUAL_WIDTH_BINS``.
 
   Returns:
     ``MulticlassMetrics`` of [] floats, each equal to its single-metric function.
   """
   pred, labels, from_logits = _prediction(labels, probs, logits)
-  return _multiclass_metrics(pred, labels, from_logits, _check_n_bins(n_bins))
+  return _multiclass_metrics(pred, labels, from_logits, checked_n_bins(n_bins))
 
 
 # ---------------------------------------------------------------- histogram binning
@@ -355,13 +354,13 @@ def fit_histogram_binning(
     labels: [N] int in [0, K).
     probs: [N, K] float, rows summing to 1; or
     logits: [N, K] float (binned after softmax).
-    n_bins: B >= 1.
+    n_bins: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS``.
 
   Returns:
     ``HistogramBinning`` with values, counts and hits of shape [K, B].
   """
   pred, labels, from_logits = _prediction(labels, probs, logits)
-  n_bins = _check_n_bins(n_bins)
+  n_bins = checked_n_bins(n_bins)
   return _fit_histogram_binning(_probs(pred, from_logits), labels, n_bins)
 
 

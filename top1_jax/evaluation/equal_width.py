@@ -19,6 +19,16 @@ from top1_jax.core import validation
 DEFAULT_ECE_BINS = 15
 """The benchmark's (and Guo et al.'s) number of equal-width ECE bins."""
 
+MAX_EQUAL_WIDTH_BINS = 2**16
+"""The most equal-width bins of [0, 1] any function here takes (bins 1.5e-5 wide): their
+per-bin arrays (K of them in histogram binning) stay bounded in memory, where 10**9
+bins took 13.6 GB and more; finer bins would only split the predictions into empty ones."""
+
+
+def checked_n_bins(n_bins, name: str = "n_bins") -> int:
+  """A number of equal-width bins: an integer in [1, ``MAX_EQUAL_WIDTH_BINS``]."""
+  return validation.positive_int(name, n_bins, maximum=MAX_EQUAL_WIDTH_BINS)
+
 
 class EqualWidthBins(NamedTuple):
   """Per-bin sufficient statistics of P(correct) predictions in equal-width bins.
@@ -106,7 +116,7 @@ def equal_width_bins(
     confidence: [N] float in [0, 1], predicted probability that each prediction is
       correct (e.g. the max softmax probability).
     correct: [N] bool, whether it was.
-    n_bins: B >= 1.
+    n_bins: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS``.
 
   Returns:
     ``EqualWidthBins`` with counts, hits and the sum of the predictions per bin.
@@ -114,7 +124,7 @@ def equal_width_bins(
   confidence, correct = validation.score_and_event(
     "confidence", confidence, correct, probability=True
   )
-  return count_equal_width(confidence, correct, validation.positive_int("n_bins", n_bins))
+  return count_equal_width(confidence, correct, checked_n_bins(n_bins))
 
 
 def equal_width_ece(
@@ -137,7 +147,7 @@ def equal_width_ece(
   Args:
     confidence: [N] float in [0, 1].
     correct: [N] bool.
-    n_bins: B >= 1 (15 in the benchmark).
+    n_bins: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS`` (15 in the benchmark).
 
   Returns:
     [] float in [0, 1].
