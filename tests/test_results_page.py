@@ -241,5 +241,7 @@ def test_evaluate_and_aggregate_write_their_pages(tmp_path):
   page = _parse((merged / "index.html").read_text(encoding="utf-8"))
   tables = [[[cell for cell, _ in row] for row in table] for table in page.tables]
   assert tables[:-1] == _markdown_tables((merged / "aggregate.md").read_text(encoding="utf-8"))
-  assert page.headings[0].startswith("Merged runs (1)")
+  assert page.headings[0].startswith("Merged runs (1 run from 1 work dir)")
+  assert any("paper Table 1" in heading for heading in page.headings)  # merged across runs
+  assert "Selective prediction with a guarantee" in page.headings
   assert ["inputs", json.dumps([os.fspath(run)])] in tables[-1]

@@ -43,7 +43,10 @@ METRIC_COLUMNS = tuple(
 """results.csv's metric columns, in order: each metric of ``crossval.METRICS`` (its mean
 over splits), its ``_std`` and, for a metric that can be undefined, its ``_num_splits``."""
 
-STRING_COLUMNS = ("dataset", "model", "method", "source", "score", "estimator", "seeds", "label")
+STRING_COLUMNS = (
+  *("dataset", "model", "method", "source", "score", "estimator", "seeds", "label"),
+  *("variant", "top1_score", "top1_estimator", "order"),  # aggregate_{comparison,selective}.csv
+)
 """Columns kept as text even when a cell looks like a number (a model named "1")."""
 
 INT_COLUMNS = ("num_samples", "ensemble_size", "seed", "topk", "n_bins", "num_runs")
@@ -154,6 +157,48 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
   if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
     raise ValueError(f"{json_path}: expected a JSON object with a 'config' object")
   return rows, results["config"]
+
+
+TABLES = ("comparison", "selective")
+"""results.json's lists of table rows besides the sweep's: Table 1 and selective prediction."""
+
+
+def read_tables(workdir: epath.PathLike) -> dict[str, list[dict[str, Any]]]:
+  """A work dir's Table 1 and selective-prediction rows, from its ``results.json``.
+
+  Args:
+    workdir: a run's work dir (local path or URL) after ``top1_jax.launch.evaluate``.
+
+  Returns:
+    ``{"comparison": [...], "selective": [...]}`` (``TABLES``): each a list of the
+    rows ``sweep.runner.table1`` / ``selective_rows`` wrote, each naming its file
+    (``source``); an empty list where results.json holds none (no Top-1 event swept,
+    or a file without them).
+
+  Raises:
+    FileNotFoundError: no ``results.json`` in the work dir.
+    ValueError: one of ``TABLES`` that is not a list of JSON objects with a ``source``.
+  """
+  path = files.as_path(workdir) / "results.json"
+  if not path.exists():
+    raise FileNotFoundError(
+      f"{workdir}: no results.json (run top1_jax.launch.evaluate with --workdir={workdir} first)"
+    )
+  saved = files.read_json(path)
+  if not isinstance(saved, dict):
+    raise ValueError(f"{path}: expected a JSON object, got {type(saved).__name__}")
+  out = {}
+  for name in TABLES:
+    rows = saved.get(name) or []
+    if not isinstance(rows, list):
+      raise ValueError(f"{path}: expected '{name}' to be a list, got {type(rows).__name__}")
+    for index, row in enumerate(rows):
+      if not isinstance(row, dict) or not isinstance(row.get("source"), str):
+        raise ValueError(
+          f"{path}: '{name}' row {index}: expected an object naming its file in 'source'"
+        )
+    out[name] = rows
+  return out
 
 
 def expand_workdirs(patterns: Sequence[str], *, exclude: epath.PathLike | None = None) -> list[str]:

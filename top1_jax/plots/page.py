@@ -1,12 +1,13 @@
 """A run's results page: one static ``index.html`` that opens from disk, no server.
 
 ``results_page`` turns a run's tables (its Markdown: ``results.md`` or
-``aggregate.md``, Table 1 included), its figures (paths relative to the page),
-its config and its timings into HTML text; every string that comes from the run
-is escaped. ``write_results_page`` writes that text as ``index.html`` in the work
-dir through ``io.files.atomic_write``; ``write_run_page`` reads a finished
-evaluate's ``results.md`` and ``config.json`` for it. Figures are linked by relative paths, so
-the folder can be moved or copied as a whole and the page still shows them.
+``aggregate.md``, Table 1 and the selective rows included), its figures (paths
+relative to the page), its config and its timings into HTML text; every string
+that comes from the run is escaped. ``write_results_page`` writes that text as
+``index.html`` in the work dir through ``io.files.atomic_write``; ``write_run_page``
+reads a finished evaluate's ``results.md`` and ``config.json`` for it. Figures are
+linked by relative paths, so the folder can be moved or copied as a whole and the
+page still shows them.
 
 The Markdown read is the subset the tables are written in (``sweep.tables``,
 ``sweep.aggregate``): ``#`` headings, paragraphs, pipe tables whose ``---:``

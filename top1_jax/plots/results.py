@@ -47,7 +47,8 @@ def _is_oracle(score: str) -> bool:
 def _ablation_figure(figures, sources, results, k) -> list:
   """The Top-k ablation: the compared scores as lines, the first file's oracle as a reference."""
   names = {source.name: source.label for source in sources}
-  # Every score of the plain model; for samples, the paper's measure (cov. of probs).
+  # Every score of a file without samples (the deterministic network, a user's file); for
+  # MC dropout and ensembles, the paper's measure (cov. of probs).
   # A score that orders the examples like another one shown (pmax, -log pmax) is
   # one line, labelled with both.
   chosen = [

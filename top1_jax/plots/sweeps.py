@@ -257,7 +257,7 @@ def ablation_figure(
 
 # A sweep point's line: what else may differ between rows of one figure besides the rate.
 _LINE_COLUMNS = ("dataset", "model", "train_dropout_rate", "num_samples", "seed", "n_bins")
-# The deterministic model a line is compared with: the same network, without test-time dropout.
+# The deterministic network a line is compared with: the same network, without test-time dropout.
 _REFERENCE_COLUMNS = ("dataset", "model", "train_dropout_rate", "seed", "n_bins")
 
 

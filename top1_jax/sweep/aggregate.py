@@ -6,8 +6,12 @@ cross-validation splits. A point is identified across runs by ``KEY_COLUMNS``,
 which leave out what differs from run to run (``seed``, and ``source``, the file
 name, which carries the seed). Merging gives one row per point with the mean over
 runs of the per-run means and their spread across runs: the "± std across seeds"
-that papers report. Rows in, rows out: reading and writing files is ``io.results``'
-and the launcher's job.
+that papers report. ``merge_comparison`` and ``merge_selective`` do the same for
+each run's Table 1 and selective-prediction rows (results.json's ``comparison`` and
+``selective``), a row being its file's ``SETTINGS`` and what the row is of (a
+variant, a target accuracy), and ``count_runs`` counts the runs merged (a work
+dir of a seed sweep holds several). Rows in, rows out: reading and writing files
+is ``io.results``' and the launcher's job.
 """
 
 from collections.abc import Mapping, Sequence
@@ -23,6 +27,9 @@ COLUMNS = tables.COLUMNS
 
 KEY_COLUMNS = tuple(c for c in COLUMNS if c not in ("seed", "source"))
 """The columns that identify a sweep point across runs (all of ``COLUMNS`` but seed and source)."""
+
+SETTINGS = tuple(c for c in KEY_COLUMNS if c not in ("score", "topk", "estimator", "n_bins"))
+"""The columns that identify a predictions file across runs (its seed aside)."""
 
 SHARED_CONFIG = ("n_folds", "scheme")
 """Config entries runs must share to be merged: their stds over splits mean the same thing."""
@@ -52,24 +59,32 @@ def check_configs(configs: Sequence[Mapping[str, Any]], names: Sequence[str]) ->
         )
 
 
-def _group(runs: Sequence[Sequence[Mapping[str, Any]]], names: list[str]) -> dict[tuple, list]:
-  """Key -> the rows of that sweep point, one per (run, seed), in order of first appearance."""
+def _describe(row: Mapping[str, Any], key_columns: Sequence[str]) -> str:
+  """A point for an error message: its method, file and what else its key holds."""
+  rest = ", ".join(f"{c} {row[c]}" for c in key_columns if c not in SETTINGS and c != "method")
+  return f"{row['method']} ({row.get('source')}, {rest})"
+
+
+def _group(
+  runs: Sequence[Sequence[Mapping[str, Any]]], names: list[str], key_columns: Sequence[str]
+) -> dict[tuple, list]:
+  """Key -> the rows of that point, one per (run, seed), in order of first appearance."""
   groups: dict[tuple, list] = {}
   origin: dict[tuple, str] = {}  # (key, seed) -> the run it came from, for the error
   for name, rows in zip(names, runs, strict=True):
     for index, row in enumerate(rows):
-      missing = [c for c in (*KEY_COLUMNS, "seed") if c not in row]
+      missing = [c for c in (*key_columns, "seed") if c not in row]
       if missing:
         raise ValueError(f"{name}: row {index} has no column {', '.join(missing)}")
-      key = tuple(row[c] for c in KEY_COLUMNS)
+      key = tuple(row[c] for c in key_columns)
       # Rows without a seed cannot be told apart across runs: each counts as its run's own.
       seed = (None, name) if row["seed"] is None else row["seed"]
       if (key, seed) in origin:
         where = origin[(key, seed)]
         same = "twice in " + name if where == name else f"in both {where} and {name}"
         raise ValueError(
-          f"seed {row['seed']} of {row['method']} ({row.get('source')}, {row['score']}, "
-          f"top-{row['topk']}, {row['n_bins']} bins) appears {same}: the same run merged twice"
+          f"seed {row['seed']} of {_describe(row, key_columns)} appears {same}: "
+          "the same run merged twice"
         )
       origin[(key, seed)] = name
       groups.setdefault(key, []).append(row)
@@ -79,6 +94,42 @@ def _group(runs: Sequence[Sequence[Mapping[str, Any]]], names: list[str]) -> dic
 def _seeds(rows: list[Mapping[str, Any]]) -> str | None:
   seeds = sorted({row["seed"] for row in rows if row["seed"] is not None})
   return ",".join(str(seed) for seed in seeds) or None
+
+
+def _merge_groups(
+  groups: dict[tuple, list],
+  key_columns: Sequence[str],
+  metrics: Sequence[str],
+  undefinable: Sequence[str],
+  summed: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+  """Each group's key, ``seeds``, ``num_runs``, its ``summed`` counts added up over the
+  runs, and each metric's mean, ``_std`` across runs and (``undefinable``) ``_num_runs``."""
+  width = max(len(members) for members in groups.values()) if groups else 0
+  # [num_points, most runs] per metric, NaN where a run is absent or leaves it undefined.
+  per_run = {name: np.full((len(groups), width), np.nan) for name in metrics}
+  for i, members in enumerate(groups.values()):
+    for j, row in enumerate(members):
+      for name in metrics:
+        value = row.get(name)
+        per_run[name][i, j] = np.nan if value is None else float(value)
+  # The statistics over splits and over runs are the same rule: over the defined values.
+  stats = crossval.CrossValidation.from_per_fold(range(len(groups)), per_run)
+  out = []
+  for i, (key, members) in enumerate(groups.items()):
+    row: dict[str, Any] = dict(zip(key_columns, key, strict=True))
+    row["seeds"] = _seeds(members)
+    row["num_runs"] = len(members)
+    for name in summed:
+      row[name] = sum(int(member.get(name) or 0) for member in members)
+    for name in metrics:
+      count = int(stats.num_defined[name][i])
+      row[name] = float(stats.mean[name][i]) if count > 0 else None
+      row[f"{name}_std"] = float(stats.std[name][i]) if count > 1 else None
+      if name in undefinable:
+        row[f"{name}_num_runs"] = count
+    out.append(row)
+  return out
 
 
 def merge_runs(
@@ -126,42 +177,187 @@ def merge_runs(
     if len(configs) != len(runs):
       raise ValueError(f"configs: expected one per run ({len(runs)}), got {len(configs)}")
     check_configs(configs, names)
-  groups = _group(runs, names)
-  width = max(len(members) for members in groups.values()) if groups else 0
-  # [num_points, most runs] per metric, NaN where a run is absent or leaves it undefined.
-  per_run = {name: np.full((len(groups), width), np.nan) for name in crossval.METRICS}
-  for i, members in enumerate(groups.values()):
-    for j, row in enumerate(members):
-      for name in crossval.METRICS:
-        value = row.get(name)
-        per_run[name][i, j] = np.nan if value is None else float(value)
-  # The statistics over splits and over runs are the same rule: over the defined values.
-  stats = crossval.CrossValidation.from_per_fold(range(len(groups)), per_run)
+  groups = _group(runs, names, KEY_COLUMNS)
+  return _merge_groups(groups, KEY_COLUMNS, crossval.METRICS, crossval.UNDEFINABLE)
+
+
+def count_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> int:
+  """How many runs ``runs`` (each work dir's rows) hold: its distinct seeds, per work
+  dir, with a work dir's rows without a seed one run. A work dir of a seed sweep
+  (``--config.seeds=(0,1)``) holds several; ``num_runs`` of a point counts them too."""
+  return sum(
+    len({row.get("seed") for row in rows} - {None}) + any(row.get("seed") is None for row in rows)
+    for rows in runs
+  )
+
+
+def _plural(count: int, noun: str) -> str:
+  return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def describe_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> str:
+  """What a merge took in, for its messages: "2 runs from 1 work dir" (``count_runs``)."""
+  return f"{_plural(count_runs(runs), 'run')} from {_plural(len(runs), 'work dir')}"
+
+
+# --------------------------------------------------------------------------- Table 1, selective
+
+COMPARISON_KEY = (
+  "variant",
+  "top1_score",
+  "top1_estimator",
+  "top1_n_bins",
+  "ece_bins",
+  "toplabel_points_per_bin",
+  "toplabel_num_classes",
+)
+"""What identifies a Table-1 row of a file (beside the file's ``SETTINGS``)."""
+
+COMPARISON_METRICS = (
+  "multiclass_brier",
+  "raw_top1_brier",
+  "top1_binned_brier",
+  "confidence_ece",
+  "top1_binned_ece",
+  "temperature",
+  "toplabel_classes_with_own_bins",
+)
+"""Table 1's numbers (``sweep.runner.table1``), each a mean over a run's splits."""
+
+SELECTIVE_KEY = ("score", "n_bins", "delta", "order", "target_accuracy")
+"""What identifies a selective-prediction row of a file (beside the file's ``SETTINGS``)."""
+
+SELECTIVE_METRICS = (
+  "guaranteed_accuracy",
+  "calibration_coverage",
+  "test_coverage",
+  "test_accuracy",
+)
+"""The selective rows' means over a run's splits (``sweep.runner.selective_rows``)."""
+
+SELECTIVE_UNDEFINED = ("guaranteed_accuracy", "test_accuracy")
+"""Undefined (None) in a run where no split selected anything."""
+
+SELECTIVE_COUNTS = ("num_splits", "num_empty", "num_below_target")
+"""Counts of splits, summed over the runs."""
+
+
+def _with_settings(rows, tables_rows, name: str, what: str) -> list[dict[str, Any]]:
+  """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed``, found by ``source``
+  among the run's results.csv ``rows`` (the table rows name only the file, whose name
+  carries the seed)."""
+  files = {row["source"]: row for row in rows if row.get("source") is not None}
   out = []
-  for i, (key, members) in enumerate(groups.items()):
-    row: dict[str, Any] = dict(zip(KEY_COLUMNS, key, strict=True))
-    row["seeds"] = _seeds(members)
-    row["num_runs"] = len(members)
-    for name in crossval.METRICS:
-      count = int(stats.num_defined[name][i])
-      row[name] = float(stats.mean[name][i]) if count > 0 else None
-      row[f"{name}_std"] = float(stats.std[name][i]) if count > 1 else None
-      if name in crossval.UNDEFINABLE:
-        row[f"{name}_num_runs"] = count
-    out.append(row)
+  for index, row in enumerate(tables_rows):
+    source = row.get("source")
+    if source not in files:
+      raise ValueError(
+        f"{name}: {what} row {index} is of file {source!r}, which results.csv does not hold"
+      )
+    settings = {c: files[source][c] for c in (*SETTINGS, "seed")}
+    out.append({**{k: v for k, v in row.items() if k != "per_split"}, **settings})
   return out
+
+
+def _merge_table(runs, tables_runs, names, what: str, key: tuple, **merge) -> list[dict]:
+  names = _run_names(len(runs), names)
+  if len(tables_runs) != len(runs):
+    raise ValueError(f"{what}: expected one list per run ({len(runs)}), got {len(tables_runs)}")
+  attached = [
+    _with_settings(rows, table, name, what)
+    for rows, table, name in zip(runs, tables_runs, names, strict=True)
+  ]
+  for rows in attached:
+    for row in rows:
+      for column in key:
+        row.setdefault(column, None)  # e.g. top-label's settings on the other variants
+  key_columns = (*SETTINGS, *key)
+  return _merge_groups(_group(attached, names, key_columns), key_columns, **merge)
+
+
+def merge_comparison(
+  runs: Sequence[Sequence[Mapping[str, Any]]],
+  comparisons: Sequence[Sequence[Mapping[str, Any]]],
+  *,
+  names: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+  """Table 1 of merged runs: each row's numbers as mean and std across runs.
+
+  A row is a file's settings (``SETTINGS``, from its run's results.csv row of the
+  same ``source``) and ``COMPARISON_KEY``; each of ``COMPARISON_METRICS`` gets
+  ``<name>`` (mean over runs) and ``<name>_std`` (ddof=1; None for one run or
+  where no run defines it, as top-label binning's ``multiclass_brier``).
+
+  Args:
+    runs: each run's results.csv rows (``merge_runs``' input): a file's settings.
+    comparisons: each run's Table 1 (``io.results.read_tables``; ``runner.table1``).
+    names: each run's name, for errors.
+
+  Returns:
+    Rows in order of first appearance: ``SETTINGS``, ``COMPARISON_KEY``, ``seeds``,
+    ``num_runs``, then each metric and its ``_std``.
+
+  Raises:
+    ValueError: a row of a file the run's results.csv does not hold, or the same
+      seed of a row twice.
+  """
+  return _merge_table(
+    runs, comparisons, names, "comparison", COMPARISON_KEY,
+    metrics=COMPARISON_METRICS, undefinable=(),
+  )  # fmt: skip
+
+
+def merge_selective(
+  runs: Sequence[Sequence[Mapping[str, Any]]],
+  selective: Sequence[Sequence[Mapping[str, Any]]],
+  *,
+  names: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+  """The selective-prediction rows of merged runs: mean and std across runs.
+
+  As ``merge_comparison``, keyed by ``SELECTIVE_KEY``: ``SELECTIVE_METRICS`` as
+  mean and ``_std`` (and ``_num_runs`` for ``SELECTIVE_UNDEFINED``: the runs in
+  which some split selected something), ``SELECTIVE_COUNTS`` summed over runs.
+  Each run's ``per_split`` is left out.
+  """
+  return _merge_table(
+    runs, selective, names, "selective", SELECTIVE_KEY, metrics=SELECTIVE_METRICS,
+    undefinable=SELECTIVE_UNDEFINED, summed=SELECTIVE_COUNTS,
+  )  # fmt: skip
+
+
+def merge_tables(
+  runs: Sequence[Sequence[Mapping[str, Any]]],
+  tables_of_runs: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]],
+  *,
+  names: Sequence[str] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+  """``{"comparison": merge_comparison(...), "selective": merge_selective(...)}`` of each
+  run's tables (``io.results.read_tables``: a dict of both; a missing one is empty)."""
+  return {
+    name: merge(
+      runs, [tables_of_run.get(name, []) for tables_of_run in tables_of_runs], names=names
+    )
+    for name, merge in (("comparison", merge_comparison), ("selective", merge_selective))
+  }
 
 
 # --------------------------------------------------------------------------- Markdown
 
 
-def _mean_std(row: Mapping[str, Any], name: str, digits: int, scale: float = 1.0) -> str:
+def _mean_std(row: Mapping[str, Any], name: str, digits: int | None, scale: float = 1.0) -> str:
+  """A merged cell (``tables.Value``): "mean ± std", "(k/n)" where k of n runs define it;
+  ``digits`` None: three significant digits."""
   mean, std = row.get(name), row.get(f"{name}_std")
   if mean is None:
     return "–"
-  cell = tables.cell(scale * mean, digits)
+
+  def text(value: float) -> str:
+    return f"{scale * value:.3g}" if digits is None else tables.cell(scale * value, digits)
+
+  cell = text(mean)
   if std is not None:
-    cell += f" ± {tables.cell(scale * std, digits)}"
+    cell += f" ± {text(std)}"
   count = row.get(f"{name}_num_runs")
   if count is not None and count != row.get("num_runs"):
     cell += f" ({count}/{row['num_runs']})"
@@ -176,17 +372,40 @@ def _varying(rows: Sequence[Mapping[str, Any]]) -> set[str]:
   return varying | tables.varying(mc_rows, ("num_samples",))
 
 
-def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-  """Merged rows (``merge_runs``) as Markdown: one table per (Top-k, bin count).
+def _labelled(rows: Sequence[Mapping[str, Any]], varying: set[str]) -> list[dict[str, Any]]:
+  """Merged Table-1 or selective rows with the ``label`` their tables show."""
+  out = []
+  for row in rows:
+    label = tables.row_label(row, varying)
+    if row.get("variant") is not None:
+      label = tables.variant_label(label, row["variant"])
+    out.append({**row, "label": label})
+  return out
+
+
+def markdown(
+  rows: Sequence[Mapping[str, Any]],
+  comparison: Sequence[Mapping[str, Any]] = (),
+  selective: Sequence[Mapping[str, Any]] = (),
+) -> str:
+  """Merged rows as Markdown: one table per (Top-k, bin count), Table 1, selective rows.
 
   Each cell is the mean ± std across runs (ddof=1; the mean alone for one
   run), "–" where no run defines the metric, and "(k/n)" where k of the n runs
   define it. ECE is in percent.
 
+  Args:
+    rows: ``merge_runs``.
+    comparison: ``merge_comparison`` (none: no Table 1).
+    selective: ``merge_selective`` (none: no selective table).
+
   Returns:
-    The tables, each under a "### Top-k, n bins" heading; an empty string for no rows.
+    The tables, each under a "### Top-k, n bins" heading, then "## Benchmark metrics
+    vs Top-1 binning" and "## Selective prediction with a guarantee" (as a run's
+    results.md, with a ``runs`` column); an empty string for no rows.
   """
-  varying = _varying(rows) if rows else set()
+  everything = [*rows, *comparison, *selective]
+  varying = _varying(everything) if everything else set()
   events = sorted({(row["topk"], row["n_bins"]) for row in rows})
   parts = []
   for topk, n_bins in events:
@@ -209,4 +428,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         f"| {row['num_runs']} |"
       )
     parts.append("\n".join(lines))
+  for table, merged in ((tables.comparison_table, comparison), (tables.selective_table, selective)):
+    if merged:
+      parts.append(table(_labelled(merged, varying), value=_mean_std, across_runs=True))
   return "\n\n".join(parts) + ("\n" if parts else "")
