@@ -199,3 +199,22 @@ def read_int(
       f"{source}: field {name!r} must be an integer in [{minimum}, {maximum}], got {value!r}"
     )
   return value
+
+
+def read_bin_table(d: Mapping, source: str, num_bins: int):
+  """A saved table of ``num_bins`` equal-count bins: (edges, counts, hits), checked.
+
+  Returns:
+    edges: at most num_bins - 1 strictly ascending floats (the finite ones saved);
+    counts, hits: [num_bins] ints with 0 <= hits <= counts.
+  """
+  edges = read_array(d, "edges", source, "f")
+  counts = read_array(d, "counts", source, "i")
+  hits = read_array(d, "hits", source, "i")
+  if counts.shape != (num_bins,) or hits.shape != (num_bins,):
+    raise ValueError(f"{source}: counts and hits must be {num_bins} integers each")
+  if np.any(hits < 0) or np.any(hits > counts):
+    raise ValueError(f"{source}: expected 0 <= hits <= counts in every bin")
+  if edges.shape[0] > num_bins - 1 or np.any(np.diff(edges) <= 0):
+    raise ValueError(f"{source}: edges must be at most {num_bins - 1} strictly ascending numbers")
+  return edges, counts, hits

@@ -71,16 +71,8 @@ def from_dict(d: Mapping, source: str) -> binning.Bins:
 def host_from_dict(d: Mapping, source: str) -> binning.Bins:
   """``from_dict``'s ``Bins`` as host (NumPy) arrays, e.g. to stack several first."""
   n = base.read_int(d, "n_bins", source)
-  counts = base.read_array(d, "counts", source, "i")
-  hits = base.read_array(d, "hits", source, "i")
-  edges = base.read_array(d, "edges", source, "f")
+  edges, counts, hits = base.read_bin_table(d, source, n)
   prior = base.read_number(d, "prior", source, 0.0, 1.0)
-  if counts.shape != (n,) or hits.shape != (n,):
-    raise ValueError(f"{source}: counts and hits must be {n} integers each")
-  if np.any(hits < 0) or np.any(hits > counts):
-    raise ValueError(f"{source}: expected 0 <= hits <= counts in every bin")
-  if edges.shape[0] > n - 1 or np.any(np.diff(edges) <= 0):
-    raise ValueError(f"{source}: edges must be at most {n - 1} strictly ascending numbers")
   padded = np.full(n - 1, np.inf, np.float32)
   padded[: edges.shape[0]] = edges
   # On the host in float32, as binning.fit computes them (moved as they are: jnp

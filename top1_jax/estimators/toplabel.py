@@ -356,16 +356,7 @@ def to_dict(model: TopLabelBins) -> dict:
 
 def _read_class(d, source: str) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
   num_bins = base.read_int(d, "num_bins", source, minimum=0)
-  edges = base.read_array(d, "edges", source, "f")
-  counts = base.read_array(d, "counts", source, "i")
-  hits = base.read_array(d, "hits", source, "i")
-  slots = max(num_bins, 1)
-  if counts.shape != (slots,) or hits.shape != (slots,):
-    raise ValueError(f"{source}: counts and hits must be {slots} integers each")
-  if np.any(hits < 0) or np.any(hits > counts):
-    raise ValueError(f"{source}: expected 0 <= hits <= counts in every bin")
-  if edges.shape[0] > slots - 1 or np.any(np.diff(edges) <= 0):
-    raise ValueError(f"{source}: edges must be at most {slots - 1} strictly ascending numbers")
+  edges, counts, hits = base.read_bin_table(d, source, max(num_bins, 1))
   return num_bins, edges, counts, hits
 
 
