@@ -406,6 +406,7 @@ def test_tasks_split_a_seed_sweep_that_evaluate_merges_and_aggregate_averages(se
   out = tmp_path / "merged"
   result = _run("aggregate", f"--workdir={out}", f"--workdirs={workdir}")
   assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.splitlines()[-1].startswith("merged 2 runs from 1 work dir into ")
   with open(out / "aggregate.csv") as file:
     merged_rows = list(csv.DictReader(file))
   assert merged_rows and {r["num_runs"] for r in merged_rows} == {"2"}
