@@ -1,13 +1,17 @@
 """Tests for top1_jax.io.files: atomic writes, local and through epath (gs:// mocked)."""
 
 import json
+import logging
 import os
 import pathlib
 import stat
+import threading
+import time
 
 import io_testing
 import pytest
 from etils import epath
+from etils.epath import testing as epath_testing
 
 from top1_jax.io import files
 
@@ -112,3 +116,59 @@ def test_remote_write_leaves_the_old_object_when_the_writer_raises(tmp_path, mon
     assert opened == []  # the object was not even opened
   assert (tmp_path / "bucket" / "a.bin").read_bytes() == b"old"
   assert os.listdir(tmp_path / "bucket") == ["a.bin"]
+
+
+# ----------------------------------------------------------------------------
+# A bucket that cannot be reached: one line, in bounded time, without the libraries' noise
+
+
+def _unreachable(release: threading.Event, log: bool):
+  """An ``exists`` that hangs (like gcsfs retrying without network) until ``release``."""
+
+  def exists(original, path):
+    if log:  # gcsfs logs each failed retry with its traceback
+      try:
+        raise ConnectionError("Cannot connect to host storage.googleapis.com:443")
+      except ConnectionError:
+        logging.getLogger("gcsfs.retry").exception("_request out of retries on exception")
+    release.wait(30)
+    raise ConnectionError("Cannot connect to host storage.googleapis.com:443")
+
+  return exists
+
+
+def test_an_unreachable_bucket_is_one_line_within_the_timeout(monkeypatch, caplog):
+  monkeypatch.setenv("EPATH_USE_TF", "false")
+  release = threading.Event()
+  try:
+    with epath_testing.mock_epath(exists=_unreachable(release, log=True)):
+      tic = time.perf_counter()
+      with pytest.raises(ValueError) as info, caplog.at_level(logging.DEBUG):
+        files.check_usable("gs://bucket/run", "--workdir", timeout=0.5)
+      assert time.perf_counter() - tic < 5
+  finally:
+    release.set()  # the probe's thread ends
+  text = io_testing.assert_one_clean_line(info.value)
+  assert text == (
+    "--workdir: gs://bucket/run: cannot be reached (no answer within 0.5 s); check the "
+    "network, the bucket's name and your credentials, or use a local directory. Nothing was "
+    "written"
+  )
+  assert not [r for r in caplog.records if r.name.startswith("gcsfs")]  # no retry tracebacks
+
+
+def test_a_bucket_that_refuses_is_one_line_naming_why(monkeypatch):
+  monkeypatch.setenv("EPATH_USE_TF", "false")
+
+  def exists(original, path):
+    raise PermissionError("403 Forbidden: no storage.objects.get access")
+
+  with epath_testing.mock_epath(exists=exists), pytest.raises(ValueError) as info:
+    files.check_usable("gs://bucket/run", "--workdir")
+  assert io_testing.assert_one_clean_line(info.value).startswith(
+    "--workdir: gs://bucket/run: cannot be reached (403 Forbidden: no storage.objects.get access)"
+  )
+  level = logging.getLogger("gcsfs").level
+  with epath_testing.mock_epath(exists=lambda original, path: False):
+    files.check_usable("gs://bucket/new_run", "--workdir")  # a new work dir: usable
+  assert logging.getLogger("gcsfs").level == level  # the libraries speak again

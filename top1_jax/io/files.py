@@ -13,12 +13,16 @@ directly (from a local staging file, so a writer that fails uploads nothing).
 from __future__ import annotations
 
 import csv
+import errno
+import glob
 import io
 import json
+import logging
 import os
 import pathlib
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -50,22 +54,107 @@ def as_path(path: epath.PathLike) -> pathlib.Path | epath.Path:
   return epath.Path(path)
 
 
-def check_usable(path: epath.PathLike, what: str) -> None:
-  """Refuses, in one line and before anything is written, a URL whose file system is missing.
+REACH_SECONDS = 20.0
+"""How long ``check_usable`` waits for a URL's first answer (gcsfs retries for ~50 s)."""
+
+CLOUD_LOGGERS = ("gcsfs", "google", "urllib3", "aiohttp", "fsspec", "s3fs", "botocore")
+"""The file-system libraries' loggers, quiet while ``check_usable`` probes: each retry
+of an unreachable bucket is a logged traceback (105 lines from gcsfs without network)."""
+
+
+def _probe(path: epath.PathLike, timeout: float) -> BaseException | None:
+  """``exists()`` on the URL in a daemon thread: its error, or TimeoutError after ``timeout``."""
+  outcome: list[BaseException | None] = []
+
+  def probe():
+    try:
+      as_path(path).exists()
+      outcome.append(None)
+    except BaseException as e:  # noqa: BLE001 -- handed to the caller
+      outcome.append(e)
+
+  thread = threading.Thread(target=probe, name="top1_jax: check_usable", daemon=True)
+  thread.start()  # a daemon: a library that keeps retrying does not hold up the exit
+  thread.join(timeout)
+  return outcome[0] if outcome else TimeoutError(f"no answer within {timeout:g} s")
+
+
+def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS) -> None:
+  """Refuses, in one line and before anything is written, a URL that cannot be used.
 
   epath reaches ``gs://`` through gcsfs (or TensorFlow), ``s3://`` through s3fs;
-  without them the first write would fail half-way into a run.
+  without them the first write would fail half-way into a run. A bucket that does
+  not answer within ``timeout`` seconds (no network, no credentials) is refused
+  too, without the libraries' retry tracebacks.
+
+  Raises:
+    ValueError: naming ``what`` (the flag), the URL and what is wrong.
   """
   if is_local(path):
     return
-  try:
-    as_path(path).exists()
-  except ImportError as e:
-    scheme = os.fspath(path).split("://", 1)[0]
+  loggers = [logging.getLogger(name) for name in CLOUD_LOGGERS]
+  levels = [logger.level for logger in loggers]
+  for logger in loggers:
+    logger.setLevel(logging.CRITICAL)
+  error = _probe(path, timeout)
+  scheme = os.fspath(path).split("://", 1)[0]
+  if isinstance(error, ImportError):
     raise ValueError(
-      f"{what}: {path}: {scheme}:// paths need a package that is not installed ({e}); "
+      f"{what}: {path}: {scheme}:// paths need a package that is not installed ({error}); "
       "install it, or use a local directory. Nothing was written"
     ) from None
+  if error is not None:  # the libraries stay quiet: their threads may still be retrying
+    text = " ".join(str(error).split())[:200] or type(error).__name__
+    raise ValueError(
+      f"{what}: {path}: cannot be reached ({text}); check the network, the bucket's name "
+      "and your credentials, or use a local directory. Nothing was written"
+    ) from None
+  for logger, level in zip(loggers, levels, strict=True):
+    logger.setLevel(level)
+
+
+def expand(patterns: Sequence[str]) -> list[pathlib.Path | epath.Path]:
+  """Paths and globs (local ones expanded, ``~`` too), each as a path, in the given order.
+
+  Raises:
+    FileNotFoundError: a pattern that names no file ("no such file: <pattern>").
+  """
+  found = []
+  for pattern in patterns:
+    matches = sorted(glob.glob(os.path.expanduser(pattern))) if is_local(pattern) else []
+    if not matches and not as_path(pattern).is_file():
+      raise FileNotFoundError(f"no such file: {pattern}")
+    found += [as_path(match) for match in matches or [pattern]]
+  return found
+
+
+def not_text(path: str) -> str | None:
+  """Why the local ``path`` is not a text file (a source file), in words, or None if it is.
+
+  Returns:
+    "no such file", "a directory", "binary data, not text" (a null byte in its
+    first 64 KiB: a ``.npy``, ``.npz`` or pickle), or None.
+  """
+  if not os.path.isfile(path):
+    return "a directory" if os.path.isdir(path) else "no such file"
+  with open(path, "rb") as file:
+    return "binary data, not text" if b"\0" in file.read(1 << 16) else None
+
+
+def disk_full(error: BaseException, root: str) -> str | None:
+  """A full disk (or quota) under the local folder ``root``, in words, or None.
+
+  Returns:
+    ``"<root>: no space left on device (writing <file>)"`` when ``error`` is
+    ENOSPC or EDQUOT and names no file outside ``root`` (another disk's file,
+    such as a cache, is left to its own message); None otherwise.
+  """
+  if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+    return None
+  root, name = os.path.abspath(os.path.expanduser(root)), error.filename
+  if name is not None and os.path.commonpath([root, os.path.abspath(name)]) != root:
+    return None
+  return f"{root}: {os.strerror(error.errno).lower()}{f' (writing {name})' if name else ''}"
 
 
 def _write_local(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
