@@ -46,9 +46,13 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
     "--config.n_folds=4",
     "--config.topk=1",
     "--config.figures=False",
+    "--config.dataset=cifar10",  # the files' dataset, as the user names it
   ]
   _run(args, cwd=tmp_path)
   results = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert results["config"]["dataset"] == "cifar10"
+  assert results["config"]["inputs"] == ["lenet_probs.npy"]
+  assert {row["dataset"] for row in results["results"]} == {"cifar10"}
   methods = [row["label"] for row in results["comparison"]]
   # A single model named "plain" still gets the temperature-scaling and top-label baselines.
   assert methods == [
@@ -59,7 +63,8 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
   binned = results["comparison"][0]
   assert binned["top1_binned_brier"] < binned["raw_top1_brier"]
   assert (tmp_path / "out" / "predictions" / "lenet_probs.npz").is_file()
-  assert (tmp_path / "out" / "results.csv").is_file()
+  with open(tmp_path / "out" / "results.csv") as file:
+    assert {row["dataset"] for row in csv.DictReader(file)} == {"cifar10"}
 
 
 # The config's own refusals (labels without an array, selective_targets, ...) are checked
@@ -127,6 +132,72 @@ def test_the_core_works_without_the_heavy_packages(tmp_path):
   assert binned < raw  # calibrated bins beat raw max-softmax on held-out real predictions
   assert brier_lines[1] == "[]"
   assert json.loads((tmp_path / "cal.json").read_text())["format"] == "top1_jax.Calibrator"
+
+
+# The [cli] install: no Flax, optax, orbax, TFDS or TensorFlow. A module set to None in
+# sys.modules cannot be imported (ModuleNotFoundError) and importlib.util.find_spec says it is
+# not installed, as in an environment without it (a finder that raises would make etils'
+# "is TensorFlow installed?" raise instead).
+_WITHOUT_TRAINING = r"""
+import runpy, sys
+for name in ("flax", "optax", "orbax", "tensorflow", "tensorflow_datasets"):
+  sys.modules[name] = None
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+def test_top1_evaluate_runs_on_arrays_without_the_training_stack(tmp_path):
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, 5, 300)
+  logits = rng.normal(size=(300, 5)).astype(np.float32)
+  logits[np.arange(300), labels] += 2.0
+  np.save(tmp_path / "logits.npy", logits)
+  np.save(tmp_path / "labels.npy", labels)
+  (tmp_path / "without.py").write_text(_WITHOUT_TRAINING)
+  launch = [sys.executable, "without.py"]
+  args = ["top1_jax.launch.evaluate", "--workdir=out", "--config=quick", "--config.topk=1"]
+  args += ["--config.inputs=logits.npy", "--config.input_kind=logits", "--config.labels=labels.npy"]
+  out = _run([*launch, *args, "--config.n_bins=(5,10)", "--config.limit_test=100"], cwd=tmp_path)
+  with open(tmp_path / "out" / "results.csv") as file:
+    rows = list(csv.DictReader(file))
+  assert rows and {row["dataset"] for row in rows} == {""}  # quick's fashion_mnist is not theirs
+  config = json.loads((tmp_path / "out" / "config.json").read_text())["config"]
+  assert config["dataset"] is None and config["inputs"] == "logits.npy"
+  results = json.loads((tmp_path / "out" / "results.json").read_text())["config"]
+  assert results["dataset"] is None and results["inputs"] == ["logits.npy"]
+  assert results["labels"] == "labels.npy"
+  # Only the field the user set is warned about (quick's own limit_test made no warning).
+  warnings = [line for line in out.stderr.splitlines() if line.startswith("W")]
+  assert len(warnings) == 1 and "--config.limit_test: for train and predict" in warnings[0]
+  assert "figures in" in out.stderr and (tmp_path / "out" / "figures").is_dir()  # matplotlib
+  # A launcher that trains says which extra it needs, in one line.
+  train = _run([*launch, "top1_jax.launch.train", "--workdir=run"], cwd=tmp_path, check=False)
+  assert train.returncode == 2 and train.stdout == ""
+  assert train.stderr == (
+    "error: top1-train needs the package 'optax' (pip install 'top1_jax[all]'; from a clone: "
+    "pip install '.[all]')\n"
+  )
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_help_lists_every_config_field_and_a_typo_is_one_line(tmp_path):
+  from top1_jax.configs import default
+
+  out = _run([str(BIN / "top1-evaluate"), "--help"], cwd=tmp_path)
+  text = " ".join(out.stdout.split())  # the meanings are wrapped
+  assert out.stderr == "" and text.startswith("Sweeps scores x bin counts")
+  for field, meaning in default.HELP.items():
+    assert f"--config.{field}: {' '.join(meaning.split())}" in text
+  assert "--config.seeds: Seeds, a sweep axis" in text and "(default: (0,))" in text
+  assert "--workdir: Directory or URL" in text and "--verbosity:" not in text  # --helpfull lists it
+  # Without --config=, ml_collections applies overrides as the flag is defined, on import.
+  typo = _run([str(BIN / "top1-evaluate"), "--workdir=out", "--config.seed=1"], tmp_path, False)
+  assert typo.returncode == 1 and typo.stderr == (
+    "error: --config.seed: no such field; did you mean --config.seeds? (--help lists every field)\n"
+  )
 
 
 @pytest.mark.slow

@@ -396,6 +396,7 @@ def test_tasks_split_a_seed_sweep_that_evaluate_merges_and_aggregate_averages(se
   workdir, outputs, merged, tables_after_tasks = seed_sweep
   assert not tables_after_tasks  # tasks sweep; the merge writes the tables
   assert "task 0 of 2 done" in outputs[0] and "task 1 of 2 done" in outputs[1]
+  assert "results.md" not in outputs[0] + outputs[1]  # no word of a file a task does not write
   assert "done already, skipped" in merged.stderr  # the tasks' points are reused
   with open(workdir / "results.csv") as file:
     rows = list(csv.DictReader(file))

@@ -15,6 +15,7 @@ import gzip
 import pathlib
 import shutil
 import struct
+import sys
 
 import numpy as np
 import processes
@@ -23,10 +24,11 @@ from absl import flags
 from absl.testing import flagsaver
 from ml_collections import config_flags
 
+from top1_jax import configs
 from top1_jax.core.validation import SettingError
 from top1_jax.io import datasets, idx, sweep_data
 from top1_jax.io import predictions as predictions_lib
-from top1_jax.launch import common, find_mislabeled, reproduce
+from top1_jax.launch import cli, common, find_mislabeled, reproduce
 from top1_jax.sweep import plan, runner
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -270,8 +272,8 @@ def test_a_config_that_is_not_a_python_file_is_refused_naming_it(tmp_path):
   source = tmp_path / "mine.py"
   source.write_text("def get_config():\n  return None\n")
   cases = {
-    str(array): f"--config: {array} is not a Python config file (it holds binary data); give "
-    "a packaged config by name (cifar10, cifar100, default, evaluate_files, quick)",
+    str(array): f"--config: {array}: binary data, not text; give a packaged config by name "
+    "(cifar10, cifar100, default, evaluate_files, quick)",
     str(tmp_path / "nope.py"): f"--config: {tmp_path / 'nope.py'}: no such file; give a packaged",
     str(tmp_path): f"--config: {tmp_path}: a directory; give a packaged config",
   }
@@ -464,3 +466,109 @@ def test_a_task_share_is_every_nth_unit_from_its_index():
   assert plan.task_share(units, (1, 2)) == [1, 3]
   shares = [plan.task_share(units, (i, 3)) for i in range(3)]
   assert sorted(sum(shares, [])) == units  # the tasks split the units: none twice, none left
+
+
+# ----------------------------------------------------------------------------
+# The command line's words for itself: --help's fields, "did you mean", missing packages
+
+
+def test_every_field_has_its_meaning_in_default():
+  from top1_jax.configs import default
+
+  assert set(default.HELP) == set(_config("default").keys())
+  assert all(meaning and "\n" not in meaning for meaning in default.HELP.values())
+
+
+def test_help_text_lists_each_field_with_its_meaning_and_value():
+  from top1_jax.configs import default
+
+  flag_values = flags.FlagValues()
+  argv = ["test", f"--config={pathlib.Path(common.PACKAGED_CONFIGS) / 'quick'}.py"]
+  config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+  flag_values(argv)
+  text = " ".join(configs.help_text(flag_values, "The launcher.").split())
+  assert text.startswith("The launcher.") and "The fields of --config=quick" in text
+  assert (
+    "--config.limit_test: Predict the first N test examples only; unset: all (default: 2000)"
+    in text
+  )
+  for field, meaning in default.HELP.items():
+    assert f"--config.{field}: {' '.join(meaning.split())} (default: " in text
+
+
+def test_a_mistyped_field_is_one_line_with_the_nearest_field():
+  argv = ["--config.inputs=p.npz", "--config.seed=1"]
+  with pytest.raises(AttributeError) as info:  # ml_collections': a repr of a KeyError
+    _config("default", *argv)
+  assert str(info.value).startswith("'\\'seed\\'\\nDid you mean")  # the old message's repr
+  assert configs.unknown_field(argv) == (
+    "--config.seed: no such field; did you mean --config.seeds? (--help lists every field)"
+  )
+  assert configs.unknown_field(["--noconfig.figure"]).startswith(
+    "--config.figure: no such field; did you mean --config.figures?"
+  )
+  assert configs.unknown_field(["--config.zzz=1"]) == (
+    "--config.zzz: no such field; (--help lists every field)"
+  )
+
+
+@pytest.mark.parametrize(
+  "arg, text",
+  [
+    (
+      "--probs=p.npy",
+      "--probs: no such flag (--help lists every flag and field); an array of probs is "
+      "--config.inputs=<.npy> --config.input_kind=probs --config.labels=<.npy>",
+    ),
+    (
+      "--inputs=p.npy",
+      "--inputs: no such flag (--help lists every flag and field); did you mean --config.inputs?",
+    ),  # fmt: skip
+    (
+      "--n_bin=5",
+      "--n_bin: no such flag (--help lists every flag and field); did you mean --config.n_bins?",
+    ),  # fmt: skip
+    (
+      "--workdirr=out",
+      "--workdirr: no such flag (--help lists every flag and field); did you mean --workdir?",
+    ),  # fmt: skip
+    ("--config.seed=1", "--config.seed: no such field; did you mean --config.seeds?"),
+  ],
+)
+def test_an_unknown_flag_names_the_config_field_it_may_mean(arg, text):
+  flag_values = flags.FlagValues()
+  argv = ["test", f"--config={pathlib.Path(common.PACKAGED_CONFIGS) / 'default'}.py"]
+  config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+  with pytest.raises(flags.UnrecognizedFlagError) as info:
+    flag_values([*argv, arg])
+  assert configs.unknown_flag(info.value.flagname, flag_values).startswith(text)
+
+
+def test_a_missing_package_names_the_extra_to_install(monkeypatch, capsys):
+  monkeypatch.setattr(sys, "argv", ["/venv/bin/top1-evaluate", "--workdir=out"])
+  flax_missing = ModuleNotFoundError("No module named 'flax'", name="flax")
+  assert common.one_line(flax_missing) == (
+    "top1-evaluate needs the package 'flax' (pip install 'top1_jax[all]'; from a clone: "
+    "pip install '.[all]')"
+  )
+  assert "'absl-py' (pip install 'top1_jax[cli]'" in cli.install_hint("find_mislabeled", "absl")
+  assert "'absl-py' (pip install 'top1_jax[all]'" in cli.install_hint("train", "absl")
+  # Nested (reproduce imports train), the launcher the user ran is named.
+  with pytest.raises(SystemExit) as info, cli.requiring("reproduce"), cli.requiring("train"):
+    raise ModuleNotFoundError("No module named 'orbax'", name="orbax.checkpoint")
+  assert info.value.code == cli.MISSING_STATUS == 2
+  assert capsys.readouterr().err == (
+    "error: top1-reproduce needs the package 'orbax-checkpoint' (pip install 'top1_jax[all]'; "
+    "from a clone: pip install '.[all]')\n"
+  )
+  with pytest.raises(ModuleNotFoundError), cli.requiring("evaluate"):  # our own: a bug
+    raise ModuleNotFoundError("No module named 'top1_jax.nope'", name="top1_jax.nope")
+
+
+def test_evaluating_files_needs_no_model_names():
+  # engine.models imports Flax, which a [cli] install lacks: only a config that trains
+  # looks its model names up.
+  assert plan.check(_config("default", "--config.inputs=p.npz", "--config.models=(vgg,)"))
+  message = _refusal(plan.check, _config("default", "--config.models=(vgg,)"))
+  assert message.startswith("--config.models: expected names among cnn, mlp, resnet")

@@ -35,46 +35,86 @@ naming the field. ``reproduce`` refuses ``inputs``: it evaluates what it trains.
 import ml_collections
 from ml_collections import config_dict
 
+HELP = {
+  # The data (train, predict and reproduce read it; evaluate reads files).
+  "dataset": "What the images are: fashion_mnist or mnist (IDX files or TFDS), or any TFDS "
+  "name. With inputs, the dataset the files come from, recorded in the results (empty when "
+  "not given)",
+  "data_dir": "Directory of the IDX files or a TFDS data dir; unset: the system copy, then "
+  "TFDS's own",
+  "limit_train": "Train on the first N training examples only; unset: all",
+  "limit_test": "Predict the first N test examples only; unset: all",
+  # Training: one base network (and ensemble) per (model, train dropout rate, seed).
+  "models": "Networks to train: mlp, cnn, resnet",
+  "train_dropout_rates": "Dropout rates to train each network with",
+  "seeds": "Seeds, a sweep axis: each draws the initialisation, batches, dropout masks and "
+  "the calibration/test splits; given inputs take the first for their splits",
+  "num_epochs": "Training epochs",
+  "batch_size": "Training examples per step",
+  "learning_rate": "Adam's learning rate",
+  "ensemble_size": "Members of the deep ensemble (0: no ensemble)",
+  "ensemble_strategy": "How the members train: auto (vmap on GPU/TPU, a loop on CPU), vmap or loop",
+  # Prediction: the plain model, MC dropout at each rate, the ensemble.
+  "dropout_rates": "MC-dropout rates to sample each trained network at (empty: none)",
+  "num_samples": "MC-dropout samples per example (at least 2)",
+  "chunk_size": "Examples per device step when predicting; unset: tuned to the device",
+  "keep_samples": "Store all [S, N, K] MC-dropout logits in the predictions files",
+  # Evaluating given files instead of training.
+  "inputs": "Files to evaluate instead of training, comma-separated paths or globs: .npz "
+  "predictions files, or one .npy array (see input_kind)",
+  "input_kind": "What inputs hold: predictions (.npz files with their labels), or logits or "
+  "probs (one .npy of [N, K] or [S, N, K], with labels)",
+  "labels": "A .npy of [N] integer labels, for inputs of kind logits or probs",
+  # The sweep: every score x Top-k event x estimator, over all bin counts.
+  "scores": "Uncertainty scores to bin (all: every score the inputs allow)",
+  "n_bins": "Bin counts to cross-validate",
+  "topk": "Top-k events: k=1 is 'the top prediction is right'",
+  "estimators": "Estimators of P(correct): bins (the paper), isotonic, kde",
+  "n_folds": "Calibration/test splits to average over",
+  "scheme": "How the splits are drawn: halves (random halves, the paper) or kfold",
+  "figure_bins": "Bins of the reliability figures (fewer when a split has fewer calibration "
+  "examples)",
+  "compare_bins": "Bins of Table 1's comparison, one of n_bins; unset: 20 if there, else the first",
+  "ece_bins": "Equal-width bins of the benchmark's confidence ECE",
+  "selective_targets": "Accuracies that selective prediction aims at",
+  "selective_delta": "Selective prediction's risk of missing its target, in (0, 0.5)",
+  "figures": "Write figures/ after the tables (False: tables only, faster)",
+}
+"""Every field's meaning: ``--help`` lists them (``top1_jax.configs.describe``)."""
+
 
 def get_config() -> ml_collections.ConfigDict:
-  """The main job's config: Fashion-MNIST, every field set."""
+  """The main job's config: Fashion-MNIST, every field set (``HELP`` says what each means)."""
   config = ml_collections.ConfigDict()
-  # What the images are: fashion_mnist / mnist (IDX or TFDS), or any TFDS name; None
-  # when only given inputs are evaluated (the results then name no dataset).
   config.dataset = "fashion_mnist"
-  config.data_dir = config_dict.placeholder(str)  # IDX files or a TFDS data dir
-  config.limit_train = config_dict.placeholder(int)  # the first N training examples only
+  config.data_dir = config_dict.placeholder(str)
+  config.limit_train = config_dict.placeholder(int)
   config.limit_test = config_dict.placeholder(int)
-  # Training: one base network (and ensemble) per (model, train dropout rate, seed).
-  config.models = ("cnn",)  # mlp, cnn, resnet
+  config.models = ("cnn",)
   config.train_dropout_rates = (0.1,)
-  config.seeds = (0,)  # a sweep axis (module docstring): init, batches, dropout, splits
+  config.seeds = (0,)
   config.num_epochs = 3
   config.batch_size = 128
   config.learning_rate = 1e-3
-  config.ensemble_size = 5  # 0: no ensemble
-  config.ensemble_strategy = "auto"  # auto (vmap on GPU/TPU, loop on CPU), vmap, loop
-  # Prediction: the plain model, MC dropout at each rate, the ensemble.
+  config.ensemble_size = 5
+  config.ensemble_strategy = "auto"
   config.dropout_rates = (0.002, 0.005, 0.01, 0.02, 0.05, 0.2)
   config.num_samples = 32
-  config.chunk_size = config_dict.placeholder(int)  # examples per device step (default: tuned)
-  config.keep_samples = False  # store all [S, N, K] MC-dropout logits
-  # Evaluation of given files instead of training (module docstring): paths or globs,
-  # comma-separated; what they hold (predictions, logits, probs); the arrays' labels.
+  config.chunk_size = config_dict.placeholder(int)
+  config.keep_samples = False
   config.inputs = ""
   config.input_kind = "predictions"
   config.labels = ""
-  # The sweep: every score x Top-k event x estimator, over all bin counts.
   config.scores = ("all",)
   config.n_bins = (10, 20, 100)
   config.topk = (1, 2)
-  config.estimators = ("bins",)  # bins (the paper), isotonic, kde
+  config.estimators = ("bins",)
   config.n_folds = 10
-  config.scheme = "halves"  # halves (the paper) or kfold
-  config.figure_bins = 20  # at most a split's calibration examples (fewer if there are fewer)
-  config.compare_bins = config_dict.placeholder(int)  # Table 1's bins: one of n_bins (20 if there)
-  config.ece_bins = 15  # equal-width bins of the benchmark's confidence ECE
+  config.scheme = "halves"
+  config.figure_bins = 20
+  config.compare_bins = config_dict.placeholder(int)
+  config.ece_bins = 15
   config.selective_targets = (0.9, 0.95, 0.99)
   config.selective_delta = 0.05
-  config.figures = True  # figures/ after the tables (False: tables only, faster)
+  config.figures = True
   return config

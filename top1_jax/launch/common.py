@@ -10,8 +10,6 @@ Only process 0 writes files; ``is_writer`` says which process this is.
 """
 
 import contextlib
-import errno
-import importlib.util
 import os
 import signal
 import sys
@@ -25,6 +23,7 @@ from top1_jax import configs
 from top1_jax.core import validation
 from top1_jax.engine import parallel
 from top1_jax.io import datasets, files, lock
+from top1_jax.launch import cli
 from top1_jax.version import __version__
 
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory or URL (gs://...) for this run's files.")
@@ -94,18 +93,10 @@ _USER_ERRORS = (
 
 def _disk_full(error: BaseException) -> str | None:
   """A full disk (or quota) under the work dir, as one line naming --workdir."""
-  if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
-    return None
   root = WORKDIR.value if flags.FLAGS.is_parsed() else None
-  if not root or not files.is_local(root):
-    return None
-  root, name = os.path.abspath(os.path.expanduser(root)), error.filename
-  if name is not None and os.path.commonpath([root, os.path.abspath(name)]) != root:
-    return None  # another disk's file (a cache): its own message names it
-  return (
-    f"--workdir: {root}: {os.strerror(error.errno).lower()}{f' (writing {name})' if name else ''}"
-    "; free some space or give another --workdir, then rerun the same command to resume"
-  )
+  full = files.disk_full(error, root) if root and files.is_local(root) else None
+  way_out = "free some space or give another --workdir, then rerun the same command to resume"
+  return f"--workdir: {full}; {way_out}" if full else None
 
 
 def one_line(error: BaseException) -> str:
@@ -114,6 +105,9 @@ def one_line(error: BaseException) -> str:
     return f"--config.{text}"
   if _disk_full(error):
     return _disk_full(error)
+  if isinstance(error, ModuleNotFoundError) and error.name and "top1_jax" not in error.name:
+    launcher = os.path.basename(sys.argv[0]).removeprefix("top1-").removesuffix(".py")
+    return cli.install_hint(launcher.replace("-", "_"), error.name.split(".")[0])
   if isinstance(error, _USER_ERRORS):
     return text
   # Anything else (Flax, orbax, XLA): its type and first words, the rest with TOP1_DEBUG=1.
@@ -157,20 +151,14 @@ def check_config_file(value: str) -> None:
   """``--config``'s file (before a colon and its argument): a Python config file.
 
   Raises:
-    ExperimentError: it is missing, a folder, or not Python text (a ``.npy`` given
-      by mistake), in one line naming the path and the packaged configs.
+    ExperimentError: it is missing, a folder, or binary (a ``.npy`` given by
+      mistake), in one line naming the path and the packaged configs.
   """
   path = value.split(":", 1)[0]
-  way_out = f"give a packaged config by name ({_packaged_names()}) or a Python config file"
-  if not os.path.isfile(path):
-    what = "a directory" if os.path.isdir(path) else "no such file"
-    raise ExperimentError(f"--config: {path}: {what}; {way_out}")
-  with open(path, "rb") as file:
-    binary = b"\0" in file.read(1 << 16)  # .npy, .npz, pickles: never Python source
-  if binary:
-    raise ExperimentError(
-      f"--config: {path} is not a Python config file (it holds binary data); {way_out}"
-    )
+  problem = files.not_text(path)
+  if problem:
+    way_out = f"give a packaged config by name ({_packaged_names()}) or a Python config file"
+    raise ExperimentError(f"--config: {path}: {problem}; {way_out}")
 
 
 def _config_value(argv: list[str]) -> str | None:
@@ -178,26 +166,31 @@ def _config_value(argv: list[str]) -> str | None:
   return given[-1] if given else None
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def _parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
   """absl's parsing, with a bad flag or config override as one line (not a traceback)."""
   argv = [_config_path(arg) for arg in argv]
   given = _config_value(argv)
+  asked = [configs.HELP_FLAGS[arg] for arg in argv if arg in configs.HELP_FLAGS]
   try:
     if given is not None:
       check_config_file(given)
-    return flags.FLAGS(argv)
+    parsed = flags.FLAGS([arg for arg in argv if arg not in configs.HELP_FLAGS])
+  except flags.UnrecognizedFlagError as e:
+    fail(ExperimentError(configs.unknown_flag(e.flagname, flags.FLAGS)), joined=False)
   except flags.Error as e:
-    fail(ValueError(f"{e} (--helpfull lists every flag)"), joined=False)
+    fail(ValueError(f"{e} (--help lists every flag)"), joined=False)
   except SyntaxError as e:  # a config file that is not Python
     fail(ExperimentError(f"--config: {given}: not Python ({e.msg}, line {e.lineno})"), False)
   except (AttributeError, KeyError) as e:  # --config.<no such field>
     if "get_config" in str(e):
       fail(ExperimentError(f"--config: {given} defines no get_config() (see configs/quick.py)"), 0)
-    fail(
-      ValueError(f"--config: no such field {e} (top1_jax/configs/default.py has them all)"), False
-    )
+    fail(ExperimentError(configs.unknown_field(argv)), False)
   except Exception as e:  # noqa: BLE001 -- a config file that does not load, among others
     fail(e, joined=False)
+  if asked:
+    print(configs.help_text(flags.FLAGS, doc, full=any(asked)))
+    sys.exit(0)
+  return parsed
 
 
 _OURS = (f"{os.sep}top1_jax{os.sep}",)
@@ -232,48 +225,8 @@ def _quiet_others(verbosity: int) -> None:
     sys.unraisablehook = _unraisable_but_closed_loops(sys.unraisablehook)
 
 
-CACHE_DIR = os.path.join("~", ".cache", "top1_jax", "xla")
-"""Where compiled XLA programs are kept between runs (unless JAX_COMPILATION_CACHE_DIR is set)."""
-
-
-def _use_compilation_cache() -> None:
-  """JAX's persistent compilation cache: a rerun skips most of its compiling.
-
-  An evaluate of 50,000 x 1,000 logits spends most of a cold run compiling on this
-  CPU (about 5 of 8 s in one process). JAX_COMPILATION_CACHE_DIR picks another
-  folder and JAX_ENABLE_COMPILATION_CACHE=false turns the cache off (JAX's own
-  variables).
-  """
-  import jax
-
-  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(CACHE_DIR))
-  # Every program: most compile in 0.01-1 s (JAX caches only those >= 1 s by default).
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  if importlib.util.find_spec("filelock"):  # JAX's size limit needs it
-    jax.config.update("jax_compilation_cache_max_size", 2 << 30)  # least recent dropped
-
-
-MAX_CPU_DEVICES = 8
-"""At most this many JAX CPU devices with ``run(cpu_device_per_core=True)`` (chunks in flight)."""
-
-
-def _one_cpu_device_per_core() -> None:
-  """One JAX CPU device per core (at most ``MAX_CPU_DEVICES``), for evaluate.
-
-  ``chunked.from_chunks`` scores a predictions file's chunks on all of them at once:
-  XLA runs parts of a chunk's scoring (the covariance norms' small matmuls) on one
-  core per device. Left alone when XLA_FLAGS already sets the device count.
-  """
-  import jax
-
-  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
-    return
-  try:
-    jax.config.update("jax_num_cpu_devices", max(1, min(os.cpu_count() or 1, MAX_CPU_DEVICES)))
-  except RuntimeError:  # JAX already started in this process (e.g. called from Python)
-    logging.info("evaluate: JAX already started; its CPU devices stay as they are")
-
+_CACHE = os.path.expanduser(os.path.join("~", ".cache", "top1_jax", "xla"))
+"""Compiled XLA programs, kept between runs (unless JAX_COMPILATION_CACHE_DIR is set)."""
 
 _HELD = []
 """The lock this process holds, for a stop that cannot wait for the unwinding."""
@@ -372,9 +325,10 @@ def run(
 
   def wrapped(argv):
     _quiet_others(logging.get_verbosity())
-    _use_compilation_cache()
-    if cpu_device_per_core:
-      _one_cpu_device_per_core()
+    parallel.use_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR") or _CACHE)
+    cores, xla_flags = os.cpu_count() or 1, os.environ.get("XLA_FLAGS", "")
+    if cpu_device_per_core and not parallel.one_cpu_device_per_core(cores, xla_flags):
+      logging.info("evaluate: JAX already started; its CPU devices stay as they are")
     if default_workdir is not None and WORKDIR.value is None:
       flags.FLAGS.workdir = default_workdir()
     try:
@@ -394,7 +348,8 @@ def run(
 
   _catch_stops()
   try:
-    app.run(wrapped, flags_parser=_parse_flags)
+    doc = sys.modules[main.__module__].__doc__  # --help shows it
+    app.run(wrapped, flags_parser=lambda argv: _parse_flags(argv, doc))
   except KeyboardInterrupt as e:  # Stopped, or Ctrl-C before the handlers were set
     if os.environ.get("TOP1_DEBUG"):
       traceback.print_exc()

@@ -7,10 +7,12 @@ rest of the plan (training points, files, a task's share) is ``top1_jax.sweep.pl
 """
 
 import os
+import sys
 
 from absl import flags
 from ml_collections import config_flags
 
+from top1_jax import configs
 from top1_jax.launch import common
 from top1_jax.sweep import plan
 
@@ -26,9 +28,17 @@ def check() -> plan.Settings:
   return plan.check(CONFIG.value)
 
 
-CONFIG = config_flags.DEFINE_config_file(
-  "config",
-  os.path.join(common.PACKAGED_CONFIGS, "default.py"),
-  "A config: a packaged one by name (default, quick, cifar10, cifar100, evaluate_files) or a "
-  "path; --config.<field>=<value> overrides one field (top1_jax/configs/default.py lists them).",
-)
+def given() -> set[str]:
+  """The fields set on the command line (``--config.<field>=...``), not by a config file."""
+  return {name.split(".")[0] for name in config_flags.get_override_values(flags.FLAGS["config"])}
+
+
+try:
+  CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    os.path.join(common.PACKAGED_CONFIGS, "default.py"),
+    "A config: a packaged one by name (default, quick, cifar10, cifar100, evaluate_files) or a "
+    "path; --config.<field>=<value> sets one field (--help lists every field).",
+  )
+except (AttributeError, KeyError):  # without --config=, overrides are applied here, on import
+  common.fail(common.ExperimentError(configs.unknown_field(sys.argv)), joined=False)

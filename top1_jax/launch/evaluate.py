@@ -18,7 +18,6 @@ files, and a run without --task_index merges. Then ``results.{json,csv,md}``,
 
 import concurrent.futures
 import contextlib
-import glob
 import json
 import os
 import sys
@@ -44,16 +43,14 @@ def _given_files(settings: plan.Settings) -> list[tuple[str, object]]:
     path = common.workdir() / "predictions" / f"{name}.npz"
     if common.is_writer():
       arrays = {settings.input_kind: array}  # logits=... or probs=...
-      predictions = predictions_lib.from_arrays(labels=settings.labels, **arrays)
+      meta = {"dataset": settings.dataset} if settings.dataset else None
+      predictions = predictions_lib.from_arrays(labels=settings.labels, meta=meta, **arrays)
       predictions_lib.save_predictions(path, predictions)
     return [(path.stem, path)]
-  found = []
-  for pattern in settings.inputs:
-    matches = sorted(glob.glob(os.path.expanduser(pattern))) if files.is_local(pattern) else []
-    if not matches and not files.as_path(pattern).is_file():
-      raise SettingError(f"inputs: no such file: {pattern}")
-    found += [(files.as_path(m).stem, files.as_path(m)) for m in matches or [pattern]]
-  return found
+  try:
+    return [(path.stem, path) for path in files.expand(settings.inputs)]
+  except FileNotFoundError as e:
+    raise SettingError(f"inputs: {e}") from None
 
 
 def asked_files(settings: plan.Settings) -> list[tuple[str, object]]:
@@ -110,27 +107,20 @@ def _check_present(settings: plan.Settings, asked: list[tuple[str, object]]) -> 
     raise
 
 
-def _write_tables(settings, records, table1, chosen) -> list[dict]:
+def _write_tables(settings, asked, records, table1, chosen) -> list[dict]:
   rows = tables.tidy_rows(records)
+  for row in rows if settings.inputs and settings.dataset else ():
+    row["dataset"] = settings.dataset  # the user's word for their files (main)
   dataset = next((r["dataset"] for r in rows if r["dataset"]), "predictions")
-  config = {
-    "n_bins": list(settings.n_bins),
-    "n_folds": settings.n_folds,
-    "scheme": settings.scheme,
-    "seed": settings.seeds[0],
-  }
+  config = {"n_bins": list(settings.n_bins), "n_folds": settings.n_folds, "scheme": settings.scheme}
+  config.update(seed=settings.seeds[0], dataset=settings.dataset, labels=settings.labels or None)
+  config["inputs"] = list(settings.inputs) or [name for name, _ in asked]  # what was evaluated
   text = tables.markdown(rows, config, settings.topk, f"Calibrated Top-k bins: {dataset}")
   text += "".join("\n" + t + "\n" for t in (tables.comparison_table(table1),
                                             tables.selective_table(chosen)) if t)  # fmt: skip
   out = common.workdir()
-  summary = {
-    "config": config,
-    "versions": common.versions(),
-    "results": rows,
-    "comparison": table1,
-    "selective": chosen,
-    "points": records,
-  }
+  summary = {"config": config, "versions": common.versions(), "results": rows}
+  summary.update(comparison=table1, selective=chosen, points=records)
   files.write_json(out / "results.json", summary)
   files.write_csv(out / "results.csv", [{k: v for k, v in r.items() if k != "label"} for r in rows])
   files.write_bytes(out / "results.md", text.encode())
@@ -198,26 +188,30 @@ def run(settings: plan.Settings, asked: list[tuple[str, object]]) -> dict:
     baseline_rows, chosen, timings["comparison"] = comparison.result()
   table1 = runner.table1(settings, sources, records, baseline_rows)
   tic = time.perf_counter()
-  rows = _write_tables(settings, records, table1, chosen)
+  rows = _write_tables(settings, asked, records, table1, chosen)
   timings["write"] = time.perf_counter() - tic
-  tic = time.perf_counter()
-  num_figures = 0
-  if settings.figures:
-    num_figures = write_figures(settings, sources, records, rows, chosen, figure_bins)
-  timings["figures"] = time.perf_counter() - tic
   out = common.workdir()
-  logging.info(
-    "evaluate: %d rows; tables in %s (.csv, .json), %d figures in %s",
-    len(rows), out / "results.md", num_figures, out / "figures",
-  )  # fmt: skip
+  logging.info("evaluate: %d rows; tables in %s (.csv, .json)", len(rows), out / "results.md")
+  if settings.figures:
+    logging.info("evaluate: drawing the figures")
+    tic = time.perf_counter()
+    num_figures = write_figures(settings, sources, records, rows, chosen, figure_bins)
+    timings["figures"] = time.perf_counter() - tic
+    logging.info(
+      "evaluate: %d figures in %s (%.1f s)", num_figures, out / "figures", timings["figures"]
+    )
   return timings
 
 
 def main(argv):
   del argv
   settings = config_flag.check()
-  if settings.data_dir or settings.limit_test:
-    logging.warning("evaluate: data_dir and limit_test apply to predict; evaluate reads files")
+  ignored = sorted(config_flag.given() & {"data_dir", "limit_train", "limit_test"})
+  if settings.inputs and ignored:  # a sweep's own (quick's limit_test) made its files: no word
+    named = ", ".join(f"--config.{name}" for name in ignored)
+    logging.warning("evaluate: %s: for train and predict; evaluate reads files", named)
+  if settings.inputs and "dataset" not in config_flag.given():
+    settings.config.dataset = None  # a config's dataset is its training data's, not the files'
   start = time.perf_counter()
   asked = asked_files(settings)
   ours = plan.task_share(asked, common.tasks())

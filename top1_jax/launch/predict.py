@@ -12,15 +12,18 @@ exists and matches the config is skipped.
 
 import time
 
-import jax
-from absl import logging
+from top1_jax.launch import cli
 
-from top1_jax.engine import mc, models
-from top1_jax.io import predictions as predictions_lib
-from top1_jax.io import sweep_data
-from top1_jax.launch import common, config_flag
-from top1_jax.launch import train as train_exp
-from top1_jax.sweep import plan
+with cli.requiring("predict"):  # Flax, optax, orbax: one line naming the extra if missing
+  import jax
+  from absl import logging
+
+  from top1_jax.engine import mc, models
+  from top1_jax.io import predictions as predictions_lib
+  from top1_jax.io import sweep_data
+  from top1_jax.launch import common, config_flag
+  from top1_jax.launch import train as train_exp
+  from top1_jax.sweep import plan
 
 
 def _is_current(path, expected: dict) -> bool:

@@ -20,12 +20,15 @@ without --task_index (or top1_jax.launch.evaluate) writes the tables.
 import sys
 import time
 
-from absl import logging
+from top1_jax.launch import cli
 
-from top1_jax.core.validation import SettingError
-from top1_jax.io import files, sweep_data
-from top1_jax.launch import common, config_flag, evaluate, predict, train
-from top1_jax.sweep import plan
+with cli.requiring("reproduce"):  # Flax, optax, orbax: one line naming the extra if missing
+  from absl import logging
+
+  from top1_jax.core.validation import SettingError
+  from top1_jax.io import files, sweep_data
+  from top1_jax.launch import common, config_flag, evaluate, predict, train
+  from top1_jax.sweep import plan
 
 
 def check(settings: plan.Settings) -> None:
@@ -90,7 +93,9 @@ def main(argv):
   seconds = ", ".join(
     f"{k} {v['total'] if isinstance(v, dict) else v:.0f} s" for k, v in timings.items()
   )
-  logging.info("reproduce: done in %s; tables in %s", seconds, workdir / "results.md")
+  index, count = common.tasks()  # a task writes no tables: the run without --task_index does
+  done = f"task {index} of {count} done" if count > 1 else f"done; tables in {workdir}/results.md"
+  logging.info("reproduce: %s (%s)", done, seconds)
 
 
 def default_workdir() -> str:

@@ -11,17 +11,20 @@ stage (``train/<point>/<stage>.json``) is skipped.
 
 import time
 
-import jax
-import numpy as np
-import optax
-from absl import logging
+from top1_jax.launch import cli
 
-from top1_jax.configs import default
-from top1_jax.core.validation import SettingError
-from top1_jax.engine import models, parallel, train
-from top1_jax.io import checkpoints, files, sweep_data
-from top1_jax.launch import common, config_flag
-from top1_jax.sweep import plan
+with cli.requiring("train"):  # Flax, optax, orbax: one line naming the extra if missing
+  import jax
+  import numpy as np
+  import optax
+  from absl import logging
+
+  from top1_jax.configs import default
+  from top1_jax.core.validation import SettingError
+  from top1_jax.engine import models, parallel, train
+  from top1_jax.io import checkpoints, files, sweep_data
+  from top1_jax.launch import common, config_flag
+  from top1_jax.sweep import plan
 
 STAGES = ("base", "ensemble")
 

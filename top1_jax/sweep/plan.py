@@ -18,7 +18,6 @@ from typing import Any
 
 from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
-from top1_jax.engine import models
 from top1_jax.estimators import registry
 from top1_jax.evaluation import crossval
 from top1_jax.version import __version__
@@ -183,6 +182,22 @@ def _check_scores(config, has_samples: bool) -> tuple[str, ...]:
   return names
 
 
+def _check_models(config) -> None:
+  """``models``: names in ``engine.models.MODELS``, looked up only for a config that trains.
+
+  Evaluating given files (``inputs``) trains nothing, and must run without Flax
+  (``pip install 'top1_jax[cli]'``), which ``engine.models`` imports.
+  """
+  if config.models == ():
+    _fail("models", "expected one or more model names, got ()")
+  if _items(config, "inputs"):
+    return
+  from top1_jax.engine import models  # Flax: only a config that trains needs it
+
+  if any(m not in models.MODELS for m in _items(config, "models")):
+    _fail("models", f"expected names among {', '.join(sorted(models.MODELS))}, got {config.models}")
+
+
 def check(config: Any) -> Settings:
   """Every setting of a config that can be checked without data.
 
@@ -195,8 +210,7 @@ def check(config: Any) -> Settings:
   """
   _finite(config)  # first: learning_rate=inf would pass "> 0"
   _check_training(config)
-  if config.models == () or any(m not in models.MODELS for m in _items(config, "models")):
-    _fail("models", f"expected names among {', '.join(sorted(models.MODELS))}, got {config.models}")
+  _check_models(config)
   seeds = _numbers(config, "seeds", int, low=0)
   train_rates = _numbers(config, "train_dropout_rates", float, 0.0, 1.0)
   rates = _numbers(config, "dropout_rates", float, 0.0, 1.0, allow_empty=True)
