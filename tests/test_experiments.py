@@ -167,8 +167,9 @@ EVAL = "--config=evaluate_files"
     (["--config.n_bins=(ten,)"], "--config.n_bins: expected int values"),
     (["--config.n_bins=500"], "--config.n_bins: 500 bins need at least that many calibration"),
     (["--config.topk=11"], "--config.topk: 11 exceeds the 10 classes"),
-    (["--config.bogus=1"], "--config: no such field"),
-    (["--nonsense=1"], "Unknown command line flag 'nonsense'"),
+    (["--config.bogus=1"], "--config.bogus: no such field; (--help lists every field)"),
+    (["--config.n_bin=5"], "--config.n_bin: no such field; did you mean --config.n_bins?"),
+    (["--nonsense=1"], "--nonsense: no such flag (--help lists every flag and field)"),
     (["--coordinator_address=127.0.0.1:1"], "--num_processes: required with --coordinator_address"),
     (["--task_index=3", "--num_tasks=2"], "--task_index: expected 0 <= --task_index < --num_tasks"),
   ],
@@ -205,7 +206,7 @@ def test_missing_inputs_give_one_line(tmp_path):
   # An array given as the config: "SyntaxError: source code string cannot contain null bytes".
   _one_line_error(
     _run("evaluate", f"--workdir={tmp_path}", f"--config={path}"),
-    f"--config: {path} is not a Python config file (it holds binary data)",
+    f"--config: {path}: binary data, not text; give a packaged config by name",
   )
 
 
