@@ -294,6 +294,8 @@ def _checked(logits, labels, weights, ndim):
     return logits, labels, np.ones((1, logits.shape[0]), logits.dtype)
   # [F, N] is small: checked and shaped on the host (a device array stays where it is).
   on_host = not isinstance(weights, jax.Array)
+  if getattr(weights, "dtype", None) == np.bool_:  # a mask of the examples to fit on
+    weights = weights.astype(np.float32)
   weights = validation.float_array("weights", weights, ndim, host=on_host)
   if weights.shape[-1] != logits.shape[0]:
     raise ValueError(
