@@ -355,7 +355,7 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
   Args:
     logits: [N, K] float (N >= 1, K >= 2).
     labels: [N] int in [0, K).
-    weights: [F, N] example weights >= 0, each row with a positive sum.
+    weights: [F, N] example weights >= 0, each row with a positive sum (a bool mask works).
 
   Returns:
     ``SplitFits`` of [F] temperatures and [F, N] ``multiclass_brier``, ``pmax``.
