@@ -144,16 +144,16 @@ CASES = {
     lambda: selective.guaranteed_coverage(BINS, 1.0),
     "target_accuracy: expected an accuracy in [0, 1), got 1; no finite calibration set",
   ),
-  "equal_width_ece n_bins 10**9": (
-    lambda: baselines.equal_width_ece(U, OK, n_bins=10**9),
+  "ece n_bins 10**9": (
+    lambda: metrics.ece(U, OK, n_bins=10**9),
     "n_bins: expected at least 1, at most 65536, got 1000000000",
   ),
   "confidence_ece n_bins 10**9": (
-    lambda: baselines.confidence_ece(LABELS, logits=LOGITS, n_bins=10**9),
+    lambda: baselines.confidence_ece(LOGITS, LABELS, from_logits=True, n_bins=10**9),
     "n_bins: expected at least 1, at most 65536",
   ),
   "histogram binning n_bins 10**9": (
-    lambda: baselines.fit_histogram_binning(LABELS, logits=LOGITS, n_bins=10**9),
+    lambda: baselines.fit_histogram_binning(LOGITS, LABELS, from_logits=True, n_bins=10**9),
     "n_bins: expected at least 1, at most 65536",
   ),
   "fit implementation": (
@@ -161,8 +161,17 @@ CASES = {
     "implementation: expected",
   ),
   # bins and metrics given something else than bins
-  "ece None": (lambda: metrics.ece(None, BINS), "train_bins: expected binning.Bins"),
-  "ece test None": (lambda: metrics.ece(BINS, None), "test_bins: expected binning.Bins"),
+  "binned_ece None": (lambda: metrics.binned_ece(None, BINS), "train_bins: expected binning.Bins"),
+  "binned_ece test None": (
+    lambda: metrics.binned_ece(BINS, None),
+    "test_bins: expected binning.Bins",
+  ),
+  # ece(train_bins, test_bins) was the bins-based ECE, now binned_ece: the old call says so
+  "ece of bins": (
+    lambda: metrics.ece(BINS, BINS),
+    "confidence: got binning.Bins; for fitted bins call binned_ece(train, test)",
+  ),
+  "ece None": (lambda: metrics.ece(None, OK), "confidence: expected an array, got None"),
   "brier_decomposition None": (
     lambda: metrics.brier_decomposition(None, BINS),
     "train_bins: expected",
@@ -178,7 +187,7 @@ CASES = {
     "temperature: 1 non-finite",
   ),
   "histogram binning None": (
-    lambda: baselines.predict_histogram_binning(None, logits=LOGITS),
+    lambda: baselines.predict_histogram_binning(None, LOGITS, from_logits=True),
     "binning: expected fit_histogram_binning",
   ),
   # scores
@@ -196,7 +205,7 @@ CASES = {
       "neg_log_pmax": lambda: scores.neg_log_pmax(BOOL_LOGITS),
       "margin": lambda: scores.margin(BOOL_LOGITS),
       "neg_log_topk_mass": lambda: scores.neg_log_topk_mass(BOOL_LOGITS, 2),
-      "multiclass_nll": lambda: baselines.multiclass_nll(LABELS, logits=BOOL_LOGITS),
+      "multiclass_nll": lambda: baselines.multiclass_nll(BOOL_LOGITS, LABELS, from_logits=True),
       "fit_temperature": lambda: temperature.fit_temperature(BOOL_LOGITS, LABELS),
     }.items()
   },
@@ -224,6 +233,63 @@ CASES = {
   "log_probs_from_probs negative": (
     lambda: scores.log_probs_from_probs(np.array([[1.5, -0.5]])),
     "probs: probabilities must lie in [0, 1]",
+  ),
+  # probabilities where logits are expected run and give other numbers: refused, with the fix
+  **{
+    f"probs as logits: {name}": (
+      call,
+      f"{arg}: these look like probabilities (every row in [0, 1], summing to 1); {fix}",
+    )
+    for name, (call, arg, fix) in {
+      "Calibrator.fit": (lambda: Calibrator().fit(PROBS, LABELS), "x", 'pass inputs="probs"'),
+      "Calibrator.fit [S, N, K]": (
+        lambda: Calibrator().fit(np.stack([PROBS, PROBS[::-1]]), LABELS),
+        "x",
+        'pass inputs="probs"',
+      ),
+      "Calibrator bfloat16": (  # rows summing to 1 within bfloat16's own epsilon
+        lambda: Calibrator().fit(PROBS.astype(ml_dtypes.bfloat16), LABELS),
+        "x",
+        'pass inputs="probs"',
+      ),
+      "Calibrator.predict_proba": (
+        lambda: Calibrator(n_bins=2).fit(LOGITS, LABELS).predict_proba(PROBS),
+        "x",
+        'pass inputs="probs"',
+      ),
+      "from_predictions": (
+        lambda: scores.from_predictions(logits=PROBS[None]),
+        "logits",
+        "pass mean_probs=probs, or logits=log(probs) for [S, N, K] samples",
+      ),
+      "from_predictions on the device": (
+        lambda: scores.from_predictions(logits=jnp.asarray(PROBS[None])),
+        "logits",
+        "pass mean_probs=probs, or logits=log(probs) for [S, N, K] samples",
+      ),
+      "multiclass_nll": (
+        lambda: baselines.multiclass_nll(PROBS, LABELS, from_logits=True),
+        "logits",
+        "leave from_logits=False",
+      ),
+    }.items()
+  },
+  # the reverse, logits where probabilities are expected, fails the probability checks
+  "logits as probs: Calibrator": (
+    lambda: Calibrator(inputs="probs").fit(LOGITS, LABELS),
+    "x: probabilities must lie in [0, 1], got min",
+  ),
+  "logits as probs: from_predictions": (
+    lambda: scores.from_predictions(mean_probs=LOGITS),
+    "mean_probs: probabilities must lie in [0, 1]",
+  ),
+  "logits as probs: multiclass_brier": (
+    lambda: baselines.multiclass_brier(LOGITS, LABELS),
+    "probs: probabilities must lie in [0, 1]",
+  ),
+  "logits in [0, 1] as probs: multiclass_brier": (  # rows not summing to 1
+    lambda: baselines.multiclass_brier(np.abs(LOGITS) / 10, LABELS),
+    "probs: each row must sum to 1",
   ),
   # a torch tensor that requires grad
   "tensor that requires grad": (
@@ -284,6 +350,52 @@ def test_consistent_logits_and_mean_probs_are_accepted():
   probs = (z / z.sum(1, keepdims=True)).astype(np.float32)
   both = predictions.Predictions(labels=np.zeros(6, int), logits=LOGITS[None], mean_probs=probs)
   assert both.num_samples == 1
+
+
+def test_probabilities_from_a_npy_given_as_logits_are_refused(tmp_path):
+  # The command line's array path (--config.input_kind=logits) reads through from_arrays.
+  np.save(tmp_path / "y.npy", LABELS)
+  np.save(tmp_path / "p.npy", PROBS)
+  np.save(tmp_path / "l.npy", LOGITS)
+  with pytest.raises(ValueError) as info:
+    predictions.from_arrays(labels=tmp_path / "y.npy", logits=tmp_path / "p.npy")
+  assert str(info.value) == (
+    "logits: these look like probabilities (every row in [0, 1], summing to 1);"
+    " pass them as probs (--config.input_kind=probs)"
+  )
+  with pytest.raises(ValueError, match=r"^probs: probabilities must lie in \[0, 1\]"):
+    predictions.from_arrays(labels=tmp_path / "y.npy", probs=tmp_path / "l.npy")
+  assert predictions.from_arrays(labels=tmp_path / "y.npy", probs=tmp_path / "p.npy")
+  assert predictions.from_arrays(labels=tmp_path / "y.npy", logits=tmp_path / "l.npy")
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["numpy", "jax"])
+@pytest.mark.parametrize("num_rows", [6, 24000], ids=["small", "large"])
+def test_logits_are_refused_only_when_every_row_looks_like_probabilities(on_device, num_rows):
+  # Small arrays are checked from a host copy, large device ones by a compiled pass.
+  probs = np.tile(PROBS, (num_rows // 6, 1))
+  as_given = jnp.asarray if on_device else np.asarray
+  assert validation.looks_like_probabilities(as_given(probs))
+  for row in (0, num_rows - 1):  # one row of real logits anywhere: logits
+    logits = probs.copy()
+    logits[row] = LOGITS[0]
+    assert not validation.looks_like_probabilities(as_given(logits))
+  off = probs.copy()
+  off[-1] *= 1.002  # a sum 2e-3 from 1: beyond float32's tolerance, within bfloat16's
+  assert not validation.looks_like_probabilities(as_given(off))
+  assert validation.looks_like_probabilities(as_given(off), dtype=jnp.bfloat16)
+  assert not validation.looks_like_probabilities(as_given(LOGITS))
+  assert not validation.looks_like_probabilities(as_given(np.zeros((0, 5), np.float32)))
+
+
+def test_real_logits_with_some_rows_in_the_unit_interval_are_accepted():
+  # Logits that look like probabilities on some rows (one-hot, uniform 1/K) are logits.
+  logits = LOGITS.copy()
+  logits[0] = np.eye(5)[1]
+  logits[1] = 0.2
+  Calibrator(n_bins=2).fit(logits, LABELS)
+  scores.from_predictions(logits=logits[None])
+  baselines.multiclass_nll(logits, LABELS, from_logits=True)
 
 
 @pytest.mark.parametrize("correct", [np.ones(40, bool), np.zeros(40, bool), np.arange(40) > 0])

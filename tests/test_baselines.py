@@ -100,9 +100,9 @@ def test_fit_temperature_recovers_known_temperature(true_temperature):
   fitted = float(baselines.fit_temperature(model_logits, labels))
   assert fitted == pytest.approx(true_temperature, rel=0.03)
   nll_fitted = baselines.multiclass_nll(
-    labels, logits=baselines.apply_temperature(model_logits, fitted)
+    baselines.apply_temperature(model_logits, fitted), labels, from_logits=True
   )
-  nll_raw = baselines.multiclass_nll(labels, logits=model_logits)
+  nll_raw = baselines.multiclass_nll(model_logits, labels, from_logits=True)
   assert float(nll_fitted) < float(nll_raw) - 0.01
 
 
@@ -205,21 +205,22 @@ def test_multiclass_metrics_match_numpy_loop():
   assert code_brier == pytest.approx(brier - 1)
   assert entry_mean == pytest.approx(brier / NUM_CLASSES)
 
-  for given_as in ({"logits": model_logits}, {"probs": probs.astype(np.float32)}):
+  for pred, from_logits in ((model_logits, True), (probs.astype(np.float32), False)):
     for n_bins in (1, 10, 15):
       ece = _loop_ece(confidence, correct, n_bins)
-      result = baselines.multiclass_metrics(labels, n_bins=n_bins, **given_as)
-      assert float(result.brier) == pytest.approx(brier, rel=1e-5)
-      assert float(result.nll) == pytest.approx(nll, rel=1e-5)
-      assert float(result.ece) == pytest.approx(ece, abs=1e-6)
-      assert float(result.accuracy) == pytest.approx(correct.mean())
-      assert float(baselines.equal_width_ece(confidence, correct, n_bins)) == pytest.approx(
-        ece, abs=1e-6
-      )
+      result = baselines.multiclass_metrics(pred, labels, from_logits=from_logits, n_bins=n_bins)
+      assert all(isinstance(value, float) for value in result)
+      assert result.brier == pytest.approx(brier, rel=1e-5)
+      assert result.nll == pytest.approx(nll, rel=1e-5)
+      assert result.ece == pytest.approx(ece, abs=1e-6)
+      assert result.accuracy == pytest.approx(correct.mean())
+      assert metrics.ece(confidence, correct, n_bins) == pytest.approx(ece, abs=1e-6)
+      assert baselines.equal_width_ece is metrics.ece  # the one ECE of arrays
     # The single-metric functions agree with the combined one (default 15 bins).
-    assert float(baselines.multiclass_brier(labels, **given_as)) == pytest.approx(brier, rel=1e-5)
-    assert float(baselines.multiclass_nll(labels, **given_as)) == pytest.approx(nll, rel=1e-5)
-    assert float(baselines.confidence_ece(labels, **given_as)) == pytest.approx(
+    given = {"from_logits": from_logits}
+    assert baselines.multiclass_brier(pred, labels, **given) == pytest.approx(brier, rel=1e-5)
+    assert baselines.multiclass_nll(pred, labels, **given) == pytest.approx(nll, rel=1e-5)
+    assert baselines.confidence_ece(pred, labels, **given) == pytest.approx(
       _loop_ece(confidence, correct, 15), abs=1e-6
     )
 
@@ -263,8 +264,8 @@ def test_multiclass_brier_is_top1_brier_of_pmax_plus_the_rest():
   pmax = probs.max(-1)
   onehot = np.eye(NUM_CLASSES)[labels]
   rest = np.mean(np.sum(np.where(np.eye(NUM_CLASSES)[top] > 0, 0.0, (probs - onehot) ** 2), -1))
-  multiclass = float(baselines.multiclass_brier(labels, probs=probs.astype(np.float32)))
-  top1 = float(metrics.brier(pmax.astype(np.float32), correct))
+  multiclass = baselines.multiclass_brier(probs.astype(np.float32), labels)
+  top1 = metrics.brier(pmax.astype(np.float32), correct)
   assert rest > 0.01
   assert multiclass == pytest.approx(top1 + rest, rel=1e-5)
 
@@ -274,8 +275,8 @@ def test_confidence_ece_is_binary_ece_of_pmax():
   logits = 3.0 * z
   pmax = scores.pmax(logits)
   correct = events.topk_correct(logits, labels)
-  assert float(baselines.confidence_ece(labels, logits=logits)) == pytest.approx(
-    float(baselines.equal_width_ece(pmax, correct)), abs=1e-6
+  assert baselines.confidence_ece(logits, labels, from_logits=True) == pytest.approx(
+    metrics.ece(pmax, correct), abs=1e-6
   )
 
 
@@ -283,9 +284,9 @@ def test_nll_from_extreme_logits_is_exact_and_zero_probability_is_finite():
   logits = np.array([[0.0, 200.0], [300.0, 0.0]], np.float32)
   labels = np.array([0, 0])
   # -log softmax = [200, 0]: the float32 softmax would underflow to 0 and give inf.
-  assert float(baselines.multiclass_nll(labels, logits=logits)) == pytest.approx(100.0)
+  assert baselines.multiclass_nll(logits, labels, from_logits=True) == pytest.approx(100.0)
   probs = np.array([[0.0, 1.0], [1.0, 0.0]], np.float32)
-  value = float(baselines.multiclass_nll(labels, probs=probs))
+  value = baselines.multiclass_nll(probs, labels)
   assert np.isfinite(value) and value == pytest.approx(-np.log(np.finfo(np.float32).tiny) / 2)
 
 
@@ -299,8 +300,8 @@ def test_logits_and_their_softmax_give_the_same_metrics(logits, labels):
   # The predicted class is the argmax of what is given; near-ties in the logits can
   # round to exact ties in float32 probabilities (then both argmaxes are legitimate).
   assume(np.array_equal(np.argmax(logits, -1), np.argmax(probs, -1)))
-  from_logits = baselines.multiclass_metrics(labels, logits=logits)
-  from_probs = baselines.multiclass_metrics(labels, probs=probs)
+  from_logits = baselines.multiclass_metrics(logits, labels, from_logits=True)
+  from_probs = baselines.multiclass_metrics(probs, labels)
   assert 0.0 <= float(from_logits.brier) <= 2.0 + 1e-6
   assert 0.0 <= float(from_logits.ece) <= 1.0 + 1e-6
   assert float(from_logits.brier) == pytest.approx(float(from_probs.brier), abs=1e-5)
@@ -317,15 +318,15 @@ def test_histogram_binning_matches_numpy_loop():
   z, labels = _sample(100, seed=21, scale=2.0, num_classes=4)
   probs = _softmax64(2.0 * z).astype(np.float32)
   cal, test = slice(0, 40), slice(40, None)
-  fitted = baselines.fit_histogram_binning(labels[cal], probs=probs[cal], n_bins=20)
+  fitted = baselines.fit_histogram_binning(probs[cal], labels[cal], n_bins=20)
   value, expected = _loop_histogram_binning(probs[cal], labels[cal], probs[test], 20)
   assert int(np.sum(np.asarray(fitted.counts) == 0)) > 10
   np.testing.assert_allclose(fitted.value, value, rtol=1e-6)
   np.testing.assert_array_equal(np.asarray(fitted.counts).sum(-1), 40)
-  predicted = baselines.predict_histogram_binning(fitted, probs=probs[test])
+  predicted = baselines.predict_histogram_binning(fitted, probs[test])
   np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.sum(predicted, -1), 1.0, rtol=1e-5)
-  from_logits = baselines.predict_histogram_binning(fitted, logits=2.0 * z[test])
+  from_logits = baselines.predict_histogram_binning(fitted, 2.0 * z[test], from_logits=True)
   np.testing.assert_allclose(from_logits, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -336,7 +337,7 @@ def test_histogram_binning_all_zero_row_keeps_input():
     hits=np.zeros((3, 5), np.int32),
   )
   probs = np.array([[0.2, 0.3, 0.5]], np.float32)
-  np.testing.assert_allclose(baselines.predict_histogram_binning(fitted, probs=probs), probs)
+  np.testing.assert_allclose(baselines.predict_histogram_binning(fitted, probs), probs)
 
 
 # ------------------------------------------------- the paper's comparison, on known data
@@ -347,16 +348,16 @@ def test_top1_binning_beats_raw_softmax_on_overconfident_logits():
   model_logits = 3.0 * z  # three times too confident
   cal, test = slice(0, 10000), slice(10000, None)
 
-  raw_ece = float(baselines.confidence_ece(labels[test], logits=model_logits[test]))
+  raw_ece = baselines.confidence_ece(model_logits[test], labels[test], from_logits=True)
 
   u = scores.neg_log_pmax(model_logits)
   correct = events.topk_correct(model_logits, labels)
   # 10 bins of 1000: the sampling noise of the binned ECE is ~0.01-0.02.
   bins = binning.fit(u[cal], correct[cal], n_bins=10)
   test_bins = binning.refit(bins, u[test], correct[test])
-  top1_ece = float(metrics.ece(bins, test_bins))
+  top1_ece = metrics.binned_ece(bins, test_bins)
   # The same binned predictions under the benchmark's equal-width ECE.
-  top1_equal_width = float(baselines.equal_width_ece(binning.predict(bins, u[test]), correct[test]))
+  top1_equal_width = metrics.ece(binning.predict(bins, u[test]), correct[test])
 
   assert raw_ece > 0.15
   assert top1_ece < 0.05
@@ -364,23 +365,23 @@ def test_top1_binning_beats_raw_softmax_on_overconfident_logits():
   assert top1_ece < raw_ece / 5
   # Apples to apples: the binary Top-1 Brier of the binned P(correct) beats that of
   # the raw max softmax used as P(correct).
-  top1_brier = float(metrics.brier(binning.predict(bins, u[test]), correct[test]))
-  raw_top1_brier = float(metrics.brier(scores.pmax(model_logits[test]), correct[test]))
+  top1_brier = metrics.brier(binning.predict(bins, u[test]), correct[test])
+  raw_top1_brier = metrics.brier(scores.pmax(model_logits[test]), correct[test])
   assert top1_brier < raw_top1_brier - 0.05
 
   # The other benchmark recalibrations also repair it, as they should.
   temperature = baselines.fit_temperature(model_logits[cal], labels[cal])
   scaled = baselines.apply_temperature(model_logits[test], temperature)
-  assert float(baselines.confidence_ece(labels[test], logits=scaled)) < 0.04
-  hist = baselines.fit_histogram_binning(labels[cal], logits=model_logits[cal])
-  hist_probs = baselines.predict_histogram_binning(hist, logits=model_logits[test])
-  assert float(baselines.confidence_ece(labels[test], probs=hist_probs)) < raw_ece / 3
+  assert baselines.confidence_ece(scaled, labels[test], from_logits=True) < 0.04
+  hist = baselines.fit_histogram_binning(model_logits[cal], labels[cal], from_logits=True)
+  hist_probs = baselines.predict_histogram_binning(hist, model_logits[test], from_logits=True)
+  assert baselines.confidence_ece(hist_probs, labels[test]) < raw_ece / 3
 
 
 def test_calibrated_logits_have_small_confidence_ece():
   # Control for the test above: the metric is not large by construction.
   z, labels = _sample(10000, seed=2)
-  assert float(baselines.confidence_ece(labels, logits=z)) < 0.03
+  assert baselines.confidence_ece(z, labels, from_logits=True) < 0.03
   assert float(baselines.fit_temperature(z, labels)) == pytest.approx(1.0, rel=0.03)
 
 
@@ -394,36 +395,57 @@ LABELS = np.array([0, 1])
 @pytest.mark.parametrize(
   "call, message",
   [
-    (lambda: baselines.multiclass_brier(LABELS), "exactly one of them, got neither"),
+    # Labels first (the order before predictions came first) is a one-line error.
+    (lambda: baselines.multiclass_brier(LABELS, LOGITS), r"probs: expected a 2-D array"),
     (
-      lambda: baselines.multiclass_nll(LABELS, probs=LOGITS, logits=LOGITS),
-      "exactly one of them, got both",
+      lambda: baselines.multiclass_nll(LOGITS, LABELS, from_logits="yes"),
+      "from_logits: expected True or False, got 'yes'",
     ),
-    (lambda: baselines.multiclass_brier(LABELS, logits=LOGITS[0]), r"logits: expected a 2-D"),
+    # Logits given as probabilities fail the probability checks (the reverse of below).
     (
-      lambda: baselines.multiclass_nll(LABELS, logits=np.array([[np.nan, 0, 0], [0, 0, 0]])),
+      lambda: baselines.multiclass_nll(LOGITS, LABELS),
+      r"probs: probabilities must lie in \[0, 1\]",
+    ),
+    (
+      lambda: baselines.confidence_ece(
+        np.float32([[0.2, 0.8], [0.5, 0.5]]), LABELS, from_logits=True
+      ),
+      r"logits: these look like probabilities \(every row in \[0, 1\], summing to 1\); leave"
+      " from_logits=False",
+    ),
+    (
+      lambda: baselines.multiclass_brier(LOGITS[0], LABELS, from_logits=True),
+      r"logits: expected a 2-D",
+    ),
+    (
+      lambda: baselines.multiclass_nll(
+        np.array([[np.nan, 0, 0], [0, 0, 0]]), LABELS, from_logits=True
+      ),
       r"logits: 1 non-finite",
     ),
     (
-      lambda: baselines.confidence_ece(np.array([0, 3]), logits=LOGITS),
+      lambda: baselines.confidence_ece(LOGITS, np.array([0, 3]), from_logits=True),
       r"labels: labels out of range \[0, 3\): min 0, max 3",
     ),
     (
-      lambda: baselines.multiclass_brier(LABELS, probs=np.array([[0.5, 0.4, 0.0], [0, 1, 0]])),
+      lambda: baselines.multiclass_brier(np.array([[0.5, 0.4, 0.0], [0, 1, 0]]), LABELS),
       r"probs: each row must sum to 1, row 0 sums to 0.9",
     ),
     (
-      lambda: baselines.multiclass_brier(LABELS, probs=np.array([[1.5, -0.5, 0], [0, 1, 0]])),
+      lambda: baselines.multiclass_brier(np.array([[1.5, -0.5, 0], [0, 1, 0]]), LABELS),
       r"probs: probabilities must lie in \[0, 1\]",
     ),
-    (lambda: baselines.multiclass_nll(LABELS[:1], logits=LOGITS), "length mismatch"),
-    (lambda: baselines.multiclass_nll(LABELS, logits=LOGITS[:, :1]), "at least 2 classes"),
+    (lambda: baselines.multiclass_nll(LOGITS, LABELS[:1], from_logits=True), "length mismatch"),
     (
-      lambda: baselines.confidence_ece(LABELS, logits=LOGITS, n_bins=0),
+      lambda: baselines.multiclass_nll(LOGITS[:, :1], LABELS, from_logits=True),
+      "at least 2 classes",
+    ),
+    (
+      lambda: baselines.confidence_ece(LOGITS, LABELS, from_logits=True, n_bins=0),
       "n_bins: expected at least 1, at most 65536, got 0",
     ),
-    (lambda: baselines.equal_width_ece([0.5, 1.2], [1, 0]), r"confidence: probabilities"),
-    (lambda: baselines.equal_width_ece([0.5, 0.2], [1, 2]), "correct: expected bool or 0/1"),
+    (lambda: metrics.ece([0.5, 1.2], [1, 0]), r"confidence: probabilities"),
+    (lambda: metrics.ece([0.5, 0.2], [1, 2]), "correct: expected bool or 0/1"),
     (lambda: baselines.equal_width_bins([0.5], [1], n_bins=1.5), "n_bins: expected an integer"),
     (
       lambda: baselines.fit_temperature(LOGITS, LABELS, min_temperature=2.0, max_temperature=1.0),
@@ -439,24 +461,28 @@ LABELS = np.array([0, 1])
       lambda: baselines.apply_temperature(LOGITS, 1e-40),
       r"temperature: expected a value in \[1e-05, 100000\]",
     ),
-    (lambda: baselines.predict_histogram_binning(None, probs=LOGITS), "binning: expected"),
+    (lambda: baselines.predict_histogram_binning(None, LOGITS), "binning: expected"),
     (lambda: baselines.apply_temperature(LOGITS, np.nan), "temperature: 1 non-finite"),
     (lambda: baselines.apply_temperature(LOGITS, [1.0, 2.0]), "temperature: expected a 0-D"),
     (
-      lambda: baselines.fit_histogram_binning(LABELS, logits=LOGITS, n_bins=0),
+      lambda: baselines.fit_histogram_binning(LOGITS, LABELS, from_logits=True, n_bins=0),
       "n_bins: expected at least 1",
     ),
     (
       lambda: baselines.predict_histogram_binning(
-        baselines.fit_histogram_binning(LABELS, logits=LOGITS), logits=LOGITS[:, :2]
+        baselines.fit_histogram_binning(LOGITS, LABELS, from_logits=True),
+        LOGITS[:, :2],
+        from_logits=True,
       ),
       r"logits: expected 3 classes like the fitted binning, got shape \(2, 2\)",
     ),
     (
       lambda: baselines.predict_histogram_binning(
-        baselines.fit_histogram_binning(LABELS, logits=LOGITS)
+        baselines.fit_histogram_binning(LOGITS, LABELS, from_logits=True),
+        np.float32([[0.2, 0.3, 0.5]]),
+        from_logits=True,
       ),
-      "got neither",
+      r"logits: these look like probabilities",
     ),
   ],
 )

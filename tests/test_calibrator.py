@@ -9,6 +9,7 @@ import reference
 
 from top1_jax import Calibrator
 from top1_jax.core import binning, scores
+from top1_jax.io.examples import load_example
 
 
 def _logits(num=2000, num_classes=10, seed=0):
@@ -48,6 +49,30 @@ def test_probs_inputs_are_logged_safely_and_agree_with_logits():
     np.asarray(from_logits.bins_.counts), np.asarray(from_probs.bins_.counts)
   )
   np.testing.assert_array_equal(from_logits.predict_proba(logits), from_probs.predict_proba(probs))
+
+
+def test_probabilities_given_as_logits_are_refused_with_the_fix():
+  # A real network's softmax outputs under the default inputs="logits" ran and gave other
+  # numbers (softmax(p) is not p), with no sign; now they are refused, and the fix works.
+  probs, labels, _, _ = load_example("densenet-bc-100-cifar-100")
+  cal, test = slice(0, 5000), slice(5000, None)
+  message = (
+    r"^x: these look like probabilities \(every row in \[0, 1\], summing to 1\);"
+    r' pass inputs="probs"$'
+  )
+  with pytest.raises(ValueError, match=message):
+    Calibrator(score="entropy").fit(probs[cal], labels[cal])
+  right = Calibrator(score="entropy", inputs="probs").fit(probs[cal], labels[cal])
+  # Shifted by 1 they pass the check and run as logits do: what was computed before.
+  shifted = Calibrator(score="entropy").fit(probs[cal] + 1, labels[cal])
+  brier = right.evaluate(probs[test], labels[test])["brier"]
+  assert abs(brier - shifted.evaluate(probs[test] + 1, labels[test])["brier"]) > 1e-3
+  with pytest.raises(ValueError, match=message):
+    Calibrator(n_bins=20).fit(np.log(probs[cal] + 1e-30), labels[cal]).predict_proba(probs[test])
+  # The reverse, logits given as probabilities, fails the probability checks.
+  logits, labels = _logits(num=300)
+  with pytest.raises(ValueError, match=r"^x: probabilities must lie in \[0, 1\], got min"):
+    Calibrator(inputs="probs").fit(logits, labels)
 
 
 def test_underflowed_probabilities_stay_tie_free():

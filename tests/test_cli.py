@@ -75,6 +75,11 @@ def test_top1_evaluate_on_npy_probabilities_from_another_folder(tmp_path):
     (["--config.inputs=missing.npy", "--config.labels=labels.npy"], "probs: no such file"),
     (["--config.inputs=p.npy", "--config.labels=short.npy"], "probs: expected 3 rows (one per"),
     (["--config.inputs=bad.npy", "--config.labels=labels.npy"], "probs: each row must sum to 1"),
+    (  # probabilities given as logits (the last input_kind is the one taken)
+      ["--config.inputs=p.npy", "--config.labels=labels.npy", "--config.input_kind=logits"],
+      "logits: these look like probabilities (every row in [0, 1], summing to 1); pass them as"
+      " probs (--config.input_kind=probs)",
+    ),
   ],
 )
 @pytest.mark.slow

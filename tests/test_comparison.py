@@ -31,19 +31,17 @@ def _split_metrics(log_probs, labels, variant, test, ece_bins, points_per_bin):
   pmax, predicted = probs.max(1), probs.argmax(1)
   correct = predicted == labels
   out = {
-    "multiclass_brier": float(baselines.multiclass_brier(labels[test], probs=probs[test])),
-    "confidence_ece": float(
-      baselines.confidence_ece(labels[test], probs=probs[test], n_bins=ece_bins)
-    ),
-    "raw_top1_brier": float(metrics.brier(pmax[test], correct[test])),
+    "multiclass_brier": baselines.multiclass_brier(probs[test], labels[test]),
+    "confidence_ece": baselines.confidence_ece(probs[test], labels[test], n_bins=ece_bins),
+    "raw_top1_brier": metrics.brier(pmax[test], correct[test]),
     "temperature": temperature,
   }
   if variant == "toplabel":
     port = reference.TopLabelHistogramBinning(points_per_bin, delta=0.0)
     port.fit(probs[~test], labels[~test])
     prob = port.predict(probs[test])
-    out["toplabel_brier"] = float(metrics.brier(prob, correct[test]))
-    out["toplabel_ece"] = float(baselines.equal_width_ece(prob, correct[test], ece_bins))
+    out["toplabel_brier"] = metrics.brier(prob, correct[test])
+    out["toplabel_ece"] = metrics.ece(prob, correct[test], ece_bins)
     out["toplabel_classes_with_own_bins"] = sum(c is not None for c in port.per_class)
     out["toplabel_num_classes"] = probs.shape[1]
     out["toplabel_points_per_bin"] = points_per_bin

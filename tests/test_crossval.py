@@ -83,7 +83,7 @@ def test_equals_fit_and_refit_on_each_split():
     test = splits.test_mask(f)
     bins = binning.fit(u[~test], correct[~test], 20)
     test_bins = binning.refit(bins, u[test], correct[test])
-    assert cv.per_fold["ece"][0, f] == pytest.approx(float(metrics.ece(bins, test_bins)), rel=1e-4)
+    assert cv.per_fold["ece"][0, f] == pytest.approx(metrics.binned_ece(bins, test_bins), rel=1e-4)
     assert cv.per_fold["brier"][0, f] == pytest.approx(
       float(metrics.brier(binning.predict(bins, u[test]), correct[test])), rel=1e-4
     )

@@ -23,30 +23,30 @@ def _expand(prob, weight, num=48000):
 
 
 def test_coin_example_eor_is_8():
-  assert float(metrics.eor([1 / 2, 1 / 2, 15 / 16, 1 / 16], [1, 1, 1, 1], 0.5)) == pytest.approx(8)
+  assert metrics.eor([1 / 2, 1 / 2, 15 / 16, 1 / 16], [1, 1, 1, 1], 0.5) == pytest.approx(8)
 
 
 def test_coin_example_auroc_depends_on_order():
   score, correct = _expand([1 / 2, 1 / 2, 15 / 16, 1 / 16], [0.25] * 4)
-  assert float(metrics.auroc(score, correct)) == pytest.approx(0.828, abs=1e-3)
-  assert float(metrics.auroc(-score, correct)) == pytest.approx(0.172, abs=1e-3)
+  assert metrics.auroc(score, correct) == pytest.approx(0.828, abs=1e-3)
+  assert metrics.auroc(-score, correct) == pytest.approx(0.172, abs=1e-3)
 
 
 def test_same_auroc_different_eor_example():
   p, q = [0.15, 0.4, 0.8], [0.4, 0.5, 0.99]
-  assert float(metrics.auroc(*_expand(p, [1 / 3] * 3))) == pytest.approx(0.79, abs=0.005)
-  assert float(metrics.auroc(*_expand(q, [1 / 3] * 3))) == pytest.approx(0.78, abs=0.005)
-  assert float(metrics.eor(p, [1, 1, 1], 0.45)) == pytest.approx(3.6, abs=0.05)
-  assert float(metrics.eor(q, [1, 1, 1], 0.63)) == pytest.approx(21, abs=0.5)
+  assert metrics.auroc(*_expand(p, [1 / 3] * 3)) == pytest.approx(0.79, abs=0.005)
+  assert metrics.auroc(*_expand(q, [1 / 3] * 3)) == pytest.approx(0.78, abs=0.005)
+  assert metrics.eor(p, [1, 1, 1], 0.45) == pytest.approx(3.6, abs=0.05)
+  assert metrics.eor(q, [1, 1, 1], 0.63) == pytest.approx(21, abs=0.5)
 
 
 def test_per_example_metrics_match_loop():
   rng = np.random.default_rng(0)
   p = rng.random(500).astype(np.float32)
   correct = rng.random(500) < p
-  assert float(metrics.brier(p, correct)) == pytest.approx(reference.brier(p, correct), rel=1e-5)
-  assert float(metrics.nll(p, correct)) == pytest.approx(reference.nll(p, correct), rel=1e-5)
-  assert float(metrics.auroc(p, correct)) == pytest.approx(reference.auroc(p, correct), rel=1e-6)
+  assert metrics.brier(p, correct) == pytest.approx(reference.brier(p, correct), rel=1e-5)
+  assert metrics.nll(p, correct) == pytest.approx(reference.nll(p, correct), rel=1e-5)
+  assert metrics.auroc(p, correct) == pytest.approx(reference.auroc(p, correct), rel=1e-6)
 
 
 def test_auroc_counts_ties_one_half_against_pairwise_loop():
@@ -55,11 +55,11 @@ def test_auroc_counts_ties_one_half_against_pairwise_loop():
   correct = rng.random(300) < 0.3 + 0.1 * score
   pos, neg = score[correct], score[~correct]
   pairwise = np.mean((pos[:, None] > neg[None]) + 0.5 * (pos[:, None] == neg[None]))
-  assert float(metrics.auroc(score, correct)) == pytest.approx(pairwise, rel=1e-6)
+  assert metrics.auroc(score, correct) == pytest.approx(pairwise, rel=1e-6)
 
 
 def test_nll_of_saturated_wrong_prediction_is_finite():
-  assert np.isfinite(float(metrics.nll([1.0, 0.0], [False, True])))
+  assert np.isfinite(metrics.nll([1.0, 0.0], [False, True]))
 
 
 def _binned(seed, num=4000, n_bins=10, ties=False):
@@ -82,12 +82,12 @@ def test_decompositions_add_up_to_the_scores(seed, n_bins, ties):
   p = binning.predict(bins, u)
   b = metrics.brier_decomposition(bins, test)
   n = metrics.nll_decomposition(bins, test)
-  assert float(b.total) == pytest.approx(float(metrics.brier(p, correct)), abs=2e-6)
-  assert float(n.total) == pytest.approx(float(metrics.nll(p, correct)), abs=2e-5)
+  assert float(b.total) == pytest.approx(metrics.brier(p, correct), abs=2e-6)
+  assert float(n.total) == pytest.approx(metrics.nll(p, correct), abs=2e-5)
   for d in (b, n):
     assert float(d.uncertainty - d.resolution + d.calibration) == pytest.approx(float(d.total))
     assert float(d.resolution) >= -1e-7 and float(d.calibration) >= -1e-7
-  assert float(metrics.ece(bins, test)) >= 0
+  assert metrics.binned_ece(bins, test) >= 0
 
 
 def test_binned_metrics_match_loop():
@@ -99,7 +99,7 @@ def test_binned_metrics_match_loop():
   b = metrics.brier_decomposition(bins, test)
   n = metrics.nll_decomposition(bins, test)
   got = {
-    "ece": metrics.ece(bins, test),
+    "ece": metrics.binned_ece(bins, test),
     "eor": metrics.eor(bins.prob, test.counts, bins.prior),
     "brier": b.total,
     "brier_resolution": b.resolution,
@@ -157,12 +157,12 @@ def test_a_total_that_rounds_below_zero_stops_at_zero():
 
 
 def test_eor_is_at_least_one_and_one_for_a_constant_predictor():
-  assert float(metrics.eor([0.7, 0.7], [3, 1], 0.7)) == pytest.approx(1.0)
-  assert float(metrics.eor([0.2, 0.9], [1, 1], 0.6)) > 1
+  assert metrics.eor([0.7, 0.7], [3, 1], 0.7) == pytest.approx(1.0)
+  assert metrics.eor([0.2, 0.9], [1, 1], 0.6) > 1
 
 
 def test_eor_ignores_zero_weight_bins():
-  assert float(metrics.eor([0.5, 1.0], [1, 0], 0.5)) == pytest.approx(1.0)
+  assert metrics.eor([0.5, 1.0], [1, 0], 0.5) == pytest.approx(1.0)
 
 
 def test_binned_metrics_of_concrete_bins_are_one_program_each(compiles):
@@ -172,7 +172,7 @@ def test_binned_metrics_of_concrete_bins_are_one_program_each(compiles):
   bins, test, _, _ = _binned(3, n_bins=41)
   weight = np.asarray(test.counts, np.float32)  # a device int array would be converted there
   compiles.clear()
-  ece = metrics.ece(bins, test)
+  ece = metrics.binned_ece(bins, test)
   brier = metrics.brier_decomposition(bins, test)
   nll = metrics.nll_decomposition(bins, test)
   eor = metrics.eor(bins.prob, weight, 0.6)
@@ -190,7 +190,44 @@ def test_binned_metrics_of_concrete_bins_are_one_program_each(compiles):
 def test_ece_of_perfectly_matching_bins_is_zero():
   bins, _, u, correct = _binned(3)
   # Refit on the calibration data itself: accuracy differs from prob only by the prior.
-  assert float(metrics.ece(bins, bins)) < 1.0 / float(bins.counts.min())
+  assert metrics.binned_ece(bins, bins) < 1.0 / float(bins.counts.min())
+
+
+def test_ece_of_arrays_is_the_equal_width_ece_of_a_plain_loop():
+  rng = np.random.default_rng(4)
+  # Predictions on the bin edges too: bins are right-closed, 0 in the first.
+  confidence = np.concatenate([rng.random(300), np.arange(16) / 15]).astype(np.float32)
+  correct = rng.random(confidence.shape[0]) < confidence
+  for n_bins in (1, 10, 15):
+    edges = (np.arange(1, n_bins) / n_bins).astype(np.float32)  # the benchmark's digitize
+    index = np.digitize(confidence, edges, right=True)
+    gaps = [
+      abs(np.sum(correct[index == b]) - np.sum(confidence[index == b], dtype=np.float64))
+      for b in range(n_bins)
+    ]
+    expected = sum(gaps) / confidence.shape[0]
+    assert metrics.ece(confidence, correct, n_bins) == pytest.approx(expected, abs=1e-6)
+  assert metrics.ece(confidence, correct) == metrics.ece(confidence, correct, n_bins=15)
+
+
+def test_public_metrics_return_python_floats():
+  bins, test, u, correct = _binned(3)
+  p = np.asarray(binning.predict(bins, u), np.float32)
+  values = [
+    metrics.brier(p, correct),
+    metrics.nll(p, correct),
+    metrics.ece(p, correct),
+    metrics.auroc(p, correct),
+    metrics.smooth_ece(p, correct),
+    metrics.aurc(p, correct),
+    metrics.eor(bins.prob, np.asarray(test.counts, np.float32), 0.6),
+    metrics.binned_ece(bins, test),
+    *metrics.brier_decomposition(bins, test),
+    *metrics.nll_decomposition(bins, test),
+  ]
+  assert all(type(value) is float for value in values), [type(v) for v in values]
+  risk = metrics.selective_risk(p, correct)  # a curve: an array
+  assert risk.shape == correct.shape
 
 
 @pytest.mark.parametrize(
@@ -204,7 +241,7 @@ def test_ece_of_perfectly_matching_bins_is_zero():
     (lambda: metrics.eor([0.5, 0.6], [-1, 2], 0.5), "weight: expected non-negative"),
     (lambda: metrics.eor([0.5, 0.6], [1, 2], 1.0), "base_rate: expected a value strictly"),
     (lambda: metrics.eor([0.5], [1, 2], 0.5), "length mismatch"),
-    (lambda: metrics.ece(*_mismatched()), "test_bins: expected 5 bins"),
+    (lambda: metrics.binned_ece(*_mismatched()), "test_bins: expected 5 bins"),
   ],
 )
 def test_bad_input(call, message):

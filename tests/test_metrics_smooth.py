@@ -64,26 +64,26 @@ def _oracle_smooth_ece(prob, correct, steps=20):
 def test_smooth_ece_matches_the_definition_by_plain_loop(kind):
   prob, correct = _synthetic(kind, 400, seed=1)
   expected = _oracle_smooth_ece(prob, correct)
-  assert float(metrics.smooth_ece(prob, correct)) == pytest.approx(expected, abs=2e-4)
+  assert metrics.smooth_ece(prob, correct) == pytest.approx(expected, abs=2e-4)
 
 
 def test_residuals_of_one_sign_give_the_mean_residual_at_any_bandwidth():
   # The reflected kernel keeps each example's whole mass in [0, 1], points at 0
   # and 1 included, so residuals of one sign integrate to |mean(correct - prob)|.
   prob = np.concatenate([np.ones(500), np.zeros(50), np.random.default_rng(2).random(300)])
-  value = float(metrics.smooth_ece(prob, np.ones(prob.shape[0], bool)))
+  value = metrics.smooth_ece(prob, np.ones(prob.shape[0], bool))
   assert value == pytest.approx(np.mean(1 - prob), rel=1e-4)
-  assert float(metrics.smooth_ece(prob, np.zeros(prob.shape[0], bool))) == pytest.approx(
+  assert metrics.smooth_ece(prob, np.zeros(prob.shape[0], bool)) == pytest.approx(
     np.mean(prob), rel=1e-4
   )
 
 
 def test_smooth_ece_is_small_for_calibrated_data_and_order_free():
   prob, correct = _synthetic("calibrated", 200_000, seed=3)
-  value = float(metrics.smooth_ece(prob, correct))
+  value = metrics.smooth_ece(prob, correct)
   assert 0 <= value < 0.01
   perm = np.random.default_rng(4).permutation(prob.shape[0])
-  assert float(metrics.smooth_ece(prob[perm], correct[perm])) == pytest.approx(value, abs=1e-6)
+  assert metrics.smooth_ece(prob[perm], correct[perm]) == pytest.approx(value, abs=1e-6)
 
 
 RELPLOT_CASES = [
@@ -108,7 +108,7 @@ def test_smooth_ece_agrees_with_relplot(make):
   relplot = pytest.importorskip("relplot", reason="relplot (requirements-dev.txt) not installed")
   prob, correct = make()
   expected = relplot.smECE(prob.astype(np.float64), correct.astype(np.float64))
-  assert float(metrics.smooth_ece(prob, correct)) == pytest.approx(expected, abs=2e-3)
+  assert metrics.smooth_ece(prob, correct) == pytest.approx(expected, abs=2e-3)
 
 
 def test_where_relplot_departs_from_the_definition():
@@ -123,9 +123,7 @@ def test_where_relplot_departs_from_the_definition():
   """
   relplot = pytest.importorskip("relplot", reason="relplot (requirements-dev.txt) not installed")
   prob, correct = _real("densenet-bc-100-cifar-100")
-  ours, ours_clipped = (
-    float(metrics.smooth_ece(*d)) for d in ((prob, correct), _clip((prob, correct)))
-  )
+  ours, ours_clipped = (metrics.smooth_ece(*d) for d in ((prob, correct), _clip((prob, correct))))
   theirs, theirs_clipped = (
     relplot.smECE(p.astype(np.float64), c.astype(np.float64))
     for p, c in ((prob, correct), _clip((prob, correct)))
@@ -135,7 +133,7 @@ def test_where_relplot_departs_from_the_definition():
   assert ours == pytest.approx(np.mean(prob) - np.mean(correct), abs=1e-4)
   prob, correct = _synthetic("constant", 3000)
   theirs = relplot.smECE(prob, correct.astype(np.float64))
-  assert 3e-3 < theirs - float(metrics.smooth_ece(prob, correct)) < 1e-2
+  assert 3e-3 < theirs - metrics.smooth_ece(prob, correct) < 1e-2
 
 
 def _plain_aurc(confidence, correct):
@@ -148,7 +146,7 @@ def test_aurc_without_ties_matches_plain_loop():
   rng = np.random.default_rng(5)
   confidence = rng.random(1000)
   correct = rng.random(1000) < confidence
-  assert float(metrics.aurc(confidence, correct)) == pytest.approx(
+  assert metrics.aurc(confidence, correct) == pytest.approx(
     _plain_aurc(confidence, correct), rel=1e-5
   )
 
@@ -160,7 +158,7 @@ def test_aurc_with_ties_averages_every_order_of_the_tied_examples():
     _plain_aurc(confidence[list(perm)], correct[list(perm)])
     for perm in itertools.permutations(range(confidence.shape[0]))
   ]
-  assert float(metrics.aurc(confidence, correct)) == pytest.approx(np.mean(every_order), rel=1e-6)
+  assert metrics.aurc(confidence, correct) == pytest.approx(np.mean(every_order), rel=1e-6)
 
 
 def test_aurc_does_not_depend_on_the_input_order():
@@ -176,9 +174,9 @@ def test_aurc_does_not_depend_on_the_input_order():
 def test_aurc_of_perfect_and_uninformative_rankings():
   correct = np.array([True] * 80 + [False] * 20)
   perfect = np.sum([(n - 80) / n for n in range(81, 101)]) / 100
-  assert float(metrics.aurc(correct.astype(float), correct)) == pytest.approx(perfect, rel=1e-6)
+  assert metrics.aurc(correct.astype(float), correct) == pytest.approx(perfect, rel=1e-6)
   # All tied: every prefix has the overall error rate in expectation.
-  assert float(metrics.aurc(np.ones(100), correct)) == pytest.approx(0.2, rel=1e-6)
+  assert metrics.aurc(np.ones(100), correct) == pytest.approx(0.2, rel=1e-6)
 
 
 def test_risk_coverage_is_the_aurc_curve_of_the_uncertainty():
@@ -189,7 +187,7 @@ def test_risk_coverage_is_the_aurc_curve_of_the_uncertainty():
   assert curve.coverage.shape == curve.risk.shape == (300,)
   assert float(curve.coverage[-1]) == 1.0
   assert float(curve.risk[-1]) == pytest.approx(1 - np.mean(correct), rel=1e-6)
-  assert float(np.mean(curve.risk)) == pytest.approx(float(metrics.aurc(-u, correct)), rel=1e-6)
+  assert float(np.mean(curve.risk)) == pytest.approx(metrics.aurc(-u, correct), rel=1e-6)
 
 
 def test_risk_coverage_of_host_scores_is_one_program(compiles):

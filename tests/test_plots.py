@@ -83,7 +83,7 @@ def test_bin_figure_two_bars_per_bin_heights_and_widths(pair10, tmp_path):
   assert any(np.allclose(line.get_ydata(), baseline) for line in ax.lines)
   legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
   # Which ECE, over how many bins: the equal-mass calibration bins, not equal-width ones.
-  assert f"ECE (equal-mass, 10 bins) = {float(metrics.ece(train, test)):.2%}" in legend
+  assert f"ECE (equal-mass, 10 bins) = {metrics.binned_ece(train, test):.2%}" in legend
   assert "95% Clopper–Pearson" in legend
   (errorbars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
   segments = errorbars.lines[2][0].get_segments()

@@ -4,8 +4,7 @@ what they say.
 Every ```python block right after a `<!-- tested -->` line is executed, from a fresh
 temporary folder (the example data comes from `top1_jax.load_example`, not the clone).
 When the block is followed by "prints (the test suite runs this block):" and a ```
-block, the printed lines must equal those, except lines starting with
-"Decomposition" (whose Array reprs the README abbreviates).
+block, the printed lines must equal those.
 """
 
 import contextlib
@@ -70,9 +69,7 @@ def test_example_runs_and_prints_what_it_says(name, index, tmp_path, monkeypatch
   if promised:
     printed = out.getvalue().splitlines()
     promised = promised.splitlines()
-    assert len(printed) == len(promised), out.getvalue()
-    keep = [i for i, line in enumerate(promised) if not line.startswith("Decomposition")]
-    assert [printed[i] for i in keep] == [promised[i] for i in keep]
+    assert printed == promised, out.getvalue()
 
 
 @pytest.mark.slow

@@ -166,6 +166,23 @@ def test_from_predictions():
     scores.from_predictions(logits=samples, label_terms=True)
 
 
+def test_from_predictions_refuses_probabilities_as_logits_and_takes_their_logs():
+  rng = np.random.default_rng(11)
+  samples = rng.normal(size=(3, 40, 5)).astype(np.float32)
+  probs = np.exp(samples) / np.exp(samples).sum(-1, keepdims=True)
+  with pytest.raises(ValueError, match=r"^logits: these look like probabilities .*; pass mean"):
+    scores.from_predictions(logits=probs)
+  # The fix the message names: [N, K] as mean_probs, samples' logs as logits.
+  from_logs = scores.from_predictions(logits=np.log(probs)).scores
+  np.testing.assert_allclose(
+    from_logs["entropy"], scores.from_predictions(logits=samples).scores["entropy"], rtol=1e-5
+  )
+  mean = probs.mean(0)
+  np.testing.assert_allclose(
+    scores.from_predictions(mean_probs=mean).scores["entropy"], from_logs["entropy"], rtol=1e-4
+  )
+
+
 def test_registry_entries_match_the_public_functions():
   rng = np.random.default_rng(3)
   logits = rng.normal(size=(40, 6)).astype(np.float32) * 4

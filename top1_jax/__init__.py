@@ -42,6 +42,7 @@ from top1_jax.core.events import topk_correct
 from top1_jax.core.metrics import (
   Decomposition,
   auroc,
+  binned_ece,
   brier,
   brier_decomposition,
   ece,
@@ -125,6 +126,7 @@ __all__ = [
   # metrics
   "Decomposition",
   "auroc",
+  "binned_ece",
   "brier",
   "brier_decomposition",
   "ece",

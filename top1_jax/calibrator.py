@@ -66,7 +66,11 @@ class Calibrator:
       ("toplabel" sizes its bins by ``points_per_bin``), the bins ``evaluate`` scores
       their predictions in.
     k: the event is "the true label is among the k top classes".
-    inputs: ``"logits"`` or ``"probs"``: what ``x`` holds.
+    inputs: ``"logits"`` or ``"probs"``: what ``x`` holds. Logits whose every row
+      lies in [0, 1] and sums to 1 are refused (a ValueError saying to pass
+      ``inputs="probs"``): they are probabilities, which run as logits without error
+      and give other numbers. Refused rather than warned about, as every confusable
+      input here is: a warning scrolls past, and real logits never look like that.
     **options: the method's own options (``isotonic``: ``increasing``, ``prior``;
       ``kde``: ``bandwidth``; ``toplabel``: ``points_per_bin``, ``prior``).
       ``increasing`` defaults to the score's direction (True for a confidence such
@@ -168,6 +172,8 @@ class Calibrator:
       raise ValueError(
         f"x: expected {num_classes} classes like the calibration data, got shape {arr.shape}"
       )
+    if self.inputs == "logits":  # probabilities run as logits give other numbers, silently
+      validation.refuse_probabilities("x", arr, 'pass inputs="probs"', getattr(x, "dtype", None))
     return arr.astype(np.float32)
 
   def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None):
@@ -351,14 +357,14 @@ def _scored(prediction_bins, test, correct, p, base_rate: float) -> dict[str, fl
       None if one_class else metrics.auroc_from_counts(prediction_bins.prob, test.counts, test.hits)
     )
   else:
-    totals = float(metrics.brier(p, correct)), float(metrics.nll(p, correct))
+    totals = metrics.brier(p, correct), metrics.nll(p, correct)
     auroc = None if one_class else metrics.auroc(p, correct)
   out: dict[str, float | int | None] = {
     "num_examples": int(correct.shape[0]),
     "accuracy": num_correct / correct.shape[0],
     "brier": totals[0],
     "nll": totals[1],
-    "ece": float(metrics.ece(prediction_bins, test)),
+    "ece": metrics.binned_ece(prediction_bins, test),
     "eor": float(metrics.eor_from_probs(prediction_bins.prob, test.counts, np.float32(base_rate)))
     if eor_defined
     else None,

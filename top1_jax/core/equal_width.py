@@ -2,8 +2,9 @@
 
 Bins are right-closed, ``((b-1)/B, b/B]``, with 0 in the first bin (Guo et al.'s
 ``I_m``; the benchmark's ``np.digitize(..., right=True)``). ``equal_width_index`` is
-the one bin rule of every equal-width statistic: these bins, histogram binning
-(``baselines``) and Table 1's ECE.
+the one bin rule of every equal-width statistic: these bins, ``metrics.ece``,
+histogram binning (``evaluation.baselines``) and Table 1's ECE; ``EqualWidthBins.ece``
+the one ECE of such bins.
 """
 
 import functools
@@ -125,31 +126,3 @@ def equal_width_bins(
     "confidence", confidence, correct, probability=True
   )
   return count_equal_width(confidence, correct, checked_n_bins(n_bins))
-
-
-def equal_width_ece(
-  confidence: ArrayLike, correct: ArrayLike, n_bins: int = DEFAULT_ECE_BINS
-) -> jax.Array:
-  """Binary ECE of P(correct) predictions with equal-width bins (the benchmark's ECE).
-
-  ``sum_b (n_b / N) |acc_b - conf_b|`` with acc_b the fraction correct and conf_b
-  the mean prediction in bin b; empty bins contribute nothing. This is the
-  benchmark's ``expected_calibration_error`` (bin centres of mass, not bin
-  midpoints). With ``confidence = pmax`` and ``correct`` the Top-1 event it is
-  ``baselines.confidence_ece``: use it for the binary Top-1 ECE of any P(correct)
-  prediction, e.g. the raw or temperature-scaled max softmax, or Top-1 binning's
-  ``binning.predict`` output scored with the benchmark's bins.
-
-  Unlike ``metrics.ece`` (the paper's eq. CE: quantile bins fitted on the
-  calibration split, test accuracy against the fitted bin probabilities), the
-  bins here are fixed equal-width intervals of the prediction itself.
-
-  Args:
-    confidence: [N] float in [0, 1].
-    correct: [N] bool.
-    n_bins: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS`` (15 in the benchmark).
-
-  Returns:
-    [] float in [0, 1].
-  """
-  return equal_width_bins(confidence, correct, n_bins).ece

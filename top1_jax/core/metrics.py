@@ -1,7 +1,16 @@
 """Scores for P(correct) predictions: Brier, NLL, ECE, EOR, AUROC, decompositions.
 
-Per-example metrics take ``p: [N]`` predicted probabilities and ``correct: [N]``
-events. Binned metrics work on per-bin sufficient statistics (counts and hits):
+Per-example metrics take predictions first (``p: [N]`` in [0, 1], or a score), then
+``correct: [N]`` events, as every public metric here and in ``baselines`` does.
+``ece(confidence, correct, n_bins=15)`` is the equal-width ECE of arrays;
+``binned_ece(train_bins, test_bins)`` the paper's, of fitted bins on test counts.
+
+Return types: a public metric returns a Python ``float`` (the decompositions a
+``Decomposition`` of floats): no library code traces them. Curves (``selective_risk``)
+and the functions for use inside ``jit`` (``*_from_counts``, ``binned_metrics``) give
+``jax.Array`` values.
+
+Binned metrics work on per-bin sufficient statistics (counts and hits):
 the Brier and NLL of a binned predictor on a test split, their decompositions
 (paper §4) and the ECE all follow from the calibration bins' probabilities and
 the test split's counts and hits in the same bins, so the array-level functions
@@ -25,8 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import validation
+from top1_jax.core import equal_width, validation
 from top1_jax.core.binning import Bins
+from top1_jax.core.smooth_ece import smooth_ece as smooth_ece  # a metric, found here
 
 # Clip so a saturated 1.0 costs -log(2^-23) ~ 15.9 nats, not inf. 2^-23 (not 1e-7) so
 # that 1 - eps is exact in float32 and float64 alike.
@@ -35,12 +45,13 @@ _PROB_EPS = 2.0**-23
 
 class Decomposition(NamedTuple):
   """uncertainty - resolution + calibration == total (the score; float rounding below 0
-  stops at 0, so a total is never negative)."""
+  stops at 0, so a total is never negative). Floats from ``brier_decomposition`` and
+  ``nll_decomposition``, [...] arrays from the ``*_from_counts`` functions."""
 
-  uncertainty: jax.Array
-  resolution: jax.Array
-  calibration: jax.Array
-  total: jax.Array
+  uncertainty: float | jax.Array
+  resolution: float | jax.Array
+  calibration: float | jax.Array
+  total: float | jax.Array
 
 
 def _xlogy_binary(a: jax.Array, p: jax.Array) -> jax.Array:
@@ -67,7 +78,7 @@ def _brier(p, correct):
   return jnp.mean((p - correct) ** 2)
 
 
-def brier(p: ArrayLike, correct: ArrayLike) -> jax.Array:
+def brier(p: ArrayLike, correct: ArrayLike) -> float:
   """Binary Brier score mean((p - correct)^2) of P(correct) predictions.
 
   Args:
@@ -75,9 +86,9 @@ def brier(p: ArrayLike, correct: ArrayLike) -> jax.Array:
     correct: [N] bool.
 
   Returns:
-    [] float in [0, 1] (smaller is better).
+    float in [0, 1] (smaller is better).
   """
-  return _brier(*validation.score_and_event("p", p, correct, probability=True))
+  return float(_brier(*validation.score_and_event("p", p, correct, probability=True)))
 
 
 @jax.jit
@@ -85,7 +96,7 @@ def _nll(p, correct):
   return jnp.mean(_xlogy_binary(correct.astype(p.dtype), p))
 
 
-def nll(p: ArrayLike, correct: ArrayLike) -> jax.Array:
+def nll(p: ArrayLike, correct: ArrayLike) -> float:
   """Binary negative log-likelihood (nats), p clipped to [2^-23, 1 - 2^-23].
 
   Args:
@@ -93,9 +104,9 @@ def nll(p: ArrayLike, correct: ArrayLike) -> jax.Array:
     correct: [N] bool.
 
   Returns:
-    [] float >= 0 (smaller is better).
+    float >= 0 (smaller is better).
   """
-  return _nll(*validation.score_and_event("p", p, correct, probability=True))
+  return float(_nll(*validation.score_and_event("p", p, correct, probability=True)))
 
 
 @jax.jit
@@ -114,7 +125,7 @@ def _auroc(score, correct):
   return (rank_sum - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg)
 
 
-def auroc(score: ArrayLike, correct: ArrayLike) -> jax.Array:
+def auroc(score: ArrayLike, correct: ArrayLike) -> float:
   """Area under the ROC curve for separating correct from incorrect by ``score``.
 
   P(score of a random correct example > that of a random incorrect one), ties
@@ -126,7 +137,7 @@ def auroc(score: ArrayLike, correct: ArrayLike) -> jax.Array:
     correct: [N] bool with both classes present.
 
   Returns:
-    [] float in [0, 1].
+    float in [0, 1].
   """
   score = validation.float_array("score", score, 1)
   correct = validation.bool_array("correct", correct)
@@ -137,7 +148,7 @@ def auroc(score: ArrayLike, correct: ArrayLike) -> jax.Array:
       raise ValueError(
         f"correct: AUROC needs both correct and incorrect examples, got {num_pos} of {num} correct"
       )
-  return _auroc(score, correct)
+  return float(_auroc(score, correct))
 
 
 def auroc_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.Array:
@@ -166,7 +177,7 @@ def eor_from_probs(prob: jax.Array, weight: jax.Array, base_rate: jax.Array) -> 
   return jnp.sum(jnp.where(weight > 0, weight * jnp.exp(logit_gap), 0.0), axis=-1) / total
 
 
-def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> jax.Array:
+def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> float:
   """Expected odds ratio sum_i w_i max(O(p_i)/O(a), O(a)/O(p_i)), O(p) = p/(1-p).
 
   The paper's coin example (p = [1/2, 1/2, 15/16, 1/16], equal weights, a = 1/2)
@@ -178,7 +189,7 @@ def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> jax.Array:
     base_rate: [] float in (0, 1), e.g. the model's accuracy.
 
   Returns:
-    [] float >= 1 (larger = more resolution).
+    float >= 1 (larger = more resolution).
   """
   prob = validation.probability_array("prob", prob, 1)
   weight = validation.float_array("weight", weight, 1)
@@ -197,7 +208,7 @@ def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> jax.Array:
       raise ValueError(
         f"base_rate: expected a value strictly inside (0, 1), got {float(base_rate)}"
       )
-  return _eor_from_probs(prob, weight, base_rate)
+  return float(_eor_from_probs(prob, weight, base_rate))
 
 
 def _test_terms(counts, hits):
@@ -298,7 +309,31 @@ def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
     raise ValueError("test_bins: no examples were counted")
 
 
-def ece(train_bins: Bins, test_bins: Bins) -> jax.Array:
+def ece(
+  confidence: ArrayLike, correct: ArrayLike, n_bins: int = equal_width.DEFAULT_ECE_BINS
+) -> float:
+  """ECE of P(correct) predictions in equal-width bins (Guo et al. 2017; the benchmark's).
+
+  ``sum_b (n_b / N) |acc_b - conf_b|`` over B right-closed equal-width bins of [0, 1],
+  acc_b the fraction correct and conf_b the mean prediction in bin b; empty bins add
+  nothing. Of ``pmax`` and the Top-1 event it is ``baselines.confidence_ece``. Unlike
+  ``binned_ece`` (quantile bins fitted on a calibration split), the bins are fixed
+  intervals of the prediction itself.
+
+  Args:
+    confidence: [N] float in [0, 1].
+    correct: [N] bool.
+    n_bins: 1 <= B <= ``equal_width.MAX_EQUAL_WIDTH_BINS`` (15 in the benchmark).
+
+  Returns:
+    float in [0, 1] (smaller is better).
+  """
+  if isinstance(confidence, Bins):  # the bins-based ECE was named ece before binned_ece
+    raise ValueError("confidence: got binning.Bins; for fitted bins call binned_ece(train, test)")
+  return float(equal_width.equal_width_bins(confidence, correct, n_bins).ece)
+
+
+def binned_ece(train_bins: Bins, test_bins: Bins) -> float:
   """Expected calibration error sum_i w_i^test |p_i^test - p_i^train| (paper eq. CE).
 
   p^train is the predicted (regularised) probability of ``train_bins``; p^test and
@@ -306,10 +341,14 @@ def ece(train_bins: Bins, test_bins: Bins) -> jax.Array:
   ``binning.refit(train_bins, u_test, correct_test)``.
 
   Returns:
-    [] float in [0, 1].
+    float in [0, 1].
   """
   _check_bin_pair(train_bins, test_bins)
-  return _ece_of_counts(train_bins.prob, test_bins.counts, test_bins.hits)
+  return float(_ece_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
+
+
+def _floats(parts: Decomposition) -> Decomposition:
+  return Decomposition(*(float(part) for part in parts))
 
 
 def brier_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
@@ -318,7 +357,7 @@ def brier_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
   ``total`` equals ``brier(binning.predict(train_bins, u_test), correct_test)``.
   """
   _check_bin_pair(train_bins, test_bins)
-  return _brier_of_counts(train_bins.prob, test_bins.counts, test_bins.hits)
+  return _floats(_brier_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
 
 
 def nll_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
@@ -327,100 +366,11 @@ def nll_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
   ``total`` equals ``nll(binning.predict(train_bins, u_test), correct_test)``.
   """
   _check_bin_pair(train_bins, test_bins)
-  return _nll_of_counts(train_bins.prob, test_bins.counts, test_bins.hits)
+  return _floats(_nll_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
 
 
-# Binning-free metrics: the smooth ECE and the area under the risk-coverage curve.
-
-# The smooth ECE works on a grid of _SMOOTH_GRID + 1 points over [0, 1]: one O(N)
-# splat, then each bandwidth costs one FFT, so the fixed-point search is cheap. The
-# grid step (1.2e-4) is 8x finer than the smallest bandwidth, as relplot's grid is 10x.
-_SMOOTH_GRID = 2**13
-_SMOOTH_MIN_SIGMA = 1e-3  # relplot's floor on the bandwidth search
-_SMOOTH_STEPS = 24  # bisection halvings: the final bracket is 6e-8 wide
-
-
-def _grid_density(values: jax.Array, prob: jax.Array) -> jax.Array:
-  """[G + 1] density on the grid of point masses ``values`` placed at ``prob``.
-
-  Each mass is split linearly between its two nearest grid points and divided by
-  the trapezoid weight there, so the trapezoid rule integrates it back exactly: a
-  point at 0 or 1 keeps its whole mass (its reflection is itself).
-  """
-  position = prob * _SMOOTH_GRID
-  left = jnp.clip(jnp.floor(position).astype(jnp.int32), 0, _SMOOTH_GRID - 1)
-  frac = position - left
-  mass = jax.ops.segment_sum(
-    jnp.concatenate([values * (1 - frac), values * frac]),
-    jnp.concatenate([left, left + 1]),
-    _SMOOTH_GRID + 1,
-  )
-  return mass / _trapezoid_weights()
-
-
-def _trapezoid_weights() -> jax.Array:
-  weights = jnp.full(_SMOOTH_GRID + 1, 1.0 / _SMOOTH_GRID)
-  return weights.at[jnp.array([0, -1])].set(0.5 / _SMOOTH_GRID)
-
-
-def _reflected_smooth(spectrum: jax.Array, sigma: jax.Array) -> jax.Array:
-  """Densities convolved with the Gaussian reflected at 0 and 1 (all images).
-
-  Reflecting at both ends is the same as smoothing the even extension of the
-  density, a function of period 2, with the periodic Gaussian; in Fourier space
-  that is the factor exp(-2 pi^2 sigma^2 xi^2) on frequency xi = k / 2.
-  """
-  xi = jnp.arange(spectrum.shape[0]) / 2.0
-  smoothed = jnp.fft.irfft(spectrum * jnp.exp(-2 * (jnp.pi * sigma * xi) ** 2), 2 * _SMOOTH_GRID)
-  return smoothed[: _SMOOTH_GRID + 1]
-
-
-@jax.jit
-def _smooth_ece(prob, correct):
-  density = _grid_density(correct.astype(prob.dtype) - prob, prob)
-  even = jnp.concatenate([density, density[-2:0:-1]])  # period 2
-  spectrum = jnp.fft.rfft(even)
-  weights = _trapezoid_weights()
-
-  def at_bandwidth(sigma):
-    return jnp.sum(weights * jnp.abs(_reflected_smooth(spectrum, sigma))) / prob.shape[0]
-
-  def halve(_, bracket):
-    low, high = bracket
-    mid = 0.5 * (low + high)
-    below_fixed_point = at_bandwidth(mid) > mid
-    return jnp.where(below_fixed_point, mid, low), jnp.where(below_fixed_point, high, mid)
-
-  start = (jnp.float32(_SMOOTH_MIN_SIGMA), jnp.float32(1.0))
-  _, sigma = jax.lax.fori_loop(0, _SMOOTH_STEPS, halve, start)
-  return at_bandwidth(sigma)
-
-
-def smooth_ece(prob: ArrayLike, correct: ArrayLike) -> jax.Array:
-  """Smooth ECE (Błasiok & Nakkiran 2023) of P(correct) predictions, no bins.
-
-  smECE_sigma = integral over t in [0, 1] of |sum_i K_sigma(t, p_i) (correct_i - p_i)| / N,
-  with K_sigma the Gaussian kernel reflected at 0 and 1 (so each example's kernel
-  integrates to one on [0, 1]), at the bandwidth where smECE_sigma = sigma, found by
-  bisection on [1e-3, 1] (below 1e-3 the floor is returned, as in relplot).
-  Computed on a grid of 2^13 + 1 points (a linear splat, then an FFT per
-  bandwidth): O(N + grid log grid).
-
-  The authors' ``relplot.smECE`` approximates the same quantity with two
-  departures (tests/test_metrics_smooth.py compares both ways): it truncates the
-  kernel at |t - p| = 1/2, felt at bandwidths above ~0.15, and its grid gives the
-  points in its last cell [0.999, 1] (and first) only part of their weight, felt
-  when many predictions saturate near 1. Elsewhere the two agree within 2e-3.
-
-  Args:
-    prob: [N] float in [0, 1], predicted P(correct) (e.g. the max softmax).
-    correct: [N] bool.
-
-  Returns:
-    [] float in [0, 1] (smaller is better).
-  """
-  prob, correct = validation.score_and_event("prob", prob, correct, probability=True)
-  return _smooth_ece(prob.astype(jnp.float32), correct)
+# Binning-free metrics: the area under the risk-coverage curve (and ``smooth_ece``,
+# imported above from its own module).
 
 
 @jax.jit
@@ -456,7 +406,7 @@ def selective_risk(confidence: ArrayLike, correct: ArrayLike) -> jax.Array:
   return _selective_risk(confidence, correct)
 
 
-def aurc(confidence: ArrayLike, correct: ArrayLike) -> jax.Array:
+def aurc(confidence: ArrayLike, correct: ArrayLike) -> float:
   """Area under the risk-coverage curve: the mean of ``selective_risk`` over n = 1..N.
 
   Ties as in ``selective_risk`` (averaged over orders, so independent of the input
@@ -468,6 +418,6 @@ def aurc(confidence: ArrayLike, correct: ArrayLike) -> jax.Array:
     correct: [N] bool.
 
   Returns:
-    [] float in [0, 1] (smaller is better).
+    float in [0, 1] (smaller is better).
   """
-  return jnp.mean(selective_risk(confidence, correct))
+  return float(jnp.mean(selective_risk(confidence, correct)))

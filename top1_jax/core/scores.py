@@ -372,7 +372,8 @@ def from_predictions(
   """The classifier's log-probabilities and every score, from a predictions file's fields.
 
   Args:
-    logits: [S, N, K] samples (S = 1 for a plain model), or None.
+    logits: [S, N, K] samples (S = 1 for a plain model), or None; refused if every
+      row lies in [0, 1] and sums to 1 (probabilities: pass ``mean_probs``).
     mean_probs: [N, K] mean probabilities, used when ``logits`` is None.
     stored_scores: precomputed name -> [N] scores, which replace recomputed ones
       (``stored_values``; ``mc.predict`` computes them on device in log space, more
@@ -396,6 +397,12 @@ def from_predictions(
     log_probs = jax.ShapeDtypeStruct(samples.shape[1:], samples.dtype)
     if samples.shape[-1] < 2:
       raise ValueError(f"logits: expected at least 2 classes, got shape {log_probs.shape}")
+    validation.refuse_probabilities(
+      "logits",
+      samples,
+      "pass mean_probs=probs, or logits=log(probs) for [S, N, K] samples",
+      getattr(logits, "dtype", None),
+    )
     topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
     log_probs, values, terms = of_samples(samples, human_probs, labels, topk, label_terms)
   elif mean_probs is not None:

@@ -234,7 +234,11 @@ moves a sum by up to 2^-8."""
 def sum_tolerance(dtype) -> float:
   """The one tolerance of a probability row's sum: ``SUM_TOLERANCE``, or the epsilon of a
   floating ``dtype`` coarser than that (bfloat16)."""
-  if dtype is None or not is_floating(dtype):
+  try:
+    floating = dtype is not None and is_floating(dtype)
+  except TypeError:  # not a NumPy dtype (a torch tensor's): its array is converted to one
+    floating = False
+  if not floating:
     return SUM_TOLERANCE
   return max(SUM_TOLERANCE, float(jnp.finfo(dtype).eps))
 
@@ -267,6 +271,49 @@ def probability_array(
         f"{name}: each row must sum to 1, row {worst} sums to {float(sums[worst]):.6g}"
       )
   return arr if host or on_device else _to_device(arr, x)
+
+
+def _host_rows_are_probabilities(rows: np.ndarray, tolerance: float) -> bool:
+  if not (rows.min() >= 0.0 and rows.max() <= 1.0):
+    return False
+  return bool(np.all(np.abs(np.sum(rows, axis=-1) - 1.0) <= tolerance))
+
+
+@jax.jit
+def _rows_are_probabilities(arr: jax.Array, tolerance: jax.Array) -> jax.Array:
+  in_range = (jnp.min(arr) >= 0.0) & (jnp.max(arr) <= 1.0)
+  return in_range & jnp.all(jnp.abs(jnp.sum(arr, axis=-1) - 1.0) <= tolerance)
+
+
+def looks_like_probabilities(arr: jax.Array | np.ndarray, dtype=None) -> bool:
+  """Whether every row (the last axis) of ``arr`` lies in [0, 1] and sums to 1 within
+  ``sum_tolerance(dtype)`` (``arr``'s dtype by default; pass the caller's own dtype where
+  ``arr`` was converted from bfloat16): ``probability_array``'s rule with ``sums_to_one``.
+
+  Real logits never all do (that would take every row in [0, 1] summing to 1), so the
+  entry points that take logits refuse arrays that do: probabilities passed as logits
+  run and give other numbers, silently. False for a traced or empty array. A host
+  array's first row decides for real logits; only when it looks like probabilities
+  is the whole array read.
+  """
+  if is_traced(arr) or arr.size == 0:
+    return False
+  tolerance = sum_tolerance(arr.dtype if dtype is None else dtype)
+  values = _checked_where(arr)
+  if isinstance(values, np.ndarray):
+    rows = values.reshape(-1, values.shape[-1])
+    first = _host_rows_are_probabilities(rows[:1], tolerance)
+    return first and _host_rows_are_probabilities(rows, tolerance)
+  return bool(_rows_are_probabilities(values, np.float32(tolerance)))
+
+
+def refuse_probabilities(name: str, arr: jax.Array | np.ndarray, fix: str, dtype=None) -> None:
+  """A one-line ValueError if logits ``arr`` look like probabilities
+  (``looks_like_probabilities``); ``fix`` says how to pass them as probabilities."""
+  if looks_like_probabilities(arr, dtype):
+    raise ValueError(
+      f"{name}: these look like probabilities (every row in [0, 1], summing to 1); {fix}"
+    )
 
 
 def same_length(**arrays: jax.Array) -> int:

@@ -14,15 +14,19 @@ your model's uncertainty?"), defined as that benchmark defines them:
 
 Conventions shared by the functions here:
 
-* A prediction is passed as exactly one of ``probs=`` ([N, K], rows summing to 1)
-  or ``logits=`` ([N, K]); labels come first, as in the benchmark's own
-  ``brier_scores(labels, probs=None, logits=None)``. ``fit_temperature`` and
-  ``apply_temperature`` (defined in ``temperature``, re-exported here) take
-  logits only.
+* Predictions come first, then labels, as in every public metric of the library
+  (``metrics.brier(p, correct)``): ``pred`` is [N, K] probabilities (rows summing
+  to 1), or logits with ``from_logits=True``. Logits whose every row lies in [0, 1]
+  and sums to 1 are refused (probabilities: leave ``from_logits`` False), and
+  probabilities out of [0, 1] or not summing to 1 too (logits: pass
+  ``from_logits=True``). ``fit_temperature`` and ``apply_temperature`` (defined in
+  ``temperature``, re-exported here) take logits only.
+* Metrics return Python floats (``MulticlassMetrics`` of floats), as ``metrics``' do.
 * The predicted class is the first argmax (as ``events.topk_correct``).
 * Equal-width bins are right-closed, ``((b-1)/B, b/B]``, with 0 in the first
   bin (Guo et al.'s ``I_m``; the benchmark's ``np.digitize(..., right=True)``); they
-  and their ECE are in ``equal_width``, re-exported here.
+  are ``core.equal_width``'s, their ECE ``metrics.ece`` (re-exported here as
+  ``equal_width_ece``).
 
 **Brier convention.** ``multiclass_brier`` is ``mean_n sum_k (p_nk - y_nk)^2``,
 in [0, 2] (0 for a confident correct one-hot prediction; 1 - 1/K for uniform).
@@ -52,19 +56,19 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from top1_jax.core import validation
-from top1_jax.estimators.temperature import apply_temperature as apply_temperature
-from top1_jax.estimators.temperature import fit_temperature as fit_temperature
-from top1_jax.evaluation.equal_width import (
+from top1_jax.core.equal_width import (
   DEFAULT_ECE_BINS,
   MAX_EQUAL_WIDTH_BINS,
   EqualWidthBins,
   checked_n_bins,
   count_equal_width,
   equal_width_bins,
-  equal_width_ece,
   equal_width_edges,
   equal_width_index,
 )
+from top1_jax.core.metrics import ece as equal_width_ece
+from top1_jax.estimators.temperature import apply_temperature as apply_temperature
+from top1_jax.estimators.temperature import fit_temperature as fit_temperature
 
 __all__ = [
   "DEFAULT_ECE_BINS",
@@ -90,25 +94,31 @@ __all__ = [
 # ----------------------------------------------------------------------------- inputs
 
 
-def _prediction(
-  labels: ArrayLike, probs: ArrayLike | None, logits: ArrayLike | None
-) -> tuple[jax.Array, jax.Array, bool]:
-  """Validates (labels, exactly one of probs / logits); returns (pred, labels, from_logits)."""
-  if (probs is None) == (logits is None):
-    given = "both" if probs is not None else "neither"
-    raise ValueError(f"probs, logits: expected exactly one of them, got {given}")
-  if logits is not None:
-    pred = validation.float_array("logits", logits, 2)
-    name = "logits"
+def _checked_pred(pred: ArrayLike, from_logits: bool) -> tuple[jax.Array, str]:
+  """[N, K] probabilities, or logits with ``from_logits``; returns (pred, its name)."""
+  if not isinstance(from_logits, bool):
+    raise ValueError(f"from_logits: expected True or False, got {from_logits!r}")
+  name = "logits" if from_logits else "probs"
+  if from_logits:
+    pred = validation.float_array(name, pred, 2)
   else:
-    pred = validation.probability_array("probs", probs, 2, sums_to_one=True)
-    name = "probs"
+    pred = validation.probability_array(name, pred, 2, sums_to_one=True)
   if pred.shape[-1] < 2:
     raise ValueError(f"{name}: expected at least 2 classes, got shape {pred.shape}")
+  if from_logits:  # probabilities run as logits give other numbers, silently
+    validation.refuse_probabilities(name, pred, "leave from_logits=False")
+  return pred, name
+
+
+def _prediction(
+  pred: ArrayLike, labels: ArrayLike, from_logits: bool
+) -> tuple[jax.Array, jax.Array]:
+  """Validates ([N, K] predictions, [N] labels); returns them as arrays."""
+  pred, name = _checked_pred(pred, from_logits)
   validation.check_nonempty(name, pred)
   labels = validation.labels_array("labels", labels, pred.shape[-1])
   validation.same_length(**{name: pred, "labels": labels})
-  return pred, labels, logits is not None
+  return pred, labels
 
 
 def _log_probs(pred: jax.Array, from_logits: bool) -> jax.Array:
@@ -139,16 +149,16 @@ class MulticlassMetrics(NamedTuple):
   """The benchmark's metrics of one [N, K] prediction (see the module docstring).
 
   Attributes:
-    accuracy: [] Top-1 accuracy.
-    brier: [] mean sum_k (p_k - y_k)^2, in [0, 2].
-    nll: [] mean -log p_y, nats.
-    ece: [] confidence ECE, equal-width bins over max_k p_k.
+    accuracy: Top-1 accuracy.
+    brier: mean sum_k (p_k - y_k)^2, in [0, 2].
+    nll: mean -log p_y, nats.
+    ece: confidence ECE, equal-width bins over max_k p_k.
   """
 
-  accuracy: jax.Array
-  brier: jax.Array
-  nll: jax.Array
-  ece: jax.Array
+  accuracy: float
+  brier: float
+  nll: float
+  ece: float
 
 
 @functools.partial(jax.jit, static_argnames=("from_logits",))
@@ -183,9 +193,7 @@ def _multiclass_metrics(pred, labels, from_logits, n_bins):
   )
 
 
-def multiclass_brier(
-  labels: ArrayLike, *, probs: ArrayLike | None = None, logits: ArrayLike | None = None
-) -> jax.Array:
+def multiclass_brier(pred: ArrayLike, labels: ArrayLike, *, from_logits: bool = False) -> float:
   """Multiclass Brier score ``mean_n sum_k (p_nk - y_nk)^2`` (one-hot y).
 
   On the [0, 2] scale; the benchmark's code reports this - 1, the 1/|Y| form
@@ -194,20 +202,19 @@ def multiclass_brier(
   classes' probabilities.
 
   Args:
+    pred: [N, K] float, probabilities (rows summing to 1), or logits with
+      ``from_logits`` (probabilities are their softmax).
     labels: [N] int in [0, K).
-    probs: [N, K] float, rows summing to 1; or
-    logits: [N, K] float (probabilities are their softmax).
+    from_logits: whether ``pred`` holds logits.
 
   Returns:
-    [] float in [0, 2] (smaller is better).
+    float in [0, 2] (smaller is better).
   """
-  pred, labels, from_logits = _prediction(labels, probs, logits)
-  return _brier(pred, labels, from_logits)
+  pred, labels = _prediction(pred, labels, from_logits)
+  return float(_brier(pred, labels, from_logits))
 
 
-def multiclass_nll(
-  labels: ArrayLike, *, probs: ArrayLike | None = None, logits: ArrayLike | None = None
-) -> jax.Array:
+def multiclass_nll(pred: ArrayLike, labels: ArrayLike, *, from_logits: bool = False) -> float:
   """Multiclass negative log-likelihood ``mean_n -log p_n,y_n`` in nats.
 
   From logits it is ``logsumexp(l) - l_y``, exact for any logit scale. From
@@ -215,24 +222,21 @@ def multiclass_nll(
   normal float (float32: 87.3 nats instead of inf).
 
   Args:
+    pred: [N, K] float, probabilities (rows summing to 1), or logits with
+      ``from_logits``.
     labels: [N] int in [0, K).
-    probs: [N, K] float, rows summing to 1; or
-    logits: [N, K] float.
+    from_logits: whether ``pred`` holds logits.
 
   Returns:
-    [] float >= 0 (smaller is better).
+    float >= 0 (smaller is better).
   """
-  pred, labels, from_logits = _prediction(labels, probs, logits)
-  return _nll(pred, labels, from_logits)
+  pred, labels = _prediction(pred, labels, from_logits)
+  return float(_nll(pred, labels, from_logits))
 
 
 def confidence_ece(
-  labels: ArrayLike,
-  *,
-  probs: ArrayLike | None = None,
-  logits: ArrayLike | None = None,
-  n_bins: int = DEFAULT_ECE_BINS,
-) -> jax.Array:
+  pred: ArrayLike, labels: ArrayLike, *, from_logits: bool = False, n_bins: int = DEFAULT_ECE_BINS
+) -> float:
   """Confidence ECE (Guo et al. 2017; the benchmark's ``expected_calibration_error_multiclass``).
 
   ``sum_b (n_b / N) |acc_b - conf_b|`` over B equal-width bins of the max
@@ -240,43 +244,42 @@ def confidence_ece(
   pmax in bin b.
 
   This already *is* the binary Top-1 ECE of pmax used as P(correct), with
-  equal-width bins: ``equal_width_ece(pmax, argmax p == y, n_bins)``. There is no
-  separate Top-1 version of it; call ``equal_width_ece`` for other P(correct)
+  equal-width bins: ``metrics.ece(pmax, argmax p == y, n_bins)``. There is no
+  separate Top-1 version of it; call ``metrics.ece`` for other P(correct)
   predictions.
 
   Args:
+    pred: [N, K] float, probabilities (rows summing to 1), or logits with
+      ``from_logits``.
     labels: [N] int in [0, K).
-    probs: [N, K] float, rows summing to 1; or
-    logits: [N, K] float.
+    from_logits: whether ``pred`` holds logits.
     n_bins: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS`` (15 in the benchmark).
 
   Returns:
-    [] float in [0, 1].
+    float in [0, 1].
   """
-  pred, labels, from_logits = _prediction(labels, probs, logits)
-  return _confidence_ece(pred, labels, from_logits, checked_n_bins(n_bins))
+  pred, labels = _prediction(pred, labels, from_logits)
+  return float(_confidence_ece(pred, labels, from_logits, checked_n_bins(n_bins)))
 
 
 def multiclass_metrics(
-  labels: ArrayLike,
-  *,
-  probs: ArrayLike | None = None,
-  logits: ArrayLike | None = None,
-  n_bins: int = DEFAULT_ECE_BINS,
+  pred: ArrayLike, labels: ArrayLike, *, from_logits: bool = False, n_bins: int = DEFAULT_ECE_BINS
 ) -> MulticlassMetrics:
   """Accuracy, multiclass Brier, NLL and confidence ECE in one validated, jitted call.
 
   Args:
+    pred: [N, K] float, probabilities (rows summing to 1), or logits with
+      ``from_logits``.
     labels: [N] int in [0, K).
-    probs: [N, K] float, rows summing to 1; or
-    logits: [N, K] float.
+    from_logits: whether ``pred`` holds logits.
     n_bins: equal-width ECE bins, 1 <= B <= ``MAX_EQUAL_WIDTH_BINS``.
 
   Returns:
-    ``MulticlassMetrics`` of [] floats, each equal to its single-metric function.
+    ``MulticlassMetrics`` of floats, each equal to its single-metric function.
   """
-  pred, labels, from_logits = _prediction(labels, probs, logits)
-  return _multiclass_metrics(pred, labels, from_logits, checked_n_bins(n_bins))
+  pred, labels = _prediction(pred, labels, from_logits)
+  values = _multiclass_metrics(pred, labels, from_logits, checked_n_bins(n_bins))
+  return MulticlassMetrics(*(float(value) for value in values))
 
 
 # ---------------------------------------------------------------- histogram binning
@@ -332,11 +335,7 @@ def _predict_histogram_binning(binning: HistogramBinning, probs):
 
 
 def fit_histogram_binning(
-  labels: ArrayLike,
-  *,
-  probs: ArrayLike | None = None,
-  logits: ArrayLike | None = None,
-  n_bins: int = DEFAULT_ECE_BINS,
+  pred: ArrayLike, labels: ArrayLike, *, from_logits: bool = False, n_bins: int = DEFAULT_ECE_BINS
 ) -> HistogramBinning:
   """Fits multiclass histogram binning (Guo et al. 2017) on a calibration split.
 
@@ -351,24 +350,22 @@ def fit_histogram_binning(
   ``HistogramBinning`` makes the same choice.
 
   Args:
+    pred: [N, K] float, probabilities (rows summing to 1), or logits with
+      ``from_logits`` (binned after softmax).
     labels: [N] int in [0, K).
-    probs: [N, K] float, rows summing to 1; or
-    logits: [N, K] float (binned after softmax).
+    from_logits: whether ``pred`` holds logits.
     n_bins: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS``.
 
   Returns:
     ``HistogramBinning`` with values, counts and hits of shape [K, B].
   """
-  pred, labels, from_logits = _prediction(labels, probs, logits)
+  pred, labels = _prediction(pred, labels, from_logits)
   n_bins = checked_n_bins(n_bins)
   return _fit_histogram_binning(_probs(pred, from_logits), labels, n_bins)
 
 
 def predict_histogram_binning(
-  binning: HistogramBinning,
-  *,
-  probs: ArrayLike | None = None,
-  logits: ArrayLike | None = None,
+  binning: HistogramBinning, pred: ArrayLike, *, from_logits: bool = False
 ) -> jax.Array:
   """Calibrated class probabilities from fitted histogram binning.
 
@@ -383,22 +380,17 @@ def predict_histogram_binning(
 
   Args:
     binning: from ``fit_histogram_binning``.
-    probs: [N, K] float, rows summing to 1; or
-    logits: [N, K] float.
+    pred: [N, K] float, probabilities (rows summing to 1), or logits with
+      ``from_logits``.
+    from_logits: whether ``pred`` holds logits.
 
   Returns:
     [N, K] float, rows summing to 1.
   """
   validation.instance("binning", binning, HistogramBinning, "fit_histogram_binning's result")
-  if (probs is None) == (logits is None):
-    given = "both" if probs is not None else "neither"
-    raise ValueError(f"probs, logits: expected exactly one of them, got {given}")
-  if logits is not None:
-    pred = jax.nn.softmax(validation.float_array("logits", logits, 2), axis=-1)
-    name = "logits"
-  else:
-    pred = validation.probability_array("probs", probs, 2, sums_to_one=True)
-    name = "probs"
+  pred, name = _checked_pred(pred, from_logits)
+  if from_logits:
+    pred = jax.nn.softmax(pred, axis=-1)
   if pred.shape[-1] != binning.num_classes:
     raise ValueError(
       f"{name}: expected {binning.num_classes} classes like the fitted binning,"

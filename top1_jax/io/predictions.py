@@ -257,7 +257,8 @@ def from_arrays(
 
   Args:
     labels: path of an int [N] array.
-    logits: path of [N, K] logits or [S, N, K] samples (MC dropout, ensembles).
+    logits: path of [N, K] logits or [S, N, K] samples (MC dropout, ensembles);
+      refused if every row lies in [0, 1] and sums to 1 (probabilities: pass ``probs``).
     probs: path of [N, K] probabilities or [S, N, K] sample probabilities (instead
       of ``logits``); stored as log-probabilities (``scores.log_probs_from_probs``)
       when there are samples, as ``mean_probs`` otherwise.
@@ -283,11 +284,15 @@ def from_arrays(
   samples = values.ndim == 3 and values.shape[0] > 1
   fields["meta"] = {"method": "samples" if samples else "plain", **(meta or {})}
   try:
-    return Predictions(**fields)
+    predictions = Predictions(**fields)
   except ValueError as e:  # name the array the user gave, not the field it was stored as
     given = "probs" if probs is not None else "logits"
     message = re.sub(r"^(logits|mean_probs):", f"{given}:", str(e))
     raise ValueError(message) from None
+  if probs is None:  # probabilities run as logits give other numbers, silently
+    fix = "pass them as probs (--config.input_kind=probs)"
+    validation.refuse_probabilities("logits", predictions.logits, fix, values.dtype)
+  return predictions
 
 
 # ----------------------------------------------------------------------------

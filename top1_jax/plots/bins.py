@@ -164,7 +164,7 @@ def _draw_bins(
     )
   else:
     baseline = accuracy
-  ece = float(metrics_lib.ece(train_bins, test_bins))
+  ece = metrics_lib.binned_ece(train_bins, test_bins)
   # Which ECE: over the calibration split's equal-mass bins in use, not equal-width bins.
   ece_name = f"ECE (equal-mass, {layout.index.size} bins)"
   prob = np.asarray(train_bins.prob, np.float64)[layout.index]
@@ -274,7 +274,7 @@ def bin_figure(
   (equal-count bins have equal widths) and the x axis is the fraction of
   calibration examples, most confident first. Error bars are the per-bin
   ``1 - delta`` intervals of ``binning.confidence_bounds`` on the calibration
-  counts; the legend gives ``metrics.ece(train_bins, test_bins)``.
+  counts; the legend gives ``metrics.binned_ece(train_bins, test_bins)``.
 
   Args:
     train_bins: bins fitted on the calibration split (``binning.fit``).

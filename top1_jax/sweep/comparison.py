@@ -26,9 +26,9 @@ from collections.abc import Mapping
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import events, validation
+from top1_jax.core import equal_width, events, validation
 from top1_jax.estimators import temperature, toplabel
-from top1_jax.evaluation import crossval, equal_width
+from top1_jax.evaluation import crossval
 
 VARIANTS = ("raw", "temperature", "toplabel")
 """Every variant ``baseline_rows`` scores, in its order (a model with samples: raw only)."""
