@@ -173,7 +173,7 @@ class Calibrator:
         f"x: expected {num_classes} classes like the calibration data, got shape {arr.shape}"
       )
     if self.inputs == "logits":  # probabilities run as logits give other numbers, silently
-      validation.refuse_probabilities("x", arr, 'pass inputs="probs"', getattr(x, "dtype", None))
+      validation.refuse_probabilities("x", arr, 'pass inputs="probs"', given=x)
     return arr.astype(np.float32)
 
   def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None):

@@ -401,7 +401,7 @@ def from_predictions(
       "logits",
       samples,
       "pass mean_probs=probs, or logits=log(probs) for [S, N, K] samples",
-      getattr(logits, "dtype", None),
+      given=logits,
     )
     topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
     log_probs, values, terms = of_samples(samples, human_probs, labels, topk, label_terms)

@@ -291,7 +291,7 @@ def from_arrays(
     raise ValueError(message) from None
   if probs is None:  # probabilities run as logits give other numbers, silently
     fix = "pass them as probs (--config.input_kind=probs)"
-    validation.refuse_probabilities("logits", predictions.logits, fix, values.dtype)
+    validation.refuse_probabilities("logits", predictions.logits, fix, given=values)
   return predictions
 
 
