@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import synthetic
 
 from top1_jax import Calibrator
 from top1_jax.core import binning, metrics
@@ -104,11 +105,7 @@ def test_bad_scores_are_one_line_errors():
 
 
 def _logits(num, num_classes=10, seed=0):
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, num_classes, num)
-  logits = rng.normal(size=(num, num_classes))
-  logits[np.arange(num), labels] += rng.gamma(2.0, 1.0, num)
-  return (3 * logits).astype(np.float32), labels
+  return synthetic.classifier_logits(num, num_classes, seed)
 
 
 def test_calibrator_cv_fits_with_the_chosen_count_and_round_trips(tmp_path):

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
+import synthetic
 
 from top1_jax import Calibrator
 from top1_jax.core import binning, scores
@@ -13,11 +14,7 @@ from top1_jax.io.examples import load_example
 
 
 def _logits(num=2000, num_classes=10, seed=0):
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, num_classes, num)
-  logits = rng.normal(size=(num, num_classes))
-  logits[np.arange(num), labels] += rng.gamma(2.0, 1.0, num)
-  return (3 * logits).astype(np.float32), labels
+  return synthetic.classifier_logits(num, num_classes, seed)
 
 
 def _softmax(logits):
@@ -165,21 +162,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
 
 def test_a_version_1_file_still_loads(tmp_path):
   # Written by top1_jax before "method" (version 1: the bins' fields at the top).
-  version_1 = {
-    "format": "top1_jax.Calibrator",
-    "version": 1,
-    "score": "neg_log_pmax",
-    "n_bins": 4,
-    "n_bins_requested": "cv",
-    "k": 1,
-    "inputs": "logits",
-    "num_classes": 10,
-    "edges": [0.25, 0.5, 1.5],
-    "counts": [25, 25, 25, 25],
-    "hits": [24, 20, 12, 3],
-    "prior": 0.59,
-    "prob": [0.9458, 0.7919, 0.4842, 0.1381],
-  }
+  version_1 = {**synthetic.version_1_calibrator(), "n_bins_requested": "cv"}
   path = tmp_path / "old.json"
   path.write_text(json.dumps(version_1))
   cal = Calibrator.load(path)

@@ -6,6 +6,7 @@ import json
 import jax
 import numpy as np
 import pytest
+import synthetic
 
 from top1_jax import Calibrator, load_example, metrics
 from top1_jax.core import binning, scores
@@ -16,11 +17,7 @@ METHODS = registry.names()
 
 
 def _logits(num=3000, num_classes=10, seed=0):
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, num_classes, num)
-  logits = rng.normal(size=(num, num_classes))
-  logits[np.arange(num), labels] += rng.gamma(2.0, 1.0, num)
-  return (3 * logits).astype(np.float32), labels
+  return synthetic.classifier_logits(num, num_classes, seed)
 
 
 def _evidence(logits, labels, k=1):

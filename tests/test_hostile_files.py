@@ -15,6 +15,7 @@ import zlib
 
 import numpy as np
 import pytest
+import synthetic
 
 from top1_jax import Calibrator, calibrator
 from top1_jax.estimators import registry
@@ -31,20 +32,7 @@ def _version_2():
 
 
 def _version_1():
-  return {
-    "format": "top1_jax.Calibrator",
-    "version": 1,
-    "score": "neg_log_pmax",
-    "n_bins": 4,
-    "k": 1,
-    "inputs": "logits",
-    "num_classes": 10,
-    "edges": [0.25, 0.5, 1.5],
-    "counts": [25, 25, 25, 25],
-    "hits": [24, 20, 12, 3],
-    "prior": 0.59,
-    "prob": [0.9458, 0.7919, 0.4842, 0.1381],
-  }
+  return synthetic.version_1_calibrator()
 
 
 def _changed(layout: int, **fields):
