@@ -91,3 +91,24 @@ def test_sigterm_during_training_and_ctrl_c_during_evaluate_stop_in_one_line(tmp
   _stopped_cleanly(
     status, output, evaluate_dir, 130, "interrupted (Ctrl-C); rerun the same command to resume"
   )
+
+
+def test_a_signal_inside_a_garbage_collector_callback_is_seen_as_such():
+  # Python drops an exception raised inside a gc callback (JAX registers one), so the
+  # launchers' handler delivers such a signal again once the collection is over.
+  import gc
+
+  from top1_jax.engine import parallel
+
+  seen = []
+
+  def callback(phase, info):
+    seen.append(parallel.in_garbage_collection(sys._getframe()))
+
+  gc.callbacks.append(callback)
+  try:
+    gc.collect()
+  finally:
+    gc.callbacks.remove(callback)
+  assert seen and all(seen)
+  assert not parallel.in_garbage_collection(sys._getframe())

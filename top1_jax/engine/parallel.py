@@ -20,6 +20,7 @@ the rows that live on its own devices.
 """
 
 import functools
+import gc
 import importlib.util
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -325,3 +326,15 @@ def one_cpu_device_per_core(num_cores: int, xla_flags: str) -> bool:
   except RuntimeError:  # JAX already started in this process (e.g. called from Python)
     return False
   return True
+
+
+def in_garbage_collection(frame) -> bool:
+  """Whether ``frame`` (e.g. where a signal arrived) runs inside a garbage-collector
+  callback (JAX registers one). Python reports and drops an exception raised there, so a
+  signal handler that stops the run by raising must let the collection end first."""
+  callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+  while frame is not None:
+    if frame.f_code in callbacks:
+      return True
+    frame = frame.f_back
+  return False

@@ -288,7 +288,9 @@ def _exit_stopped(signum: int) -> None:
 
 
 def _on_signal(signum: int, frame) -> None:
-  del frame
+  if parallel.in_garbage_collection(frame):  # what a gc callback raises is dropped: later
+    threading.Timer(0.01, signal.raise_signal, (signum,)).start()
+    return
   if stopping:  # a second signal: do not wait
     _exit_stopped(stopping[0])
   stopping.append(signum)
