@@ -174,12 +174,14 @@ EVAL = "--config=evaluate_files"
     (["--task_index=3", "--num_tasks=2"], "--task_index: expected 0 <= --task_index < --num_tasks"),
   ],
 )
+@pytest.mark.slow
 def test_evaluate_bad_settings_give_one_line(tmp_path, args, message):
   path = _predictions_file(tmp_path / "p.npz")
   result = _run("evaluate", f"--workdir={tmp_path}", EVAL, f"--config.inputs={path}", *args)
   _one_line_error(result, message)
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_files_of_different_datasets(tmp_path):
   a = _predictions_file(tmp_path / "a.npz", num=200)
   b = _predictions_file(tmp_path / "b.npz", num=300, seed=1)
@@ -187,6 +189,7 @@ def test_evaluate_refuses_files_of_different_datasets(tmp_path):
   _one_line_error(result, "have different labels")
 
 
+@pytest.mark.slow
 def test_missing_inputs_give_one_line(tmp_path):
   _one_line_error(_run("evaluate", f"--workdir={tmp_path}"), "run top1_jax.launch.predict")
   _one_line_error(
@@ -210,6 +213,7 @@ def test_missing_inputs_give_one_line(tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_evaluate_on_any_models_file(tmp_path):
   """A file from any framework: the sweep runs, and a second run reuses every point."""
   _predictions_file(tmp_path / "external.npz", num=400)
@@ -226,6 +230,7 @@ def test_evaluate_on_any_models_file(tmp_path):
   assert second.returncode == 0 and "done already, skipped" in second.stderr
 
 
+@pytest.mark.slow
 def test_evaluate_with_another_config_than_the_work_dirs_leaves_it_as_it_was(tmp_path):
   # A rerun that forgets --config gets the default (Fashion-MNIST) config, whose files
   # this work dir never had: one line naming the way out, and nothing written.
@@ -455,6 +460,7 @@ def test_two_processes_give_the_one_process_numbers_and_write_each_file_once(see
   assert not (tmp_path / "writes1.txt").exists()  # process 1 wrote nothing
 
 
+@pytest.mark.slow
 def test_a_cloud_work_dir_without_its_package_is_one_line_and_writes_nothing(tmp_path):
   path = _predictions_file(tmp_path / "p.npz")
   for module, more in (("evaluate", [EVAL, f"--config.inputs={path}"]), ("reproduce", [])):

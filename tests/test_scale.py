@@ -107,6 +107,7 @@ def _streamed(path, size: int) -> dict[str, np.ndarray]:
   return {"log_probs": np.asarray(log_probs), **values, **named_terms}
 
 
+@pytest.mark.slow
 def test_chunks_scored_on_two_cpu_devices_at_once_equal_the_whole_file(tmp_path):
   # top1_jax.launch.evaluate gives JAX a CPU device per core; streaming.from_chunks then
   # scores each group of two chunks with one program over both devices (a short last
@@ -383,6 +384,7 @@ def _softmax_terms_oracle(logits, labels, temperature):
   return ((probs - onehot) ** 2).sum(-1), probs.max(-1)
 
 
+@pytest.mark.slow
 def test_split_fits_from_cumulants_equal_each_split_fitted_and_scored_exactly(monkeypatch):
   from top1_jax.estimators import temperature
 

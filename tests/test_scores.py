@@ -51,6 +51,7 @@ def test_entropy_relative_precision_when_saturated():
     elements=st.floats(-30, 30, width=32),
   )
 )
+@pytest.mark.slow
 def test_scores_match_float64_numpy(logits):
   p = _softmax64(logits)
   np.testing.assert_allclose(scores.pmax(logits), p.max(-1), rtol=1e-5, atol=1e-6)
@@ -80,6 +81,7 @@ def test_entropy_bounds():
   np.testing.assert_allclose(scores.entropy(np.zeros((1, 5), np.float32)), [np.log(5)], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 5, 30), (4, 3, 1000), (40, 6, 10)])
 def test_covariance_norm_matches_numpy_cov(shape):
   # (40, 6, 10) takes the K x K path (K <= S), the others the S x S Gram path.
@@ -137,6 +139,7 @@ def test_covariance_norm_keeps_a_tiny_spread_around_a_large_mean():
   )
 
 
+@pytest.mark.slow
 def test_from_predictions():
   rng = np.random.default_rng(10)
   samples = rng.normal(size=(4, 50, 6)).astype(np.float32)
@@ -183,6 +186,7 @@ def test_from_predictions_refuses_probabilities_as_logits_and_takes_their_logs()
   )
 
 
+@pytest.mark.slow
 def test_registry_entries_match_the_public_functions():
   rng = np.random.default_rng(3)
   logits = rng.normal(size=(40, 6)).astype(np.float32) * 4

@@ -72,6 +72,7 @@ def test_train_step_is_pure_and_learns():
   assert after["num_examples"] == 96
 
 
+@pytest.mark.slow
 def test_fit_is_deterministic_and_resumes_with_fresh_keys(tmp_path):
   images, labels = gaussian_blobs()
   state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=0.2)
@@ -107,6 +108,7 @@ def test_init_ensemble_members_equal_single_inits():
   assert _max_abs_diff(train.member(ensemble, 0).params, train.member(ensemble, 1).params) > 0
 
 
+@pytest.mark.slow
 def test_vmapped_ensemble_training_equals_separate_training():
   # A small ResNet: convolutions (grouped under vmap), BatchNorm state and dropout.
   model = models.ResNet(num_classes=4, blocks_per_stage=(1,), widths=(4,))
@@ -133,6 +135,7 @@ def test_vmapped_ensemble_training_equals_separate_training():
   assert _max_abs_diff(train.member(by_vmap, 0).params, train.member(by_vmap, 1).params) > 1e-3
 
 
+@pytest.mark.slow
 def test_each_member_sees_its_own_shuffling():
   images, labels = gaussian_blobs(num_examples=64)
   ensemble = train.init_ensemble(
