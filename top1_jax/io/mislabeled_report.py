@@ -22,7 +22,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from top1_jax.core import events, scores, validation
+from top1_jax.core import events, scores
+from top1_jax.core.validation import SettingError
 from top1_jax.evaluation import mislabeled
 from top1_jax.io import datasets, files
 from top1_jax.io import predictions as predictions_lib
@@ -32,9 +33,6 @@ _NEEDS = {
   "samples": " (needs MC-dropout or ensemble logits)",
   "human_probs": " (needs human labels)",
 }
-
-
-SettingError = validation.SettingError  # the one class; re-exported where it is raised
 
 
 class Inputs(NamedTuple):
@@ -205,4 +203,4 @@ def write_report(
   return csv_path, files.write_json(out_dir / "mislabeled.json", summary)
 
 
-__all__ = ["Inputs", "SettingError", "check_images", "file_score", "load_inputs", "write_report"]
+__all__ = ["Inputs", "check_images", "file_score", "load_inputs", "write_report"]
