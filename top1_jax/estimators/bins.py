@@ -76,7 +76,7 @@ def host_from_dict(d: Mapping, source: str) -> binning.Bins:
   padded = np.full(n - 1, np.inf, np.float32)
   padded[: edges.shape[0]] = edges
   # On the host in float32, as binning.fit computes them (moved as they are: jnp
-  # conversions and arithmetic would compile a small program each, ~20 ms a load).
+  # conversions and arithmetic would compile a small program each, at every load).
   counts, hits, prior = counts.astype(np.int32), hits.astype(np.int32), np.float32(prior)
   prob = binning.calibrated_prob(hits.astype(np.float32), counts.astype(np.float32), prior)
   effective = np.int32(np.sum(counts > 0))
