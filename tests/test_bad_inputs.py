@@ -38,6 +38,15 @@ class _TensorThatRequiresGrad:
 
 
 CASES = {
+  # no samples: [0, N, K] (a reduce() of an empty iterable before)
+  "Calibrator.fit of zero samples": (
+    lambda: Calibrator(inputs="probs").fit(PROBS[None][:0], LABELS),
+    "x: expected at least one sample",
+  ),
+  "mean_log_probs of zero samples": (
+    lambda: scores.mean_log_probs(np.zeros((0, 3, 4), np.float32)),
+    "samples: expected at least one sample",
+  ),
   # labels that would wrap around int32 before the range check
   "label 2**32 + 3": (
     lambda: events.topk_correct(LOGITS[:2], [3, 2**32 + 3]),

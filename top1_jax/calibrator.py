@@ -168,6 +168,8 @@ class Calibrator:
     if arr.shape[-1] < 2:
       raise ValueError(f"x: expected at least 2 classes on the last axis, got shape {arr.shape}")
     validation.check_nonempty("x", arr, axis=-2)
+    if arr.ndim == 3:
+      validation.check_samples("x", arr)
     if num_classes is not None and arr.shape[-1] != num_classes:
       raise ValueError(
         f"x: expected {num_classes} classes like the calibration data, got shape {arr.shape}"

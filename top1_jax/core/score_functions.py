@@ -189,4 +189,6 @@ def mean_log_probs(samples: ArrayLike) -> jax.Array:
   Returns:
     [N, K] log-probabilities (valid logits for every score here).
   """
-  return log_space.mean_log_probs(validation.float_array("samples", samples, 3))
+  samples = validation.float_array("samples", samples, 3)
+  validation.check_samples("samples", samples)
+  return log_space.mean_log_probs(samples)

@@ -167,9 +167,15 @@ def check_finite(name: str, arr: jax.Array | np.ndarray) -> None:
     )
 
 
-def check_nonempty(name: str, arr: jax.Array, axis: int = 0) -> None:
+def check_nonempty(name: str, arr: jax.Array, axis: int = 0, what: str = "example") -> None:
   if arr.shape[axis] == 0:
-    raise ValueError(f"{name}: expected at least one example, got shape {arr.shape}")
+    raise ValueError(f"{name}: expected at least one {what}, got shape {arr.shape}")
+
+
+def check_samples(name: str, arr: jax.Array) -> None:
+  """[S, N, K] samples (or ensemble members) with S >= 1 and N >= 1."""
+  check_nonempty(name, arr, axis=0, what="sample (or member) on the first axis of [S, N, K]")
+  check_nonempty(name, arr, axis=1)
 
 
 def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) -> jax.Array:
