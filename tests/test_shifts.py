@@ -1,0 +1,147 @@
+"""engine.shifts (rotation, translation) and engine.corruptions (the CIFAR-10-C-like suite)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from top1_jax.engine import corruptions, shifts
+
+NAMES = corruptions.names()
+NOISES = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
+
+
+def _images(shape=(3, 12, 12, 1), seed=0) -> jax.Array:
+  return jax.random.uniform(jax.random.key(seed), shape, jnp.float32)
+
+
+def _key(seed=1) -> jax.Array:
+  return jax.random.key(seed)
+
+
+def test_registry_lists_every_corruption_with_five_severities():
+  assert set(corruptions.REGISTRY) == set(NAMES) == set(corruptions.PARAMETERS)
+  assert len(NAMES) == 8
+  assert all(len(c) == corruptions.SEVERITIES for c in corruptions.PARAMETERS.values())
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", [(2, 10, 10), (2, 8, 9, 3)])
+def test_shape_dtype_range_and_identity_at_severity_0(name, shape):
+  images = _images(shape)
+  for severity in range(6):
+    out = corruptions.REGISTRY[name](images, _key(), severity)
+    assert out.shape == images.shape and out.dtype == images.dtype
+    assert float(out.min()) >= 0.0 and float(out.max()) <= 1.0
+  np.testing.assert_array_equal(corruptions.corrupt(name, images, _key(), 0), images)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_deterministic_by_seed_and_independent_of_chunking(name):
+  images = _images((5, 10, 10, 1))
+  whole = corruptions.corrupt(name, images, _key(), 3)
+  np.testing.assert_array_equal(whole, corruptions.corrupt(name, images, _key(), 3))
+  chunks = [
+    corruptions.corrupt(name, images[a:b], _key(), 3, first_index=a) for a, b in ((0, 2), (2, 5))
+  ]
+  np.testing.assert_allclose(jnp.concatenate(chunks), whole, rtol=0, atol=1e-6)
+  one = corruptions.corrupt(name, images[3:4], _key(), 3, first_index=3)
+  np.testing.assert_allclose(one[0], whole[3], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", NOISES)
+def test_noises_differ_between_seeds(name):
+  images = _images((2, 10, 10, 1))
+  a = corruptions.corrupt(name, images, _key(1), 5)
+  b = corruptions.corrupt(name, images, _key(2), 5)
+  assert not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_effect_grows_with_severity(name):
+  images = _images((4, 16, 16, 1)) * 0.8 + 0.1
+  change = [
+    float(jnp.abs(corruptions.corrupt(name, images, _key(), s) - images).mean()) for s in range(6)
+  ]
+  assert change[0] == 0.0
+  assert np.all(np.diff(change) > 0), change
+
+
+def test_low_precision_images_keep_their_dtype():
+  images = _images((2, 8, 8, 1)).astype(jnp.bfloat16)
+  out = corruptions.corrupt("gaussian_blur", images, _key(), 2)
+  assert out.dtype == jnp.bfloat16
+
+
+def test_brightness_on_grey_is_a_clipped_shift():
+  images = _images((2, 8, 8))
+  np.testing.assert_allclose(
+    corruptions.corrupt("brightness", images, _key(), 5),
+    jnp.clip(images + 0.3, 0, 1),
+    rtol=0,
+    atol=1e-6,
+  )
+
+
+def test_gaussian_blur_keeps_a_constant_image():
+  images = jnp.full((1, 9, 9, 1), 0.25)
+  np.testing.assert_allclose(
+    corruptions.corrupt("gaussian_blur", images, _key(), 5), images, atol=1e-6
+  )
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 7), (2, 6, 6, 3)])
+def test_rotation_by_right_angles_is_rot90_exactly(shape):
+  images = np.asarray(_images(shape))
+  np.testing.assert_array_equal(shifts.rotate(images, 0), images)
+  for k in (1, 2, 3):
+    np.testing.assert_array_equal(shifts.rotate(images, 90 * k), np.rot90(images, k, axes=(1, 2)))
+
+
+def test_rotation_keeps_shape_dtype_range_and_fills_outside_with_0():
+  images = jnp.ones((2, 9, 11, 1))
+  for degrees in shifts.ROTATION_DEGREES:
+    out = shifts.rotate(images, degrees)
+    assert out.shape == images.shape and out.dtype == images.dtype
+    assert float(out.min()) >= 0.0 and float(out.max()) <= 1.0
+  corner = shifts.rotate(images, 45)
+  assert float(corner[0, 0, 0, 0]) == 0.0 and float(corner[0, 4, 5, 0]) == 1.0
+
+
+@pytest.mark.parametrize("pixels", [0, 1, 5, 14, -3, 40])
+def test_translation_is_roll_with_zero_fill(pixels):
+  images = np.asarray(_images((2, 6, 14)))
+  expected = np.roll(images, pixels, axis=2)
+  width = images.shape[2]
+  if pixels >= 0:
+    expected[:, :, : min(pixels, width)] = 0
+  else:
+    expected[:, :, max(width + pixels, 0) :] = 0
+  out = shifts.translate(images, pixels)
+  assert out.shape == images.shape and out.dtype == images.dtype
+  np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+  "call, match",
+  [
+    (lambda: corruptions.corrupt("fog", _images(), _key(), 1), "name: expected one of"),
+    (
+      lambda: corruptions.corrupt("contrast", _images(), _key(), 6),
+      "severity: expected at least 0, at most 5",
+    ),
+    (
+      lambda: corruptions.corrupt("contrast", jnp.ones((2, 3), jnp.float32), _key(), 1),
+      "images: expected shape",
+    ),
+    (
+      lambda: corruptions.corrupt("contrast", jnp.ones((2, 3, 3), jnp.int32), _key(), 1),
+      "images: expected float",
+    ),
+    (lambda: shifts.translate(_images(), 1.5), "pixels: expected an integer"),
+    (lambda: shifts.rotate(_images(), float("nan")), "degrees: expected a finite angle"),
+  ],
+)
+def test_bad_inputs_are_one_line_errors(call, match):
+  with pytest.raises(ValueError, match=match):
+    call()
