@@ -264,7 +264,7 @@ def test_log_probs_from_probs_keeps_underflowed_tails_apart():
 
 def test_order_twins_rank_examples_identically():
   logits = np.random.default_rng(5).normal(size=(300, 6)).astype(np.float32)
-  for tied, tie_free in scores.ORDER_TWINS:
+  for tied, tie_free in scores.RANKING_TWINS:
     assert scores.same_order_as(tied) == tie_free and scores.same_order_as(tie_free) == tied
     assert scores.is_tied_twin(tied) and not scores.is_tied_twin(tie_free)
     values = scores.compute(logits)

@@ -126,7 +126,7 @@ def test_unreachable_target_selects_nothing_and_leaves_its_accuracy_undefined():
   assert np.isnan(float(selection.accuracy)) and np.isnan(float(selection.guaranteed_accuracy))
   assert not bool(jnp.any(selective.select(selection, u)))
   splits = crossval.make_splits(5000, 2)
-  (row,) = selective.cross_validate(u, correct, splits, 20, targets=(0.9999,))
+  (row,) = selective.validate_over_splits(u, correct, splits, 20, targets=(0.9999,))
   assert row["num_empty"] == 2 and row["test_coverage"] == 0.0
   assert row["test_accuracy"] is None and row["guaranteed_accuracy"] is None
 
@@ -140,7 +140,9 @@ def test_a_target_of_one_or_outside_zero_one_is_refused(target):
     selective.guaranteed_coverage(bins, target)
   splits = crossval.make_splits(10, 2)
   with pytest.raises(ValueError, match=r"^targets: expected an accuracy in \[0, 1\)"):
-    selective.cross_validate(np.arange(10.0), np.ones(10, bool), splits, 2, targets=(0.9, target))
+    selective.validate_over_splits(
+      np.arange(10.0), np.ones(10, bool), splits, 2, targets=(0.9, target)
+    )
 
 
 def test_select_answers_the_calibration_examples_counted_as_covered():
@@ -200,7 +202,7 @@ def test_cross_validate_matches_a_split_by_split_loop(order):
   u = u if order == "ascending" else 1 - u  # high = confident
   splits = crossval.make_splits(3000, 4, seed=0)
   targets = (0.95, 0.9, 0.9999)
-  rows = selective.cross_validate(u, correct, splits, 10, targets, 0.05, order=order)
+  rows = selective.validate_over_splits(u, correct, splits, 10, targets, 0.05, order=order)
   expected = _loop_cross_validate(u, correct, splits, 10, targets, 0.05, order)
   assert rows == expected
   assert [r["target_accuracy"] for r in rows] == list(targets)
@@ -221,21 +223,23 @@ def test_cross_validate_matches_a_split_by_split_loop(order):
       "u: 1 non-finite",
     ),
     (
-      lambda b: selective.cross_validate(np.ones(50), np.ones(50), crossval.make_splits(40, 2), 5),
+      lambda b: selective.validate_over_splits(
+        np.ones(50), np.ones(50), crossval.make_splits(40, 2), 5
+      ),
       "splits: made for 40 examples, u has 50",
     ),
     (
-      lambda b: selective.cross_validate(np.ones(50), np.ones(50), "halves", 5),
+      lambda b: selective.validate_over_splits(np.ones(50), np.ones(50), "halves", 5),
       "splits: expected crossval.Splits",
     ),
     (
-      lambda b: selective.cross_validate(
+      lambda b: selective.validate_over_splits(
         np.ones(50), np.ones(50), crossval.make_splits(50, 2), 5, targets=(0.9, 1.2)
       ),
       "targets: expected an accuracy in",
     ),
     (
-      lambda b: selective.cross_validate(
+      lambda b: selective.validate_over_splits(
         np.ones(50), np.ones(50), crossval.make_splits(50, 2), 5, order="x"
       ),
       "order: expected one of",

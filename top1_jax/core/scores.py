@@ -39,7 +39,7 @@ from top1_jax.kernels import covariance, row_blocks
 
 __all__ = [
   "HEADLINE",
-  "ORDER_TWINS",
+  "RANKING_TWINS",
   "REGISTRY",
   "Score",
   "ScoredPredictions",
@@ -132,7 +132,7 @@ REGISTRY: dict[str, Score] = {
 }
 """Every score by name, in the order sweeps and tables list them. Adding a score is one entry."""
 
-ORDER_TWINS = (("pmax", "neg_log_pmax"),)
+RANKING_TWINS = (("pmax", "neg_log_pmax"),)
 """Scores of one ranking (one a monotone function of the other), as (the one that ties
 in float32, the tie-free one). Their bins hold the same calibration examples; the right-
 closed bins' edges sit at neighbouring points (held-out metrics differ slightly).
@@ -171,16 +171,16 @@ def label(name: str) -> str:
 
 
 def same_order_as(name: str) -> str | None:
-  """The other score of ``name``'s ``ORDER_TWINS`` pair, or None."""
-  for pair in ORDER_TWINS:
+  """The other score of ``name``'s ``RANKING_TWINS`` pair, or None."""
+  for pair in RANKING_TWINS:
     if name in pair:
       return pair[1 - pair.index(name)]
   return None
 
 
 def is_tied_twin(name: str) -> bool:
-  """Whether ``name`` is the tie-prone member of an ``ORDER_TWINS`` pair."""
-  return any(name == pair[0] for pair in ORDER_TWINS)
+  """Whether ``name`` is the tie-prone member of an ``RANKING_TWINS`` pair."""
+  return any(name == pair[0] for pair in RANKING_TWINS)
 
 
 def headline(available: Iterable[str]) -> str | None:

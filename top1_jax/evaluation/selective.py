@@ -6,7 +6,7 @@ accuracy has an exact lower confidence bound of at least a target, following
 Geifman & El-Yaniv's selection with guaranteed risk (SGR, "Selective
 classification for deep neural networks", NeurIPS 2017, Algorithm 1), with the
 bins as the candidate thresholds. ``select`` applies the selection to new scores;
-``cross_validate`` fits and applies it on every calibration/test split;
+``validate_over_splits`` fits and applies it on every calibration/test split;
 ``risk_coverage`` gives the empirical risk-coverage curve of a score.
 """
 
@@ -22,7 +22,7 @@ from jax.typing import ArrayLike
 from top1_jax.core import binning, metrics, validation
 from top1_jax.evaluation import crossval
 
-ORDERS = ("prob", "ascending", "descending")
+SELECTION_ORDERS = ("prob", "ascending", "descending")
 
 
 class Selection(NamedTuple):
@@ -36,7 +36,7 @@ class Selection(NamedTuple):
       bins (+inf when none is selected).
     accuracy: [] float, the pooled calibration accuracy of the selected bins
       (NaN when none is selected: coverage 0, the accuracy of no example is
-      undefined; ``cross_validate`` reports None there).
+      undefined; ``validate_over_splits`` reports None there).
     guaranteed_accuracy: [] float, its one-sided Clopper–Pearson lower bound at
       level delta / num_tests (NaN when none is selected).
     num_tests: [] int32, the number of bounds the binary search may test.
@@ -139,8 +139,8 @@ def guaranteed_coverage(
   target_accuracy = _check_target("target_accuracy", target_accuracy)
   if not 0.0 < float(delta) < 0.5:
     raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
-  if order not in ORDERS:
-    raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
+  if order not in SELECTION_ORDERS:
+    raise ValueError(f"order: expected one of {SELECTION_ORDERS}, got {order!r}")
   ranked = _candidate_order(bins, order)
   if ranked.shape[0] == 0:
     raise ValueError("bins: no examples were counted")
@@ -219,7 +219,7 @@ def _means(per_split: list[dict]) -> dict:
   }
 
 
-def cross_validate(
+def validate_over_splits(
   u: ArrayLike,
   correct: ArrayLike,
   splits: crossval.Splits,
@@ -261,8 +261,8 @@ def cross_validate(
     _check_target("targets", target)
   if not 0.0 < float(delta) < 0.5:
     raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
-  if order not in ORDERS:
-    raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
+  if order not in SELECTION_ORDERS:
+    raise ValueError(f"order: expected one of {SELECTION_ORDERS}, got {order!r}")
   per_target = [[] for _ in targets]
   for split in range(splits.num_splits):
     test = np.asarray(splits.test_mask(split), bool)

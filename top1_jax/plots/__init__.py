@@ -39,7 +39,7 @@ pyplot: importing this package never switches the user's backend or opens a
 window, and figures are not kept alive by pyplot's registry.
 """
 
-from top1_jax.plots.bins import BOUNDS, ORDERS, bin_figure, refinement_figure
+from top1_jax.plots.bins import BAR_ORDERS, BOUNDS, bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.images import image_grid
 from top1_jax.plots.page import results_page, write_results_page, write_run_page
@@ -57,7 +57,7 @@ __all__ = [
   "write_figures",
   "write_risk_coverage_figures",
   "BOUNDS",
-  "ORDERS",
+  "BAR_ORDERS",
   "OperatingPoint",
   "ablation_figure",
   "bin_figure",

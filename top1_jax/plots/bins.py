@@ -13,7 +13,7 @@ from top1_jax.core import metrics as metrics_lib
 from top1_jax.plots import figures
 
 BOUNDS = ("clopper_pearson", "hoeffding")
-ORDERS = ("prob", "bins")
+BAR_ORDERS = ("prob", "bins")
 
 _BOUND_NAMES = {"clopper_pearson": "Clopper–Pearson", "hoeffding": "Hoeffding"}
 _TRAIN_COLOR = "#9ecae1"  # light blue: calibration (train) bins
@@ -301,7 +301,7 @@ def bin_figure(
   """
   _check_pair(train_bins, test_bins)
   accuracy, delta = _check_options(accuracy, delta, bounds)
-  _check_choice("order", order, ORDERS)
+  _check_choice("order", order, BAR_ORDERS)
   if ax is None:
     fig = figures.new_figure((9.0, 5.0))
     ax = fig.add_subplot()

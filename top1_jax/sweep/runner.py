@@ -316,7 +316,7 @@ def selective_rows(settings: Any, sources: list[Source]) -> list[dict]:
       continue
     known = scores.lookup(score)
     order = "descending" if known is not None and known.confident_when_high else "ascending"
-    for row in selective.cross_validate(
+    for row in selective.validate_over_splits(
       np.asarray(source.scores[score]), source.correct(1), source.splits,
       n_bins=settings.compare_bins, targets=settings.selective_targets,
       delta=settings.selective_delta, order=order,
