@@ -45,7 +45,7 @@ MATHS_MAY_IMPORT |= {"statistics", "contextlib", "fractions", "re", "dataclasses
 FILE_TOUCHERS = ("io", "plots")
 FILE_APIS = {"open", "os", "pathlib", "shutil", "tempfile", "etils", "orbax", "glob"}
 
-ORACLE_TESTS = {"test_binning.py", "test_baselines.py", "test_metrics.py", "test_launch_cli.py"}
+ORACLE_TESTS = {"test_binning.py", "test_baselines.py", "test_metrics.py"}
 """Tests that compare a private kernel with the plain-loop reference (tests/reference.py)."""
 
 
