@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 
 from top1_jax.engine import corruptions, shifts
 
@@ -145,3 +146,16 @@ def test_translation_is_roll_with_zero_fill(pixels):
 def test_bad_inputs_are_one_line_errors(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 4.0, 25.0, 200.0])
+def test_poisson_draws_have_the_poisson_mean_and_variance(lam):
+  draws = np.asarray(corruptions.poisson(_key(), jnp.full((40_000,), lam)))
+  assert np.all(draws == np.round(draws)) and draws.min() >= 0
+  tolerance = 5 * np.sqrt(max(lam, 1e-3) / draws.size) + 1e-9
+  assert abs(draws.mean() - lam) < tolerance
+  assert abs(draws.var() - lam) < 0.05 * lam + 1e-9
+  if lam < corruptions.POISSON_EXACT_BELOW:
+    counts = np.bincount(draws.astype(int), minlength=60)[:60] / draws.size
+    expected = scipy.stats.poisson.pmf(np.arange(60), lam)
+    assert 0.5 * np.abs(counts - expected).sum() < 0.02

@@ -35,6 +35,9 @@ departs from the reference:
 * pixelate: the reference resizes with PIL's BOX filter, which weighs whole source
   pixels by their centres; here downsampling averages by exact overlap (area) and
   upsampling takes the nearest coarse pixel.
+* shot_noise draws Poisson counts exactly below a mean of ``POISSON_EXACT_BELOW`` (30)
+  and by a rounded normal above it (``poisson``): ~9x faster than
+  ``jax.random.poisson`` on a CPU; the reference's NumPy draws are exact.
 * impulse_noise, as skimage's ``random_noise(mode="s&p")``, hits each value
   (channel) independently; the reference's 8-bit rounding of the result is not done.
 
@@ -45,7 +48,7 @@ across severities, so a higher severity of gaussian, speckle or impulse noise
 corrupts the same image more.
 
 Public API: ``corrupt(name, images, key, severity, first_index=0)`` and
-``REGISTRY[name](images, key, severity, first_index=0)``; ``names()``; ``PARAMETERS``.
+``REGISTRY[name](images, key, severity, first_index=0)``; ``names()``; ``PARAMETERS``; ``poisson(key, lam)``.
 """
 
 import functools
@@ -76,8 +79,35 @@ def _gaussian_noise(x: jax.Array, key: jax.Array, c: float) -> jax.Array:
   return x + c * jax.random.normal(key, x.shape, x.dtype)
 
 
+# Poisson draws: exact (inversion) below this mean, a rounded normal above it.
+POISSON_EXACT_BELOW = 30.0
+_POISSON_STEPS = 80  # P(Poisson(30) > 80) < 1e-13
+
+
+def poisson(key: jax.Array, lam: jax.Array) -> jax.Array:
+  """Poisson draws of mean ``lam`` (any shape, float, >= 0), as floats of ``lam``'s dtype.
+
+  Below ``POISSON_EXACT_BELOW`` by inversion of the CDF with one uniform, unrolled into
+  one fused elementwise program; above it ``round(N(lam, lam))``, clipped at 0 (the
+  skewness left out is 1/sqrt(lam) < 0.19). ``jax.random.poisson``'s rejection loops
+  took ~9x longer on 10k 28x28 images on a CPU (benchmarks/bench_corruptions.py).
+  """
+  uniform_key, normal_key = jax.random.split(key)
+  u = jax.random.uniform(uniform_key, lam.shape, lam.dtype)
+  small = jnp.minimum(lam, POISSON_EXACT_BELOW)
+  term = jnp.exp(-small)
+  cdf, count = term, jnp.zeros_like(lam)
+  for k in range(1, _POISSON_STEPS + 1):
+    count = count + (cdf < u)
+    term = term * small / k
+    cdf = cdf + term
+  normal = jax.random.normal(normal_key, lam.shape, lam.dtype)
+  large = jnp.maximum(jnp.round(lam + jnp.sqrt(lam) * normal), 0.0)
+  return jnp.where(lam < POISSON_EXACT_BELOW, count, large)
+
+
 def _shot_noise(x: jax.Array, key: jax.Array, c: float) -> jax.Array:
-  return jax.random.poisson(key, x * c, x.shape).astype(x.dtype) / c
+  return poisson(key, x * c) / c
 
 
 def _impulse_noise(x: jax.Array, key: jax.Array, c: float) -> jax.Array:
