@@ -105,6 +105,10 @@ def test_rotation_keeps_shape_dtype_range_and_fills_outside_with_0():
     out = shifts.rotate(images, degrees)
     assert out.shape == images.shape and out.dtype == images.dtype
     assert float(out.min()) >= 0.0 and float(out.max()) <= 1.0
+  noise = np.asarray(_images((2, 9, 11, 2)))
+  np.testing.assert_array_equal(shifts.rotate(noise, 0), noise)
+  np.testing.assert_array_equal(shifts.rotate(noise, 180), noise[:, ::-1, ::-1])
+  np.testing.assert_array_equal(shifts.translate(noise, 0), noise)
   corner = shifts.rotate(images, 45)
   assert float(corner[0, 0, 0, 0]) == 0.0 and float(corner[0, 4, 5, 0]) == 1.0
 
@@ -139,6 +143,7 @@ def test_translation_is_roll_with_zero_fill(pixels):
       lambda: corruptions.corrupt("contrast", jnp.ones((2, 3, 3), jnp.int32), _key(), 1),
       "images: expected float",
     ),
+    (lambda: corruptions.corrupt("shot_noise", _images(), 3, 1), "key: expected a JAX PRNG key"),
     (lambda: shifts.translate(_images(), 1.5), "pixels: expected an integer"),
     (lambda: shifts.rotate(_images(), float("nan")), "degrees: expected a finite angle"),
   ],

@@ -48,7 +48,8 @@ across severities, so a higher severity of gaussian, speckle or impulse noise
 corrupts the same image more.
 
 Public API: ``corrupt(name, images, key, severity, first_index=0)`` and
-``REGISTRY[name](images, key, severity, first_index=0)``; ``names()``; ``PARAMETERS``; ``poisson(key, lam)``.
+``REGISTRY[name](images, key, severity, first_index=0)``; ``names()``; ``PARAMETERS``;
+``poisson(key, lam)``.
 """
 
 import functools
@@ -231,6 +232,10 @@ def corrupt(name: str, images, key: jax.Array, severity: int, first_index: int =
   if name not in _PER_IMAGE:
     raise ValueError(f"name: expected one of {', '.join(names())}, got {name!r}")
   batch = shifts.check_images("images", images)
+  if not isinstance(key, jax.Array):
+    raise ValueError(
+      f"key: expected a JAX PRNG key such as jax.random.key(seed), got {type(key).__name__}"
+    )
   severity = validation.positive_int("severity", severity, minimum=0, maximum=SEVERITIES)
   first_index = validation.positive_int("first_index", first_index, minimum=0, maximum=2**32 - 1)
   corrupted = _corrupt(batch, key, jnp.uint32(first_index), name=name, severity=severity)
