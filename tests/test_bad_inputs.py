@@ -402,9 +402,9 @@ def test_real_logits_with_some_rows_in_the_unit_interval_are_accepted():
   logits = LOGITS.copy()
   logits[0] = np.eye(5)[1]
   logits[1] = 0.2
-  Calibrator(n_bins=2).fit(logits, LABELS)
-  scores.from_predictions(logits=logits[None])
-  baselines.multiclass_nll(logits, LABELS, from_logits=True)
+  assert Calibrator(n_bins=2).fit(logits, LABELS).num_classes_ == 5
+  assert scores.from_predictions(logits=logits[None]).log_probs.shape == logits.shape
+  assert np.isfinite(baselines.multiclass_nll(logits, LABELS, from_logits=True))
 
 
 @pytest.mark.parametrize("correct", [np.ones(40, bool), np.zeros(40, bool), np.arange(40) > 0])
