@@ -1,0 +1,118 @@
+"""Out-of-distribution image sets by name, shaped like a model's inputs, offline, by seed.
+
+``load(name, shape, num, seed=0)`` returns ``[num, H, W, C]`` float32 in [0, 1] on
+device, the same array for the same arguments. ``OOD_SETS`` holds one entry per set:
+
+* ``digits``: scikit-learn's bundled 8x8 handwritten digits (``load_digits``: 1,797
+  images, values 0-16, shipped inside the scikit-learn wheel, so offline), divided by
+  16, then bilinearly resized and grey replicated (``engine.ood.resize``). ``seed``
+  picks which digits and their order (a ``jax.random.permutation`` of the 1,797);
+  ``num`` above 1,797 is refused rather than repeating images. Needs scikit-learn
+  (``pip install scikit-learn``, or the ``data`` extra), imported only here.
+* ``uniform_noise``: i.i.d. uniform [0, 1) pixels keyed by ``jax.random.key(seed)``
+  (``engine.ood.uniform_noise``); any ``num``.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from top1_jax.core import validation
+from top1_jax.engine import ood
+from top1_jax.io.splits import DataUnavailableError
+
+INSTALL_SKLEARN = (
+  "pip install scikit-learn (or the extra: pip install 'top1_jax[data]'; from a clone"
+  " pip install '.[data]')"
+)
+NUM_DIGITS = 1797
+"""The size of scikit-learn's digits set."""
+
+
+class OodSet(NamedTuple):
+  """One out-of-distribution set.
+
+  Attributes:
+    make: ``(shape, num, seed) -> [num, H, W, C]`` float32 in [0, 1], for checked
+      arguments (``shape`` a tuple of three positive ints, ``num`` >= 1).
+    max_num: the most images the set has (None: unbounded).
+    description: one line for tables and help.
+  """
+
+  make: Callable[[tuple[int, int, int], int, int], jax.Array]
+  max_num: int | None
+  description: str
+
+
+def digits_images() -> np.ndarray:
+  """scikit-learn's 1,797 digits as ``[1797, 8, 8]`` float32 in [0, 1] (values / 16).
+
+  Raises:
+    DataUnavailableError: scikit-learn is not installed (one line naming the install).
+  """
+  try:
+    # Imported here: scikit-learn is an extra, and slow to import.
+    from sklearn.datasets import load_digits
+  except ImportError as e:
+    raise DataUnavailableError(
+      f"the 'digits' OOD set needs scikit-learn ({e}): {INSTALL_SKLEARN}", detail=str(e)
+    ) from None
+  images = np.asarray(load_digits().images, dtype=np.float32) / np.float32(16.0)
+  if images.shape != (NUM_DIGITS, 8, 8):
+    raise DataUnavailableError(
+      f"scikit-learn's digits: expected shape ({NUM_DIGITS}, 8, 8), got {images.shape}"
+    )
+  return images
+
+
+def _digits(shape: tuple[int, int, int], num: int, seed: int) -> jax.Array:
+  order = jax.random.permutation(jax.random.key(seed), NUM_DIGITS)[:num]
+  return ood.resize(jnp.asarray(digits_images())[order], shape)
+
+
+def _uniform_noise(shape: tuple[int, int, int], num: int, seed: int) -> jax.Array:
+  return ood.uniform_noise(jax.random.key(seed), num, shape)
+
+
+OOD_SETS: dict[str, OodSet] = {
+  "digits": OodSet(
+    _digits, NUM_DIGITS, "scikit-learn's 8x8 handwritten digits, bilinearly resized"
+  ),
+  "uniform_noise": OodSet(_uniform_noise, None, "i.i.d. uniform [0, 1) pixels"),
+}
+
+
+def names() -> tuple[str, ...]:
+  """The OOD sets' names."""
+  return tuple(OOD_SETS)
+
+
+def load(name: str, shape, num: int, seed: int = 0) -> jax.Array:
+  """``num`` images of the OOD set ``name``, shaped like the model's inputs.
+
+  Args:
+    name: one of ``names()``.
+    shape: ``(H, W, C)`` of the in-distribution images, e.g. ``(28, 28, 1)``.
+    num: how many images, >= 1 (at most the set's ``max_num``).
+    seed: an int >= 0; the same seed gives the same array.
+
+  Returns:
+    ``[num, H, W, C]`` float32 in [0, 1], on the default device.
+
+  Raises:
+    ValueError: an unknown name, a bad shape, ``num`` or ``seed``, or ``num`` above
+      the set's size.
+    DataUnavailableError: the set's package is missing (one line naming the install).
+  """
+  if name not in OOD_SETS:
+    raise ValueError(f"name: expected one of {', '.join(names())}, got {name!r}")
+  entry = OOD_SETS[name]
+  shape = ood.check_shape(shape)
+  num = validation.positive_int("num", num)
+  if entry.max_num is not None and num > entry.max_num:
+    raise ValueError(f"num: expected at most {entry.max_num} (the {name!r} set's size), got {num}")
+  seed = validation.positive_int("seed", seed, minimum=0, maximum=2**32 - 1)
+  return entry.make(shape, num, seed)
