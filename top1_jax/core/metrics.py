@@ -73,9 +73,24 @@ def _kl_binary(a: jax.Array, p: jax.Array) -> jax.Array:
   return _xlogy_binary(a, p) - _binary_entropy(a)
 
 
+def brier_terms(p: jax.Array, correct: jax.Array) -> jax.Array:
+  """Each example's (p - correct)^2, whose mean is ``brier``: unchecked, for jitted code.
+
+  Args:
+    p: [...] float in [0, 1]; correct: [...] bool.
+  """
+  return (p - correct) ** 2
+
+
+def nll_terms(p: jax.Array, correct: jax.Array) -> jax.Array:
+  """Each example's binary NLL (p clipped as ``nll`` clips it), whose mean is ``nll``:
+  unchecked, for jitted code. Same arguments as ``brier_terms``."""
+  return _xlogy_binary(correct.astype(p.dtype), p)
+
+
 @jax.jit
 def _brier(p, correct):
-  return jnp.mean((p - correct) ** 2)
+  return jnp.mean(brier_terms(p, correct))
 
 
 def brier(p: ArrayLike, correct: ArrayLike) -> float:
@@ -93,7 +108,7 @@ def brier(p: ArrayLike, correct: ArrayLike) -> float:
 
 @jax.jit
 def _nll(p, correct):
-  return jnp.mean(_xlogy_binary(correct.astype(p.dtype), p))
+  return jnp.mean(nll_terms(p, correct))
 
 
 def nll(p: ArrayLike, correct: ArrayLike) -> float:

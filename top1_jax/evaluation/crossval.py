@@ -5,6 +5,12 @@ path (the bins: every split and bin count from one sort, ``estimators.bins_cross
 takes it; any other is fitted and predicted split by split through its ``fit`` and
 ``predict``, and scored on the same splits with the same metrics, so the rows compare.
 
+That generic loop is built of three public steps, which ``evaluation.shift`` (calibrate
+on clean data, test on shifted sets) uses as well, so both protocols count and score
+alike: ``held_out_bins`` (a split's calibration bins of U and where the test examples of
+one or several test sets fall), ``prediction_sums`` (an estimator's test predictions
+summed in those bins) and ``split_metrics`` (``METRICS`` from every split's sums).
+
 The splits and the record of a cross-validation live in ``core.splits`` (the bins'
 nested choice of a bin count uses them below this layer); they are re-exported here,
 where the rest of the library and the users find them: ``crossval.make_splits``,
@@ -12,7 +18,9 @@ where the rest of the library and the users find them: ``crossval.make_splits``,
 """
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
@@ -35,9 +43,15 @@ __all__ = [
   "SCHEMES",
   "UNDEFINABLE",
   "CrossValidation",
+  "HeldOutBins",
+  "PredictionSums",
   "Splits",
+  "checked_bin_counts",
   "cross_validate",
+  "held_out_bins",
   "make_splits",
+  "prediction_sums",
+  "split_metrics",
 ]
 
 ESTIMATORS = registry.names(scores_only=True)
@@ -135,47 +149,157 @@ def cross_validate(
   return _cross_validate_estimator(u_host, correct_host, n_bins, splits, entry, options)
 
 
-def _estimator_counts(u, correct, splits: Splits, n_bins: tuple, entry: base.Estimator, options):
-  """Split by split: fit, predict, and sum the test data in each calibration bin.
+class HeldOutBins(NamedTuple):
+  """One split: the calibration part's equal-count bins of U and where the test examples
+  of S test sets (the same examples, e.g. clean and shifted) fall in them.
+
+  Attributes:
+    n_bins: the bin counts B, in order; W = max(n_bins) slots per bin count.
+    cal_counts: [B, W] float32, calibration examples per bin (zero beyond n).
+    prior: float, the calibration accuracy (``binning.Bins.prior``).
+    slots: [B, S * T] int, bin + W * set of each test example, the sets one after
+      another.
+    correct: [S * T] bool, the test events in that order.
+    test_counts, test_hits: [S, B, W] float32, test examples and correct ones per bin.
+  """
+
+  n_bins: tuple[int, ...]
+  cal_counts: np.ndarray
+  prior: float
+  slots: np.ndarray
+  correct: np.ndarray
+  test_counts: np.ndarray
+  test_hits: np.ndarray
+
+  @property
+  def num_sets(self) -> int:
+    return self.test_counts.shape[0]
+
+
+def held_out_bins(u_cal, correct_cal, u_test, correct_test, n_bins: tuple[int, ...]) -> HeldOutBins:
+  """The calibration part's bins of U (one ``binning.fit`` per bin count) and the test
+  sets' counts in them, one ``bincount`` over (set, bin) per bin count.
+
+  Unchecked host arrays: ``u_cal`` [M] float and ``correct_cal`` [M] bool; ``u_test``
+  [S, T] float and ``correct_test`` [S, T] bool; bin counts in [1, M].
+  """
+  num_sets = u_test.shape[0]
+  width = max(n_bins)
+  offsets = np.repeat(np.arange(num_sets) * width, u_test.shape[1])
+  u_flat, correct_flat = u_test.reshape(-1), correct_test.reshape(-1)
+  cal_counts = np.zeros((len(n_bins), width), np.float32)
+  slots = np.empty((len(n_bins), u_flat.shape[0]), np.int64)
+  for b, n in enumerate(n_bins):
+    bins = binning.fit(u_cal, correct_cal, n)
+    cal_counts[b, :n] = bins.counts
+    slots[b] = offsets + np.asarray(binning.assign(bins.edges, u_flat))
+  size = num_sets * width
+  counts = np.stack([np.bincount(s, minlength=size) for s in slots])
+  hits = np.stack([np.bincount(s, correct_flat, size) for s in slots])
+  shape = (len(n_bins), num_sets, width)
+  test_counts, test_hits = (np.moveaxis(x.reshape(shape), 1, 0) for x in (counts, hits))
+  prior = float(bins.prior)
+  return HeldOutBins(
+    n_bins,
+    cal_counts,
+    prior,
+    slots,
+    correct_flat,
+    *(x.astype(np.float32) for x in (test_counts, test_hits)),
+  )
+
+
+class PredictionSums(NamedTuple):
+  """One split's sufficient statistics of an estimator's test predictions, per test set.
+
+  Attributes:
+    cal_counts: [B, W] float32 and prior: float, as ``HeldOutBins``'.
+    test_counts, test_hits, prediction_sums: [S, B, W] float32: test examples, correct
+      ones and the sum of their predicted P(correct), per calibration bin.
+    brier, nll: [S, B] float, each set's per-example mean Brier and NLL.
+  """
+
+  cal_counts: np.ndarray
+  prior: float
+  test_counts: np.ndarray
+  test_hits: np.ndarray
+  prediction_sums: np.ndarray
+  brier: np.ndarray
+  nll: np.ndarray
+
+
+@jax.jit
+def _example_terms(p, correct):
+  p = p.astype(jnp.float32)
+  return metrics.brier_terms(p, correct), metrics.nll_terms(p, correct)
+
+
+def prediction_sums(test: HeldOutBins, p) -> PredictionSums:
+  """Sums an estimator's test predictions in ``test``'s bins.
+
+  Args:
+    test: ``held_out_bins`` of the split.
+    p: [S * T] float P(correct) of the test examples (in ``test.slots``' order), or
+      [B, S * T]: one prediction per bin count (an estimator fitted at each).
 
   Returns:
-    cal_counts, test_counts, test_hits, prediction_sums: [B, F, max(n_bins)];
-    prior (the calibration accuracy), brier, nll: [F].
+    ``PredictionSums``.
   """
-  width = max(n_bins)
-  binned = np.zeros((4, len(n_bins), splits.num_splits, width), np.float32)
-  per_split = np.zeros((3, splits.num_splits), np.float32)
-  for split in range(splits.num_splits):
-    test = splits.test_mask(split)
-    u_cal, correct_cal, u_test, correct_test = u[~test], correct[~test], u[test], correct[test]
-    state = entry.fit(base.Evidence(u_cal, correct_cal), **options)
-    p = np.asarray(entry.predict(state, base.Evidence(u_test)), np.float64)
-    for b, n in enumerate(n_bins):
-      bins = binning.fit(u_cal, correct_cal, n)
-      index = np.asarray(binning.assign(bins.edges, u_test))
-      binned[0, b, split, :n] = bins.counts
-      binned[1, b, split] = np.bincount(index, minlength=width)
-      binned[2, b, split] = np.bincount(index, correct_test, width)
-      binned[3, b, split] = np.bincount(index, p, width)
-    per_split[:, split] = bins.prior, metrics.brier(p, correct_test), metrics.nll(p, correct_test)
-  return (*binned, *per_split)
+  num_sets, num_bin_counts = test.num_sets, len(test.n_bins)
+  shared = np.ndim(p) == 1
+  p = np.broadcast_to(np.asarray(p, np.float64), test.slots.shape)
+  size = num_sets * max(test.n_bins)
+  sums = np.stack([np.bincount(s, w, size) for s, w in zip(test.slots, p, strict=True)])
+  sums = np.moveaxis(sums.reshape(num_bin_counts, num_sets, -1), 1, 0).astype(np.float32)
+  # Each set's mean of the per-example terms (one row when p is shared by the bin counts).
+  rows = p[:1] if shared else p
+  terms = (np.asarray(x, np.float64) for x in _example_terms(rows, test.correct[None]))
+  brier, nll = (x.reshape(rows.shape[0], num_sets, -1).mean(-1).T for x in terms)
+  shape = (num_sets, num_bin_counts)
+  return PredictionSums(
+    test.cal_counts, test.prior, test.test_counts, test.test_hits, sums,
+    np.broadcast_to(brier, shape), np.broadcast_to(nll, shape),
+  )  # fmt: skip
+
+
+def split_metrics(per_split: Sequence[PredictionSums]) -> dict[str, np.ndarray]:
+  """``METRICS`` of an estimator from each split's ``PredictionSums``, every test set.
+
+  Brier and NLL are the per-example means of the test predictions. ECE, EOR, AUROC
+  and the decompositions' terms use the calibration bins, the test counts and hits
+  per bin and, as each bin's prediction, the mean test prediction there (an empty
+  bin: the calibration accuracy); ``cross_validate`` documents them.
+
+  Returns:
+    metric name -> [S, B, F] float array (NaN where undefined).
+  """
+  # The splits axis goes before the bins: [B, F, W], [F], [S, B, F, W] and [S, B, F].
+  splits_axis = {"prior": 0, "brier": -1, "nll": -1}
+  stacked = {
+    name: np.stack([getattr(sums, name) for sums in per_split], axis=splits_axis.get(name, -2))
+    for name in PredictionSums._fields
+  }
+  values = _metrics_of_sums(**stacked)
+  return {name: np.asarray(values[name]) for name in METRICS}
 
 
 @compile_policy.jit_small
-def _estimator_metrics(cal_counts, test_counts, test_hits, prediction_sums, prior, brier, nll):
-  prior = jnp.broadcast_to(prior, test_counts.shape[:-1])  # [B, F]
+def _metrics_of_sums(cal_counts, prior, test_counts, test_hits, prediction_sums, brier, nll):
+  shape = test_counts.shape[:-1]  # [S, B, F]
+  prior = jnp.broadcast_to(prior, shape)
   prob = jnp.where(
     test_counts > 0, prediction_sums / jnp.maximum(test_counts, 1.0), prior[..., None]
   )
+  cal_counts = jnp.broadcast_to(cal_counts, test_counts.shape)
   brier_bins = metrics.brier_from_counts(prob, test_counts, test_hits)
   nll_bins = metrics.nll_from_counts(prob, test_counts, test_hits)
   return {
     "accuracy": jnp.sum(test_hits, -1) / jnp.sum(test_counts, -1),
-    "brier": jnp.broadcast_to(brier, prior.shape),
+    "brier": brier,
     "brier_uncertainty": brier_bins.uncertainty,
     "brier_resolution": brier_bins.resolution,
     "brier_calibration": brier_bins.calibration,
-    "nll": jnp.broadcast_to(nll, prior.shape),
+    "nll": nll,
     "nll_uncertainty": nll_bins.uncertainty,
     "nll_resolution": nll_bins.resolution,
     "nll_calibration": nll_bins.calibration,
@@ -183,12 +307,27 @@ def _estimator_metrics(cal_counts, test_counts, test_hits, prediction_sums, prio
   }
 
 
-def _cross_validate_estimator(u, correct, n_bins: tuple, splits: Splits, entry, options):
-  """``cross_validate`` through an estimator's fit and predict (see its docstring)."""
+def checked_bin_counts(n_bins, splits: Splits) -> tuple[int, ...]:
+  """``n_bins`` (one bin count or a sequence) as a tuple, each in [1, the smallest
+  calibration part of ``splits``]; every split needs a test example."""
+  n_bins = _bin_counts(n_bins)
   test_sizes = np.array([splits.test_mask(f).sum() for f in range(splits.num_splits)])
   if int(test_sizes.min()) < 1:
     raise ValueError("splits: a split has no test examples")
-  smallest_cal = int(u.shape[0] - test_sizes.max())
-  n_bins = tuple(validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins)
-  counts = _estimator_counts(u, correct, splits, n_bins, entry, options)
-  return CrossValidation.from_per_fold(n_bins, _estimator_metrics(*counts))
+  smallest_cal = int(splits.fold.shape[-1] - test_sizes.max())
+  return tuple(validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins)
+
+
+def _cross_validate_estimator(u, correct, n_bins, splits: Splits, entry, options):
+  """``cross_validate`` through an estimator's fit and predict (see its docstring)."""
+  n_bins = checked_bin_counts(n_bins, splits)
+  per_split = []
+  for split in range(splits.num_splits):
+    test = splits.test_mask(split)
+    u_cal, correct_cal, u_test = u[~test], correct[~test], u[test]
+    state = entry.fit(base.Evidence(u_cal, correct_cal), **options)
+    p = entry.predict(state, base.Evidence(u_test))
+    binned = held_out_bins(u_cal, correct_cal, u_test[None], correct[test][None], n_bins)
+    per_split.append(prediction_sums(binned, p))
+  per_fold = split_metrics(per_split)
+  return CrossValidation.from_per_fold(n_bins, {name: v[0] for name, v in per_fold.items()})
