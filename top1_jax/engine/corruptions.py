@@ -203,22 +203,26 @@ def names() -> tuple[str, ...]:
   return tuple(PARAMETERS)
 
 
-@functools.partial(jax.jit, static_argnames=("name", "severity"))
+# Their parameter sets a kernel's or a grid's size, so one program per severity; the
+# others take it as an argument: one program per corruption for all five severities.
+_SHAPING = ("gaussian_blur", "pixelate")
+
+
+@functools.partial(jax.jit, static_argnames=("name", "static_c"))
 def _corrupt(
-  images: jax.Array, key: jax.Array, first_index: jax.Array, name: str, severity: int
+  images: jax.Array, key: jax.Array, first_index: jax.Array, c, name: str, static_c
 ) -> jax.Array:
-  if severity == 0:
-    return images
   work = images.astype(shifts.compute_dtype(images.dtype))
   indices = first_index + jnp.arange(images.shape[0], dtype=jnp.uint32)
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, indices)
-  per_image = functools.partial(_PER_IMAGE[name], c=PARAMETERS[name][severity - 1])
-  corrupted = jax.vmap(per_image)(work, keys)
+  c = static_c if static_c is not None else c.astype(work.dtype)
+  corrupted = jax.vmap(functools.partial(_PER_IMAGE[name], c=c))(work, keys)
   return jnp.clip(corrupted, 0.0, 1.0).astype(images.dtype)
 
 
 def corrupt(name: str, images, key: jax.Array, severity: int, first_index: int = 0) -> jax.Array:
-  """Corrupts every image by ``name`` at ``severity``; one program per name and severity.
+  """Corrupts every image by ``name`` at ``severity`` (one program per name, and per
+  severity for gaussian_blur and pixelate, whose parameter sets a size).
 
   Args:
     name: one of ``names()``.
@@ -240,7 +244,11 @@ def corrupt(name: str, images, key: jax.Array, severity: int, first_index: int =
     )
   severity = validation.positive_int("severity", severity, minimum=0, maximum=SEVERITIES)
   first_index = validation.positive_int("first_index", first_index, minimum=0, maximum=2**32 - 1)
-  corrupted = _corrupt(batch, key, jnp.uint32(first_index), name=name, severity=severity)
+  if severity == 0:
+    return batch.reshape(jnp.shape(images))
+  c = PARAMETERS[name][severity - 1]
+  static_c = c if name in _SHAPING else None
+  corrupted = _corrupt(batch, key, jnp.uint32(first_index), jnp.float32(c), name, static_c)
   return corrupted.reshape(jnp.shape(images))
 
 

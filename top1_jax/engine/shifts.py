@@ -80,8 +80,8 @@ def _rotate_one(image: jax.Array, cos: float, sin: float) -> jax.Array:
   return jax.vmap(lambda channel: sample(channel), in_axes=2, out_axes=2)(image)
 
 
-@functools.partial(jax.jit, static_argnames=("cos", "sin"))
-def _rotate(images: jax.Array, cos: float, sin: float) -> jax.Array:
+@jax.jit
+def _rotate(images: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   work = images.astype(compute_dtype(images.dtype))
   rotated = jax.vmap(_rotate_one, in_axes=(0, None, None))(work, cos, sin)
   return jnp.clip(rotated, 0.0, 1.0).astype(images.dtype)
@@ -92,8 +92,7 @@ def rotate(images, degrees: float) -> jax.Array:
 
   Args:
     images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
-    degrees: the angle, any finite number (Ovadia et al.: ``ROTATION_DEGREES``); one
-      program is compiled per angle.
+    degrees: the angle, any finite number (Ovadia et al.: ``ROTATION_DEGREES``).
 
   Returns:
     ``images``' shape and dtype, bilinear, 0 where the source falls outside the image.
@@ -105,17 +104,19 @@ def rotate(images, degrees: float) -> jax.Array:
     raise ValueError(f"degrees: expected a number, got {degrees!r}") from None
   if not math.isfinite(degrees):
     raise ValueError(f"degrees: expected a finite angle, got {degrees}")
-  cos, sin = _cos_sin(degrees)
+  dtype = compute_dtype(batch.dtype)
+  cos, sin = (jnp.asarray(v, dtype) for v in _cos_sin(degrees))  # one program for every angle
   return _rotate(batch, cos, sin).reshape(jnp.shape(images))
 
 
-@functools.partial(jax.jit, static_argnames=("pixels",))
-def _translate(images: jax.Array, pixels: int) -> jax.Array:
+@jax.jit
+def _translate(images: jax.Array, pixels: jax.Array) -> jax.Array:
   width = images.shape[2]
-  pixels = max(-width, min(width, pixels))  # beyond the width every column is background
+  pixels = jnp.clip(pixels, -width, width)  # beyond the width every column is background
   padded = jnp.pad(images, ((0, 0), (0, 0), (width, width), (0, 0)))
-  # out[j] = images[j - pixels], found at padded[j - pixels + width].
-  return jax.lax.slice_in_dim(padded, width - pixels, 2 * width - pixels, axis=2)
+  # out[j] = images[j - pixels], found at padded[j - pixels + width]: one program for
+  # every shift (the start is traced, the width static).
+  return jax.lax.dynamic_slice_in_dim(padded, width - pixels, width, axis=2)
 
 
 def translate(images, pixels: int) -> jax.Array:
@@ -133,4 +134,5 @@ def translate(images, pixels: int) -> jax.Array:
   batch = check_images("images", images)
   if isinstance(pixels, bool) or not isinstance(pixels, (int, np.integer)):
     raise ValueError(f"pixels: expected an integer shift, got {pixels!r}")
-  return _translate(batch, int(pixels)).reshape(jnp.shape(images))
+  pixels = max(-batch.shape[2], min(batch.shape[2], int(pixels)))  # fits int32
+  return _translate(batch, jnp.int32(pixels)).reshape(jnp.shape(images))
