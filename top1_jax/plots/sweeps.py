@@ -30,6 +30,8 @@ _METRIC_LABELS = {
   "num_effective_bins": ("Effective bins", ""),
 }
 _PERCENT_METRICS = ("ece", "accuracy")
+METRIC_LABELS, PERCENT_METRICS = _METRIC_LABELS, _PERCENT_METRICS
+"""Each metric's (label, which way is better), and those drawn as percentages: every figure's."""
 _REFERENCE_COLOR = "0.55"  # grey: a reference row (the oracle), not one of the compared lines
 _REFERENCE_DASHES = ("-", "--", ":", "-.")
 # Once the colour cycle is used up, lines differ by dash pattern and marker too.

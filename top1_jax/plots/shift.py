@@ -1,0 +1,496 @@
+"""Calibration under dataset shift, in the manner of Ovadia et al. 2019 ("Can you trust your
+model's uncertainty?"): ``shift_curves`` (metrics against a shift's intensity, their Figs. 1-2),
+``corruption_boxes`` (box plots over a corruption suite per intensity, Figs. 2-3) and
+``ood_histograms`` (predicted P(correct) on out-of-distribution inputs, Fig. 5).
+
+A variant is a display label with a column filter over tidy results rows (``results.csv``
+with its ``shift`` and ``severity`` columns): ``{"Vanilla": {"method": "deterministic",
+"estimator": "raw", "score": "pmax"}, ...}``, selecting one row per (shift, severity). A variant
+whose rows need the labels (the oracle) is a grey reference that never sets the axis limits.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib import ticker
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from top1_jax.core import scores
+from top1_jax.evaluation import crossval
+from top1_jax.io import results
+from top1_jax.plots import figures
+from top1_jax.plots.sweeps import METRIC_LABELS, PERCENT_METRICS
+
+CLEAN = "clean"
+"""The ``shift`` of the unshifted test rows (severity 0): the first point of every shift."""
+
+OOD_PREFIX = "ood_"
+"""The ``shift`` of an out-of-distribution set starts with it (``ood_digits``)."""
+
+AXIS_LABELS = {"rotate": "rotation angle (degrees)", "translate": "translation (pixels)"}
+"""The x label of the geometric shifts; any other shift is a corruption ("<name> severity")."""
+
+_METRIC_COLUMNS = set(results.METRIC_COLUMNS) | {f"{m}_num_runs" for m in crossval.METRICS}
+_REFERENCE_COLOR = "0.55"  # grey: the oracle (it needs the labels), never a compared variant
+_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def _check_rows(rows) -> list[Mapping[str, Any]]:
+  if isinstance(rows, (str, Mapping)) or not isinstance(rows, Sequence) or not rows:
+    raise ValueError(f"rows: expected a non-empty list of tidy results rows, got {rows!r:.60}")
+  for index, row in enumerate(rows):
+    if not isinstance(row, Mapping) or "shift" not in row or "severity" not in row:
+      raise ValueError(
+        f"rows: expected dicts with 'shift' and 'severity' columns, row {index} is {row!r:.80}"
+      )
+  return list(rows)
+
+
+def _check_metrics(metrics, rows) -> tuple[str, ...]:
+  if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
+    raise ValueError(f"metrics: expected a non-empty list of names, got {metrics!r}")
+  for metric in metrics:
+    if metric not in crossval.METRICS:
+      raise ValueError(f"metrics: expected names among {crossval.METRICS}, got {metric!r}")
+    if not any(metric in row for row in rows):
+      raise ValueError(f"metrics: expected a column the rows hold, got {metric!r}")
+  return tuple(metrics)
+
+
+def _check_variants(variants, rows) -> dict[str, dict[str, Any]]:
+  if not isinstance(variants, Mapping) or not variants:
+    raise ValueError(f"variants: expected a non-empty dict of label -> filter, got {variants!r}")
+  columns = {column for row in rows for column in row}
+  for label, conditions in variants.items():
+    if not isinstance(label, str) or not isinstance(conditions, Mapping):
+      raise ValueError(f"variants: expected str -> dict of column values, got {label!r}")
+    unknown = sorted(set(conditions) - columns)
+    if unknown:
+      raise ValueError(f"variants[{label!r}]: expected columns of the rows, got {unknown}")
+    if not any(_matches(row, conditions) for row in rows):
+      raise ValueError(f"variants[{label!r}]: {dict(conditions)} matches no row")
+  return {label: dict(conditions) for label, conditions in variants.items()}
+
+
+def _matches(row: Mapping[str, Any], conditions: Mapping[str, Any]) -> bool:
+  return all(row.get(column) == value for column, value in conditions.items())
+
+
+def _pick(rows, label: str, conditions, shifts) -> dict[tuple, Mapping[str, Any]]:
+  """(shift, severity) -> the variant's one row there, over the given shifts."""
+  found: dict[tuple, list] = {}
+  for row in rows:
+    if row["shift"] in shifts and _matches(row, conditions):
+      found.setdefault((row["shift"], row["severity"]), []).append(row)
+  for (shift, severity), matched in found.items():
+    if len(matched) > 1:
+      differ = _differing_settings(matched)
+      raise ValueError(
+        f"variants[{label!r}]: expected one row per (shift, severity), got {len(matched)} at "
+        f"shift {shift!r} severity {severity} (they differ in {differ[:4]}: add one to the filter)"
+      )
+  return {key: matched[0] for key, matched in found.items()}
+
+
+def _differing_settings(matched: Sequence[Mapping[str, Any]]) -> list[str]:
+  """The settings columns (not metrics) whose values differ between rows, results.csv's first."""
+  columns = list(dict.fromkeys([*results.COLUMNS, *(c for r in matched for c in r)]))
+  return [
+    c for c in columns if c not in _METRIC_COLUMNS and len({repr(r.get(c)) for r in matched}) > 1
+  ]
+
+
+def _prepare(rows, variants, metrics, shifts: set, what: str):
+  """(metrics, label -> picked rows, compared labels, reference labels, styles, bins text)."""
+  rows = _check_rows(rows)
+  metrics = _check_metrics(metrics, rows)
+  picked = {}
+  for label, conditions in _check_variants(variants, rows).items():
+    picked[label] = _pick(rows, label, conditions, shifts | {CLEAN})
+    if not any(name != CLEAN for name, _ in picked[label]):
+      raise ValueError(f"variants[{label!r}]: {conditions} matches no row of {what}")
+  # A score that needs the labels (the oracle) is a reference, never a compared variant.
+  needs_labels = {name for name, score in scores.REGISTRY.items() if score.inputs == "labels"}
+  references = [
+    k for k, p in picked.items() if any(r.get("score") in needs_labels for r in p.values())
+  ]
+  compared = [label for label in picked if label not in references]
+  bins = _bins_text([row for label in compared for row in picked[label].values()])
+  return metrics, picked, compared, references, _styles(compared), bins
+
+
+def _styles(labels: Sequence[str]) -> dict[str, dict]:
+  """Colour, dash pattern and marker of each variant, the same in every panel."""
+  colors = mpl.rcParams["axes.prop_cycle"].by_key().get("color") or ["C0"]
+  return {
+    label: {
+      "color": colors[i % len(colors)],
+      "linestyle": "-" if i < len(colors) else "--",
+      "marker": _MARKERS[i % len(_MARKERS)],
+    }
+    for i, label in enumerate(labels)
+  }
+
+
+def _bins_text(rows: Sequence[Mapping[str, Any]]) -> str:
+  """ "15 bins", "15 bins requested, ≥12 after ties", or "each variant's bins"."""
+  requested = {r.get("n_bins") for r in rows} - {None}
+  if len(requested) != 1:
+    return "each variant's bins"
+  n_bins = requested.pop()
+  effective = [r["num_effective_bins"] for r in rows if r.get("num_effective_bins") is not None]
+  low = min(effective, default=n_bins)
+  return (
+    f"{n_bins} bins requested, ≥{low:.3g} after ties" if low < n_bins - 1e-6 else f"{n_bins} bins"
+  )
+
+
+def _format_panel(ax, metric: str, ece_binning: str, bins: str) -> None:
+  label, direction = METRIC_LABELS.get(metric, (metric, ""))
+  ax.set_title(f"{label} ({direction})" if direction else label)
+  ax.set_ylabel(f"ECE ({ece_binning}, {bins}, %)" if metric == "ece" else label)
+  if metric in PERCENT_METRICS:
+    ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
+  ax.grid(alpha=0.3)
+
+
+def _value(row: Mapping[str, Any], column: str) -> float:
+  value = row.get(column)
+  return np.nan if value is None else float(value)
+
+
+def _keep_limits(ax, draw) -> None:
+  """Calls ``draw()`` (the references) without letting it move limits the compared rows set."""
+  compared = bool(ax.lines or ax.collections or ax.patches)  # else references set the limits
+  limits = ax.get_ylim()
+  draw()
+  if compared:
+    ax.set_ylim(limits)
+
+
+def _note_off_scale(ax, values: Mapping[str, Mapping], names: Mapping) -> None:
+  """Says below the panel where a reference (label -> x -> values) lies off the drawn range."""
+  low, high = ax.get_ylim()
+  notes = []
+  for label, by_x in values.items():
+    for side, off in (("below", lambda v: np.any(v < low)), ("above", lambda v: np.any(v > high))):
+      at = [names[x] for x in names if x in by_x and off(np.asarray(by_x[x]))]
+      span = at[0] if len(at) == 1 else f"{len(at)} points in {at[0]}–{at[-1]}" if at else ""
+      notes += [f"{label}: off scale {side} at {span}"] if at else []
+  if notes:
+    _note_below(ax, "; ".join(notes))
+
+
+def _note_below(ax, text: str) -> None:
+  """A small note under the panel's x label, where it covers no data."""
+  ax.annotate(
+    text, xy=(0, 0), xycoords="axes fraction", xytext=(0, -36), textcoords="offset points",
+    va="top", ha="left", fontsize="x-small", color="0.3", annotation_clip=False,
+  )  # fmt: skip
+
+
+def _legend(fig: Figure, labels: Sequence[str], styles: dict, references: Sequence[str], kind):
+  grey = {"color": _REFERENCE_COLOR, "linestyle": "--", "marker": None}
+  handles = [kind(styles[label]) for label in labels] + [kind(grey)] * len(references)
+  names = list(labels) + [f"{name} (needs labels)" for name in references]
+  fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 5), fontsize="small")
+
+
+def _points(picked, shift: str) -> dict:
+  """Severity -> a variant's row along ``shift``, its clean row at 0 unless the shift has one."""
+  points = {severity: row for (name, severity), row in picked.items() if name == shift}
+  clean = [row for (name, _), row in picked.items() if name == CLEAN]
+  if clean and 0 not in points:
+    points[0] = clean[0]
+  return points
+
+
+def _curve(picked, shift: str, metric: str):
+  """(severities, mean, std) of one variant along ``shift``."""
+  points = _points(picked, shift)
+  x = np.asarray(sorted(points), np.float64)
+  mean = np.asarray([_value(points[s], metric) for s in sorted(points)])
+  std = np.asarray([_value(points[s], f"{metric}_std") for s in sorted(points)])
+  return x, mean, np.nan_to_num(std)
+
+
+def _draw_reference_curves(ax, picked: Mapping[str, Mapping], shift: str, metric: str) -> None:
+  """The references' lines, grey and dashed, leaving the limits to the compared variants."""
+  curves = {label: _curve(rows, shift, metric)[:2] for label, rows in picked.items()}
+
+  def draw():
+    for x, mean in curves.values():
+      ax.plot(x, mean, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.0)
+
+  _keep_limits(ax, draw)
+  by_severity = {label: dict(zip(x, mean, strict=True)) for label, (x, mean) in curves.items()}
+  names = {x: f"{x:g}" for x in sorted({x for points in by_severity.values() for x in points})}
+  _note_off_scale(ax, by_severity, names)
+
+
+def _format_severity_axis(ax, shift: str, severities: list[float]) -> None:
+  ax.set_xlabel(AXIS_LABELS.get(shift, f"{shift} severity (0 = clean)"))
+  # Every severity when few (0-5, 0-14 px); every other one for 0-180° in 15° steps.
+  ticks = severities if len(severities) <= 8 else severities[:: -(-len(severities) // 8)]
+  ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
+  ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def shift_curves(
+  rows: Sequence[Mapping[str, Any]],
+  variants: Mapping[str, Mapping[str, Any]],
+  shift: str,
+  metrics: Sequence[str] = ("accuracy", "brier", "ece"),
+  *,
+  ece_binning: str = "equal-mass",
+  title: str | None = "Under shift '{shift}' (0 = clean test set): mean ± std",
+) -> Figure:
+  """Metrics against one shift's intensity, a line per variant (Ovadia et al., Figs. 1-2).
+
+  One panel per metric; x is ``severity`` (degrees for ``rotate``, pixels for ``translate``,
+  1-5 for a corruption), the ``"clean"`` row at 0 unless the shift has its own. Each line
+  has a band of ± ``<metric>_std`` (over splits, or across runs); a missing value is a gap.
+
+  Args:
+    rows: tidy results rows with ``shift``, ``severity``, the filters' columns and the
+      metrics (None where undefined), e.g. ``io.results.read_results(workdir)[0]``.
+    variants: display label -> column filter (``{"method": "ensemble", "estimator": "raw"}``)
+      selecting exactly one row per (shift, severity); the oracle's is a grey reference.
+    shift: the ``shift`` drawn (``"rotate"``, ``"translate"`` or a corruption's name).
+    metrics: names from ``crossval.METRICS``, one panel each.
+    ece_binning: which ECE the rows hold ("equal-mass", "equal-width"), for its y label; the
+      bins are the rows' ``n_bins`` (and ``num_effective_bins`` after ties).
+    title: figure title, ``{shift}`` filled in; None for none.
+
+  Returns:
+    A ``Figure`` with one axes per metric, one line and band per variant.
+
+  Raises:
+    ValueError: empty or malformed ``rows``, an unknown metric, a shift the rows do not hold,
+      a variant matching no row of the shift, or several rows at one severity.
+  """
+  shifts = list(dict.fromkeys(r["shift"] for r in _check_rows(rows) if r["shift"] != CLEAN))
+  if shift not in shifts:
+    raise ValueError(f"shift: expected one of the rows' shifts {shifts}, got {shift!r}")
+  prepared = _prepare(rows, variants, metrics, {shift}, f"shift {shift!r}")
+  metrics, picked, compared, references, styles, bins = prepared
+  fig = figures.new_figure((4.6 * len(metrics), 4.2))
+  axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+  severities = sorted({s for label in picked for s in _points(picked[label], shift)})
+  for ax, metric in zip(axes, metrics, strict=True):
+    for label in compared:
+      x, mean, std = _curve(picked[label], shift, metric)
+      ax.fill_between(x, mean - std, mean + std, color=styles[label]["color"], alpha=0.15, lw=0)
+      ax.plot(x, mean, markersize=4, **styles[label])
+    _draw_reference_curves(ax, {label: picked[label] for label in references}, shift, metric)
+    _format_panel(ax, metric, ece_binning, bins)
+    _format_severity_axis(ax, shift, severities)
+  _legend(fig, compared, styles, references, lambda style: Line2D([], [], markersize=4, **style))
+  if title:
+    fig.suptitle(title.format(shift=shift))
+  return fig
+
+
+def _corruption_names(rows, corruptions) -> list[str]:
+  present = [
+    name
+    for name in dict.fromkeys(r["shift"] for r in rows)
+    if name != CLEAN and name not in AXIS_LABELS and not str(name).startswith(OOD_PREFIX)
+  ]
+  if corruptions is None and not present:
+    raise ValueError("rows: expected rows of at least one corruption, got none")
+  if corruptions is None:
+    return present
+  if isinstance(corruptions, str) or not corruptions:
+    raise ValueError(f"corruptions: expected a non-empty list of names, got {corruptions!r}")
+  for name in corruptions:
+    if name not in present:
+      raise ValueError(f"corruptions: expected names among the rows' {present}, got {name!r}")
+  return list(corruptions)
+
+
+def _box_values(picked, corruptions: Sequence[str], metric: str) -> dict[float, np.ndarray]:
+  """Severity -> the metric over every corruption there (severity 0: the clean row)."""
+  values: dict[float, list] = {}
+  for (name, severity), row in picked.items():
+    if name in corruptions or name == CLEAN:
+      values.setdefault(0 if name == CLEAN else severity, []).append(_value(row, metric))
+  return {s: np.asarray(v)[np.isfinite(v)] for s, v in values.items()}
+
+
+def _draw_boxes(ax, values, positions, width: float, color: str) -> None:
+  """A box per severity of ``values`` (severity -> the metric over corruptions) at ``positions``."""
+  severities = [s for s in sorted(values) if values[s].size]
+  if not severities:
+    return
+  ax.boxplot(
+    [values[s] for s in severities],
+    positions=[positions[s] for s in severities],
+    widths=width,
+    patch_artist=True,
+    manage_ticks=False,
+    boxprops={"facecolor": color, "alpha": 0.6, "linewidth": 0.8},
+    medianprops={"color": "black", "linewidth": 1.0},
+    whiskerprops={"color": color},
+    capprops={"color": color},
+    flierprops={"marker": ".", "markersize": 3, "markeredgecolor": color, "color": color},
+  )
+  single = [s for s in severities if values[s].size == 1]  # the clean row: a flat box
+  if single:
+    x, y = [positions[s] for s in single], [values[s][0] for s in single]
+    ax.plot(x, y, linestyle="none", marker="o", markersize=4, color=color, zorder=3)
+
+
+def corruption_boxes(
+  rows: Sequence[Mapping[str, Any]],
+  variants: Mapping[str, Mapping[str, Any]],
+  metrics: Sequence[str] = ("brier", "ece"),
+  *,
+  corruptions: Sequence[str] | None = None,
+  ece_binning: str = "equal-mass",
+  title: str | None = "A box per method over {num_corruptions} corruptions at each intensity",
+) -> Figure:
+  """Box plots of metrics over the corruptions at each intensity (Ovadia et al., Figs. 2-3).
+
+  One panel per metric; at each intensity (the clean test set, then severities 1-5) a box
+  per variant, side by side in its colour, over every corruption at that intensity (the
+  clean row alone: a dot). The oracle's boxes are grey and do not set the axis limits.
+
+  Args:
+    rows: tidy results rows as for ``shift_curves``. Every ``shift`` but ``"clean"``, the
+      geometric ones (``AXIS_LABELS``) and the OOD sets (``"ood_*"``) is a corruption.
+    variants: display label -> column filter, one row per (shift, severity).
+    metrics: names from ``crossval.METRICS``, one panel each.
+    corruptions: the corruptions pooled in the boxes (None: every one the rows hold).
+    ece_binning: which ECE the rows hold, for its y label (bins from the rows).
+    title: figure title, ``{num_corruptions}`` filled in; None for none.
+
+  Returns:
+    A ``Figure`` with one axes per metric, a box per variant and intensity.
+
+  Raises:
+    ValueError: as ``shift_curves``; also no corruption rows or an unknown corruption.
+  """
+  corruptions = _corruption_names(_check_rows(rows), corruptions)
+  prepared = _prepare(rows, variants, metrics, set(corruptions), f"the corruptions {corruptions}")
+  metrics, picked, compared, references, styles, bins = prepared
+  severities = sorted({0 if n == CLEAN else s for label in picked for n, s in picked[label]})
+  ticks = {s: "clean" if s == 0 else f"{s:g}" for s in severities}
+  # One slot per variant at each intensity, the references' last.
+  width = 0.8 / len(picked)
+  slots = {
+    label: (i - (len(picked) - 1) / 2) * width for i, label in enumerate(compared + references)
+  }
+  fig = figures.new_figure(
+    (max(6.0, 0.14 * len(severities) * len(picked) + 2.0), 2.9 * len(metrics) + 0.6)
+  )
+  axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
+  for ax, metric in zip(axes, metrics, strict=True):
+    values = {label: _box_values(picked[label], corruptions, metric) for label in picked}
+
+    def draw(labels, ax=ax, values=values):
+      for label in labels:
+        positions = {s: i + slots[label] for i, s in enumerate(severities)}
+        color = styles[label]["color"] if label in styles else _REFERENCE_COLOR
+        _draw_boxes(ax, values[label], positions, width * 0.85, color)
+
+    draw(compared)
+    _keep_limits(ax, lambda: draw(references))
+    _note_off_scale(ax, {label: values[label] for label in references}, ticks)
+    _format_panel(ax, metric, ece_binning, bins)
+    ax.set_xticks(range(len(severities)), list(ticks.values()))
+    ax.set(xlim=(-0.6, len(severities) - 0.4), xlabel="corruption intensity")
+  _legend(
+    fig, compared, styles, references,
+    lambda style: Patch(facecolor=style["color"], alpha=0.6, edgecolor="black", linewidth=0.8),
+  )  # fmt: skip
+  if title:
+    fig.suptitle(title.format(num_corruptions=len(corruptions)))
+  return fig
+
+
+def _check_p_correct(p_correct) -> dict[str, dict[str, np.ndarray]]:
+  if not isinstance(p_correct, Mapping) or not p_correct:
+    raise ValueError(
+      f"p_correct: expected a non-empty dict of label -> {{set: [N]}}, got {p_correct!r:.60}"
+    )
+  checked = {}
+  for label, sets in p_correct.items():
+    if not isinstance(sets, Mapping) or not sets:
+      raise ValueError(f"p_correct[{label!r}]: expected a non-empty dict of set name -> [N] array")
+    checked[label] = {}
+    for name, values in sets.items():
+      where = f"p_correct[{label!r}][{name!r}]"
+      array = np.asarray(values, np.float64)
+      if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"{where}: expected a non-empty [N] array, got shape {array.shape}")
+      if not np.all(np.isfinite(array)) or array.min() < 0 or array.max() > 1:
+        low, high, bad = np.nanmin(array), np.nanmax(array), np.sum(~np.isfinite(array))
+        raise ValueError(
+          f"{where}: expected probabilities in [0, 1], got [{low:.3g}, {high:.3g}], {bad} NaN/inf"
+        )
+      checked[label][name] = array
+  return checked
+
+
+def ood_histograms(
+  p_correct: Mapping[str, Mapping[str, Any]],
+  bins: int = 20,
+  *,
+  title: str | None = "Predicted P(correct) in and out of distribution",
+) -> Figure:
+  """Histograms of each variant's predicted P(correct) per input set (Ovadia et al., Fig. 5).
+
+  One panel per set, the clean test set (``"clean"``) first, then the OOD sets in order;
+  in each, every variant's density over ``bins`` equal-width bins of [0, 1] as an outline in
+  its colour, a dotted line at its mean, and the means noted below the panel. On inputs of
+  no class of the model every prediction is wrong: a good method puts that mass low.
+
+  Args:
+    p_correct: variant label -> set name -> ``[N] float`` predicted P(correct) in [0, 1]
+      (a calibrator's ``predict_proba``, or the max-softmax); a variant may lack a set.
+    bins: equal-width bins of [0, 1] per histogram.
+    title: figure title; None for none.
+
+  Returns:
+    A ``Figure`` with one axes per set, one histogram per variant holding that set.
+
+  Raises:
+    ValueError: an empty mapping, an array that is not a non-empty [N] of probabilities
+      in [0, 1] (NaN and inf included), or ``bins`` not a positive int.
+  """
+  checked = _check_p_correct(p_correct)
+  if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+    raise ValueError(f"bins: expected a positive int, got {bins!r}")
+  names = list(dict.fromkeys(name for sets in checked.values() for name in sets))
+  names = sorted(names, key=lambda name: name != CLEAN)  # stable: clean first, others in order
+  styles = _styles(list(checked))
+  edges = np.linspace(0.0, 1.0, int(bins) + 1)
+  fig = figures.new_figure((4.2 * len(names), 4.0 + 0.15 * len(checked)))
+  axes = fig.subplots(1, len(names), squeeze=False, sharex=True)[0]
+  for ax, name in zip(axes, names, strict=True):
+    drawn = {label: sets[name] for label, sets in checked.items() if name in sets}
+    for label, values in drawn.items():
+      color = styles[label]["color"]
+      ax.hist(values, bins=edges, density=True, histtype="step", linewidth=1.6, color=color)
+      ax.axvline(values.mean(), color=color, linestyle=":", linewidth=1.2)
+    sizes = {values.size for values in drawn.values()}
+    count = f"{sizes.pop():,}" if len(sizes) == 1 else "varying"
+    ax.set_title(f"{'clean test set (in distribution)' if name == CLEAN else name}, N = {count}")
+    ax.set(xlim=(0, 1), xlabel="predicted P(correct)", ylabel="density")
+    ax.grid(alpha=0.3)
+    means = [f"{label} {values.mean():.3f}" for label, values in drawn.items()]
+    _note_below(ax, "\n".join(["mean P(correct):", *means]))
+  handles = [Line2D([], [], color=styles[label]["color"], linewidth=1.6) for label in checked]
+  handles.append(Line2D([], [], color="0.3", linestyle=":", linewidth=1.2))
+  fig.legend(
+    handles, [*checked, "mean (dotted)"], loc="outside lower center", ncols=min(len(handles), 5),
+    fontsize="small",
+  )  # fmt: skip
+  if title:
+    fig.suptitle(title)
+  return fig
