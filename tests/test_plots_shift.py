@@ -128,7 +128,9 @@ def test_shift_curves_a_missing_value_is_a_gap(rows):
   "kwargs, message",
   [
     ({"rows": []}, "rows: expected a non-empty list"),
-    ({"rows": [{"method": "ensemble"}]}, "'shift' and 'severity'"),
+    ({"rows": [{"method": "ensemble"}]}, "a 'shift' and a numeric 'severity'"),
+    ({"rows": [{"shift": "rotate", "severity": None}]}, "a 'shift' and a numeric 'severity'"),
+    ({"rows": [{"shift": None, "severity": 0}]}, "a 'shift' and a numeric 'severity'"),
     ({"metrics": ("sharpness",)}, "metrics: expected names among"),
     ({"metrics": "ece"}, "metrics: expected a non-empty list"),
     ({"shift": "zoom"}, "shift: expected one of the rows' shifts"),

@@ -43,9 +43,11 @@ def _check_rows(rows) -> list[Mapping[str, Any]]:
   if isinstance(rows, (str, Mapping)) or not isinstance(rows, Sequence) or not rows:
     raise ValueError(f"rows: expected a non-empty list of tidy results rows, got {rows!r:.60}")
   for index, row in enumerate(rows):
-    if not isinstance(row, Mapping) or "shift" not in row or "severity" not in row:
+    named = isinstance(row, Mapping) and isinstance(row.get("shift"), str)
+    severity = row.get("severity") if named else None
+    if isinstance(severity, bool) or not isinstance(severity, (int, float, np.number)):
       raise ValueError(
-        f"rows: expected dicts with 'shift' and 'severity' columns, row {index} is {row!r:.80}"
+        f"rows: expected dicts with a 'shift' and a numeric 'severity', row {index} is {row!r:.80}"
       )
   return list(rows)
 
