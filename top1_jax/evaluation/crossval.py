@@ -8,8 +8,8 @@ takes it; any other is fitted and predicted split by split through its ``fit`` a
 That generic loop is built of three public steps, which ``evaluation.shift`` (calibrate
 on clean data, test on shifted sets) uses as well, so both protocols count and score
 alike: ``held_out_bins`` (a split's calibration bins of U and where the test examples of
-one or several test sets fall), ``prediction_sums`` (an estimator's test predictions
-summed in those bins) and ``split_metrics`` (``METRICS`` from every split's sums).
+one or several test sets fall), ``binned_predictions`` (an estimator's test predictions
+counted in those bins) and ``split_metrics`` (``METRICS`` from every split's counts).
 
 The splits and the record of a cross-validation live in ``core.splits`` (the bins'
 nested choice of a bin count uses them below this layer); they are re-exported here,
@@ -44,13 +44,13 @@ __all__ = [
   "UNDEFINABLE",
   "CrossValidation",
   "HeldOutBins",
-  "PredictionSums",
+  "BinnedPredictions",
   "Splits",
   "checked_bin_counts",
   "cross_validate",
   "held_out_bins",
   "make_splits",
-  "prediction_sums",
+  "binned_predictions",
   "split_metrics",
 ]
 
@@ -209,21 +209,24 @@ def held_out_bins(u_cal, correct_cal, u_test, correct_test, n_bins: tuple[int, .
   )
 
 
-class PredictionSums(NamedTuple):
+class BinnedPredictions(NamedTuple):
   """One split's sufficient statistics of an estimator's test predictions, per test set.
 
   Attributes:
-    cal_counts: [B, W] float32 and prior: float, as ``HeldOutBins``'.
-    test_counts, test_hits, prediction_sums: [S, B, W] float32: test examples, correct
-      ones and the sum of their predicted P(correct), per calibration bin.
+    n_bins, cal_counts ([B, W] float32) and prior (float): ``HeldOutBins``'.
+    test_counts, test_hits, prediction_means: [S, B, W] float32: test examples, correct
+      ones and their mean predicted P(correct) (0 where none), per calibration bin. The
+      mean is taken in float64, so that a bin of equal predictions (the bins') gets
+      exactly that value and bins of equal values tie.
     brier, nll: [S, B] float, each set's per-example mean Brier and NLL.
   """
 
+  n_bins: tuple[int, ...]
   cal_counts: np.ndarray
   prior: float
   test_counts: np.ndarray
   test_hits: np.ndarray
-  prediction_sums: np.ndarray
+  prediction_means: np.ndarray
   brier: np.ndarray
   nll: np.ndarray
 
@@ -234,8 +237,8 @@ def _example_terms(p, correct):
   return metrics.brier_terms(p, correct), metrics.nll_terms(p, correct)
 
 
-def prediction_sums(test: HeldOutBins, p) -> PredictionSums:
-  """Sums an estimator's test predictions in ``test``'s bins.
+def binned_predictions(test: HeldOutBins, p) -> BinnedPredictions:
+  """An estimator's test predictions counted in ``test``'s bins (one ``bincount`` each).
 
   Args:
     test: ``held_out_bins`` of the split.
@@ -243,27 +246,28 @@ def prediction_sums(test: HeldOutBins, p) -> PredictionSums:
       [B, S * T]: one prediction per bin count (an estimator fitted at each).
 
   Returns:
-    ``PredictionSums``.
+    ``BinnedPredictions``.
   """
   num_sets, num_bin_counts = test.num_sets, len(test.n_bins)
   shared = np.ndim(p) == 1
   p = np.broadcast_to(np.asarray(p, np.float64), test.slots.shape)
   size = num_sets * max(test.n_bins)
   sums = np.stack([np.bincount(s, w, size) for s, w in zip(test.slots, p, strict=True)])
-  sums = np.moveaxis(sums.reshape(num_bin_counts, num_sets, -1), 1, 0).astype(np.float32)
+  sums = np.moveaxis(sums.reshape(num_bin_counts, num_sets, -1), 1, 0)
+  means = (sums / np.maximum(test.test_counts, 1)).astype(np.float32)
   # Each set's mean of the per-example terms (one row when p is shared by the bin counts).
   rows = p[:1] if shared else p
   terms = (np.asarray(x, np.float64) for x in _example_terms(rows, test.correct[None]))
   brier, nll = (x.reshape(rows.shape[0], num_sets, -1).mean(-1).T for x in terms)
   shape = (num_sets, num_bin_counts)
-  return PredictionSums(
-    test.cal_counts, test.prior, test.test_counts, test.test_hits, sums,
+  return BinnedPredictions(
+    test.n_bins, test.cal_counts, test.prior, test.test_counts, test.test_hits, means,
     np.broadcast_to(brier, shape), np.broadcast_to(nll, shape),
   )  # fmt: skip
 
 
-def split_metrics(per_split: Sequence[PredictionSums]) -> dict[str, np.ndarray]:
-  """``METRICS`` of an estimator from each split's ``PredictionSums``, every test set.
+def split_metrics(per_split: Sequence[BinnedPredictions]) -> dict[str, np.ndarray]:
+  """``METRICS`` of an estimator from each split's ``BinnedPredictions``, every test set.
 
   Brier and NLL are the per-example means of the test predictions. ECE, EOR, AUROC
   and the decompositions' terms use the calibration bins, the test counts and hits
@@ -277,19 +281,26 @@ def split_metrics(per_split: Sequence[PredictionSums]) -> dict[str, np.ndarray]:
   splits_axis = {"prior": 0, "brier": -1, "nll": -1}
   stacked = {
     name: np.stack([getattr(sums, name) for sums in per_split], axis=splits_axis.get(name, -2))
-    for name in PredictionSums._fields
+    for name in BinnedPredictions._fields[1:]
   }
-  values = _metrics_of_sums(**stacked)
-  return {name: np.asarray(values[name]) for name in METRICS}
+  # One bin count at a time, each at its own width: AUROC's cost grows as the square.
+  values = []
+  for b, n in enumerate(per_split[0].n_bins):
+    bins = {"cal_counts": stacked["cal_counts"][b : b + 1, :, :n], "prior": stacked["prior"]}
+    bins |= {name: stacked[name][:, b : b + 1, :, :n] for name in _PER_BIN}
+    bins |= {name: stacked[name][:, b : b + 1] for name in ("brier", "nll")}
+    values.append(_metrics_of_sums(**bins))
+  return {name: np.concatenate([v[name] for v in values], axis=1) for name in METRICS}
+
+
+_PER_BIN = ("test_counts", "test_hits", "prediction_means")
 
 
 @compile_policy.jit_small
-def _metrics_of_sums(cal_counts, prior, test_counts, test_hits, prediction_sums, brier, nll):
+def _metrics_of_sums(cal_counts, prior, test_counts, test_hits, prediction_means, brier, nll):
   shape = test_counts.shape[:-1]  # [S, B, F]
   prior = jnp.broadcast_to(prior, shape)
-  prob = jnp.where(
-    test_counts > 0, prediction_sums / jnp.maximum(test_counts, 1.0), prior[..., None]
-  )
+  prob = jnp.where(test_counts > 0, prediction_means, prior[..., None])
   cal_counts = jnp.broadcast_to(cal_counts, test_counts.shape)
   brier_bins = metrics.brier_from_counts(prob, test_counts, test_hits)
   nll_bins = metrics.nll_from_counts(prob, test_counts, test_hits)
@@ -328,6 +339,6 @@ def _cross_validate_estimator(u, correct, n_bins, splits: Splits, entry, options
     state = entry.fit(base.Evidence(u_cal, correct_cal), **options)
     p = entry.predict(state, base.Evidence(u_test))
     binned = held_out_bins(u_cal, correct_cal, u_test[None], correct[test][None], n_bins)
-    per_split.append(prediction_sums(binned, p))
+    per_split.append(binned_predictions(binned, p))
   per_fold = split_metrics(per_split)
   return CrossValidation.from_per_fold(n_bins, {name: v[0] for name, v in per_fold.items()})
