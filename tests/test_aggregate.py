@@ -53,6 +53,8 @@ def _run_rows(seed: int, model: str = "cnn", topks=(1,), n_bins=(5, 10)) -> list
           "ensemble_size": size,
           "seed": seed,
           "source": f"{model}_tdr0.1_seed{seed}/{name[method]}",
+          "shift": "clean",
+          "severity": 0,
           "score": score,
           "topk": topk,
           "estimator": "bins",
@@ -462,6 +464,16 @@ def test_read_results_types_and_errors(tmp_path):
   files.write_csv(tmp_path / "bad" / "results.csv", bad)
   with pytest.raises(ValueError, match="line 4: expected a number in column topk, got 'one'"):
     results.read_results(tmp_path / "bad")
+
+
+def test_results_written_before_the_shift_columns_read_as_clean(tmp_path):
+  old = [{k: v for k, v in row.items() if k not in ("shift", "severity")} for row in _run_rows(0)]
+  files.write_csv(tmp_path / "results.csv", old)
+  files.write_json(tmp_path / "results.json", {"config": CONFIG})
+  rows, _ = results.read_results(tmp_path)
+  assert {(row["shift"], row["severity"]) for row in rows} == {("clean", 0)}
+  merged = aggregate.merge_runs([old, _run_rows(1)])  # an old run beside a new one
+  assert len(merged) == len(old) and {row["num_runs"] for row in merged} == {2}
 
 
 def test_read_tables_and_errors(tmp_path):

@@ -12,7 +12,9 @@ import pytest
 from top1_jax import load_example
 
 BIN = pathlib.Path(sys.executable).parent
-LAUNCHERS = ("reproduce", "train", "predict", "evaluate", "find-mislabeled", "demo", "aggregate")
+LAUNCHERS = (
+  "reproduce", "train", "predict", "evaluate", "find-mislabeled", "demo", "aggregate", "shift"
+)
 
 
 def _run(args, cwd, check=True):

@@ -273,7 +273,7 @@ def test_a_config_that_is_not_a_python_file_is_refused_naming_it(tmp_path):
   source.write_text("def get_config():\n  return None\n")
   cases = {
     str(array): f"--config: {array}: binary data, not text; give a packaged config by name "
-    "(cifar10, cifar100, default, evaluate_files, quick)",
+    "(cifar10, cifar100, cifar100_shift,",
     str(tmp_path / "nope.py"): f"--config: {tmp_path / 'nope.py'}: no such file; give a packaged",
     str(tmp_path): f"--config: {tmp_path}: a directory; give a packaged config",
   }

@@ -51,9 +51,31 @@ HELP = {
   "the calibration/test splits; given inputs take the first for their splits",
   "num_epochs": "Training epochs",
   "batch_size": "Training examples per step",
-  "learning_rate": "Adam's learning rate",
+  "learning_rate": "The optimizer's learning rate (the peak of a schedule)",
   "ensemble_size": "Members of the deep ensemble (0: no ensemble)",
   "ensemble_strategy": "How the members train: auto (vmap on GPU/TPU, a loop on CPU), vmap or loop",
+  # The training recipe (top1_jax.engine.optimizers, augment; the defaults train as before).
+  "optimizer": "adam, or sgd (with momentum and nesterov)",
+  "momentum": "SGD's momentum, in [0, 1) (0: plain SGD; Adam ignores it)",
+  "nesterov": "SGD with Nesterov's momentum",
+  "lr_schedule": "The learning rate over the run: constant, cosine (to 0 at the last step) or "
+  "step (times lr_factor at each epoch of lr_boundaries)",
+  "lr_boundaries": "Epochs after which the step schedule multiplies the rate by lr_factor, "
+  "e.g. (60,120,160)",
+  "lr_factor": "The step schedule's factor at each boundary (e.g. 0.1 or 0.2)",
+  "warmup_epochs": "Epochs of linear warmup from 0 before the schedule (0: none)",
+  "weight_decay": "L2 on the kernels (conv and dense weights), added to the gradient as "
+  "weight_decay * w before the optimizer (coupled, as He et al. and Zagoruyko & Komodakis; "
+  "not AdamW's decoupled decay); 0: none",
+  "augment": "Training-batch augmentation on device: none, or names among crop (zero-pad by "
+  "crop_padding, random crop back) and flip (horizontal, p = 1/2), e.g. (crop,flip)",
+  "crop_padding": "Pixels of zero padding on each side for crop (4 for CIFAR)",
+  "half_precision": "Mixed precision: none (float32), bfloat16 (TPU, recent GPUs) or float16 "
+  "(with dynamic loss scaling); parameters stay float32, logits and scores float32",
+  "log_every_steps": "Training steps between curve points (loss, accuracy, learning rate, "
+  "examples/s) in <workdir>/train/<point>/<stage>/tensorboard and the log",
+  "eval_every_epochs": "Test-split loss and accuracy every N epochs into the curves (and "
+  "after the last epoch, always); 0: only after the last",
   # Prediction: the plain model, MC dropout at each rate, the ensemble.
   "dropout_rates": "MC-dropout rates to sample each trained network at (empty: none)",
   "num_samples": "MC-dropout samples per example (at least 2)",
@@ -79,6 +101,22 @@ HELP = {
   "selective_targets": "Accuracies that selective prediction aims at",
   "selective_delta": "Selective prediction's risk of missing its target, in (0, 0.5)",
   "figures": "Write figures/ after the tables (False: tables only, faster)",
+  # Dataset shift (top1_jax.launch.shift, the shift config): calibrated on the clean test
+  # examples, tested on the same examples shifted (Ovadia et al. 2019).
+  "shift_examples": "Test examples every shifted set is made of: the first N of the test split, "
+  "the same at every shift and intensity; unset: all",
+  "shift_rotations": "Rotations to test, degrees counter-clockwise (0 is the clean set)",
+  "shift_translations": "Translations to test, pixels along x (0 is the clean set)",
+  "shift_corruptions": "Corruptions to test (top1_jax.engine.corruptions; all: every one)",
+  "shift_severities": "Intensities of each corruption, 1-5",
+  "shift_ood": "Out-of-distribution sets to show the models: digits (scikit-learn's 8x8 "
+  "digits, resized), uniform_noise",
+  "shift_estimators": "What turns a model's output into P(correct) under shift: raw (the "
+  "model's own probability), temperature, toplabel, bins, isotonic, kde",
+  "shift_inputs": "With inputs (the clean files, for calibration): predictions files of the "
+  "same examples shifted, comma-separated paths or globs, each meta naming its shift and "
+  "severity (ood: true for inputs from outside the label set); evaluate tests the clean "
+  "files' calibration on them (into <workdir>/shift/)",
 }
 """Every field's meaning: ``--help`` lists them (``top1_jax.configs.describe``)."""
 
@@ -98,6 +136,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.learning_rate = 1e-3
   config.ensemble_size = 5
   config.ensemble_strategy = "auto"
+  config.optimizer = "adam"
+  config.momentum = 0.9
+  config.nesterov = False
+  config.lr_schedule = "constant"
+  config.lr_boundaries = ()
+  config.lr_factor = 0.1
+  config.warmup_epochs = 0.0
+  config.weight_decay = 0.0
+  config.augment = ("none",)
+  config.crop_padding = 4
+  config.half_precision = "none"
+  config.log_every_steps = 100
+  config.eval_every_epochs = 0
   config.dropout_rates = (0.002, 0.005, 0.01, 0.02, 0.05, 0.2)
   config.num_samples = 32
   config.chunk_size = config_dict.placeholder(int)
@@ -117,4 +168,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.selective_targets = (0.9, 0.95, 0.99)
   config.selective_delta = 0.05
   config.figures = True
+  config.shift_examples = config_dict.placeholder(int)
+  config.shift_rotations = tuple(range(15, 181, 15))
+  config.shift_translations = tuple(range(1, 15))
+  config.shift_corruptions = ("all",)
+  config.shift_severities = (1, 2, 3, 4, 5)
+  config.shift_ood = ("digits", "uniform_noise")
+  config.shift_estimators = ("raw", "temperature", "toplabel", "bins", "isotonic", "kde")
+  config.shift_inputs = ""
   return config

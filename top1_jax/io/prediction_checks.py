@@ -48,6 +48,9 @@ _META_TYPES = {
   "dropout_rate": (int, float),
   "ensemble_size": (int,),
   "seed": (int,),
+  "shift": (str,),
+  "severity": (int, float),
+  "ood": (bool,),
 }
 
 # The local checks below differ from validation.as_array/float_array on purpose:
@@ -132,13 +135,15 @@ def checked_meta(meta: Any) -> dict:
   for key, types in _META_TYPES.items():
     if key in meta:
       value = meta[key]
-      if isinstance(value, bool) or not isinstance(value, types):
+      if isinstance(value, bool) != (types == (bool,)) or not isinstance(value, types):
         want = " or ".join(t.__name__ for t in types)
         raise ValueError(f"meta: {key} must be {want}, got {value!r}")
   if "dropout_rate" in meta and not 0.0 <= meta["dropout_rate"] < 1.0:
     raise ValueError(f"meta: dropout_rate must be in [0, 1), got {meta['dropout_rate']}")
   if "ensemble_size" in meta and meta["ensemble_size"] < 1:
     raise ValueError(f"meta: ensemble_size must be >= 1, got {meta['ensemble_size']}")
+  if "severity" in meta and not 0 <= meta["severity"] < float("inf"):
+    raise ValueError(f"meta: severity must be a finite number >= 0, got {meta['severity']}")
   return meta
 
 

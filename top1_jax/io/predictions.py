@@ -10,7 +10,12 @@ Predictions file (``.npz``, written atomically):
 * ``human_probs``: float ``[N, K]``, optional per-image human label frequencies
   (CIFAR-10H), rows summing to 1;
 * ``meta``: a JSON object as a string (dataset, split, model, method,
-  dropout_rate, ensemble_size, seed, version, and anything else).
+  dropout_rate, ensemble_size, seed, version, and anything else). A file of a
+  shifted test set names the shift and its intensity: ``shift`` (``rotate``,
+  ``translate``, a corruption such as ``gaussian_noise``, or the name of an
+  out-of-distribution set) and ``severity`` (degrees, pixels, 1-5; >= 0).
+  ``ood: true`` marks inputs from outside the label set (digits shown to a
+  Fashion-MNIST model, noise): their ``labels`` are placeholders, never scored.
 
 Loading checks every field (dtype, shape, agreement of N and K, finite values,
 label range, rows summing to 1) and the error names the file and the field.

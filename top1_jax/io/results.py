@@ -30,12 +30,25 @@ COLUMNS = (
   "ensemble_size",
   "seed",
   "source",
+  "shift",
+  "severity",
   "score",
   "topk",
   "estimator",
   "n_bins",
 )
-"""results.csv's settings columns, in order; the metrics' columns follow (``METRIC_COLUMNS``)."""
+"""results.csv's settings columns, in order; the metrics' columns follow (``METRIC_COLUMNS``).
+
+``shift`` and ``severity`` say what the test part was: ``clean``
+and 0 for the predictions a model was tested on as they are; otherwise a dataset
+shift (``rotate``, ``translate``, a corruption) and its intensity (degrees, pixels,
+1-5), whose rows were calibrated on the clean calibration part (``launch.shift``)."""
+
+CLEAN = "clean"
+"""The ``shift`` of an unshifted test part (with severity 0)."""
+
+UNSHIFTED = {"shift": CLEAN, "severity": 0}
+"""The shift columns of a row written before they existed: its test part was clean."""
 
 METRIC_COLUMNS = tuple(
   f"{name}{suffix}" for name in crossval.METRICS for suffix in ("", "_std", "_num_splits")
@@ -44,7 +57,7 @@ METRIC_COLUMNS = tuple(
 over splits), its ``_std`` and, for a metric that can be undefined, its ``_num_splits``."""
 
 STRING_COLUMNS = (
-  *("dataset", "model", "method", "source", "score", "estimator", "seeds", "label"),
+  *("dataset", "model", "method", "source", "shift", "score", "estimator", "seeds", "label"),
   *("variant", "top1_score", "top1_estimator", "order"),  # aggregate_{comparison,selective}.csv
 )
 """Columns kept as text even when a cell looks like a number (a model named "1")."""
@@ -52,7 +65,7 @@ STRING_COLUMNS = (
 INT_COLUMNS = ("num_samples", "ensemble_size", "seed", "topk", "n_bins", "num_runs")
 """Integer columns, with every ``*_num_splits`` and ``*_num_runs``."""
 
-FLOAT_COLUMNS = ("train_dropout_rate", "dropout_rate") + tuple(
+FLOAT_COLUMNS = ("train_dropout_rate", "dropout_rate", "severity") + tuple(
   f"{name}{suffix}" for name in crossval.METRICS for suffix in ("", "_std")
 )
 """Real-valued columns; a column of none of these kinds is read as whatever it parses as."""
@@ -141,13 +154,13 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
     )
   text = files.read_text(csv_path)
   header = next(csv.reader(io.StringIO(text)), [])
-  missing = [column for column in COLUMNS if column not in header]
+  missing = [column for column in COLUMNS if column not in header and column not in UNSHIFTED]
   if missing:
     raise ValueError(
       f"{csv_path}: no column {', '.join(missing)} (written by an older "
       "top1_jax.launch.evaluate? run it again there)"
     )
-  rows = parse_csv(text, str(csv_path))
+  rows = [{**UNSHIFTED, **row} for row in parse_csv(text, str(csv_path))]
   json_path = root / "results.json"
   if not json_path.exists():
     raise FileNotFoundError(

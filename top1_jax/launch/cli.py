@@ -3,7 +3,7 @@
 pip installs every script of pyproject.toml's ``[project.scripts]`` with the core
 package (it cannot install a script per extra), so a script whose packages are
 missing says in one line which extra to install and exits 2 (``requiring``):
-top1-train, -predict and -reproduce need ``top1_jax[all]``, the others ``[cli]``.
+top1-train, -predict, -reproduce and -shift need ``top1_jax[all]``, the others ``[cli]``.
 """
 
 import contextlib
@@ -11,7 +11,8 @@ import functools
 import importlib
 import sys
 
-EXTRAS = {"train": "all", "predict": "all", "reproduce": "all"}  # the others need cli
+# The others need the cli extra.
+EXTRAS = {"train": "all", "predict": "all", "reproduce": "all", "shift": "all"}
 CLI_PACKAGES = ("absl", "ml_collections", "etils", "matplotlib")  # the cli extra, imported
 ON_PYPI = dict(absl="absl-py", orbax="orbax-checkpoint", tensorflow_datasets="tensorflow-datasets")
 MISSING_STATUS = 2  # the exit status of a launcher whose packages are not installed
@@ -65,3 +66,4 @@ evaluate = functools.partial(_launch, "evaluate")
 find_mislabeled = functools.partial(_launch, "find_mislabeled")
 demo = functools.partial(_launch, "demo")
 aggregate = functools.partial(_launch, "aggregate")
+shift = functools.partial(_launch, "shift")

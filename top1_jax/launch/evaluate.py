@@ -29,7 +29,7 @@ from top1_jax.core.validation import SettingError
 from top1_jax.io import files
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.launch import common, config_flag
-from top1_jax.sweep import plan, runner, tables
+from top1_jax.sweep import plan, runner, shift, tables
 
 CPU_DEVICE_PER_CORE = True
 """On a CPU, JAX gets a device per core, each scoring its own chunk of a file (chunked)."""
@@ -136,6 +136,26 @@ def write_figures(settings, sources, records, rows, chosen, figure_bins) -> int:
   written = plots.write_figures(out, sources, binned, settings.n_bins, settings.topk, figure_bins)
   written += plots.write_risk_coverage_figures(out, sources, chosen)
   return len(written + plots.write_dropout_rate_figures(out, rows, settings.topk))
+
+
+def write_shift(settings: plan.Settings, asked, folder) -> dict:
+  """The shift protocol over ``asked`` (clean, shifted and OOD files) into ``folder``:
+  tables, figures and index.html; returns the seconds of each step."""
+  evaluated, timings = shift.evaluate_and_write(settings, asked, folder, logging.info)
+  if settings.figures:
+    from top1_jax import plots  # matplotlib
+
+    tic = time.perf_counter()
+    panels = shift.figure_data(evaluated, settings.compare_bins)
+    written = plots.write_shift_figures(folder, panels)
+    timings["figures"] = time.perf_counter() - tic
+    logging.info(
+      "shift: %d figures in %s (%.1f s)", len(written), folder / "figures", timings["figures"]
+    )
+  from top1_jax.plots import page
+
+  page.write_run_page(folder, timings, figures=None if settings.figures else [])
+  return timings
 
 
 def write_page(settings: plan.Settings, timings: dict) -> None:

@@ -26,7 +26,7 @@ with cli.requiring("predict"):  # Flax, optax, orbax: one line naming the extra 
   from top1_jax.sweep import plan
 
 
-def _is_current(path, expected: dict) -> bool:
+def is_current(path, expected: dict) -> bool:
   """The file exists, loads cleanly, and was made with the same settings."""
   if not path.exists():
     return False
@@ -55,9 +55,14 @@ def _progress(label: str, every_seconds: float = 10.0):
   return callback
 
 
-def _predict(settings, point, name: str, states, test_split) -> predictions_lib.Predictions:
-  info = plan.predictions_meta(settings, point, name)
-  x, labels = test_split.images, test_split.labels
+def predict_images(
+  settings, point, info: dict, states, x, labels, key_index: int = 0
+) -> predictions_lib.Predictions:
+  """One predictions file's contents: ``info`` (``plan.predictions_meta``) says which method.
+
+  ``states(method)`` gives the trained state; ``key_index`` picks MC dropout's keys (0:
+  the main job's; the shift job gives each set's its own, so sets share no masks).
+  """
   state = states(info["method"])
   apply_fn = models.make_apply_fn(state.model)
   if info["method"] != "mc_dropout":
@@ -68,10 +73,11 @@ def _predict(settings, point, name: str, states, test_split) -> predictions_lib.
     return predictions_lib.Predictions(labels=labels, logits=result.logits, meta=info)
   index = settings.dropout_rates.index(info["dropout_rate"])
   key = jax.random.fold_in(jax.random.fold_in(jax.random.key(point.seed), 100), index)
+  key = jax.random.fold_in(key, key_index) if key_index else key
   result = mc.predict(
     apply_fn, state.variables, x, key=key, num_samples=settings.num_samples,
     rate=info["dropout_rate"], chunk_size=settings.chunk_size, keep_samples=settings.keep_samples,
-    progress=_progress(f"{name} x{settings.num_samples}"),
+    progress=_progress(f"dropout {info['dropout_rate']:g} x{settings.num_samples}"),
   )  # fmt: skip
   # Scores computed on device in log space keep the precision that a float32 mean
   # probability loses when it saturates at 1.
@@ -84,26 +90,35 @@ def _predict(settings, point, name: str, states, test_split) -> predictions_lib.
   )
 
 
+def trained_states(settings, point, test_split):
+  """``states(method)``: a point's trained base network or ensemble, restored once."""
+  restored = {}
+
+  def states(method):
+    stage = "ensemble" if method == "ensemble" else "base"
+    if stage not in restored:
+      restored[stage] = train_exp.restore(
+        settings, point, stage, test_split.num_classes, test_split.images[:1]
+      )
+    return restored[stage]
+
+  return states
+
+
 def run(settings: plan.Settings, points, test_split) -> None:
   """Writes every predictions file of ``points`` that is missing or stale."""
   for point in points:
-    restored = {}
-
-    def states(method, point=point, restored=restored):
-      stage = "ensemble" if method == "ensemble" else "base"
-      if stage not in restored:
-        restored[stage] = train_exp.restore(
-          settings, point, stage, test_split.num_classes, test_split.images[:1]
-        )
-      return restored[stage]
-
+    states = trained_states(settings, point, test_split)
     for name in plan.predictions_names(settings, point):
       path = common.workdir() / "predictions" / f"{name}.npz"
-      if _is_current(path, plan.predictions_meta(settings, point, name)):
+      if is_current(path, plan.predictions_meta(settings, point, name)):
         logging.info("predict: %s done already, skipping", name)
         continue
       start = time.perf_counter()
-      predictions = _predict(settings, point, name, states, test_split)
+      info = plan.predictions_meta(settings, point, name)
+      predictions = predict_images(
+        settings, point, info, states, test_split.images, test_split.labels
+      )
       if common.is_writer():
         predictions_lib.save_predictions(path, predictions)
         logging.info("predict: wrote %s (%.1f s)", path, time.perf_counter() - start)

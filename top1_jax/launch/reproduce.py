@@ -40,10 +40,10 @@ def check(settings: plan.Settings) -> None:
     )
   test = sweep_data.check(settings)["test"]
   if test.num_examples is not None:
-    _check_test_split(settings, test.num_examples, test.num_classes)
+    check_test_split(settings, test.num_examples, test.num_classes)
 
 
-def _check_test_split(settings: plan.Settings, num_examples: int, num_classes: int) -> None:
+def check_test_split(settings: plan.Settings, num_examples: int, num_classes: int) -> None:
   limited = settings.limit_test == num_examples
   what = f"test examples (limit_test={settings.limit_test})" if limited else "test examples"
   plan.check_examples(settings, num_examples, num_classes, what)
@@ -58,7 +58,7 @@ def main(argv):
   # The data is loaded and checked before anything is written: a refused run leaves
   # the work dir as it was.
   train_split, test_split = sweep_data.load_both(settings)
-  _check_test_split(settings, len(test_split.labels), test_split.num_classes)
+  check_test_split(settings, len(test_split.labels), test_split.num_classes)
   timings["data"] = time.perf_counter() - tic
   workdir = common.workdir()
   asked = evaluate.asked_files(settings)

@@ -16,6 +16,9 @@
 * ``dropout_rate_figure``: metrics of MC dropout against the test-time dropout
   rate, one line per bin count, the deterministic network as a reference line;
   from a run's tidy results rows or rows merged over seeds (``top1_jax.sweep.aggregate``).
+* ``shift_curves``, ``corruption_boxes``, ``ood_histograms``: calibration under
+  dataset shift after Ovadia et al. (metrics against rotation or translation, boxes
+  over corruptions per intensity, P(correct) on out-of-distribution inputs).
 * ``risk_coverage_figure``: the risk-coverage curve of a score with selective
   prediction's guaranteed operating points (``selective.guaranteed_coverage``).
 * ``image_grid``: tiles of images with their given label, predicted label and a
@@ -32,7 +35,7 @@ scores merged when fewer ("15 equal-mass bins requested, 12 after ties").
 Modules: ``bins`` (Figs. 1 and 2), ``reliability`` (the reliability diagram),
 ``sweeps`` (the ablation and the dropout-rate sweep), ``risk`` (the risk-coverage
 curve), ``images`` (the grid), ``figures`` (figure creation and saving), ``page``
-(the results page), ``results`` (a finished sweep's figures).
+(the results page), ``shift`` (dataset shift), ``results`` (a finished sweep's figures).
 
 Figures are ``matplotlib.figure.Figure`` objects with an Agg canvas, made without
 pyplot: importing this package never switches the user's backend or opens a
@@ -48,26 +51,32 @@ from top1_jax.plots.results import (
   write_dropout_rate_figures,
   write_figures,
   write_risk_coverage_figures,
+  write_shift_figures,
 )
 from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
+from top1_jax.plots.shift import corruption_boxes, ood_histograms, shift_curves
 from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 __all__ = [
   "write_dropout_rate_figures",
   "write_figures",
   "write_risk_coverage_figures",
+  "write_shift_figures",
   "BOUNDS",
   "BAR_ORDERS",
   "OperatingPoint",
   "ablation_figure",
   "bin_figure",
+  "corruption_boxes",
   "dropout_rate_figure",
   "image_grid",
+  "ood_histograms",
   "refinement_figure",
   "reliability_diagram",
   "results_page",
   "risk_coverage_figure",
   "save_figure",
+  "shift_curves",
   "write_results_page",
   "write_run_page",
 ]

@@ -12,10 +12,12 @@ import numpy as np
 
 from top1_jax.core import binning, scores
 from top1_jax.evaluation import crossval, selective
+from top1_jax.io import results as results_io
 from top1_jax.plots.bins import bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.reliability import reliability_diagram
 from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
+from top1_jax.plots.shift import corruption_boxes, ood_histograms, shift_curves
 from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 
@@ -169,4 +171,31 @@ def write_dropout_rate_figures(out_dir, rows, topks) -> list:
     except ValueError:
       continue  # no MC-dropout rows at a rate > 0 for this event
     written.append(save_figure(fig, out_dir / "figures" / f"dropout_rate_top{k}.png"))
+  return written
+
+
+def write_shift_figures(out_dir, panels) -> list:
+  """The shift protocol's figures into ``out_dir/figures`` (``sweep.shift.figure_data``).
+
+  Args:
+    out_dir: the shift folder (``<workdir>/shift``).
+    panels: one ``(name, rows, variants, p_correct)`` per trained model: a file-name
+      suffix ("" for a run of one model), its tidy rows, the variants to compare
+      (label -> column filter) and the OOD histograms' P(correct) (variant -> set ->
+      [N]; empty without OOD sets).
+  """
+  written = []
+  for name, rows, variants, p_correct in panels:
+    suffix = f"_{name}" if name else ""
+    shifts = {row["shift"] for row in rows}
+    for shift in ("rotate", "translate"):
+      if shift in shifts:
+        fig = shift_curves(rows, variants, shift)
+        written.append(save_figure(fig, out_dir / "figures" / f"shift_{shift}{suffix}.png"))
+    if shifts - {results_io.CLEAN, "rotate", "translate"}:
+      fig = corruption_boxes(rows, variants, ("brier", "ece", "accuracy"))
+      written.append(save_figure(fig, out_dir / "figures" / f"shift_corruptions{suffix}.png"))
+    if p_correct:
+      fig = ood_histograms(p_correct)
+      written.append(save_figure(fig, out_dir / "figures" / f"shift_ood{suffix}.png"))
   return written

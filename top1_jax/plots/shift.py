@@ -25,7 +25,7 @@ from top1_jax.io import results
 from top1_jax.plots import figures
 from top1_jax.plots.sweeps import METRIC_LABELS, PERCENT_METRICS
 
-CLEAN = "clean"
+CLEAN = results.CLEAN
 """The ``shift`` of the unshifted test rows (severity 0): the first point of every shift."""
 
 OOD_PREFIX = "ood_"

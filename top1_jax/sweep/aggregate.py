@@ -21,6 +21,7 @@ import numpy as np
 
 from top1_jax.core import scores
 from top1_jax.evaluation import crossval
+from top1_jax.io import results
 from top1_jax.sweep import tables
 
 COLUMNS = tables.COLUMNS
@@ -73,6 +74,7 @@ def _group(
   origin: dict[tuple, str] = {}  # (key, seed) -> the run it came from, for the error
   for name, rows in zip(names, runs, strict=True):
     for index, row in enumerate(rows):
+      row = {**results.UNSHIFTED, **row}  # results written before shift and severity
       missing = [c for c in (*key_columns, "seed") if c not in row]
       if missing:
         raise ValueError(f"{name}: row {index} has no column {', '.join(missing)}")

@@ -12,97 +12,21 @@ a sweep's units one task of a job array runs.
 """
 
 import dataclasses
-import math
-import re
 from typing import Any
 
 from top1_jax.core import scores
-from top1_jax.core.validation import SettingError
 from top1_jax.estimators import registry
 from top1_jax.evaluation import crossval
+from top1_jax.sweep.fields import at_least as _at_least
+from top1_jax.sweep.fields import fail as _fail
+from top1_jax.sweep.fields import finite as _finite
+from top1_jax.sweep.fields import items as _items
+from top1_jax.sweep.fields import numbers as _numbers
 from top1_jax.version import __version__
 
 MAX_FOLDS = 127  # crossval.make_splits stores a split's fold in an int8
 INPUT_KINDS = ("predictions", "logits", "probs")
 """What ``config.inputs`` holds: predictions files, or one .npy array of logits or probs."""
-
-
-def _fail(field: str, message: str):
-  """A setting that cannot work: one line naming the field."""
-  raise SettingError(f"{field}: {message}")
-
-
-def _items(config, field: str) -> tuple:
-  """A tuple field, also when given unquoted on the command line: (a,b) arrives as "(a,b)".
-
-  ml_collections keeps an override it cannot parse as one string: a typo such as
-  ``(0.1`` (a parenthesis missing) would otherwise run as the value 0.1 and be recorded
-  as ``["(0.1"]``, so parentheses that do not pair up are refused.
-  """
-  value = config[field]
-  if isinstance(value, str):
-    value = (value,)
-  out = []
-  for item in value if isinstance(value, (tuple, list)) else (value,):
-    if isinstance(item, str):
-      _check_parentheses(field, item)
-      out += [part for part in re.split(r"[,\s()]+", item) if part]
-    else:
-      out.append(item)
-  return tuple(out)
-
-
-def _check_parentheses(field: str, item: str) -> None:
-  """Parentheses that pair up: ``(a,b)`` and ``a,b``, not ``(a`` or ``a)``."""
-  depth = 0
-  for char in item:
-    depth += {"(": 1, ")": -1}.get(char, 0)
-    if depth < 0:
-      break
-  if depth:
-    _fail(
-      field,
-      f"malformed value {item!r}: its parentheses do not pair up; write (a,b) or (a,), "
-      f"quoted for the shell: '--config.{field}=(a,b)'",
-    )
-
-
-def _finite(config) -> None:
-  """Every float of the config (a field, or an item of a tuple field) is a finite number."""
-  for field, value in config.items() if hasattr(config, "items") else ():
-    values = value if isinstance(value, (tuple, list)) else (value,)
-    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-      _fail(
-        field, f"expected {'finite numbers' if values is value else 'a finite number'}, got {value}"
-      )
-
-
-def _numbers(config, field: str, kind, low=None, high=None, allow_empty=False) -> tuple:
-  values = _items(config, field)
-  try:
-    parsed = tuple(kind(v) for v in values)
-  except (TypeError, ValueError, OverflowError):  # OverflowError: int("inf")
-    _fail(field, f"expected {kind.__name__} values, got {values}")
-  if not all(math.isfinite(v) for v in parsed):  # "nan" in an unquoted tuple parses
-    _fail(field, f"expected finite numbers, got {values}")
-  if not parsed and not allow_empty:
-    _fail(field, "expected at least one value, got ()")
-  if kind is int and any(float(v) != int(v) for v in values):
-    _fail(field, f"expected integers, got {values}")
-  if low is not None and any(v < low for v in parsed):
-    _fail(field, f"expected values >= {low}, got {values}")
-  if high is not None and any(v >= high for v in parsed):
-    _fail(field, f"expected values in [{low}, {high}), got {values}")
-  return tuple(dict.fromkeys(parsed))
-
-
-def _at_least(config, field: str, low, kind=int):
-  value = config[field]
-  if value is None:
-    return None
-  if not isinstance(value, (int, float)) or value < low:
-    _fail(field, f"expected {'an integer' if kind is int else 'a number'} >= {low}, got {value}")
-  return kind(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +52,12 @@ class Settings:
     return self.config[name]
 
 
+def field_items(settings: "Settings", field: str) -> tuple:
+  """A tuple field's items as ``check`` read them: ``(a,b)`` given on the command line
+  arrives as one string, split here (numbers stay strings there: convert them)."""
+  return _items(settings.config, field)
+
+
 def _check_training(config) -> None:
   for field in ("num_epochs", "batch_size"):
     _at_least(config, field, 1)
@@ -138,6 +68,83 @@ def _check_training(config) -> None:
     _fail("learning_rate", f"expected > 0, got {config.learning_rate}")
   if config.ensemble_strategy not in ("auto", "vmap", "loop"):
     _fail("ensemble_strategy", f"expected auto, vmap or loop, got {config.ensemble_strategy!r}")
+  _check_recipe(config)
+
+
+RECIPE_DEFAULTS = {
+  "optimizer": "adam",
+  "momentum": 0.9,
+  "nesterov": False,
+  "lr_schedule": "constant",
+  "lr_boundaries": (),
+  "lr_factor": 0.1,
+  "warmup_epochs": 0.0,
+  "weight_decay": 0.0,
+  "augment": (),
+  "crop_padding": 4,
+  "half_precision": "none",
+}
+"""The training recipe's fields (``configs/default.py``) at the values that train as before
+they existed: Adam at a constant rate, no weight decay, no augmentation, float32."""
+OPTIMIZERS = ("adam", "sgd")  # engine.optimizers.OPTIMIZERS (that module needs optax)
+SCHEDULES = ("constant", "cosine", "step")  # engine.optimizers.SCHEDULES
+AUGMENTATIONS = ("crop", "flip")  # engine.augment.AUGMENTATIONS
+HALF_PRECISIONS = ("none", "bfloat16", "float16")  # engine.train_state.HALF_PRECISIONS
+
+
+def _one_of(config, field: str, names: tuple[str, ...]) -> str:
+  if config[field] not in names:
+    _fail(field, f"expected one of {', '.join(names)}, got {config[field]!r}")
+  return config[field]
+
+
+def _check_recipe(config) -> None:
+  """The optimizer, schedule, augmentation, precision and logging fields."""
+  _one_of(config, "optimizer", OPTIMIZERS)
+  _one_of(config, "lr_schedule", SCHEDULES)
+  _one_of(config, "half_precision", HALF_PRECISIONS)
+  if not isinstance(config.momentum, (int, float)) or not 0 <= config.momentum < 1:
+    _fail("momentum", f"expected a number in [0, 1), got {config.momentum!r}")
+  for field in ("nesterov",):
+    if not isinstance(config[field], bool):
+      _fail(field, f"expected True or False, got {config[field]!r}")
+  for field in ("weight_decay", "warmup_epochs"):
+    if not isinstance(config[field], (int, float)) or config[field] < 0:
+      _fail(field, f"expected a number >= 0, got {config[field]!r}")
+  if not isinstance(config.lr_factor, (int, float)) or not config.lr_factor > 0:
+    _fail("lr_factor", f"expected a number > 0, got {config.lr_factor!r}")
+  if config.warmup_epochs >= config.num_epochs:
+    _fail("warmup_epochs", f"expected fewer than num_epochs={config.num_epochs}, got "
+          f"{config.warmup_epochs}")  # fmt: skip
+  boundaries = _numbers(config, "lr_boundaries", float, allow_empty=True)
+  if config.lr_schedule == "step" and not boundaries:
+    _fail("lr_boundaries", "lr_schedule=step needs the epochs where the rate drops, got ()")
+  if config.lr_schedule == "step" and (
+    list(boundaries) != sorted(boundaries) or any(not 0 < b < config.num_epochs for b in boundaries)
+  ):
+    _fail(
+      "lr_boundaries",
+      f"expected increasing epochs in (0, num_epochs={config.num_epochs}), got {boundaries}",
+    )
+  names = _items(config, "augment")
+  if names not in ((), ("none",)) and any(n not in AUGMENTATIONS for n in names):
+    _fail("augment", f"expected none or names among {', '.join(AUGMENTATIONS)}, got {names}")
+  low = 1 if "crop" in names else 0
+  if isinstance(config.crop_padding, bool) or not isinstance(config.crop_padding, int):
+    _fail("crop_padding", f"expected an integer >= {low}, got {config.crop_padding!r}")
+  _at_least(config, "crop_padding", low)
+  _at_least(config, "log_every_steps", 1)
+  _at_least(config, "eval_every_epochs", 0)
+
+
+def recipe(settings) -> dict[str, Any]:
+  """The training recipe of checked settings: every field of ``RECIPE_DEFAULTS``, tuples
+  parsed (``augment``: () for none)."""
+  values = {field: settings.config[field] for field in RECIPE_DEFAULTS}
+  values["lr_boundaries"] = _numbers(settings.config, "lr_boundaries", float, allow_empty=True)
+  names = _items(settings.config, "augment")
+  values["augment"] = () if names == ("none",) else tuple(dict.fromkeys(names))
+  return values
 
 
 def _check_evaluation(config, n_bins) -> None:
@@ -228,6 +235,7 @@ def check(config: Any) -> Settings:
     _fail("selective_targets", f"expected accuracies in (0, 1), got {targets}")
   names = _check_scores(config, bool(rates) or config.ensemble_size >= 2)
   inputs = _check_inputs(config)
+  _check_shift(config)
   compare = config.compare_bins
   if compare is None:  # Table 1's bins: 20 when swept, else the sweep's first
     compare = 20 if 20 in n_bins else n_bins[0]
@@ -266,6 +274,40 @@ def _check_inputs(config) -> tuple[str, ...]:
   if not config.labels:
     _fail("labels", f"required with input_kind={kind} (a .npy of [N] integer labels)")
   return inputs
+
+
+SHIFT_ESTIMATORS = ("raw", *registry.names())
+"""What ``shift_estimators`` may name: the model's own probability, or a registered estimator."""
+
+
+def _check_shift(config) -> None:
+  """The ``shift_*`` fields (the shift config; other jobs ignore them)."""
+  from top1_jax.engine import corruptions  # jax only
+  from top1_jax.io import ood_sets
+
+  _at_least(config, "shift_examples", 1)
+  rotations = _numbers(config, "shift_rotations", float, allow_empty=True)
+  if any(not 0 < r <= 360 for r in rotations):
+    _fail("shift_rotations", f"expected degrees in (0, 360], got {rotations}")
+  _numbers(config, "shift_translations", int, low=1, allow_empty=True)
+  named = {
+    "shift_corruptions": (corruptions.names(), True),
+    "shift_ood": (ood_sets.names(), False),
+    "shift_estimators": (SHIFT_ESTIMATORS, False),
+  }
+  for field, (known, all_allowed) in named.items():
+    given = _items(config, field)
+    if all_allowed and given == ("all",):
+      continue
+    if any(name not in known for name in given) or (field == "shift_estimators" and not given):
+      _fail(field, f"expected names among {', '.join(known)}, got {given}")
+  if _items(config, "shift_inputs") and (
+    not _items(config, "inputs") or config.input_kind != "predictions"
+  ):
+    _fail("shift_inputs", "goes with inputs: the clean predictions files they are calibrated on")
+  severities = _numbers(config, "shift_severities", int, low=1, allow_empty=True)
+  if any(s > corruptions.SEVERITIES for s in severities):
+    _fail("shift_severities", f"expected 1 to {corruptions.SEVERITIES}, got {severities}")
 
 
 def smallest_calibration(settings: Settings, num_examples: int) -> int:
@@ -331,7 +373,12 @@ def predictions_names(settings: Settings, point: TrainingPoint) -> list[str]:
 
 def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dict:
   """What a trained stage (``base`` or ``ensemble``) depends on: ``train`` records it and
-  refuses to resume or reuse a stage trained with other settings."""
+  refuses to resume or reuse a stage trained with other settings.
+
+  The recipe's fields (``RECIPE_DEFAULTS``) are recorded only where they differ from
+  their defaults (SGD's ``momentum`` and ``nesterov`` with SGD, ``lr_boundaries`` and
+  ``lr_factor`` with the step schedule, ``crop_padding`` with crops), so a stage
+  trained before they existed keeps its record and is reused."""
   config = {
     "dataset": settings.dataset,
     "limit_train": settings.limit_train,
@@ -342,6 +389,18 @@ def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dic
     "learning_rate": settings.learning_rate,
     "seed": point.seed,
   }
+  values = recipe(settings)
+  unused = set()
+  if values["optimizer"] != "sgd":
+    unused |= {"momentum", "nesterov"}
+  if values["lr_schedule"] != "step":
+    unused |= {"lr_boundaries", "lr_factor"}
+  if "crop" not in values["augment"]:
+    unused.add("crop_padding")
+  for field, default in RECIPE_DEFAULTS.items():
+    if field not in unused and values[field] != default:
+      value = values[field]
+      config[field] = list(value) if isinstance(value, tuple) else value  # as JSON reads it
   return {**config, "ensemble_size": settings.ensemble_size} if stage == "ensemble" else config
 
 

@@ -66,7 +66,15 @@ def file_columns(meta: dict, source: str, num_samples: int) -> dict:
     "ensemble_size": int(meta.get("ensemble_size") or 0) if method == "ensemble" else 0,
     "seed": meta.get("seed"),
     "source": source,
+    "shift": str(meta.get("shift") or results.CLEAN),
+    "severity": _severity(meta.get("severity")),
   }
+
+
+def _severity(value) -> int | float:
+  """A file's shift intensity as written in results.csv: 15 (degrees), not 15.0."""
+  value = float(value or 0)
+  return int(value) if value.is_integer() else value
 
 
 def _rate(value: float | None) -> str:
