@@ -5,6 +5,8 @@ r"""Sweeps scores x bin counts x Top-k events over predictions files; writes the
       --config.inputs=a.npz,b.npz '--config.n_bins=(10,20,100)' '--config.topk=(1,5)'
   python -m top1_jax.launch.evaluate --config=evaluate_files --workdir=out \
       --config.inputs=p.npy --config.input_kind=probs --config.labels=y.npy
+  python -m top1_jax.launch.evaluate --config=evaluate_files --workdir=out \
+      --config.inputs=clean.npz '--config.shift_inputs=cifar10c/*.npz'   # under shift
 
 The files are the ones the config asks for (``manifest.json``): its training
 points' predictions, or ``config.inputs`` (predictions files, or one array of
@@ -14,6 +16,9 @@ same random splits (``crossval.cross_validate``) and saved to ``sweep/``; a reru
 skips points that are done. With --num_tasks, each task sweeps its share of the
 files, and a run without --task_index merges. Then ``results.{json,csv,md}``,
 ``figures/``, ``timings.json`` and ``index.html`` (all of them on one page) are written.
+With ``config.shift_inputs`` (files of the inputs' examples shifted, their meta naming
+``shift`` and ``severity``), each input is also calibrated on its clean examples and
+tested on the shifted ones (``top1_jax.sweep.shift``), into ``shift/``.
 """
 
 import concurrent.futures
@@ -51,6 +56,15 @@ def _given_files(settings: plan.Settings) -> list[tuple[str, object]]:
     return [(path.stem, path) for path in files.expand(settings.inputs)]
   except FileNotFoundError as e:
     raise SettingError(f"inputs: {e}") from None
+
+
+def _shifted_files(settings: plan.Settings) -> list[tuple[str, object]]:
+  """config.shift_inputs: predictions files of the inputs' examples shifted (globs expanded)."""
+  try:
+    paths = files.expand(plan.field_items(settings, "shift_inputs"))
+  except FileNotFoundError as e:
+    raise SettingError(f"shift_inputs: {e}") from None
+  return [(f"shifted/{path.stem}", path) for path in paths]
 
 
 def asked_files(settings: plan.Settings) -> list[tuple[str, object]]:
@@ -241,6 +255,9 @@ def main(argv):
   if not common.is_writer():
     return  # evaluation is process 0's alone
   timings = run(settings, ours)
+  if settings.shift_inputs and common.tasks()[1] == 1:
+    shifted = _shifted_files(settings)
+    timings["shift"] = write_shift(settings, asked + shifted, common.workdir() / "shift")
   timings["total"] = time.perf_counter() - start
   if common.tasks()[1] == 1:
     files.write_json(common.workdir() / "timings.json", timings)
