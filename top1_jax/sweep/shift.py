@@ -38,6 +38,8 @@ from top1_jax.sweep import plan, runner, shift_tables, tables
 OOD_PREFIX = "ood_"
 """An out-of-distribution set's ``shift`` is this prefix and its ``io.ood_sets`` name."""
 
+LOG_PROBS_SCORE = shift_tables.LOG_PROBS_SCORE
+
 
 @dataclasses.dataclass(frozen=True)
 class ShiftSet:
@@ -159,9 +161,6 @@ def group_sources(sources: Sequence[runner.Source]) -> list[Group]:
       )
     group.shifted.append(source)
   return list(groups.values())
-
-
-LOG_PROBS_SCORE = shift_tables.LOG_PROBS_SCORE
 
 
 def _score_names(settings: Any, source: runner.Source) -> list[str]:
