@@ -51,6 +51,31 @@ def test_resnet_defaults_are_resnet20():
   assert "batch_stats" in shapes
 
 
+def _kernel_shapes(shapes) -> list[tuple[int, ...]]:
+  return [
+    leaf.shape
+    for path, leaf in jax.tree_util.tree_flatten_with_path(shapes["params"])[0]
+    if "kernel" in jax.tree_util.keystr(path)
+  ]
+
+
+@pytest.mark.parametrize(
+  "name, depth, width, published",
+  [("wrn16_4", 16, 4, 2.7e6), ("wrn28_10", 28, 10, 36.5e6)],
+)
+def test_wide_resnets_are_zagoruyko_and_komodakis(name, depth, width, published):
+  model = models.MODELS[name](num_classes=10)
+  shapes = jax.eval_shape(lambda: models.init(model, jax.random.key(0), jnp.zeros((1, 32, 32, 3))))
+  kernels = _kernel_shapes(shapes)
+  blocks = (depth - 4) // 6
+  convs = [s for s in kernels if len(s) == 4 and s[:2] == (3, 3)]
+  # The stem, then two 3x3 convs per block; the last stage has 64k channels.
+  assert len(convs) == 1 + 6 * blocks and convs[-1] == (3, 3, 64 * width, 64 * width)
+  assert [s for s in kernels if len(s) == 2] == [(64 * width, 10)]
+  assert abs(_param_count(shapes) - published) / published < 0.02  # their table's counts
+  assert "batch_stats" in shapes
+
+
 def test_cnn_downsamples_to_7x7_by_strides_by_default():
   model = models.CNN(features=(4, 8), dense_size=16)
   shapes = jax.eval_shape(lambda: models.init(model, jax.random.key(0), jnp.zeros((1, 28, 28, 1))))
@@ -157,6 +182,41 @@ def test_bad_configuration_raises_naming_the_field():
     models.init(models.CNN(downsample="avg"), jax.random.key(0), x)
   with pytest.raises(ValueError, match="blocks_per_stage"):
     models.init(models.ResNet(blocks_per_stage=(1, 1), widths=(4,)), jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r"depth: expected 6 n \+ 4 with n >= 1"):
+    models.init(models.WideResNet(depth=12), jax.random.key(0), x)
+  with pytest.raises(ValueError, match="widen_factor: expected an integer >= 1, got 0"):
+    models.init(models.WideResNet(widen_factor=0), jax.random.key(0), x)
+
+
+def test_dtype_changes_neither_the_parameters_nor_the_architecture():
+  x = jnp.zeros((1, 32, 32, 3))
+  for make in (models.ResNet, models.WideResNet, models.CNN, models.MLP):
+    half = make(dtype=jnp.bfloat16)
+    shapes = jax.eval_shape(lambda m=half: models.init(m, jax.random.key(0), x))
+    assert {leaf.dtype for leaf in jax.tree_util.tree_leaves(shapes)} == {jnp.dtype("float32")}
+    assert models.architecture(half) == models.architecture(make())
+    logits = jax.eval_shape(lambda v, m=half: m.apply(v, x), shapes)
+    assert logits.dtype == jnp.float32  # softmax and scores in float32
+
+
+@pytest.mark.slow
+def test_mc_dropout_samples_a_wide_resnet_in_bfloat16():
+  from top1_jax.engine import mc
+
+  model = models.WideResNet(num_classes=5, depth=10, widen_factor=1, dtype=jnp.bfloat16)
+  x = jax.random.uniform(jax.random.key(0), (6, 8, 8, 3))
+  variables = models.init(model, jax.random.key(1), x[:1])
+  apply_fn = models.make_apply_fn(model)
+  sampled = mc.predict(
+    apply_fn, variables, x, key=jax.random.key(2), num_samples=4, rate=0.3, keep_samples=True
+  )
+  assert sampled.logits.shape == (4, 6, 5) and sampled.logits.dtype == np.float32
+  assert not np.allclose(sampled.logits[0], sampled.logits[1])  # the blocks' dropout acts
+  np.testing.assert_allclose(np.exp(sampled.mean_log_probs).sum(-1), 1.0, rtol=1e-5)
+  assert all(np.all(np.isfinite(score)) for score in sampled.scores.values())
+  plain = mc.predict(apply_fn, variables, x)
+  direct = jax.nn.log_softmax(apply_fn(variables, x))
+  np.testing.assert_allclose(plain.mean_log_probs, direct, atol=1e-2)  # bfloat16's rounding
 
 
 def _dropout_sites(model, variables, x) -> int:
@@ -188,8 +248,13 @@ def _dropout_sites(model, variables, x) -> int:
       jnp.ones((2, 8, 8, 3)),
       2,
     ),
+    (
+      lambda p: models.WideResNet(depth=10, widen_factor=1, dropout_placement=p),
+      jnp.ones((2, 8, 8, 3)),
+      3,  # between the convolutions of each block, not on the pooled features
+    ),
   ],
-  ids=["mlp", "cnn", "resnet"],
+  ids=["mlp", "cnn", "resnet", "wide_resnet"],
 )
 def test_dropout_placement_all_vs_head(make, x, all_sites):
   # Same parameters either way: a trained network can be sampled with either.

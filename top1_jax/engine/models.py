@@ -8,7 +8,7 @@ an argument of ``__call__``, not a module attribute. It may be a traced scalar:
 Every model is called as ``model.apply(variables, x, train=..., dropout_rate=...,
 rngs={"dropout": key})`` and returns logits ``[B, K]``.
 
-* ``train`` switches BatchNorm (ResNet only) between batch statistics (True) and
+* ``train`` switches BatchNorm (ResNet, WideResNet) between batch statistics (True) and
   running averages (False). It does not switch dropout.
 * Dropout is active whenever ``dropout_rate`` is not the Python number 0, in
   training and at test time alike (that is MC dropout), and then needs a
@@ -23,12 +23,20 @@ default ``dropout_placement="all"``:
 * ``ResNet``: inside every residual block between its two convolutions (after the
   first BN + ReLU, as in Wide ResNets), and on the pooled features before the
   classifier.
+* ``WideResNet``: between the two convolutions of every block only (Zagoruyko &
+  Komodakis 2016, section 2.4), not on the pooled features.
 
 With ``dropout_placement="head"`` only the last of these acts: on the features
 that feed the classifier. Everything below it does not depend on the dropout key,
 so under ``jax.vmap`` over keys (``mc``) it is computed once for all S samples.
 The placement does not change the parameters: ``model.clone(dropout_placement=
 "head")`` samples a network trained with the default placement.
+
+Every model has a ``dtype``, the dtype of its computation (as in the Flax
+ImageNet example): ``jnp.bfloat16`` or ``jnp.float16`` for mixed precision, the
+parameters staying float32. The logits are float32 whatever the ``dtype``, so
+softmax, losses and scores are computed in float32. Like the placement, ``dtype``
+does not change the parameters (``architecture`` leaves it out).
 """
 
 import dataclasses
@@ -138,17 +146,22 @@ def _with_channels(x: jax.Array) -> jax.Array:
 
 
 def _head(
-  features: jax.Array, hidden_size: int | None, dropout_rate: ArrayLike, num_classes: int
+  features: jax.Array,
+  hidden_size: int | None,
+  dropout_rate: ArrayLike,
+  num_classes: int,
+  dtype: Any = jnp.float32,
 ) -> jax.Array:
   """The classifier on [B, D] features: [ReLU(Dense(hidden_size)) ->] dropout -> [B, K] logits.
 
   The one place where the dropout of every placement acts. Called inside a model's
   compact ``__call__``: its layers are the model's, named in the order they are made.
+  The logits are float32 whatever the compute ``dtype`` (softmax and scores in float32).
   """
   if hidden_size is not None:
-    features = nn.relu(nn.Dense(hidden_size)(features))
+    features = nn.relu(nn.Dense(hidden_size, dtype=dtype)(features))
   features = Dropout()(features, dropout_rate)
-  return nn.Dense(num_classes)(features)
+  return nn.Dense(num_classes, dtype=dtype)(features).astype(jnp.float32)
 
 
 class MLP(nn.Module):
@@ -158,11 +171,13 @@ class MLP(nn.Module):
     num_classes: K, the number of logits.
     hidden_sizes: widths of the hidden ReLU layers (at least one).
     dropout_placement: ``"all"`` hidden layers or only the ``"head"`` (the last).
+    dtype: the computation's dtype (parameters are float32).
   """
 
   num_classes: int = 10
   hidden_sizes: Sequence[int] = (512, 256)
   dropout_placement: str = "all"
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(
@@ -175,9 +190,9 @@ class MLP(nn.Module):
       raise ValueError("hidden_sizes: expected at least one hidden layer, got ()")
     x = x.reshape((x.shape[0], -1)).astype(jnp.float32)
     for width in self.hidden_sizes[:-1]:
-      x = nn.relu(nn.Dense(width)(x))
+      x = nn.relu(nn.Dense(width, dtype=self.dtype)(x))
       x = _hidden_dropout(self.dropout_placement, x, dropout_rate)
-    return _head(x, self.hidden_sizes[-1], dropout_rate, self.num_classes)
+    return _head(x, self.hidden_sizes[-1], dropout_rate, self.num_classes, self.dtype)
 
 
 class CNN(nn.Module):
@@ -195,6 +210,7 @@ class CNN(nn.Module):
     downsample: ``"stride"`` (stride-2 convs) or ``"max_pool"`` (stride-1 convs
       each followed by a 2x2 max-pool).
     dropout_placement: ``"all"`` layers or only the ``"head"`` (hidden dense).
+    dtype: the computation's dtype (parameters are float32).
   """
 
   num_classes: int = 10
@@ -202,6 +218,7 @@ class CNN(nn.Module):
   dense_size: int = 128
   downsample: str = "stride"
   dropout_placement: str = "all"
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(
@@ -215,11 +232,17 @@ class CNN(nn.Module):
     x = _with_channels(x).astype(jnp.float32)
     strides = (2, 2) if self.downsample == "stride" else (1, 1)
     for width in self.features:
-      x = nn.relu(nn.Conv(width, (3, 3), strides=strides, padding="SAME")(x))
+      x = nn.relu(nn.Conv(width, (3, 3), strides=strides, padding="SAME", dtype=self.dtype)(x))
       if self.downsample == "max_pool":
         x = nn.max_pool(x, (2, 2), strides=(2, 2))
       x = _hidden_dropout(self.dropout_placement, x, dropout_rate)
-    return _head(x.reshape((x.shape[0], -1)), self.dense_size, dropout_rate, self.num_classes)
+    features = x.reshape((x.shape[0], -1))
+    return _head(features, self.dense_size, dropout_rate, self.num_classes, self.dtype)
+
+
+def _batch_norm(train: bool, dtype: Any) -> nn.BatchNorm:
+  """BatchNorm with momentum 0.9 (statistics kept in float32 whatever ``dtype``)."""
+  return nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=dtype)
 
 
 class _ResidualBlock(nn.Module):
@@ -228,17 +251,19 @@ class _ResidualBlock(nn.Module):
   width: int
   stride: int
   dropout_placement: str
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
-    norm = lambda: nn.BatchNorm(use_running_average=not train, momentum=0.9)
-    y = nn.Conv(self.width, (3, 3), (self.stride, self.stride), use_bias=False)(x)
+    norm = functools.partial(_batch_norm, train, self.dtype)
+    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype)
+    y = conv(self.width, (3, 3), (self.stride, self.stride))(x)
     y = nn.relu(norm()(y))
     y = _hidden_dropout(self.dropout_placement, y, dropout_rate)
-    y = nn.Conv(self.width, (3, 3), use_bias=False)(y)
+    y = conv(self.width, (3, 3))(y)
     y = norm()(y)
     if x.shape != y.shape:
-      x = nn.Conv(self.width, (1, 1), (self.stride, self.stride), use_bias=False)(x)
+      x = conv(self.width, (1, 1), (self.stride, self.stride))(x)
       x = norm()(x)
     return nn.relu(x + y)
 
@@ -247,7 +272,11 @@ class ResNet(nn.Module):
   """CIFAR ResNet (He et al. 2016, section 4.2); the defaults are ResNet-20.
 
   Depth is ``6 n + 2`` with ``n`` blocks per stage: n = 3 gives ResNet-20, 5
-  ResNet-32, 9 ResNet-56. Shortcuts that change shape are 1x1 projections.
+  ResNet-32, 9 ResNet-56: a 3x3 conv with 16 channels, then three stages of n
+  post-activation blocks with 16, 32 and 64 channels (the 2nd and 3rd halve the
+  image), global average pooling and the classifier. Shortcuts that change shape
+  are 1x1 projections (He et al.'s option B; their CIFAR networks use option A,
+  zero-padded identities, which has no parameters: about 0.27 M instead of 0.28 M).
 
   Attributes:
     num_classes: K.
@@ -255,12 +284,14 @@ class ResNet(nn.Module):
       size and use the matching ``widths``).
     widths: channels of each stage.
     dropout_placement: ``"all"`` blocks or only the ``"head"`` (pooled features).
+    dtype: the computation's dtype (parameters are float32).
   """
 
   num_classes: int = 10
   blocks_per_stage: Sequence[int] = (3, 3, 3)
   widths: Sequence[int] = (16, 32, 64)
   dropout_placement: str = "all"
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(
@@ -274,19 +305,103 @@ class ResNet(nn.Module):
         f" {len(self.blocks_per_stage)} and {len(self.widths)}"
       )
     x = _with_channels(x).astype(jnp.float32)
-    x = nn.Conv(self.widths[0], (3, 3), use_bias=False)(x)
-    x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(x))
+    x = nn.Conv(self.widths[0], (3, 3), use_bias=False, dtype=self.dtype)(x)
+    x = nn.relu(_batch_norm(train, self.dtype)(x))
     for stage, (num_blocks, width) in enumerate(
       zip(self.blocks_per_stage, self.widths, strict=True)
     ):
       for block in range(num_blocks):
         stride = 2 if stage > 0 and block == 0 else 1
-        x = _ResidualBlock(width, stride, self.dropout_placement)(x, train, dropout_rate)
-    return _head(jnp.mean(x, axis=(1, 2)), None, dropout_rate, self.num_classes)
+        block_fn = _ResidualBlock(width, stride, self.dropout_placement, self.dtype)
+        x = block_fn(x, train, dropout_rate)
+    return _head(jnp.mean(x, axis=(1, 2)), None, dropout_rate, self.num_classes, self.dtype)
 
 
-MODELS = {"mlp": MLP, "cnn": CNN, "resnet": ResNet}
-"""Model classes by name, for experiment flags."""
+# He et al.'s initialisation (fan out), as in Zagoruyko & Komodakis's code.
+_HE_NORMAL = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+class _WideBlock(nn.Module):
+  """Pre-activation block: BN-ReLU-conv3x3-BN-ReLU-dropout-conv3x3, plus the input (through
+  a 1x1 conv of the activated input where the shape changes)."""
+
+  width: int
+  stride: int
+  dropout_placement: str
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
+    norm = functools.partial(_batch_norm, train, self.dtype)
+    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, kernel_init=_HE_NORMAL)
+    activated = nn.relu(norm()(x))
+    y = conv(self.width, (3, 3), (self.stride, self.stride))(activated)
+    y = nn.relu(norm()(y))
+    y = _hidden_dropout(self.dropout_placement, y, dropout_rate)
+    y = conv(self.width, (3, 3))(y)
+    if x.shape[-1] != self.width or self.stride != 1:
+      x = conv(self.width, (1, 1), (self.stride, self.stride))(activated)
+    return x + y
+
+
+class WideResNet(nn.Module):
+  """Wide ResNet WRN-d-k (Zagoruyko & Komodakis 2016) for 32x32 images.
+
+  A 3x3 conv with 16 channels, three stages of ``(d - 4) / 6`` pre-activation
+  blocks with 16k, 32k and 64k channels (the 2nd and 3rd halve the image), BN +
+  ReLU, global average pooling and the classifier. Dropout acts between the two
+  convolutions of each block (the paper's place; ``dropout_placement="all"``), or
+  only on the pooled features with ``"head"``. The paper trains with rate 0.3.
+
+  Attributes:
+    num_classes: K.
+    depth: d, with d - 4 a positive multiple of 6 (10, 16, 22, 28, 40...).
+    widen_factor: k >= 1.
+    dropout_placement: ``"all"`` (the blocks) or ``"head"`` (pooled features).
+    dtype: the computation's dtype (parameters are float32).
+  """
+
+  num_classes: int = 10
+  depth: int = 16
+  widen_factor: int = 4
+  dropout_placement: str = "all"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(
+    self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
+  ) -> jax.Array:
+    """Args: x: [B, 32, 32, 3] float (any H, W). Returns: [B, K] logits."""
+    _check_placement(self.dropout_placement)
+    if self.depth < 10 or (self.depth - 4) % 6:
+      raise ValueError(f"depth: expected 6 n + 4 with n >= 1 (10, 16, 28...), got {self.depth}")
+    if self.widen_factor < 1:
+      raise ValueError(f"widen_factor: expected an integer >= 1, got {self.widen_factor}")
+    x = _with_channels(x).astype(jnp.float32)
+    x = nn.Conv(16, (3, 3), use_bias=False, dtype=self.dtype, kernel_init=_HE_NORMAL)(x)
+    for stage in range(3):
+      width = 16 * self.widen_factor * 2**stage
+      for block in range((self.depth - 4) // 6):
+        stride = 2 if stage > 0 and block == 0 else 1
+        block_fn = _WideBlock(width, stride, self.dropout_placement, self.dtype)
+        x = block_fn(x, train, dropout_rate)
+    x = nn.relu(_batch_norm(train, self.dtype)(x))
+    features = jnp.mean(x, axis=(1, 2))
+    if self.dropout_placement == "head":  # with "all", the blocks' dropout only (the paper's)
+      features = Dropout()(features, dropout_rate)
+    return nn.Dense(self.num_classes, dtype=self.dtype)(features).astype(jnp.float32)
+
+
+MODELS = {
+  "mlp": MLP,
+  "cnn": CNN,
+  "resnet": ResNet,
+  "wrn16_4": functools.partial(WideResNet, depth=16, widen_factor=4),
+  "wrn16_8": functools.partial(WideResNet, depth=16, widen_factor=8),
+  "wrn28_10": functools.partial(WideResNet, depth=28, widen_factor=10),
+}
+"""Model classes (or classes with some attributes set) by name, for experiment flags:
+``MODELS[name](num_classes=K)``. ``resnet`` is ResNet-20; ``wrn<d>_<k>`` is WRN-d-k."""
 
 
 def architecture(model: nn.Module) -> dict[str, Any]:
@@ -294,8 +409,8 @@ def architecture(model: nn.Module) -> dict[str, Any]:
 
   Two models with equal descriptions build the same parameter tree; checkpoints
   store it so that restoring into another architecture can be refused.
-  ``dropout_placement`` is left out: it changes how a network is sampled, not its
-  parameters.
+  ``dropout_placement`` and ``dtype`` are left out: they change how a network is
+  computed, not its parameters.
 
   Args:
     model: an unbound Flax module.
@@ -307,7 +422,7 @@ def architecture(model: nn.Module) -> dict[str, Any]:
     raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
   description: dict[str, Any] = {"class": type(model).__name__}
   for field in dataclasses.fields(model):
-    if field.name in ("parent", "name", "dropout_placement"):
+    if field.name in ("parent", "name", "dropout_placement", "dtype"):
       continue
     value = getattr(model, field.name)
     description[field.name] = list(value) if isinstance(value, tuple) else value

@@ -1,6 +1,8 @@
 """Training with optax: one network, or a deep ensemble trained together.
 
-* ``train_step(state, batch, key)``: one jitted, pure SGD step (cross-entropy).
+* ``train_step(state, batch, key)``: one jitted, pure SGD step (cross-entropy), with
+  the state's augmentation of the batch (``augment``; its key split from the step's
+  key) and float16's dynamic loss scaling (``train_state.loss_scale``) when set.
 * ``fit``: ``num_steps`` steps over shuffled mini-batches; deterministic for a
   given key on CPU. Step t (counted from ``state.step``, so a restored run goes
   on with fresh keys and the next batches) uses the batch at position t of the
@@ -31,6 +33,7 @@ that is not finite or above ``MAX_LOSS`` stops training with ``DivergedError``,
 checked on the host once per report (every ``log_every`` steps), not in the step.
 """
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,11 +84,19 @@ def _loss_and_updates(state: TrainState, params, images, labels, key):
 
 def _train_step(state: TrainState, batch, key):
   images, labels = batch
-  grad_fn = jax.value_and_grad(
-    lambda params: _loss_and_updates(state, params, images, labels, key),
-    has_aux=True,
-  )
-  (loss, (logits, model_state)), grads = grad_fn(state.params)
+  if state.augmentation:  # its own key; without augmentation the dropout key is unchanged
+    key, augment_key = jax.random.split(key)
+    images = state.augmentation(augment_key, images)
+
+  def loss_fn(params):
+    return _loss_and_updates(state, params, images, labels, key)
+
+  if state.dynamic_scale is None:
+    (loss, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  else:
+    scale, finite, (loss, (logits, model_state)), grads = state.dynamic_scale.value_and_grad(
+      loss_fn, has_aux=True
+    )(state.params)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   new_state = state.replace(
     step=state.step + 1,
@@ -93,6 +104,15 @@ def _train_step(state: TrainState, batch, key):
     model_state=model_state,
     opt_state=opt_state,
   )
+  if state.dynamic_scale is not None:  # a step with non-finite gradients changes only the scale
+    kept = jax.tree_util.tree_map(
+      functools.partial(jnp.where, finite),
+      (new_state.params, new_state.model_state, new_state.opt_state),
+      (state.params, state.model_state, state.opt_state),
+    )
+    new_state = new_state.replace(
+      params=kept[0], model_state=kept[1], opt_state=kept[2], dynamic_scale=scale
+    )
   accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == labels)
   return new_state, {"loss": loss, "accuracy": accuracy}
 

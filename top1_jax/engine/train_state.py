@@ -4,6 +4,15 @@
 ``init_ensemble`` initialises M members with ``jax.vmap`` over ``split(key, M)``,
 every array leaf with a leading [M] member axis; ``member`` and ``stack_members``
 go between the two.
+
+Mixed precision (``half_precision``, as in the Flax ImageNet example): the model
+computes in ``compute_dtype(half_precision)`` (its ``dtype``), the parameters and
+optimizer state stay float32, and ``"float16"`` adds dynamic loss scaling
+(``loss_scale``, flax's ``DynamicScale``): the loss is multiplied by the scale
+before differentiation, a step whose unscaled gradients are not all finite is
+skipped and halves the scale, and the scale doubles after ``growth_interval``
+finite steps in a row. The scale is not checkpointed: a resumed run starts again
+from the initial scale, which adapts within a few steps.
 """
 
 import functools
@@ -15,10 +24,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
+from flax.training import dynamic_scale as dynamic_scale_lib
 from jax.typing import ArrayLike
 
 from top1_jax.core import validation
-from top1_jax.engine import forward_passes, models
+from top1_jax.engine import augment, forward_passes, models
+
+HALF_PRECISIONS = {"none": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+"""The computation dtype of each ``half_precision`` setting (parameters stay float32)."""
+
+LOSS_SCALE_GROWTH_INTERVAL = 2000
+"""Finite steps in a row after which float16's loss scale doubles (flax's default)."""
 
 
 @struct.dataclass
@@ -36,6 +52,8 @@ class TrainState:
     model: the Flax module (static).
     tx: the optax transformation (static).
     dropout_rate: dropout rate used in training steps (static; 0 = none).
+    augmentation: what a training step does to its batch (static; ``augment``).
+    dynamic_scale: float16's loss scale (flax ``DynamicScale``), or None.
   """
 
   step: jax.Array
@@ -45,6 +63,10 @@ class TrainState:
   model: nn.Module = struct.field(pytree_node=False)
   tx: optax.GradientTransformation = struct.field(pytree_node=False)
   dropout_rate: float = struct.field(pytree_node=False, default=0.0)
+  augmentation: augment.Augmentation = struct.field(
+    pytree_node=False, default=augment.NO_AUGMENTATION
+  )
+  dynamic_scale: dynamic_scale_lib.DynamicScale | None = None
 
   @property
   def variables(self) -> dict[str, Any]:
@@ -59,6 +81,34 @@ def _train_dropout_rate(rate: Any) -> float:
   return float(rate)
 
 
+def compute_dtype(half_precision: str) -> Any:
+  """The model ``dtype`` of a ``half_precision`` setting (``HALF_PRECISIONS``)."""
+  if half_precision not in HALF_PRECISIONS:
+    raise ValueError(
+      f"half_precision: expected one of {', '.join(HALF_PRECISIONS)}, got {half_precision!r}"
+    )
+  return HALF_PRECISIONS[half_precision]
+
+
+def loss_scale(
+  half_precision: str, growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
+) -> dynamic_scale_lib.DynamicScale | None:
+  """The dynamic loss scale of a ``half_precision`` setting: float16's, else None.
+
+  The scale starts at 2^15 and is halved after a non-finite gradient, doubled after
+  ``growth_interval`` finite steps in a row.
+  """
+  compute_dtype(half_precision)
+  if half_precision != "float16":
+    return None
+  growth_interval = validation.positive_int("growth_interval", growth_interval)
+  return dynamic_scale_lib.DynamicScale(
+    growth_interval=growth_interval,
+    fin_steps=jnp.zeros((), jnp.int32),
+    scale=jnp.asarray(2.0**15, jnp.float32),
+  )
+
+
 def _check_model_and_tx(model: Any, tx: Any) -> None:
   if not isinstance(model, nn.Module):
     raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
@@ -66,24 +116,41 @@ def _check_model_and_tx(model: Any, tx: Any) -> None:
     raise ValueError(f"tx: expected an optax GradientTransformation, got {type(tx).__name__}")
 
 
-def _create(model, tx, key, sample_input, dropout_rate) -> TrainState:
+def _create(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> TrainState:
   variables = models.init(model, key, sample_input)
   params = variables["params"]
   model_state = {name: value for name, value in variables.items() if name != "params"}
   step = jnp.zeros((), jnp.int32)
-  return TrainState(step, params, model_state, tx.init(params), model, tx, dropout_rate)
+  return TrainState(
+    step, params, model_state, tx.init(params), model, tx, dropout_rate, augmentation, scale
+  )
 
 
 # Jitted: created op by op (under vmap, too), the optimizer state dispatches one small
 # program per leaf and operation.
-@functools.partial(jax.jit, static_argnums=(0, 1, 4))
-def _create_jit(model, tx, key, sample_input, dropout_rate) -> TrainState:
-  return _create(model, tx, key, sample_input, dropout_rate)
+@functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))
+def _create_jit(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> TrainState:
+  return _create(model, tx, key, sample_input, dropout_rate, augmentation, scale)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 4))
-def _create_ensemble(model, tx, keys, sample_input, dropout_rate) -> TrainState:
-  return jax.vmap(lambda key: _create(model, tx, key, sample_input, dropout_rate))(keys)
+@functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))
+def _create_ensemble(model, tx, keys, sample_input, dropout_rate, augmentation, scale):
+  return jax.vmap(
+    lambda key: _create(model, tx, key, sample_input, dropout_rate, augmentation, scale)
+  )(keys)
+
+
+def _check_extras(augmentation: Any, dynamic_scale: Any) -> None:
+  if not isinstance(augmentation, augment.Augmentation):
+    raise ValueError(
+      f"augmentation: expected an augment.Augmentation (augment.make), got "
+      f"{type(augmentation).__name__}"
+    )
+  if dynamic_scale is not None and not isinstance(dynamic_scale, dynamic_scale_lib.DynamicScale):
+    raise ValueError(
+      f"dynamic_scale: expected None or a flax DynamicScale (loss_scale), got "
+      f"{type(dynamic_scale).__name__}"
+    )
 
 
 def create_train_state(
@@ -93,24 +160,29 @@ def create_train_state(
   sample_input: ArrayLike,
   *,
   dropout_rate: float = 0.0,
+  augmentation: augment.Augmentation = augment.NO_AUGMENTATION,
+  dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
   """Initialises one network and its optimizer state.
 
   Args:
-    model: a Flax module from ``models`` (or with the same call signature).
-    tx: an optax transformation, e.g. ``optax.adam(1e-3)``.
+    model: a Flax module from ``models`` (or with the same call signature); its
+      ``dtype`` is the computation's (``compute_dtype``).
+    tx: an optax transformation, e.g. ``optax.adam(1e-3)`` (``optimizers.make``).
     key: PRNG key for the initial parameters.
     sample_input: [B, ...] an example batch (only shape and dtype matter).
     dropout_rate: dropout rate during training, in [0, 1).
+    augmentation: applied to every training batch (``augment.make``); none by default.
+    dynamic_scale: float16's loss scale (``loss_scale("float16")``), or None.
 
   Returns:
     A ``TrainState`` at step 0.
   """
   _check_model_and_tx(model, tx)
+  _check_extras(augmentation, dynamic_scale)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  return _create_jit(
-    model, tx, forward_passes.as_prng_key(key), sample_input, _train_dropout_rate(dropout_rate)
-  )
+  key, rate = forward_passes.as_prng_key(key), _train_dropout_rate(dropout_rate)
+  return _create_jit(model, tx, key, sample_input, rate, augmentation, dynamic_scale)
 
 
 def init_ensemble(
@@ -121,13 +193,16 @@ def init_ensemble(
   *,
   ensemble_size: int,
   dropout_rate: float = 0.0,
+  augmentation: augment.Augmentation = augment.NO_AUGMENTATION,
+  dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
   """Initialises M members by ``jax.vmap`` over ``jax.random.split(key, M)``.
 
   Member m equals ``create_train_state(model, tx, split(key, M)[m], ...)``.
 
   Args:
-    model, tx, sample_input, dropout_rate: as ``create_train_state``.
+    model, tx, sample_input, dropout_rate, augmentation, dynamic_scale: as
+      ``create_train_state`` (each member gets its own loss scale).
     key: PRNG key, split into one key per member.
     ensemble_size: M >= 1.
 
@@ -135,11 +210,12 @@ def init_ensemble(
     A ``TrainState`` whose array leaves have a leading [M] axis.
   """
   _check_model_and_tx(model, tx)
+  _check_extras(augmentation, dynamic_scale)
   ensemble_size = validation.positive_int("ensemble_size", ensemble_size)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
   dropout_rate = _train_dropout_rate(dropout_rate)
   keys = jax.random.split(forward_passes.as_prng_key(key), ensemble_size)
-  return _create_ensemble(model, tx, keys, sample_input, dropout_rate)
+  return _create_ensemble(model, tx, keys, sample_input, dropout_rate, augmentation, dynamic_scale)
 
 
 def _member(states: TrainState, index: int) -> TrainState:
