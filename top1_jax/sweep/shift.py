@@ -70,17 +70,18 @@ def _whole(value) -> int | float:
 
 
 def shift_sets(settings: Any) -> list[ShiftSet]:
-  """Every set of a (checked) config, the clean one first, in the tables' order."""
+  """Every set of a (checked) config, once each, the clean one first, in the tables' order."""
   field = functools.partial(plan.field_items, settings)
   names = field("shift_corruptions")
   names = corruptions.names() if names == ("all",) else names
-  return [
+  sets = [
     ShiftSet(results.CLEAN, 0),
     *(ShiftSet("rotate", _whole(d)) for d in field("shift_rotations")),
     *(ShiftSet("translate", int(p)) for p in field("shift_translations")),
     *(ShiftSet(name, int(s)) for name in names for s in field("shift_severities")),
     *(ShiftSet(OOD_PREFIX + name) for name in field("shift_ood")),
   ]
+  return list(dict.fromkeys(sets))  # a value given twice (90 and 90.0) would repeat its rows
 
 
 def first_examples(split, num: int | None):
