@@ -248,6 +248,7 @@ def main(argv):
     settings.config.dataset = None  # a config's dataset is its training data's, not the files'
   start = time.perf_counter()
   asked = asked_files(settings)
+  shifted = _shifted_files(settings) if settings.shift_inputs else []  # before any work
   ours = plan.task_share(asked, common.tasks())
   _check_present(settings, ours)
   command = " ".join(["python -m top1_jax.launch.evaluate", *sys.argv[1:]])
@@ -256,7 +257,6 @@ def main(argv):
     return  # evaluation is process 0's alone
   timings = run(settings, ours)
   if settings.shift_inputs and common.tasks()[1] == 1:
-    shifted = _shifted_files(settings)
     timings["shift"] = write_shift(settings, asked + shifted, common.workdir() / "shift")
   timings["total"] = time.perf_counter() - start
   if common.tasks()[1] == 1:
