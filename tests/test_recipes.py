@@ -305,6 +305,20 @@ def test_the_default_records_what_it_did_before_and_recipes_record_theirs():
   assert "half_precision" not in recorded and "nesterov" not in recorded
 
 
+@pytest.mark.parametrize(
+  "name, model", [("cifar10", "resnet"), ("cifar100", "resnet"), ("cifar10_wrn", "wrn16_4"),
+                  ("cifar100_wrn", "wrn16_4"), ("fashion_mnist_recipe", "cnn_wide")],
+)  # fmt: skip
+def test_every_recipe_config_checks_and_names_a_registered_model(name, model):
+  settings = plan.check(_config(name))
+  assert settings.models == (model,) and model in models.MODELS
+  assert settings.optimizer == "sgd" and plan.recipe(settings)["augment"]
+  steps = 50000 // settings.batch_size
+  rate = launch_train.optimizer(settings, steps).learning_rate
+  assert rate(0) == pytest.approx(settings.learning_rate)
+  assert rate(settings.num_epochs * steps - 1) <= settings.learning_rate / 100 * (1 + 1e-6)
+
+
 def test_help_lists_every_recipe_field():
   text = configs.describe(_config("cifar10_wrn"), default.HELP)
   for field in plan.RECIPE_DEFAULTS | {"log_every_steps": 0, "eval_every_epochs": 0}:

@@ -3,7 +3,7 @@ r"""Wide ResNets on CIFAR-100 (TFDS) as Zagoruyko & Komodakis trained them: Top-
 ``cifar10_wrn``'s recipe (Zagoruyko & Komodakis 2016: SGD with Nesterov momentum
 0.9, learning rate 0.1 at batch 128 times 0.2 at epochs 60, 120 and 160 of 200,
 weight decay 5e-4, crops of 4 pixels and flips, dropout 0.3 between the
-convolutions) on CIFAR-100. Published test accuracy with dropout (their table 6):
+convolutions) on CIFAR-100. Published test accuracy with dropout:
 WRN-16-4 76.09 % (23.91 % error), WRN-28-10 81.15 % (18.85 % error).
 
   python -m top1_jax.launch.reproduce --config=cifar100_wrn --config.models=wrn28_10 \

@@ -6,7 +6,7 @@ of 128, multiplied by 0.2 at epochs 60, 120 and 160 of 200, weight decay 5e-4
 (coupled L2), random crops of the image zero-padded by 4 pixels and horizontal
 flips, dropout 0.3 between the two convolutions of every block
 (``models.WideResNet``: the place MC dropout samples). Published test accuracy
-with dropout (their table 6): WRN-16-4 94.76 % (5.24 % error), WRN-28-10 96.11 %
+with dropout: WRN-16-4 94.76 % (5.24 % error), WRN-28-10 96.11 %
 (3.89 % error). The network is chosen by ``models``:
 
   python -m top1_jax.launch.reproduce --config=cifar10_wrn --workdir=gs://bucket/wrn16_4

@@ -33,7 +33,7 @@ with cli.requiring("train"):  # Flax, optax, orbax: one line naming the extra if
 STAGES = ("base", "ensemble")
 
 
-def _optimizer(settings, steps_per_epoch: int) -> optimizers.Optimizer:
+def optimizer(settings, steps_per_epoch: int) -> optimizers.Optimizer:
   """The config's optimizer; its schedule counts ``steps_per_epoch`` steps an epoch."""
   r = plan.recipe(settings)
   rate = optimizers.schedule(
@@ -65,7 +65,7 @@ def _template(
   if r["half_precision"] != "none":  # the default module stays as it was (and hashes so)
     kwargs["dtype"] = train_state.compute_dtype(r["half_precision"])
   model = models.MODELS[point.model](**kwargs)
-  tx = _optimizer(settings, steps_per_epoch).tx
+  tx = optimizer(settings, steps_per_epoch).tx
   extras = {
     "dropout_rate": point.train_dropout_rate,
     "augmentation": augment.make(r["augment"], r["crop_padding"] if "crop" in r["augment"] else 0),
@@ -141,7 +141,7 @@ def _train_epochs(settings, point, stage, state, train_split, test_split, writer
   label, (images, labels) = f"train/{point.name}/{stage}", (train_split.images, train_split.labels)
   key = jax.random.fold_in(jax.random.key(point.seed), 10 + STAGES.index(stage))
   steps_per_epoch = images.shape[0] // settings.batch_size
-  curves = monitor.Monitor(writer, _optimizer(settings, steps_per_epoch).learning_rate)
+  curves = monitor.Monitor(writer, optimizer(settings, steps_per_epoch).learning_rate)
   test, eval_seconds = None, 0.0
   with checkpoints.RunCheckpoints(_folder(point) / stage / "checkpoints") as manager:
     first, state = manager.latest(state)
@@ -166,7 +166,7 @@ def _train_epochs(settings, point, stage, state, train_split, test_split, writer
       shown = curves.end_epoch(epoch, step, members * steps_per_epoch * settings.batch_size, test)
       logging.info(
         "%s: epoch %d/%d: %s", label, epoch, settings.num_epochs,
-        ", ".join(f"{tag.split('/', 1)[1]} {value:.4g}" for tag, value in shown.items()),
+        ", ".join(f"{tag} {value:.4g}" for tag, value in shown.items() if tag != "epoch/epoch"),
       )  # fmt: skip
   return state, test, eval_seconds
 
