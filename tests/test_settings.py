@@ -118,7 +118,7 @@ REPRODUCE_BAD = [
   (["--config.num_samples=1"], "num_samples", "need >= 2 for MC dropout, got 1"),
   (["--config.dropout_rates=(0.1,1.5)"], "dropout_rates", "expected values in [0.0, 1.0)"),
   (["--config.chunk_size=0"], "chunk_size", "expected an integer >= 1, got 0"),
-  (["--config.models=(mlp,vgg)"], "models", "expected names among cnn, mlp, resnet"),
+  (["--config.models=(mlp,vgg)"], "models", "expected names among cnn, cnn_wide, mlp, resnet,"),
   (["--config.estimators=(bins,trees)"], "estimators", "expected names among bins"),
   (["--config.inputs=other.npz"], "inputs", "reproduce evaluates the predictions it"),
   # Across stages: the test split's size (from the IDX headers) and classes.
@@ -571,4 +571,4 @@ def test_evaluating_files_needs_no_model_names():
   # looks its model names up.
   assert plan.check(_config("default", "--config.inputs=p.npz", "--config.models=(vgg,)"))
   message = _refusal(plan.check, _config("default", "--config.models=(vgg,)"))
-  assert message.startswith("--config.models: expected names among cnn, mlp, resnet")
+  assert message.startswith("--config.models: expected names among cnn, cnn_wide, mlp, resnet,")
