@@ -58,3 +58,28 @@ def mock_bucket(root: pathlib.Path, monkeypatch, wrap_file=None) -> Iterator[lis
     **dict.fromkeys(redirected, redirect),
   ):
     yield opened
+
+
+def write_tfds_metadata(data_dir: pathlib.Path, name: str, sizes: dict[str, int]) -> None:
+  """The metadata files of a prepared TFDS dataset (no records), for tfds.testing.mock_data."""
+  import tensorflow_datasets as tfds  # only the tests that mock TFDS pay its import
+
+  builder = tfds.builder(name, data_dir=str(data_dir), file_format="array_record")
+  splits = [
+    tfds.core.SplitInfo(
+      name=split,
+      shard_lengths=[count],
+      num_bytes=0,
+      filename_template=tfds.core.ShardedFileTemplate(
+        data_dir=builder.data_path,
+        template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
+        dataset_name=builder.name,
+        split=split,
+        filetype_suffix="array_record",
+      ),
+    )
+    for split, count in sizes.items()
+  ]
+  builder.info.set_splits(tfds.core.SplitDict(splits))
+  builder.data_path.mkdir(parents=True, exist_ok=True)
+  builder.info.write_to_directory(builder.data_path)

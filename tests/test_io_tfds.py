@@ -266,29 +266,6 @@ def test_tfds_tfrecord_data_needs_tensorflow(tmp_path):
 # TFDS: the registered builders under tfds.testing.mock_data (no TensorFlow)
 
 
-def _write_tfds_metadata(data_dir: pathlib.Path, name: str, sizes: dict[str, int]):
-  """Writes the metadata files of a prepared dataset (no records) for mock_data."""
-  builder = tfds.builder(name, data_dir=str(data_dir), file_format="array_record")
-  splits = [
-    tfds.core.SplitInfo(
-      name=split,
-      shard_lengths=[count],
-      num_bytes=0,
-      filename_template=tfds.core.ShardedFileTemplate(
-        data_dir=builder.data_path,
-        template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
-        dataset_name=builder.name,
-        split=split,
-        filetype_suffix="array_record",
-      ),
-    )
-    for split, count in sizes.items()
-  ]
-  builder.info.set_splits(tfds.core.SplitDict(splits))
-  builder.data_path.mkdir(parents=True, exist_ok=True)
-  builder.info.write_to_directory(builder.data_path)
-
-
 @pytest.mark.parametrize(
   "name, shape, source",
   [("cifar10", (32, 32, 3), "auto"), ("fashion_mnist", (28, 28, 1), "tfds")],
@@ -298,7 +275,7 @@ def test_tfds_mock_data_registered_builders(tmp_path, no_system_fmnist, name, sh
   # (is_prepared() is False); with real metadata files it reads like prepared
   # data, through the same data-source path, and needs no TensorFlow.
   metadata = tmp_path / "metadata"
-  _write_tfds_metadata(metadata, name, {"train": 50000, "test": 10000})
+  io_testing.write_tfds_metadata(metadata, name, {"train": 50000, "test": 10000})
   policy = tfds.testing.MockPolicy.USE_FILES
   with tfds.testing.mock_data(num_examples=12, policy=policy, data_dir=str(metadata)):
     split = datasets.load_dataset(name, "test", data_dir=tmp_path / "user", source=source)
@@ -317,7 +294,7 @@ def test_tfds_mock_data_registered_builders(tmp_path, no_system_fmnist, name, sh
 
 def test_fashion_mnist_falls_back_to_tfds_when_no_idx_files(tmp_path, no_system_fmnist):
   metadata = tmp_path / "metadata"
-  _write_tfds_metadata(metadata, "fashion_mnist", {"train": 60000, "test": 10000})
+  io_testing.write_tfds_metadata(metadata, "fashion_mnist", {"train": 60000, "test": 10000})
   policy = tfds.testing.MockPolicy.USE_FILES
   with tfds.testing.mock_data(num_examples=3, policy=policy, data_dir=str(metadata)):
     split = datasets.load_dataset("fashion_mnist", "train", data_dir=tmp_path)

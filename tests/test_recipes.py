@@ -4,6 +4,7 @@ and the CIFAR recipe configs run end to end by the launcher on TFDS mock data.""
 import json
 import pathlib
 
+import io_testing
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +13,11 @@ import pytest
 import tensorflow_datasets as tfds
 from absl import flags
 from absl.testing import flagsaver
+
+# TFDS reads array_record files through this module, which defines absl flags on import:
+# imported here, before any flagsaver, which drops the flags defined inside it on exit
+# (a later test reading TFDS data in the same process then failed on a missing flag).
+from array_record.python import array_record_data_source  # noqa: F401
 from ml_collections import config_flags
 
 from top1_jax import configs
@@ -336,29 +342,6 @@ def test_the_packaged_names_agree_with_the_engine():
 # The CIFAR recipes end to end on TFDS mock data (tiny networks of the same classes)
 
 
-def _write_tfds_metadata(data_dir: pathlib.Path, name: str, sizes: dict[str, int]):
-  """The metadata files of a prepared TFDS dataset (no records), for mock_data."""
-  builder = tfds.builder(name, data_dir=str(data_dir), file_format="array_record")
-  splits = [
-    tfds.core.SplitInfo(
-      name=split,
-      shard_lengths=[count],
-      num_bytes=0,
-      filename_template=tfds.core.ShardedFileTemplate(
-        data_dir=builder.data_path,
-        template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
-        dataset_name=builder.name,
-        split=split,
-        filetype_suffix="array_record",
-      ),
-    )
-    for split, count in sizes.items()
-  ]
-  builder.info.set_splits(tfds.core.SplitDict(splits))
-  builder.data_path.mkdir(parents=True, exist_ok=True)
-  builder.info.write_to_directory(builder.data_path)
-
-
 TINY = {
   "resnet": lambda **kw: models.ResNet(blocks_per_stage=(1, 1, 1), widths=(4, 8, 8), **kw),
   "wrn16_4": lambda **kw: models.WideResNet(depth=10, widen_factor=1, **kw),
@@ -371,7 +354,7 @@ def _run_recipe(tmp_path, monkeypatch, name: str, *overrides: str):
   for model, make in TINY.items():
     monkeypatch.setitem(models.MODELS, model, make)
   dataset = "cifar100" if "100" in name else "cifar10"
-  _write_tfds_metadata(tmp_path / "metadata", dataset, {"train": 50000, "test": 10000})
+  io_testing.write_tfds_metadata(tmp_path / "metadata", dataset, {"train": 50000, "test": 10000})
   config = _config(
     name, "--config.num_epochs=2", "--config.batch_size=8", "--config.ensemble_size=0",
     "--config.log_every_steps=2", "--config.limit_test=24", *overrides,
