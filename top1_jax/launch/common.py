@@ -143,7 +143,8 @@ def _config_path(arg: str) -> str:
   return f"--config={packaged}{colon}{rest}" if os.path.exists(packaged) else arg
 
 
-def _packaged_names() -> str:
+def packaged_names() -> str:
+  """The packaged configs' names, comma-separated (what ``--config=<name>`` accepts)."""
   return ", ".join(sorted(n[:-3] for n in os.listdir(PACKAGED_CONFIGS) if n[0].isalpha()))
 
 
@@ -157,7 +158,7 @@ def check_config_file(value: str) -> None:
   path = value.split(":", 1)[0]
   problem = files.not_text(path)
   if problem:
-    way_out = f"give a packaged config by name ({_packaged_names()}) or a Python config file"
+    way_out = f"give a packaged config by name ({packaged_names()}) or a Python config file"
     raise ExperimentError(f"--config: {path}: {problem}; {way_out}")
 
 

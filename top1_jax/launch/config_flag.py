@@ -37,8 +37,8 @@ try:
   CONFIG = config_flags.DEFINE_config_file(
     "config",
     os.path.join(common.PACKAGED_CONFIGS, "default.py"),
-    "A config: a packaged one by name (default, quick, cifar10, cifar100, evaluate_files) or a "
-    "path; --config.<field>=<value> sets one field (--help lists every field).",
+    f"A config: a packaged one by name ({common.packaged_names()}) or a path; "
+    "--config.<field>=<value> sets one field (--help lists every field).",
   )
 except (AttributeError, KeyError):  # without --config=, overrides are applied here, on import
   common.fail(common.ExperimentError(configs.unknown_field(sys.argv)), joined=False)
