@@ -35,8 +35,8 @@ def check(settings: plan.Settings) -> None:
   """The settings against the data's headers (no data read): before anything is written."""
   if settings.inputs:
     raise SettingError(
-      "inputs: reproduce evaluates the predictions it writes; for other files run "
-      "top1_jax.launch.evaluate"
+      "inputs: reproduce and shift evaluate the predictions they write; for other files run "
+      "top1_jax.launch.evaluate (shifted ones: with shift_inputs)"
     )
   test = sweep_data.check(settings)["test"]
   if test.num_examples is not None:
