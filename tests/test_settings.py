@@ -120,7 +120,7 @@ REPRODUCE_BAD = [
   (["--config.chunk_size=0"], "chunk_size", "expected an integer >= 1, got 0"),
   (["--config.models=(mlp,vgg)"], "models", "expected names among cnn, cnn_wide, mlp, resnet,"),
   (["--config.estimators=(bins,trees)"], "estimators", "expected names among bins"),
-  (["--config.inputs=other.npz"], "inputs", "reproduce evaluates the predictions it"),
+  (["--config.inputs=other.npz"], "inputs", "reproduce and shift evaluate the predictions they"),
   # Across stages: the test split's size (from the IDX headers) and classes.
   (
     ["--config.n_bins=(5,10,150)"],

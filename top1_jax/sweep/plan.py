@@ -17,6 +17,7 @@ from typing import Any
 from top1_jax.core import scores
 from top1_jax.estimators import registry
 from top1_jax.evaluation import crossval
+from top1_jax.evaluation import shift as shift_protocol
 from top1_jax.sweep.fields import at_least as _at_least
 from top1_jax.sweep.fields import fail as _fail
 from top1_jax.sweep.fields import finite as _finite
@@ -276,10 +277,6 @@ def _check_inputs(config) -> tuple[str, ...]:
   return inputs
 
 
-SHIFT_ESTIMATORS = ("raw", *registry.names())
-"""What ``shift_estimators`` may name: the model's own probability, or a registered estimator."""
-
-
 def _check_shift(config) -> None:
   """The ``shift_*`` fields (the shift config; other jobs ignore them)."""
   from top1_jax.engine import corruptions  # jax only
@@ -293,7 +290,7 @@ def _check_shift(config) -> None:
   named = {
     "shift_corruptions": (corruptions.names(), True),
     "shift_ood": (ood_sets.names(), False),
-    "shift_estimators": (SHIFT_ESTIMATORS, False),
+    "shift_estimators": (shift_protocol.method_names(), False),
   }
   for field, (known, all_allowed) in named.items():
     given = _items(config, field)
