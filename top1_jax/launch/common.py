@@ -10,6 +10,7 @@ Only process 0 writes files; ``is_writer`` says which process this is.
 """
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -89,6 +90,13 @@ _USER_ERRORS = (
   datasets.DataUnavailableError,
   lock.WorkdirBusyError,
 )
+
+
+def run_record(settings, command: str) -> dict:
+  """config.json's contents: the command, the resolved config (as JSON reads it back:
+  tuples are lists) and the packages' versions."""
+  config = json.loads(settings.config.to_json())
+  return {"command": command, "config": config, "versions": versions()}
 
 
 def _disk_full(error: BaseException) -> str | None:

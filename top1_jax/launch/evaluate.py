@@ -105,9 +105,7 @@ def record_run(settings: plan.Settings, names: list[str], command: str) -> None:
     )  # fmt: skip
   if common.is_writer():
     files.write_json(workdir / "manifest.json", manifest)
-    files.write_json(
-      workdir / "config.json", {"command": command, "config": config, "versions": common.versions()}
-    )
+    files.write_json(workdir / "config.json", common.run_record(settings, command))
 
 
 def _check_present(settings: plan.Settings, asked: list[tuple[str, object]]) -> None:

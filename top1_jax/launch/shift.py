@@ -15,7 +15,6 @@ Stages, each skipped when its outputs exist (a killed run resumes):
      ``<workdir>/shift/``: results.{csv,md,json}, ood.csv, figures/ and index.html.
 """
 
-import json
 import sys
 import time
 
@@ -68,9 +67,7 @@ def main(argv):
   out = common.workdir() / "shift"
   command = " ".join(["python -m top1_jax.launch.shift", *sys.argv[1:]])
   if common.is_writer():
-    config = json.loads(settings.config.to_json())
-    record = {"command": command, "config": config, "versions": common.versions()}
-    files.write_json(out / "config.json", record)
+    files.write_json(out / "config.json", common.run_record(settings, command))
   points = plan.task_share(plan.training_points(settings), common.tasks())
   timings = {}
   tic = time.perf_counter()
