@@ -64,11 +64,6 @@ class ShiftSet:
     return {"shift": self.shift, "severity": self.severity, **({"ood": True} if self.ood else {})}
 
 
-def _whole(value) -> int | float:
-  value = float(value)
-  return int(value) if value.is_integer() else value
-
-
 def shift_sets(settings: Any) -> list[ShiftSet]:
   """Every set of a (checked) config, once each, the clean one first, in the tables' order."""
   field = functools.partial(plan.field_items, settings)
@@ -76,7 +71,7 @@ def shift_sets(settings: Any) -> list[ShiftSet]:
   names = corruptions.names() if names == ("all",) else names
   sets = [
     ShiftSet(results.CLEAN, 0),
-    *(ShiftSet("rotate", _whole(d)) for d in field("shift_rotations")),
+    *(ShiftSet("rotate", tables.severity(d)) for d in field("shift_rotations")),
     *(ShiftSet("translate", int(p)) for p in field("shift_translations")),
     *(ShiftSet(name, int(s)) for name in names for s in field("shift_severities")),
     *(ShiftSet(OOD_PREFIX + name) for name in field("shift_ood")),
@@ -130,12 +125,16 @@ def _key(source: runner.Source) -> tuple:
   return tuple(v for k, v in source.columns.items() if k not in _NOT_THE_MODEL)
 
 
+def _is_clean(source: runner.Source) -> bool:
+  return source.columns["shift"] == results.CLEAN and not source.meta.get("ood")
+
+
 def group_sources(sources: Sequence[runner.Source]) -> list[Group]:
   """The files by model and method (their columns but source, shift and severity), each
   group with one clean file whose labels its shifted files share."""
   groups: dict[tuple, Group] = {}
   for source in sources:
-    if source.columns["shift"] == results.CLEAN and not source.meta.get("ood"):
+    if _is_clean(source):
       if _key(source) in groups:
         raise SettingError(
           f"inputs: {source.name} and {groups[_key(source)].clean.name} are both clean files "
@@ -144,7 +143,7 @@ def group_sources(sources: Sequence[runner.Source]) -> list[Group]:
       groups[_key(source)] = Group(source)
   for source in sources:
     group = groups.get(_key(source))
-    if source.columns["shift"] == results.CLEAN and not source.meta.get("ood"):
+    if _is_clean(source):
       continue
     if group is None:
       raise SettingError(
@@ -242,11 +241,16 @@ def evaluate(settings: Any, sources: Sequence[runner.Source], log: Callable = pr
   return {"rows": tables.tidy_rows(records), "ood_rows": ood_rows, "histograms": histograms}
 
 
+def _model(row: dict) -> tuple:
+  """The trained model a row belongs to: its dataset, model, train dropout rate and seed."""
+  return tuple(row[c] for c in tables.TRAINING)
+
+
 def _models(rows: list[dict]) -> dict[tuple, list[dict]]:
   """Rows by trained model (dataset, model, train dropout rate, seed)."""
   by_model: dict[tuple, list[dict]] = {}
   for row in rows:
-    by_model.setdefault(tuple(row[c] for c in tables.TRAINING), []).append(row)
+    by_model.setdefault(_model(row), []).append(row)
   return by_model
 
 
@@ -281,7 +285,7 @@ def markdown(settings: Any, evaluated: dict) -> str:
       if any(r["shift"] in corruptions.names() for r in model_rows):
         table = shift_tables.corruption_table(model_rows, variants, metric)
         text += ["", f"### corruptions: {title}", "", table]
-    ood = [r for r in evaluated["ood_rows"] if tuple(r[c] for c in tables.TRAINING) == key]
+    ood = [r for r in evaluated["ood_rows"] if _model(r) == key]
     if ood:
       text += ["", "### out-of-distribution inputs", "", shift_tables.ood_table(ood, variants)]
   return "\n".join(text) + "\n"
@@ -298,7 +302,7 @@ def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
     for label, selector in variants.items():
       selector = {k: v for k, v in selector.items() if k != "n_bins"}
       for row in evaluated["ood_rows"]:
-        if tuple(row[c] for c in tables.TRAINING) == key and shift_tables.matches(row, selector):
+        if _model(row) == key and shift_tables.matches(row, selector):
           arrays = evaluated["histograms"][row["source"], row["score"], row["estimator"]]
           p_correct.setdefault(label, {}).update(arrays)
     name = "" if len(by_model) == 1 else "_".join(str(v) for v in key if v is not None)

@@ -101,12 +101,19 @@ def _digits(metric: str) -> tuple[float, int]:
   return (100.0, 2) if metric in ("ece", "accuracy") else (1.0, 3 if metric == "auroc" else 4)
 
 
+def _shown(variants: dict, metric: str) -> dict:
+  """The variants a metric's table lists: for accuracy, one per method (a method's
+  accuracy is its own, whatever calibrates it)."""
+  if metric != "accuracy":
+    return variants
+  return {k: v for k, v in variants.items() if v["estimator"] == "raw"} or variants
+
+
 def geometric_table(rows, variants, shift: str, metric: str) -> str:
   """Variants x intensities of one shift (the clean rows at 0)."""
   levels = [0, *_severities(rows, shift)]
   scale, digits = _digits(metric)
-  if metric == "accuracy":  # a method's accuracy is its own, whatever calibrates it
-    variants = {k: v for k, v in variants.items() if v["estimator"] == "raw"} or variants
+  variants = _shown(variants, metric)
   lines = [_line(["method", *(f"{level:g}" for level in levels)])]
   lines.append(_line(["---", *(["---:"] * len(levels))]))
   for label, selector in variants.items():
@@ -124,8 +131,7 @@ def corruption_table(rows, variants, metric: str) -> str:
   names = [n for n in corruptions.names() if any(r["shift"] == n for r in rows)]
   levels = sorted({r["severity"] for r in rows if r["shift"] in names})
   scale, digits = _digits(metric)
-  if metric == "accuracy":
-    variants = {k: v for k, v in variants.items() if v["estimator"] == "raw"} or variants
+  variants = _shown(variants, metric)
   lines = [_line(["method", "clean", *(f"{level:g}: mean (worst)" for level in levels)])]
   lines.append(_line(["---", "---:", *(["---:"] * len(levels))]))
   worst = max if metric not in ("accuracy", "auroc") else min

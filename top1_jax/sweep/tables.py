@@ -67,12 +67,12 @@ def file_columns(meta: dict, source: str, num_samples: int) -> dict:
     "seed": meta.get("seed"),
     "source": source,
     "shift": str(meta.get("shift") or results.CLEAN),
-    "severity": _severity(meta.get("severity")),
+    "severity": severity(meta.get("severity")),
   }
 
 
-def _severity(value) -> int | float:
-  """A file's shift intensity as written in results.csv: 15 (degrees), not 15.0."""
+def severity(value) -> int | float:
+  """A shift's intensity as results.csv writes it: 15 (degrees), not 15.0; None is 0."""
   value = float(value or 0)
   return int(value) if value.is_integer() else value
 
