@@ -13,10 +13,10 @@ import pytest
 import reference
 
 from top1_jax.core import events, metrics, scores
-from top1_jax.evaluation import baselines, crossval
+from top1_jax.evaluation import baselines, comparison, crossval
 from top1_jax.io import predictions
 from top1_jax.io.examples import load_example
-from top1_jax.sweep import comparison, runner
+from top1_jax.sweep import runner
 
 
 def _split_metrics(log_probs, labels, variant, test, ece_bins, points_per_bin):
@@ -157,11 +157,11 @@ SPLITS = crossval.make_splits(20, 2)
     ({"splits": crossval.make_splits(21, 2)}, "splits: made for 21 examples, log_probs has 20"),
     ({"splits": "halves"}, "splits: expected crossval.Splits"),
     ({"points_per_bin": 0}, "points_per_bin: expected at least 1, got 0"),
-    ({"ece_bins": 0}, "ece_bins: expected at least 1, got 0"),
+    ({"ece_bins": 0}, "ece_bins: expected at least 1, .*got 0"),
     ({"label_terms": (1, 2)}, "label_terms: expected events.LabelTerms, got tuple"),
     (
       {"label_terms": events.label_terms(LOG_PROBS[:10], LABELS[:10])},
-      r"label_terms: expected \[20\] arrays, got shapes \[\(10,\), \(10,\), \(10,\)\]",
+      r"label_terms: expected \[20\] arrays, got shapes \[\(10,\), \(10,\)\]",
     ),
   ],
 )

@@ -13,7 +13,8 @@ from top1_jax.core import binning, scores
 from top1_jax.estimators import base, isotonic, kde, registry, table, temperature
 from top1_jax.evaluation import crossval
 
-METHODS = registry.names()
+METHODS = tuple(name for name in registry.names() if name != "raw")
+"""The calibrators: every entry but "raw", the model's own probability (nothing fitted)."""
 
 
 def _logits(num=3000, num_classes=10, seed=0):
@@ -28,9 +29,9 @@ def _evidence(logits, labels, k=1):
 
 
 def test_the_registry_lists_every_estimator_once_in_order():
-  assert METHODS == ("bins", "isotonic", "kde", "toplabel", "temperature")
+  assert registry.names() == ("bins", "isotonic", "kde", "toplabel", "temperature", "raw")
   assert registry.names(scores_only=True) == ("bins", "isotonic", "kde")
-  assert all(registry.lookup(name).name == name for name in METHODS)
+  assert all(registry.lookup(name).name == name for name in registry.names())
   with pytest.raises(ValueError, match="^estimator: expected one of bins, isotonic, kde") as info:
     registry.lookup("spline")
   assert "\n" not in str(info.value)
@@ -217,13 +218,30 @@ def test_evaluate_of_other_methods_adds_up_on_their_prediction_bins():
   p = cal.predict_proba(logits[2000:])
   correct = logits[2000:].argmax(1) == labels[2000:]
   assert out["brier"] == pytest.approx(float(metrics.brier(p, correct)), abs=1e-7)
-  assert out["auroc"] == pytest.approx(float(metrics.auroc(p, correct)), abs=1e-7)
   groups = binning.fit(p, correct, 10)
   index = np.asarray(binning.assign(groups.edges, p))
   count = np.bincount(index, minlength=10)
   used = count > 0
   gap = np.abs(np.bincount(index, correct, 10) - np.bincount(index, p, 10))[used]
   assert out["ece"] == pytest.approx(gap.sum() / count.sum(), abs=1e-6)
+  # AUROC, as every table's, of the per-bin predictions (the bins' mean): a bin's examples tie.
+  means = np.bincount(index, p, 10) / np.maximum(count, 1)
+  per_bin = metrics.auroc_from_counts(means, count, np.bincount(index, correct, 10))
+  assert out["auroc"] == pytest.approx(float(per_bin), abs=1e-6)
   # Brier's decomposition over those bins adds up to the binned Brier, within the spread.
   binned = out["brier_uncertainty"] - out["brier_resolution"] + out["brier_calibration"]
   assert binned == pytest.approx(out["brier"], abs=2e-3)
+
+
+def test_raw_is_the_models_own_top_k_mass():
+  logits, labels = _logits(num=600)
+  for k in (1, 3):
+    evidence = _evidence(logits, labels, k)
+    entry = registry.lookup("raw")
+    p = np.asarray(entry.predict(entry.fit(evidence), evidence))
+    mass = np.sort(np.asarray(jax.nn.softmax(logits)), axis=1)[:, ::-1][:, :k].sum(1)
+    np.testing.assert_allclose(p, mass, rtol=1e-5)
+  cal = Calibrator(method="raw").fit(logits, labels)
+  np.testing.assert_allclose(
+    cal.predict_proba(logits), np.asarray(jax.nn.softmax(logits)).max(1), rtol=1e-5
+  )

@@ -1,4 +1,4 @@
-"""The shift protocol (evaluation.shift): calibrate on clean data, test on shifted sets."""
+"""The evaluation protocol under shift: calibrate on clean data, test on shifted sets."""
 
 import jax
 import numpy as np
@@ -8,8 +8,7 @@ from synthetic import classifier_logits
 from top1_jax.core import binning, metrics
 from top1_jax.core import scores as score_registry
 from top1_jax.estimators import temperature
-from top1_jax.evaluation import crossval, shift
-from top1_jax.sweep import comparison
+from top1_jax.evaluation import comparison, crossval, ood, protocol
 
 NUM, N_BINS = 400, (5, 12)
 SCORES = ("entropy", "pmax")
@@ -18,7 +17,7 @@ SCORES = ("entropy", "pmax")
 def _inputs(logits, labels):
   log_probs = np.asarray(jax.nn.log_softmax(logits), np.float32)
   computed = {name: np.asarray(score_registry.compute_one(name, log_probs)) for name in SCORES}
-  return shift.Inputs(log_probs, labels, {**computed, "neg_log_pmax": -log_probs.max(1)})
+  return protocol.Inputs(log_probs, labels, {**computed, "neg_log_pmax": -log_probs.max(1)})
 
 
 def _shifted(logits, labels, level, seed):
@@ -52,10 +51,10 @@ def _assert_same(a: crossval.CrossValidation, b: crossval.CrossValidation, exact
 def test_unshifted_rows_equal_cross_validate(estimator):
   # The generic fit/predict loop is one code path: exact; the bins' one-sort fast path
   # agrees within float32 rounding.
-  results = shift.evaluate_shifts(
+  results = protocol.evaluate_shifts(
     CLEAN, [CLEAN], SPLITS, scores=SCORES, estimators=[estimator], n_bins=N_BINS
   )
-  assert [(r.score, r.estimator, r.shift) for r in results] == [
+  assert [(r.score, r.estimator, r.test_set) for r in results] == [
     (score, estimator, 0) for score in SCORES
   ]
   for result in results:
@@ -75,24 +74,24 @@ def test_clean_rows_unchanged_beside_shifted_sets():
   # Predicting every set's test part in one call changes none of the clean set's numbers.
   estimators = ["bins", "isotonic", "raw", "temperature"]
   kwargs = dict(scores=SCORES, estimators=estimators, n_bins=N_BINS, log_probs_score="entropy")
-  alone = shift.evaluate_shifts(CLEAN, {"clean": CLEAN}, SPLITS, **kwargs)
-  together = shift.evaluate_shifts(CLEAN, {"noisy": NOISY, "clean": CLEAN}, SPLITS, **kwargs)
-  clean_rows = [r for r in together if r.shift == "clean"]
+  alone = protocol.evaluate_shifts(CLEAN, {"clean": CLEAN}, SPLITS, **kwargs)
+  together = protocol.evaluate_shifts(CLEAN, {"noisy": NOISY, "clean": CLEAN}, SPLITS, **kwargs)
+  clean_rows = [r for r in together if r.test_set == "clean"]
   assert len(clean_rows) == len(alone) == 2 * 2 + 2
   for a, b in zip(alone, clean_rows, strict=True):
     assert (a.score, a.estimator) == (b.score, b.estimator)
     _assert_same(a.metrics, b.metrics, exact=False)
-  noisy = {(r.score, r.estimator): r.metrics.mean for r in together if r.shift == "noisy"}
+  noisy = {(r.score, r.estimator): r.metrics.mean for r in together if r.test_set == "noisy"}
   for a in alone:  # shift lowers the accuracy and raises every method's Brier score
     assert noisy[a.score, a.estimator]["accuracy"][0] < a.metrics.mean["accuracy"][0] - 0.1
     assert noisy[a.score, a.estimator]["brier"][0] > a.metrics.mean["brier"][0]
 
 
-def _with(inputs: shift.Inputs, where: np.ndarray, other: shift.Inputs) -> shift.Inputs:
+def _with(inputs: protocol.Inputs, where: np.ndarray, other: protocol.Inputs) -> protocol.Inputs:
   """``inputs`` with ``other``'s log-probabilities, labels and scores at ``where``."""
   pick = lambda a, b: np.where(where.reshape(-1, *[1] * (np.ndim(a) - 1)), b, a)  # noqa: E731
   scores = {name: pick(u, other.scores[name]) for name, u in inputs.scores.items()}
-  return shift.Inputs(pick(inputs.log_probs, other.log_probs), inputs.labels, scores)
+  return protocol.Inputs(pick(inputs.log_probs, other.log_probs), inputs.labels, scores)
 
 
 def test_fitted_on_the_clean_calibration_part_only():
@@ -102,12 +101,12 @@ def test_fitted_on_the_clean_calibration_part_only():
     scores=SCORES, estimators=["bins", "isotonic", "raw", "temperature", "toplabel"],
     n_bins=N_BINS, log_probs_score="entropy", options={"toplabel": {"points_per_bin": 20}},
   )  # fmt: skip
-  base = shift.evaluate_shifts(CLEAN, [NOISY], splits, **kwargs)
+  base = protocol.evaluate_shifts(CLEAN, [NOISY], splits, **kwargs)
 
   def changed(clean, shifted):
     return [
       not np.array_equal(a.metrics.per_fold["brier"], b.metrics.per_fold["brier"])
-      for a, b in zip(base, shift.evaluate_shifts(clean, [shifted], splits, **kwargs), strict=True)
+      for a, b in zip(base, protocol.evaluate_shifts(clean, [shifted], splits, **kwargs), strict=True)
     ]
 
   # Neither the shifted set's calibration part nor the clean set's test part is used.
@@ -120,7 +119,7 @@ def test_fitted_on_the_clean_calibration_part_only():
 
 
 def test_raw_is_the_top1_brier_of_pmax():
-  results = shift.evaluate_shifts(
+  results = protocol.evaluate_shifts(
     CLEAN, {"clean": CLEAN, "noisy": NOISY}, SPLITS, scores=(), estimators=["raw"],
     n_bins=N_BINS, log_probs_score="neg_log_pmax",
   )  # fmt: skip
@@ -138,7 +137,7 @@ def test_raw_is_the_top1_brier_of_pmax():
 
 
 def test_temperature_is_fitted_on_clean_and_applied_to_shifted():
-  (result,) = shift.evaluate_shifts(
+  (result,) = protocol.evaluate_shifts(
     CLEAN, [NOISY], SPLITS, scores=(), estimators=["temperature"], n_bins=N_BINS,
     log_probs_score="neg_log_pmax",
   )  # fmt: skip
@@ -154,15 +153,15 @@ def test_temperature_is_fitted_on_clean_and_applied_to_shifted():
   assert not np.allclose(result.metrics.per_fold["brier"][0], if_fitted_on_shifted, rtol=2e-6)
 
 
-def _ood(num: int, scale: float, seed: int) -> shift.Inputs:
+def _ood(num: int, scale: float, seed: int) -> protocol.Inputs:
   logits = scale * np.random.default_rng(seed).normal(size=(num, 10)).astype(np.float32)
   return _inputs(logits, None)
 
 
 def test_ood_report():
-  ood = {"noise": _ood(150, 1.0, 5), "sharp": _ood(150, 6.0, 6)}
-  results = shift.ood_report(
-    CLEAN, ood, SPLITS, scores=SCORES, estimators=["bins", "raw"], log_probs_score="entropy",
+  outside = {"noise": _ood(150, 1.0, 5), "sharp": _ood(150, 6.0, 6)}
+  results = ood.ood_report(
+    CLEAN, outside, SPLITS, scores=SCORES, estimators=["bins", "raw"], log_probs_score="entropy",
     n_bins=10,
   )  # fmt: skip
   assert [(r.score, r.estimator, r.ood) for r in results] == [
@@ -172,23 +171,23 @@ def test_ood_report():
   ]  # fmt: skip
   test_sizes = [SPLITS.test_mask(f).sum() for f in range(4)]
   for r in results:
-    u_in, u_out = CLEAN.scores[r.score], ood[r.ood].scores[r.score]
+    u_in, u_out = CLEAN.scores[r.score], outside[r.ood].scores[r.score]
     sign = -1.0 if r.score == "pmax" else 1.0  # pmax is a confidence: low means out
     is_out = np.r_[np.zeros(NUM, bool), np.ones(len(u_out), bool)]
     assert r.auroc == pytest.approx(metrics.auroc(sign * np.r_[u_in, u_out], is_out))
     assert r.ood_prob.shape == (4, len(u_out)) and r.clean_prob.shape == (sum(test_sizes),)
     assert r.auroc_prob.shape == (4,) and np.all((r.auroc_prob >= 0) & (r.auroc_prob <= 1))
-    assert r.ood_summary == shift.probability_summary(r.ood_prob)
-    assert r.clean_summary == shift.probability_summary(r.clean_prob)
+    assert r.ood_summary == ood.probability_summary(r.ood_prob)
+    assert r.clean_summary == ood.probability_summary(r.clean_prob)
   # Each split's bins, fitted on its clean calibration part, give the OOD inputs' P(correct).
   bins_noise = results[0]
   for f in range(4):
     cal = ~SPLITS.test_mask(f)
     bins = binning.fit(CLEAN.scores["entropy"][cal], CORRECT[cal], 10)
-    expected = binning.predict(bins, ood["noise"].scores["entropy"])
+    expected = binning.predict(bins, outside["noise"].scores["entropy"])
     np.testing.assert_allclose(bins_noise.ood_prob[f], expected, rtol=1e-6)
   np.testing.assert_allclose(
-    results[4].ood_prob, np.exp(ood["noise"].log_probs.max(1))[None].repeat(4, 0), rtol=1e-6
+    results[4].ood_prob, np.exp(outside["noise"].log_probs.max(1))[None].repeat(4, 0), rtol=1e-6
   )
 
 
@@ -196,13 +195,13 @@ def test_ood_auroc_of_perfect_separation_is_one():
   far = _inputs(LOGITS[:150], None)
   top = CLEAN.scores["entropy"].max()
   far = far._replace(scores={"entropy": top + 1 + np.arange(150, dtype=np.float32)})
-  (result,) = shift.ood_report(CLEAN, [far], SPLITS, scores=["entropy"], estimators=["bins"])
+  (result,) = ood.ood_report(CLEAN, [far], SPLITS, scores=["entropy"], estimators=["bins"])
   assert result.auroc == 1.0 and result.ood == 0
 
 
 def test_probability_summary():
-  summary = shift.probability_summary([0.0, 0.25, 0.5, 0.75, 1.0])
-  assert tuple(summary) == shift.SUMMARY
+  summary = ood.probability_summary([0.0, 0.25, 0.5, 0.75, 1.0])
+  assert tuple(summary) == ood.SUMMARY
   assert summary["mean"] == 0.5 and summary["quantile_0.5"] == 0.5
   assert summary["quantile_0.1"] == pytest.approx(0.1) and summary["quantile_0.9"] == 0.9
   assert summary["fraction_at_least_0.5"] == 0.6 and summary["fraction_at_least_0.9"] == 0.2
@@ -213,10 +212,10 @@ def _call(**changes):
     clean=CLEAN, shifted=[NOISY], splits=SPLITS, scores=SCORES, estimators=["bins", "raw"],
     n_bins=N_BINS, log_probs_score="entropy",
   )  # fmt: skip
-  return lambda: shift.evaluate_shifts(**{**kwargs, **changes})
+  return lambda: protocol.evaluate_shifts(**{**kwargs, **changes})
 
 
-_SHORT = shift.Inputs(
+_SHORT = protocol.Inputs(
   NOISY.log_probs[:-1], LABELS[:-1], {k: v[:-1] for k, v in NOISY.scores.items()}
 )
 
@@ -224,26 +223,26 @@ _SHORT = shift.Inputs(
 @pytest.mark.parametrize(
   "call, message",
   [
-    (_call(shifted=[_SHORT]), r"shifted\[0\].log_probs: expected clean's 400 examples, got 399"),
-    (_call(shifted={"x": NOISY._replace(labels=None)}), r"shifted\['x'\].labels: expected \[400\]"),
-    (_call(estimators=["bins", "nope"]), "estimators: expected names among raw, bins"),
+    (_call(shifted=[_SHORT]), r"test_sets\[0\].log_probs: expected clean's 400 examples, got 399"),
+    (_call(shifted={"x": NOISY._replace(labels=None)}), r"test_sets\['x'\].labels: expected \[400\]"),
+    (_call(estimators=["bins", "nope"]), "estimator: expected one of bins, .*, got 'nope'"),
     (_call(scores=["entropy", "nope"]), r"clean.scores: no score 'nope' \(it has: entropy"),
     (_call(log_probs_score=None), "log_probs_score: 'raw' needs a score to bin by, got None"),
     (_call(options={"kde": {}}), "options: expected a mapping .* got 'kde', not among"),
     (_call(options={"bins": {"nope": 1}}), "nope: not an option of estimator 'bins'"),
     (_call(splits=crossval.make_splits(300, 2)), "splits: made for 300 examples, clean has 400"),
-    (_call(shifted=[]), "shifted: expected a mapping or sequence of shift.Inputs"),
-    (_call(shifted=NOISY), "shifted: expected a mapping or sequence of shift.Inputs"),
-    (_call(clean=(1, 2, 3)), "clean: expected shift.Inputs"),
+    (_call(shifted=[]), "test_sets: expected a mapping or sequence of protocol.Inputs"),
+    (_call(shifted=NOISY), "test_sets: expected a mapping or sequence of protocol.Inputs"),
+    (_call(clean=(1, 2, 3)), "clean: expected protocol.Inputs"),
     (_call(k=11), "k: expected at least 1, at most 10, got 11"),
     (_call(n_bins=(5, 1000)), "n_bins: expected at least 1, at most"),
     (
       _call(shifted=[NOISY._replace(log_probs=np.exp(NOISY.log_probs))]),
-      r"shifted\[0\].log_probs: these look like probabilities",
+      r"test_sets\[0\].log_probs: these look like probabilities",
     ),
     (
       _call(shifted=[NOISY._replace(scores={**NOISY.scores, "entropy": NOISY.scores["pmax"][:9]})]),
-      r"length mismatch: shifted\[0\].log_probs has 400, .*entropy'\] has 9",
+      r"length mismatch: test_sets\[0\].log_probs has 400, .*entropy'\] has 9",
     ),
   ],
 )
@@ -255,8 +254,8 @@ def test_bad_inputs_are_one_line_value_errors(call, message):
 
 def test_ood_bad_inputs():
   with pytest.raises(ValueError, match=r"ood\[0\].scores: no score 'pmax'") as error:
-    far = shift.Inputs(CLEAN.log_probs[:5], None, {"entropy": CLEAN.scores["entropy"][:5]})
-    shift.ood_report(CLEAN, [far], SPLITS, scores=SCORES, estimators=["bins"])
+    far = protocol.Inputs(CLEAN.log_probs[:5], None, {"entropy": CLEAN.scores["entropy"][:5]})
+    ood.ood_report(CLEAN, [far], SPLITS, scores=SCORES, estimators=["bins"])
   assert "\n" not in str(error.value)
   with pytest.raises(ValueError, match="n_bins: expected at least 1, at most 200, got 500"):
-    shift.ood_report(CLEAN, [CLEAN], SPLITS, scores=SCORES, estimators=["bins"], n_bins=500)
+    ood.ood_report(CLEAN, [CLEAN], SPLITS, scores=SCORES, estimators=["bins"], n_bins=500)

@@ -65,7 +65,7 @@ from top1_jax.core.scores import (
 from top1_jax.estimators import bin_count, isotonic, kde, temperature, toplabel
 from top1_jax.estimators.base import Estimator, Evidence
 from top1_jax.estimators.registry import REGISTRY as ESTIMATOR_REGISTRY
-from top1_jax.evaluation import baselines, crossval, mislabeled, selective
+from top1_jax.evaluation import baselines, comparison, crossval, mislabeled, selective
 from top1_jax.evaluation.crossval import (
   METRICS,
   CrossValidation,
@@ -75,7 +75,6 @@ from top1_jax.evaluation.crossval import (
 )
 from top1_jax.evaluation.mislabeled import ConfidentErrors, confident_errors
 from top1_jax.io.examples import load_example
-from top1_jax.sweep import comparison
 from top1_jax.version import __version__  # noqa: F401  (the public version)
 
 __all__ = [

@@ -36,8 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import binning, events, metrics, scores, validation
+from top1_jax.core import binning, events, scores, validation
 from top1_jax.estimators import base, registry
+from top1_jax.evaluation import protocol
 
 FORMAT = "top1_jax.Calibrator"
 VERSION = 2
@@ -264,12 +265,13 @@ class Calibrator:
     return np.asarray(lower, np.float32), np.asarray(upper, np.float32)
 
   def evaluate(self, x: ArrayLike, labels: ArrayLike) -> dict[str, float | int | None]:
-    """The calibrated predictions scored on held-out data.
+    """The calibrated predictions scored on held-out data, by the evaluation protocol's
+    scoring steps (``evaluation.protocol``), as a split's test part is scored.
 
-    A method whose state is ``binning.Bins`` (the bins) is scored in its own bins,
-    as the paper does. Any other has Brier, NLL and AUROC of its per-example
-    predictions, and ECE, EOR and the decompositions' terms over ``n_bins_``
-    equal-count bins of its test predictions, each bin predicting their mean.
+    A method whose state is ``binning.Bins`` (the bins) is scored in its own bins, as
+    the paper does. Any other is scored in ``n_bins_`` equal-count bins of its test
+    predictions: Brier and NLL per example, ECE, EOR, AUROC and the decompositions'
+    terms over those bins, each bin predicting its mean.
 
     Returns:
       accuracy (of the Top-k event), brier, nll, ece, eor, auroc, and the Brier and
@@ -281,19 +283,21 @@ class Calibrator:
     entry = self._fitted()
     evidence = self._evidence(x, labels)
     correct = evidence.correct
+    p = np.asarray(entry.predict(self.state_, evidence), np.float32)
     if self.bins_ is not None:
-      prediction_bins = self.bins_
-      test = binning.refit(self.bins_, evidence.u, correct)
-      p, base_rate = None, float(self.bins_.prior)  # the calibration accuracy, in float32
+      fitted, u, prior = self.bins_, evidence.u, float(self.bins_.prior)
     else:
-      p = np.asarray(entry.predict(self.state_, evidence), np.float32)
-      test = binning.fit(p, correct, min(self.n_bins_, correct.shape[0]))
-      index = np.asarray(binning.assign(test.edges, p))
-      sums = np.bincount(index, p, test.n_bins)
-      mean = np.where(sums > 0, sums / np.maximum(np.asarray(test.counts), 1), 0.0)
-      prediction_bins = test._replace(prob=mean.astype(np.float32))
-      base_rate = self.calibration_accuracy_
-    return _scored(prediction_bins, test, correct, p, base_rate)
+      fitted = binning.fit(p, correct, min(self.n_bins_, correct.shape[0]))
+      u, prior = p, self.calibration_accuracy_
+    held = protocol.counted_in([fitted], u[None], correct[None], prior)
+    scored = protocol.split_metrics([protocol.binned_predictions(held, p)])
+    out: dict[str, float | int | None] = {"num_examples": int(correct.shape[0])}
+    for name, value in scored.items():
+      value = float(value.reshape(-1)[0])
+      out[name] = value if np.isfinite(value) else None
+    out["accuracy"] = int(np.sum(correct)) / correct.shape[0]
+    out["num_effective_bins"] = int(out["num_effective_bins"])
+    return out
 
   # Saving and loading.
 
@@ -342,41 +346,6 @@ class Calibrator:
 
     state = files.read_strict_json(path, MAX_FILE_BYTES, "a top1_jax calibrator")
     return cls.from_dict(state, str(path))
-
-
-def _scored(prediction_bins, test, correct, p, base_rate: float) -> dict[str, float | int | None]:
-  """``evaluate``'s metrics of predictions in bins (``prediction_bins.prob``) on test counts."""
-  brier = metrics.brier_decomposition(prediction_bins, test)
-  nll = metrics.nll_decomposition(prediction_bins, test)
-  num_correct = int(np.sum(correct))
-  one_class = num_correct in (0, correct.shape[0])
-  used = np.asarray(prediction_bins.prob)[np.asarray(test.counts) > 0]
-  # The odds ratio needs a base rate and predictions strictly inside (0, 1).
-  eor_defined = 0.0 < base_rate < 1.0 and bool(np.all((used > 0) & (used < 1)))
-  if p is None:  # the bins: per bin, as the paper scores them
-    totals = float(brier.total), float(nll.total)
-    auroc = (
-      None if one_class else metrics.auroc_from_counts(prediction_bins.prob, test.counts, test.hits)
-    )
-  else:
-    totals = metrics.brier(p, correct), metrics.nll(p, correct)
-    auroc = None if one_class else metrics.auroc(p, correct)
-  out: dict[str, float | int | None] = {
-    "num_examples": int(correct.shape[0]),
-    "accuracy": num_correct / correct.shape[0],
-    "brier": totals[0],
-    "nll": totals[1],
-    "ece": metrics.binned_ece(prediction_bins, test),
-    "eor": float(metrics.eor_from_probs(prediction_bins.prob, test.counts, np.float32(base_rate)))
-    if eor_defined
-    else None,
-    "auroc": None if auroc is None else float(auroc),
-    "num_effective_bins": int(prediction_bins.num_effective_bins),
-  }
-  for name, parts in (("brier", brier), ("nll", nll)):
-    for part in ("uncertainty", "resolution", "calibration"):
-      out[f"{name}_{part}"] = float(getattr(parts, part))
-  return out
 
 
 def _version_1(state: dict) -> dict:

@@ -305,6 +305,41 @@ def binned_metrics(prob, prior, cal_counts, test_counts, test_hits) -> dict[str,
   }
 
 
+def split_metrics(
+  prob, prior, cal_counts, test_counts, test_hits, brier=None, nll=None
+) -> dict[str, jax.Array]:
+  """``splits.METRICS`` of one prediction per bin on test counts: the one metrics builder.
+
+  Every evaluation scores this way (``evaluation.protocol``; the bins' one-sort path);
+  unchecked, for use inside jitted code.
+
+  Args:
+    prob: [..., B] float, each bin's prediction (empty bins: anything finite).
+    prior: [...] float, the calibration accuracy (EOR's base rate).
+    cal_counts: [..., B] calibration examples per bin.
+    test_counts, test_hits: [..., B] float, test examples and correct ones per bin.
+    brier, nll: [...] per-example means of the test predictions, or None: the binned
+      predictor's own (``brier_from_counts``' and ``nll_from_counts``' totals).
+
+  Returns:
+    metric name -> [...] float32 array.
+  """
+  brier_bins = brier_from_counts(prob, test_counts, test_hits)
+  nll_bins = nll_from_counts(prob, test_counts, test_hits)
+  return {
+    "accuracy": jnp.sum(test_hits, -1) / jnp.sum(test_counts, -1),
+    "brier": brier_bins.total if brier is None else brier,
+    "brier_uncertainty": brier_bins.uncertainty,
+    "brier_resolution": brier_bins.resolution,
+    "brier_calibration": brier_bins.calibration,
+    "nll": nll_bins.total if nll is None else nll,
+    "nll_uncertainty": nll_bins.uncertainty,
+    "nll_resolution": nll_bins.resolution,
+    "nll_calibration": nll_bins.calibration,
+    **binned_metrics(prob, prior, cal_counts, test_counts, test_hits),
+  }
+
+
 # The binned metrics of concrete bins, each one program: run eagerly, their jnp ops
 # compiled a program apiece (the figures of one evaluate compiled 36 of them).
 _ece_of_counts = jax.jit(ece_from_counts)

@@ -46,6 +46,21 @@ class Evidence(NamedTuple):
   labels: np.ndarray | None = None
 
 
+class SplitFit(NamedTuple):
+  """Every split's fit at once (``Estimator.fit_splits``).
+
+  Attributes:
+    p: [F, N] (or [N], the same for every split) P(correct) of every example under
+      split f's fit.
+    extras: what else the fits give, by name: [F] per split (temperature's T), or
+      [F, N] per example (a full distribution's multiclass Brier), which the protocol
+      averages over each split's test part.
+  """
+
+  p: Any
+  extras: Mapping[str, Any] = {}
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimator:
   """An estimator of P(correct) by name: its functions and what it needs.
@@ -62,10 +77,14 @@ class Estimator:
     options: the keyword options ``fit`` accepts (their defaults are ``fit``'s own).
     predict_interval: ``predict_interval(state, evidence, delta) -> (lower, upper)``,
       each [N], a pointwise 1 - delta interval; None when the estimator gives none.
-    cross_validate: a fast path ``cross_validate(u, correct, n_bins, splits, **options)
-      -> splits.CrossValidation`` for checked host arrays, a tuple of bin counts and
-      ``splits.Splits`` made for N; None: the generic fit/predict loop of
-      ``evaluation.crossval`` (the same numbers up to rounding, one split at a time).
+    cross_validate: a fast path of ``evaluation.protocol`` when an estimator fitted on U
+      is scored on its own data's test parts: ``cross_validate(u, correct, n_bins, splits,
+      **options) -> splits.CrossValidation`` for checked host arrays, bin counts and
+      ``splits.Splits`` made for N (the bins: every split and bin count from one sort).
+    fit_splits: a fast path of the protocol for the same case, for an estimator on the
+      log-probabilities: ``fit_splits(evidence, calibration, **options) -> SplitFit`` or
+      None where it has none (e.g. for this k), with ``calibration`` [F, N] bool. Either
+      path gives the generic fit/predict loop's numbers up to rounding.
   """
 
   name: str
@@ -77,6 +96,7 @@ class Estimator:
   options: tuple[str, ...] = ()
   predict_interval: Callable[[Any, Evidence, float], tuple[Any, Any]] | None = None
   cross_validate: Callable[..., Any] | None = None
+  fit_splits: Callable[..., "SplitFit | None"] | None = None
 
   @property
   def scores_only(self) -> bool:

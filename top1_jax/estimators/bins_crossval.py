@@ -29,7 +29,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from top1_jax.core import binning, metrics, validation
+from top1_jax.core import binning, metrics
 from top1_jax.core.splits import CrossValidation, Splits
 from top1_jax.kernels import compile_policy
 
@@ -37,7 +37,7 @@ from top1_jax.kernels import compile_policy
 def cross_validate(
   u: np.ndarray, correct: np.ndarray, n_bins: Sequence[int], splits: Splits
 ) -> CrossValidation:
-  """The bins' cross-validation (``evaluation.crossval.cross_validate``'s fast path).
+  """The bins' cross-validation (the fast path of ``evaluation.protocol``).
 
   Each split fits equal-count bins on its calibration part (probabilities with the
   one-pseudo-count prior at the calibration accuracy) and scores the held-out part:
@@ -48,22 +48,17 @@ def cross_validate(
   Args:
     u: [N] float scores, checked, on the host.
     correct: [N] bool events, checked, on the host.
-    n_bins: the bin counts; each is checked to lie in [1, the smallest calibration part].
-    splits: ``Splits`` made for N examples.
+    n_bins: the bin counts, each in [1, the smallest calibration part].
+    splits: ``Splits`` made for N examples, each with test examples.
 
   Returns:
     ``CrossValidation`` with per-split values, mean and std of ``splits.METRICS``.
   """
-  num = u.shape[0]
   order = np.argsort(u)  # the one sort
   sorted_u = u[order]
   sorted_correct = correct[order]
   hits_before = np.concatenate([[0], np.cumsum(sorted_correct, dtype=np.int64)])
   ss = _sorted_splits(splits, order, sorted_correct)
-  smallest_cal = int(num - ss.size.max())
-  if int(ss.size.min()) < 1:
-    raise ValueError("splits: a split has no test examples")
-  n_bins = tuple(validation.positive_int("n_bins", n, maximum=smallest_cal) for n in n_bins)
   counts = _bin_ranges(sorted_u, hits_before, ss, n_bins)
   return CrossValidation.from_per_fold(n_bins, _metrics_from_counts(*counts))
 
@@ -182,19 +177,5 @@ def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
   cal_hits = cal_hits.astype(jnp.float32)
   prior = jnp.sum(cal_hits, -1) / jnp.sum(cal_counts, -1)  # [B, F]
   prob = binning.calibrated_prob(cal_hits, cal_counts, prior[..., None])
-  test_counts = test_counts.astype(jnp.float32)
-  test_hits = test_hits.astype(jnp.float32)
-  brier = metrics.brier_from_counts(prob, test_counts, test_hits)
-  nll = metrics.nll_from_counts(prob, test_counts, test_hits)
-  return {
-    "accuracy": jnp.sum(test_hits, -1) / jnp.sum(test_counts, -1),
-    "brier": brier.total,
-    "brier_uncertainty": brier.uncertainty,
-    "brier_resolution": brier.resolution,
-    "brier_calibration": brier.calibration,
-    "nll": nll.total,
-    "nll_uncertainty": nll.uncertainty,
-    "nll_resolution": nll.resolution,
-    "nll_calibration": nll.calibration,
-    **metrics.binned_metrics(prob, prior, cal_counts, test_counts, test_hits),
-  }
+  test_counts, test_hits = test_counts.astype(jnp.float32), test_hits.astype(jnp.float32)
+  return metrics.split_metrics(prob, prior, cal_counts, test_counts, test_hits)

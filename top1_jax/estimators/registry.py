@@ -7,7 +7,7 @@ call time, so an entry added to ``REGISTRY`` (a test's toy, a plug-in) is found 
 ``Calibrator(method=...)`` and ``crossval.cross_validate(estimator=...)`` alike.
 """
 
-from top1_jax.estimators import base, bins, isotonic, kde, temperature, toplabel
+from top1_jax.estimators import base, bins, isotonic, kde, raw, temperature, toplabel
 
 REGISTRY: dict[str, base.Estimator] = {
   entry.name: entry
@@ -17,6 +17,7 @@ REGISTRY: dict[str, base.Estimator] = {
     kde.ESTIMATOR,
     toplabel.ESTIMATOR,
     temperature.ESTIMATOR,
+    raw.ESTIMATOR,
   )
 }
 """Every estimator by name, in the order tables list them."""

@@ -478,6 +478,16 @@ def _from_dict(d, source: str) -> jax.Array:
   return jax.device_put(np.float32(t))
 
 
+def _fit_splits_evidence(evidence: base.Evidence, calibration: np.ndarray) -> base.SplitFit | None:
+  """``fit_splits`` as the protocol's fast path: the Top-1 event only (it gives pmax)."""
+  if evidence.k != 1 or evidence.labels is None:
+    return None
+  weights = calibration.astype(np.asarray(evidence.log_probs).dtype)
+  fits = fit_splits(evidence.log_probs, evidence.labels, weights)
+  extras = {"temperature": fits.temperature, "multiclass_brier": fits.multiclass_brier}
+  return base.SplitFit(fits.pmax, extras)
+
+
 ESTIMATOR = base.Estimator(
   name="temperature",
   needs="log_probs",
@@ -485,5 +495,6 @@ ESTIMATOR = base.Estimator(
   predict=_predict_evidence,
   to_dict=lambda temperature: {"temperature": float(temperature)},
   from_dict=_from_dict,
+  fit_splits=_fit_splits_evidence,
 )
 """One T for softmax(logits / T) by multiclass NLL; P(correct) is the scaled Top-k mass."""

@@ -420,6 +420,24 @@ def _predict_evidence(model: TopLabelBins, evidence: base.Evidence) -> jax.Array
   return predict(model, log_mass, classes, uncalibrated=np.exp(log_mass))
 
 
+def _fit_splits_evidence(
+  evidence: base.Evidence,
+  calibration: np.ndarray,
+  *,
+  points_per_bin: int = DEFAULT_POINTS_PER_BIN,
+  prior: bool = False,
+) -> base.SplitFit:
+  """``fit_splits`` on every split's calibration part, each predicting every example."""
+  log_mass, classes = _confidence_and_class(evidence)
+  model = fit_splits(
+    log_mass, classes, evidence.correct, calibration, num_classes=evidence.log_probs.shape[-1],
+    points_per_bin=points_per_bin, prior=prior,
+  )  # fmt: skip
+  p = predict(model, log_mass, classes, uncalibrated=np.exp(log_mass))
+  own = np.sum(np.asarray(model.own), axis=-1).astype(np.float64)
+  return base.SplitFit(p, {"classes_with_own_bins": own})
+
+
 ESTIMATOR = base.Estimator(
   name="toplabel",
   needs="log_probs",
@@ -428,5 +446,6 @@ ESTIMATOR = base.Estimator(
   to_dict=to_dict,
   from_dict=from_dict,
   options=("points_per_bin", "prior"),
+  fit_splits=_fit_splits_evidence,
 )
 """Equal-mass bins of the top-k mass per predicted class (Gupta & Ramdas 2022)."""

@@ -17,7 +17,6 @@ from typing import Any
 from top1_jax.core import scores
 from top1_jax.estimators import registry
 from top1_jax.evaluation import crossval
-from top1_jax.evaluation import shift as shift_protocol
 from top1_jax.sweep.fields import at_least as _at_least
 from top1_jax.sweep.fields import fail as _fail
 from top1_jax.sweep.fields import finite as _finite
@@ -290,7 +289,7 @@ def _check_shift(config) -> None:
   named = {
     "shift_corruptions": (corruptions.names(), True),
     "shift_ood": (ood_sets.names(), False),
-    "shift_estimators": (shift_protocol.method_names(), False),
+    "shift_estimators": (registry.names(), False),
   }
   for field, (known, all_allowed) in named.items():
     given = _items(config, field)

@@ -31,9 +31,9 @@ import numpy as np
 from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
 from top1_jax.engine import streaming
-from top1_jax.evaluation import crossval, selective
+from top1_jax.evaluation import comparison, crossval, selective
 from top1_jax.io import files, stream
-from top1_jax.sweep import comparison, tables
+from top1_jax.sweep import tables
 
 
 class Source:

@@ -31,7 +31,7 @@ import numpy as np
 from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
 from top1_jax.engine import corruptions, shifts
-from top1_jax.evaluation import shift as protocol
+from top1_jax.evaluation import ood, protocol
 from top1_jax.io import files, ood_sets, results
 from top1_jax.sweep import plan, runner, shift_tables, tables
 
@@ -186,12 +186,14 @@ def _evaluate_group(settings: Any, group: Group, estimators: tuple) -> tuple[lis
   clean, names = group.clean, _score_names(settings, group.clean)
   sets = [clean, *group.shifted]
   common = dict(scores=names, estimators=estimators, k=1, log_probs_score=LOG_PROBS_SCORE)
-  found = protocol.evaluate_shifts(
-    _inputs(clean), [_inputs(s) for s in sets], clean.splits, n_bins=settings.n_bins, **common
-  )
+  chosen = protocol.methods(estimators, names, LOG_PROBS_SCORE)
+  found = protocol.evaluate(
+    _inputs(clean), clean.splits, chosen, test_sets=[_inputs(s) for s in sets],
+    n_bins=settings.n_bins,
+  )  # fmt: skip
   records = [
     {
-      "columns": sets[r.shift].columns,
+      "columns": sets[r.test_set].columns,
       "score": r.score,
       "topk": 1,
       "estimator": r.estimator,
@@ -201,7 +203,7 @@ def _evaluate_group(settings: Any, group: Group, estimators: tuple) -> tuple[lis
   ]
   if not group.ood:
     return records, [], []
-  reports = protocol.ood_report(
+  reports = ood.ood_report(
     _inputs(clean), [_inputs(s, False) for s in group.ood], clean.splits,
     n_bins=settings.compare_bins, **common,
   )  # fmt: skip

@@ -1,0 +1,159 @@
+"""The paper's Table 1: the benchmark's metrics of a classifier, on the Top-1 splits.
+
+For one classifier's log-probabilities, each variant is a method of the evaluation
+protocol (``protocol.evaluate`` on the set's own test parts, the same splits the Top-1
+bins are cross-validated on), its metrics averaged over the splits:
+
+* ``"raw"``: the classifier's softmax as it is;
+* ``"temperature"`` (single models): softmax(log_probs / T), T fitted on each
+  calibration part (its fast path: every split from one pass of cumulants);
+* ``"toplabel"`` (single models): top-label histogram binning (Gupta & Ramdas, as
+  their reference code): per predicted class, floor(n_c / points_per_bin) equal-mass
+  bins fitted on each calibration part, a class predicted fewer than ``points_per_bin``
+  times left at its raw pmax; it predicts P(correct) only.
+
+Metrics of a variant (``baselines`` defines them): the multiclass Brier, the
+confidence ECE (equal-width bins of its P(correct)) and the binary Top-1 Brier of its
+P(correct) (for raw and temperature: pmax used directly, the like-for-like baseline of
+Top-1 binning). ``table_row`` puts a variant beside the Top-1 bins' own Brier and ECE.
+"""
+
+from collections.abc import Mapping
+
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import equal_width, events, validation
+from top1_jax.core.splits import Splits
+from top1_jax.estimators import toplabel
+from top1_jax.evaluation import protocol
+
+VARIANTS = ("raw", "temperature", "toplabel")
+"""Every variant ``baseline_rows`` scores, in its order (a model with samples: raw only)."""
+
+
+def _check(log_probs, labels, splits, points_per_bin, ece_bins, label_terms):
+  log_probs = validation.float_array("log_probs", log_probs, 2, host=True)
+  if log_probs.shape[-1] < 2:
+    raise ValueError(f"log_probs: expected at least 2 classes, got shape {log_probs.shape}")
+  labels = validation.labels_array("labels", labels, log_probs.shape[-1], host=True)
+  num = validation.same_length(log_probs=log_probs, labels=labels)
+  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
+  if splits.fold.shape[-1] != num:
+    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, log_probs has {num}")
+  protocol.bin_counts(1, splits)  # every split has calibration and test examples
+  if label_terms is None:
+    label_terms = events.label_terms(log_probs, labels)
+  validation.instance("label_terms", label_terms, events.LabelTerms, "events.LabelTerms")
+  pmax = np.asarray(label_terms.pmax)
+  rank = np.asarray(label_terms.rank)
+  if pmax.shape != (num,) or rank.shape != (num,):
+    raise ValueError(f"label_terms: expected [{num}] arrays, got shapes {[rank.shape, pmax.shape]}")
+  points_per_bin = validation.positive_int("points_per_bin", points_per_bin)
+  ece_bins = equal_width.checked_n_bins(ece_bins, "ece_bins")
+  return protocol.Data(rank < 1, {"pmax": pmax}, log_probs, labels), points_per_bin, ece_bins
+
+
+def baseline_rows(
+  log_probs: ArrayLike,
+  labels: ArrayLike,
+  splits: Splits,
+  *,
+  single_model: bool,
+  ece_bins: int = equal_width.DEFAULT_ECE_BINS,
+  points_per_bin: int = toplabel.DEFAULT_POINTS_PER_BIN,
+  label_terms: events.LabelTerms | None = None,
+) -> list[dict[str, str | float]]:
+  """The benchmark's metrics of each variant, mean over the splits' test parts.
+
+  Args:
+    log_probs: [N, K] float, the classifier's log-probabilities (or logits).
+    labels: [N] int in [0, K).
+    splits: ``crossval.make_splits(N, ...)``, the splits of the Top-1 sweep.
+    single_model: one network (no MC samples, no ensemble): temperature scaling
+      and top-label binning apply, and add their rows.
+    ece_bins: equal-width bins of the confidence ECE (15 in the benchmark).
+    points_per_bin: top-label binning's calibration examples per bin: class c gets
+      floor(n_c / points_per_bin) bins (50, the reference's).
+    label_terms: ``events.label_terms(log_probs, labels)`` when already computed
+      (``pipeline`` has them from its scoring pass); None computes them.
+
+  Returns:
+    One dict per variant, in ``VARIANTS`` order ("raw" only unless
+    ``single_model``), with ``variant`` and the means over splits of
+    ``multiclass_brier``, ``confidence_ece``, ``raw_top1_brier`` (of the variant's
+    own pmax) and ``temperature`` (1.0 but for "temperature", the mean fitted T).
+    "toplabel" repeats the raw metrics (it leaves the softmax alone) and adds
+    ``toplabel_brier``, ``toplabel_ece`` (equal-width, ``ece_bins``),
+    ``toplabel_classes_with_own_bins`` (mean over splits of the classes predicted at
+    least ``points_per_bin`` times in the calibration part; the others keep pmax),
+    ``toplabel_num_classes`` (K) and ``toplabel_points_per_bin``.
+  """
+  data, points_per_bin, ece_bins = _check(
+    log_probs, labels, splits, points_per_bin, ece_bins, label_terms
+  )
+  variants = VARIANTS if single_model else VARIANTS[:1]
+  options = {"toplabel": {"points_per_bin": points_per_bin}}
+  chosen = [protocol.method(name, "pmax", options.get(name, {})) for name in variants]
+  found = protocol.evaluate_checked(data, splits, chosen, None, (1,), 1, ece_bins)
+  means = [
+    {"brier": float(r.metrics.mean["brier"][0])}
+    | {name: float(np.mean(values)) for name, values in r.extras.items()}
+    for r in found
+  ]
+  raw = {
+    "variant": "raw",
+    "multiclass_brier": means[0]["multiclass_brier"],
+    "confidence_ece": means[0]["confidence_ece"],
+    "raw_top1_brier": means[0]["brier"],
+    "temperature": 1.0,
+  }
+  rows = [raw]
+  if single_model:
+    scaled = {name: means[1][key] for name, key in zip(_SCALED, _SCALED_FROM, strict=True)}
+    rows.append({"variant": "temperature", **scaled})
+    binned = means[2]
+    rows.append({
+      **raw, "variant": "toplabel", "toplabel_brier": binned["brier"],
+      "toplabel_ece": binned["confidence_ece"],
+      "toplabel_classes_with_own_bins": binned["classes_with_own_bins"],
+      "toplabel_num_classes": data.log_probs.shape[-1], "toplabel_points_per_bin": points_per_bin,
+    })  # fmt: skip
+  return rows
+
+
+_SCALED = ("multiclass_brier", "confidence_ece", "raw_top1_brier", "temperature")
+_SCALED_FROM = ("multiclass_brier", "confidence_ece", "brier", "temperature")
+
+
+def table_row(row: Mapping[str, str | float], top1_bins: Mapping[str, float | None]) -> dict:
+  """A Table-1 row: a variant's benchmark metrics beside Top-1 binning's Brier and ECE.
+
+  Temperature scaling keeps the order of pmax, so "raw" and "temperature" share the
+  Top-1 bins of the classifier's score. Top-label binning is itself a binning of
+  pmax: its own Brier and ECE fill the binned cells, and as it predicts P(correct)
+  only, it has no multiclass Brier (None).
+
+  Args:
+    row: one of ``baseline_rows``.
+    top1_bins: the Top-1 bins' cross-validated means at ``compare_bins`` bins,
+      with keys "brier" and "ece" (a row of ``crossval.CrossValidation.rows()``).
+
+  Returns:
+    ``row`` with ``top1_estimator`` ("bins" or "toplabel"), ``top1_binned_brier``
+    and ``top1_binned_ece``; for "toplabel" without ``toplabel_brier`` /
+    ``toplabel_ece`` (moved to the binned cells) and ``multiclass_brier`` None.
+  """
+  row = dict(row)
+  variant = row.get("variant")
+  if variant not in VARIANTS:
+    raise ValueError(f"row: expected a variant among {VARIANTS}, got {variant!r}")
+  if variant != "toplabel":
+    binned = {"top1_binned_brier": top1_bins["brier"], "top1_binned_ece": top1_bins["ece"]}
+    return {"variant": variant, "top1_estimator": "bins", **row, **binned}
+  binned = {
+    "top1_binned_brier": row.pop("toplabel_brier"),
+    "top1_binned_ece": row.pop("toplabel_ece"),
+    "multiclass_brier": None,
+  }
+  return {"variant": variant, "top1_estimator": "toplabel", **row, **binned}

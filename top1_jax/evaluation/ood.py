@@ -1,0 +1,161 @@
+"""How each score and calibrated method sees inputs from outside the label set.
+
+``ood_report``: the AUROC of in- versus out-of-distribution inputs by each score U, and
+the P(correct) every method, fitted on the clean calibration parts by the evaluation
+protocol's fitting step (``protocol.fit_predict``), gives the OOD inputs.
+"""
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import metrics
+from top1_jax.core import scores as score_registry
+from top1_jax.core.splits import Splits
+from top1_jax.estimators import base
+from top1_jax.evaluation import protocol
+
+SUMMARY = ("mean", "quantile_0.1", "quantile_0.5", "quantile_0.9")
+SUMMARY += ("fraction_at_least_0.5", "fraction_at_least_0.9")
+"""The keys of ``probability_summary``."""
+
+
+class OODResult(NamedTuple):
+  """One method's view of one out-of-distribution set.
+
+  Attributes:
+    score: the score U the method was fitted on, or (methods on the log-probabilities)
+      binned by.
+    estimator: the method's name.
+    ood: the key of the OOD set (its index when ``ood`` is a sequence).
+    auroc: AUROC of in- (all N clean inputs) versus out-of-distribution (positive) by
+      the score U alone, uncertain meaning out (``ood_report``).
+    auroc_prob: [F] AUROC of each split's clean test part versus the OOD set by the
+      method's 1 - P(correct).
+    ood_prob: [F, N_ood] P(correct) of every OOD input by each split's fit.
+    clean_prob: [sum_f T_f] P(correct) of the clean test parts, split 0's test examples
+      (in index order) first, for comparison.
+    ood_summary, clean_summary: ``probability_summary`` of ``ood_prob``, ``clean_prob``.
+  """
+
+  score: str
+  estimator: str
+  ood: Hashable
+  auroc: float
+  auroc_prob: np.ndarray
+  ood_prob: np.ndarray
+  clean_prob: np.ndarray
+  ood_summary: dict[str, float]
+  clean_summary: dict[str, float]
+
+
+def probability_summary(p: ArrayLike) -> dict[str, float]:
+  """``SUMMARY`` of predicted probabilities: their mean, 0.1 / 0.5 / 0.9 quantiles
+  (linear interpolation) and the fractions at least 0.5 and at least 0.9.
+
+  Args:
+    p: [...] float in [0, 1], at least one value.
+  """
+  p = np.asarray(p, np.float64).reshape(-1)
+  if p.size == 0:
+    raise ValueError("p: expected at least one probability, got none")
+  q10, q50, q90 = np.quantile(p, (0.1, 0.5, 0.9))
+  values = (p.mean(), q10, q50, q90, np.mean(p >= 0.5), np.mean(p >= 0.9))
+  return {key: float(value) for key, value in zip(SUMMARY, values, strict=True)}
+
+
+def _score_auroc(score: str, clean: protocol.Data, ood: protocol.Data) -> float:
+  """AUROC of ``ood`` (positive) against all of ``clean`` by U, uncertain meaning out (an
+  unknown stored score is an uncertainty, as the predictions files' scores are)."""
+  sign = -1.0 if getattr(score_registry.lookup(score), "confident_when_high", False) else 1.0
+  return _separation(sign * clean.scores[score], sign * ood.scores[score])
+
+
+def _separation(in_values: np.ndarray, out_values: np.ndarray) -> float:
+  """AUROC of out (positive) against in, by values where larger means "out"."""
+  is_out = np.concatenate([np.zeros(in_values.shape[0], bool), np.ones(out_values.shape[0], bool)])
+  return metrics.auroc(np.concatenate([in_values, out_values]), is_out)
+
+
+def ood_report(
+  clean: protocol.Inputs,
+  ood: Mapping[Hashable, protocol.Inputs] | Sequence[protocol.Inputs],
+  splits: Splits,
+  *,
+  scores: Sequence[str],
+  estimators: Sequence[str],
+  k: int = 1,
+  log_probs_score: str | None = None,
+  options: Mapping[str, Mapping[str, Any]] | None = None,
+  n_bins: int | None = None,
+) -> list[OODResult]:
+  """How each score and calibrated method sees inputs from outside the label set.
+
+  * ``auroc``: in- versus out-of-distribution (positive) by the score U, uncertain
+    meaning out. "In" is **all** N clean inputs: nothing is fitted, so none need be held
+    out; the value is the same for every split and method of a score.
+  * Per split f, the method fitted on the clean calibration part (as in
+    ``protocol.evaluate``, but once: an estimator with an ``n_bins`` option takes
+    ``n_bins``, or its own default when None, unless ``options`` sets it) predicts in
+    one call P(correct) of every OOD input (``ood_prob``) and of the clean test part
+    (``clean_prob``); ``auroc_prob`` [F] separates the two by 1 - P(correct).
+
+  Args:
+    clean: the in-distribution set of N examples, with labels.
+    ood: the OOD sets (any number of examples each, labels ignored: None will do), by
+      key (the results' ``ood``) or in a sequence; each holds the K classes'
+      log-probabilities and the scores used.
+    splits: ``crossval.make_splits(N, ...)``.
+    scores, estimators, log_probs_score, options: as ``protocol.methods``.
+    k: the event "the true label is among the k top classes".
+    n_bins: the bins' bin count (see above), in [1, the smallest calibration part].
+
+  Returns:
+    One ``OODResult`` per (method, score, OOD set): methods in order, then sets.
+  """
+  chosen = protocol.methods(estimators, scores, log_probs_score, options, n_bins)
+  clean_host, k = protocol.checked_clean(clean, splits, chosen, k)
+  protocol.bin_counts(n_bins or 1, splits)  # every split has calibration and test examples
+  needed = {m.score for m in chosen}
+  sets = protocol.checked_sets("ood", ood, needed, k, clean_host, labelled=False)
+  methods = [method._replace(per_bin_count=False) for method in chosen]
+  masks = [splits.test_mask(f) for f in range(splits.num_splits)]
+  hosts = [host for _, host in sets]
+  by_score = {  # nothing fitted: one AUROC per score and set
+    score: [_score_auroc(score, clean_host, host) for host in hosts]
+    for score in dict.fromkeys(method.score for method in methods)
+  }
+  results = []
+  for method in methods:
+    ood_prob, clean_prob = _ood_predictions(method, clean_host, hosts, masks, k)
+    pooled = np.concatenate(clean_prob)
+    for o, (key, _) in enumerate(sets):
+      auroc_prob = [_separation(1 - c, 1 - p) for c, p in zip(clean_prob, ood_prob[o], strict=True)]
+      results.append(OODResult(
+        method.score, method.estimator, key, by_score[method.score][o], np.asarray(auroc_prob),
+        ood_prob[o], pooled, probability_summary(ood_prob[o]), probability_summary(pooled),
+      ))  # fmt: skip
+  return results
+
+
+def _ood_predictions(method: protocol.Method, clean: protocol.Data, sets: list, masks, k: int):
+  """([O] arrays [F, N_o] of the OOD sets' P(correct), [F] arrays [T_f] of the clean test
+  parts'): per split one fit and one prediction of the test part and every OOD set."""
+  needs_log_probs = not method.entry.scores_only
+  u_sets = [host.scores[method.score] for host in sets]
+  lp_sets = [host.log_probs for host in sets] if needs_log_probs else []
+  sizes = np.cumsum([0] + [u.shape[0] for u in u_sets])
+  ood_prob = [np.empty((len(masks), u.shape[0])) for u in u_sets]
+  clean_prob = []
+  for split, test in enumerate(masks):
+    target = base.Evidence(np.concatenate([clean.scores[method.score][test], *u_sets]), k=k)
+    if needs_log_probs:
+      target = target._replace(log_probs=np.concatenate([clean.log_probs[test], *lp_sets]))
+    p = protocol.fit_predict(method, clean, ~test, target, None)
+    num_test = int(np.count_nonzero(test))
+    clean_prob.append(p[:num_test])
+    for o, probs in enumerate(ood_prob):
+      probs[split] = p[num_test + sizes[o] : num_test + sizes[o + 1]]
+  return ood_prob, clean_prob

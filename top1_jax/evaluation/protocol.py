@@ -1,0 +1,617 @@
+"""The evaluation protocol: fit each method on a clean set's calibration parts, score test parts.
+
+Every evaluation of the library is a call of this protocol or of one of its steps:
+
+* ``crossval.cross_validate``: one score, the clean set's own test parts (paper §5.1);
+* ``evaluate``'s ``test_sets``: the same examples shifted (Ovadia et al. 2019), calibrated
+  on the clean set and scored on every set's test parts;
+* ``comparison.baseline_rows``: the paper's Table 1 (the model's own probability,
+  temperature scaling, top-label binning) on the clean set's own test parts;
+* ``Calibrator.evaluate``: the scoring steps alone, for a calibrator already fitted;
+* ``ood.ood_report``: the fitting step alone (``fit_predict``), on inputs without labels.
+
+A method is an estimator of ``estimators.registry`` (``"raw"``, the model's own
+probability, is one), the score U it is fitted on or, for an estimator of the
+log-probabilities, binned by, and its options. For every split f (calibration part
+``~splits.test_mask(f)``):
+
+1. ``fit_predict``: the method fitted on the clean calibration part predicts P(correct)
+   for the test part of every test set (the same examples, transformed);
+2. ``held_out_bins``: the calibration part's equal-count bins of U (one ``binning.fit``
+   per bin count) and where each test example falls; ``binned_predictions``: each set's
+   test counts, hits and mean prediction per bin, and its per-example Brier and NLL;
+3. ``split_metrics``: ``METRICS`` by ``core.metrics.split_metrics``. Brier and NLL are
+   per-example means of the test predictions; ECE, EOR, AUROC (of the per-bin
+   predictions: examples of one bin tie) and the decompositions' terms use the bins, the
+   test counts and hits and, as each bin's prediction, its mean test prediction (an empty
+   bin: the calibration accuracy). For the bins, constant in a bin, these are the paper's
+   definitions; for another estimator Brier and NLL do not depend on the bin count, and
+   the decomposition's terms need not add up to them (the spread within a bin).
+
+An estimator's fast path (``Estimator.cross_validate``: every split and bin count from
+one sort; ``Estimator.fit_splits``: every split fitted in one pass) is taken when a set
+is scored on its own test parts; it agrees with the loop to float rounding.
+"""
+
+from collections.abc import Hashable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import binning, equal_width, events, metrics, validation
+from top1_jax.core import scores as score_registry
+from top1_jax.core.splits import METRICS, CrossValidation, Splits
+from top1_jax.estimators import base, registry
+from top1_jax.kernels import compile_policy
+
+OWN = "own"
+"""The key of a set scored on its own test parts (no ``test_sets``)."""
+
+
+class Inputs(NamedTuple):
+  """One set of N examples as the protocol takes it.
+
+  Attributes:
+    log_probs: [N, K] float, the model's log-probabilities (for MC dropout and
+      ensembles the log of the mean probabilities); logits also do.
+    labels: [N] int in [0, K), or None where there are none (out-of-distribution
+      inputs; the clean and shifted sets need them).
+    scores: score name -> [N] float, the uncertainty scores U.
+  """
+
+  log_probs: ArrayLike
+  labels: ArrayLike | None
+  scores: Mapping[str, ArrayLike]
+
+
+class Method(NamedTuple):
+  """One method: an estimator, the score U it is fitted on (or binned by), its options.
+
+  ``per_bin_count``: fitted at each reported bin count (an estimator with an ``n_bins``
+  option that ``options`` does not set: its row at n bins is the paper's n bins).
+  """
+
+  estimator: str
+  score: str
+  options: Mapping[str, Any] = MappingProxyType({})
+  per_bin_count: bool = False
+
+  @property
+  def entry(self) -> base.Estimator:
+    return registry.lookup(self.estimator)
+
+
+class Result(NamedTuple):
+  """One method's metrics on one test set.
+
+  Attributes:
+    score, estimator: the method's.
+    test_set: the set's key (``OWN`` for a set scored on its own test parts).
+    metrics: ``CrossValidation`` of ``METRICS`` over the splits, per bin count.
+    extras: name -> [F] per-split values: with ``ece_bins``, ``confidence_ece`` (the
+      equal-width ECE of the test predictions); the means over each test part of what
+      an estimator's ``fit_splits`` gives per example (``multiclass_brier``), and what
+      it gives per split (temperature's ``temperature``).
+  """
+
+  score: str
+  estimator: str
+  test_set: Hashable
+  metrics: CrossValidation
+  extras: dict[str, np.ndarray]
+
+
+class Data(NamedTuple):
+  """One checked set on the host: correct [N] bool (None without labels), scores name
+  -> [N], log_probs [N, K] and labels [N] int (None where not given)."""
+
+  correct: np.ndarray | None
+  scores: Mapping[str, np.ndarray]
+  log_probs: np.ndarray | None = None
+  labels: np.ndarray | None = None
+
+
+# Building and checking the arguments: once, at the public entries.
+
+
+def methods(
+  estimators: Sequence[str],
+  scores: Sequence[str],
+  log_probs_score: str | None = None,
+  options: Mapping[str, Mapping[str, Any]] | None = None,
+  bin_count: int | None = None,
+) -> list[Method]:
+  """Every (method, score) pair, estimators in order, then scores.
+
+  An estimator on U is fitted on each of ``scores`` (isotonic's ``increasing`` follows
+  the score's direction, ``core.scores``); one on the log-probabilities is binned by
+  ``log_probs_score``. ``bin_count`` sets the ``n_bins`` of the estimators that take one
+  (else each is fitted at every reported bin count), unless ``options`` sets it.
+  """
+  entries = [registry.lookup(name) for name in _names("estimators", estimators, "estimator")]
+  if not entries:
+    raise ValueError("estimators: expected at least one method, got none")
+  options = {} if options is None else options
+  known = {entry.name for entry in entries}
+  unknown = sorted(set(options) - known, key=str) if isinstance(options, Mapping) else []
+  if not isinstance(options, Mapping) or unknown:
+    got = f"{unknown[0]!r}, not among the estimators" if unknown else repr(options)
+    raise ValueError(f"options: expected a mapping of method name -> its options, got {got}")
+  scores = _names("scores", scores, "score")
+  if any(entry.scores_only for entry in entries) and not scores:
+    raise ValueError("scores: expected at least one score name for the estimators on U, got none")
+  if not all(entry.scores_only for entry in entries) and not isinstance(log_probs_score, str):
+    needs = next(entry.name for entry in entries if not entry.scores_only)
+    raise ValueError(f"log_probs_score: {needs!r} needs a score to bin by, got {log_probs_score!r}")
+  out = []
+  for entry in entries:
+    given = entry.check_options(options.get(entry.name, {}))
+    for score in scores if entry.scores_only else (log_probs_score,):
+      out.append(method(entry.name, score, given, bin_count))
+  return out
+
+
+def method(estimator: str, score: str, options: Mapping[str, Any], bin_count=None) -> Method:
+  """One ``Method``, its options completed (``methods`` says how)."""
+  entry = registry.lookup(estimator)
+  fit_options = dict(entry.check_options(options))
+  if "increasing" in entry.options and "increasing" not in fit_options:
+    known = score_registry.lookup(score)
+    fit_options["increasing"] = known is not None and known.confident_when_high
+  per_bin_count = "n_bins" in entry.options and "n_bins" not in fit_options
+  if per_bin_count and bin_count is not None:
+    fit_options["n_bins"], per_bin_count = bin_count, False
+  return Method(entry.name, score, MappingProxyType(fit_options), per_bin_count)
+
+
+def _names(name: str, value, what: str) -> tuple[str, ...]:
+  if isinstance(value, str) or not isinstance(value, Sequence):
+    raise ValueError(f"{name}: expected a sequence of {what} names, got {value!r}")
+  return tuple(dict.fromkeys(value))
+
+
+def bin_counts(n_bins, splits: Splits) -> tuple[int, ...]:
+  """``n_bins`` (one count or a sequence) as a tuple, each in [1, the smallest calibration
+  part of ``splits``]; every split needs calibration and test examples."""
+  if isinstance(n_bins, (int, np.integer)) and not isinstance(n_bins, bool):
+    n_bins = (n_bins,)
+  if isinstance(n_bins, (str, bytes)) or not hasattr(n_bins, "__iter__"):
+    raise ValueError(f"n_bins: expected an integer or a sequence of integers, got {n_bins!r}")
+  n_bins = tuple(n_bins)
+  if not n_bins:
+    raise ValueError("n_bins: expected at least one bin count, got none")
+  sizes = np.array([splits.test_mask(f).sum() for f in range(splits.num_splits)])
+  num = splits.fold.shape[-1]
+  for size, part in ((sizes.min(), "test"), (num - sizes.max(), "calibration")):
+    if size < 1:
+      raise ValueError(f"splits: a split has no {part} examples")
+  smallest = int(num - sizes.max())
+  return tuple(validation.positive_int("n_bins", n, maximum=smallest) for n in n_bins)
+
+
+def checked(name: str, inputs, needed, k: int, num_classes: int | None, labelled: bool) -> Data:
+  """``inputs`` (``Inputs``) checked on the host, with the Top-k events where labelled."""
+  validation.instance(name, inputs, Inputs, "protocol.Inputs(log_probs, labels, scores)")
+  log_probs = validation.float_array(f"{name}.log_probs", inputs.log_probs, 2, host=True)
+  validation.check_nonempty(f"{name}.log_probs", log_probs)
+  if num_classes is not None and log_probs.shape[1] != num_classes:
+    raise ValueError(
+      f"{name}.log_probs: expected {num_classes} classes like clean, got shape {log_probs.shape}"
+    )
+  validation.refuse_probabilities(
+    f"{name}.log_probs", log_probs, "pass their log (Inputs holds log-probabilities)"
+  )
+  if not isinstance(inputs.scores, Mapping):
+    raise ValueError(f"{name}.scores: expected a mapping name -> [N] scores, got {inputs.scores!r}")
+  missing = sorted(set(needed) - set(inputs.scores))
+  if missing:
+    have = ", ".join(sorted(inputs.scores)) or "none"
+    raise ValueError(f"{name}.scores: no score {missing[0]!r} (it has: {have})")
+  arrays = {f"{name}.log_probs": log_probs}
+  for score in sorted(set(needed)):
+    arrays[f"{name}.scores[{score!r}]"] = validation.float_array(
+      f"{name}.scores[{score!r}]", inputs.scores[score], 1, host=True
+    )
+  if labelled and inputs.labels is None:
+    raise ValueError(f"{name}.labels: expected [{log_probs.shape[0]}] true labels, got None")
+  if labelled:
+    labels = validation.labels_array(f"{name}.labels", inputs.labels, log_probs.shape[1], host=True)
+    arrays[f"{name}.labels"] = labels
+  validation.same_length(**arrays)  # one line naming each array's length
+  host_scores = {score: arrays[f"{name}.scores[{score!r}]"] for score in needed}
+  if not labelled:
+    return Data(None, host_scores, log_probs)
+  return Data(np.asarray(events.topk_correct(log_probs, labels, k)), host_scores, log_probs, labels)
+
+
+def checked_sets(name: str, sets, needed, k: int, clean: Data, labelled: bool) -> list:
+  """[(key, Data)] of a mapping (by key) or a sequence (by index) of ``Inputs``, each
+  checked against ``clean`` (its classes; labelled sets: its examples)."""
+  if isinstance(sets, Mapping):
+    items = list(sets.items())
+  elif isinstance(sets, Sequence) and not isinstance(sets, (str, Inputs)):
+    items = list(enumerate(sets))
+  else:
+    items = []
+  if not items:
+    raise ValueError(f"{name}: expected a mapping or sequence of protocol.Inputs, got {sets!r:.80}")
+  num, num_classes = clean.log_probs.shape
+  out = []
+  for key, inputs in items:
+    data = checked(f"{name}[{key!r}]", inputs, needed, k, num_classes, labelled)
+    if labelled and data.log_probs.shape[0] != num:
+      raise ValueError(
+        f"{name}[{key!r}].log_probs: expected clean's {num} examples, got {len(data.log_probs)}"
+      )
+    out.append((key, data))
+  return out
+
+
+def checked_clean(clean, splits, methods_: Sequence[Method], k) -> tuple[Data, int]:
+  """The clean set and ``k``, checked against each other and the splits."""
+  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
+  k = validation.positive_int("k", k)
+  data = checked("clean", clean, {m.score for m in methods_}, k, None, labelled=True)
+  num, num_classes = data.log_probs.shape
+  validation.positive_int("k", k, maximum=num_classes)
+  if splits.fold.shape[-1] != num:
+    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, clean has {num}")
+  return data, k
+
+
+# The public entry.
+
+
+def evaluate(
+  clean: Inputs,
+  splits: Splits,
+  methods_: Sequence[Method],
+  *,
+  test_sets: Mapping[Hashable, Inputs] | Sequence[Inputs] | None = None,
+  n_bins: int | Sequence[int] = (10, 20, 100),
+  k: int = 1,
+  ece_bins: int | None = None,
+) -> list[Result]:
+  """``METRICS`` of each method fitted on ``clean``'s calibration parts, on test parts.
+
+  Args:
+    clean: N labelled examples: calibration data, and the test set when ``test_sets``
+      is None.
+    splits: ``crossval.make_splits(N, ...)``.
+    methods_: ``Method`` values (``methods`` builds them).
+    test_sets: None (``clean``'s own test parts), or sets of the same N examples
+      transformed, with labels, by key or in a sequence (keys 0, 1, ...); include
+      ``clean`` for its rows.
+    n_bins: the bin counts of the binned metrics, each in [1, the smallest calibration part].
+    k: the event "the true label is among the k top classes".
+    ece_bins: also give each split's equal-width ECE of the test predictions with this
+      many bins (the benchmark's confidence ECE).
+
+  Returns:
+    One ``Result`` per (method, set): methods in order, then sets.
+  """
+  clean_data, k = checked_clean(clean, splits, methods_, k)
+  n_bins = bin_counts(n_bins, splits)
+  if ece_bins is not None:
+    ece_bins = equal_width.checked_n_bins(ece_bins, "ece_bins")
+  sets = None
+  if test_sets is not None:
+    needed = {m.score for m in methods_}
+    sets = checked_sets("test_sets", test_sets, needed, k, clean_data, labelled=True)
+  return evaluate_checked(clean_data, splits, list(methods_), sets, n_bins, k, ece_bins)
+
+
+def evaluate_shifts(
+  clean: Inputs,
+  shifted: Mapping[Hashable, Inputs] | Sequence[Inputs],
+  splits: Splits,
+  *,
+  scores: Sequence[str],
+  estimators: Sequence[str],
+  n_bins: int | Sequence[int] = (10, 20, 100),
+  k: int = 1,
+  log_probs_score: str | None = None,
+  options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Result]:
+  """Calibrated on clean data, tested under shift (Ovadia et al. 2019): ``evaluate`` of
+  every (method, score) of ``methods(estimators, scores, log_probs_score, options)`` on the
+  ``shifted`` sets (the same examples transformed; include ``clean`` for its rows)."""
+  chosen = methods(estimators, scores, log_probs_score, options)
+  return evaluate(clean, splits, chosen, test_sets=shifted, n_bins=n_bins, k=k)
+
+
+def evaluate_checked(
+  clean: Data, splits: Splits, methods_: list[Method], sets, n_bins, k: int, ece_bins=None
+) -> list[Result]:
+  """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None)."""
+  own = sets is None
+  sets = [(OWN, clean)] if own else sets
+  found: dict[int, list[tuple[CrossValidation, dict]]] = {}
+  generic = []
+  for i, m in enumerate(methods_):
+    fast = _fast_path(m, clean, splits, n_bins, k, ece_bins) if own else None
+    if fast is None:
+      generic.append(i)
+    else:
+      found[i] = [fast]
+  for score in dict.fromkeys(methods_[i].score for i in generic):
+    group = [i for i in generic if methods_[i].score == score]
+    per_method = _loop([methods_[i] for i in group], clean, sets, splits, n_bins, k, ece_bins)
+    found.update(zip(group, per_method, strict=True))
+  return [
+    Result(m.score, m.estimator, key, *found[i][s])
+    for i, m in enumerate(methods_)
+    for s, (key, _) in enumerate(sets)
+  ]
+
+
+# Fitting and predicting: the one place a method is fitted.
+
+
+def _evidence(data: Data, method: Method, rows, k: int) -> base.Evidence:
+  """``data``'s evidence for ``method`` (rows: a mask or slice), events and labels included."""
+  evidence = base.Evidence(data.scores[method.score][rows], data.correct[rows], k=k)
+  if method.entry.scores_only:
+    return evidence
+  return evidence._replace(log_probs=data.log_probs[rows], labels=data.labels[rows])
+
+
+def fit_predict(method: Method, clean: Data, cal: np.ndarray, target: base.Evidence, n_bins):
+  """The method fitted on the clean calibration part (``cal``, [N] bool) predicting
+  ``target``: [M], or [B, M] for a method fitted at each of ``n_bins``; float64, host."""
+  entry, evidence = method.entry, _evidence(clean, method, cal, target.k)
+  if not method.per_bin_count:
+    return np.asarray(entry.predict(entry.fit(evidence, **method.options), target), np.float64)
+  fits = [entry.fit(evidence, **method.options, n_bins=n) for n in n_bins]
+  return np.stack([np.asarray(entry.predict(state, target), np.float64) for state in fits])
+
+
+def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins):
+  """(``CrossValidation``, extras) by the estimator's fast path, or None where it has none."""
+  entry = method.entry
+  if entry.cross_validate is not None and method.per_bin_count:
+    u = clean.scores[method.score]
+    return entry.cross_validate(u, clean.correct, n_bins, splits, **method.options), {}
+  if entry.fit_splits is None:
+    return None
+  masks = np.stack([splits.test_mask(f) for f in range(splits.num_splits)])
+  everything = _evidence(clean, method, slice(None), k)
+  fits = entry.fit_splits(everything, ~masks, **method.options)
+  if fits is None:
+    return None
+  p = np.broadcast_to(np.asarray(fits.p, np.float64), masks.shape)
+  u = clean.scores[method.score]
+  per_split, extras = [], []
+  for f, test in enumerate(masks):
+    correct_test = clean.correct[test][None]
+    held = held_out_bins(u[~test], clean.correct[~test], u[test][None], correct_test, n_bins)
+    per_split.append(binned_predictions(held, p[f, test]))
+    extras.append(_extras(p[f, test][None], correct_test, ece_bins, fits.extras, f, test))
+  return _per_set(split_metrics(per_split), n_bins)[0], _stacked(extras)[0]
+
+
+def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece_bins) -> list:
+  """Each method's [(``CrossValidation``, extras)] per set, split by split, for methods of
+  one score: the calibration bins are shared."""
+  score = group[0].score
+  datas = [data for _, data in sets]
+  u = np.stack([data.scores[score] for data in datas])  # [S, N]
+  correct = np.stack([data.correct for data in datas])
+  log_probs = None
+  if not all(m.entry.scores_only for m in group):
+    log_probs = np.stack([data.log_probs for data in datas])  # [S, N, K]
+  sums, extras = [[] for _ in group], [[] for _ in group]
+  for f in range(splits.num_splits):
+    test = splits.test_mask(f)
+    cal = ~test
+    u_cal, correct_cal = clean.scores[score][cal], clean.correct[cal]
+    held = held_out_bins(u_cal, correct_cal, u[:, test], correct[:, test], n_bins)
+    target = base.Evidence(u[:, test].reshape(-1), k=k)
+    if log_probs is not None:
+      target = target._replace(log_probs=log_probs[:, test].reshape(-1, log_probs.shape[-1]))
+    for i, m in enumerate(group):
+      p = fit_predict(m, clean, cal, target, n_bins)
+      sums[i].append(binned_predictions(held, p))
+      shared = p if p.ndim == 1 else p[0]
+      extras[i].append(_extras(shared.reshape(len(sets), -1), correct[:, test], ece_bins))
+  return [
+    list(zip(_per_set(split_metrics(s), n_bins), _stacked(e), strict=True))
+    for s, e in zip(sums, extras, strict=True)
+  ]
+
+
+def _extras(p, correct, ece_bins, fitted=None, split=None, test=None) -> list[dict[str, float]]:
+  """Each set's extras of one split (``Result.extras``): p and correct [S, T]."""
+  out = [{} for _ in range(p.shape[0])]
+  if ece_bins is not None:
+    for values, p_set, correct_set in zip(out, p, correct, strict=True):
+      gap = correct_set - p_set.astype(np.float32).astype(np.float64)
+      per_bin = np.bincount(equal_width.equal_width_index(p_set, ece_bins), gap, ece_bins)
+      values["confidence_ece"] = float(np.sum(np.abs(per_bin)) / p_set.shape[0])
+  for name, value in (fitted or {}).items():
+    value = np.asarray(value)
+    if value.ndim == 1:  # per split
+      shown = float(value[split])
+    else:  # per example, of this split's fit: its test part's mean
+      shown = float(np.sum(value[split][test], dtype=np.float64) / np.count_nonzero(test))
+    for values in out:
+      values[name] = shown
+  return out
+
+
+def _stacked(per_split: list[list[dict]]) -> list[dict[str, np.ndarray]]:
+  """Per set: name -> [F] of the splits' extras."""
+  num_sets = len(per_split[0])
+  return [
+    {name: np.array([split[s][name] for split in per_split]) for name in per_split[0][s]}
+    for s in range(num_sets)
+  ]
+
+
+def _per_set(per_fold: dict[str, np.ndarray], n_bins) -> list[CrossValidation]:
+  """Each set's ``CrossValidation`` of metrics [S, B, F], the statistics of all at once."""
+  num_sets = next(iter(per_fold.values())).shape[0]
+  flat = {name: value.reshape(-1, value.shape[-1]) for name, value in per_fold.items()}
+  stats = CrossValidation.from_per_fold(range(num_sets * len(n_bins)), flat)[1:]
+  stats = [{name: v.reshape(num_sets, -1, *v.shape[1:]) for name, v in d.items()} for d in stats]
+  return [
+    CrossValidation(n_bins, *({name: v[s] for name, v in d.items()} for d in stats))
+    for s in range(num_sets)
+  ]
+
+
+# Scoring: the bins of U, the predictions counted in them, the metrics.
+
+
+class HeldOutBins(NamedTuple):
+  """One split: the calibration part's equal-count bins of U and where the test examples
+  of S test sets (the same examples, e.g. clean and shifted) fall in them.
+
+  Attributes:
+    n_bins: the bin counts B, in order; W = max(n_bins) slots per bin count.
+    cal_counts: [B, W] float32, calibration examples per bin (zero beyond n).
+    prior: float, the calibration accuracy (``binning.Bins.prior``).
+    slots: [B, S * T] int, bin + W * set of each test example, the sets one after
+      another.
+    correct: [S * T] bool, the test events in that order.
+    test_counts, test_hits: [S, B, W] float32, test examples and correct ones per bin.
+  """
+
+  n_bins: tuple[int, ...]
+  cal_counts: np.ndarray
+  prior: float
+  slots: np.ndarray
+  correct: np.ndarray
+  test_counts: np.ndarray
+  test_hits: np.ndarray
+
+  @property
+  def num_sets(self) -> int:
+    return self.test_counts.shape[0]
+
+
+def held_out_bins(u_cal, correct_cal, u_test, correct_test, n_bins) -> HeldOutBins:
+  """The calibration part's bins of U (one ``binning.fit`` per bin count) and the test
+  sets' counts in them.
+
+  Unchecked host arrays: ``u_cal`` [M] float and ``correct_cal`` [M] bool; ``u_test``
+  [S, T] float and ``correct_test`` [S, T] bool; bin counts in [1, M].
+  """
+  fitted = [binning.fit(u_cal, correct_cal, n) for n in n_bins]
+  return counted_in(fitted, u_test, correct_test)
+
+
+def counted_in(fitted: Sequence[binning.Bins], u_test, correct_test, prior=None) -> HeldOutBins:
+  """``HeldOutBins`` of bins already fitted (one per bin count; ``prior``: their
+  calibration accuracy, by default theirs): one ``bincount`` over (set, bin) each."""
+  num_sets, n_bins = u_test.shape[0], tuple(bins.n_bins for bins in fitted)
+  width = max(n_bins)
+  offsets = np.repeat(np.arange(num_sets) * width, u_test.shape[1])
+  u_flat, correct_flat = u_test.reshape(-1), correct_test.reshape(-1)
+  cal_counts = np.zeros((len(n_bins), width), np.float32)
+  slots = np.empty((len(n_bins), u_flat.shape[0]), np.int64)
+  for b, (n, bins) in enumerate(zip(n_bins, fitted, strict=True)):
+    cal_counts[b, :n] = bins.counts
+    slots[b] = offsets + np.asarray(binning.assign(bins.edges, u_flat))
+  size = num_sets * width
+  counts = np.stack([np.bincount(s, minlength=size) for s in slots])
+  hits = np.stack([np.bincount(s, correct_flat, size) for s in slots])
+  shape = (len(n_bins), num_sets, width)
+  test_counts, test_hits = (np.moveaxis(x.reshape(shape), 1, 0) for x in (counts, hits))
+  prior = float(fitted[-1].prior) if prior is None else prior
+  return HeldOutBins(
+    n_bins, cal_counts, prior, slots, correct_flat,
+    *(x.astype(np.float32) for x in (test_counts, test_hits)),
+  )  # fmt: skip
+
+
+class BinnedPredictions(NamedTuple):
+  """One split's sufficient statistics of a method's test predictions, per test set.
+
+  Attributes:
+    n_bins, cal_counts ([B, W] float32) and prior (float): ``HeldOutBins``'.
+    test_counts, test_hits, prediction_means: [S, B, W] float32: test examples, correct
+      ones and their mean predicted P(correct) (0 where none), per calibration bin. The
+      mean is taken in float64, so that a bin of equal predictions (the bins') gets
+      exactly that value and bins of equal values tie.
+    brier, nll: [S, B] float, each set's per-example mean Brier and NLL.
+  """
+
+  n_bins: tuple[int, ...]
+  cal_counts: np.ndarray
+  prior: float
+  test_counts: np.ndarray
+  test_hits: np.ndarray
+  prediction_means: np.ndarray
+  brier: np.ndarray
+  nll: np.ndarray
+
+
+@jax.jit
+def _example_terms(p, correct):
+  p = p.astype(jnp.float32)
+  return metrics.brier_terms(p, correct), metrics.nll_terms(p, correct)
+
+
+def binned_predictions(test: HeldOutBins, p) -> BinnedPredictions:
+  """A method's test predictions counted in ``test``'s bins (one ``bincount`` each).
+
+  Args:
+    test: ``held_out_bins`` of the split.
+    p: [S * T] float P(correct) of the test examples (in ``test.slots``' order), or
+      [B, S * T]: one prediction per bin count (a method fitted at each).
+  """
+  num_sets, num_bin_counts = test.num_sets, len(test.n_bins)
+  shared = np.ndim(p) == 1
+  p = np.broadcast_to(np.asarray(p, np.float64), test.slots.shape)
+  size = num_sets * max(test.n_bins)
+  sums = np.stack([np.bincount(s, w, size) for s, w in zip(test.slots, p, strict=True)])
+  sums = np.moveaxis(sums.reshape(num_bin_counts, num_sets, -1), 1, 0)
+  means = (sums / np.maximum(test.test_counts, 1)).astype(np.float32)
+  # Each set's mean of the per-example terms (one row when p is shared by the bin counts).
+  rows = p[:1] if shared else p
+  terms = (np.asarray(x, np.float64) for x in _example_terms(rows, test.correct[None]))
+  brier, nll = (x.reshape(rows.shape[0], num_sets, -1).mean(-1).T for x in terms)
+  shape = (num_sets, num_bin_counts)
+  return BinnedPredictions(
+    test.n_bins, test.cal_counts, test.prior, test.test_counts, test.test_hits, means,
+    np.broadcast_to(brier, shape), np.broadcast_to(nll, shape),
+  )  # fmt: skip
+
+
+def split_metrics(per_split: Sequence[BinnedPredictions]) -> dict[str, np.ndarray]:
+  """``METRICS`` from each split's ``BinnedPredictions``, every test set.
+
+  Returns:
+    metric name -> [S, B, F] float array (NaN where undefined).
+  """
+  # The splits axis goes before the bins: [B, F, W], [F], [S, B, F, W] and [S, B, F].
+  splits_axis = {"prior": 0, "brier": -1, "nll": -1}
+  stacked = {
+    name: np.stack([getattr(sums, name) for sums in per_split], axis=splits_axis.get(name, -2))
+    for name in BinnedPredictions._fields[1:]
+  }
+  # One bin count at a time, each at its own width: AUROC's cost grows as the square.
+  values = []
+  for b, n in enumerate(per_split[0].n_bins):
+    bins = {"cal_counts": stacked["cal_counts"][b : b + 1, :, :n], "prior": stacked["prior"]}
+    bins |= {name: stacked[name][:, b : b + 1, :, :n] for name in _PER_BIN}
+    bins |= {name: stacked[name][:, b : b + 1] for name in ("brier", "nll")}
+    values.append(_metrics_of_sums(**bins))
+  return {name: np.concatenate([v[name] for v in values], axis=1) for name in METRICS}
+
+
+_PER_BIN = ("test_counts", "test_hits", "prediction_means")
+
+
+@compile_policy.jit_small
+def _metrics_of_sums(cal_counts, prior, test_counts, test_hits, prediction_means, brier, nll):
+  shape = test_counts.shape[:-1]  # [S, B, F]
+  prior = jnp.broadcast_to(prior, shape)
+  prob = jnp.where(test_counts > 0, prediction_means, prior[..., None])
+  cal_counts = jnp.broadcast_to(cal_counts, test_counts.shape)
+  return metrics.split_metrics(prob, prior, cal_counts, test_counts, test_hits, brier, nll)
