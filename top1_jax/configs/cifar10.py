@@ -12,7 +12,7 @@ as He et al.; MC dropout samples it at ``dropout_rates``.
 
 A GPU/TPU job (``--config.half_precision=bfloat16`` there):
 
-  python -m top1_jax.launch.reproduce --config=cifar10 --workdir=gs://bucket/cifar10
+  python experiments/reproduce.py --config=cifar10 --workdir=gs://bucket/cifar10
 """
 
 from top1_jax.configs import default

@@ -6,7 +6,7 @@ and flips) on CIFAR-100. He et al. report CIFAR-10 only; ResNet-20 trained so on
 CIFAR-100 is commonly reported near 68-69 % test accuracy (not a published number of
 the paper: compare with ``cifar100_wrn`` for Zagoruyko & Komodakis's).
 
-python -m top1_jax.launch.reproduce --config=cifar100 --workdir=gs://bucket/cifar100
+python experiments/reproduce.py --config=cifar100 --workdir=gs://bucket/cifar100
 """
 
 from top1_jax.configs import cifar10

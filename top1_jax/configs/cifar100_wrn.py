@@ -6,7 +6,7 @@ weight decay 5e-4, crops of 4 pixels and flips, dropout 0.3 between the
 convolutions) on CIFAR-100. Published test accuracy with dropout:
 WRN-16-4 76.09 % (23.91 % error), WRN-28-10 81.15 % (18.85 % error).
 
-  python -m top1_jax.launch.reproduce --config=cifar100_wrn --config.models=wrn28_10 \
+  python experiments/reproduce.py --config=cifar100_wrn --config.models=wrn28_10 \
       --workdir=gs://bucket/cifar100_wrn28_10
 """
 

@@ -3,13 +3,13 @@ r"""The main job, and every field of a config with its meaning.
 A CNN, MC dropout at six rates and a deep ensemble on Fashion-MNIST; about five
 minutes offline on a 2-core CPU (the Debian Fashion-MNIST package or TFDS).
 
-  python -m top1_jax.launch.reproduce --config=default            # into runs/default
-  python -m top1_jax.launch.reproduce --config=default \
+  python experiments/reproduce.py --config=default            # into runs/default
+  python experiments/reproduce.py --config=default \
       '--config.dropout_rates=(0.05,)' '--config.seeds=(0,1,2)' --workdir=runs/seeds
 
 The other configs (``quick``, ``cifar10``, ``cifar100``, ``evaluate_files``)
 import this one and override a few fields, as the Flax examples do.
-``top1_jax.sweep.plan.check`` checks every field before any work.
+``top1_jax.pipeline.settings.parse`` checks every field before any work.
 
 Seeds: ``seeds`` is a tuple, not big_vision's single ``seed``, because a seed is a
 sweep axis here like ``models`` and ``train_dropout_rates``: one config names the
@@ -101,7 +101,7 @@ HELP = {
   "selective_targets": "Accuracies that selective prediction aims at",
   "selective_delta": "Selective prediction's risk of missing its target, in (0, 0.5)",
   "figures": "Write figures/ after the tables (False: tables only, faster)",
-  # Dataset shift (top1_jax.launch.shift, the shift config): calibrated on the clean test
+  # Dataset shift (experiments/shift.py, the shift config): calibrated on the clean test
   # examples, tested on the same examples shifted (Ovadia et al. 2019).
   "shift_examples": "Test examples every shifted set is made of: the first N of the test split, "
   "the same at every shift and intensity; unset: all",

@@ -1,8 +1,8 @@
 r"""Evaluate given predictions files or arrays of any model (no training).
 
-  python -m top1_jax.launch.evaluate --config=evaluate_files --workdir=runs/resnet50 \
+  python experiments/evaluate.py --config=evaluate_files --workdir=runs/resnet50 \
       --config.inputs=resnet50_val.npz                  # predictions files (or globs)
-  python -m top1_jax.launch.evaluate --config=evaluate_files --workdir=runs/resnet50 \
+  python experiments/evaluate.py --config=evaluate_files --workdir=runs/resnet50 \
       --config.inputs=logits.npy --config.input_kind=logits --config.labels=labels.npy
 
 The inputs: see ``default.py`` (``inputs``, ``input_kind``, ``labels``) and
@@ -21,6 +21,7 @@ def get_config():
   config = default.get_config()
   # The files say where they come from; a user may name it (--config.dataset=...).
   config.dataset = config_dict.placeholder(str)
+  config.inputs = config_dict.placeholder(str)  # required: unset is refused with an example
   config.topk = (1, 5)
   config.n_bins = (10, 20, 50, 100)
   return config

@@ -11,8 +11,8 @@ the curves. The measured time and accuracy are in docs/results.md ("Training
 recipes"). No ensemble by default (``--config.ensemble_size=5`` trains five more
 networks, five times the time).
 
-  python -m top1_jax.launch.train --config=fashion_mnist_recipe --workdir=runs/fmnist_recipe
-  python -m top1_jax.launch.reproduce --config=fashion_mnist_recipe --workdir=runs/fmnist_recipe
+  python experiments/train.py --config=fashion_mnist_recipe --workdir=runs/fmnist_recipe
+  python experiments/reproduce.py --config=fashion_mnist_recipe --workdir=runs/fmnist_recipe
 """
 
 from top1_jax.configs import default

@@ -1,11 +1,12 @@
-r"""Calibration under dataset shift on Fashion-MNIST (Ovadia et al. 2019), after the main job.
+r"""Calibration under dataset shift (Ovadia et al. 2019), after a training job in the same work dir.
 
-  python -m top1_jax.launch.shift --config=shift --workdir=runs/default
+  python experiments/shift.py --config=shift --workdir=runs/default           # Fashion-MNIST
+  python experiments/shift.py --config=shift:cifar10 --workdir=runs/cifar10   # any config's
 
-Reuses the networks the main job trained in the same work dir (training fields are
-the default's; it trains them when they are missing) and writes under
-``<workdir>/shift/``: each shifted set's predictions, ``results.csv`` (with
-``shift`` and ``severity``), ``ood.csv``, ``results.md`` and figures.
+``shift:<config>`` evaluates the networks ``--config=<config>`` trained (its training
+fields; the default config's without an argument), reused from the work dir (trained
+when missing), and writes under ``<workdir>/shift/``: each shifted set's predictions,
+``results.csv`` (with ``shift`` and ``severity``), ``ood.csv``, ``results.md`` and figures.
 
 The defaults fit a 2-core CPU in a few minutes: 12 rotations, 14 translations, 8
 corruptions x 5 intensities and 2 out-of-distribution sets are 68 sets beside the
@@ -18,19 +19,16 @@ overrides: ``--config.shift_examples=10000 --config.num_samples=32
 '--config.dropout_rates=(0.01,0.05,0.2)'``.
 """
 
-from top1_jax.configs import default
+import importlib
 
 
-def under_shift(config):
-  """A training config evaluated under shift: one MC-dropout rate, Top-1, 20 bins (above)."""
+def get_config(base: str | None = None):
+  """The training config ``base`` (a packaged name; default: ``default``) under shift: one
+  MC-dropout rate, Top-1, 20 bins, 1,000 examples (above)."""
+  config = importlib.import_module(f"top1_jax.configs.{base or 'default'}").get_config()
   config.dropout_rates = (0.05,)
   config.num_samples = 16
   config.topk = (1,)
   config.n_bins = (20,)
   config.shift_examples = 1000
   return config
-
-
-def get_config():
-  """``default`` (the main job's networks) under shift."""
-  return under_shift(default.get_config())

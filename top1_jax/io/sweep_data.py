@@ -1,6 +1,6 @@
 """A sweep's dataset: where each split comes from (checked before any work), and its images.
 
-``s`` is a sweep's settings (``top1_jax.sweep.plan.Settings``): its ``dataset``,
+``s`` is a sweep's settings (``top1_jax.pipeline.settings.Settings``): its ``dataset``,
 ``data_dir``, ``limit_train``, ``limit_test`` and ``batch_size``. Problems are a
 ``SettingError`` naming the setting (``data_dir: ...``).
 """
@@ -11,7 +11,7 @@ from typing import Any
 from top1_jax.core.validation import SettingError
 from top1_jax.io import datasets, files
 
-Settings = Any  # top1_jax.sweep.plan.Settings (imported there, not here: it needs flax)
+Settings = Any  # top1_jax.pipeline.settings.Settings (imported there, not here: it needs flax)
 
 SPLITS = ("train", "test")
 

@@ -1,4 +1,8 @@
-"""Console scripts: ``top1-<launcher>`` runs ``python -m top1_jax.launch.<launcher>``.
+"""Console scripts: ``top1-<name>`` does what ``python experiments/<name>.py`` does.
+
+The stages' mains (reproduce, train, predict, evaluate, shift) parse ``--config`` and
+call one function of ``top1_jax.pipeline``, as ``experiments/`` does from a clone; the
+tools' (aggregate, find_mislabeled, demo) are their modules here.
 
 pip installs every script of pyproject.toml's ``[project.scripts]`` with the core
 package (it cannot install a script per extra), so a script whose packages are
@@ -49,13 +53,60 @@ def requiring(launcher: str):
     _entered.pop()
 
 
+STAGES = {
+  "reproduce": ("reproduce", "default"),
+  "train": ("training", "default"),
+  "predict": ("prediction", "default"),
+  "evaluate": ("sweep", "default"),
+  "shift": ("shift", "shift"),
+}
+"""Each stage's module of ``top1_jax.pipeline`` and its default config."""
+RECORDED = ("reproduce", "evaluate", "shift")
+"""The stages that record their command line (config.json)."""
+
+
+def stage_main(name: str, module):
+  """The main of a stage: no positional arguments, the settings parsed once, one call."""
+  from top1_jax.launch import config_flag, runner
+
+  def main(argv):
+    runner.no_arguments(argv)
+    args = (config_flag.settings(), runner.workdir(), runner.tasks())
+    if name in RECORDED:
+      args += (runner.command(),)
+    module.run(*args)
+
+  return main
+
+
+def default_workdir(name: str):
+  """runs/<config> for reproduce; the shift stage's: the work dir of the networks it
+  reuses (runs/default for --config=shift, runs/cifar10 for --config=shift:cifar10)."""
+  from top1_jax.launch import config_flag
+
+  if name == "reproduce":
+    return lambda: f"runs/{config_flag.config_name()}"
+  if name == "shift":
+    return lambda: f"runs/{config_flag.config_argument() or 'default'}"
+  return None
+
+
 def _launch(name: str) -> None:
+  from top1_jax.launch import runner  # its signal handlers first, then the heavy imports
+
+  if name in STAGES:
+    from top1_jax.launch import config_flag
+
+    module_name, config = STAGES[name]
+    config_flag.define(config)
+    with requiring(name):
+      module = importlib.import_module(f"top1_jax.pipeline.{module_name}")
+    main = stage_main(name, module)
+    runner.run(main, default_workdir(name), cpu_device_per_core=name == "evaluate")
+    return
   with requiring(name):
     module = importlib.import_module(f"top1_jax.launch.{name}")
-  per_core = getattr(module, "CPU_DEVICE_PER_CORE", False)  # each launcher has common: its runner
-  module.common.run(
-    module.main, getattr(module, "default_workdir", None), cpu_device_per_core=per_core
-  )
+  runner.run(module.main)
 
 
 # One callable per console script (pyproject.toml's [project.scripts] name them).

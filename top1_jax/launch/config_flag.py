@@ -1,20 +1,21 @@
-"""The sweep launchers' ``--config`` flag (ml_collections) and its checks.
+"""The ``--config`` flag (ml_collections) of the stages' mains, and its settings parsed once.
 
-``--config`` names a config file: a packaged one by name (``--config=quick``) or
-any path (``common`` resolves both from any folder); ``--config.<field>=<value>``
-overrides a field. ``check`` is ``top1_jax.sweep.plan.check`` on the result; the
-rest of the plan (training points, files, a task's share) is ``top1_jax.sweep.plan``.
+``--config`` names a config file: a packaged one by name (``--config=quick``) or any
+path (``runner`` resolves both from any folder); ``--config.<field>=<value>``
+overrides a field. ``settings`` is ``pipeline.settings.parse`` of the result.
 """
 
+import collections
 import os
+import re
 import sys
 
-from absl import flags
+from absl import flags, logging
 from ml_collections import config_flags
 
-from top1_jax import configs
-from top1_jax.launch import common
-from top1_jax.sweep import plan
+from top1_jax.core.validation import SettingError
+from top1_jax.launch import runner, usage
+from top1_jax.pipeline import settings as settings_lib
 
 
 def config_name() -> str:
@@ -23,9 +24,39 @@ def config_name() -> str:
   return os.path.splitext(os.path.basename(path.split(":")[0]))[0]
 
 
-def check() -> plan.Settings:
-  """The --config, checked (``plan.check``): before anything is read or written."""
-  return plan.check(CONFIG.value)
+def config_argument() -> str | None:
+  """The argument after a colon in ``--config=<file>:<argument>`` (``shift:cifar10``)."""
+  given = [arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--config=")]
+  return given[-1].partition(":")[2] or None if given else None
+
+
+def _given_twice(argv: list[str]) -> None:
+  """A field overridden twice: ml_collections merges repeated tuple overrides (both
+  ``(5,)`` and ``(7,)`` swept), so a repeat is refused instead of guessed at."""
+  names = [m[1] for m in map(re.compile(r"--config\.(\w+)=").match, argv) if m]
+  twice = [name for name, count in collections.Counter(names).items() if count > 1]
+  if twice:
+    raise SettingError(
+      f"{twice[0]}: given twice on the command line; give it once (a tuple as one value, "
+      f"quoted for the shell: '--config.{twice[0]}=(a,b)')"
+    )
+
+
+def settings() -> settings_lib.Settings:
+  """The --config, parsed and checked: before anything is read or written.
+
+  With ``inputs`` (a user's files), the config's ``dataset`` is its training data's, not
+  the files': unset unless given on the command line; and the fields of training and
+  prediction given there are said to be unused."""
+  _given_twice(sys.argv)
+  parsed = settings_lib.parse(CONFIG.value)
+  if not parsed.inputs:
+    return parsed
+  ignored = sorted(given() & {"data_dir", "limit_train", "limit_test"})
+  if ignored:  # a sweep's own (quick's limit_test) made its files: no word
+    named = ", ".join(f"--config.{name}" for name in ignored)
+    logging.warning("evaluate: %s: for train and predict; evaluate reads files", named)
+  return parsed if "dataset" in given() else parsed.replace(dataset=None)
 
 
 def given() -> set[str]:
@@ -33,12 +64,19 @@ def given() -> set[str]:
   return {name.split(".")[0] for name in config_flags.get_override_values(flags.FLAGS["config"])}
 
 
-try:
-  CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    os.path.join(common.PACKAGED_CONFIGS, "default.py"),
-    f"A config: a packaged one by name ({common.packaged_names()}) or a path; "
-    "--config.<field>=<value> sets one field (--help lists every field).",
-  )
-except (AttributeError, KeyError):  # without --config=, overrides are applied here, on import
-  common.fail(common.ExperimentError(configs.unknown_field(sys.argv)), joined=False)
+def define(default: str = "default"):
+  """Defines ``--config`` with a packaged default (once per process)."""
+  global CONFIG
+  try:
+    CONFIG = config_flags.DEFINE_config_file(
+      "config",
+      os.path.join(runner.PACKAGED_CONFIGS, f"{default}.py"),
+      f"A config: a packaged one by name ({runner.packaged_names()}) or a path; "
+      "--config.<field>=<value> sets one field (--help lists every field).",
+    )
+  except (AttributeError, KeyError):  # without --config=, overrides are applied here, on import
+    runner.fail(runner.ExperimentError(usage.unknown_field(sys.argv)), joined=False)
+  return CONFIG
+
+
+CONFIG = None

@@ -4,7 +4,7 @@ Draws logits from an over-confident synthetic classifier, computes every
 single-model uncertainty score, and cross-validates Top-1 binning at several bin
 counts. Prints the table and, with --workdir, writes results.json and results.md.
 
-  python -m top1_jax.launch.demo --num_examples=20000 --workdir=/tmp/top1_demo
+  python experiments/demo.py --num_examples=20000 --workdir=/tmp/top1_demo
 """
 
 import os
@@ -16,7 +16,7 @@ from absl import flags
 from top1_jax.core import events, metrics, scores
 from top1_jax.evaluation import crossval
 from top1_jax.io import files
-from top1_jax.launch import common
+from top1_jax.launch import runner
 from top1_jax.version import __version__
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 20_000, "Synthetic test-set size.")
@@ -37,7 +37,7 @@ def _bin_counts() -> list[int]:
   except ValueError:
     n_bins = []
   if not n_bins or min(n_bins) < 1:
-    raise common.ExperimentError(f"--n_bins: expected integers >= 1, got {_N_BINS.value}")
+    raise runner.ExperimentError(f"--n_bins: expected integers >= 1, got {_N_BINS.value}")
   return n_bins
 
 
@@ -52,7 +52,7 @@ def synthetic_logits(num_examples, num_classes, overconfidence, seed):
 
 
 def main(argv):
-  del argv
+  runner.no_arguments(argv)
   n_bins = _bin_counts()
   logits, labels = synthetic_logits(
     _NUM_EXAMPLES.value, _NUM_CLASSES.value, _OVERCONFIDENCE.value, _SEED.value
@@ -86,18 +86,14 @@ def main(argv):
     print(f"  {name}: {len(n_bins)} bin counts x {_N_FOLDS.value} splits in {elapsed:.2f} s")
   table = "\n".join(lines)
   print(table)
-  if common.WORKDIR.value:
-    os.makedirs(common.WORKDIR.value, exist_ok=True)
+  if runner.WORKDIR.value:
+    os.makedirs(runner.WORKDIR.value, exist_ok=True)
     config = {
       name: flags.FLAGS[name].value
       for name in ("num_examples", "num_classes", "overconfidence", "n_folds", "scheme", "seed")
     }
     config["n_bins"] = list(n_bins)
     result = {"config": config, "version": __version__, "results": rows}
-    files.write_json(os.path.join(common.WORKDIR.value, "results.json"), result)
-    files.write_bytes(os.path.join(common.WORKDIR.value, "results.md"), (table + "\n").encode())
-    print(f"wrote {common.WORKDIR.value}/results.json and results.md")
-
-
-if __name__ == "__main__":
-  common.run(main)
+    files.write_json(os.path.join(runner.WORKDIR.value, "results.json"), result)
+    files.write_bytes(os.path.join(runner.WORKDIR.value, "results.md"), (table + "\n").encode())
+    print(f"wrote {runner.WORKDIR.value}/results.json and results.md")

@@ -1,6 +1,6 @@
 r"""Shows the wrong predictions in the most confident bins: mislabelled or ambiguous images.
 
-  python -m top1_jax.launch.find_mislabeled --workdir=runs/default --score=neg_log_pmax --top_bins=2
+  python experiments/find_mislabeled.py --workdir=runs/default --score=neg_log_pmax --top_bins=2
 
 The paper's supplement (``top1_jax.evaluation.mislabeled.report``). Writes under
 ``<workdir>/mislabeled/`` mislabeled.csv (the wrong examples of the --top_bins most
@@ -19,7 +19,7 @@ from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
 from top1_jax.evaluation import mislabeled
 from top1_jax.io import files, mislabeled_report
-from top1_jax.launch import common
+from top1_jax.launch import runner
 
 PREDICTIONS = flags.DEFINE_string(
   "predictions", None, "Predictions file (.npz); default: <workdir>/predictions/deterministic.npz."
@@ -42,12 +42,12 @@ def _predictions_path() -> pathlib.Path:
   if PREDICTIONS.value:
     path = pathlib.Path(PREDICTIONS.value).expanduser()
   else:  # the sweep's first plain model
-    asked = (files.read_json(common.workdir() / "manifest.json") or {}).get("files", [])
+    asked = (files.read_json(runner.workdir() / "manifest.json") or {}).get("files", [])
     name = next((n for n in asked if n.endswith("deterministic")), "deterministic")
-    path = common.workdir() / "predictions" / f"{name}.npz"
+    path = runner.workdir() / "predictions" / f"{name}.npz"
   if not path.is_file():
     hint = "" if PREDICTIONS.value else "; run top1_jax.launch.predict first or pass --predictions"
-    raise common.ExperimentError(f"--predictions: no such file: {path}{hint}")
+    raise runner.ExperimentError(f"--predictions: no such file: {path}{hint}")
   return path
 
 
@@ -55,30 +55,30 @@ def check_settings() -> tuple[pathlib.Path, str | None]:
   """Every flag that needs no file read, before any work: (predictions file, data dir)."""
   for flag in (N_BINS, TOP_BINS, MAX_IMAGES, TOPK):
     if flag.value < 1:
-      raise common.ExperimentError(f"--{flag.name}: expected an integer >= 1, got {flag.value}")
+      raise runner.ExperimentError(f"--{flag.name}: expected an integer >= 1, got {flag.value}")
   if TOP_BINS.value > N_BINS.value:
-    raise common.ExperimentError(
+    raise runner.ExperimentError(
       f"--top_bins: expected at most --n_bins={N_BINS.value}, got {TOP_BINS.value}"
     )
   data_dir = DATA_DIR.value or None
   if data_dir and files.is_local(data_dir):
     data_dir = os.path.expanduser(data_dir)
     if not os.path.isdir(data_dir):
-      raise common.ExperimentError(f"--data_dir: no such directory: {DATA_DIR.value}")
+      raise runner.ExperimentError(f"--data_dir: no such directory: {DATA_DIR.value}")
   return _predictions_path(), data_dir
 
 
 def main(argv) -> None:
   """Finds the confident errors and writes the CSV, JSON and figure."""
-  del argv
-  (path, data_dir), out_dir = check_settings(), common.workdir() / "mislabeled"
+  runner.no_arguments(argv)
+  (path, data_dir), out_dir = check_settings(), runner.workdir() / "mislabeled"
   score, k, n_bins, top = SCORE.value, TOPK.value, N_BINS.value, TOP_BINS.value
   try:
     inputs = mislabeled_report.load_inputs(
       path, score=score, topk=k, n_bins=n_bins, dataset=DATASET.value, data_dir=data_dir
     )
   except SettingError as e:  # the library names the setting: here a flag
-    raise common.ExperimentError(f"--{e}") from None
+    raise runner.ExperimentError(f"--{e}") from None
   images, given, predicted = inputs.images, inputs.predictions.labels, inputs.predicted
   logging.info(
     f"find_mislabeled: {path.name} ({images.name} {images.split}, {len(given):,} examples, "
@@ -119,7 +119,3 @@ def main(argv) -> None:
     f"find_mislabeled: {len(rows)} confident error(s); wrote {csv_path} and {png_path} "
     f"({len(shown)} image(s))"
   )
-
-
-if __name__ == "__main__":
-  common.run(main)

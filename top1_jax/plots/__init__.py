@@ -15,7 +15,7 @@
   reference line that never sets the axis limits.
 * ``dropout_rate_figure``: metrics of MC dropout against the test-time dropout
   rate, one line per bin count, the deterministic network as a reference line;
-  from a run's tidy results rows or rows merged over seeds (``top1_jax.sweep.aggregate``).
+  from a run's tidy results rows or rows merged over seeds (``top1_jax.pipeline.aggregate``).
 * ``shift_curves``, ``corruption_boxes``, ``ood_histograms``: calibration under
   dataset shift after Ovadia et al. (metrics against rotation or translation, boxes
   over corruptions per intensity, P(correct) on out-of-distribution inputs).

@@ -13,7 +13,7 @@ import numpy as np
 
 from top1_jax.engine import corruptions
 from top1_jax.io import results
-from top1_jax.sweep import tables
+from top1_jax.pipeline import tables
 
 LOG_PROBS_SCORE = "neg_log_pmax"
 """The score that bins the methods on the log-probabilities (raw, temperature, top-label)

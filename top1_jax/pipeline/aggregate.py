@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from top1_jax.core import scores
 from top1_jax.evaluation import crossval
 from top1_jax.io import results
-from top1_jax.sweep import tables
+from top1_jax.pipeline import tables
 
 COLUMNS = tables.COLUMNS
 
@@ -420,8 +419,7 @@ def markdown(
     for row in rows:
       if (row["topk"], row["n_bins"]) != (topk, n_bins):
         continue
-      estimator = row.get("estimator") or "bins"
-      score = scores.label(row["score"]) + ("" if estimator == "bins" else f" [{estimator}]")
+      score = tables.score_cell(row)
       eor = _mean_std(row, "eor", tables.eor_digits(row.get("eor")))
       lines.append(
         f"| {tables.row_label(row, varying)} | {score} | {_mean_std(row, 'brier', 4)} "
@@ -434,3 +432,49 @@ def markdown(
     if merged:
       parts.append(table(_labelled(merged, varying), value=_mean_std, across_runs=True))
   return "\n\n".join(parts) + ("\n" if parts else "")
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def run(workdirs: list[str], out) -> str:
+  """The aggregate stage: the runs of ``workdirs`` (paths or globs) merged into ``out``:
+  aggregate.csv (one tidy row per sweep point: the key columns, seeds, num_runs, each
+  metric's mean and std across runs), aggregate_comparison.csv and aggregate_selective.csv
+  (Table 1 and the selective rows, where the runs hold them), aggregate.md, aggregate.json,
+  figures/dropout_rate_top<k>.png when MC dropout was swept, and index.html. Returns a
+  line saying what was merged into which files."""
+  from absl import logging
+
+  from top1_jax.io import files
+  from top1_jax.pipeline.runs import RunError
+
+  names = results.expand_workdirs(workdirs or [], exclude=out)
+  if not names:
+    raise RunError(f"--workdirs: {','.join(workdirs or []) or '(empty)'} names no work dir")
+  runs, configs, tables_of_runs = [], [], []
+  for name in names:
+    rows, config = results.read_results(name)
+    logging.info("read %d rows from %s", len(rows), name)
+    runs.append(rows)
+    configs.append(config)
+    tables_of_runs.append(results.read_tables(name))  # Table 1 and the selective rows
+  merged = merge_runs(runs, names=names, configs=configs)
+  merged_tables = merge_tables(runs, tables_of_runs, names=names)
+  what = describe_runs(runs)  # a work dir of a seed sweep holds several runs
+  logging.info("merged %s into %d rows", what, len(merged))
+  text = markdown(merged, **merged_tables)
+  inputs = {"inputs": names, "num_runs": count_runs(runs)}
+  inputs["configs"] = dict(zip(names, configs, strict=True))
+  written = [
+    files.write_csv(out / "aggregate.csv", merged),
+    *(files.write_csv(out / f"aggregate_{k}.csv", v) for k, v in merged_tables.items() if v),
+    files.write_bytes(out / "aggregate.md", text.encode()),
+    files.write_json(out / "aggregate.json", {**inputs, "rows": merged, **merged_tables}),
+  ]
+  from top1_jax import plots  # matplotlib: 0.5 s of import that a refused run skips
+
+  figures = plots.write_dropout_rate_figures(out, merged, {row["topk"] for row in merged})
+  title = f"Merged runs ({what}): metrics as mean ± std across runs"
+  written += [*figures, plots.write_results_page(out, text, figures, config=inputs, title=title)]
+  return f"merged {what} into {len(merged)} rows: {', '.join(map(str, written))}"

@@ -11,29 +11,32 @@ ones transformed (``evaluation.shift``). A *set* is a shift and an intensity:
 * ``ood_<name>``: images from outside the label set (``io.ood_sets``), as many as
   the clean set (fewer if the set is smaller); their labels are placeholders.
 
-``launch.shift`` predicts each set with every method of a training point and writes
-``<workdir>/shift/predictions/<point>/<set>/<method>.npz`` (meta ``shift``,
-``severity``, ``ood``); ``top1_jax.launch.evaluate`` takes a user's own files with such
-meta (``shift_inputs``). Either way ``evaluate`` turns the files into tidy rows
-(results.csv's columns with ``shift`` and ``severity``), OOD rows and the
-P(correct) arrays of the histograms.
+The shift stage (``run``) reuses the training points' networks from the work dir (it
+trains them when missing), predicts each set with every prediction job of a training
+point into ``<workdir>/shift/predictions/<point>/<set>/<kind>.npz`` (meta ``shift``,
+``severity``, ``ood``), then evaluates: every method is fitted on the clean calibration
+part of each split and scored on the same examples shifted (``evaluation.protocol``), into
+``<workdir>/shift/``: results.{csv,md,json}, ood.csv, figures/ and index.html. The evaluate
+stage takes a user's own files with such meta the same way (``shift_inputs``,
+``evaluate_files``).
 """
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 
 from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
 from top1_jax.engine import corruptions, shifts
 from top1_jax.evaluation import ood, protocol
 from top1_jax.io import files, ood_sets, results
-from top1_jax.sweep import plan, runner, shift_tables, tables
+from top1_jax.pipeline import jobs, runs, shift_tables, sources, tables
+from top1_jax.pipeline.settings import Settings, check_examples, refuse_inputs, test_examples
 
 OOD_PREFIX = "ood_"
 """An out-of-distribution set's ``shift`` is this prefix and its ``io.ood_sets`` name."""
@@ -64,19 +67,17 @@ class ShiftSet:
     return {"shift": self.shift, "severity": self.severity, **({"ood": True} if self.ood else {})}
 
 
-def shift_sets(settings: Any) -> list[ShiftSet]:
-  """Every set of a (checked) config, once each, the clean one first, in the tables' order."""
-  field = functools.partial(plan.field_items, settings)
-  names = field("shift_corruptions")
-  names = corruptions.names() if names == ("all",) else names
+def shift_sets(settings: Settings) -> list[ShiftSet]:
+  """Every set of the settings, once each, the clean one first, in the tables' order."""
+  severities = settings.shift_severities
   sets = [
     ShiftSet(results.CLEAN, 0),
-    *(ShiftSet("rotate", tables.severity(d)) for d in field("shift_rotations")),
-    *(ShiftSet("translate", int(p)) for p in field("shift_translations")),
-    *(ShiftSet(name, int(s)) for name in names for s in field("shift_severities")),
-    *(ShiftSet(OOD_PREFIX + name) for name in field("shift_ood")),
+    *(ShiftSet("rotate", tables.severity(d)) for d in settings.shift_rotations),
+    *(ShiftSet("translate", p) for p in settings.shift_translations),
+    *(ShiftSet(name, s) for name in settings.shift_corruptions for s in severities),
+    *(ShiftSet(OOD_PREFIX + name) for name in settings.shift_ood),
   ]
-  return list(dict.fromkeys(sets))  # a value given twice (90 and 90.0) would repeat its rows
+  return list(dict.fromkeys(sets))
 
 
 def first_examples(split, num: int | None):
@@ -113,7 +114,7 @@ def make_images(shift_set: ShiftSet, images: np.ndarray, seed: int) -> np.ndarra
 
 @dataclasses.dataclass
 class Group:
-  clean: runner.Source
+  clean: sources.Source
   shifted: list = dataclasses.field(default_factory=list)
   ood: list = dataclasses.field(default_factory=list)
 
@@ -121,19 +122,26 @@ class Group:
 _NOT_THE_MODEL = ("source", "shift", "severity")  # what differs between a group's files
 
 
-def _key(source: runner.Source) -> tuple:
+def _key(source: sources.Source) -> tuple:
   return tuple(v for k, v in source.columns.items() if k not in _NOT_THE_MODEL)
 
 
-def _is_clean(source: runner.Source) -> bool:
+def _is_clean(source: sources.Source) -> bool:
   return source.columns["shift"] == results.CLEAN and not source.meta.get("ood")
 
 
-def group_sources(sources: Sequence[runner.Source]) -> list[Group]:
+def group_sources(found: Sequence[sources.Source]) -> list[Group]:
   """The files by model and method (their columns but source, shift and severity), each
-  group with one clean file whose labels its shifted files share."""
+  group with one clean file whose labels its shifted files share. A user's shifted file
+  (named ``shifted/...``) must say in its meta what shift it holds."""
   groups: dict[tuple, Group] = {}
-  for source in sources:
+  for source in found:
+    if _is_clean(source) and source.name.startswith(sources.SHIFTED):
+      raise SettingError(
+        f"shift_inputs: {source.path} names no shift in its meta (a shifted file's meta holds "
+        '"shift" and "severity", or "ood": true); without them it would read as a second clean '
+        "set"
+      )
     if _is_clean(source):
       if _key(source) in groups:
         raise SettingError(
@@ -141,7 +149,7 @@ def group_sources(sources: Sequence[runner.Source]) -> list[Group]:
           "of one model and method; give one clean file per model"
         )
       groups[_key(source)] = Group(source)
-  for source in sources:
+  for source in found:
     group = groups.get(_key(source))
     if _is_clean(source):
       continue
@@ -163,7 +171,7 @@ def group_sources(sources: Sequence[runner.Source]) -> list[Group]:
   return list(groups.values())
 
 
-def _score_names(settings: Any, source: runner.Source) -> list[str]:
+def _score_names(settings: Settings, source: sources.Source) -> list[str]:
   """The clean file's Top-1 scores that a model has on any input: not the oracle (it
   reads the labels, meaningless on OOD inputs) nor human ones; ``settings.scores``'."""
   wanted = tuple(settings.scores)
@@ -177,11 +185,11 @@ def _score_names(settings: Any, source: runner.Source) -> list[str]:
   return names
 
 
-def _inputs(source: runner.Source, labelled: bool = True) -> protocol.Inputs:
+def _inputs(source: sources.Source, labelled: bool = True) -> protocol.Inputs:
   return protocol.Inputs(source.log_probs, source.labels if labelled else None, source.scores)
 
 
-def _evaluate_group(settings: Any, group: Group, estimators: tuple) -> tuple[list, list, list]:
+def _evaluate_group(settings: Settings, group: Group, estimators: tuple) -> tuple[list, list, list]:
   """One model's records (``tables.tidy_rows``'), OOD rows and OOD results."""
   clean, names = group.clean, _score_names(settings, group.clean)
   sets = [clean, *group.shifted]
@@ -219,26 +227,26 @@ def _evaluate_group(settings: Any, group: Group, estimators: tuple) -> tuple[lis
   return records, ood_rows, reports
 
 
-def evaluate(settings: Any, sources: Sequence[runner.Source], log: Callable = print) -> dict:
+def evaluate(settings: Settings, found: Sequence[sources.Source], log: Callable = print) -> dict:
   """Every group's rows under shift (``rows``: results.csv's, with ``label``), OOD rows
   (``ood_rows``: ood.csv's) and the OOD histograms' P(correct) (``histograms``: by OOD
   row's source, score and estimator, the clean test part's and the OOD set's, both
   from the first split's calibration)."""
-  estimators = plan.field_items(settings, "shift_estimators")
+  estimators = settings.shift_estimators
   records, ood_rows, histograms = [], [], {}
-  for group in group_sources(sources):
+  for group in group_sources(found):
     tic = time.perf_counter()
-    found, ood, reports = _evaluate_group(settings, group, estimators)
-    records += found
-    ood_rows += ood
+    group_records, group_ood, reports = _evaluate_group(settings, group, estimators)
+    records += group_records
+    ood_rows += group_ood
     first = int(group.clean.splits.test_mask(0).sum())  # clean_prob: the splits in order
-    for row, report in zip(ood, reports, strict=True):
+    for row, report in zip(group_ood, reports, strict=True):
       # The histograms show one calibration: the first split's.
       arrays = {results.CLEAN: report.clean_prob[:first], row["shift"]: report.ood_prob[0]}
       histograms[row["source"], row["score"], row["estimator"]] = arrays
     log(
       f"shift: {group.clean.label}: {1 + len(group.shifted)} set(s), {len(group.ood)} OOD "
-      f"set(s), {len(found)} rows in {time.perf_counter() - tic:.1f} s"
+      f"set(s), {len(group_records)} rows in {time.perf_counter() - tic:.1f} s"
     )
   return {"rows": tables.tidy_rows(records), "ood_rows": ood_rows, "histograms": histograms}
 
@@ -261,7 +269,7 @@ def _model_name(key: tuple) -> str:
   return f"{dataset or 'predictions'}, {model or 'model'}, train dropout {rate}, seed {seed}"
 
 
-def markdown(settings: Any, evaluated: dict) -> str:
+def markdown(settings: Settings, evaluated: dict) -> str:
   """results.md: per model, the variants' metrics at every shift and on the OOD sets."""
   rows, n_bins = evaluated["rows"], settings.compare_bins
   text = [
@@ -312,7 +320,7 @@ def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
   return panels
 
 
-def write(folder, settings: Any, evaluated: dict) -> None:
+def write(folder, settings: Settings, evaluated: dict) -> None:
   """results.{csv,json,md} and ood.csv into ``folder`` (atomically)."""
   rows = [{k: v for k, v in r.items() if k != "label"} for r in evaluated["rows"]]
   files.write_csv(folder / "results.csv", rows)
@@ -322,17 +330,86 @@ def write(folder, settings: Any, evaluated: dict) -> None:
   files.write_bytes(folder / "results.md", markdown(settings, evaluated).encode())
 
 
-def evaluate_and_write(settings: Any, asked, folder, log: Callable = print) -> tuple[dict, dict]:
-  """The protocol over the files ``asked`` ((name, path)), its tables into ``folder``;
-  returns what ``evaluate`` returns and the seconds of each step."""
+def evaluate_files(settings: Settings, asked, folder) -> dict:
+  """The protocol over the files ``asked`` ((name, path): clean, shifted and OOD files), its
+  tables, figures and index.html into ``folder``; returns the seconds of each step."""
   timings: dict[str, float] = {}
-  runner.check_present(asked)
-  sources = [runner.Source(name, path, settings, timings) for name, path in asked]
+  sources.check_present(asked)
+  found = [sources.Source(name, path, settings, timings) for name, path in asked]
   tic = time.perf_counter()
-  evaluated = evaluate(settings, sources, log)
+  evaluated = evaluate(settings, found, logging.info)
   timings["protocol"] = time.perf_counter() - tic
   tic = time.perf_counter()
   write(folder, settings, evaluated)
   timings["write"] = time.perf_counter() - tic
-  log(f"shift: {len(evaluated['rows'])} rows, {len(evaluated['ood_rows'])} OOD rows in {folder}")
-  return evaluated, timings
+  num_rows, num_ood = len(evaluated["rows"]), len(evaluated["ood_rows"])
+  logging.info("shift: %d rows, %d OOD rows in %s", num_rows, num_ood, folder)
+  if settings.figures:
+    from top1_jax import plots  # matplotlib
+
+    tic = time.perf_counter()
+    written = plots.write_shift_figures(folder, figure_data(evaluated, settings.compare_bins))
+    timings["figures"] = time.perf_counter() - tic
+    seconds = timings["figures"]
+    logging.info("shift: %d figures in %s (%.1f s)", len(written), folder / "figures", seconds)
+  from top1_jax.plots import page
+
+  page.write_run_page(folder, timings, figures=None if settings.figures else [])
+  return timings
+
+
+def _predict_sets(settings, workdir, point, pool, out) -> list[tuple[str, object]]:
+  """Every set's predictions files of one training point: (name, path), made if missing."""
+  from top1_jax.pipeline import prediction  # Flax
+
+  states = prediction.trained_states(settings, workdir, point, pool)
+  asked = []
+  for index, shift_set in enumerate(shift_sets(settings)):
+    images = None
+    for job in jobs.prediction_jobs(settings, point):
+      meta = {**job.meta(settings), **shift_set.meta(), "shift_examples": len(pool.labels)}
+      path = out / "predictions" / point.name / shift_set.slug / f"{job.kind}.npz"
+      asked.append((f"{point.name}/{shift_set.slug}/{job.kind}", path))
+      if prediction.is_current(path, meta):
+        continue
+      tic = time.perf_counter()
+      if images is None:
+        images = make_images(shift_set, pool.images, point.seed)
+      # OOD labels are placeholders (meta ood): never scored.
+      labels = pool.labels[: len(images)] if shift_set.ood else pool.labels
+      result = prediction.predict_images(settings, job, meta, states, images, labels, index)
+      if runs.is_writer():
+        from top1_jax.io import predictions as predictions_lib
+
+        predictions_lib.save_predictions(path, result)
+      logging.info("shift: %s (%.1f s)", asked[-1][0], time.perf_counter() - tic)
+  return asked
+
+
+def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
+  """The shift stage: train (or reuse) the networks, predict every set, evaluate (above)."""
+  from top1_jax.pipeline import training  # Flax
+
+  start = time.perf_counter()
+  train_split, test_split = training.load_data(settings)
+  pool = first_examples(test_split, settings.shift_examples)
+  refuse_inputs(settings)
+  num = len(pool.labels)
+  check_examples(settings, num, pool.num_classes, test_examples(settings, num))
+  out = workdir / "shift"
+  if runs.is_writer():
+    files.write_json(out / "config.json", runs.record(settings, command))
+  points = jobs.task_share(jobs.training_points(settings), tasks)
+  timings = {}
+  tic = time.perf_counter()
+  training.run(settings, workdir, tasks, (train_split, test_split))
+  timings["train"] = time.perf_counter() - tic
+  tic = time.perf_counter()
+  asked = [item for p in points for item in _predict_sets(settings, workdir, p, pool, out)]
+  timings["predict"] = time.perf_counter() - tic
+  if not runs.is_writer() or tasks[1] > 1:
+    return  # one run without --task_index evaluates every task's files
+  timings["evaluate"] = evaluate_files(settings, asked, out)
+  timings["total"] = time.perf_counter() - start
+  files.write_json(out / "timings.json", timings)
+  logging.info("shift: done in %.0f s; tables in %s", timings["total"], out / "results.md")

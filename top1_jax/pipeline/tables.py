@@ -124,7 +124,7 @@ def tidy_rows(records: list[dict]) -> list[dict]:
     for row in record["rows"]:
       settings = {**record["columns"], "score": record["score"], "topk": record["topk"]}
       settings["method"] = method_name(settings["method"])  # a record saved before an alias
-      settings["estimator"] = record.get("estimator", "bins")
+      settings["estimator"] = record.get("estimator", DEFAULT_ESTIMATOR)
       tidy = results.in_column_order({**settings, **row})  # reused records' keys are sorted
       tidy["label"] = row_label(tidy, mixed)
       rows.append(tidy)
@@ -172,7 +172,7 @@ def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None =
       continue
     ece = None if r["ece"] is None else (100 * r["ece"], 100 * r["ece_std"])
     lines.append(
-      f"| {r['label']} | {_score_cell(r)} | {cell(r['brier'], 4)} | {cell(r['nll'], 4)} "
+      f"| {r['label']} | {score_cell(r)} | {cell(r['brier'], 4)} | {cell(r['nll'], 4)} "
       f"| {_pm(*(ece or (None, None)), 2)} "
       f"| {_eor(r['eor'], r['eor_std'])}{_defined_on(r, 'eor', n_folds)} "
       f"| {cell(r['auroc'], 3)}{_defined_on(r, 'auroc', n_folds)} "
@@ -181,16 +181,26 @@ def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None =
   return "\n".join(lines)
 
 
-def _score_cell(row: dict) -> str:
+DEFAULT_ESTIMATOR = "bins"
+"""The paper's estimator: rows and records of any other name it (``estimator_suffix``)."""
+
+
+def estimator_suffix(estimator: str | None, form: str = " [{}]") -> str:
+  """What names an estimator beside a score: nothing for the bins, else ``form`` of it
+  (" [isotonic]" in a table, "__isotonic" in a record's file name)."""
+  estimator = estimator or DEFAULT_ESTIMATOR
+  return "" if estimator == DEFAULT_ESTIMATOR else form.format(estimator)
+
+
+def score_cell(row: dict) -> str:
   """The score's label, and the estimator when it is not the paper's bins."""
-  estimator = row.get("estimator", "bins")
-  return scores.label(row["score"]) + ("" if estimator == "bins" else f" [{estimator}]")
+  return scores.label(row["score"]) + estimator_suffix(row.get("estimator"))
 
 
 def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, ...]) -> str:
   keys = []
   for r in rows:
-    key = (r["label"], r["score"], r.get("estimator", "bins"))
+    key = (r["label"], r["score"], r.get("estimator", DEFAULT_ESTIMATOR))
     if key not in keys:
       keys.append(key)
   header = "| method | score | " + " | ".join(f"Top-{k}" for k in topks) + " |"
@@ -201,7 +211,7 @@ def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, 
       match = [
         r
         for r in rows
-        if (r["label"], r["score"], r.get("estimator", "bins"), r["topk"], r["n_bins"])
+        if (r["label"], r["score"], r.get("estimator", DEFAULT_ESTIMATOR), r["topk"], r["n_bins"])
         == (method, score, estimator, k, n_bins)
       ]
       if not match:
@@ -210,7 +220,7 @@ def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, 
         cells.append(_eor(match[0]["eor"], match[0]["eor_std"]))
       else:
         cells.append(cell(match[0][metric], 4))
-    label = _score_cell({"score": score, "estimator": estimator})
+    label = score_cell({"score": score, "estimator": estimator})
     lines.append(f"| {method} | {label} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

@@ -1,6 +1,7 @@
-"""The launchers' shared runner: work dir, processes, tasks, logging, one-line errors.
+"""The command line's shared runner: work dir, processes, tasks, logging, one-line errors.
 
-Every launcher runs ``common.run(main)``: flags parsed (a bad one is one line),
+Every main (``experiments/*.py``, the ``top1-*`` console scripts) runs ``runner.run(main)``:
+flags parsed (a bad one is one line),
 processes joined (``--coordinator_address``...), the work dir checked (a URL
 needs its file-system package) and locked, progress through absl logging
 (``--verbosity``), and any failure printed as one line with exit status 1.
@@ -10,7 +11,6 @@ Only process 0 writes files; ``is_writer`` says which process this is.
 """
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -24,8 +24,7 @@ from top1_jax import configs
 from top1_jax.core import validation
 from top1_jax.engine import parallel
 from top1_jax.io import datasets, files, lock
-from top1_jax.launch import cli
-from top1_jax.version import __version__
+from top1_jax.launch import cli, usage
 
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory or URL (gs://...) for this run's files.")
 COORDINATOR = flags.DEFINE_string(
@@ -54,9 +53,18 @@ def workdir():
   return files.as_path(os.path.expanduser(WORKDIR.value))
 
 
-def is_writer() -> bool:
-  """Whether this process writes files: process 0 of a multi-process run."""
-  return parallel.is_writer()
+def no_arguments(argv: list[str]) -> None:
+  """A main takes flags only: a stray word (a path without its flag) is refused, not ignored."""
+  if len(argv) > 1:
+    raise ExperimentError(
+      f"unexpected argument(s): {' '.join(argv[1:])}; every setting is a flag "
+      "(--config.<field>=..., --workdir=...; --help lists them)"
+    )
+
+
+def command() -> str:
+  """The command line that started this run, for its record (config.json)."""
+  return " ".join(["python", *sys.argv] if sys.argv[0].endswith(".py") else sys.argv)
 
 
 def tasks() -> tuple[int, int]:
@@ -69,34 +77,12 @@ def tasks() -> tuple[int, int]:
   return TASK_INDEX.value, NUM_TASKS.value
 
 
-def versions() -> dict[str, str]:
-  import jax
-  import numpy
-
-  return {
-    "top1_jax": __version__,
-    "jax": jax.__version__,
-    "numpy": numpy.__version__,
-    "python": sys.version.split()[0],
-    "backend": jax.default_backend(),
-    "devices": str(len(jax.devices())),
-    "processes": str(jax.process_count()),
-  }
-
-
 _USER_ERRORS = (
   ValueError,  # ExperimentError and the library's SettingError among them
   OSError,  # a work dir that is a file, unwritable, full, ...
   datasets.DataUnavailableError,
   lock.WorkdirBusyError,
 )
-
-
-def run_record(settings, command: str) -> dict:
-  """config.json's contents: the command, the resolved config (as JSON reads it back:
-  tuples are lists) and the packages' versions."""
-  config = json.loads(settings.config.to_json())
-  return {"command": command, "config": config, "versions": versions()}
 
 
 def _disk_full(error: BaseException) -> str | None:
@@ -179,13 +165,13 @@ def _parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
   """absl's parsing, with a bad flag or config override as one line (not a traceback)."""
   argv = [_config_path(arg) for arg in argv]
   given = _config_value(argv)
-  asked = [configs.HELP_FLAGS[arg] for arg in argv if arg in configs.HELP_FLAGS]
+  asked = [usage.HELP_FLAGS[arg] for arg in argv if arg in usage.HELP_FLAGS]
   try:
     if given is not None:
       check_config_file(given)
-    parsed = flags.FLAGS([arg for arg in argv if arg not in configs.HELP_FLAGS])
+    parsed = flags.FLAGS([arg for arg in argv if arg not in usage.HELP_FLAGS])
   except flags.UnrecognizedFlagError as e:
-    fail(ExperimentError(configs.unknown_flag(e.flagname, flags.FLAGS)), joined=False)
+    fail(ExperimentError(usage.unknown_flag(e.flagname, flags.FLAGS)), joined=False)
   except flags.Error as e:
     fail(ValueError(f"{e} (--help lists every flag)"), joined=False)
   except SyntaxError as e:  # a config file that is not Python
@@ -193,11 +179,11 @@ def _parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
   except (AttributeError, KeyError) as e:  # --config.<no such field>
     if "get_config" in str(e):
       fail(ExperimentError(f"--config: {given} defines no get_config() (see configs/quick.py)"), 0)
-    fail(ExperimentError(configs.unknown_field(argv)), False)
+    fail(ExperimentError(usage.unknown_field(argv)), False)
   except Exception as e:  # noqa: BLE001 -- a config file that does not load, among others
     fail(e, joined=False)
   if asked:
-    print(configs.help_text(flags.FLAGS, doc, full=any(asked)))
+    print(usage.help_text(flags.FLAGS, doc, full=any(asked)))
     sys.exit(0)
   return parsed
 
@@ -244,7 +230,7 @@ _HELD = []
 @contextlib.contextmanager
 def _holding_workdir():
   """The work dir's lock (per task when tasks share it), held by the writing process."""
-  if not WORKDIR.value or not is_writer():  # demo writes files only when given one
+  if not WORKDIR.value or not parallel.is_writer():  # demo writes files only when given one
     yield
     return
   path = workdir()

@@ -1,0 +1,12 @@
+r"""Merges runs of one sweep (one work dir per seed): metrics as mean ± std across runs.
+
+  python experiments/aggregate.py --workdir=runs/merged --workdirs='runs/seed*'
+
+Writes aggregate.{csv,md,json}, Table 1's and the selective rows' merges, the dropout-rate
+figures and index.html into --workdir (``top1_jax.pipeline.aggregate``).
+"""
+
+from top1_jax.launch import aggregate, runner
+
+if __name__ == "__main__":
+  runner.run(aggregate.main)

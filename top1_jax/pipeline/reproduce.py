@@ -1,0 +1,73 @@
+"""The main job: train, predict and evaluate, each stage skipped where its outputs exist.
+
+1. train each (model, train dropout rate, seed): a base network and a deep ensemble;
+2. predict: the plain network, MC dropout at every rate, the ensemble;
+3. evaluate: every score x bin count x Top-k over calibration/test splits, then
+   results.{json,csv,md}, figures/, timings.json and index.html.
+
+Every setting is checked, against the others and the test split's size, before stage 1
+(``check``). With several tasks (a job array), each runs its share of the training
+points; a final run with one task (or the evaluate stage) writes the tables.
+"""
+
+import time
+
+from absl import logging
+
+from top1_jax.io import files, sweep_data
+from top1_jax.pipeline import jobs, prediction, runs, sources, sweep, training
+from top1_jax.pipeline.settings import Settings, check_examples, refuse_inputs, test_examples
+
+
+def check(settings: Settings) -> None:
+  """The settings against the data's headers (no data read): before anything is written."""
+  refuse_inputs(settings)
+  test = sweep_data.check(settings)["test"]
+  if test.num_examples is not None:
+    what = test_examples(settings, test.num_examples)
+    check_examples(settings, test.num_examples, test.num_classes, what)
+
+
+def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
+  """The main job in ``workdir``: this task's training points trained, predicted, evaluated."""
+  check(settings)
+  timings = {}
+  start = tic = time.perf_counter()
+  # The data is loaded and checked before anything is written: a refused run leaves the
+  # work dir as it was.
+  data = training.load_data(settings)
+  train_split, test_split = data
+  num_test = len(test_split.labels)
+  check_examples(settings, num_test, test_split.num_classes, test_examples(settings, num_test))
+  timings["data"] = time.perf_counter() - tic
+  asked = sources.asked_files(settings, workdir)
+  runs.record_sweep(settings, workdir, [name for name, _ in asked], command, tasks)
+  points = jobs.task_share(jobs.training_points(settings), tasks)
+  logging.info(
+    "reproduce: %d of %d training point(s) in %s; data %s: %s train / %s test %s from %s",
+    len(points), len(jobs.training_points(settings)), workdir, settings.dataset,
+    f"{len(train_split.labels):,}", f"{len(test_split.labels):,}",
+    train_split.images.shape[1:], train_split.source,
+  )  # fmt: skip
+  for stage, step in (("train", training.run), ("predict", prediction.run)):
+    tic = time.perf_counter()
+    step(settings, workdir, tasks, data if stage == "train" else test_split)
+    timings[stage] = time.perf_counter() - tic
+  if not runs.is_writer():
+    return  # evaluation is process 0's alone (no collectives): the others are done
+  tic = time.perf_counter()
+  ours = {f"{p.name}/" for p in points}
+  timings["evaluate"] = sweep.evaluate(
+    settings, workdir, [a for a in asked if a[0].split("/")[0] + "/" in ours], tasks
+  )
+  timings["evaluate"]["total"] = time.perf_counter() - tic
+  timings["total"] = time.perf_counter() - start
+  if tasks[1] == 1:
+    files.write_json(workdir / "timings.json", timings)
+    sweep.write_page(settings, workdir, timings)
+  seconds = ", ".join(
+    f"{k} {v['total'] if isinstance(v, dict) else v:.0f} s" for k, v in timings.items()
+  )
+  index, count = tasks  # a task writes no tables: the run with one task does
+  done = f"task {index} of {count} done" if count > 1 else f"done; tables in {workdir}/results.md"
+  logging.info("reproduce: %s (%s)", done, seconds)

@@ -1,0 +1,169 @@
+"""The predictions files a sweep evaluates: which they are, and each read and scored once.
+
+A *source* is one predictions file, read a chunk of examples at a time (``io.stream``),
+its scores computed chunk by chunk, its settings columns taken from its meta, and the
+calibration/test splits drawn for it (``crossval.make_splits``). ``asked_files`` says
+which files a run's settings ask for: its training points' predictions, or the user's
+``inputs`` (predictions files, or one array made a predictions file).
+"""
+
+import concurrent.futures
+import os
+import time
+
+import numpy as np
+
+from top1_jax.core.validation import SettingError
+from top1_jax.engine import streaming
+from top1_jax.evaluation import crossval
+from top1_jax.io import files, stream
+from top1_jax.io import predictions as predictions_lib
+from top1_jax.pipeline import jobs, tables
+from top1_jax.pipeline.runs import is_writer
+from top1_jax.pipeline.settings import Settings
+
+
+class Source:
+  """One predictions file, its settings (``columns``), scores and calibration/test splits.
+
+  The file is read a chunk of examples at a time (``io.stream``) and its scores
+  computed chunk by chunk (``chunked``): memory holds the [N, K] log-probabilities
+  and one chunk, never the file's [S, N, K] samples.
+  """
+
+  def __init__(
+    self, name: str, path, settings: Settings, timings: dict, chunk_size: int | None = None
+  ):
+    tic = time.perf_counter()
+    self.name, self.slug, self.path = name, name.replace("/", "__"), path
+    with (
+      stream.PredictionsReader(path) as reader,
+      concurrent.futures.ThreadPoolExecutor(1) as hashing,
+    ):
+      # The file's hash (which sweep points are reused) in a thread while its chunks are
+      # read and scored: hashlib lets go of the GIL (0.1-0.2 s for 200 MB here).
+      digest = hashing.submit(reader.file_sha1)
+      self.meta, self.labels = dict(reader.meta), reader.labels
+      if max(settings.topk) > reader.num_classes:
+        raise SettingError(
+          f"topk: {max(settings.topk)} exceeds the {reader.num_classes} classes of {name}"
+        )
+      num_samples = reader.num_samples or 1
+      self.columns = tables.file_columns(self.meta, name, num_samples)
+      if not isinstance(self.columns["seed"], int):
+        # A user's file names no seed: the config's first draws its splits.
+        self.columns["seed"] = settings.seeds[0]
+      self.label = tables.row_label(self.columns)  # load_sources names mixed settings too
+      # One network (not MC dropout or an ensemble): temperature scaling applies.
+      self.single_model = num_samples == 1 and self.columns["method"] not in (
+        "mc_dropout",
+        "ensemble",
+      )
+      size = chunk_size or streaming.chunk_size(len(self.labels), num_samples, reader.num_classes)
+      chunks = _timed(reader.chunks(size), timings, "load")
+      timings["load"] = timings.get("load", 0.0) + time.perf_counter() - tic
+      tic = time.perf_counter()
+      before = timings["load"]
+      self.log_probs, self.scores, self.label_terms = streaming.from_chunks(
+        chunks, len(self.labels), topk=settings.topk
+      )
+      waited = time.perf_counter()
+      self.digest = digest.result()
+      timings["load"] += time.perf_counter() - waited
+    self.splits = crossval.make_splits(
+      len(self.labels), settings.n_folds, self.columns["seed"], settings.scheme
+    )
+    read = timings["load"] - before  # the chunks' reads (and the hash) count as loading
+    timings["scores"] = timings.get("scores", 0.0) + time.perf_counter() - tic - read
+
+  def correct(self, k: int) -> np.ndarray:
+    """[N] bool, the Top-k event, shared by every score's point (from the scores' pass)."""
+    return self.label_terms.rank < k
+
+
+def _timed(items, timings: dict, key: str):
+  """``items``, with the seconds spent producing each added to ``timings[key]``."""
+  iterator = iter(items)
+  while True:
+    tic = time.perf_counter()
+    try:
+      item = next(iterator)
+    except StopIteration:
+      return
+    finally:
+      timings[key] = timings.get(key, 0.0) + time.perf_counter() - tic
+    yield item
+
+
+def _check_sources(sources: list[Source]) -> None:
+  first = sources[0]
+  for other in sources[1:]:
+    if other.labels.shape != first.labels.shape or not np.array_equal(other.labels, first.labels):
+      raise SettingError(
+        f"predictions: {other.name} and {first.name} have different labels "
+        f"({other.labels.shape[0]} vs {first.labels.shape[0]} examples): files of different "
+        "datasets, splits or example orders cannot share calibration splits"
+      )
+
+
+def check_present(asked) -> None:
+  """Raises FileNotFoundError naming the files of ``asked`` ((name, path) pairs) not there."""
+  missing = [name for name, path in asked if not path.exists()]
+  if missing:
+    raise FileNotFoundError(
+      f"predictions files not there: {', '.join(missing)}; run the predict stage (experiments/predict.py, top1-predict) or "
+      "reproduce with this config first"
+    )
+
+
+def load_sources(asked, settings: Settings, timings: dict | None = None) -> list[Source]:
+  """The predictions files ``asked`` ((name, path) pairs), checked to share their labels.
+
+  ``timings`` (if given) accumulates the seconds of ``load`` and ``scores``.
+  """
+  timings = {} if timings is None else timings
+  check_present(asked)
+  sources = [Source(name, path, settings, timings) for name, path in asked]
+  _check_sources(sources)
+  mixed = tables.varying([source.columns for source in sources])
+  for source in sources:
+    source.label = tables.row_label(source.columns, mixed)
+  return sources
+
+
+def _given_files(settings: Settings, workdir) -> list[tuple[str, object]]:
+  """``inputs``: predictions files (globs expanded), or one array made a predictions file."""
+  if settings.single_input:  # one .npy array, with labels
+    (array,) = settings.inputs
+    name = os.path.splitext(os.path.basename(array))[0]
+    path = workdir / "predictions" / f"{name}.npz"
+    if is_writer():
+      arrays = {settings.input_kind: array}  # logits=... or probs=...
+      meta = {"dataset": settings.dataset} if settings.dataset else None
+      predictions = predictions_lib.from_arrays(labels=settings.labels, meta=meta, **arrays)
+      predictions_lib.save_predictions(path, predictions)
+    return [(path.stem, path)]
+  return expanded("inputs", settings.inputs)
+
+
+SHIFTED = "shifted/"
+"""The name prefix of a user's shifted files (``shift_inputs``)."""
+
+
+def expanded(field: str, given) -> list[tuple[str, object]]:
+  """(name, path) of every file a field's paths and globs name (``SettingError`` naming the
+  field when one names nothing); shifted files are named ``shifted/<stem>``."""
+  try:
+    paths = files.expand(given)
+  except FileNotFoundError as e:
+    raise SettingError(f"{field}: {e}") from None
+  prefix = SHIFTED if field == "shift_inputs" else ""
+  return [(f"{prefix}{path.stem}", path) for path in paths]
+
+
+def asked_files(settings: Settings, workdir) -> list[tuple[str, object]]:
+  """(name, path) of every predictions file the settings ask for, in the sweep's order."""
+  if settings.inputs:
+    return _given_files(settings, workdir)
+  folder = workdir / "predictions"
+  return [(job.name, folder / f"{job.name}.npz") for job in jobs.all_jobs(settings)]

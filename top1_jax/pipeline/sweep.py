@@ -1,0 +1,337 @@
+"""The evaluate stage: every (file, score, Top-k event, estimator) cross-validated, and tables.
+
+Every sweep point is one file's score binned for one event by one estimator, scored by
+``crossval.cross_validate`` over all bin counts on the file's splits and saved in
+``<workdir>/sweep/`` (``<file>__<score>__top<k>[__<estimator>].json``) with its settings
+and the file's hash; a rerun reuses the points whose settings and file match, so a
+killed run resumes. Table 1 (``comparison.baseline_rows``) and selective prediction
+(``selective.validate_over_splits``) need no sweep record and run beside the sweep.
+Then ``results.{json,csv,md}``, ``figures/``, ``timings.json`` and ``index.html``.
+"""
+
+import concurrent.futures
+import contextlib
+import time
+from collections.abc import Callable
+
+import numpy as np
+from absl import logging
+
+from top1_jax.core import scores
+from top1_jax.core.validation import SettingError
+from top1_jax.evaluation import comparison, crossval, selective
+from top1_jax.io import files
+from top1_jax.pipeline import jobs, runs, sources, tables
+from top1_jax.pipeline.settings import Settings, check_examples
+
+Source = sources.Source
+
+
+def _requested_scores(settings: Settings, found: list[Source]) -> list[str]:
+  available = {name for source in found for name in source.scores}
+  known = set(scores.REGISTRY)
+  if settings.scores == ("all",):
+    per_k = {scores.topk_name(k) for k in settings.topk}
+    return [n for n in scores.REGISTRY if n in available or scores.REGISTRY[n].per_k] + sorted(
+      available - known - per_k
+    )
+  unknown = [n for n in settings.scores if n not in available and n not in known]
+  if unknown:
+    raise SettingError(
+      f"scores: unknown score(s) {', '.join(unknown)}; known: "
+      f"{', '.join(scores.REGISTRY)} and the files' stored scores "
+      f"{', '.join(sorted(available - known)) or '(none)'}"
+    )
+  return list(settings.scores)
+
+
+def _points(settings: Settings, found: list[Source]) -> list[tuple]:
+  requested = _requested_scores(settings, found)
+  points = []
+  for estimator in settings.estimators:
+    for source in found:
+      for k in settings.topk:
+        for score in requested:
+          point = (source, scores.for_event(score, k), k, estimator)
+          if point[1] in source.scores and point not in points:
+            points.append(point)
+  if not points:
+    raise SettingError(
+      f"scores: none of {', '.join(requested)} is available in the predictions files"
+    )
+  return points
+
+
+def _sweep_point(
+  settings, source: Source, score: str, k: int, estimator: str, folder, write
+) -> dict:
+  """One point's cross-validation, or the saved one when its settings and file match."""
+  name = f"{source.slug}__{score}__top{k}" + tables.estimator_suffix(estimator, "__{}")
+  path = folder / f"{name}.json"
+  expected = {
+    "n_bins": list(settings.n_bins),
+    "n_folds": settings.n_folds,
+    "scheme": settings.scheme,
+    "seed": source.columns["seed"],
+    "file_sha1": source.digest,
+  }
+  saved = files.read_json(path)
+  if saved is not None and saved.get("settings") == expected:
+    return {**saved, "reused": True}
+  known = scores.lookup(score)
+  cv = crossval.cross_validate(
+    source.scores[score],
+    source.correct(k),
+    settings.n_bins,
+    splits=source.splits,
+    estimator=estimator,
+    increasing=known is not None and known.confident_when_high,
+  )
+  record = {
+    "settings": expected,
+    "file": str(source.path),
+    "source": source.name,
+    "columns": source.columns,
+    "score": score,
+    "topk": k,
+    "estimator": estimator,
+    "rows": cv.rows(),
+    "per_fold": cv.per_fold_lists(),
+  }
+  if write:
+    files.write_json(path, record)
+  return record
+
+
+def sweep(
+  settings: Settings,
+  found: list[Source],
+  folder,
+  *,
+  write: bool = True,
+  log: Callable[[str], object] = print,
+) -> list[dict]:
+  """Every sweep point of ``sources``: cross-validated, or reused from ``folder``.
+
+  Args:
+    settings: the settings (module docstring).
+    found: ``sources.load_sources``.
+    folder: where each point's record is saved and looked up (a path or ``epath``).
+    write: save new records (False on processes that must not write).
+    log: receives one progress line per computed point and a summary.
+
+  Returns:
+    One record per point (file, score, k, estimator): ``settings``, ``file``,
+    ``source``, ``columns`` (the file's, ``tables.file_columns``), ``score``,
+    ``topk``, ``estimator``, ``rows`` (``CrossValidation.rows()``) and ``per_fold``.
+  """
+  points = _points(settings, found)
+  num = len(found[0].labels)
+  log(
+    f"evaluate: {len(found)} file(s), {num:,} examples, {len(points)} sweep points x bins "
+    f"{','.join(map(str, settings.n_bins))} x {settings.n_folds} {settings.scheme} splits"
+  )
+  records, reused, start = [], 0, time.perf_counter()
+  for index, point in enumerate(points, 1):
+    tic = time.perf_counter()
+    records.append(_sweep_point(settings, *point, folder, write))
+    if records[-1].pop("reused", False):
+      reused += 1
+      continue
+    row, (source, score, k, estimator) = records[-1]["rows"][0], point
+    log(
+      f"  [{index}/{len(points)}] {source.label} {score} Top-{k} {estimator}: Brier "
+      f"{row['brier']:.4f} ECE {row['ece']:.4f} ({row['n_bins']} bins) in "
+      f"{time.perf_counter() - tic:.2f} s"
+    )
+  done = f" ({reused} point(s) done already, skipped)" if reused else ""
+  log(f"evaluate: sweep finished in {time.perf_counter() - start:.1f} s{done}")
+  return records
+
+
+def baselines(settings: Settings, found: list[Source]) -> dict[str, list[dict]]:
+  """Table 1's ``comparison.baseline_rows`` of each file whose headline score the sweep
+  bins at Top-1, by file name. They need no sweep record, so they may be computed
+  beside ``sweep`` (``run`` does, in a thread)."""
+  points = _points(settings, found)
+  out = {}
+  for source in found:
+    score = scores.headline(source.scores)
+    if score is None or (source, score, 1, "bins") not in points:
+      continue
+    out[source.name] = comparison.baseline_rows(
+      source.log_probs, source.labels, source.splits, single_model=source.single_model,
+      ece_bins=settings.ece_bins, label_terms=source.label_terms,
+    )  # fmt: skip
+  return out
+
+
+def table1(
+  settings: Settings, found: list[Source], records: list[dict], baseline_rows: dict | None = None
+) -> list[dict]:
+  """The paper's Table 1 for each file's headline score (``evaluation.comparison``): the
+  ``baselines`` (computed here when not given) beside the Top-1 bins' records."""
+  baseline_rows = baselines(settings, found) if baseline_rows is None else baseline_rows
+  binned = {
+    (r["source"], r["score"]): next(
+      row for row in r["rows"] if row["n_bins"] == settings.compare_bins
+    )
+    for r in records
+    if r["topk"] == 1 and r["estimator"] == "bins"
+  }
+  rows = []
+  for source in found:
+    score = scores.headline(source.scores)
+    if source.name not in baseline_rows or (source.name, score) not in binned:
+      continue
+    for row in baseline_rows[source.name]:
+      row = comparison.table_row(row, binned[(source.name, score)])
+      label = tables.variant_label(source.label, row["variant"])
+      rows.append({"label": label, "source": source.name, "top1_score": score, **row})
+      rows[-1].update(top1_n_bins=settings.compare_bins, ece_bins=settings.ece_bins)
+  return rows
+
+
+def selective_rows(settings: Settings, found: list[Source]) -> list[dict]:
+  """Selective prediction with a guarantee from each file's headline-score bins (Top-1)."""
+  rows = []
+  for source in found:
+    score = scores.headline(source.scores)
+    if score is None:
+      continue
+    known = scores.lookup(score)
+    order = "descending" if known is not None and known.confident_when_high else "ascending"
+    for row in selective.validate_over_splits(
+      np.asarray(source.scores[score]), source.correct(1), source.splits,
+      n_bins=settings.compare_bins, targets=settings.selective_targets,
+      delta=settings.selective_delta, order=order,
+    ):  # fmt: skip
+      rows.append({"label": source.label, "source": source.name, "score": score, **row})
+  return rows
+
+
+def _write_tables(settings, workdir, asked, records, table1, chosen) -> list[dict]:
+  rows = tables.tidy_rows(records)
+  for row in rows if settings.inputs and settings.dataset else ():
+    row["dataset"] = settings.dataset  # the user's word for their files (main)
+  dataset = next((r["dataset"] for r in rows if r["dataset"]), "predictions")
+  config = {"n_bins": list(settings.n_bins), "n_folds": settings.n_folds, "scheme": settings.scheme}
+  config.update(seed=settings.seeds[0], dataset=settings.dataset, labels=settings.labels or None)
+  config["inputs"] = list(settings.inputs) or [name for name, _ in asked]  # what was evaluated
+  text = tables.markdown(rows, config, settings.topk, f"Calibrated Top-k bins: {dataset}")
+  text += "".join("\n" + t + "\n" for t in (tables.comparison_table(table1),
+                                            tables.selective_table(chosen)) if t)  # fmt: skip
+  summary = {"config": config, "versions": runs.versions(), "results": rows}
+  summary.update(comparison=table1, selective=chosen, points=records)
+  files.write_json(workdir / "results.json", summary)
+  csv_rows = [{k: v for k, v in r.items() if k != "label"} for r in rows]
+  files.write_csv(workdir / "results.csv", csv_rows)
+  files.write_bytes(workdir / "results.md", text.encode())
+  return rows
+
+
+def _write_figures(settings, workdir, sources_, records, rows, chosen, figure_bins) -> int:
+  """The last step: every figure of the sweep into figures/; returns how many."""
+  from top1_jax import plots  # matplotlib: 0.5 s of import that runs without figures skip
+
+  binned = [r for r in records if r["estimator"] == "bins"]
+  topk = settings.topk
+  written = plots.write_figures(workdir, sources_, binned, settings.n_bins, topk, figure_bins)
+  written += plots.write_risk_coverage_figures(workdir, sources_, chosen)
+  return len(written + plots.write_dropout_rate_figures(workdir, rows, topk))
+
+
+def _comparison(settings: Settings, sources_: list) -> tuple[dict, list[dict], float]:
+  tic = time.perf_counter()  # Table 1's baseline rows, the selective rows, their seconds
+  baseline_rows = baselines(settings, sources_)
+  chosen = selective_rows(settings, sources_)
+  return baseline_rows, chosen, time.perf_counter() - tic
+
+
+@contextlib.contextmanager
+def _beside():
+  """A thread beside the sweep; a stop (Ctrl-C, SIGTERM) leaves without waiting for it."""
+  pool, stopped = concurrent.futures.ThreadPoolExecutor(1), False
+  try:
+    yield pool
+  except KeyboardInterrupt:
+    stopped = True  # its XLA compiles may run for seconds; the runner exits at once
+    raise
+  finally:
+    pool.shutdown(wait=not stopped, cancel_futures=stopped)
+
+
+def evaluate(settings: Settings, workdir, asked, tasks=(0, 1)) -> dict:
+  """The sweep of ``asked`` (this task's share of ``sources.asked_files``); without tasks,
+  then the tables and figures. Returns the seconds of each step."""
+  timings = {}
+  index, count = tasks
+  found = sources.load_sources(asked, settings, timings)
+  num_classes = max(x.log_probs.shape[-1] for x in found)
+  figure_bins = check_examples(settings, len(found[0].labels), num_classes, "examples")
+  with _beside() as beside:
+    # Table 1 and the selective rows need no sweep record: their XLA passes and compiles
+    # (which let go of the GIL) run beside the sweep's host sorts; their seconds overlap.
+    comparison_ = beside.submit(_comparison, settings, found) if count == 1 else None
+    tic = time.perf_counter()
+    records = sweep(settings, found, workdir / "sweep", log=logging.info)
+    timings["sweep"] = time.perf_counter() - tic
+    if comparison_ is None:
+      done = "evaluate: task %d of %d done; when every task is, evaluate with this config and "
+      logging.info(done + "no --task_index writes the tables", index, count)
+      return timings
+    baseline_rows, chosen, timings["comparison"] = comparison_.result()
+  table1_rows = table1(settings, found, records, baseline_rows)
+  tic = time.perf_counter()
+  rows = _write_tables(settings, workdir, asked, records, table1_rows, chosen)
+  timings["write"] = time.perf_counter() - tic
+  logging.info("evaluate: %d rows; tables in %s (.csv, .json)", len(rows), workdir / "results.md")
+  if settings.figures:
+    logging.info("evaluate: drawing the figures")
+    tic = time.perf_counter()
+    num = _write_figures(settings, workdir, found, records, rows, chosen, figure_bins)
+    timings["figures"] = time.perf_counter() - tic
+    seconds = timings["figures"]
+    logging.info("evaluate: %d figures in %s (%.1f s)", num, workdir / "figures", seconds)
+  return timings
+
+
+def check_present(settings: Settings, workdir, asked) -> None:
+  """Before anything is written: a run of the wrong config leaves the work dir as it was."""
+  try:
+    sources.check_present(asked)
+  except FileNotFoundError as e:
+    made_with = (files.read_json(workdir / "manifest.json") or {}).get("config")
+    if made_with is not None and made_with != runs.config_json(settings):
+      raise FileNotFoundError(f"{e}; or give the --config {workdir} was made with") from e
+    raise
+
+
+def write_page(settings: Settings, workdir, timings: dict) -> None:
+  """index.html: results.md's tables, figures/, config.json and the timings on one page."""
+  from top1_jax.plots import page
+
+  page.write_run_page(workdir, timings, figures=None if settings.figures else [])
+
+
+def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
+  """The evaluate stage over the files the settings ask for (``sources.asked_files``), and
+  with ``shift_inputs`` the shift protocol over the shifted files, into ``shift/``."""
+  from top1_jax.pipeline import shift  # its figures' data and tables
+
+  start = time.perf_counter()
+  asked = sources.asked_files(settings, workdir)
+  shifted = sources.expanded("shift_inputs", settings.shift_inputs)
+  ours = jobs.task_share(asked, tasks)
+  check_present(settings, workdir, ours)
+  runs.record_sweep(settings, workdir, [name for name, _ in asked], command, tasks)
+  if not runs.is_writer():
+    return  # evaluation is process 0's alone
+  timings = evaluate(settings, workdir, ours, tasks)
+  if tasks[1] > 1:
+    return
+  if settings.shift_inputs:
+    timings["shift"] = shift.evaluate_files(settings, asked + shifted, workdir / "shift")
+  timings["total"] = time.perf_counter() - start
+  files.write_json(workdir / "timings.json", timings)
+  write_page(settings, workdir, timings)
