@@ -10,4 +10,4 @@ install_fashion_mnist || true
 cd "$ROOT"
 # No --config here: the launcher's default is top1_jax/configs/default.py, and a second
 # --config from "$@" with --config.<field> overrides would define each override twice.
-exec "$VENV/bin/python" -m top1_jax.launch.reproduce "$@"
+exec "$VENV/bin/python" "$ROOT/experiments/reproduce.py" "$@"

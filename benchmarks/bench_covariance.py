@@ -17,7 +17,7 @@ example, m = min(S, K).
    ``eigvalsh``.
 
 3. at both K, the kernel on all of the host's JAX CPU devices at once (one per core,
-   ``--cpu_devices``, as ``top1_jax.launch.evaluate`` sets them), a share of the examples
+   ``--cpu_devices``, as the evaluate stage sets them), a share of the examples
    each: XLA runs the small matmuls of one device on one core.
 
 Times are the best of ``--repeats`` warm runs (compiled, ``block_until_ready``); the
@@ -148,7 +148,7 @@ def _route_rows(num_classes: int, args: argparse.Namespace) -> list[Row]:
 def _over_cpu_devices(samples: jax.Array, gflop: float, repeats: int) -> list[Row]:
   """The kernel on every CPU device at once, a share of the examples each.
 
-  As ``top1_jax.launch.evaluate`` runs it: one JAX CPU device per core, each scoring
+  As the evaluate stage runs it: one JAX CPU device per core, each scoring
   its own chunks of the file. Placing the shares is not timed (chunks are read
   from the file straight onto their device).
   """
@@ -201,7 +201,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument(
     "--cpu_devices", type=int, default=min(os.cpu_count() or 1, 8),
-    help="JAX CPU devices (one per core by default, as top1_jax.launch.evaluate sets)",
+    help="JAX CPU devices (one per core by default, as the evaluate stage sets)",
   )  # fmt: skip
   args = parser.parse_args()
   args.num_examples = 1_000 if args.quick else 10_000

@@ -6,7 +6,7 @@ r"""Evaluate at ImageNet scale: time and peak memory against one NumPy pass over
 
 For each synthetic predictions file (float32 logits of a 1,000-class model with
 about 75 % Top-1 accuracy, written to a temporary folder), in one run: the
-seconds of one NumPy pass (load + softmax), then ``top1_jax.launch.evaluate`` on it
+seconds of one NumPy pass (load + softmax), then the evaluate stage on it
 as a subprocess (its peak RSS from the kernel, its stages from timings.json),
 and the ratios the targets are stated in: evaluate without figures over the
 NumPy pass (target <= 5), peak RSS over the file's size (target <= 0.5 for
@@ -16,7 +16,7 @@ into a temporary file and reads it by chunks).
 
 Evaluate runs three times per file, into fresh work dirs: "cold" with an empty
 compilation cache (a first run), then "rerun" with the programs the first one
-cached (``top1_jax.launch.common`` turns JAX's persistent cache on), as a user's
+cached (``top1_jax.launch.runner`` turns JAX's persistent cache on), as a user's
 second evaluate of a sweep finds them, and "warm": its stages run three times in
 one process, the faster of the last two timed (every program traced and compiled: what the data
 itself costs, without the process's fixed costs).
@@ -79,7 +79,7 @@ def _compile_costs() -> dict:
   ratio, they leave the figures out."""
   from jax import monitoring  # noqa: PLC0415 (a child only: the parent never imports jax)
 
-  from top1_jax.launch import evaluate
+  from top1_jax.pipeline import sweep
 
   costs = dict.fromkeys(COMPILE_EVENTS, 0.0) | {"programs": 0, "figures": False}
   column = {event: name for name, event in COMPILE_EVENTS.items()}
@@ -93,30 +93,32 @@ def _compile_costs() -> dict:
     costs["figures"] = True  # the last stage: Table 1's thread is done
     return draw(*args, **kwargs)
 
-  draw, evaluate.write_figures = evaluate.write_figures, write_figures
+  draw, sweep.write_figures = sweep.write_figures, write_figures
   monitoring.register_event_duration_secs_listener(listener)
   return costs
 
 
 def _write_costs(costs: dict) -> None:
-  from top1_jax.launch import common
+  from top1_jax.launch import runner
 
-  (pathlib.Path(str(common.workdir())) / COSTS_FILE).write_text(json.dumps(costs))
+  (pathlib.Path(str(runner.workdir())) / COSTS_FILE).write_text(json.dumps(costs))
 
 
 def _evaluate_once() -> None:
-  """The child of a "cold" or "rerun" run: ``top1_jax.launch.evaluate`` itself, its JAX
-  compile costs written beside its timings.json."""
+  """The child of a "cold" or "rerun" run: the evaluate stage (``pipeline.sweep``) itself,
+  its JAX compile costs written beside its timings.json."""
   sys.path.insert(0, str(ROOT))
-  from top1_jax.launch import common, evaluate
+  from top1_jax.launch import config_flag, runner
+  from top1_jax.pipeline import sweep
 
+  config_flag.define("default")
   costs = _compile_costs()
 
   def main(argv):
-    evaluate.main(argv)
+    sweep.run(config_flag.settings(), runner.workdir(), runner.tasks())
     _write_costs(costs)
 
-  common.run(main, cpu_device_per_core=evaluate.CPU_DEVICE_PER_CORE)
+  runner.run(main, cpu_device_per_core=True)
 
 
 WARM_RUNS = 3
@@ -129,27 +131,29 @@ def _evaluate_warm() -> None:
   of the fastest run after the first go to timings.json, its compile costs beside them
   (zero: the first run compiled everything)."""
   sys.path.insert(0, str(ROOT))
-  from top1_jax.launch import common, config_flag, evaluate
+  from top1_jax.launch import config_flag, runner
+  from top1_jax.pipeline import sources, sweep
 
+  config_flag.define("default")
   costs = _compile_costs()
 
   def main(argv):
     del argv
-    settings = config_flag.check()
-    asked = evaluate.asked_files(settings)
+    settings = config_flag.settings()
+    asked = sources.asked_files(settings, runner.workdir())
     fastest, fastest_costs = None, None
     for run in range(WARM_RUNS):
-      shutil.rmtree(str(common.workdir() / "sweep"), ignore_errors=True)
+      shutil.rmtree(str(runner.workdir() / "sweep"), ignore_errors=True)
       costs.update(dict.fromkeys(COMPILE_EVENTS, 0.0), programs=0, figures=False)
       start = time.perf_counter()
-      timings = evaluate.run(settings, asked)
+      timings = sweep.evaluate(settings, runner.workdir(), asked)
       timings["total"] = time.perf_counter() - start
       if run and (fastest is None or timings["total"] < fastest["total"]):
         fastest, fastest_costs = timings, dict(costs)
-    (pathlib.Path(str(common.workdir())) / "timings.json").write_text(json.dumps(fastest))
+    (pathlib.Path(str(runner.workdir())) / "timings.json").write_text(json.dumps(fastest))
     _write_costs(fastest_costs)
 
-  common.run(main, cpu_device_per_core=evaluate.CPU_DEVICE_PER_CORE)
+  runner.run(main, cpu_device_per_core=True)
 
 
 def evaluate(path: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, warm: bool = False):

@@ -3,7 +3,7 @@ r"""Merges runs of one sweep (one work dir per seed): metrics as mean ± std acr
   python experiments/aggregate.py --workdir=runs/merged --workdirs='runs/seed*'
 
 Writes aggregate.{csv,md,json}, Table 1's and the selective rows' merges, the dropout-rate
-figures and index.html into --workdir (``top1_jax.pipeline.aggregate``).
+figures and index.html into --workdir (``top1_jax.pipeline.aggregation``).
 """
 
 from top1_jax.launch import aggregate, runner

@@ -14,7 +14,9 @@ what is written. A rerun skips the sweep points that are done.
 """
 
 from top1_jax.launch import config_flag, runner
-from top1_jax.pipeline import sweep
+
+with runner.requiring("evaluate"):  # one line naming the extra to install if a package is missing
+  from top1_jax.pipeline import sweep
 
 config_flag.define("default")
 

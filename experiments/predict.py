@@ -7,7 +7,9 @@ matches its job is skipped (``top1_jax.pipeline.prediction``).
 """
 
 from top1_jax.launch import config_flag, runner
-from top1_jax.pipeline import prediction
+
+with runner.requiring("predict"):  # one line naming the extra to install if a package is missing
+  from top1_jax.pipeline import prediction
 
 config_flag.define("default")
 

@@ -17,7 +17,9 @@ With --num_tasks each task runs its share of the training points; a final run wi
 """
 
 from top1_jax.launch import config_flag, runner
-from top1_jax.pipeline import reproduce
+
+with runner.requiring("reproduce"):  # one line naming the extra to install if a package is missing
+  from top1_jax.pipeline import reproduce
 
 config_flag.define("default")
 

@@ -7,19 +7,21 @@ r"""Calibration under dataset shift: calibrated on clean test examples, tested o
 
 Reuses the networks the main job trained in the same work dir (it trains them when
 missing), predicts every shifted and out-of-distribution set, and evaluates every
-method calibrated on the clean calibration part (``top1_jax.pipeline.shift``) into
+method calibrated on the clean calibration part (``top1_jax.pipeline.dataset_shift``) into
 ``<workdir>/shift/``.
 """
 
 from top1_jax.launch import config_flag, runner
-from top1_jax.pipeline import shift
+
+with runner.requiring("shift"):  # one line naming the extra to install if a package is missing
+  from top1_jax.pipeline import dataset_shift
 
 config_flag.define("shift")
 
 
 def main(argv):
   runner.no_arguments(argv)
-  shift.run(config_flag.settings(), runner.workdir(), runner.tasks(), runner.command())
+  dataset_shift.run(config_flag.settings(), runner.workdir(), runner.tasks(), runner.command())
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ checkpoint (``top1_jax.pipeline.training``).
 """
 
 from top1_jax.launch import config_flag, runner
-from top1_jax.pipeline import training
+
+with runner.requiring("train"):  # one line naming the extra to install if a package is missing
+  from top1_jax.pipeline import training
 
 config_flag.define("default")
 

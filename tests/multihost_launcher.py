@@ -13,7 +13,7 @@ from top1_jax.io import files
 
 def main() -> None:
   log, launcher = sys.argv[1], sys.argv[2]
-  sys.argv = [launcher, *sys.argv[3:]]
+  sys.argv = [f"{launcher}.py", *sys.argv[3:]]
   write = files.atomic_write
 
   def logged(path, payload):
@@ -22,12 +22,11 @@ def main() -> None:
     return write(path, payload)
 
   files.atomic_write = logged
-  import importlib
+  import runpy
 
-  from top1_jax.launch import common
+  import processes
 
-  module = importlib.import_module(f"top1_jax.launch.{launcher}")
-  common.run(module.main, getattr(module, "default_workdir", None))
+  runpy.run_path(processes.script(launcher), run_name="__main__")
 
 
 if __name__ == "__main__":

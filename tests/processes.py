@@ -58,10 +58,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAUNCHER_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 
 
+def script(name: str) -> str:
+  """The path of ``experiments/<name>.py``, a stage's (or tool's) main."""
+  return str(ROOT / "experiments" / f"{name}.py")
+
+
 def launcher(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-  """``python -m top1_jax.launch.<module> <args>`` from the clone's root, as a user runs it."""
+  """``python experiments/<module>.py <args>`` from the clone's root, as a user runs it."""
   return subprocess.run(
-    [sys.executable, "-m", f"top1_jax.launch.{module}", *args],
+    [sys.executable, script(module), *args],
     cwd=ROOT,
     env=LAUNCHER_ENV,
     capture_output=True,

@@ -13,11 +13,13 @@ import matplotlib
 import matplotlib.pyplot
 import matplotlib.text
 import numpy as np
+import processes
 import pytest
 
 from top1_jax.evaluation import crossval
 from top1_jax.io import files, predictions, results
-from top1_jax.sweep import aggregate, runner, tables
+from top1_jax.pipeline import aggregation as aggregate
+from top1_jax.pipeline import sources, sweep, tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = {"n_folds": 4, "scheme": "random_halves", "n_bins": [5, 10]}
@@ -380,11 +382,11 @@ def test_a_runs_tables_and_figures_call_the_plain_network_deterministic(tmp_path
     estimators=("bins",), compare_bins=6, ece_bins=15, selective_targets=(0.8,),
     selective_delta=0.1,
   )  # fmt: skip
-  sources = runner.load_sources(asked, settings)
-  records = runner.run(settings, sources, tmp_path / "sweep", log=lambda line: None)
+  found = sources.load_sources(asked, settings)
+  records = sweep.sweep(settings, found, tmp_path / "sweep", log=lambda line: None)
   rows = tables.tidy_rows(records)
-  table1 = runner.table1(settings, sources, records)
-  chosen = runner.selective_rows(settings, sources)
+  table1 = sweep.table1(settings, found, records)
+  chosen = sweep.selective_rows(settings, found)
   assert {r["method"] for r in rows} == {"deterministic", "mc_dropout"}  # plain read as such
   assert {r["label"] for r in rows} == {"deterministic", "dropout 0.1", "theirs"}
   assert [r["label"] for r in table1] == [
@@ -411,8 +413,8 @@ def test_a_runs_tables_and_figures_call_the_plain_network_deterministic(tmp_path
 
   monkeypatch.setattr(plot_results, "save_figure", keep_texts)
   out = tmp_path / "run"
-  written = plots.write_figures(out, sources, records, settings.n_bins, settings.topk, 6)
-  written += plots.write_risk_coverage_figures(out, sources, chosen)
+  written = plots.write_figures(out, found, records, settings.n_bins, settings.topk, 6)
+  written += plots.write_risk_coverage_figures(out, found, chosen)
   written += plots.write_dropout_rate_figures(out, rows, settings.topk)
   assert len(written) >= 10
   assert any(t.startswith("deterministic: ") for t in drawn)  # a figure of the plain network
@@ -515,7 +517,7 @@ def test_expand_workdirs(tmp_path):
 
 def _launch(*args):
   return subprocess.run(
-    [sys.executable, "-m", "top1_jax.launch.aggregate", *args],
+    [sys.executable, processes.script("aggregate"), *args],
     cwd=ROOT,
     env={**os.environ, "JAX_PLATFORMS": "cpu"},
     capture_output=True,

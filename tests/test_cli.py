@@ -8,13 +8,21 @@ import subprocess
 import sys
 
 import numpy as np
+import processes
 import pytest
 
 from top1_jax import load_example
 
 BIN = pathlib.Path(sys.executable).parent
 LAUNCHERS = (
-  "reproduce", "train", "predict", "evaluate", "find-mislabeled", "demo", "aggregate", "shift"
+  "reproduce",
+  "train",
+  "predict",
+  "evaluate",
+  "find-mislabeled",
+  "demo",
+  "aggregate",
+  "shift",
 )
 
 
@@ -151,7 +159,11 @@ import runpy, sys
 for name in ("flax", "optax", "orbax", "tensorflow", "tensorflow_datasets"):
   sys.modules[name] = None
 sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+if sys.argv[0].endswith(".py"):  # an experiment's main
+  runpy.run_path(sys.argv[0], run_name="__main__")
+else:  # a console script, top1-<name>
+  from top1_jax.launch import cli
+  getattr(cli, sys.argv[0].removeprefix("top1-").replace("-", "_"))()
 """
 
 
@@ -165,7 +177,7 @@ def test_top1_evaluate_runs_on_arrays_without_the_training_stack(tmp_path):
   np.save(tmp_path / "labels.npy", labels)
   (tmp_path / "without.py").write_text(_WITHOUT_TRAINING)
   launch = [sys.executable, "without.py"]
-  args = ["top1_jax.launch.evaluate", "--workdir=out", "--config=quick", "--config.topk=1"]
+  args = [processes.script("evaluate"), "--workdir=out", "--config=quick", "--config.topk=1"]
   args += ["--config.inputs=logits.npy", "--config.input_kind=logits", "--config.labels=labels.npy"]
   out = _run([*launch, *args, "--config.n_bins=(5,10)", "--config.limit_test=100"], cwd=tmp_path)
   with open(tmp_path / "out" / "results.csv") as file:
@@ -181,7 +193,7 @@ def test_top1_evaluate_runs_on_arrays_without_the_training_stack(tmp_path):
   assert len(warnings) == 1 and "--config.limit_test: for train and predict" in warnings[0]
   assert "figures in" in out.stderr and (tmp_path / "out" / "figures").is_dir()  # matplotlib
   # A launcher that trains says which extra it needs, in one line.
-  train = _run([*launch, "top1_jax.launch.train", "--workdir=run"], cwd=tmp_path, check=False)
+  train = _run([*launch, "top1-train", "--workdir=run"], cwd=tmp_path, check=False)
   assert train.returncode == 2 and train.stdout == ""
   # The first blocked package it imports (flax, optax or orbax), named with its extra.
   assert re.fullmatch(
@@ -198,7 +210,7 @@ def test_help_lists_every_config_field_and_a_typo_is_one_line(tmp_path):
 
   out = _run([str(BIN / "top1-evaluate"), "--help"], cwd=tmp_path)
   text = " ".join(out.stdout.split())  # the meanings are wrapped
-  assert out.stderr == "" and text.startswith("Sweeps scores x bin counts")
+  assert out.stderr == "" and text.startswith("The evaluate stage: every (file, score")
   for field, meaning in default.HELP.items():
     assert f"--config.{field}: {' '.join(meaning.split())}" in text
   assert "--config.seeds: Seeds, a sweep axis" in text and "(default: (0,))" in text

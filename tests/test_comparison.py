@@ -16,7 +16,7 @@ from top1_jax.core import events, metrics, scores
 from top1_jax.evaluation import baselines, comparison, crossval
 from top1_jax.io import predictions
 from top1_jax.io.examples import load_example
-from top1_jax.sweep import runner
+from top1_jax.pipeline import sources, sweep
 
 
 def _split_metrics(log_probs, labels, variant, test, ece_bins, points_per_bin):
@@ -188,14 +188,14 @@ def test_sweep_table1_from_benchmarks_computed_beside_the_sweep(tmp_path):
     estimators=("bins",), compare_bins=5, ece_bins=15, selective_targets=(0.9,),
     selective_delta=0.1,
   )  # fmt: skip
-  sources = runner.load_sources([("model", path)], s)
-  records = runner.run(s, sources, tmp_path / "sweep", log=lambda line: None)
-  baseline_rows = runner.baselines(s, sources)
+  found = sources.load_sources([("model", path)], s)
+  records = sweep.sweep(s, found, tmp_path / "sweep", log=lambda line: None)
+  baseline_rows = sweep.baselines(s, found)
   assert list(baseline_rows) == ["model"]
-  table = runner.table1(s, sources, records, baseline_rows)
-  assert table == runner.table1(s, sources, records)
+  table = sweep.table1(s, found, records, baseline_rows)
+  assert table == sweep.table1(s, found, records)
   assert [row["variant"] for row in table] == list(comparison.VARIANTS)
   # No Top-1 point in the sweep: no Table 1, and nothing computed for it.
   s.topk = (2,)
-  assert runner.baselines(s, sources) == {}
-  assert runner.table1(s, sources, runner.run(s, sources, tmp_path / "k2", log=print)) == []
+  assert sweep.baselines(s, found) == {}
+  assert sweep.table1(s, found, sweep.sweep(s, found, tmp_path / "k2", log=print)) == []

@@ -100,7 +100,7 @@ def test_killed_sweep_resumes_without_redoing_work(quick_run, tmp_path):
   for name in ("results.json", "results.csv", "results.md"):
     (workdir / name).unlink()
   process = subprocess.Popen(
-    [sys.executable, "-m", "top1_jax.launch.reproduce", *QUICK, f"--workdir={workdir}"],
+    [sys.executable, processes.script("reproduce"), *QUICK, f"--workdir={workdir}"],
     cwd=ROOT,
     env=ENV,
     stdout=subprocess.PIPE,
@@ -191,7 +191,7 @@ def test_evaluate_refuses_files_of_different_datasets(tmp_path):
 
 @pytest.mark.slow
 def test_missing_inputs_give_one_line(tmp_path):
-  _one_line_error(_run("evaluate", f"--workdir={tmp_path}"), "run top1_jax.launch.predict")
+  _one_line_error(_run("evaluate", f"--workdir={tmp_path}"), "run the predict stage")
   _one_line_error(
     _run("evaluate", f"--workdir={tmp_path}", EVAL, "--config.inputs=nope.npz"),
     "--config.inputs: no such file: nope.npz",
@@ -318,7 +318,7 @@ def test_killed_training_resumes_from_the_last_epoch(tmp_path):
 
   killed = tmp_path / "killed"
   process = subprocess.Popen(
-    [sys.executable, "-m", "top1_jax.launch.train", *args, f"--workdir={killed}"],
+    [sys.executable, processes.script("train"), *args, f"--workdir={killed}"],
     cwd=ROOT,
     env=ENV,
     stdout=subprocess.DEVNULL,
@@ -385,7 +385,7 @@ def seed_sweep(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("seeds")
   outputs = _wait_for(
     [
-      ["-m", "top1_jax.launch.reproduce", *SMALL, TWO_SEEDS, f"--workdir={workdir}"]
+      [processes.script("reproduce"), *SMALL, TWO_SEEDS, f"--workdir={workdir}"]
       + [f"--task_index={i}", "--num_tasks=2"]
       for i in range(2)
     ]
@@ -465,7 +465,7 @@ def test_a_cloud_work_dir_without_its_package_is_one_line_and_writes_nothing(tmp
   path = _predictions_file(tmp_path / "p.npz")
   for module, more in (("evaluate", [EVAL, f"--config.inputs={path}"]), ("reproduce", [])):
     result = subprocess.run(
-      [sys.executable, "-m", f"top1_jax.launch.{module}", "--workdir=gs://bucket/run1", *more],
+      [sys.executable, processes.script(module), "--workdir=gs://bucket/run1", *more],
       cwd=tmp_path,
       env=ENV,
       capture_output=True,

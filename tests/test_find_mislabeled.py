@@ -12,6 +12,7 @@ import sys
 
 import matplotlib.image
 import numpy as np
+import processes
 import pytest
 
 from top1_jax.core.validation import SettingError
@@ -33,7 +34,7 @@ PLANTED = [17, 123, 256]  # wrong with the three largest margins, in this order
 
 def _run(*args):
   return subprocess.run(
-    [sys.executable, "-m", "top1_jax.launch.find_mislabeled", *args],
+    [sys.executable, processes.script("find_mislabeled"), *args],
     cwd=ROOT,
     env=ENV,
     capture_output=True,

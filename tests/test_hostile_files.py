@@ -20,7 +20,7 @@ import synthetic
 from top1_jax import Calibrator, calibrator
 from top1_jax.estimators import registry
 from top1_jax.io import datasets, idx, prediction_checks, predictions, stream, zip_crc
-from top1_jax.sweep import runner
+from top1_jax.pipeline import sources
 
 
 def _version_2():
@@ -280,7 +280,7 @@ def test_the_streaming_reader_checks_each_members_crc(tmp_path, member, where):
     assert seen == list(range(0, 1750, 250))  # the last chunk is never yielded
   # The sweep reads every chunk (load_sources) before it writes anything: it stops here.
   settings = types.SimpleNamespace(topk=(1,), seeds=(0,))
-  _refused(lambda: runner.load_sources([("model", path)], settings), "Bad CRC-32", path)
+  _refused(lambda: sources.load_sources([("model", path)], settings), "Bad CRC-32", path)
 
 
 def test_a_corrupt_value_refused_early_is_named_a_bad_crc(tmp_path):

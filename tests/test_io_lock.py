@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 
+import processes
 import pytest
 
 from top1_jax.io import lock
@@ -102,7 +103,7 @@ def test_a_refused_launcher_run_changes_nothing(tmp_path):
   _write_lock(workdir, host="elsewhere", pid=1, started="then", command="the other run")
   (workdir / "config.json").write_text('{"mine": true}')
   before = sorted(p.name for p in workdir.iterdir())
-  args = [sys.executable, "-m", "top1_jax.launch.reproduce", "--config=quick"]
+  args = [sys.executable, processes.script("reproduce"), "--config=quick"]
   args.append(f"--workdir={workdir}")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=300)

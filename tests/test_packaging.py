@@ -36,7 +36,8 @@ def test_the_wheel_installs_top1_jax_alone_with_its_configs_and_launchers(built)
     }
     assert top_level == {"top1_jax"}
     assert "top1_jax/configs/default.py" in names and "top1_jax/configs/quick.py" in names
-    assert "top1_jax/launch/reproduce.py" in names
+    assert "top1_jax/launch/cli.py" in names and "top1_jax/pipeline/reproduce.py" in names
+    assert not any(name.startswith("experiments/") for name in names)  # mains of a clone
     # top1_jax.load_example's files, and the README with their source and licence.
     for data in ("README.md", "lenet-5-cifar-10.npz", "densenet-bc-100-cifar-100.npz"):
       assert f"top1_jax/io/example_data/{data}" in names, data

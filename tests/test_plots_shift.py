@@ -5,7 +5,8 @@ import pytest
 from matplotlib import image as mpl_image
 from matplotlib.figure import Figure
 
-from top1_jax.plots import figures, shift
+from top1_jax.plots import figures
+from top1_jax.plots import shift_figures as shift
 
 ROTATIONS = tuple(range(0, 181, 15))
 TRANSLATIONS = tuple(range(0, 15, 2))

@@ -12,7 +12,6 @@ import optax
 import pytest
 import tensorflow_datasets as tfds
 from absl import flags
-from absl.testing import flagsaver
 
 # TFDS reads array_record files through this module, which defines absl flags on import:
 # imported here, before any flagsaver, which drops the flags defined inside it on exit
@@ -20,14 +19,13 @@ from absl.testing import flagsaver
 from array_record.python import array_record_data_source  # noqa: F401
 from ml_collections import config_flags
 
-from top1_jax import configs
 from top1_jax.configs import default
 from top1_jax.core.validation import SettingError
 from top1_jax.engine import augment, models, monitor, optimizers, train, train_state
 from top1_jax.io import checkpoints, metric_writer, sweep_data
-from top1_jax.launch import common
-from top1_jax.launch import train as launch_train
-from top1_jax.sweep import plan
+from top1_jax.launch import runner, usage
+from top1_jax.pipeline import jobs, training
+from top1_jax.pipeline import settings as settings_lib
 
 # ----------------------------------------------------------------------------
 # Augmentation
@@ -248,7 +246,7 @@ def test_monitor_writes_steps_epochs_and_members():
 
 
 def _config(name: str, *overrides: str):
-  argv = ["test", f"--config={pathlib.Path(common.PACKAGED_CONFIGS) / name}.py", *overrides]
+  argv = ["test", f"--config={pathlib.Path(runner.PACKAGED_CONFIGS) / name}.py", *overrides]
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
   flag_values(argv)
@@ -273,7 +271,7 @@ RECIPE_BAD = [
     "lr_schedule=step --config.lr_boundaries=(1,3)",
     "lr_boundaries: expected increasing epochs in (0, num_epochs=3)",
   ),
-  ("augment=(crop,rotate)", "augment: expected none or names among crop, flip"),
+  ("augment=(crop,rotate)", "augment: expected names among none, crop, flip"),
   ("crop_padding=-1", "crop_padding: expected an integer >= 0, got -1"),
   ("log_every_steps=0", "log_every_steps: expected an integer >= 1, got 0"),
   ("eval_every_epochs=-1", "eval_every_epochs: expected an integer >= 0, got -1"),
@@ -283,26 +281,26 @@ RECIPE_BAD = [
 @pytest.mark.parametrize("override, text", RECIPE_BAD)
 def test_recipe_fields_are_checked_in_one_line(override, text):
   with pytest.raises(SettingError) as info:
-    plan.check(_config("default", *(f"--config.{o}" for o in override.split(" --config."))))
-  message = common.one_line(info.value)
+    settings_lib.parse(_config("default", *(f"--config.{o}" for o in override.split(" --config."))))
+  message = runner.one_line(info.value)
   assert "\n" not in message and message.startswith(f"--config.{text}"), message
 
 
 def test_crop_without_padding_is_refused():
   config = _config("default", "--config.augment=(crop,flip)", "--config.crop_padding=0")
   with pytest.raises(SettingError, match="crop_padding: expected an integer >= 1, got 0"):
-    plan.check(config)
+    settings_lib.parse(config)
 
 
 def test_the_default_records_what_it_did_before_and_recipes_record_theirs():
-  settings = plan.check(default.get_config())
-  point = plan.training_points(settings)[0]
-  assert plan.training_config(settings, point, "base") == {
+  settings = settings_lib.parse(default.get_config())
+  point = jobs.training_points(settings)[0]
+  assert jobs.training_config(settings, point, "base") == {
     "dataset": "fashion_mnist", "limit_train": None, "model": "cnn", "train_dropout_rate": 0.1,
     "epochs": 3, "batch_size": 128, "learning_rate": 0.001, "seed": 0,
   }  # fmt: skip
-  cifar = plan.check(_config("cifar10"))
-  recorded = plan.training_config(cifar, plan.training_points(cifar)[0], "base")
+  cifar = settings_lib.parse(_config("cifar10"))
+  recorded = jobs.training_config(cifar, jobs.training_points(cifar)[0], "base")
   assert {k: recorded[k] for k in ("optimizer", "lr_schedule", "lr_boundaries")} == {
     "optimizer": "sgd", "lr_schedule": "step", "lr_boundaries": [82.0, 123.0]
   }  # fmt: skip
@@ -316,26 +314,27 @@ def test_the_default_records_what_it_did_before_and_recipes_record_theirs():
                   ("cifar100_wrn", "wrn16_4"), ("fashion_mnist_recipe", "cnn_wide")],
 )  # fmt: skip
 def test_every_recipe_config_checks_and_names_a_registered_model(name, model):
-  settings = plan.check(_config(name))
+  settings = settings_lib.parse(_config(name))
   assert settings.models == (model,) and model in models.MODELS
-  assert settings.optimizer == "sgd" and plan.recipe(settings)["augment"]
+  assert settings.optimizer == "sgd" and settings.augment
   steps = 50000 // settings.batch_size
-  rate = launch_train.optimizer(settings, steps).learning_rate
+  rate = training.optimizer(settings, steps).learning_rate
   assert rate(0) == pytest.approx(settings.learning_rate)
   assert rate(settings.num_epochs * steps - 1) <= settings.learning_rate / 100 * (1 + 1e-6)
 
 
 def test_help_lists_every_recipe_field():
-  text = configs.describe(_config("cifar10_wrn"), default.HELP)
-  for field in plan.RECIPE_DEFAULTS | {"log_every_steps": 0, "eval_every_epochs": 0}:
+  text = usage.describe(_config("cifar10_wrn"), default.HELP)
+  for field in jobs.RECIPE_DEFAULTS | {"log_every_steps": 0, "eval_every_epochs": 0}:
     assert f"--config.{field}: " in text and "(no description)" not in text
   assert "(default: 'sgd')" in text and "(default: (60, 120, 160))" in text
 
 
 def test_the_packaged_names_agree_with_the_engine():
-  assert plan.OPTIMIZERS == optimizers.OPTIMIZERS and plan.SCHEDULES == optimizers.SCHEDULES
-  assert plan.AUGMENTATIONS == tuple(augment.AUGMENTATIONS)
-  assert plan.HALF_PRECISIONS == tuple(train_state.HALF_PRECISIONS)
+  assert settings_lib.OPTIMIZERS == optimizers.OPTIMIZERS
+  assert settings_lib.SCHEDULES == optimizers.SCHEDULES
+  assert settings_lib.AUGMENTATIONS == tuple(augment.AUGMENTATIONS)
+  assert settings_lib.HALF_PRECISIONS == tuple(train_state.HALF_PRECISIONS)
 
 
 # ----------------------------------------------------------------------------
@@ -361,21 +360,15 @@ def _run_recipe(tmp_path, monkeypatch, name: str, *overrides: str):
   )  # fmt: skip
   config.data_dir = str(tmp_path / "user")
   (tmp_path / "user").mkdir()
-  settings = plan.check(config)
+  settings = settings_lib.parse(config)
   policy = tfds.testing.MockPolicy.USE_FILES
-  flags.FLAGS.mark_as_parsed()
-  try:
-    with (
-      tfds.testing.mock_data(num_examples=48, policy=policy, data_dir=str(tmp_path / "metadata")),
-      flagsaver.flagsaver(workdir=str(tmp_path / "work")),
-    ):
-      train_split, test_split = sweep_data.load_both(settings)
-      points = plan.training_points(settings)
-      launch_train.run(settings, points, train_split, test_split)
-      classes, sample = train_split.num_classes, train_split.images[:1]
-      state = launch_train.restore(settings, points[0], "base", classes, sample)
-  finally:
-    flags.FLAGS.unparse_flags()
+  workdir = tmp_path / "work"
+  with tfds.testing.mock_data(num_examples=48, policy=policy, data_dir=str(tmp_path / "metadata")):
+    train_split, test_split = sweep_data.load_both(settings)
+    points = jobs.training_points(settings)
+    training.run(settings, workdir, data=(train_split, test_split))
+    classes, sample = train_split.num_classes, train_split.images[:1]
+    state = training.restore(settings, workdir, points[0], "base", classes, sample)
   folder = tmp_path / "work" / "train" / points[0].name / "base"
   return settings, train_split, state, folder
 

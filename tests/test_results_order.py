@@ -6,7 +6,7 @@ import numpy as np
 
 from top1_jax.evaluation import crossval
 from top1_jax.io import files, predictions, results
-from top1_jax.sweep import runner, tables
+from top1_jax.pipeline import sources, sweep, tables
 
 
 def _settings():
@@ -19,8 +19,8 @@ def _settings():
 
 def _results_csv(settings, path, folder, out):
   """One sweep of ``path`` (its points saved in, or reused from, ``folder``) as results.csv."""
-  sources = runner.load_sources([("model", path)], settings)
-  records = runner.run(settings, sources, folder, log=lambda line: None)
+  found = sources.load_sources([("model", path)], settings)
+  records = sweep.sweep(settings, found, folder, log=lambda line: None)
   rows = [{k: v for k, v in row.items() if k != "label"} for row in tables.tidy_rows(records)]
   files.write_csv(out, rows)
   return out.read_bytes()

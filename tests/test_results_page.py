@@ -232,7 +232,7 @@ def test_evaluate_and_aggregate_write_their_pages(tmp_path):
 
   merged = tmp_path / "merged"
   result = subprocess.run(
-    [sys.executable, "-m", "top1_jax.launch.aggregate", f"--workdir={merged}",
+    [sys.executable, processes.script("aggregate"), f"--workdir={merged}",
      f"--workdirs={tmp_path / 'runs'}/*"],
     cwd=processes.ROOT, env=processes.LAUNCHER_ENV, capture_output=True, text=True, timeout=300,
   )  # fmt: skip

@@ -1,6 +1,6 @@
 """Every setting of every stage is checked before any work, in one line naming the flag.
 
-The checks are pure: ``plan.check`` (every field), ``plan.check_examples`` (against the
+The checks are pure: ``settings.parse`` (every field), ``settings.check_examples`` (against the
 test split's size) and the data's headers (``io.sweep_data``), which the launchers run
 first. Each refusal is checked here, in this process, on a config parsed from the same
 command-line overrides a user types; two launchers (reproduce, evaluate) run as a user
@@ -24,12 +24,12 @@ from absl import flags
 from absl.testing import flagsaver
 from ml_collections import config_flags
 
-from top1_jax import configs
 from top1_jax.core.validation import SettingError
 from top1_jax.io import datasets, idx, sweep_data
 from top1_jax.io import predictions as predictions_lib
-from top1_jax.launch import cli, common, find_mislabeled, reproduce
-from top1_jax.sweep import plan, runner
+from top1_jax.launch import find_mislabeled, runner, usage
+from top1_jax.pipeline import jobs, reproduce, sources, sweep
+from top1_jax.pipeline import settings as settings_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NUM_TRAIN, NUM_TEST = 300, 200
@@ -63,7 +63,7 @@ def _data(directory) -> str:
 def _config(name: str, *overrides: str):
   """A packaged config with ``--config.<field>=<value>`` overrides, parsed as a launcher
   parses them (ml_collections' flag), in this process."""
-  argv = ["test", f"--config={pathlib.Path(common.PACKAGED_CONFIGS) / name}.py", *overrides]
+  argv = ["test", f"--config={pathlib.Path(runner.PACKAGED_CONFIGS) / name}.py", *overrides]
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
   flag_values(argv)
@@ -74,21 +74,21 @@ def _refusal(check, *args) -> str:
   """The ``SettingError`` of ``check(*args)`` as a launcher prints it, after "error: "."""
   with pytest.raises(SettingError) as info:
     check(*args)
-  message = common.one_line(info.value)
+  message = runner.one_line(info.value)
   assert "\n" not in message
   return message
 
 
 def _reproduce_checks(config) -> None:
   """What reproduce checks before it reads data: every field, then the data's headers."""
-  reproduce.check(plan.check(config))
+  reproduce.check(settings_lib.parse(config))
 
 
 # (config overrides after the quick config and the tiny data dir, the field named, the text)
 REPRODUCE_BAD = [
   # The evaluate stage's own settings, checked before stage 1 (they used to wait ~350 s).
   (["--config.compare_bins=7"], "compare_bins", "7 is not one of n_bins=(5, 10, 20)"),
-  (["--config.ece_bins=0"], "ece_bins", "expected an integer >= 1, got 0"),
+  (["--config.ece_bins=0"], "ece_bins", "expected an integer in [1, 65536], got 0"),
   (["--config.figure_bins=0"], "figure_bins", "expected an integer >= 1, got 0"),
   (["--config.n_bins=(5,x)"], "n_bins", "expected int values, got ('5', 'x')"),
   (["--config.n_bins=(0,5)"], "n_bins", "expected values >= 1, got (0, 5)"),
@@ -102,8 +102,8 @@ REPRODUCE_BAD = [
   # The other stages' settings.
   (["--config.num_epochs=0"], "num_epochs", "expected an integer >= 1, got 0"),
   (["--config.ensemble_size=-1"], "ensemble_size", "expected an integer >= 0, got -1"),
-  (["--config.train_dropout_rates=1.0"], "train_dropout_rates", "expected values in [0.0, 1.0)"),
-  (["--config.learning_rate=0"], "learning_rate", "expected > 0, got 0"),
+  (["--config.train_dropout_rates=1.0"], "train_dropout_rates", "expected values in [0, 1)"),
+  (["--config.learning_rate=0"], "learning_rate", "expected a number > 0, got 0"),
   # Not finite: inf passed "> 0", then JSON refused it ("Out of range float values...").
   (["--config.learning_rate=inf"], "learning_rate", "expected a finite number, got inf"),
   (["--config.learning_rate=1e400"], "learning_rate", "expected a finite number, got inf"),
@@ -116,7 +116,7 @@ REPRODUCE_BAD = [
   (["--config.limit_train=0"], "limit_train", "expected an integer >= 1, got 0"),
   (["--config.limit_test=0"], "limit_test", "expected an integer >= 1, got 0"),
   (["--config.num_samples=1"], "num_samples", "need >= 2 for MC dropout, got 1"),
-  (["--config.dropout_rates=(0.1,1.5)"], "dropout_rates", "expected values in [0.0, 1.0)"),
+  (["--config.dropout_rates=(0.1,1.5)"], "dropout_rates", "expected values in [0, 1)"),
   (["--config.chunk_size=0"], "chunk_size", "expected an integer >= 1, got 0"),
   (["--config.models=(mlp,vgg)"], "models", "expected names among cnn, cnn_wide, mlp, resnet,"),
   (["--config.estimators=(bins,trees)"], "estimators", "expected names among bins"),
@@ -181,7 +181,7 @@ def test_the_full_preset_refuses_in_one_line_before_any_work(tmp_path, data_dir)
   workdir = tmp_path / "work"
   args = [f"--workdir={workdir}", _data(data_dir), "--config.ece_bins=0"]
   result = processes.launcher("reproduce", *args)
-  _refused(result, "ece_bins", "expected an integer >= 1, got 0", workdir)
+  _refused(result, "ece_bins", "expected an integer in [1, 65536], got 0", workdir)
 
 
 def _partial_copy(tmp_path, data_dir, keep):
@@ -205,7 +205,7 @@ def test_data_dir_with_only_the_train_split_is_refused(tmp_path, data_dir):
   # The test split would have come from another source (TFDS) than the train split;
   # train checks both splits' headers first.
   partial = _partial_copy(tmp_path, data_dir, [p.name for p in data_dir.glob("train-*")])
-  message = _refusal(sweep_data.check, plan.check(_config("default", _data(partial))))
+  message = _refusal(sweep_data.check, settings_lib.parse(_config("default", _data(partial))))
   assert message.startswith("--config.data_dir: "), message
   assert f"the train split from idx:{partial} but the test split from tfds:{partial}" in message
 
@@ -216,7 +216,7 @@ def test_train_and_test_images_of_different_sizes_are_refused_before_training(tm
   rng = np.random.default_rng(2)
   _write_idx(mixed / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (NUM_TEST, 32, 32)))
   _write_idx(mixed / "t10k-labels-idx1-ubyte.gz", np.arange(NUM_TEST) % 10)
-  settings = plan.check(_config("quick", _data(mixed)))
+  settings = settings_lib.parse(_config("quick", _data(mixed)))
   reproduce.check(settings)  # the headers alone cannot tell
   message = _refusal(sweep_data.load_both, settings)
   assert message.startswith("--config.data_dir: "), message
@@ -242,7 +242,7 @@ OTHER_STAGES_BAD = [
 def test_train_and_predict_check_their_settings_first(data_dir, launcher, splits, args, flag, text):
   # What train and predict run before any work: every field, then their splits' headers.
   config = _config("default", _data(data_dir), *args)
-  message = _refusal(lambda: sweep_data.check(plan.check(config), splits))
+  message = _refusal(lambda: sweep_data.check(settings_lib.parse(config), splits))
   assert message.startswith(f"--config.{flag}: ") and text in message, (launcher, message)
 
 
@@ -257,11 +257,11 @@ def test_train_and_predict_check_their_settings_first(data_dir, launcher, splits
 def test_find_mislabeled_checks_its_flags_first(values, text):
   flags.FLAGS.mark_as_parsed()  # the launcher's flags at their defaults, but these
   try:
-    with flagsaver.flagsaver(**values), pytest.raises(common.ExperimentError) as info:
+    with flagsaver.flagsaver(**values), pytest.raises(runner.ExperimentError) as info:
       find_mislabeled.check_settings()
   finally:
     flags.FLAGS.unparse_flags()
-  assert common.one_line(info.value).startswith(text), info.value
+  assert runner.one_line(info.value).startswith(text), info.value
 
 
 def test_a_config_that_is_not_a_python_file_is_refused_naming_it(tmp_path):
@@ -273,35 +273,35 @@ def test_a_config_that_is_not_a_python_file_is_refused_naming_it(tmp_path):
   source.write_text("def get_config():\n  return None\n")
   cases = {
     str(array): f"--config: {array}: binary data, not text; give a packaged config by name "
-    "(cifar10, cifar100, cifar100_shift,",
+    "(cifar10, cifar100, cifar100_wrn,",
     str(tmp_path / "nope.py"): f"--config: {tmp_path / 'nope.py'}: no such file; give a packaged",
     str(tmp_path): f"--config: {tmp_path}: a directory; give a packaged config",
   }
   for value, text in cases.items():
-    with pytest.raises(common.ExperimentError) as info:
-      common.check_config_file(value)
-    assert common.one_line(info.value).startswith(text), info.value
-  common.check_config_file(f"{source}:an_argument")  # a Python file, with get_config's argument
+    with pytest.raises(runner.ExperimentError) as info:
+      runner.check_config_file(value)
+    assert runner.one_line(info.value).startswith(text), info.value
+  runner.check_config_file(f"{source}:an_argument")  # a Python file, with get_config's argument
 
 
 def test_an_empty_workdir_and_a_full_one_name_the_flag(tmp_path):
   flags.FLAGS.mark_as_parsed()
   try:
     # --workdir= (an unset shell variable) wrote to the default runs/<config>.
-    with flagsaver.flagsaver(workdir=""), pytest.raises(common.ExperimentError) as info:
-      common.workdir()
+    with flagsaver.flagsaver(workdir=""), pytest.raises(runner.ExperimentError) as info:
+      runner.workdir()
     assert str(info.value) == "--workdir: empty; give a directory or URL for this run's files"
     with flagsaver.flagsaver(workdir=str(tmp_path)):
       # A full disk fails in write() or fsync(), naming no file (io.files adds it).
       full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "results.json"))
-      assert common.one_line(full) == (
+      assert runner.one_line(full) == (
         f"--workdir: {tmp_path}: no space left on device (writing {tmp_path}/results.json);"
         " free some space or give another --workdir, then rerun the same command to resume"
       )
       unnamed = OSError(errno.ENOSPC, "No space left on device")
-      assert common.one_line(unnamed).startswith(f"--workdir: {tmp_path}: no space left")
+      assert runner.one_line(unnamed).startswith(f"--workdir: {tmp_path}: no space left")
       elsewhere = OSError(errno.EACCES, "Permission denied", "/etc/shadow")  # an input's problem
-      assert common.one_line(elsewhere) == "[Errno 13] Permission denied: '/etc/shadow'"
+      assert runner.one_line(elsewhere) == "[Errno 13] Permission denied: '/etc/shadow'"
   finally:
     flags.FLAGS.unparse_flags()
 
@@ -320,14 +320,14 @@ def _predictions_file(path, num=400, seed=0):
 # (the overrides after --config.inputs=p.npz unless they name the inputs, the field, the text):
 # all checked before the sweep (ece_bins used to fail only after it) and before a file is read.
 EVALUATE_BAD = [
-  (["--config.ece_bins=0"], "ece_bins", "expected an integer >= 1, got 0"),
+  (["--config.ece_bins=0"], "ece_bins", "expected an integer in [1, 65536], got 0"),
   (["--config.compare_bins=7"], "compare_bins", "7 is not one of n_bins=(10, 20, 100)"),
   (["--config.figure_bins=-1"], "figure_bins", "expected an integer >= 1, got -1"),
   (["--config.scores=(all,pmax)"], "scores", "expected ('all',) or score names"),
   (["--config.n_folds=200"], "n_folds", "expected 2 to 127 splits, got 200"),
   (["--config.seeds=(-3,)"], "seeds", "expected values >= 0, got (-3,)"),
   (["--config.selective_targets=(0.9,x)"], "selective_targets", "expected float values"),
-  (["--config.selective_targets=(0.9,1.5)"], "selective_targets", "expected values in [0.0, 1.0)"),
+  (["--config.selective_targets=(0.9,1.5)"], "selective_targets", "expected values in [0, 1)"),
   (["--config.selective_targets=0"], "selective_targets", "expected accuracies in (0, 1)"),
   (["--config.selective_delta=0.5"], "selective_delta", "expected a probability in (0, 0.5)"),
   (["--config.selective_delta=nan"], "selective_delta", "expected a finite number, got nan"),
@@ -353,7 +353,7 @@ EVALUATE_BAD = [
 def test_evaluate_checks_every_setting_before_the_sweep(args, flag, text):
   named = any(a.startswith(("--config.inputs=", "--config.input_kind=")) for a in args)
   given = [] if named else ["--config.inputs=p.npz"]
-  message = _refusal(plan.check, _config("default", *given, *args))
+  message = _refusal(settings_lib.parse, _config("default", *given, *args))
   assert message.startswith(f"--config.{flag}: ") and text in message, message
 
 
@@ -369,14 +369,14 @@ def test_evaluate_refuses_in_one_line_before_any_work(tmp_path):
 
 def test_default_compare_bins_follows_n_bins(tmp_path):
   # Unset, the comparison uses 20 bins when the sweep has them, else the sweep's first.
-  assert plan.check(_config("default", "--config.n_bins=(10,20,30)")).compare_bins == 20
+  assert settings_lib.parse(_config("default", "--config.n_bins=(10,20,30)")).compare_bins == 20
   path = _predictions_file(tmp_path / "p.npz", num=100)
   args = ["--config.n_bins=(2,4)", "--config.n_folds=2", "--config.topk=1", "--config.scores=pmax"]
-  settings = plan.check(_config("default", f"--config.inputs={path}", *args))
+  settings = settings_lib.parse(_config("default", f"--config.inputs={path}", *args))
   assert settings.compare_bins == 2
-  sources = runner.load_sources([("p", path)], settings)
-  records = runner.run(settings, sources, tmp_path / "sweep", log=lambda line: None)
-  comparison = runner.table1(settings, sources, records)
+  found = sources.load_sources([("p", path)], settings)
+  records = sweep.sweep(settings, found, tmp_path / "sweep", log=lambda line: None)
+  comparison = sweep.table1(settings, found, records)
   assert comparison and {row["top1_n_bins"] for row in comparison} == {2}
 
 
@@ -442,13 +442,13 @@ def test_every_config_loads_and_passes_its_checks(name):
   if name == "evaluate_files":
     assert config.dataset is None  # a user's files: no dataset unless they name one
     config.inputs = "val.npz"  # it evaluates a file the user names
-  checked = plan.check(config)
+  checked = settings_lib.parse(config)
   assert checked.n_bins and checked.topk and checked.seeds == (0,)
-  points = plan.training_points(checked)
+  points = jobs.training_points(checked)
   assert [p.name for p in points] == [
     f"{m}_tdr{r:g}_seed0" for m in checked.models for r in checked.train_dropout_rates
   ]
-  names = plan.predictions_names(checked, points[0])
+  names = [job.name for job in jobs.prediction_jobs(checked, points[0])]
   assert names[0].endswith("/deterministic") and len(names) == 1 + len(checked.dropout_rates) + (
     checked.ensemble_size >= 1
   )
@@ -463,8 +463,8 @@ def test_every_field_of_every_config_is_in_default():
 
 def test_a_task_share_is_every_nth_unit_from_its_index():
   units = list(range(5))
-  assert plan.task_share(units, (1, 2)) == [1, 3]
-  shares = [plan.task_share(units, (i, 3)) for i in range(3)]
+  assert jobs.task_share(units, (1, 2)) == [1, 3]
+  shares = [jobs.task_share(units, (i, 3)) for i in range(3)]
   assert sorted(sum(shares, [])) == units  # the tasks split the units: none twice, none left
 
 
@@ -483,10 +483,10 @@ def test_help_text_lists_each_field_with_its_meaning_and_value():
   from top1_jax.configs import default
 
   flag_values = flags.FlagValues()
-  argv = ["test", f"--config={pathlib.Path(common.PACKAGED_CONFIGS) / 'quick'}.py"]
+  argv = ["test", f"--config={pathlib.Path(runner.PACKAGED_CONFIGS) / 'quick'}.py"]
   config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
   flag_values(argv)
-  text = " ".join(configs.help_text(flag_values, "The launcher.").split())
+  text = " ".join(usage.help_text(flag_values, "The launcher.").split())
   assert text.startswith("The launcher.") and "The fields of --config=quick" in text
   assert (
     "--config.limit_test: Predict the first N test examples only; unset: all (default: 2000)"
@@ -501,13 +501,13 @@ def test_a_mistyped_field_is_one_line_with_the_nearest_field():
   with pytest.raises(AttributeError) as info:  # ml_collections': a repr of a KeyError
     _config("default", *argv)
   assert str(info.value).startswith("'\\'seed\\'\\nDid you mean")  # the old message's repr
-  assert configs.unknown_field(argv) == (
+  assert usage.unknown_field(argv) == (
     "--config.seed: no such field; did you mean --config.seeds? (--help lists every field)"
   )
-  assert configs.unknown_field(["--noconfig.figure"]).startswith(
+  assert usage.unknown_field(["--noconfig.figure"]).startswith(
     "--config.figure: no such field; did you mean --config.figures?"
   )
-  assert configs.unknown_field(["--config.zzz=1"]) == (
+  assert usage.unknown_field(["--config.zzz=1"]) == (
     "--config.zzz: no such field; (--help lists every field)"
   )
 
@@ -537,38 +537,38 @@ def test_a_mistyped_field_is_one_line_with_the_nearest_field():
 )
 def test_an_unknown_flag_names_the_config_field_it_may_mean(arg, text):
   flag_values = flags.FlagValues()
-  argv = ["test", f"--config={pathlib.Path(common.PACKAGED_CONFIGS) / 'default'}.py"]
+  argv = ["test", f"--config={pathlib.Path(runner.PACKAGED_CONFIGS) / 'default'}.py"]
   config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
   flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
   with pytest.raises(flags.UnrecognizedFlagError) as info:
     flag_values([*argv, arg])
-  assert configs.unknown_flag(info.value.flagname, flag_values).startswith(text)
+  assert usage.unknown_flag(info.value.flagname, flag_values).startswith(text)
 
 
 def test_a_missing_package_names_the_extra_to_install(monkeypatch, capsys):
   monkeypatch.setattr(sys, "argv", ["/venv/bin/top1-evaluate", "--workdir=out"])
   flax_missing = ModuleNotFoundError("No module named 'flax'", name="flax")
-  assert common.one_line(flax_missing) == (
+  assert runner.one_line(flax_missing) == (
     "top1-evaluate needs the package 'flax' (pip install 'top1_jax[all]'; from a clone: "
     "pip install '.[all]')"
   )
-  assert "'absl-py' (pip install 'top1_jax[cli]'" in cli.install_hint("find_mislabeled", "absl")
-  assert "'absl-py' (pip install 'top1_jax[all]'" in cli.install_hint("train", "absl")
+  assert "'absl-py' (pip install 'top1_jax[cli]'" in runner.install_hint("find_mislabeled", "absl")
+  assert "'absl-py' (pip install 'top1_jax[all]'" in runner.install_hint("train", "absl")
   # Nested (reproduce imports train), the launcher the user ran is named.
-  with pytest.raises(SystemExit) as info, cli.requiring("reproduce"), cli.requiring("train"):
+  with pytest.raises(SystemExit) as info, runner.requiring("reproduce"), runner.requiring("train"):
     raise ModuleNotFoundError("No module named 'orbax'", name="orbax.checkpoint")
-  assert info.value.code == cli.MISSING_STATUS == 2
+  assert info.value.code == runner.MISSING_STATUS == 2
   assert capsys.readouterr().err == (
     "error: top1-reproduce needs the package 'orbax-checkpoint' (pip install 'top1_jax[all]'; "
     "from a clone: pip install '.[all]')\n"
   )
-  with pytest.raises(ModuleNotFoundError), cli.requiring("evaluate"):  # our own: a bug
+  with pytest.raises(ModuleNotFoundError), runner.requiring("evaluate"):  # our own: a bug
     raise ModuleNotFoundError("No module named 'top1_jax.nope'", name="top1_jax.nope")
 
 
 def test_evaluating_files_needs_no_model_names():
   # engine.models imports Flax, which a [cli] install lacks: only a config that trains
   # looks its model names up.
-  assert plan.check(_config("default", "--config.inputs=p.npz", "--config.models=(vgg,)"))
-  message = _refusal(plan.check, _config("default", "--config.models=(vgg,)"))
+  assert settings_lib.parse(_config("default", "--config.inputs=p.npz", "--config.models=(vgg,)"))
+  message = _refusal(settings_lib.parse, _config("default", "--config.models=(vgg,)"))
   assert message.startswith("--config.models: expected names among cnn, cnn_wide, mlp, resnet,")

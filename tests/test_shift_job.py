@@ -24,9 +24,9 @@ from top1_jax.core.validation import SettingError
 from top1_jax.engine import corruptions
 from top1_jax.io import idx, ood_sets, splits
 from top1_jax.io import predictions as predictions_lib
-from top1_jax.launch import common
-from top1_jax.sweep import plan
-from top1_jax.sweep import shift as shift_sweep
+from top1_jax.launch import runner
+from top1_jax.pipeline import dataset_shift as shift_sweep
+from top1_jax.pipeline import settings as settings_lib
 
 HAVE_FMNIST = (idx.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists()
 needs_fmnist = pytest.mark.skipif(
@@ -258,7 +258,7 @@ def _mislabelled(shift_job, folder: pathlib.Path) -> str:
 @pytest.mark.parametrize(
   "case, message",
   [
-    ("no_inputs", "goes with inputs"),
+    ("no_inputs", "required: the files to evaluate"),  # evaluate_files: inputs first
     ("other_labels", "shifted/rolled has other labels than the clean clean"),
     ("no_clean_file", "shifted/dropout_0.2 has no clean file of the same model and method"),
     ("no_match", "no such file: "),
@@ -281,7 +281,8 @@ def test_a_users_bad_shifted_files_are_one_line(shift_job, tmp_path, case, messa
   result = _run("evaluate", *EVALUATE, *args)
   assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
   lines = [line for line in result.stderr.splitlines() if line.strip()]
-  assert lines[-1].startswith("error: --config.shift_inputs: "), lines[-1]
+  field = "inputs" if case == "no_inputs" else "shift_inputs"
+  assert lines[-1].startswith(f"error: --config.{field}: "), lines[-1]
   assert (
     message in lines[-1] and [line for line in lines if line.startswith("error:")] == lines[-1:]
   )
@@ -292,13 +293,13 @@ def test_a_users_bad_shifted_files_are_one_line(shift_job, tmp_path, case, messa
 # In this process: the sets of a config, their images, and the grouping of files.
 
 
-def _settings(*overrides: str) -> plan.Settings:
+def _settings(*overrides: str) -> settings_lib.Settings:
   """The shift config with command-line overrides, parsed as the launcher parses them."""
-  argv = ["test", f"--config={pathlib.Path(common.PACKAGED_CONFIGS) / 'shift'}.py", *overrides]
+  argv = ["test", f"--config={pathlib.Path(runner.PACKAGED_CONFIGS) / 'shift'}.py", *overrides]
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
   flag_values(argv)
-  return plan.check(flag_values.config)
+  return settings_lib.parse(flag_values.config)
 
 
 def test_shift_sets_in_order_from_the_command_lines_tuples():
@@ -472,10 +473,13 @@ def test_group_sources_refusals_are_one_line(sources, message):
     (["--config.shift_translations=(1.5,)"], "shift_translations: expected integers, got (1.5,)"),
     (["--config.shift_corruptions=(fog,)"], "shift_corruptions: expected names among "),
     (["--config.shift_ood=(all,)"], "shift_ood: expected names among digits, uniform_noise"),
-    (["--config.shift_estimators=()"], "shift_estimators: expected names among raw, "),
-    (["--config.shift_estimators=(raw,platt)"], "shift_estimators: expected names among raw, "),
-    (["--config.shift_severities=(1,6)"], "shift_severities: expected 1 to 5, got (1, 6)"),
-    (["--config.shift_severities=(0,)"], "shift_severities: expected values >= 1"),
+    (["--config.shift_estimators=()"], "shift_estimators: expected at least one value, got ()"),
+    (["--config.shift_estimators=(raw,platt)"], "shift_estimators: expected names among bins, "),
+    (
+      ["--config.shift_severities=(1,6)"],
+      "shift_severities: expected values in [1, 5], got (1, 6)",
+    ),
+    (["--config.shift_severities=(0,)"], "shift_severities: expected values in [1, 5]"),
     (["--config.shift_rotations=(90"], "shift_rotations: malformed value '(90'"),
     (["--config.shift_inputs=x.npz"], "shift_inputs: goes with inputs"),
     (

@@ -106,7 +106,9 @@ def test_fitted_on_the_clean_calibration_part_only():
   def changed(clean, shifted):
     return [
       not np.array_equal(a.metrics.per_fold["brier"], b.metrics.per_fold["brier"])
-      for a, b in zip(base, protocol.evaluate_shifts(clean, [shifted], splits, **kwargs), strict=True)
+      for a, b in zip(
+        base, protocol.evaluate_shifts(clean, [shifted], splits, **kwargs), strict=True
+      )
     ]
 
   # Neither the shifted set's calibration part nor the clean set's test part is used.
@@ -224,7 +226,10 @@ _SHORT = protocol.Inputs(
   "call, message",
   [
     (_call(shifted=[_SHORT]), r"test_sets\[0\].log_probs: expected clean's 400 examples, got 399"),
-    (_call(shifted={"x": NOISY._replace(labels=None)}), r"test_sets\['x'\].labels: expected \[400\]"),
+    (
+      _call(shifted={"x": NOISY._replace(labels=None)}),
+      r"test_sets\['x'\].labels: expected \[400\]",
+    ),
     (_call(estimators=["bins", "nope"]), "estimator: expected one of bins, .*, got 'nope'"),
     (_call(scores=["entropy", "nope"]), r"clean.scores: no score 'nope' \(it has: entropy"),
     (_call(log_probs_score=None), "log_probs_score: 'raw' needs a score to bin by, got None"),

@@ -33,7 +33,7 @@ def _default_sigint():
 def _stop_when(text: str, signum: int, module: str, *args: str) -> tuple[int, str]:
   """Runs a launcher, sends ``signum`` once a line holds ``text``; (exit status, output)."""
   process = subprocess.Popen(
-    [sys.executable, "-m", f"top1_jax.launch.{module}", *args],
+    [sys.executable, processes.script(module), *args],
     cwd=processes.ROOT,
     env=processes.LAUNCHER_ENV,
     stdout=subprocess.PIPE,

@@ -161,7 +161,7 @@ def from_chunks(
     arrays.
   """
   # MC samples: groups of D chunks, chunk d of a group on the host's CPU device d (with
-  # one JAX CPU device per core, as top1_jax.launch.evaluate sets, each core scores its own
+  # one JAX CPU device per core, as the evaluate stage sets, each core scores its own
   # chunk: XLA runs the covariance norms' small matmuls on one core per device), one
   # group in flight while the next is read. Without samples, one device, one chunk at a
   # time: XLA's own threads keep both cores as busy.

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 import threading
@@ -111,6 +112,20 @@ def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS
     ) from None
   for logger, level in zip(loggers, levels, strict=True):
     logger.setLevel(level)
+
+
+def split_paths(text: str) -> tuple[str, ...]:
+  """Paths or globs given as one string: the whole string when it names an existing file
+  or matches a glob (so any real path works: spaces, commas, parentheses), else its parts
+  between commas, ``\\,`` being a comma inside a path."""
+  text = text.strip()
+  if not text:
+    return ()
+  local = is_local(text)
+  if local and (os.path.exists(os.path.expanduser(text)) or glob.glob(os.path.expanduser(text))):
+    return (text,)
+  parts = re.split(r"(?<!\\),", text)
+  return tuple(part.replace("\\,", ",").strip() for part in parts if part.strip())
 
 
 def expand(patterns: Sequence[str]) -> list[pathlib.Path | epath.Path]:

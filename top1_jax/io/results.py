@@ -1,7 +1,7 @@
 """Reading a work dir's results (``results.csv`` and ``results.json``) back into rows.
 
 ``top1_jax.launch.evaluate`` writes them; ``top1_jax.launch.aggregate`` reads several
-work dirs' to merge runs of one sweep (``top1_jax.pipeline.aggregate``). Work dirs may be
+work dirs' to merge runs of one sweep (``top1_jax.pipeline.aggregation``). Work dirs may be
 local paths or URLs (``gs://...``, through ``io.files``).
 """
 

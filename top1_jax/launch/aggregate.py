@@ -3,14 +3,14 @@
   python experiments/aggregate.py --workdir=runs/merged --workdirs='runs/seed*'
 
 Each input work dir holds a finished evaluate stage (results.csv and results.json); runs
-must share the cross-validation (``n_folds``, ``scheme``). ``top1_jax.pipeline.aggregate``
+must share the cross-validation (``n_folds``, ``scheme``). ``top1_jax.pipeline.aggregation``
 says what is written into --workdir.
 """
 
 from absl import flags
 
 from top1_jax.launch import runner
-from top1_jax.pipeline import aggregate
+from top1_jax.pipeline import aggregation
 
 WORKDIRS = flags.DEFINE_list(
   "workdirs", None, "Work dirs of the runs to merge, comma-separated; globs (runs/seed*) expand."
@@ -19,4 +19,4 @@ WORKDIRS = flags.DEFINE_list(
 
 def main(argv: list[str]) -> None:
   runner.no_arguments(argv)
-  print(aggregate.run(WORKDIRS.value, runner.workdir()))
+  print(aggregation.run(WORKDIRS.value, runner.workdir()))

@@ -6,59 +6,21 @@ tools' (aggregate, find_mislabeled, demo) are their modules here.
 
 pip installs every script of pyproject.toml's ``[project.scripts]`` with the core
 package (it cannot install a script per extra), so a script whose packages are
-missing says in one line which extra to install and exits 2 (``requiring``):
+missing says in one line which extra to install and exits 2 (``runner.requiring``):
 top1-train, -predict, -reproduce and -shift need ``top1_jax[all]``, the others ``[cli]``.
 """
 
-import contextlib
 import functools
 import importlib
-import sys
 
-# The others need the cli extra.
-EXTRAS = {"train": "all", "predict": "all", "reproduce": "all", "shift": "all"}
-CLI_PACKAGES = ("absl", "ml_collections", "etils", "matplotlib")  # the cli extra, imported
-ON_PYPI = dict(absl="absl-py", orbax="orbax-checkpoint", tensorflow_datasets="tensorflow-datasets")
-MISSING_STATUS = 2  # the exit status of a launcher whose packages are not installed
-
-
-def install_hint(launcher: str, package: str) -> str:
-  """``top1-<launcher>`` needs ``package`` (an import name), and the extra that installs it."""
-  extra = EXTRAS.get(launcher, "cli") if package in CLI_PACKAGES else "all"
-  return (
-    f"top1-{launcher.replace('_', '-')} needs the package {ON_PYPI.get(package, package)!r} "
-    f"(pip install 'top1_jax[{extra}]'; from a clone: pip install '.[{extra}]')"
-  )
-
-
-_entered: list[str] = []
-
-
-@contextlib.contextmanager
-def requiring(launcher: str):
-  """The imports of ``launcher``: a missing package is one line (``install_hint``), exit 2.
-
-  Nested (reproduce imports train), the outermost names the launcher the user ran.
-  """
-  _entered.append(launcher)
-  try:
-    yield
-  except ModuleNotFoundError as e:
-    package = (e.name or "top1_jax").split(".")[0]
-    if len(_entered) > 1 or package == "top1_jax":
-      raise
-    print(f"error: {install_hint(launcher, package)}", file=sys.stderr, flush=True)
-    sys.exit(MISSING_STATUS)
-  finally:
-    _entered.pop()
-
+from top1_jax.launch import runner
 
 STAGES = {
   "reproduce": ("reproduce", "default"),
   "train": ("training", "default"),
   "predict": ("prediction", "default"),
   "evaluate": ("sweep", "default"),
-  "shift": ("shift", "shift"),
+  "shift": ("dataset_shift", "shift"),
 }
 """Each stage's module of ``top1_jax.pipeline`` and its default config."""
 RECORDED = ("reproduce", "evaluate", "shift")
@@ -67,7 +29,7 @@ RECORDED = ("reproduce", "evaluate", "shift")
 
 def stage_main(name: str, module):
   """The main of a stage: no positional arguments, the settings parsed once, one call."""
-  from top1_jax.launch import config_flag, runner
+  from top1_jax.launch import config_flag
 
   def main(argv):
     runner.no_arguments(argv)
@@ -92,19 +54,18 @@ def default_workdir(name: str):
 
 
 def _launch(name: str) -> None:
-  from top1_jax.launch import runner  # its signal handlers first, then the heavy imports
-
   if name in STAGES:
     from top1_jax.launch import config_flag
 
     module_name, config = STAGES[name]
     config_flag.define(config)
-    with requiring(name):
+    with runner.requiring(name):
       module = importlib.import_module(f"top1_jax.pipeline.{module_name}")
     main = stage_main(name, module)
-    runner.run(main, default_workdir(name), cpu_device_per_core=name == "evaluate")
+    per_core = name == "evaluate"
+    runner.run(main, default_workdir(name), cpu_device_per_core=per_core, doc=module.__doc__)
     return
-  with requiring(name):
+  with runner.requiring(name):
     module = importlib.import_module(f"top1_jax.launch.{name}")
   runner.run(module.main)
 

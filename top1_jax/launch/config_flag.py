@@ -34,7 +34,8 @@ def _given_twice(argv: list[str]) -> None:
   """A field overridden twice: ml_collections merges repeated tuple overrides (both
   ``(5,)`` and ``(7,)`` swept), so a repeat is refused instead of guessed at."""
   names = [m[1] for m in map(re.compile(r"--config\.(\w+)=").match, argv) if m]
-  twice = [name for name, count in collections.Counter(names).items() if count > 1]
+  tuples = [n for n in names if isinstance(CONFIG.value.get(n), tuple)]  # others: the last wins
+  twice = [name for name, count in collections.Counter(tuples).items() if count > 1]
   if twice:
     raise SettingError(
       f"{twice[0]}: given twice on the command line; give it once (a tuple as one value, "
@@ -56,7 +57,10 @@ def settings() -> settings_lib.Settings:
   if ignored:  # a sweep's own (quick's limit_test) made its files: no word
     named = ", ".join(f"--config.{name}" for name in ignored)
     logging.warning("evaluate: %s: for train and predict; evaluate reads files", named)
-  return parsed if "dataset" in given() else parsed.replace(dataset=None)
+  if "dataset" in given():
+    return parsed
+  parsed.config.dataset = None  # in the run's record (config.json) too
+  return parsed.replace(dataset=None)
 
 
 def given() -> set[str]:

@@ -24,7 +24,7 @@ from top1_jax import configs
 from top1_jax.core import validation
 from top1_jax.engine import parallel
 from top1_jax.io import datasets, files, lock
-from top1_jax.launch import cli, usage
+from top1_jax.launch import usage
 
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory or URL (gs://...) for this run's files.")
 COORDINATOR = flags.DEFINE_string(
@@ -38,6 +38,44 @@ TASK_INDEX = flags.DEFINE_integer(
 NUM_TASKS = flags.DEFINE_integer(
   "num_tasks", 1, "Tasks that split the sweep's points between them."
 )
+
+
+# The others need the cli extra.
+EXTRAS = {"train": "all", "predict": "all", "reproduce": "all", "shift": "all"}
+CLI_PACKAGES = ("absl", "ml_collections", "etils", "matplotlib")  # the cli extra, imported
+ON_PYPI = dict(absl="absl-py", orbax="orbax-checkpoint", tensorflow_datasets="tensorflow-datasets")
+MISSING_STATUS = 2  # the exit status of a launcher whose packages are not installed
+
+
+def install_hint(launcher: str, package: str) -> str:
+  """``top1-<launcher>`` needs ``package`` (an import name), and the extra that installs it."""
+  extra = EXTRAS.get(launcher, "cli") if package in CLI_PACKAGES else "all"
+  return (
+    f"top1-{launcher.replace('_', '-')} needs the package {ON_PYPI.get(package, package)!r} "
+    f"(pip install 'top1_jax[{extra}]'; from a clone: pip install '.[{extra}]')"
+  )
+
+
+_entered: list[str] = []
+
+
+@contextlib.contextmanager
+def requiring(launcher: str):
+  """The imports of ``launcher``: a missing package is one line (``install_hint``), exit 2.
+
+  Nested (reproduce imports train), the outermost names the launcher the user ran.
+  """
+  _entered.append(launcher)
+  try:
+    yield
+  except ModuleNotFoundError as e:
+    package = (e.name or "top1_jax").split(".")[0]
+    if len(_entered) > 1 or package == "top1_jax":
+      raise
+    print(f"error: {install_hint(launcher, package)}", file=sys.stderr, flush=True)
+    sys.exit(MISSING_STATUS)
+  finally:
+    _entered.pop()
 
 
 class ExperimentError(ValueError):
@@ -101,7 +139,7 @@ def one_line(error: BaseException) -> str:
     return _disk_full(error)
   if isinstance(error, ModuleNotFoundError) and error.name and "top1_jax" not in error.name:
     launcher = os.path.basename(sys.argv[0]).removeprefix("top1-").removesuffix(".py")
-    return cli.install_hint(launcher.replace("-", "_"), error.name.split(".")[0])
+    return install_hint(launcher.replace("-", "_"), error.name.split(".")[0])
   if isinstance(error, _USER_ERRORS):
     return text
   # Anything else (Flax, orbax, XLA): its type and first words, the rest with TOP1_DEBUG=1.
@@ -312,12 +350,14 @@ def run(
   default_workdir: Callable[[], str] | None = None,
   *,
   cpu_device_per_core: bool = False,
+  doc: str | None = None,
 ):
   """``app.run`` with one-line failures, the process group joined and the work dir held.
 
   ``default_workdir`` names the work dir when --workdir is not given;
   ``cpu_device_per_core`` gives JAX one CPU device per core (evaluate: no training
-  or sharding sees them, only ``chunked.from_chunks``).
+  or sharding sees them, only ``chunked.from_chunks``); ``doc`` is what ``--help`` says
+  first (by default the docstring of ``main``'s module).
   """
 
   def wrapped(argv):
@@ -345,7 +385,7 @@ def run(
 
   _catch_stops()
   try:
-    doc = sys.modules[main.__module__].__doc__  # --help shows it
+    doc = doc or sys.modules[main.__module__].__doc__  # --help shows it
     app.run(wrapped, flags_parser=lambda argv: _parse_flags(argv, doc))
   except KeyboardInterrupt as e:  # Stopped, or Ctrl-C before the handlers were set
     if os.environ.get("TOP1_DEBUG"):

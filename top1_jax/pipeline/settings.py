@@ -12,9 +12,7 @@ with the field's name. Everything downstream trusts a ``Settings``.
 """
 
 import dataclasses
-import glob
 import math
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +21,7 @@ from top1_jax.core import equal_width, scores
 from top1_jax.core.splits import SCHEMES
 from top1_jax.core.validation import SettingError
 from top1_jax.estimators import registry
+from top1_jax.io import files
 
 MAX_FOLDS = 127  # core.splits stores a split's fold in an int8
 INPUT_KINDS = ("predictions", "logits", "probs")
@@ -86,7 +85,7 @@ class Rule:
       return value
     if self.kind is str:
       return self._name(field, value)
-    wanted = f"{self.what} {self._bounds()}" if self.what else self._noun()
+    wanted = self._noun()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       fail(field, f"expected {wanted}, got {value!r}")
     if not math.isfinite(value):
@@ -96,17 +95,18 @@ class Rule:
     return self.kind(value)
 
   def _noun(self) -> str:
-    noun = "an integer" if self.kind is int else "a number"
+    """ "an integer >= 1", "a number in [0, 1)", "2 to 127 splits"."""
+    if self.what and self.kind is int and self.up_to and not self.above:
+      return f"{self.low:g} to {self.high:g} {self.what}"
+    noun = self.what or ("an integer" if self.kind is int else "a number")
     return f"{noun} {self._bounds()}".strip()
 
   def _bounds(self) -> str:
-    """ ">= 1", "in [0, 1)", "in (0, 360]", "2 to 127" (with ``what``), or ""."""
+    """ ">= 1", "in [0, 1)", "in (0, 360]", or ""."""
     if self.low is None:
       return ""
     if self.high is None:
       return f"{'>' if self.above else '>='} {self.low:g}"
-    if self.what:
-      return f"{self.low:g} to {self.high:g}"
     left, right = "(" if self.above else "[", "]" if self.up_to else ")"
     return f"in {left}{self.low:g}, {self.high:g}{right}"
 
@@ -143,7 +143,7 @@ class Rule:
     if self.kind is int and any(float(v) != int(float(v)) for v in values):
       fail(field, f"expected integers, got {values}")
     if not all(self._within(v) for v in parsed):
-      fail(field, f"expected values {self._bounds()}, got {values}")
+      fail(field, f"expected {self.what or 'values'} {self._bounds()}, got {values}")
     return tuple(dict.fromkeys(parsed))  # a value given twice (90 and 90.0) is one
 
 
@@ -174,11 +174,7 @@ def _items(field: str, value) -> tuple:
 
 
 def paths(field: str, value) -> tuple[str, ...]:
-  """Paths or globs: a tuple from a config file, or a string of them separated by commas.
-
-  A string that names an existing file or matches a glob as a whole is one path, so any
-  real path works (spaces, commas, parentheses); otherwise it is split at commas, and
-  ``\\,`` is a comma inside a path."""
+  """Paths or globs: a tuple from a config file, or one string (``files.split_paths``)."""
   if isinstance(value, (tuple, list)):
     return tuple(str(v) for v in value)
   if value is None:  # unset where a config requires it (evaluate_files' inputs)
@@ -190,14 +186,7 @@ def paths(field: str, value) -> tuple[str, ...]:
     )
   if not isinstance(value, str):
     fail(field, f"expected paths, got {value!r}")
-  value = value.strip()
-  if not value:
-    return ()
-  if os.path.exists(os.path.expanduser(value)) or glob.has_magic(value) and glob.glob(value):
-    return (value,)
-  return tuple(
-    part.replace("\\,", ",").strip() for part in re.split(r"(?<!\\),", value) if part.strip()
-  )
+  return files.split_paths(value)
 
 
 def _rule(rule: Rule) -> Any:
@@ -262,12 +251,12 @@ class Settings:
   compare_bins: int | None = _rule(Rule(int, low=1, optional=True))
   ece_bins: int = _rule(Rule(int, low=1, high=equal_width.MAX_EQUAL_WIDTH_BINS, up_to=True))
   selective_targets: tuple[float, ...] = _rule(Rule(float, low=0.0, high=1.0, many=True))
-  selective_delta: float = _rule(Rule(float, low=0.0, high=0.5, above=True))
+  selective_delta: float = _rule(Rule(float, low=0.0, high=0.5, above=True, what="a probability"))
   figures: bool = _rule(Rule(bool))
   # Dataset shift.
   shift_examples: int | None = _rule(Rule(int, low=1, optional=True))
   shift_rotations: tuple[float, ...] = _rule(
-    Rule(float, low=0.0, high=360.0, above=True, up_to=True, many=True, empty=True)
+    Rule(float, low=0.0, high=360.0, above=True, up_to=True, many=True, empty=True, what="degrees")
   )
   shift_translations: tuple[int, ...] = _rule(Rule(int, low=1, many=True, empty=True))
   shift_corruptions: tuple[str, ...] = _rule(

@@ -8,7 +8,6 @@ which files a run's settings ask for: its training points' predictions, or the u
 """
 
 import concurrent.futures
-import os
 import time
 
 import numpy as np
@@ -111,8 +110,8 @@ def check_present(asked) -> None:
   missing = [name for name, path in asked if not path.exists()]
   if missing:
     raise FileNotFoundError(
-      f"predictions files not there: {', '.join(missing)}; run the predict stage (experiments/predict.py, top1-predict) or "
-      "reproduce with this config first"
+      f"predictions files not there: {', '.join(missing)}; run the predict stage "
+      "(experiments/predict.py, top1-predict) or reproduce with this config first"
     )
 
 
@@ -135,8 +134,7 @@ def _given_files(settings: Settings, workdir) -> list[tuple[str, object]]:
   """``inputs``: predictions files (globs expanded), or one array made a predictions file."""
   if settings.single_input:  # one .npy array, with labels
     (array,) = settings.inputs
-    name = os.path.splitext(os.path.basename(array))[0]
-    path = workdir / "predictions" / f"{name}.npz"
+    path = workdir / "predictions" / f"{files.as_path(array).stem}.npz"
     if is_writer():
       arrays = {settings.input_kind: array}  # logits=... or probs=...
       meta = {"dataset": settings.dataset} if settings.dataset else None

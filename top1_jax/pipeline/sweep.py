@@ -230,7 +230,7 @@ def _write_tables(settings, workdir, asked, records, table1, chosen) -> list[dic
   return rows
 
 
-def _write_figures(settings, workdir, sources_, records, rows, chosen, figure_bins) -> int:
+def write_figures(settings, workdir, sources_, records, rows, chosen, figure_bins) -> int:
   """The last step: every figure of the sweep into figures/; returns how many."""
   from top1_jax import plots  # matplotlib: 0.5 s of import that runs without figures skip
 
@@ -289,7 +289,7 @@ def evaluate(settings: Settings, workdir, asked, tasks=(0, 1)) -> dict:
   if settings.figures:
     logging.info("evaluate: drawing the figures")
     tic = time.perf_counter()
-    num = _write_figures(settings, workdir, found, records, rows, chosen, figure_bins)
+    num = write_figures(settings, workdir, found, records, rows, chosen, figure_bins)
     timings["figures"] = time.perf_counter() - tic
     seconds = timings["figures"]
     logging.info("evaluate: %d figures in %s (%.1f s)", num, workdir / "figures", seconds)
@@ -317,7 +317,7 @@ def write_page(settings: Settings, workdir, timings: dict) -> None:
 def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   """The evaluate stage over the files the settings ask for (``sources.asked_files``), and
   with ``shift_inputs`` the shift protocol over the shifted files, into ``shift/``."""
-  from top1_jax.pipeline import shift  # its figures' data and tables
+  from top1_jax.pipeline import dataset_shift  # its figures. data and tables
 
   start = time.perf_counter()
   asked = sources.asked_files(settings, workdir)
@@ -331,7 +331,7 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   if tasks[1] > 1:
     return
   if settings.shift_inputs:
-    timings["shift"] = shift.evaluate_files(settings, asked + shifted, workdir / "shift")
+    timings["shift"] = dataset_shift.evaluate_files(settings, asked + shifted, workdir / "shift")
   timings["total"] = time.perf_counter() - start
   files.write_json(workdir / "timings.json", timings)
   write_page(settings, workdir, timings)

@@ -114,11 +114,11 @@ def _fit_epoch(settings, stage, state, images, labels, key, callback):
   )
 
 
-def _diverged(settings, where, epoch: int, error: train.DivergedError):
+def _diverged(settings, label: str, where, epoch: int, error: train.DivergedError):
   """A diverged training as one line naming the learning rate, where, and the way out."""
   return SettingError(
     f"learning_rate: training diverged with learning_rate={settings.learning_rate:g} in epoch "
-    f"{epoch} of {where} (loss {error.loss:.3g} by step {error.step}, not finite or above "
+    f"{epoch} of {label} (loss {error.loss:.3g} by step {error.step}, not finite or above "
     f"{train.MAX_LOSS:g}); try a smaller learning_rate (the default is "
     f"{default.get_config().learning_rate:g}) with a new --workdir, or after deleting {where}"
   )
@@ -166,7 +166,7 @@ def _train_epochs(settings, workdir, point, stage, state, data, writer):
       try:
         state = _fit_epoch(settings, stage, state, images, labels, key, curves.callback)
       except train.DivergedError as e:  # before this epoch is saved or anything predicted
-        raise _diverged(settings, folder(workdir, point) / stage, epoch, e) from None
+        raise _diverged(settings, label, folder(workdir, point) / stage, epoch, e) from None
       manager.save(epoch, state)
       every, test, start = settings.eval_every_epochs, None, time.perf_counter()
       if epoch == settings.num_epochs or (every and epoch % every == 0):

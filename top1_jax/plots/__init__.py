@@ -15,7 +15,7 @@
   reference line that never sets the axis limits.
 * ``dropout_rate_figure``: metrics of MC dropout against the test-time dropout
   rate, one line per bin count, the deterministic network as a reference line;
-  from a run's tidy results rows or rows merged over seeds (``top1_jax.pipeline.aggregate``).
+  from a run's tidy results rows or rows merged over seeds (``top1_jax.pipeline.aggregation``).
 * ``shift_curves``, ``corruption_boxes``, ``ood_histograms``: calibration under
   dataset shift after Ovadia et al. (metrics against rotation or translation, boxes
   over corruptions per intensity, P(correct) on out-of-distribution inputs).
@@ -54,7 +54,7 @@ from top1_jax.plots.results import (
   write_shift_figures,
 )
 from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
-from top1_jax.plots.shift import corruption_boxes, ood_histograms, shift_curves
+from top1_jax.plots.shift_figures import corruption_boxes, ood_histograms, shift_curves
 from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 __all__ = [

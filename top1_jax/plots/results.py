@@ -17,7 +17,7 @@ from top1_jax.plots.bins import bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.reliability import reliability_diagram
 from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
-from top1_jax.plots.shift import corruption_boxes, ood_histograms, shift_curves
+from top1_jax.plots.shift_figures import corruption_boxes, ood_histograms, shift_curves
 from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 
