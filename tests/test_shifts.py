@@ -69,6 +69,19 @@ def test_effect_grows_with_severity(name):
   assert np.all(np.diff(change) > 0), change
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_quantize_is_cifar10c_uint8_truncation_of_the_float_result(name):
+  # 8-bit images, as CIFAR-10-C's inputs: unchanged values must stay exactly themselves.
+  images = np.floor(np.asarray(_images((3, 10, 10, 3))) * 256).clip(0, 255) / np.float32(255)
+  images = images.astype(np.float32)
+  exact = np.asarray(corruptions.corrupt(name, images, _key(), 4))
+  stored = np.asarray(corruptions.REGISTRY[name](images, _key(), 4, quantize=True))
+  expected = (np.uint8(exact * np.float32(255)) / np.float32(255)).astype(np.float32)
+  np.testing.assert_array_equal(stored, expected)
+  assert np.all(exact - stored >= 0) and np.all(exact - stored < 1 / 255 + 1e-7)
+  np.testing.assert_array_equal(corruptions.corrupt(name, images, _key(), 0, quantize=True), images)
+
+
 def test_low_precision_images_keep_their_dtype():
   images = _images((2, 8, 8, 1)).astype(jnp.bfloat16)
   out = corruptions.corrupt("gaussian_blur", images, _key(), 2)
@@ -207,6 +220,10 @@ def test_registry_and_ovadia_grids():
       "images: expected float",
     ),
     (lambda: corruptions.corrupt("shot_noise", _images(), 3, 1), "key: expected a JAX PRNG key"),
+    (
+      lambda: corruptions.corrupt("contrast", _images(), _key(), 1, quantize=1),
+      "quantize: expected True or False",
+    ),
     (lambda: shifts.translate(_images(), 1.5), "pixels: expected an integer"),
     (lambda: shifts.rotate(_images(), float("nan")), "degrees: expected a finite angle"),
     (lambda: shifts.rotate_cubic(_images(), "x"), "degrees: expected a number"),
