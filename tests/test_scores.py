@@ -279,6 +279,12 @@ def test_order_twins_rank_examples_identically():
       np.argsort(np.asarray(values[tie_free]), kind="stable"),
     )
   assert scores.same_order_as("entropy") is None
+  # Not one ranking in float32: saturated pmax ties (1.0) where -log pmax resolves.
+  saturated = np.zeros((50, 6), np.float32)
+  saturated[:, 0] = np.linspace(20, 30, 50)
+  values = scores.compute(saturated)
+  assert np.all(np.asarray(values["pmax"]) == 1.0)
+  assert len(np.unique(np.asarray(values["neg_log_pmax"]))) == 50
 
 
 def test_covariance_norm_of_huge_and_tiny_logits_is_scaled_not_nan():

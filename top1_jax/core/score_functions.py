@@ -37,8 +37,9 @@ def neg_log_pmax(logits: ArrayLike) -> jax.Array:
 def pmax(logits: ArrayLike) -> jax.Array:
   """Max softmax probability ("Vanilla", Hendrycks & Gimpel).
 
-  Saturates at 1.0 in float32 for confident examples; bin ``neg_log_pmax`` (the
-  same ordering without the ties) when that matters.
+  Saturates at 1.0 in float32 for confident examples (a top logit ~17 ahead), where
+  ``neg_log_pmax`` still ranks them: the same ordering without those ties, so on a
+  saturated network the two give different bins and metrics (docs/numerics.md).
 
   Args:
     logits: [N, K] float.
