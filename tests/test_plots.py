@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import types
 
 import matplotlib as mpl
 import numpy as np
@@ -13,8 +14,9 @@ from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 
 from top1_jax import plots
-from top1_jax.core import binning, metrics
+from top1_jax.core import binning, metrics, scores
 from top1_jax.evaluation import crossval, selective
+from top1_jax.plots import results as plot_results
 
 
 def _scores(num, seed=0, ties=False):
@@ -262,6 +264,48 @@ def test_ablation_figure_merges_identical_curves(ablation_results):
   near = crossval.CrossValidation.from_per_fold(same.n_bins, per_fold)
   fig = plots.ablation_figure({"a": same, "b": near})
   assert len(fig.axes[0].lines) == 2
+
+
+def _saturated_twins(num=4000, seed=3):
+  """A network whose float32 pmax rounds to 1.0 for a third of the examples (top logit
+  17-30 ahead): a figures source, and the cross-validation records of pmax and -log pmax."""
+  rng = np.random.default_rng(seed)
+  logits = np.zeros((num, 10), np.float32)
+  logits[:, 0] = rng.uniform(2, 30, num).astype(np.float32)
+  correct = rng.random(num) < 1 / (1 + np.exp(-(logits[:, 0] - 6) / 4))
+  values = {name: np.asarray(v) for name, v in scores.compute(logits).items()}
+  splits = crossval.make_splits(num, 4, seed=0)
+  source = types.SimpleNamespace(
+    name="net", label="net", slug="net", splits=splits, scores=values, correct=lambda k: correct
+  )
+  records = []
+  for name in ("pmax", "neg_log_pmax"):
+    cv = crossval.cross_validate(values[name], correct, n_bins=(5, 20), splits=splits)
+    records.append({
+      "topk": 1, "columns": {"method": "deterministic"}, "score": name, "source": "net",
+      "rows": [{"n_bins": n} for n in cv.n_bins], "per_fold": cv.per_fold,
+    })  # fmt: skip
+  return source, records
+
+
+def test_ranking_twins_share_a_legend_entry_only_where_their_rows_are_equal(monkeypatch, tmp_path):
+  source, records = _saturated_twins()
+  pmax, neg_log = (crossval.CrossValidation.from_per_fold((5, 20), r["per_fold"]) for r in records)
+  # Ties at pmax = 1.0 leave pmax fewer bins, and different metrics, than -log pmax.
+  assert pmax.mean["num_effective_bins"][1] < neg_log.mean["num_effective_bins"][1] == 20
+  assert not np.allclose(pmax.mean["eor"], neg_log.mean["eor"])
+  drawn = {}
+  monkeypatch.setattr(plot_results, "save_figure", lambda fig, path: drawn.update({path.name: fig}))
+
+  def ablation_legend(records):
+    plots.write_figures(tmp_path, [source], records, (5, 20), (1,), 6)
+    texts = drawn["ablation_top1.png"].legends[0].get_texts()
+    return [text.get_text().split(" (ties")[0] for text in texts]
+
+  assert ablation_legend(records) == ["net: pmax (Vanilla)", "net: −log pmax"]
+  # Rows that are equal (here a copy) are one line, labelled with both names.
+  equal = [records[0], {**records[0], "score": "neg_log_pmax"}]
+  assert ablation_legend(equal) == ["net: pmax (Vanilla) = −log pmax"]
 
 
 def test_ablation_figure_more_lines_than_colours_all_distinct():

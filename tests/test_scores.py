@@ -1,5 +1,6 @@
 """Scores: log-space stability, agreement with float64 NumPy, covariance norm."""
 
+import jax
 import numpy as np
 import pytest
 import reference
@@ -278,6 +279,12 @@ def test_order_twins_rank_examples_identically():
       np.argsort(np.asarray(values[tie_free]), kind="stable"),
     )
   assert scores.same_order_as("entropy") is None
+  # Not one ranking in float32: saturated pmax ties (1.0) where -log pmax resolves.
+  saturated = np.zeros((50, 6), np.float32)
+  saturated[:, 0] = np.linspace(20, 30, 50)
+  values = scores.compute(saturated)
+  assert np.all(np.asarray(values["pmax"]) == 1.0)
+  assert len(np.unique(np.asarray(values["neg_log_pmax"]))) == 50
 
 
 def test_covariance_norm_of_huge_and_tiny_logits_is_scaled_not_nan():
@@ -288,6 +295,20 @@ def test_covariance_norm_of_huge_and_tiny_logits_is_scaled_not_nan():
     np.testing.assert_allclose(value, base * np.float32(factor) ** 2, rtol=1e-4)
   with pytest.raises(ValueError, match="exceeds the float32 range"):
     scores.covariance_norm(x * np.float32(1e20))
+
+
+def test_covariance_norm_below_the_float_range_is_an_error_not_a_silent_zero():
+  x = np.random.default_rng(6).normal(size=(4, 3, 5)).astype(np.float32)
+  tiny = x * np.float32(1e-30)  # norms ~1e-60: below float32's smallest normal, 1.2e-38
+  with pytest.raises(ValueError, match=r"3 example\(s\) .* below the float32 range"):
+    scores.covariance_norm(tiny)
+  identical = np.repeat(tiny[:1], 4, axis=0)  # an exact 0, not an underflow
+  np.testing.assert_array_equal(scores.covariance_norm(identical), np.zeros(3))
+  if jax.config.jax_enable_x64:  # float64 samples hold the same spread
+    base = np.asarray(scores.covariance_norm(x.astype(np.float64)))
+    np.testing.assert_allclose(
+      scores.covariance_norm(tiny.astype(np.float64)), base * 1e-60, rtol=1e-5
+    )
 
 
 def test_oracle_loss_is_the_true_class_cross_entropy_and_stays_an_oracle():

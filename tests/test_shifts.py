@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.ndimage
 import scipy.stats
 
 from top1_jax.engine import corruptions, shifts
@@ -68,6 +69,19 @@ def test_effect_grows_with_severity(name):
   assert np.all(np.diff(change) > 0), change
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_quantize_is_cifar10c_uint8_truncation_of_the_float_result(name):
+  # 8-bit images, as CIFAR-10-C's inputs: unchanged values must stay exactly themselves.
+  images = np.floor(np.asarray(_images((3, 10, 10, 3))) * 256).clip(0, 255) / np.float32(255)
+  images = images.astype(np.float32)
+  exact = np.asarray(corruptions.corrupt(name, images, _key(), 4))
+  stored = np.asarray(corruptions.REGISTRY[name](images, _key(), 4, quantize=True))
+  expected = (np.uint8(exact * np.float32(255)) / np.float32(255)).astype(np.float32)
+  np.testing.assert_array_equal(stored, expected)
+  assert np.all(exact - stored >= 0) and np.all(exact - stored < 1 / 255 + 1e-7)
+  np.testing.assert_array_equal(corruptions.corrupt(name, images, _key(), 0, quantize=True), images)
+
+
 def test_low_precision_images_keep_their_dtype():
   images = _images((2, 8, 8, 1)).astype(jnp.bfloat16)
   out = corruptions.corrupt("gaussian_blur", images, _key(), 2)
@@ -127,6 +141,68 @@ def test_translation_is_roll_with_zero_fill(pixels):
   np.testing.assert_array_equal(out, expected)
 
 
+def _ovadia_rotation(images: np.ndarray, degrees: float) -> np.ndarray:
+  """The oracle: scipy.ndimage.rotate over the image plane (their ``axes=[-2, -3]`` on
+  [B, H, W, C]; sorted, as SciPy sorts them), then the H x W centre of the canvas."""
+  canvas = scipy.ndimage.rotate(images, degrees, axes=(2, 1))
+  height, width = images.shape[1:3]
+  top, left = canvas.shape[1] // 2 - height // 2, canvas.shape[2] // 2 - width // 2
+  return canvas[:, top : top + height, left : left + width]
+
+
+# MNIST- and CIFAR-sized; [B, H, W] too. Uniform noise: the largest spline coefficients.
+@pytest.mark.parametrize("shape", [(3, 28, 28, 1), (2, 32, 32, 3), (2, 28, 28)])
+def test_rotate_cubic_is_scipy_rotate_with_the_centre_crop(shape):
+  images = np.asarray(_images(shape, seed=3))
+  worst = 0.0
+  for degrees in (0, 15, 33.3, 45, 90, 135, 180, 181, 270, -30, 390):
+    expected = _ovadia_rotation(images[..., None] if len(shape) == 3 else images, degrees)
+    out = np.asarray(shifts.rotate_cubic(images, degrees))
+    assert out.shape == images.shape and out.dtype == images.dtype
+    worst = max(worst, float(np.abs(out - expected.reshape(shape)).max()))
+  assert worst < 1e-6, worst  # float32 rounding: 5.4e-7 at most on these images
+  # Not clipped, as theirs: the cubic spline overshoots near the edges.
+  overshoot = np.asarray(shifts.rotate_cubic(images, 45))
+  assert overshoot.min() < 0 and overshoot.max() > 1
+
+
+def test_rotate_cubic_is_exact_at_0_and_one_program_for_every_angle(compiles):
+  images = np.asarray(_images((2, 10, 10, 1)))
+  np.testing.assert_array_equal(shifts.rotate_cubic(images, 0), images)
+  np.testing.assert_array_equal(shifts.rotate_cubic(images, -720), images)  # SciPy: exact too
+  shifts.rotate_cubic(images, 10)
+  before = len(compiles)
+  for degrees in (20, 75.5, 90, 200):
+    shifts.rotate_cubic(images, degrees)
+  assert len(compiles) == before
+  # A non-square image follows the same formula (the canvas is large enough at 45).
+  wide = np.asarray(_images((1, 8, 12, 1)))
+  np.testing.assert_allclose(
+    shifts.rotate_cubic(wide, 45), _ovadia_rotation(wide, 45), rtol=0, atol=1e-6
+  )
+
+
+@pytest.mark.parametrize("pixels", [0, 2, 13, 26, 28, -3, 40])
+@pytest.mark.parametrize("shape", [(2, 28, 28, 1), (2, 6, 14)])
+def test_roll_is_np_roll_along_x(pixels, shape):
+  images = np.asarray(_images(shape))
+  out = shifts.roll(images, pixels)
+  assert out.shape == images.shape and out.dtype == images.dtype
+  np.testing.assert_array_equal(out, np.roll(images, pixels, axis=2))
+
+
+def test_registry_and_ovadia_grids():
+  assert shifts.GEOMETRIC == {
+    "rotate": shifts.rotate,
+    "translate": shifts.translate,
+    "rotate_cubic": shifts.rotate_cubic,
+    "roll": shifts.roll,
+  }
+  assert shifts.ROTATION_DEGREES[1:] == tuple(range(15, 181, 15))  # data_lib's rotate_degs
+  assert shifts.ROLL_PIXELS[1:] == tuple(range(2, 28, 2))  # data_lib's roll_pixels
+  assert shifts.ROTATION_DEGREES[0] == shifts.ROLL_PIXELS[0] == 0  # the clean set
+
+
 @pytest.mark.parametrize(
   "call, match",
   [
@@ -144,8 +220,16 @@ def test_translation_is_roll_with_zero_fill(pixels):
       "images: expected float",
     ),
     (lambda: corruptions.corrupt("shot_noise", _images(), 3, 1), "key: expected a JAX PRNG key"),
+    (
+      lambda: corruptions.corrupt("contrast", _images(), _key(), 1, quantize=1),
+      "quantize: expected True or False",
+    ),
     (lambda: shifts.translate(_images(), 1.5), "pixels: expected an integer"),
     (lambda: shifts.rotate(_images(), float("nan")), "degrees: expected a finite angle"),
+    (lambda: shifts.rotate_cubic(_images(), "x"), "degrees: expected a number"),
+    (lambda: shifts.rotate_cubic(_images(), float("inf")), "degrees: expected a finite angle"),
+    (lambda: shifts.roll(_images(), 2.0), "pixels: expected an integer"),
+    (lambda: shifts.roll(jnp.ones((2, 3), jnp.float32), 2), "images: expected shape"),
   ],
 )
 def test_bad_inputs_are_one_line_errors(call, match):

@@ -37,8 +37,9 @@ def neg_log_pmax(logits: ArrayLike) -> jax.Array:
 def pmax(logits: ArrayLike) -> jax.Array:
   """Max softmax probability ("Vanilla", Hendrycks & Gimpel).
 
-  Saturates at 1.0 in float32 for confident examples; bin ``neg_log_pmax`` (the
-  same ordering without the ties) when that matters.
+  Saturates at 1.0 in float32 for confident examples (a top logit ~17 ahead), where
+  ``neg_log_pmax`` still ranks them: the same ordering without those ties, so on a
+  saturated network the two give different bins and metrics (docs/numerics.md).
 
   Args:
     logits: [N, K] float.
@@ -103,7 +104,14 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
     samples: [S, N, K] float, S >= 2 MC-dropout samples or ensemble members.
 
   Returns:
-    [N] float, >= 0 (larger = the samples disagree more).
+    [N] float, >= 0 (larger = the samples disagree more); 0 exactly where an
+    example's samples are identical.
+
+  Raises:
+    ValueError: a norm outside the float range of the samples' dtype: above it
+      (a spread beyond ~1e19 in float32), or below its smallest normal number,
+      where it would read as 0 (a spread below ~1e-19 in float32; float64 samples
+      with ``jax_enable_x64`` reach ~1e-154).
   """
   arr = validation.as_array("samples", samples, 3)
   if arr.dtype.kind != "f" or arr.dtype.itemsize < 4:
@@ -114,15 +122,30 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
       f"samples: need at least 2 samples on axis 0 for a covariance, got shape {arr.shape}"
     )
   norm = covariance.covariance_norm(arr)
-  if not validation.is_traced(norm) and not bool(jnp.all(jnp.isfinite(norm))):
+  if validation.is_traced(norm):
+    return norm
+  finite, zero = jax.device_get((jnp.all(jnp.isfinite(norm)), jnp.any(norm == 0)))
+  dtype = jnp.dtype(norm.dtype).name
+  if not finite:
     # Non-finite samples give NaN norms, so the samples are only checked here (a
     # whole pass over them, as long as the covariance itself): name the first bad
     # value, or else the norm itself left the float range.
     validation.check_finite("samples", arr)
     raise ValueError(
-      "samples: the covariance norm exceeds the float32 range (spread beyond ~1e19);"
-      " rescale the samples"
+      f"samples: the covariance norm exceeds the {dtype} range (spread beyond ~1e19 in"
+      " float32); rescale the samples"
     )
+  if zero:
+    # 0 is exact for identical samples; anywhere else the norm underflowed.
+    spread = jnp.any(jnp.max(arr, axis=0) != jnp.min(arr, axis=0), axis=-1)
+    underflowed = np.flatnonzero(np.asarray((norm == 0) & spread))
+    if underflowed.size:
+      raise ValueError(
+        f"samples: the covariance norm of {underflowed.size} example(s) (first: index"
+        f" {underflowed[0]}) is below the {dtype} range (smallest normal"
+        f" {jnp.finfo(norm.dtype).tiny:.2g}; spread below ~1e-19 in float32) and would"
+        " read as 0; rescale the samples, or pass float64 ones with jax_enable_x64"
+      )
   return norm
 
 

@@ -133,10 +133,13 @@ REGISTRY: dict[str, Score] = {
 """Every score by name, in the order sweeps and tables list them. Adding a score is one entry."""
 
 RANKING_TWINS = (("pmax", "neg_log_pmax"),)
-"""Scores of one ranking (one a monotone function of the other), as (the one that ties
-in float32, the tie-free one). Their bins hold the same calibration examples; the right-
-closed bins' edges sit at neighbouring points (held-out metrics differ slightly).
-Figures show one line for a pair."""
+"""Scores of one ranking in exact arithmetic (one a monotone function of the other), as
+(the one that ties in float32, the tie-free one). Not one ranking in float32: pmax rounds
+to 1.0 once the top logit leads by ~17, where -log pmax still resolves the examples, so
+on a saturated network pmax's tied edges merge bins and its bins, EOR and effective bin
+counts differ (docs/numerics.md). Without ties the right-closed bins still put each edge
+example on opposite sides. So a pair is never merged by name: tables list both, and a
+figure draws one line only for rows that are numerically equal (``plots.sweeps``)."""
 
 HEADLINE = ("covariance_norm_probs", "pmax", "human_entropy")
 """The score the paper bins for a classifier (Table 1, the figures): the first one available."""

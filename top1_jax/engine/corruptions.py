@@ -39,7 +39,11 @@ departs from the reference:
   and by a rounded normal above it (``poisson``), faster on a CPU than
   ``jax.random.poisson``; the reference's NumPy draws are exact.
 * impulse_noise, as skimage's ``random_noise(mode="s&p")``, hits each value
-  (channel) independently; the reference's 8-bit rounding of the result is not done.
+  (channel) independently.
+* 8 bits: the reference stores every corrupted image as ``np.uint8(255 * x)``, which
+  truncates (never rounds): each value drops to the multiple of 1/255 at or below it,
+  up to 1/255 darker. Here the result stays float unless ``quantize=True``, which
+  truncates the same way (``floor(255 x) / 255``, after the clip).
 
 Randomness: image ``i`` of a batch uses ``jax.random.fold_in(key, first_index + i)``,
 so a result does not depend on the batch size or how a data set is cut in chunks
@@ -47,9 +51,9 @@ so a result does not depend on the batch size or how a data set is cut in chunks
 across severities, so a higher severity of gaussian, speckle or impulse noise
 corrupts the same image more.
 
-Public API: ``corrupt(name, images, key, severity, first_index=0)`` and
-``REGISTRY[name](images, key, severity, first_index=0)``; ``names()``; ``PARAMETERS``;
-``poisson(key, lam)``.
+Public API: ``corrupt(name, images, key, severity, first_index=0, quantize=False)`` and
+``REGISTRY[name](images, key, severity, first_index=0, quantize=False)``; ``names()``;
+``PARAMETERS``; ``poisson(key, lam)``.
 """
 
 import functools
@@ -208,19 +212,38 @@ def names() -> tuple[str, ...]:
 _SHAPING = ("gaussian_blur", "pixelate")
 
 
-@functools.partial(jax.jit, static_argnames=("name", "static_c"))
+@functools.partial(jax.jit, static_argnames=("name", "static_c", "quantize"))
 def _corrupt(
-  images: jax.Array, key: jax.Array, first_index: jax.Array, c, name: str, static_c
+  images: jax.Array,
+  key: jax.Array,
+  first_index: jax.Array,
+  c,
+  name: str,
+  static_c,
+  quantize: bool,
 ) -> jax.Array:
   work = images.astype(shifts.compute_dtype(images.dtype))
   indices = first_index + jnp.arange(images.shape[0], dtype=jnp.uint32)
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, indices)
   c = static_c if static_c is not None else c.astype(work.dtype)
-  corrupted = jax.vmap(functools.partial(_PER_IMAGE[name], c=c))(work, keys)
-  return jnp.clip(corrupted, 0.0, 1.0).astype(images.dtype)
+  corrupted = jnp.clip(jax.vmap(functools.partial(_PER_IMAGE[name], c=c))(work, keys), 0.0, 1.0)
+  if quantize:
+    # The reference's np.uint8(255 x), a truncation, read back as k / 255: from a table,
+    # as XLA may divide by 255 as a multiply by 1/255, a rounding away from k / 255.
+    levels = np.arange(256, dtype=work.dtype) / np.asarray(255, work.dtype)
+    corrupted = jnp.asarray(levels)[jnp.floor(corrupted * 255).astype(jnp.int32)]
+  return corrupted.astype(images.dtype)
 
 
-def corrupt(name: str, images, key: jax.Array, severity: int, first_index: int = 0) -> jax.Array:
+def corrupt(
+  name: str,
+  images,
+  key: jax.Array,
+  severity: int,
+  first_index: int = 0,
+  *,
+  quantize: bool = False,
+) -> jax.Array:
   """Corrupts every image by ``name`` at ``severity`` (one program per name, and per
   severity for gaussian_blur and pixelate, whose parameter sets a size).
 
@@ -231,9 +254,11 @@ def corrupt(name: str, images, key: jax.Array, severity: int, first_index: int =
     severity: 0 (the identity) to 5.
     first_index: the index of ``images[0]`` in the whole data set, so that chunks of a
       data set corrupted apart equal the data set corrupted at once.
+    quantize: store as CIFAR-10-C does, 8 bits by truncation: ``floor(255 x) / 255``
+      of the clipped result, up to 1/255 below it (severity 0 stays the identity).
 
   Returns:
-    ``images``' shape and dtype, clipped to [0, 1].
+    ``images``' shape and dtype, clipped to [0, 1] (multiples of 1/255 if ``quantize``).
   """
   if name not in _PER_IMAGE:
     raise ValueError(f"name: expected one of {', '.join(names())}, got {name!r}")
@@ -244,11 +269,15 @@ def corrupt(name: str, images, key: jax.Array, severity: int, first_index: int =
     )
   severity = validation.positive_int("severity", severity, minimum=0, maximum=SEVERITIES)
   first_index = validation.positive_int("first_index", first_index, minimum=0, maximum=2**32 - 1)
+  if not isinstance(quantize, (bool, np.bool_)):
+    raise ValueError(f"quantize: expected True or False, got {quantize!r}")
   if severity == 0:
     return batch.reshape(jnp.shape(images))
   c = PARAMETERS[name][severity - 1]
   static_c = c if name in _SHAPING else None
-  corrupted = _corrupt(batch, key, jnp.uint32(first_index), jnp.float32(c), name, static_c)
+  corrupted = _corrupt(
+    batch, key, jnp.uint32(first_index), jnp.float32(c), name, static_c, bool(quantize)
+  )
   return corrupted.reshape(jnp.shape(images))
 
 

@@ -7,9 +7,13 @@ logging). Steps count optimizer updates from 0; epochs are converted with
 
 * ``optimizer``: ``"adam"`` (``optax.adam``) or ``"sgd"`` (``optax.sgd`` with
   ``momentum``, Nesterov's when ``nesterov``).
-* ``lr_schedule``: ``"constant"``; ``"cosine"`` (from the peak rate to 0 at the
-  last step, Loshchilov & Hutter 2017); ``"step"`` (multiplied by ``lr_factor`` at
-  each epoch of ``lr_boundaries``, He et al. 2016, Zagoruyko & Komodakis 2016).
+* ``lr_schedule``: ``"constant"``; ``"cosine"`` (Loshchilov & Hutter 2017): step t of
+  T = ``num_steps`` takes ``lr (1 + cos(pi t / T)) / 2``, from the peak rate at step 0
+  to 0 at step T, one step *after* the last, so the last update (t = T - 1) still
+  moves, at ``lr (1 + cos(pi (T - 1) / T)) / 2`` (about ``lr pi^2 / (4 T^2)``): optax's
+  ``cosine_decay_schedule`` over the run, as the Flax ImageNet example and He et al.
+  2019 ("Bag of Tricks") count it; ``"step"`` (multiplied by ``lr_factor`` at each
+  epoch of ``lr_boundaries``, He et al. 2016, Zagoruyko & Komodakis 2016).
   ``warmup_epochs`` > 0 prepends a linear warmup from 0 (Goyal et al. 2017); the
   schedule after it is then shifted by the warmup.
 * ``weight_decay``: L2 regularisation of the kernels (every parameter with 2 or
@@ -71,7 +75,8 @@ def schedule(
   Args:
     learning_rate: the peak rate, > 0.
     lr_schedule: one of ``SCHEDULES``.
-    num_steps: the run's total number of steps (cosine ends there), >= 1.
+    num_steps: the run's total number of steps, >= 1 (cosine reaches 0 at this step,
+      one after the last).
     steps_per_epoch: steps of one epoch, >= 1.
     lr_boundaries: epochs after which ``"step"`` multiplies the rate by ``lr_factor``,
       increasing, each in (0, num_epochs).

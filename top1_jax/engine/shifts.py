@@ -1,24 +1,40 @@
-"""Ovadia et al.'s (2019) geometric shifts of an image batch: rotation and translation.
+"""Geometric shifts of an image batch: two rotations and two translations.
 
 Images are ``[B, H, W]`` or ``[B, H, W, C]`` floats in [0, 1] (Fashion-MNIST
 ``[B, 28, 28, 1]``, CIFAR ``[B, 32, 32, 3]``); each function returns the same shape
-and dtype, computed on device, and is exactly the identity at 0.
+and dtype, computed on device in one program for every angle or shift (the angle's
+cosine and sine, or the shift, are arguments of the compiled program), and is exactly
+the identity at 0.
 
-* ``rotate(images, degrees)``: counter-clockwise (as ``np.rot90``) about the image
-  centre ``((H - 1) / 2, (W - 1) / 2)``, bilinear, pixels from outside the image = 0.
-  cos and sin are taken in float64 on the host and snapped at multiples of 90°, so
-  0°, 90° (square images), 180° and 270° land on grid points: they equal
-  ``np.rot90`` exactly.
-* ``translate(images, pixels)``: along x (the width axis), right for ``pixels > 0``,
-  the vacated columns filled with the background 0 (``np.roll`` with zero fill).
+Ovadia et al. (2019)'s own (``uq_benchmark_2019/mnist/data_lib.py``):
 
-The grids of the Ovadia et al. benchmark are ``ROTATION_DEGREES`` (0-180° in 15°
-steps) and ``TRANSLATION_PIXELS`` (0-14 px). The corruption suite (noises, blurs,
-contrast, ...) is ``engine.corruptions``.
+* ``rotate_cubic(images, degrees)``: ``scipy.ndimage.rotate`` over the image plane
+  (cubic B-spline with its prefilter, ``mode="constant"``, ``reshape=True``), then
+  the centre crop back to H x W. Not clipped: the spline overshoots [0, 1] near
+  edges (-0.17 to 1.18 on uniform noise at 45 degrees), as theirs does.
+* ``roll(images, pixels)``: ``np.roll`` along x (the width axis): the columns
+  pushed out on the right come back on the left.
+
+Ours, kept beside them:
+
+* ``rotate(images, degrees)``: bilinear about the image centre
+  ``((H - 1) / 2, (W - 1) / 2)`` without reshape, pixels from outside the image = 0,
+  clipped to [0, 1].
+* ``translate(images, pixels)``: along x with the vacated columns filled with the
+  background 0 (``np.roll`` with zero fill).
+
+Both rotations turn counter-clockwise (as ``np.rot90``), and their cos and sin are
+taken in float64 on the host and snapped at multiples of 90 degrees, so those angles
+land on grid points. ``GEOMETRIC`` holds the four by name. Ovadia et al.'s grids are
+``ROTATION_DEGREES`` (15-180 degrees in steps of 15) and ``ROLL_PIXELS`` (2-26 px in
+steps of 2), each with the clean 0 first; ``TRANSLATION_PIXELS`` (0-14 px) is the
+zero-filled translation's. The corruption suite (noises, blurs, contrast, ...) is
+``engine.corruptions``. docs/shift.md says which shift the shift job uses.
 """
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +43,11 @@ import numpy as np
 from top1_jax.core import validation
 
 ROTATION_DEGREES = tuple(range(0, 181, 15))
+"""Ovadia et al.'s rotations (15-180 degrees by 15) and the clean 0."""
+ROLL_PIXELS = tuple(range(0, 27, 2))
+"""Ovadia et al.'s translations for ``roll`` (2-26 px by 2) and the clean 0."""
 TRANSLATION_PIXELS = tuple(range(0, 15))
+"""The zero-filled ``translate``'s grid (0-14 px: at 14 half of a 28 px image is gone)."""
 
 
 def check_images(name: str, images) -> jax.Array:
@@ -87,26 +107,145 @@ def _rotate(images: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return jnp.clip(rotated, 0.0, 1.0).astype(images.dtype)
 
 
-def rotate(images, degrees: float) -> jax.Array:
-  """Rotates every image by ``degrees`` counter-clockwise about its centre.
-
-  Args:
-    images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
-    degrees: the angle, any finite number (Ovadia et al.: ``ROTATION_DEGREES``).
-
-  Returns:
-    ``images``' shape and dtype, bilinear, 0 where the source falls outside the image.
-  """
-  batch = check_images("images", images)
+def _checked_degrees(degrees) -> float:
   try:
     degrees = float(degrees)
   except (TypeError, ValueError):
     raise ValueError(f"degrees: expected a number, got {degrees!r}") from None
   if not math.isfinite(degrees):
     raise ValueError(f"degrees: expected a finite angle, got {degrees}")
+  return degrees
+
+
+def _checked_pixels(pixels) -> int:
+  if isinstance(pixels, bool) or not isinstance(pixels, (int, np.integer)):
+    raise ValueError(f"pixels: expected an integer shift, got {pixels!r}")
+  return int(pixels)
+
+
+def rotate(images, degrees: float) -> jax.Array:
+  """Rotates every image by ``degrees`` counter-clockwise about its centre (ours).
+
+  Args:
+    images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
+    degrees: the angle, any finite number.
+
+  Returns:
+    ``images``' shape and dtype, bilinear, 0 where the source falls outside the image.
+  """
+  batch = check_images("images", images)
+  degrees = _checked_degrees(degrees)
   dtype = compute_dtype(batch.dtype)
   cos, sin = (jnp.asarray(v, dtype) for v in _cos_sin(degrees))  # one program for every angle
   return _rotate(batch, cos, sin).reshape(jnp.shape(images))
+
+
+@functools.cache
+def _spline_prefilter(size: int) -> np.ndarray:
+  """``[size, size]`` float64: samples -> cubic B-spline coefficients, mirror boundary.
+
+  The coefficients c interpolate: ``(c[i-1] + 4 c[i] + c[i+1]) / 6 = x[i]``, with
+  ``c[-1] = c[1]`` and ``c[size] = c[size-2]`` (the whole-sample mirror that scipy's
+  prefilter assumes for ``mode="constant"``). Its recursive filter solves the same
+  system; here its inverse, once per size, is a matmul on device.
+  """
+  if size == 1:
+    return np.ones((1, 1))
+  system = (np.diag(np.full(size, 4.0)) + np.diag(np.ones(size - 1), 1)) / 6
+  system += np.diag(np.ones(size - 1), -1) / 6
+  system[0, 1] = system[-1, -2] = 2 / 6
+  return np.linalg.inv(system)
+
+
+def _cubic_taps(below: jax.Array, fraction: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+  """Along one axis of ``size`` samples: the 4 coefficient indices and B-spline weights
+  (``[..., 4]`` int32 and float) of each coordinate ``below + fraction``, mirrored at
+  the ends as scipy's."""
+  t, u = fraction, 1 - fraction
+  weights = jnp.stack(
+    [u**3 / 6, 2 / 3 + 0.5 * t * t * (t - 2), 2 / 3 + 0.5 * u * u * (u - 2), t**3 / 6], axis=-1
+  )
+  indices = below[..., None] + jnp.arange(-1, 3, dtype=jnp.int32)
+  if size == 1:
+    return jnp.zeros_like(indices), weights
+  period = 2 * size - 2
+  indices = jnp.mod(indices, period)
+  return jnp.where(indices >= size, period - indices, indices), weights
+
+
+@jax.jit
+def _rotate_cubic(
+  images: jax.Array, below: jax.Array, fraction: jax.Array, inside: jax.Array
+) -> jax.Array:
+  work = images.astype(compute_dtype(images.dtype))
+  _, height, width, channels = work.shape
+  highest = jax.lax.Precision.HIGHEST  # GPUs would multiply float32 in TF32
+  along_rows, along_cols = (jnp.asarray(_spline_prefilter(n), work.dtype) for n in (height, width))
+  coefficients = jnp.einsum("ih,bhwc,jw->bijc", along_rows, work, along_cols, precision=highest)
+  row_indices, row_weights = _cubic_taps(below[0], fraction[0].astype(work.dtype), height)
+  col_indices, col_weights = _cubic_taps(below[1], fraction[1].astype(work.dtype), width)
+  flat = coefficients.reshape(-1, height * width, channels)
+  rotated = jnp.zeros_like(flat)
+  for a in range(4):  # 16 taps, each a gather of the batch: no [B, H, W, 16, C] array
+    for b in range(4):
+      taps = jnp.take(flat, (row_indices[..., a] * width + col_indices[..., b]).ravel(), axis=1)
+      weight = (row_weights[..., a] * col_weights[..., b]).ravel()
+      rotated = rotated + taps * weight[None, :, None]
+  rotated = jnp.where(inside.ravel()[None, :, None], rotated, 0.0)
+  return rotated.reshape(work.shape).astype(images.dtype)
+
+
+def _cubic_sources(degrees: float, height: int, width: int) -> tuple[np.ndarray, ...]:
+  """Where each pixel of the cropped output reads the input, in float64 as SciPy:
+  ``[2, H, W]`` whole part (int32) and fraction of the (row, col) coordinates, and
+  ``[H, W]`` whether it lies inside the image.
+
+  ``scipy.ndimage.rotate`` with ``reshape=True`` draws on a canvas just large enough
+  for the rotated image, centre on centre; the crop keeps its H x W pixels from
+  ``canvas // 2 - (H, W) // 2``. Where the canvas is odd and the image even, that crop
+  sits half a pixel off the image's own centre, as in Ovadia et al.'s sets.
+  """
+  cos, sin = _cos_sin(degrees)
+  matrix = np.array([[cos, sin], [-sin, cos]])  # output (row, col) -> input (row, col)
+  shape = np.array([height, width])
+  corners = matrix @ np.array([[0, 0, height, height], [0, width, 0, width]])
+  canvas = (np.ptp(corners, axis=1) + 0.5).astype(int)
+  first = canvas // 2 - shape // 2
+  offset = (shape - 1) / 2 + matrix @ (first - (canvas - 1) / 2)
+  pixels = np.stack(np.meshgrid(np.arange(height), np.arange(width), indexing="ij"))
+  sources = np.einsum("ij,jhw->ihw", matrix, pixels) + offset[:, None, None]
+  # mode="constant": a source outside [0, H - 1] x [0, W - 1] is 0, with no tolerance.
+  inside = np.all((sources >= 0) & (sources <= (shape - 1)[:, None, None]), axis=0)
+  below = np.floor(sources)
+  return below.astype(np.int32), sources - below, inside
+
+
+def rotate_cubic(images, degrees: float) -> jax.Array:
+  """Rotates every image as Ovadia et al. do: ``scipy.ndimage.rotate``, then a centre crop.
+
+  ``scipy.ndimage.rotate(images, degrees, axes=(1, 2))`` (order 3 with the spline
+  prefilter, ``mode="constant"``, ``cval=0``, ``reshape=True``) cropped back to H x W
+  about the enlarged canvas' centre (``canvas // 2 - H // 2``, as their
+  ``_crop_center``), computed on device: agrees with SciPy to float32 rounding
+  (tests/test_shifts.py). Square images are what they rotate; other shapes follow
+  the same formula.
+
+  Args:
+    images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
+    degrees: the angle, counter-clockwise, any finite number (``ROTATION_DEGREES``).
+
+  Returns:
+    ``images``' shape and dtype: cubic, 0 where the source falls outside the image,
+    not clipped (the spline overshoots [0, 1] near edges, as theirs).
+  """
+  batch = check_images("images", images)
+  degrees = _checked_degrees(degrees)
+  if degrees % 360 == 0:
+    return jnp.asarray(images)  # SciPy's result too, to the last bit
+  # Coordinates from the host, as arguments: one program for every angle, and where a
+  # source lies (inside or not, its fraction) decided in float64, as SciPy decides it.
+  rotated = _rotate_cubic(batch, *_cubic_sources(degrees, *batch.shape[1:3]))
+  return rotated.reshape(jnp.shape(images))
 
 
 @jax.jit
@@ -120,19 +259,48 @@ def _translate(images: jax.Array, pixels: jax.Array) -> jax.Array:
 
 
 def translate(images, pixels: int) -> jax.Array:
-  """Shifts every image ``pixels`` columns along x, filling with the background 0.
+  """Shifts every image ``pixels`` columns along x, filling with the background 0 (ours).
 
   Args:
     images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
     pixels: an integer: right if positive, left if negative; ``|pixels| >= W`` gives
-      a blank image (Ovadia et al.: ``TRANSLATION_PIXELS``, 0-14).
+      a blank image (``TRANSLATION_PIXELS``).
 
   Returns:
     ``images``' shape and dtype: ``out[:, :, j] = images[:, :, j - pixels]`` where that
     column exists, else 0.
   """
   batch = check_images("images", images)
-  if isinstance(pixels, bool) or not isinstance(pixels, (int, np.integer)):
-    raise ValueError(f"pixels: expected an integer shift, got {pixels!r}")
-  pixels = max(-batch.shape[2], min(batch.shape[2], int(pixels)))  # fits int32
+  pixels = _checked_pixels(pixels)
+  pixels = max(-batch.shape[2], min(batch.shape[2], pixels))  # fits int32
   return _translate(batch, jnp.int32(pixels)).reshape(jnp.shape(images))
+
+
+@jax.jit
+def _roll(images: jax.Array, pixels: jax.Array) -> jax.Array:
+  return jnp.roll(images, pixels, axis=2)  # a traced shift: one program for every shift
+
+
+def roll(images, pixels: int) -> jax.Array:
+  """Shifts every image ``pixels`` columns along x with wrap-around, as Ovadia et al.
+  (``np.roll(images, pixels, axis=2)``).
+
+  Args:
+    images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
+    pixels: an integer: right if positive, left if negative (``ROLL_PIXELS``).
+
+  Returns:
+    ``images``' shape and dtype: ``out[:, :, j] = images[:, :, (j - pixels) mod W]``.
+  """
+  batch = check_images("images", images)
+  pixels = _checked_pixels(pixels) % batch.shape[2]  # fits int32
+  return _roll(batch, jnp.int32(pixels)).reshape(jnp.shape(images))
+
+
+GEOMETRIC: dict[str, Callable[..., jax.Array]] = {
+  "rotate": rotate,
+  "translate": translate,
+  "rotate_cubic": rotate_cubic,
+  "roll": roll,
+}
+"""Every geometric shift by name: ``GEOMETRIC[name](images, degrees or pixels)``."""

@@ -23,7 +23,8 @@ make it cheap:
 Any scale works up to the float limits: matrices far from 1 are scaled by an exact
 power of two before the eigenvalue step, and samples whose products over- or
 underflow are rescaled per example (norms past the float range are inf, norms
-below the smallest normal float 0, as XLA on the CPU flushes subnormals).
+below the smallest normal float 0, as XLA on the CPU flushes subnormals: the
+checked ``scores.covariance_norm`` raises for both rather than return them).
 
 On the CPU the Gram matrices are formed one example at a time, each one plain
 [S, K] x [K, S] matmul sliced straight out of the ``[S, N, K]`` samples: XLA runs
@@ -323,7 +324,7 @@ def _rescaled_chunk_products(
   # examples are first scaled down by an exact 2^64 (at that magnitude the float
   # spacing is over 2^40, so no deviation is lost).
   huge = jnp.max(jnp.abs(examples), axis=(0, 2)) > 2.0**64
-  exponent = jnp.where(huge, 64, 0)
+  exponent = jnp.where(huge, 64, 0).astype(jnp.int32)  # int32 with x64 on too (as frexp's)
   centred = _centred(_times_power_of_two(examples.swapaxes(0, 1), -exponent).swapaxes(0, 1))
   scale = jnp.max(jnp.abs(centred), axis=(0, 2))
   scale = jnp.where(scale > 0, scale, 1.0)
@@ -403,8 +404,11 @@ def covariance_norm(samples: jax.Array) -> jax.Array:
 
   Returns:
     [N] float (at least float32), >= 0: exactly 0 where an example's samples are
-    identical; inf where the norm exceeds the float range, NaN where the example's
-    samples are not all finite.
+    identical, and 0 too where the norm lies below the smallest normal float (a
+    spread below ~1e-19 in float32: such examples tie at 0; the checked
+    ``scores.covariance_norm`` refuses them); inf where the norm exceeds the float
+    range, NaN where the example's samples are not all finite. The same with
+    ``jax_enable_x64`` on.
   """
   if samples.ndim != 3 or samples.shape[0] < 2 or samples.shape[2] == 0:
     raise ValueError(f"samples: expected shape [S >= 2, N, K >= 1], got {samples.shape}")

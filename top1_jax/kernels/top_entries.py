@@ -15,8 +15,8 @@ TOP_K_BY_PASSES = 16
 
 
 def count(mask: jax.Array) -> jax.Array:
-  """Trues per row of ``mask`` [..., K], as floats (exact up to 2^24 classes)."""
-  return jnp.sum(jnp.where(mask, 1.0, 0.0), axis=-1)
+  """Trues per row of ``mask`` [..., K], as float32 (exact up to 2^24 classes), x64 or not."""
+  return jnp.sum(jnp.where(mask, jnp.float32(1), jnp.float32(0)), axis=-1)
 
 
 def shifted(logits: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -50,9 +50,9 @@ def _ablation_figure(figures, sources, results, k) -> list:
   """The Top-k ablation: the compared scores as lines, the first file's oracle as a reference."""
   names = {source.name: source.label for source in sources}
   # Every score of a file without samples (the deterministic network, a user's file); for
-  # MC dropout and ensembles, the paper's measure (cov. of probs).
-  # A score that orders the examples like another one shown (pmax, -log pmax) is
-  # one line, labelled with both.
+  # MC dropout and ensembles, the paper's measure (cov. of probs). Scores of one ranking
+  # (pmax, -log pmax: scores.RANKING_TWINS) are one line only where their rows are equal
+  # (ablation_figure merges equal curves): in float32 pmax ties where -log pmax does not.
   chosen = [
     r
     for r in results
@@ -62,7 +62,6 @@ def _ablation_figure(figures, sources, results, k) -> list:
       or r["score"] == "covariance_norm_probs"
     )
   ]
-  shown = {(r["source"], r["score"]) for r in chosen}
   curves, oracles = {}, {}
   for r in chosen:
     if _is_oracle(r["score"]):
@@ -70,13 +69,7 @@ def _ablation_figure(figures, sources, results, k) -> list:
       # the setter of their axis). One file's is enough to show where the ceiling is.
       oracles.setdefault(r["source"], r)
       continue
-    twin = scores.same_order_as(r["score"])
-    if twin is not None and (r["source"], twin) in shown and scores.is_tied_twin(r["score"]):
-      continue  # drawn as its tie-free twin's line
-    label = scores.label(r["score"])
-    if twin is not None and (r["source"], twin) in shown:
-      label += f" = {scores.label(twin)}"
-    curves[f"{names[r['source']]}: {label}"] = _cv_from_record(r)
+    curves[f"{names[r['source']]}: {scores.label(r['score'])}"] = _cv_from_record(r)
   if not curves:
     return []
   first = next((s.name for s in sources if s.name in oracles), None)
