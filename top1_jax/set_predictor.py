@@ -152,12 +152,10 @@ class SetPredictor:
     self._fitted()
     return conformal.threshold(self.calibration_scores_, validation.probability("alpha", alpha))
 
-  def _sizes(self, logits: np.ndarray, alpha: float, data: conformal.Ranked) -> np.ndarray:
+  def _sizes(self, data: conformal.Ranked, alpha: float) -> np.ndarray:
+    """[N] the set sizes of ``data`` at a checked ``alpha``."""
     fitted = sets.Calibrated(self.params_, self.calibration_scores_)
-    alpha = validation.probability("alpha", alpha)
-    return sets.predict_sizes(
-      self.method_, fitted, data.sorted, [alpha], self.seed_, self.options_
-    )[0]
+    return sets.predict_sizes(self.method_, fitted, data, [alpha], self.seed_, self.options_)[0]
 
   def predict_set(self, x: ArrayLike, alpha: float = 0.1) -> np.ndarray:
     """[N, K] bool: each example's set of labels at miscoverage level ``alpha`` in (0, 1).
@@ -167,20 +165,25 @@ class SetPredictor:
     guarantee with so few calibration examples.
     """
     self._fitted()
+    alpha = validation.probability("alpha", alpha)
     logits = self._logits(x, self.num_classes_)
     data = conformal.ranked(logits)
-    return np.asarray(conformal.prefix_mask(logits, data.sorted, self._sizes(logits, alpha, data)))
+    size = data.sorted.shape[0]
+    lengths = conformal.pad_rows(self._sizes(data, alpha), size)
+    mask = conformal.prefix_mask(conformal.pad_rows(logits, size), data.sorted, lengths)
+    return np.asarray(mask)[: data.num]
 
   def evaluate(self, x: ArrayLike, labels: ArrayLike, alpha: float = 0.1) -> dict[str, float]:
-    """The sets of held-out data at level ``alpha``, scored: ``sets.split_metrics`` (coverage,
+    """The sets of held-out data at level ``alpha``, scored: ``conformal.set_metrics`` (coverage,
     mean_size, median_size, empty_fraction, sscv, and per stratum of set size and of
     difficulty the fraction, size and coverage), plus num_examples."""
     self._fitted()
+    alpha = validation.probability("alpha", alpha)
     logits = self._logits(x, self.num_classes_)
     labels = validation.labels_array("labels", labels, self.num_classes_, host=True)
     validation.same_length(x=logits, labels=labels)
     data = conformal.ranked(logits, labels)
-    metrics = sets.split_metrics(self._sizes(logits, alpha, data), data.rank, alpha)
+    metrics = conformal.set_metrics(self._sizes(data, alpha), data.rank[: data.num], alpha)
     return {"num_examples": int(labels.shape[0]), **metrics}
 
   # Saving and loading.

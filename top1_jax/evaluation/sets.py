@@ -1,35 +1,28 @@
 """Prediction sets with a coverage guarantee: the methods, one registry, and their evaluation.
 
-Each method is a score S_r(x) of the label at rank r = 1..K of the model's ranking, for
-``conformal``'s split conformal calibration (its docstring: the threshold, the sets, the
-guarantee). With p_(r) the r-th largest probability, C_r their cumulative sum, Q_k the
-running max over j <= k of the paper's calibrated P(label in Top-j), and u ~ U[0, 1) one
-draw per example (u = 0 when not randomized)::
+A method is a score S_r(x) of the label at rank r = 1..K of the model's ranking, for
+``conformal``'s split conformal calibration (there: the threshold, the sets, the guarantee).
+With p_(r) the r-th largest probability, C_r their cumulative sum, Q_k the running max over
+j <= k of the paper's calibrated P(label in Top-j), u ~ U[0, 1) one draw per example (0
+when not randomized), and C_0 = Q_0 = 0::
 
   lac   S_r = 1 - p_(r)                              Sadinle, Lei & Wasserman (2019), "THR"
   aps   S_r = C_(r-1) + u p_(r)                      Romano, Sesia & Candes (2020)
   raps  S_r = C_(r-1) + u p_(r) + lam (r - k_reg)^+  Angelopoulos, Bates, Malik & Jordan (2021)
-  topk  S_r = Q_(r-1) + u (Q_r - Q_(r-1))            this package (C_0 = Q_0 = 0)
+  topk  S_r = Q_(r-1) + u (Q_r - Q_(r-1))            this package: the paper's equal-count
+        bins of -log top-k mass (``scores.neg_log_topk_mass``) for the event "label in Top-k"
 
-computed as (1 - u) A_(r-1) + u A_r for A = C or Q. topk's P(label in Top-k) is the
-paper's equal-count bins (one pseudo-count prior) of the Top-k score -log top-k mass
-(``scores.neg_log_topk_mass``), fitted for every k; Q is their running max, so that the
-sets are Top-L for the smallest L whose calibrated probability exceeds the threshold.
+Non-randomized (u = 0) the set is the smallest Top-L whose mass (aps), penalised mass (raps)
+or calibrated P(label in Top-L) (topk) exceeds the threshold: the top label is always in.
+Randomized sets reach 1 - alpha exactly and may be empty, as the published algorithms'.
 
-Non-randomized (u = 0) every method but lac includes the top label and stops at the
-smallest Top-L whose mass (aps), penalised mass (raps) or calibrated P(label in Top-L)
-(topk) exceeds the threshold. Randomized sets reach 1 - alpha exactly and may be empty,
-as the published algorithms' do.
-
-raps and topk fit parameters (raps: k_reg and lam by its paper's rule; topk: the bins of
-every k) on a random ``tune_fraction`` of the calibration data, and the quantile is taken
-over the rest only: the parameters are then a function of data disjoint from the
-conformal part and from the test point, whose scores stay exchangeable, so the guarantee
-holds exactly. (Bins fitted on the quantile's own data would make its scores depend on
-one another, and the guarantee would no longer be exact.)
+raps and topk fit parameters (k_reg and lam by the RAPS paper's rule; the bins of every k)
+on a random ``tune_fraction`` of the calibration data, and the quantile is taken over the
+rest: the parameters are a function of data disjoint from the conformal part and the test
+point, whose scores stay exchangeable, so the guarantee holds exactly. (Bins fitted on the
+quantile's own data would make its scores depend on one another: no longer exact.)
 """
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -45,9 +38,6 @@ from top1_jax.evaluation import conformal
 LAMBDA_GRID = (0.001, 0.01, 0.1, 0.2, 0.5)
 """The RAPS paper's values of lam, of which the one with the smallest mean set size on the
 tuning part is chosen."""
-STRATA = ((0, 1), (2, 3), (4, 6), (7, 10), (11, 100), (101, None))
-"""Set-size (and difficulty) strata of the RAPS paper's adaptivity tables; the last is open."""
-STRATUM_NAMES = tuple(f"{lo}_{hi if hi is not None else 'up'}" for lo, hi in STRATA)
 _CALIBRATION, _TUNING, _PREDICTION = 0, 1, 2  # the random streams of one seed
 
 
@@ -110,9 +100,21 @@ def _topk_scores(bins: binning.Bins, sorted_logits, u):
 # The methods' tuning (on the tuning part alone) and their saved parameters.
 
 
-def _raps_tuning(
-  part: tuple[conformal.Ranked, np.ndarray] | None, options: dict
-) -> tuple[int, float]:
+@jax.jit
+def _mean_sizes(aps_scores, data: conformal.Ranked, k_reg, quantile_rank) -> jax.Array:
+  """[len(LAMBDA_GRID)]: for each lam, the mean size of ``data``'s sets calibrated on it."""
+  real = jnp.arange(aps_scores.shape[0]) < data.num
+
+  def mean_size(lam):
+    scores = aps_scores + _penalty(k_reg, lam, aps_scores.shape[-1])
+    calibration = jnp.sort(jnp.where(real, conformal.at_rank(scores, data.rank), jnp.inf))
+    q = jnp.where(quantile_rank <= data.num, calibration[quantile_rank - 1], jnp.inf)
+    return jnp.sum(jnp.where(real, conformal.sizes(scores, q[None])[0], 0)) / data.num
+
+  return jax.vmap(mean_size)(jnp.float32(LAMBDA_GRID))
+
+
+def _raps_tuning(part, options: dict) -> tuple[int, float]:
   """(k_reg, lam): the options given, or the RAPS paper's rule on the tuning part: k_reg
   the 1 - alpha quantile ("higher") of the label's 1-based rank; lam the value of
   ``LAMBDA_GRID`` (first of ties) whose sets, calibrated on the tuning part, are smallest
@@ -120,25 +122,21 @@ def _raps_tuning(
   k_reg, lam, alpha = options["k_reg"], options["lam"], options["tune_alpha"]
   if part is None:
     return k_reg, lam
-  (order, rank), u = part
+  data, u = part
   if k_reg is None:
-    k_reg = int(np.quantile(rank, 1 - alpha, method="higher")) + 1
+    k_reg = int(np.quantile(data.rank[: data.num], 1 - alpha, method="higher")) + 1
   if lam is None:
-    base = _aps_scores(None, order, u)
-    mean_sizes = []
-    for candidate in LAMBDA_GRID:
-      scores = base + _penalty(k_reg, candidate, base.shape[-1])
-      q = conformal.threshold(np.sort(np.asarray(conformal.at_rank(scores, rank))), alpha)
-      mean_sizes.append(float(np.mean(np.asarray(conformal.sizes(scores, jnp.float32([q]))))))
-    lam = LAMBDA_GRID[int(np.argmin(mean_sizes))]
+    aps_scores = _scores_of(METHODS["aps"], None, data, u)
+    sizes = _mean_sizes(aps_scores, data, k_reg, conformal.quantile_rank(data.num, alpha))
+    lam = LAMBDA_GRID[int(np.argmin(np.asarray(sizes)))]
   return k_reg, float(lam)
 
 
 def _topk_tuning(part: tuple[conformal.Ranked, np.ndarray], options: dict) -> binning.Bins:
   """The paper's equal-count bins of -log top-k mass for the event "label in Top-k", for
   each k, on the tuning part; stacked on a leading [K] axis."""
-  (order, rank), _ = part
-  masses = np.asarray(_masses_by_k(order))
+  data, _ = part
+  masses, rank = np.asarray(_masses_by_k(data.sorted))[:, : data.num], data.rank[: data.num]
   fits = [binning.fit(m, rank < k, options["n_bins"]) for k, m in enumerate(masses, 1)]
   return jax.tree.map(lambda *fields: jnp.stack(fields), *fits)
 
@@ -199,7 +197,6 @@ class SetMethod(NamedTuple):
 
   Attributes:
     name: its key.
-    label: how tables name it.
     options: each option's default.
     scores: jitted (params, [N, K] sorted logits, [N] u) -> [N, K] S_r of every rank.
     tune: (tuning part or None, options) -> params; the part is ((sorted, rank), u).
@@ -208,7 +205,6 @@ class SetMethod(NamedTuple):
   """
 
   name: str
-  label: str
   options: dict[str, Any]
   scores: Any
   tune: Any = lambda part, options: None
@@ -217,22 +213,21 @@ class SetMethod(NamedTuple):
   from_dict: Any = lambda d, source, num_classes: None
 
 
+_RAPS = {"randomized": True, "k_reg": None, "lam": None, "tune_fraction": 0.3, "tune_alpha": 0.1}
 METHODS: dict[str, SetMethod] = {
-  "lac": SetMethod("lac", "LAC", {}, _lac_scores),
-  "aps": SetMethod("aps", "APS", {"randomized": True}, _aps_scores),
+  "lac": SetMethod("lac", {}, _lac_scores),
+  "aps": SetMethod("aps", {"randomized": True}, _aps_scores),
   "raps": SetMethod(
     "raps",
-    "RAPS",
-    {"randomized": True, "k_reg": None, "lam": None, "tune_fraction": 0.3, "tune_alpha": 0.1},
+    _RAPS,
     _raps_scores,
     _raps_tuning,
-    lambda options: options["k_reg"] is None or options["lam"] is None,
+    lambda options: None in (options["k_reg"], options["lam"]),
     _raps_to_dict,
     _raps_from_dict,
   ),
   "topk": SetMethod(
     "topk",
-    "Top-k (calibrated)",
     {"randomized": True, "n_bins": 20, "tune_fraction": 0.5},
     _topk_scores,
     _topk_tuning,
@@ -280,6 +275,16 @@ def check_sizes(method: SetMethod, options: dict[str, Any], num: int, name: str)
 # Fitting and predicting.
 
 
+def _scores_of(method: SetMethod, params, data: conformal.Ranked, u: np.ndarray) -> jax.Array:
+  """[B, K] the scores S_r of ``data``'s padded rows, with the [N] draws ``u``."""
+  return method.scores(params, data.sorted, conformal.pad_rows(u, data.sorted.shape[0]))
+
+
+def _at_ranks(scores: jax.Array, data: conformal.Ranked) -> np.ndarray:
+  """[N] the scores at the labels' ranks, of the rows that hold data."""
+  return np.asarray(conformal.at_rank(scores, data.rank))[: data.num]
+
+
 def calibrate(
   method: SetMethod,
   data: conformal.Ranked,
@@ -291,15 +296,15 @@ def calibrate(
   (when it tunes), the calibration scores on the others, with [N] draws ``u``."""
   part = conformal.part(data, u, np.flatnonzero(tuning)) if method.tunes(options) else None
   params = method.tune(part, options)
-  (order, rank), rest_u = conformal.part(data, u, np.flatnonzero(~tuning))
-  scores = conformal.at_rank(method.scores(params, order, rest_u), rank)
-  return Calibrated(params, np.sort(np.asarray(scores)))
+  rest, rest_u = conformal.part(data, u, np.flatnonzero(~tuning))
+  scores = _at_ranks(_scores_of(method, params, rest, rest_u), rest)
+  return Calibrated(params, np.sort(scores))
 
 
-def set_sizes(method: SetMethod, params, order, u: np.ndarray, thresholds) -> np.ndarray:
-  """[A, N] int32 set sizes at [A] thresholds, of [N, K] sorted logits with [N] draws u."""
-  scores = method.scores(params, order, u)
-  return np.asarray(conformal.sizes(scores, jnp.asarray(thresholds, jnp.float32)))
+def set_sizes(method: SetMethod, params, data: conformal.Ranked, u, thresholds) -> np.ndarray:
+  """[A, N] int32 set sizes of ``data`` with [N] draws ``u`` at [A] thresholds."""
+  scores = _scores_of(method, params, data, u)
+  return np.asarray(conformal.sizes(scores, jnp.asarray(thresholds, jnp.float32)))[:, : data.num]
 
 
 def fit_draws(method: SetMethod, seed: int, num: int, options) -> tuple[np.ndarray, np.ndarray]:
@@ -330,45 +335,16 @@ def fit(
 
 
 def predict_sizes(
-  method: SetMethod, fitted: Calibrated, order, alphas, seed: int, options: dict[str, Any]
+  method: SetMethod, fitted: Calibrated, data: conformal.Ranked, alphas, seed: int, options
 ) -> np.ndarray:
-  """[A, N] int32 set sizes of [N, K] sorted logits (``conformal.ranked``) at [A] levels,
-  with ``seed``'s prediction draws: one u per row, so the same inputs give the same sets."""
-  u = predict_draws(seed, order.shape[0], options)
+  """[A, N] int32 set sizes of ``data`` at [A] levels, with ``seed``'s prediction draws:
+  one u per row, so the same inputs give the same sets."""
+  u = predict_draws(seed, data.num, options)
   thresholds = [conformal.threshold(fitted.scores, alpha) for alpha in alphas]
-  return set_sizes(method, fitted.params, order, u, thresholds)
+  return set_sizes(method, fitted.params, data, u, thresholds)
 
 
 # Evaluation over random splits.
-
-
-def split_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, float]:
-  """One test part's metrics from its [N] set sizes and [N] label ranks (0 = top): coverage,
-  mean and median size, the empty fraction; per ``STRATA`` of set size the fraction and
-  coverage, of difficulty (rank + 1) the mean size and coverage (NaN where empty); and the
-  size-stratified coverage violation ``sscv``: the largest |coverage - (1 - alpha)| over
-  the non-empty size strata (the RAPS paper's adaptivity)."""
-  covered = rank < sizes
-  out = {
-    "coverage": covered.mean(),
-    "mean_size": sizes.mean(),
-    "median_size": float(np.median(sizes)),
-    "empty_fraction": np.mean(sizes == 0),
-  }
-  violations = []
-  for name, (low, high) in zip(STRATUM_NAMES, STRATA, strict=True):
-    high = math.inf if high is None else high
-    for kind, members in (("size", sizes), ("difficulty", rank + 1)):
-      where = (members >= low) & (members <= high)
-      coverage = covered[where].mean() if where.any() else math.nan
-      if kind == "size":
-        out[f"fraction_size_{name}"] = where.mean()
-        violations += [abs(coverage - (1 - alpha))] if where.any() else []
-      else:
-        out[f"size_difficulty_{name}"] = sizes[where].mean() if where.any() else math.nan
-      out[f"coverage_{kind}_{name}"] = coverage
-  out["sscv"] = max(violations)
-  return {name: float(value) for name, value in out.items()}
 
 
 _WITH_STD = ("coverage", "mean_size", "sscv")
@@ -396,7 +372,8 @@ def _evaluate_method(method, options, data, u, folds, alphas, key, tune_per_alph
   for split in range(folds.num_splits):
     test = folds.test_mask(split)
     cal_data, cal_u = conformal.part(data, u, np.flatnonzero(~test))
-    (order, rank), test_u = conformal.part(data, u, np.flatnonzero(test))
+    test_data, test_u = conformal.part(data, u, np.flatnonzero(test))
+    rank = test_data.rank[: test_data.num]
     tuning = np.zeros(cal_u.shape[0], bool)
     if method.tunes(options):
       split_key = jax.random.fold_in(jax.random.fold_in(key, _TUNING), split)
@@ -406,9 +383,9 @@ def _evaluate_method(method, options, data, u, folds, alphas, key, tune_per_alph
       fitted = calibrate(method, cal_data, cal_u, tuning, settings)
       thresholds = [conformal.threshold(fitted.scores, alpha) for alpha in group]
       for alpha, sizes in zip(
-        group, set_sizes(method, fitted.params, order, test_u, thresholds), strict=True
+        group, set_sizes(method, fitted.params, test_data, test_u, thresholds), strict=True
       ):
-        sizes_metrics = split_metrics(sizes, rank, alpha)
+        sizes_metrics = conformal.set_metrics(sizes, rank, alpha)
         results[alpha].append((sizes_metrics, fitted.params, fitted.scores.shape[0], rank.size))
   rows = []
   for alpha in alphas:
@@ -464,7 +441,7 @@ def evaluate_sets(
   Returns:
     One row per method and alpha: method, randomized, alpha, num_splits, num_conformal
     and num_test (mean sizes of the parts), k_reg and lam (raps: medians over the splits;
-    else None), then the means over the splits of ``split_metrics``' values (None where
+    else None), then the means over the splits of ``conformal.set_metrics``' values (None where
     no split defines one) and coverage_std, mean_size_std, sscv_std.
   """
   logits = validation.float_array("log_probs", log_probs, 2, host=True)
