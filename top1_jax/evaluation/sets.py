@@ -12,9 +12,10 @@ when not randomized), and C_0 = Q_0 = 0::
   topk  S_r = Q_(r-1) + u (Q_r - Q_(r-1))            this package: the paper's equal-count
         bins of -log top-k mass (``scores.neg_log_topk_mass``) for the event "label in Top-k"
 
-Non-randomized (u = 0) the set is the smallest Top-L whose mass (aps), penalised mass (raps)
-or calibrated P(label in Top-L) (topk) exceeds the threshold: the top label is always in.
-Randomized sets reach 1 - alpha exactly and may be empty, as the published algorithms'.
+Non-randomized (u = 0; topk's default) the set is the smallest Top-L whose mass (aps),
+penalised mass (raps) or calibrated P(label in Top-L) (topk) exceeds the threshold: the top
+label is always in. Randomized sets (aps' and raps' default, as their papers') reach
+1 - alpha exactly and may be empty.
 
 raps and topk fit parameters (k_reg and lam by the RAPS paper's rule; the bins of every k)
 on a random ``tune_fraction`` of the calibration data, and the quantile is taken over the
@@ -23,6 +24,7 @@ point, whose scores stay exchangeable, so the guarantee holds exactly. (Bins fit
 quantile's own data would make its scores depend on one another: no longer exact.)
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -50,7 +52,9 @@ class Calibrated(NamedTuple):
 
 
 def _probabilities(sorted_logits: jax.Array) -> jax.Array:
-  return jnp.exp(sorted_logits - jax.nn.logsumexp(sorted_logits, axis=-1, keepdims=True))
+  """[N, K] softmax of rows sorted in decreasing order (the first entry is the max)."""
+  exp_z = jnp.exp(sorted_logits - sorted_logits[:, :1])
+  return exp_z / jnp.sum(exp_z, axis=-1, keepdims=True)
 
 
 @jax.jit
@@ -228,7 +232,7 @@ METHODS: dict[str, SetMethod] = {
   ),
   "topk": SetMethod(
     "topk",
-    {"randomized": True, "n_bins": 20, "tune_fraction": 0.5},
+    {"randomized": False, "n_bins": 20, "tune_fraction": 0.5},
     _topk_scores,
     _topk_tuning,
     lambda options: True,
@@ -280,9 +284,14 @@ def _scores_of(method: SetMethod, params, data: conformal.Ranked, u: np.ndarray)
   return method.scores(params, data.sorted, conformal.pad_rows(u, data.sorted.shape[0]))
 
 
-def _at_ranks(scores: jax.Array, data: conformal.Ranked) -> np.ndarray:
-  """[N] the scores at the labels' ranks, of the rows that hold data."""
-  return np.asarray(conformal.at_rank(scores, data.rank))[: data.num]
+@functools.partial(jax.jit, static_argnums=0)
+def _at_ranks(scores_of, params, order, u, rank) -> jax.Array:
+  return conformal.at_rank(scores_of(params, order, u), rank)  # S is never stored
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _sizes(scores_of, params, order, u, thresholds) -> jax.Array:
+  return conformal.sizes(scores_of(params, order, u), thresholds)
 
 
 def calibrate(
@@ -297,14 +306,16 @@ def calibrate(
   part = conformal.part(data, u, np.flatnonzero(tuning)) if method.tunes(options) else None
   params = method.tune(part, options)
   rest, rest_u = conformal.part(data, u, np.flatnonzero(~tuning))
-  scores = _at_ranks(_scores_of(method, params, rest, rest_u), rest)
+  u = conformal.pad_rows(rest_u, rest.sorted.shape[0])
+  scores = np.asarray(_at_ranks(method.scores, params, rest.sorted, u, rest.rank))[: rest.num]
   return Calibrated(params, np.sort(scores))
 
 
 def set_sizes(method: SetMethod, params, data: conformal.Ranked, u, thresholds) -> np.ndarray:
   """[A, N] int32 set sizes of ``data`` with [N] draws ``u`` at [A] thresholds."""
-  scores = _scores_of(method, params, data, u)
-  return np.asarray(conformal.sizes(scores, jnp.asarray(thresholds, jnp.float32)))[:, : data.num]
+  u = conformal.pad_rows(u, data.sorted.shape[0])
+  thresholds = jnp.asarray(thresholds, jnp.float32)
+  return np.asarray(_sizes(method.scores, params, data.sorted, u, thresholds))[:, : data.num]
 
 
 def fit_draws(method: SetMethod, seed: int, num: int, options) -> tuple[np.ndarray, np.ndarray]:
