@@ -71,8 +71,15 @@ def _table(rows) -> str:
   return "\n".join(lines)
 
 
-def _strata_table(rows, alpha: float) -> str:
-  names = conformal.STRATUM_NAMES[:-1]
+def _reachable(num_classes: int) -> list[str]:
+  """The strata names whose smallest size is at most K."""
+  return [
+    n for n, (low, _) in zip(DIFFICULTY, conformal.STRATA, strict=False) if low <= num_classes
+  ]
+
+
+def _strata_table(rows, alpha: float, num_classes: int) -> str:
+  names = _reachable(num_classes)
   head = " | ".join(f"size {n.replace('_', '-')}" for n in names)
   lines = [f"| method | {head} |", "|---" * (len(names) + 1) + "|"]
   for row in rows:
@@ -88,16 +95,17 @@ def _strata_table(rows, alpha: float) -> str:
   return "\n".join(lines)
 
 
-def _difficulty_table(rows, alpha: float) -> str:
-  head = " | ".join(f"rank {n.replace('_', '-').replace('0-1', '1')}" for n in DIFFICULTY)
-  lines = [f"| method | {head} |", "|---" * (len(DIFFICULTY) + 1) + "|"]
+def _difficulty_table(rows, alpha: float, num_classes: int) -> str:
+  names = _reachable(num_classes)
+  head = " | ".join(f"rank {n.replace('_', '-').replace('0-1', '1')}" for n in names)
+  lines = [f"| method | {head} |", "|---" * (len(names) + 1) + "|"]
   for row in rows:
     if row["alpha"] == alpha:
       cells = [
         f"{row[f'size_difficulty_{n}']:.1f} / {row[f'coverage_difficulty_{n}']:.2f}"
         if row[f"size_difficulty_{n}"] is not None
         else "–"
-        for n in DIFFICULTY
+        for n in names
       ]
       lines.append(f"| {_label(row)} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -127,7 +135,7 @@ def _figure(results: dict, path: pathlib.Path, alpha: float) -> None:
       ax.set_xticks(range(len(ticks)), ticks)
   axes[0, 0].legend(fontsize=8)
   fig.suptitle(
-    f"Prediction sets at alpha = {alpha}: size and coverage by difficulty (mean over splits)"
+    f"Prediction sets at alpha = {alpha} by difficulty, mean over splits (dashed: randomized)"
   )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -207,9 +215,9 @@ def main():
     print(_table(rows))
     for alpha in ALPHAS:
       print(f"\nSet-size strata at alpha = {alpha} (fraction of examples / their coverage):\n")
-      print(_strata_table(rows, alpha))
+      print(_strata_table(rows, alpha, example.num_classes))
     print("\nBy difficulty at alpha = 0.1 (mean size / coverage):\n")
-    print(_difficulty_table(rows, 0.1))
+    print(_difficulty_table(rows, 0.1, example.num_classes))
     if name.startswith("densenet"):
       print("\ntopk's settings, alpha = 0.1:\n")
       print(_tuning(log_probs, example.labels, folds))
