@@ -199,7 +199,8 @@ def test_bad_inputs_give_one_line_value_errors():
     (lambda: fitted.predict_set(logits, alpha=0), "alpha: expected a probability in"),
     (lambda: fitted.predict_set(logits, alpha=1.5), "alpha: expected a probability in"),
     (lambda: sets.evaluate_sets(logits, labels, crossval.make_splits(40, 2), k=2), "options"),
-    (lambda: sets.evaluate_sets(logits, labels, crossval.make_splits(30, 2)), "folds: made"),
+    (lambda: sets.evaluate_sets(logits, labels, crossval.make_splits(30, 2)), "splits: made"),
+    (lambda: sets.evaluate_sets(probs, labels, crossval.make_splits(40, 2)), "log_probs_from"),
   ]:
     _refused(call, message)
 

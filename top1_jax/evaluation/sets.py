@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import binning, splits, validation
+from top1_jax.core import binning, validation
+from top1_jax.core.splits import Splits
 from top1_jax.estimators import base
 from top1_jax.estimators import bins as saved_bins
 from top1_jax.evaluation import conformal
@@ -155,7 +156,8 @@ def _raps_from_dict(d, source: str, num_classes: int):
 
 
 def _topk_to_dict(bins: binning.Bins) -> dict:
-  per_k = [jax.tree.map(lambda field, k=k: field[k], bins) for k in range(bins.prob.shape[0])]
+  host = jax.tree.map(np.asarray, bins)  # one copy, then K host slices
+  per_k = [jax.tree.map(lambda field, k=k: field[k], host) for k in range(host.prob.shape[0])]
   return {"bins": [saved_bins.to_dict(b) for b in per_k]}
 
 
@@ -374,14 +376,14 @@ def _summary(per_split: list[dict[str, float]]) -> dict[str, float | None]:
   return out
 
 
-def _evaluate_method(method, options, data, u, folds, alphas, key, tune_per_alpha) -> list[dict]:
+def _evaluate_method(method, options, data, u, splits, alphas, key, tune_per_alpha) -> list[dict]:
   """``evaluate_sets``' rows of one method: fitted on each split's calibration part (and
   for each alpha when its tuning depends on it), scored on its test part."""
   u = u if options.get("randomized", False) else np.zeros_like(u)
   groups = [(a,) for a in alphas] if tune_per_alpha and method.tunes(options) else [alphas]
   results = {alpha: [] for alpha in alphas}  # (metrics, params, n conformal, n test) per split
-  for split in range(folds.num_splits):
-    test = folds.test_mask(split)
+  for split in range(splits.num_splits):
+    test = splits.test_mask(split)
     cal_data, cal_u = conformal.part(data, u, np.flatnonzero(~test))
     test_data, test_u = conformal.part(data, u, np.flatnonzero(test))
     rank = test_data.rank[: test_data.num]
@@ -412,7 +414,7 @@ def _evaluate_method(method, options, data, u, folds, alphas, key, tune_per_alph
         "method": method.name,
         "randomized": bool(options.get("randomized", False)),
         "alpha": alpha,
-        "num_splits": folds.num_splits,
+        "num_splits": splits.num_splits,
         "num_conformal": float(np.mean(num_conformal)),
         "num_test": float(np.mean(num_test)),
         **tuned,
@@ -425,7 +427,7 @@ def _evaluate_method(method, options, data, u, folds, alphas, key, tune_per_alph
 def evaluate_sets(
   log_probs: ArrayLike,
   labels: ArrayLike,
-  folds: splits.Splits,
+  splits: Splits,
   *,
   methods=tuple(METHODS),
   alphas=(0.1, 0.05),
@@ -441,7 +443,7 @@ def evaluate_sets(
   Args:
     log_probs: [N, K] log-probabilities or logits (normalised here).
     labels: [N] int true classes.
-    folds: ``crossval.make_splits(N, ...)``.
+    splits: ``crossval.make_splits(N, ...)``.
     methods: names of ``METHODS``.
     alphas: miscoverage levels in (0, 1).
     seed: of the draws u and the tuning parts.
@@ -455,14 +457,16 @@ def evaluate_sets(
     else None), then the means over the splits of ``conformal.set_metrics``' values (None where
     no split defines one) and coverage_std, mean_size_std, sscv_std.
   """
-  logits = validation.float_array("log_probs", log_probs, 2, host=True)
+  logits = np.asarray(validation.float_array("log_probs", log_probs, 2, host=True), np.float32)
   if logits.shape[-1] < 2:
     raise ValueError(f"log_probs: expected at least 2 classes, got shape {logits.shape}")
+  fix = "pass scores.log_probs_from_probs(probs)"
+  validation.refuse_probabilities("log_probs", logits, fix, given=log_probs)
   labels = validation.labels_array("labels", labels, logits.shape[-1], host=True)
   num = validation.same_length(log_probs=logits, labels=labels)
-  validation.instance("folds", folds, splits.Splits, "crossval.Splits from make_splits")
-  if folds.fold.shape[-1] != num:
-    raise ValueError(f"folds: made for {folds.fold.shape[-1]} examples, log_probs has {num}")
+  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
+  if splits.fold.shape[-1] != num:
+    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, log_probs has {num}")
   chosen = [lookup(name) for name in ((methods,) if isinstance(methods, str) else methods)]
   alphas = tuple(validation.probability("alphas", alpha) for alpha in alphas)
   if not chosen or not alphas:
@@ -474,13 +478,13 @@ def evaluate_sets(
   settings = []
   for method in chosen:
     given = checked_options(method, {k: v for k, v in options.items() if k in method.options})
-    smallest = int(num - max(np.sum(folds.test_mask(f)) for f in range(folds.num_splits)))
-    check_sizes(method, given, smallest, "folds")
+    smallest = int(num - max(np.sum(splits.test_mask(f)) for f in range(splits.num_splits)))
+    check_sizes(method, given, smallest, "splits")
     settings.append((method, given))
   data = conformal.ranked(logits, labels)
   u = conformal.uniform_draws(jax.random.fold_in(key, _CALIBRATION), num)
   rows = []
   for method, given in settings:
     per_alpha = "tune_alpha" in method.options and "tune_alpha" not in options
-    rows += _evaluate_method(method, given, data, u, folds, alphas, key, per_alpha)
+    rows += _evaluate_method(method, given, data, u, splits, alphas, key, per_alpha)
   return rows
