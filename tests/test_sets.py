@@ -151,6 +151,7 @@ def test_sets_grow_as_alpha_falls_and_save_load_round_trip(method, tmp_path):
   metrics = loaded.evaluate(logits[NUM_CAL:], labels[NUM_CAL:], alpha=0.1)
   assert metrics["coverage"] == masks[2][np.arange(NUM_TEST), labels[NUM_CAL:]].mean()
   assert metrics["mean_size"] == masks[2].sum(axis=1).mean()
+  assert metrics["coverage_size_101_up"] is None  # K = 6: no set that large
 
 
 def test_evaluate_sets_rows():

@@ -22,6 +22,7 @@ It follows scikit-learn's conventions: ``__init__`` stores its arguments, ``fit`
 them and returns ``self``, fitted attributes end in ``_``, ``get_params`` / ``set_params``.
 """
 
+import math
 from typing import Any
 
 import numpy as np
@@ -50,11 +51,12 @@ class SetPredictor:
       [0, 1] and sums to 1 are refused (they are probabilities; pass ``inputs="probs"``).
     seed: of the random draws: u for the randomized methods (one per example, at fit and
       at predict) and the tuning part of raps and topk. The same inputs get the same sets.
-    **options: the method's options. aps, raps, topk: ``randomized`` (True: sets reach
-      1 - alpha exactly, and may be empty; False: the top label is always in). raps:
-      ``k_reg``, ``lam`` (None: its paper's rule, on a random ``tune_fraction`` = 0.3 of the
+    **options: the method's options. ``randomized`` (aps, raps: True by default, as their
+      papers; topk: False): True reaches 1 - alpha exactly, and a set may be empty; False
+      always includes the top label and covers at least 1 - alpha. raps: ``k_reg``,
+      ``lam`` (None: its paper's rule, on a random ``tune_fraction`` = 0.3 of the
       calibration data, for ``tune_alpha`` = 0.1; any alpha keeps the guarantee). topk:
-      ``n_bins`` (20, per k) and ``tune_fraction`` (0.5: the bins' share of the data).
+      ``n_bins`` (20, for each k) and ``tune_fraction`` (0.5: the bins' share of the data).
 
   Fitted attributes:
     method_: the ``evaluation.sets.SetMethod`` that was fitted.
@@ -173,10 +175,11 @@ class SetPredictor:
     mask = conformal.prefix_mask(conformal.pad_rows(logits, size), data.sorted, lengths)
     return np.asarray(mask)[: data.num]
 
-  def evaluate(self, x: ArrayLike, labels: ArrayLike, alpha: float = 0.1) -> dict[str, float]:
-    """The sets of held-out data at level ``alpha``, scored: ``conformal.set_metrics`` (coverage,
-    mean_size, median_size, empty_fraction, sscv, and per stratum of set size and of
-    difficulty the fraction, size and coverage), plus num_examples."""
+  def evaluate(self, x: ArrayLike, labels: ArrayLike, alpha: float = 0.1) -> dict[str, Any]:
+    """The sets of held-out data at level ``alpha``, scored: ``conformal.set_metrics``
+    (coverage, mean_size, median_size, empty_fraction, sscv, and per stratum of set size
+    and of difficulty the fraction, size and coverage; None for an empty stratum), plus
+    num_examples."""
     self._fitted()
     alpha = validation.probability("alpha", alpha)
     logits = self._logits(x, self.num_classes_)
@@ -184,7 +187,8 @@ class SetPredictor:
     validation.same_length(x=logits, labels=labels)
     data = conformal.ranked(logits, labels)
     metrics = conformal.set_metrics(self._sizes(data, alpha), data.rank[: data.num], alpha)
-    return {"num_examples": int(labels.shape[0]), **metrics}
+    defined = {name: None if math.isnan(value) else value for name, value in metrics.items()}
+    return {"num_examples": int(labels.shape[0]), **defined}
 
   # Saving and loading.
 
