@@ -154,18 +154,25 @@ def test_sets_grow_as_alpha_falls_and_save_load_round_trip(method, tmp_path):
   assert metrics["coverage_size_101_up"] is None  # K = 6: no set that large
 
 
-def test_evaluate_sets_rows():
+def test_evaluate_sets_rows_in_distribution_and_under_shift():
   logits, labels = _data(120)
   folds = crossval.make_splits(120, 2, seed=0)
   rows = sets.evaluate_sets(logits, labels, folds, alphas=(0.1, 0.2), n_bins=5)
-  assert [(r["method"], r["alpha"]) for r in rows] == [
-    (m, a) for m in sets.METHODS for a in (0.1, 0.2)
+  assert [(r["method"], r["set"], r["alpha"]) for r in rows] == [
+    (m, "clean", a) for m in sets.METHODS for a in (0.1, 0.2)
   ]
   for row in rows:
-    assert 0 <= row["sscv"] <= 1 and row["num_splits"] == 2
+    assert 0 <= row["sscv"] <= 1 and row["num_splits"] == 2 and row["num_test"] == 60
     assert {f"coverage_size_{name}" for name in conformal.STRATUM_NAMES} <= set(row)
     assert (row["k_reg"] is None) == (row["method"] != "raps")
   json.dumps(rows, allow_nan=False)  # None where undefined, never NaN
+  noisy = logits + np.random.default_rng(1).normal(scale=2.0, size=logits.shape)
+  shifted = sets.evaluate_sets(
+    logits, labels, folds, methods=("aps",), alphas=(0.1,), shifted={"noisy": (noisy, labels)}
+  )
+  assert [r["set"] for r in shifted] == ["clean", "noisy"]
+  assert shifted[0] == rows[2]  # calibrated and tested on the clean set alike
+  assert shifted[1]["coverage"] < shifted[0]["coverage"]  # noise the calibration never saw
 
 
 def _refused(call, message: str) -> None:
@@ -202,6 +209,12 @@ def test_bad_inputs_give_one_line_value_errors():
     (lambda: sets.evaluate_sets(logits, labels, crossval.make_splits(40, 2), k=2), "options"),
     (lambda: sets.evaluate_sets(logits, labels, crossval.make_splits(30, 2)), "splits: made"),
     (lambda: sets.evaluate_sets(probs, labels, crossval.make_splits(40, 2)), "log_probs_from"),
+    (
+      lambda: sets.evaluate_sets(
+        logits, labels, crossval.make_splits(40, 2), shifted={"a": (logits[:, :3], labels)}
+      ),
+      r"shifted\['a'\]: expected 6 classes",
+    ),
   ]:
     _refused(call, message)
 

@@ -360,33 +360,17 @@ def predict_sizes(
 # Evaluation over random splits.
 
 
-_WITH_STD = ("coverage", "mean_size", "sscv")
-
-
-def _summary(per_split: list[dict[str, float]]) -> dict[str, float | None]:
-  """Means over the splits where each metric is defined (None where none); the sample
-  standard deviation of ``_WITH_STD`` (0 for one split)."""
-  out: dict[str, float | None] = {}
-  for name in per_split[0]:
-    values = np.array([metrics[name] for metrics in per_split])
-    values = values[~np.isnan(values)]
-    out[name] = float(values.mean()) if values.size else None
-    if name in _WITH_STD:
-      out[f"{name}_std"] = float(values.std(ddof=1)) if values.size > 1 else 0.0
-  return out
-
-
 def _evaluate_method(method, options, data, u, splits, alphas, key, tune_per_alpha) -> list[dict]:
-  """``evaluate_sets``' rows of one method: fitted on each split's calibration part (and
-  for each alpha when its tuning depends on it), scored on its test part."""
+  """``evaluate_sets``' rows of one method: fitted on each split's calibration part of the
+  first set of ``data`` (and for each alpha when its tuning depends on it), scored on the
+  test part of every set of ``data`` (name -> ``conformal.Ranked``)."""
   u = u if options.get("randomized", False) else np.zeros_like(u)
   groups = [(a,) for a in alphas] if tune_per_alpha and method.tunes(options) else [alphas]
-  results = {alpha: [] for alpha in alphas}  # (metrics, params, n conformal, n test) per split
+  results = {}  # (set, alpha) -> per split: (metrics, params, n conformal, n test)
+  clean = next(iter(data.values()))
   for split in range(splits.num_splits):
-    test = splits.test_mask(split)
-    cal_data, cal_u = conformal.part(data, u, np.flatnonzero(~test))
-    test_data, test_u = conformal.part(data, u, np.flatnonzero(test))
-    rank = test_data.rank[: test_data.num]
+    test = np.flatnonzero(splits.test_mask(split))
+    cal_data, cal_u = conformal.part(clean, u, np.flatnonzero(~splits.test_mask(split)))
     tuning = np.zeros(cal_u.shape[0], bool)
     if method.tunes(options):
       split_key = jax.random.fold_in(jax.random.fold_in(key, _TUNING), split)
@@ -395,33 +379,44 @@ def _evaluate_method(method, options, data, u, splits, alphas, key, tune_per_alp
       settings = {**options, "tune_alpha": group[0]} if tune_per_alpha else options
       fitted = calibrate(method, cal_data, cal_u, tuning, settings)
       thresholds = [conformal.threshold(fitted.scores, alpha) for alpha in group]
-      for alpha, sizes in zip(
-        group, set_sizes(method, fitted.params, test_data, test_u, thresholds), strict=True
-      ):
-        sizes_metrics = conformal.set_metrics(sizes, rank, alpha)
-        results[alpha].append((sizes_metrics, fitted.params, fitted.scores.shape[0], rank.size))
+      for name, whole in data.items():
+        test_data, test_u = conformal.part(whole, u, test)
+        rank = test_data.rank[: test_data.num]
+        sizes = set_sizes(method, fitted.params, test_data, test_u, thresholds)
+        for alpha, size in zip(group, sizes, strict=True):
+          entry = (conformal.set_metrics(size, rank, alpha), fitted.params, len(fitted.scores))
+          results.setdefault((name, alpha), []).append((*entry, rank.size))
   rows = []
-  for alpha in alphas:
-    metrics, params, num_conformal, num_test = zip(*results[alpha], strict=True)
-    tuned = {"k_reg": None, "lam": None}
-    if method.name == "raps":
-      tuned = {
-        "k_reg": float(np.median([p[0] for p in params])),
-        "lam": float(np.median([p[1] for p in params])),
-      }
+  for (name, alpha), per_split in results.items():
+    metrics, params, num_conformal, num_test = zip(*per_split, strict=True)
+    raps = method.name == "raps"
     rows.append(
       {
         "method": method.name,
         "randomized": bool(options.get("randomized", False)),
+        "set": name,
         "alpha": alpha,
         "num_splits": splits.num_splits,
         "num_conformal": float(np.mean(num_conformal)),
         "num_test": float(np.mean(num_test)),
-        **tuned,
-        **_summary(list(metrics)),
+        "k_reg": float(np.median([p[0] for p in params])) if raps else None,
+        "lam": float(np.median([p[1] for p in params])) if raps else None,
+        **conformal.summary(list(metrics)),
       }
     )
-  return rows
+  return sorted(rows, key=lambda row: (list(data).index(row["set"]), alphas.index(row["alpha"])))
+
+
+def _checked_set(name: str, log_probs: ArrayLike, labels: ArrayLike, num_classes=None):
+  """([N, K] float32 logits, [N] int32 labels) of one set, checked."""
+  logits = np.asarray(validation.float_array(name, log_probs, 2, host=True), np.float32)
+  if logits.shape[-1] < 2 or logits.shape[-1] != (num_classes or logits.shape[-1]):
+    raise ValueError(f"{name}: expected {num_classes or '>= 2'} classes, got shape {logits.shape}")
+  fix = "pass scores.log_probs_from_probs(probs)"
+  validation.refuse_probabilities(name, logits, fix, given=log_probs)
+  labels = validation.labels_array(f"{name} labels", labels, logits.shape[-1], host=True)
+  validation.same_length(**{name: logits, f"{name} labels": labels})
+  return logits, labels
 
 
 def evaluate_sets(
@@ -432,13 +427,16 @@ def evaluate_sets(
   methods=tuple(METHODS),
   alphas=(0.1, 0.05),
   seed: int = 0,
+  shifted=None,
   **options,
 ) -> list[dict[str, Any]]:
   """Every method's prediction sets over random calibration/test splits, as tidy rows.
 
   Each split fits the method on its calibration part (raps and topk tune on a random
-  ``tune_fraction`` of it) and scores the sets of its test part. The draws u are one per
-  example, from ``seed``, shared by the splits (each split is a valid randomized procedure).
+  ``tune_fraction`` of it) and scores the sets of its test part; with ``shifted``, also
+  the same test examples of every shifted set (calibrated in distribution, tested under
+  shift: ``evaluation.shift``'s protocol). The draws u are one per example, from
+  ``seed``, shared by the splits and the sets (each split is a valid randomized procedure).
 
   Args:
     log_probs: [N, K] log-probabilities or logits (normalised here).
@@ -447,23 +445,23 @@ def evaluate_sets(
     methods: names of ``METHODS``.
     alphas: miscoverage levels in (0, 1).
     seed: of the draws u and the tuning parts.
+    shifted: None, or set name -> ([N, K] log-probabilities, [N] labels) of the same N
+      examples transformed.
     **options: given to every method that takes them (``randomized=False``; raps'
       ``k_reg``, ``lam``, ``tune_fraction``; topk's ``n_bins``). raps tunes k_reg and lam
       for each alpha, as its paper does, unless ``tune_alpha`` is given.
 
   Returns:
-    One row per method and alpha: method, randomized, alpha, num_splits, num_conformal
-    and num_test (mean sizes of the parts), k_reg and lam (raps: medians over the splits;
-    else None), then the means over the splits of ``conformal.set_metrics``' values (None where
-    no split defines one) and coverage_std, mean_size_std, sscv_std.
+    One row per method, set and alpha: method, randomized, set ("clean", or a name of
+    ``shifted``), alpha, num_splits, num_conformal and num_test (mean sizes of the parts),
+    k_reg and lam (raps: medians over the splits; else None), then ``conformal.summary``
+    of ``conformal.set_metrics`` over the splits.
   """
-  logits = np.asarray(validation.float_array("log_probs", log_probs, 2, host=True), np.float32)
-  if logits.shape[-1] < 2:
-    raise ValueError(f"log_probs: expected at least 2 classes, got shape {logits.shape}")
-  fix = "pass scores.log_probs_from_probs(probs)"
-  validation.refuse_probabilities("log_probs", logits, fix, given=log_probs)
-  labels = validation.labels_array("labels", labels, logits.shape[-1], host=True)
-  num = validation.same_length(log_probs=logits, labels=labels)
+  sets = {"clean": _checked_set("log_probs", log_probs, labels)}
+  num, num_classes = sets["clean"][0].shape
+  for name, (values, set_labels) in (shifted or {}).items():
+    sets[name] = _checked_set(f"shifted[{name!r}]", values, set_labels, num_classes)
+    validation.same_length(log_probs=sets["clean"][0], **{f"shifted[{name!r}]": sets[name][0]})
   validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
   if splits.fold.shape[-1] != num:
     raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, log_probs has {num}")
@@ -481,7 +479,7 @@ def evaluate_sets(
     smallest = int(num - max(np.sum(splits.test_mask(f)) for f in range(splits.num_splits)))
     check_sizes(method, given, smallest, "splits")
     settings.append((method, given))
-  data = conformal.ranked(logits, labels)
+  data = {name: conformal.ranked(*arrays) for name, arrays in sets.items()}
   u = conformal.uniform_draws(jax.random.fold_in(key, _CALIBRATION), num)
   rows = []
   for method, given in settings:
