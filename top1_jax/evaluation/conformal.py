@@ -106,8 +106,8 @@ _label_rank = jax.jit(top_entries.label_rank)
 
 def ranked(logits: np.ndarray, labels: np.ndarray | None = None, *, on_host=None) -> Ranked:
   """``Ranked`` of unchecked host [N, K] logits (and [N] labels). NumPy sorts on the host
-  (``on_host`` None: on a CPU backend, where XLA's sort of [50000, 1000] took 50x as long);
-  elsewhere the device does."""
+  (``on_host`` None: on a CPU backend, where XLA's sort is many times slower; docs/sets.md
+  has the numbers); elsewhere the device does."""
   size = bucket(logits.shape[0])
   padded = pad_rows(logits, size)
   if on_host or (on_host is None and jax.default_backend() == "cpu"):
@@ -125,8 +125,8 @@ _BLOCK = 32
 
 def cumulative_sum(values: jax.Array) -> jax.Array:
   """[N, K] running sums along the last axis (jitted callers): within blocks of 32 by one
-  matmul with a triangular matrix, then the blocks' offsets. On the CPU XLA's cumsum of
-  [50000, 1000] took 3x as long; sums round differently, which ``at_rank`` tolerates."""
+  matmul with a triangular matrix, then the blocks' offsets; faster than XLA's cumsum on
+  the CPU (docs/sets.md). Sums round differently, which ``at_rank`` tolerates."""
   num, num_classes = values.shape
   padded = jnp.pad(values, ((0, 0), (0, -num_classes % _BLOCK))).reshape(num, -1, _BLOCK)
   triangle = jnp.triu(jnp.ones((_BLOCK, _BLOCK), values.dtype))
