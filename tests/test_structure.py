@@ -35,9 +35,10 @@ MAY_IMPORT = {
   "plots": {"io"} | _MATHS,
   "pipeline": {"io", "engine", "plots", "configs"} | _MATHS,
   "calibrator": {"io", "plots"} | _MATHS,
+  "set_predictor": {"io"} | _MATHS,
   "configs": set(),
   "launch": {"calibrator", "pipeline", "plots", "io", "engine", "configs"} | _MATHS,
-  "__init__": {"calibrator", "io", "version"} | _MATHS,
+  "__init__": {"calibrator", "set_predictor", "io", "version"} | _MATHS,
 }
 """Each layer (a folder, or a module at the top of the package) and what it may import."""
 

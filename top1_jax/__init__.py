@@ -75,12 +75,14 @@ from top1_jax.evaluation.crossval import (
 )
 from top1_jax.evaluation.mislabeled import ConfidentErrors, confident_errors
 from top1_jax.io.examples import load_example
+from top1_jax.set_predictor import SetPredictor
 from top1_jax.version import __version__  # noqa: F401  (the public version)
 
 __all__ = [
   # the practitioner's calibrator, and the estimators it (and cross-validation) looks up
   "Calibrator",
   "ESTIMATOR_REGISTRY",
+  "SetPredictor",
   "Estimator",
   "Evidence",
   # modules of the maths

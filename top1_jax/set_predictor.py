@@ -1,0 +1,255 @@
+"""``SetPredictor``: sets of labels that hold the true one with probability >= 1 - alpha.
+
+The practitioner's face of ``evaluation.sets``::
+
+  sp = SetPredictor(method="aps", inputs="logits").fit(x_cal, labels_cal)
+  mask = sp.predict_set(x_new, alpha=0.1)       # [N, K] bool: P(label in set) >= 0.9
+  sp.predict_set(x_new, alpha=0.05)             # any alpha: the calibration scores are kept
+  sp.evaluate(x_test, labels_test, alpha=0.1)   # coverage, mean size, sscv, ...
+  sp.save("sets.json"); sp = SetPredictor.load("sets.json")
+
+``method`` picks a method of ``evaluation.sets.METHODS`` by name: "lac" (threshold on the
+label's probability), "aps" (adaptive sets), "raps" (regularised adaptive sets) or "topk"
+(the paper's calibrated P(label in Top-k)). The guarantee is split conformal's: it holds
+on average over the calibration data and a new example drawn from the same distribution
+(exchangeable with them), not for each example; docs/sets.md has the maths and numbers.
+
+``x`` is ``[N, K]`` logits or probabilities (``inputs``). Anything with ``__array__``
+works: NumPy, JAX, a CPU torch tensor. Probabilities are logged in float64 first
+(``scores.log_probs_from_probs``), so their underflowing tails keep their order.
+
+It follows scikit-learn's conventions: ``__init__`` stores its arguments, ``fit`` checks
+them and returns ``self``, fitted attributes end in ``_``, ``get_params`` / ``set_params``.
+"""
+
+import math
+from typing import Any
+
+import numpy as np
+from jax.typing import ArrayLike
+
+from top1_jax.core import scores, validation
+from top1_jax.estimators import base
+from top1_jax.evaluation import conformal, sets
+
+FORMAT = "top1_jax.SetPredictor"
+VERSION = 1
+MAX_FILE_BYTES = 1 << 28
+"""``load`` refuses a file larger than this (256 MiB) before reading it: a saved predictor
+holds its calibration scores (about 20 bytes each) and, for topk, the bins of every k."""
+INPUTS = ("logits", "probs")
+_PARAMS = ("method", "inputs", "seed")
+_INT32_MAX = 2**31 - 1
+
+
+class SetPredictor:
+  """Prediction sets with a split-conformal coverage guarantee.
+
+  Args:
+    method: a name of ``evaluation.sets.METHODS``: "lac", "aps", "raps" or "topk".
+    inputs: ``"logits"`` or ``"probs"``: what ``x`` holds. Logits whose every row lies in
+      [0, 1] and sums to 1 are refused (they are probabilities; pass ``inputs="probs"``).
+    seed: of the random draws: u for the randomized methods (one per example, at fit and
+      at predict) and the tuning part of raps and topk. The same inputs get the same sets.
+    **options: the method's options. ``randomized`` (aps, raps: True by default, as their
+      papers; topk: False): True reaches 1 - alpha exactly, and a set may be empty; False
+      always includes the top label and covers at least 1 - alpha. raps: ``k_reg``,
+      ``lam`` (None: its paper's rule, on a random ``tune_fraction`` = 0.3 of the
+      calibration data, for ``tune_alpha`` = 0.1; any alpha keeps the guarantee). topk:
+      ``n_bins`` (20, for each k) and ``tune_fraction`` (0.5: the bins' share of the data).
+
+  Fitted attributes:
+    method_: the ``evaluation.sets.SetMethod`` that was fitted.
+    options_: its options, checked, defaults included.
+    params_: its parameters: None (lac, aps), ``(k_reg, lam)`` (raps), the stacked
+      ``binning.Bins`` of every k (topk).
+    calibration_scores_: [n] float32, ascending, the conformal part's scores.
+    num_classes_: K of the calibration data.
+    seed_: the seed of the fit, which predictions use too.
+  """
+
+  def __init__(self, method: str = "aps", inputs: str = "logits", seed: int = 0, **options):
+    self.method = method
+    self.inputs = inputs
+    self.seed = seed
+    self.options = options
+
+  def get_params(self, deep: bool = True) -> dict[str, Any]:
+    """The constructor's arguments by name, the method's options included."""
+    del deep  # no parameter is itself an estimator
+    return {**{name: getattr(self, name) for name in _PARAMS}, **self.options}
+
+  def set_params(self, **params) -> "SetPredictor":
+    """Sets constructor arguments (any other name is a method option); returns ``self``."""
+    for name, value in params.items():
+      if name in _PARAMS:
+        setattr(self, name, value)
+      else:
+        self.options[name] = value
+    return self
+
+  def __repr__(self) -> str:
+    settings = ", ".join(f"{name}={value!r}" for name, value in self.get_params().items())
+    fitted = "fitted" if hasattr(self, "calibration_scores_") else "unfitted"
+    return f"SetPredictor({settings}; {fitted})"
+
+  def _checked(self) -> tuple[sets.SetMethod, dict[str, Any], int]:
+    """The method, its checked options and the seed; a one-line ValueError for a bad one."""
+    method = sets.lookup(self.method)
+    if self.inputs not in INPUTS:
+      raise ValueError(f"inputs: expected one of {INPUTS}, got {self.inputs!r}")
+    seed = validation.positive_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
+    return method, sets.checked_options(method, self.options), seed
+
+  def _logits(self, x: ArrayLike, num_classes: int | None) -> np.ndarray:
+    """``x`` as host [N, K] float32 logits (log-probabilities of ``inputs="probs"``),
+    checked: the one place where what ``x`` holds is read."""
+    if self.inputs == "probs":
+      arr = scores.log_probs_from_probs(validation.as_array("x", x, 2, host=True), name="x")
+    else:
+      arr = validation.float_array("x", x, 2, host=True)
+    if arr.shape[-1] < 2:
+      raise ValueError(f"x: expected at least 2 classes on the last axis, got shape {arr.shape}")
+    validation.check_nonempty("x", arr)
+    if num_classes is not None and arr.shape[-1] != num_classes:
+      raise ValueError(
+        f"x: expected {num_classes} classes like the calibration data, got shape {arr.shape}"
+      )
+    if self.inputs == "logits":  # probabilities run as logits give other sets, silently
+      validation.refuse_probabilities("x", arr, 'pass inputs="probs"', given=x)
+    return np.asarray(arr, np.float32)
+
+  def _fitted(self) -> sets.SetMethod:
+    if not hasattr(self, "calibration_scores_"):
+      raise ValueError(
+        "SetPredictor: not fitted; call fit(x, labels) or SetPredictor.load(path) first"
+      )
+    return self.method_
+
+  def _set_fitted(self, method, options, seed: int, fitted: sets.Calibrated, num_classes: int):
+    self.method_, self.options_, self.seed_ = method, options, seed
+    self.params_, self.calibration_scores_ = fitted.params, fitted.scores
+    self.num_classes_ = num_classes
+
+  def fit(self, x: ArrayLike, labels: ArrayLike) -> "SetPredictor":
+    """Fits the method on calibration data; returns ``self``. A refused fit (a one-line
+    ValueError) leaves the predictor as it was.
+
+    Args:
+      x: [N, K] logits or probabilities (``inputs``).
+      labels: [N] int true classes.
+    """
+    method, options, seed = self._checked()
+    logits = self._logits(x, None)
+    labels = validation.labels_array("labels", labels, logits.shape[-1], host=True)
+    validation.same_length(x=logits, labels=labels)
+    sets.check_sizes(method, options, logits.shape[0], "x")
+    fitted = sets.fit(method, logits, labels, seed, options)
+    self._set_fitted(method, options, seed, fitted, logits.shape[-1])
+    return self
+
+  def threshold(self, alpha: float = 0.1) -> float:
+    """The conformal threshold at level ``alpha``: the ceil((n + 1)(1 - alpha))-th smallest
+    calibration score, +inf when alpha < 1 / (n + 1) (then every set is full)."""
+    self._fitted()
+    return conformal.threshold(self.calibration_scores_, validation.probability("alpha", alpha))
+
+  def _sizes(self, data: conformal.Ranked, alpha: float) -> np.ndarray:
+    """[N] the set sizes of ``data`` at a checked ``alpha``."""
+    fitted = sets.Calibrated(self.params_, self.calibration_scores_)
+    return sets.predict_sizes(self.method_, fitted, data, [alpha], self.seed_, self.options_)[0]
+
+  def predict_set(self, x: ArrayLike, alpha: float = 0.1) -> np.ndarray:
+    """[N, K] bool: each example's set of labels at miscoverage level ``alpha`` in (0, 1).
+
+    Sets grow as alpha falls (they are nested). An alpha below 1 / (n + 1), for n the
+    conformal part's size, gives every example the full set: no smaller set has the
+    guarantee with so few calibration examples.
+    """
+    self._fitted()
+    alpha = validation.probability("alpha", alpha)
+    logits = self._logits(x, self.num_classes_)
+    data = conformal.ranked(logits)
+    size = data.sorted.shape[0]
+    lengths = conformal.pad_rows(self._sizes(data, alpha), size)
+    mask = conformal.prefix_mask(conformal.pad_rows(logits, size), data.sorted, lengths)
+    return np.asarray(mask)[: data.num]
+
+  def evaluate(self, x: ArrayLike, labels: ArrayLike, alpha: float = 0.1) -> dict[str, Any]:
+    """The sets of held-out data at level ``alpha``, scored: ``conformal.set_metrics``
+    (coverage, mean_size, median_size, empty_fraction, sscv, and per stratum of set size
+    and of difficulty the fraction, size and coverage; None for an empty stratum), plus
+    num_examples."""
+    self._fitted()
+    alpha = validation.probability("alpha", alpha)
+    logits = self._logits(x, self.num_classes_)
+    labels = validation.labels_array("labels", labels, self.num_classes_, host=True)
+    validation.same_length(x=logits, labels=labels)
+    data = conformal.ranked(logits, labels)
+    metrics = conformal.set_metrics(self._sizes(data, alpha), data.rank[: data.num], alpha)
+    defined = {name: None if math.isnan(value) else value for name, value in metrics.items()}
+    return {"num_examples": int(labels.shape[0]), **defined}
+
+  # Saving and loading.
+
+  def to_dict(self) -> dict[str, Any]:
+    """The fitted predictor as plain JSON-able values (``from_dict`` reads it back)."""
+    method = self._fitted()
+    return {
+      "format": FORMAT,
+      "version": VERSION,
+      "method": method.name,
+      "inputs": self.inputs,
+      "seed": self.seed_,
+      "options": {name: self.options_[name] for name in self.options},  # the checked values
+      "num_classes": self.num_classes_,
+      "calibration_scores": self.calibration_scores_.astype(np.float64).tolist(),
+      "params": method.to_dict(self.params_),
+    }
+
+  @classmethod
+  def from_dict(cls, state: Any, source: str = "state") -> "SetPredictor":
+    """A fitted predictor from ``to_dict``'s values, each checked."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+      raise ValueError(f'{source}: not a top1_jax set predictor (no "format": "{FORMAT}")')
+    version = state.get("version")
+    if type(version) is not int or version != VERSION:  # true == 1 == 1.0 in Python
+      raise ValueError(
+        f"{source}: set predictor version {version!r}, this top1_jax reads {VERSION}"
+      )
+    try:
+      options = state["options"]
+      if not isinstance(options, dict):
+        raise ValueError(f"options: expected an object, got {options!r}")
+      predictor = cls(**{name: state[name] for name in _PARAMS}, **options)
+      method, checked, seed = predictor._checked()
+      num_classes = validation.positive_int(
+        "num_classes", state["num_classes"], minimum=2, maximum=_INT32_MAX
+      )
+    except KeyError as e:
+      raise ValueError(f"{source}: set predictor field {e} is missing") from None
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{source}: bad set predictor field ({e})") from None
+    calibration = base.read_array(state, "calibration_scores", source, "f")
+    if calibration.size == 0:
+      raise ValueError(f"{source}: field 'calibration_scores' is empty; fit on some data")
+    params = method.from_dict(base.field(state, "params", source), source, num_classes)
+    fitted = sets.Calibrated(params, np.sort(calibration.astype(np.float32)))
+    predictor._set_fitted(method, checked, seed, fitted, num_classes)
+    return predictor
+
+  def save(self, path) -> None:
+    """Writes the fitted predictor as versioned JSON (atomically; local or a URL)."""
+    from top1_jax.io import files  # the I/O layer, imported only when a file is written
+
+    files.write_json(path, self.to_dict())
+
+  @classmethod
+  def load(cls, path) -> "SetPredictor":
+    """Reads a predictor written by ``save``. A corrupt, foreign or hostile file (over
+    ``MAX_FILE_BYTES``, not UTF-8, nested too deeply, a key given twice, a NaN, a value its
+    stored dtype cannot hold) is a one-line ValueError naming the file and field."""
+    from top1_jax.io import files  # the I/O layer, imported only when a file is read
+
+    state = files.read_strict_json(path, MAX_FILE_BYTES, "a top1_jax set predictor")
+    return cls.from_dict(state, str(path))
