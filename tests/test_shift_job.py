@@ -22,7 +22,7 @@ from ml_collections import config_flags
 
 from top1_jax.core.validation import SettingError
 from top1_jax.engine import corruptions
-from top1_jax.io import idx, ood_sets, splits
+from top1_jax.io import idx, ood_sets, results, splits
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.launch import runner
 from top1_jax.pipeline import dataset_shift as shift_sweep
@@ -49,10 +49,10 @@ SHIFT = [
   "--config.shift_translations=(3,)", "--config.shift_corruptions=(contrast,impulse_noise)",
   "--config.shift_severities=(1,5)", "--config.shift_ood=(digits,uniform_noise)",
 ]  # fmt: skip
-SETS = [("clean", "0"), ("rotate", "90"), ("translate", "3"), ("contrast", "1"),
+SETS = [("clean", "0"), ("rotate_cubic", "90"), ("roll", "3"), ("contrast", "1"),
         ("contrast", "5"), ("impulse_noise", "1"), ("impulse_noise", "5")]  # fmt: skip
 OOD_SETS = ["ood_digits", "ood_uniform_noise"]
-SLUGS = ["clean", "rotate_90", "translate_3", "contrast_1", "contrast_5", "impulse_noise_1",
+SLUGS = ["clean", "rotate_cubic_90", "roll_3", "contrast_1", "contrast_5", "impulse_noise_1",
          "impulse_noise_5", *OOD_SETS]  # fmt: skip
 METHODS = {"deterministic": "deterministic", "mc_dropout": "dropout_0.2", "ensemble": "ensemble"}
 ON_SCORES = ("bins", "isotonic", "kde")  # the shift config's estimators fitted on a score
@@ -125,7 +125,8 @@ def test_shift_job_reuses_the_networks_and_writes_every_table(shift_job):
   vanilla = {(r["shift"], r["severity"]): r for r in rows
              if (r["method"], r["estimator"]) == ("deterministic", "raw")}  # fmt: skip
   # A real model: rotating Fashion-MNIST by 90 degrees costs an MLP most of its accuracy.
-  assert float(vanilla["rotate", "90"]["accuracy"]) < float(vanilla["clean", "0"]["accuracy"]) - 0.3
+  rotated = float(vanilla["rotate_cubic", "90"]["accuracy"])
+  assert rotated < float(vanilla["clean", "0"]["accuracy"]) - 0.3
 
   ood = _csv(out / "ood.csv")
   assert {r["shift"] for r in ood} == set(OOD_SETS)
@@ -137,7 +138,7 @@ def test_shift_job_reuses_the_networks_and_writes_every_table(shift_job):
     assert 0 <= float(r["ood_auroc"]) <= 1 and 0 <= float(r["p_correct_mean"]) <= 1
 
   figures = {p.name for p in (out / "figures").glob("*.png") if p.stat().st_size > 1000}
-  assert figures == {f"shift_{n}.png" for n in ("rotate", "translate", "corruptions", "ood")}
+  assert figures == {f"shift_{n}.png" for n in ("rotate_cubic", "roll", "corruptions", "ood")}
   page = (out / "index.html").read_text()
   assert all(f'src="figures/{name}"' in page for name in figures)
   md = (out / "results.md").read_text()
@@ -145,7 +146,8 @@ def test_shift_job_reuses_the_networks_and_writes_every_table(shift_job):
                   "Bins: pmax", "Isotonic: pmax", "Bins: dropout 0.2 cov. 2-norm",
                   "Bins: ensemble cov. 2-norm"):  # fmt: skip
     assert f"\n| {variant} |" in md, variant
-  for section in ("rotation (degrees)", "translation (pixels)", "corruptions", "out-of-distrib"):
+  geometric = [results.GEOMETRIC_SHIFTS[shift] for shift in ("rotate_cubic", "roll")]
+  for section in (*geometric, "corruptions", "out-of-distrib"):
     assert f"### {section}" in md
 
 
@@ -207,7 +209,7 @@ def _copy(shift_job, slug: str, method: str, to: pathlib.Path) -> pathlib.Path:
 @pytest.mark.slow
 def test_a_users_shifted_files_give_the_shift_jobs_rows(shift_job, tmp_path):
   clean = _copy(shift_job, "clean", "deterministic", tmp_path / "mine" / "clean.npz")
-  for slug in ("rotate_90", "contrast_5", "ood_digits"):
+  for slug in ("rotate_cubic_90", "contrast_5", "ood_digits"):
     _copy(shift_job, slug, "deterministic", tmp_path / "mine" / "shifted" / f"{slug}.npz")
   out = tmp_path / "out"
   result = _run(
@@ -217,10 +219,12 @@ def test_a_users_shifted_files_give_the_shift_jobs_rows(shift_job, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert (out / "results.csv").exists() and (out / "shift" / "index.html").exists()
   rows = _csv(out / "shift" / "results.csv")
-  sets = {("clean", "0"), ("rotate", "90"), ("contrast", "5")}
+  sets = {("clean", "0"), ("rotate_cubic", "90"), ("contrast", "5")}
   assert {(r["shift"], r["severity"]) for r in rows} == sets
   assert {r["method"] for r in rows} == {"deterministic"}
-  assert {r["source"] for r in rows} == {"clean", "shifted/rotate_90", "shifted/contrast_5"}
+  assert {r["source"] for r in rows} == {
+    "clean", "shifted/rotate_cubic_90", "shifted/contrast_5"
+  }  # fmt: skip
   key = lambda r: (r["method"], r["score"], r["estimator"], r["n_bins"], r["shift"], r["severity"])  # noqa: E731
   job = {key(r): r for r in _csv(shift_job.workdir / "shift" / "results.csv")}
   # The same files, splits and bins as the shift job's: its rows of these sets.
@@ -245,7 +249,7 @@ def test_a_users_shifted_files_give_the_shift_jobs_rows(shift_job, tmp_path):
 
 
 def _mislabelled(shift_job, folder: pathlib.Path) -> str:
-  path = _copy(shift_job, "rotate_90", "deterministic", folder / "rolled.npz")
+  path = _copy(shift_job, "rotate_cubic_90", "deterministic", folder / "rolled.npz")
   saved = predictions_lib.load_predictions(path)
   predictions_lib.save_predictions(
     path, dataclasses.replace(saved, labels=np.roll(saved.labels, 1))
@@ -269,11 +273,11 @@ def test_a_users_bad_shifted_files_are_one_line(shift_job, tmp_path, case, messa
   args = [f"--config.inputs={clean}"]
   if case == "no_inputs":
     args = []
-    shifted = str(_copy(shift_job, "rotate_90", "deterministic", tmp_path / "rotate_90.npz"))
+    shifted = str(_copy(shift_job, "rotate_cubic_90", "deterministic", tmp_path / "r90.npz"))
   elif case == "other_labels":
     shifted = _mislabelled(shift_job, tmp_path / "shifted")
   elif case == "no_clean_file":
-    shifted = str(_copy(shift_job, "rotate_90", "mc_dropout", tmp_path / "dropout_0.2.npz"))
+    shifted = str(_copy(shift_job, "rotate_cubic_90", "mc_dropout", tmp_path / "dropout_0.2.npz"))
   else:
     shifted = str(tmp_path / "nothing" / "*.npz")
   out = tmp_path / "out"
@@ -311,11 +315,11 @@ def test_shift_sets_in_order_from_the_command_lines_tuples():
     )
   )  # fmt: skip
   assert [s.slug for s in sets] == [
-    "clean", "rotate_90", "rotate_22.5", "translate_3", "contrast_1", "contrast_5",
+    "clean", "rotate_cubic_90", "rotate_cubic_22.5", "roll_3", "contrast_1", "contrast_5",
     "impulse_noise_1", "impulse_noise_5", "ood_digits",
   ]  # fmt: skip
   assert [(s.shift, s.severity) for s in sets][:4] == [
-    ("clean", 0), ("rotate", 90), ("rotate", 22.5), ("translate", 3)
+    ("clean", 0), ("rotate_cubic", 90), ("rotate_cubic", 22.5), ("roll", 3)
   ]  # fmt: skip
   assert [type(s.severity) for s in sets] == [int, int, float, *[int] * 6]
   assert [s.ood for s in sets] == [False] * 8 + [True]
@@ -324,8 +328,9 @@ def test_shift_sets_in_order_from_the_command_lines_tuples():
 def test_shift_sets_defaults_all_corruptions_and_no_repeats():
   sets = shift_sweep.shift_sets(_settings())
   slugs = [s.slug for s in sets]
-  assert slugs[:13] == ["clean", *(f"rotate_{d}" for d in range(15, 181, 15))]  # no rotate_0
-  assert slugs[13:27] == [f"translate_{p}" for p in range(1, 15)]
+  # Ovadia et al.'s rotations and translations (SciPy's cubic rotation, np.roll) by default.
+  assert slugs[:13] == ["clean", *(f"rotate_cubic_{d}" for d in range(15, 181, 15))]  # no 0
+  assert slugs[13:26] == [f"roll_{p}" for p in range(2, 27, 2)]
   named = [(s.shift, s.severity) for s in sets if s.shift in corruptions.names()]
   assert named == [(n, v) for n in corruptions.names() for v in range(1, 6)]
   assert slugs[-2:] == ["ood_digits", "ood_uniform_noise"]
@@ -337,7 +342,18 @@ def test_shift_sets_defaults_all_corruptions_and_no_repeats():
       "--config.shift_ood=(digits,digits)",
     )
   )  # fmt: skip
-  assert [s.slug for s in sets] == ["clean", "rotate_90", "translate_3", "contrast_1", "ood_digits"]
+  assert [s.slug for s in sets] == [
+    "clean",
+    "rotate_cubic_90",
+    "roll_3",
+    "contrast_1",
+    "ood_digits",
+  ]
+  ours = shift_sweep.shift_sets(
+    _settings("--config.shift_rotation=rotate", "--config.shift_translation=translate")
+  )
+  slugs = [s.slug for s in ours]
+  assert {"rotate_15", "translate_2"} <= set(slugs) and not any("cubic" in s for s in slugs)
 
 
 def test_shift_set_slug_and_meta():

@@ -248,3 +248,9 @@ def test_poisson_draws_have_the_poisson_mean_and_variance(lam):
     counts = np.bincount(draws.astype(int), minlength=60)[:60] / draws.size
     expected = scipy.stats.poisson.pmf(np.arange(60), lam)
     assert 0.5 * np.abs(counts - expected).sum() < 0.02
+
+
+def test_every_geometric_shift_has_its_axis_in_the_results():
+  from top1_jax.io import results
+
+  assert set(shifts.GEOMETRIC) == set(results.GEOMETRIC_SHIFTS)

@@ -58,7 +58,8 @@ HELP = {
   "optimizer": "adam, or sgd (with momentum and nesterov)",
   "momentum": "SGD's momentum, in [0, 1) (0: plain SGD; Adam ignores it)",
   "nesterov": "SGD with Nesterov's momentum",
-  "lr_schedule": "The learning rate over the run: constant, cosine (to 0 at the last step) or "
+  "lr_schedule": "The learning rate over the run: constant, cosine (to 0 one step after the "
+  "last, as optax) or "
   "step (times lr_factor at each epoch of lr_boundaries)",
   "lr_boundaries": "Epochs after which the step schedule multiplies the rate by lr_factor, "
   "e.g. (60,120,160)",
@@ -105,6 +106,10 @@ HELP = {
   # examples, tested on the same examples shifted (Ovadia et al. 2019).
   "shift_examples": "Test examples every shifted set is made of: the first N of the test split, "
   "the same at every shift and intensity; unset: all",
+  "shift_rotation": "How images are rotated: rotate_cubic (Ovadia et al.'s: SciPy's cubic spline, "
+  "the canvas enlarged, then the centre cropped) or rotate (bilinear, the canvas kept)",
+  "shift_translation": "How images are translated: roll (Ovadia et al.'s: wrapping round) or "
+  "translate (zero fill)",
   "shift_rotations": "Rotations to test, degrees counter-clockwise (0 is the clean set)",
   "shift_translations": "Translations to test, pixels along x (0 is the clean set)",
   "shift_corruptions": "Corruptions to test (top1_jax.engine.corruptions; all: every one)",
@@ -169,8 +174,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.selective_delta = 0.05
   config.figures = True
   config.shift_examples = config_dict.placeholder(int)
+  config.shift_rotation = "rotate_cubic"
+  config.shift_translation = "roll"
   config.shift_rotations = tuple(range(15, 181, 15))
-  config.shift_translations = tuple(range(1, 15))
+  config.shift_translations = tuple(range(2, 27, 2))
   config.shift_corruptions = ("all",)
   config.shift_severities = (1, 2, 3, 4, 5)
   config.shift_ood = ("digits", "uniform_noise")

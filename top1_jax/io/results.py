@@ -50,6 +50,16 @@ CLEAN = "clean"
 UNSHIFTED = {"shift": CLEAN, "severity": 0}
 """The shift columns of a row written before they existed: its test part was clean."""
 
+GEOMETRIC_SHIFTS = {
+  "rotate_cubic": "rotation (degrees; Ovadia et al.'s cubic spline)",
+  "roll": "translation (pixels, wrapping round; Ovadia et al.'s)",
+  "rotate": "rotation (degrees; bilinear, no reshape)",
+  "translate": "translation (pixels, zero fill)",
+}
+"""The shifts whose severity is an amount (``engine.shifts.GEOMETRIC``), with the axis a
+table or figure names; any other shifted set is a corruption (intensity 1-5) or OOD."""
+
+
 METRIC_COLUMNS = tuple(
   f"{name}{suffix}" for name in crossval.METRICS for suffix in ("", "_std", "_num_splits")
 )

@@ -72,8 +72,8 @@ def shift_sets(settings: Settings) -> list[ShiftSet]:
   severities = settings.shift_severities
   sets = [
     ShiftSet(results.CLEAN, 0),
-    *(ShiftSet("rotate", tables.severity(d)) for d in settings.shift_rotations),
-    *(ShiftSet("translate", p) for p in settings.shift_translations),
+    *(ShiftSet(settings.shift_rotation, tables.severity(d)) for d in settings.shift_rotations),
+    *(ShiftSet(settings.shift_translation, p) for p in settings.shift_translations),
     *(ShiftSet(name, s) for name in settings.shift_corruptions for s in severities),
     *(ShiftSet(OOD_PREFIX + name) for name in settings.shift_ood),
   ]
@@ -96,10 +96,8 @@ def make_images(shift_set: ShiftSet, images: np.ndarray, seed: int) -> np.ndarra
   """
   if shift_set.shift == results.CLEAN:
     return images
-  if shift_set.shift == "rotate":
-    return np.asarray(shifts.rotate(images, shift_set.severity))
-  if shift_set.shift == "translate":
-    return np.asarray(shifts.translate(images, int(shift_set.severity)))
+  if shift_set.shift in shifts.GEOMETRIC:
+    return np.asarray(shifts.GEOMETRIC[shift_set.shift](images, shift_set.severity))
   if shift_set.ood:
     name = shift_set.shift[len(OOD_PREFIX) :]
     num = min(len(images), ood_sets.OOD_SETS[name].max_num or len(images))

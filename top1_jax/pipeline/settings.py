@@ -255,6 +255,8 @@ class Settings:
   figures: bool = _rule(Rule(bool))
   # Dataset shift.
   shift_examples: int | None = _rule(Rule(int, low=1, optional=True))
+  shift_rotation: str = _rule(Rule(str, names=("rotate_cubic", "rotate")))
+  shift_translation: str = _rule(Rule(str, names=("roll", "translate")))
   shift_rotations: tuple[float, ...] = _rule(
     Rule(float, low=0.0, high=360.0, above=True, up_to=True, many=True, empty=True, what="degrees")
   )

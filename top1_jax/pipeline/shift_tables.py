@@ -38,7 +38,7 @@ VARIANTS: dict[str, dict] = {
 }  # fmt: skip
 """Display label -> the columns of its rows, in the tables' and figures' order."""
 
-GEOMETRIC = {"rotate": "rotation (degrees)", "translate": "translation (pixels)"}
+GEOMETRIC = results.GEOMETRIC_SHIFTS
 
 
 def matches(row: Mapping, selector: Mapping) -> bool:

@@ -181,11 +181,11 @@ def write_shift_figures(out_dir, panels) -> list:
   for name, rows, variants, p_correct in panels:
     suffix = f"_{name}" if name else ""
     shifts = {row["shift"] for row in rows}
-    for shift in ("rotate", "translate"):
+    for shift in results_io.GEOMETRIC_SHIFTS:
       if shift in shifts:
         fig = shift_curves(rows, variants, shift)
         written.append(save_figure(fig, out_dir / "figures" / f"shift_{shift}{suffix}.png"))
-    if shifts - {results_io.CLEAN, "rotate", "translate"}:
+    if shifts - {results_io.CLEAN, *results_io.GEOMETRIC_SHIFTS}:
       fig = corruption_boxes(rows, variants, ("brier", "ece", "accuracy"))
       written.append(save_figure(fig, out_dir / "figures" / f"shift_corruptions{suffix}.png"))
     if p_correct:

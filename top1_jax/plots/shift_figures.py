@@ -31,7 +31,7 @@ CLEAN = results.CLEAN
 OOD_PREFIX = "ood_"
 """The ``shift`` of an out-of-distribution set starts with it (``ood_digits``)."""
 
-AXIS_LABELS = {"rotate": "rotation angle (degrees)", "translate": "translation (pixels)"}
+AXIS_LABELS = results.GEOMETRIC_SHIFTS
 """The x label of the geometric shifts; any other shift is a corruption ("<name> severity")."""
 
 _METRIC_COLUMNS = set(results.METRIC_COLUMNS) | {f"{m}_num_runs" for m in crossval.METRICS}
