@@ -1,0 +1,86 @@
+"""Memory and hangs: what a hostile file or argument would make the library allocate or
+wait for, bounded, and refused in one line naming it.
+
+Peak memory is measured with ``tracemalloc`` (NumPy and Python buffers are traced), on
+files whose payload is far larger than the bound asserted, so a reader that inflates or
+allocates what the file declares fails the test without the machine filling up.
+"""
+
+import gzip
+import struct
+import tracemalloc
+import zlib
+
+import io_testing
+import pytest
+
+from top1_jax.io import datasets, idx
+
+_MIB = 1 << 20
+
+
+def _peak_bytes(call):
+  """(call()'s value or the exception it raised, the peak of traced memory meanwhile)."""
+  tracemalloc.start()
+  try:
+    try:
+      outcome = call()
+    except Exception as e:  # noqa: BLE001 -- handed to the test
+      outcome = e
+    return outcome, tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+
+
+def _gzip_bomb(prefix: bytes, zeros: int) -> bytes:
+  """A gzip stream of ``prefix`` then ``zeros`` zero bytes, compressed a block at a time
+  (the test never holds the inflated bytes)."""
+  packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: the gzip container
+  parts, block = [packer.compress(prefix)], bytes(_MIB)
+  for _ in range(zeros // _MIB):
+    parts.append(packer.compress(block))
+  return b"".join(parts) + packer.flush()
+
+
+def _idx_header(*shape: int) -> bytes:
+  return bytes([0, 0, 0x08, len(shape)]) + struct.pack(f">{len(shape)}I", *shape)
+
+
+def test_a_gzip_bomb_as_an_idx_file_is_refused_after_the_bytes_its_header_declares(
+  tmp_path, no_system_fmnist
+):
+  # 3.2 MB of gzip inflating to 3.5 GB had been inflated whole (read_idx and data_dir).
+  labels = _gzip_bomb(_idx_header(10) + bytes(range(10)), 256 * _MIB)
+  images = gzip.compress(_idx_header(10, 28, 28) + bytes(10 * 28 * 28))
+  (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(labels)
+  (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(images)
+  for read in (
+    lambda: idx.read_idx(tmp_path / "t10k-labels-idx1-ubyte.gz"),
+    lambda: datasets.load_dataset("fashion_mnist", "test", data_dir=tmp_path),
+  ):
+    error, peak = _peak_bytes(read)
+    assert isinstance(error, ValueError), error
+    text = io_testing.assert_one_clean_line(error)
+    assert text.startswith(f"{tmp_path / 't10k-labels-idx1-ubyte.gz'}: has trailing bytes")
+    assert peak < 4 * _MIB, peak  # the 256 MiB it inflates to were never held
+
+
+def test_an_idx_header_declaring_more_than_the_cap_is_refused_before_allocating(tmp_path):
+  path = tmp_path / "train-images-idx3-ubyte"
+  path.write_bytes(_idx_header(60000, 28, 28 * 1000) + bytes(100))
+  error, peak = _peak_bytes(lambda: idx.read_idx(path))
+  assert str(error) == (
+    f"{path}: header says shape (60000, 28, 28000) (47040000000 data bytes), over the"
+    f" {idx.MAX_IDX_BYTES} an IDX file may hold (idx.MAX_IDX_BYTES); not read"
+  )
+  assert peak < _MIB
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "character device"])
+def test_an_idx_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+  # A FIFO had hung the IDX reader; a link to /dev/zero had been read without end.
+  path = io_testing.not_regular_files(tmp_path)[kind]
+  for read in (idx.read_idx, idx.read_idx_shape):
+    error = io_testing.returns_without_a_writer(lambda read=read: read(path), tmp_path / "fifo")
+    assert isinstance(error, ValueError), error
+    assert io_testing.assert_one_clean_line(error).startswith(f"{path}: a {kind}")
