@@ -147,7 +147,8 @@ CASES = {
   ),
   "predict prob of another length": (
     lambda: binning.predict(BINS_4._replace(prob=BINS.prob), U),
-    "bins: expected [n_bins - 1] edges and [n_bins] prob, got shapes (3,) and (2,)",
+    "bins: expected [n_bins - 1] edges and [n_bins] counts, hits and prob, got shapes (3,) and"
+    " (4,), (4,), (2,)",
   ),
   "guaranteed_coverage target 1": (
     lambda: selective.guaranteed_coverage(BINS, 1.0),
@@ -390,11 +391,36 @@ def test_logits_are_refused_only_when_every_row_looks_like_probabilities(on_devi
     logits[row] = LOGITS[0]
     assert not validation.looks_like_probabilities(as_given(logits))
   off = probs.copy()
-  off[-1] *= 1.002  # a sum 2e-3 from 1: beyond float32's tolerance, within bfloat16's
+  # A sum 5e-3 from 1: beyond float32's tolerance and the rounding of five values to three
+  # decimals (2.5e-3), within bfloat16's epsilon.
+  off[-1] *= 1.005
   assert not validation.looks_like_probabilities(as_given(off))
   assert validation.looks_like_probabilities(as_given(off), dtype=jnp.bfloat16)
   assert not validation.looks_like_probabilities(as_given(LOGITS))
   assert not validation.looks_like_probabilities(as_given(np.zeros((0, 5), np.float32)))
+
+
+@pytest.mark.parametrize("num_classes", [2, 10, 100, 1000])
+def test_probabilities_rounded_to_three_decimals_are_refused_as_logits(num_classes):
+  # Rounded CIFAR-100 probabilities had passed as logits (a top-label Brier of 0.443
+  # instead of 0.167): their rows sum to 1 only within 100 x 5e-4.
+  rng = np.random.default_rng(num_classes)
+  probs = rng.dirichlet(np.full(num_classes, 0.1), size=400)
+  rounded = np.round(probs, 3).astype(np.float32)
+  labels = rng.integers(0, num_classes, 400)
+  far = np.abs(rounded.sum(1) - 1).max()
+  with pytest.raises(ValueError) as info:
+    Calibrator(n_bins=4).fit(rounded, labels)
+  text = str(info.value)
+  assert text.startswith("x: these look like probabilities (every row in [0, 1], summing to 1")
+  assert text.count("\n") == 0 and 'pass inputs="probs"' in text
+  if far > validation.SUM_TOLERANCE:  # the fix includes the rescaling, said with the sums
+    assert "within rounding" in text and "divide each by its sum first" in text
+  rescaled = rounded / rounded.sum(1, keepdims=True)
+  assert Calibrator(n_bins=4, inputs="probs").fit(rescaled, labels)
+  # Real logits stay logits, however many classes.
+  logits = np.log(probs + 1e-6).astype(np.float32)
+  assert not validation.looks_like_probabilities(logits)
 
 
 def test_real_logits_with_some_rows_in_the_unit_interval_are_accepted():
