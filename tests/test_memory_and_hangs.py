@@ -7,14 +7,19 @@ allocates what the file declares fails the test without the machine filling up.
 """
 
 import gzip
+import io
 import struct
 import tracemalloc
+import zipfile
 import zlib
 
 import io_testing
+import numpy as np
 import pytest
 
-from top1_jax.io import datasets, idx
+from top1_jax import Calibrator
+from top1_jax.core import binning
+from top1_jax.io import datasets, idx, stream
 
 _MIB = 1 << 20
 
@@ -84,3 +89,47 @@ def test_an_idx_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     error = io_testing.returns_without_a_writer(lambda read=read: read(path), tmp_path / "fifo")
     assert isinstance(error, ValueError), error
     assert io_testing.assert_one_clean_line(error).startswith(f"{path}: a {kind}")
+
+
+def test_calibrator_load_of_a_fifo_is_refused_not_waited_on(tmp_path):
+  path = io_testing.not_regular_files(tmp_path)["FIFO"]
+  error = io_testing.returns_without_a_writer(lambda: Calibrator.load(path), path)
+  assert isinstance(error, ValueError), error
+  assert str(error) == f"{path}: a FIFO (named pipe), not a regular file; give the path of a file"
+
+
+def test_a_bin_count_over_the_cap_is_refused_before_allocating():
+  # quantile_edge_ranks(10**6, 10**9) had allocated 3 GB of ranks.
+  for call in (
+    lambda: binning.quantile_edge_ranks(10**6, 10**9),
+    lambda: binning.quantile_edge_ranks(10**12, binning.MAX_BINS + 1),
+  ):
+    error, peak = _peak_bytes(call)
+    assert isinstance(error, ValueError) and f"at most {binning.MAX_BINS}" in str(error)
+    assert peak < _MIB
+
+
+def test_the_streaming_reader_holds_a_chunk_of_a_zip_bomb_not_the_bomb(tmp_path):
+  # 256 MiB of zero logits in a 0.3 MB member: inflated into a temporary file (its declared
+  # size, no more), then read a chunk at a time. evaluate's working memory beyond the
+  # reader (the [N, K] log-probabilities it keeps) is the engine's, not measured here.
+  num, classes = 1 << 20, 64
+  path = tmp_path / "bomb.npz"
+  with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+    with archive.open("logits.npy", "w") as member:
+      header = {"descr": "<f4", "fortran_order": False, "shape": (1, num, classes)}
+      np.lib.format.write_array_header_1_0(member, header)
+      for _ in range(num * classes * 4 // _MIB):
+        member.write(bytes(_MIB))
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros(num, np.int32))
+    archive.writestr("labels.npy", buffer.getvalue())
+  assert path.stat().st_size < _MIB
+
+  def read():
+    with stream.PredictionsReader(path) as reader:
+      return sum(chunk.num_examples for _, chunk in reader.chunks(1 << 16))
+
+  count, peak = _peak_bytes(read)
+  assert count == num
+  assert peak < 64 * _MIB, peak  # 16 MiB chunks and the copy's blocks, not 256 MiB
