@@ -3,6 +3,7 @@
 import errno
 import json
 import logging
+import os
 import shutil
 
 import jax
@@ -228,6 +229,14 @@ _DAMAGE = {
   "an empty state folder": (_remove_state_files, "rror"),
   "the state folder deleted": (lambda c: shutil.rmtree(c / "state"), "no metadata/ and state/"),
   "the metadata folder deleted": (lambda c: shutil.rmtree(c / "metadata"), "no metadata/ and"),
+  "a FIFO for the metadata": (
+    lambda c: ((c / "metadata" / "metadata").unlink(), os.mkfifo(c / "metadata" / "metadata")),
+    "metadata/metadata is not a regular file",
+  ),
+  "a link to /dev/zero for the array data": (
+    lambda c: (_largest_file(c / "state").unlink(), (c / "state" / "zero").symlink_to("/dev/zero")),
+    "state/zero is not a regular file",
+  ),
 }
 
 

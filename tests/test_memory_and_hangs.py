@@ -133,3 +133,34 @@ def test_the_streaming_reader_holds_a_chunk_of_a_zip_bomb_not_the_bomb(tmp_path)
   count, peak = _peak_bytes(read)
   assert count == num
   assert peak < 64 * _MIB, peak  # 16 MiB chunks and the copy's blocks, not 256 MiB
+
+
+def test_an_event_file_that_is_a_fifo_is_refused(tmp_path):
+  pytest.importorskip("tensorboardX")
+  from top1_jax.io import metric_writer
+
+  fifo = io_testing.not_regular_files(tmp_path / "kinds")["FIFO"]
+  logdir = tmp_path / "tensorboard"
+  logdir.mkdir()
+  events = logdir / "events.out.tfevents.1.host"
+  fifo.rename(events)
+  error = io_testing.returns_without_a_writer(lambda: metric_writer.read_scalars(logdir), events)
+  assert isinstance(error, ValueError), error
+  assert str(error).startswith(f"{events}: a FIFO (named pipe), not a regular file")
+
+
+def test_a_fifo_named_as_an_idx_file_in_data_dir_is_refused_not_passed_over(
+  tmp_path, no_system_fmnist
+):
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  labels = data_dir / "t10k-labels-idx1-ubyte"
+  io_testing.not_regular_files(tmp_path / "kinds")["FIFO"].rename(labels)
+  (data_dir / "t10k-images-idx3-ubyte").write_bytes(_idx_header(1, 2, 2) + bytes(4))
+  for read in (
+    lambda: datasets.load_dataset("fashion_mnist", "test", data_dir=data_dir, fallback=False),
+    lambda: datasets.split_info("fashion_mnist", "test", data_dir=data_dir, fallback=False),
+  ):
+    error = io_testing.returns_without_a_writer(read, labels)
+    assert isinstance(error, ValueError), error
+    assert str(error).startswith(f"{labels}: a FIFO (named pipe), not a regular file")

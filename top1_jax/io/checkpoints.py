@@ -190,6 +190,10 @@ def _check_files(path) -> None:
   """
   if not (path / "metadata").is_dir() or not (path / "state").is_dir():
     raise DamagedCheckpointError(path, "no metadata/ and state/ folders")
+  if isinstance(path, pathlib.Path):  # a FIFO would hang orbax's reader, a device fill memory
+    for part in path.rglob("*"):
+      if not (part.is_file() or part.is_dir()):
+        raise DamagedCheckpointError(path, f"{part.relative_to(path)} is not a regular file")
   for shard in (path / "state").glob("ocdbt.process_*"):
     for manifest in (path / "state" / "manifest.ocdbt", shard / "manifest.ocdbt"):
       if not manifest.is_file():

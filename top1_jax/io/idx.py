@@ -228,7 +228,8 @@ def _idx_pair(
   pair = []
   for kind in ("images-idx3", "labels-idx1"):
     stem = f"{IDX_SPLIT_PREFIX[split]}-{kind}-ubyte"
-    found = [c for c in (directory / f"{stem}.gz", directory / stem) if c.is_file()]
+    # exists(), not is_file(): a FIFO or a device by that name is refused, not passed over
+    found = [c for c in (directory / f"{stem}.gz", directory / stem) if c.exists()]
     if len(found) == 2 and not _same_data(*found):
       raise ValueError(
         f"{directory}: {stem}.gz and {stem} hold different data; remove the one that is not"
