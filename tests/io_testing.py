@@ -83,3 +83,48 @@ def write_tfds_metadata(data_dir: pathlib.Path, name: str, sizes: dict[str, int]
   builder.info.set_splits(tfds.core.SplitDict(splits))
   builder.data_path.mkdir(parents=True, exist_ok=True)
   builder.info.write_to_directory(builder.data_path)
+
+
+def not_regular_files(folder: pathlib.Path) -> dict[str, pathlib.Path]:
+  """Paths in ``folder`` that readers must refuse, by the kind their message names: a
+  FIFO, a link to ``/dev/zero`` (a device that never ends), a Unix socket and a folder."""
+  import socket
+
+  folder.mkdir(parents=True, exist_ok=True)
+  paths = {kind: folder / name for kind, name in [
+    ("FIFO", "fifo"), ("character device", "zero"), ("socket", "sock"), ("directory", "dir")
+  ]}  # fmt: skip
+  os.mkfifo(paths["FIFO"])
+  os.symlink("/dev/zero", paths["character device"])
+  server = socket.socket(socket.AF_UNIX)
+  server.bind(os.fspath(paths["socket"]))
+  server.close()  # the socket file stays
+  paths["directory"].mkdir()
+  return paths
+
+
+def returns_without_a_writer(call, fifo: pathlib.Path, patience: float = 20.0):
+  """``call()``'s outcome (its value, or the exception it raised), where a reader that
+  waits on ``fifo`` for a writer fails the test: after ``patience`` seconds a writer
+  comes and goes (so the reader ends), and the test fails as hung."""
+  import threading
+
+  outcome = []
+
+  def run():
+    try:
+      outcome.append(call())
+    except BaseException as e:  # noqa: BLE001 -- handed to the test
+      outcome.append(e)
+
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  thread.join(patience)
+  if thread.is_alive():
+    try:  # a writer that comes and goes releases a reader blocked in open() or read()
+      os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader any more (ENXIO)
+      pass
+    thread.join(patience)
+    raise AssertionError(f"{fifo}: the reader waited for a writer (a FIFO must be refused)")
+  return outcome[0]

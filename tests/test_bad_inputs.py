@@ -147,7 +147,8 @@ CASES = {
   ),
   "predict prob of another length": (
     lambda: binning.predict(BINS_4._replace(prob=BINS.prob), U),
-    "bins: expected [n_bins - 1] edges and [n_bins] prob, got shapes (3,) and (2,)",
+    "bins: expected [n_bins - 1] edges and [n_bins] counts, hits and prob, got shapes (3,) and"
+    " (4,), (4,), (2,)",
   ),
   "guaranteed_coverage target 1": (
     lambda: selective.guaranteed_coverage(BINS, 1.0),
@@ -343,15 +344,57 @@ def test_bad_input_gets_a_one_line_value_error(call, message):
 
 
 @pytest.mark.parametrize(
-  "content", [b"hello, not an archive", gzip.compress(b"hello")], ids=["text", "gzip"]
+  "content, what",
+  [(b"hello, not an archive", "text"), (gzip.compress(b"hello"), "gzip-compressed data")],
+  ids=["text", "gzip"],
 )
-def test_a_file_that_is_not_an_npz_is_named_as_such(content, tmp_path):
+def test_a_file_that_is_not_an_npz_is_named_as_such(content, what, tmp_path):
   path = tmp_path / "preds.npz"
   path.write_bytes(content)
-  with pytest.raises(
-    ValueError, match="not an .npz archive: neither a zip file nor a NumPy array file"
-  ):
+  with pytest.raises(ValueError) as info:
     predictions.load_predictions(path)
+  assert str(info.value) == (
+    f"{path}: not a readable .npz predictions file (it is {what}; expected an .npz archive of"
+    " named arrays, as save_predictions writes)"
+  )
+
+
+@pytest.mark.parametrize(
+  "content, what",
+  [(b"0,1,2\n", "text"), (b"\x80\x04K\x01.", "a Python pickle"), (b"PK\x03\x04xx", "a zip")],
+)
+def test_an_array_file_that_is_not_npy_says_what_it_is_never_allow_pickle(content, what, tmp_path):
+  # NumPy's own message had told users to pass allow_pickle=True (loading runs the
+  # file's code); the error says what the file is and what is expected instead.
+  np.save(tmp_path / "l.npy", LOGITS)
+  (tmp_path / "y.txt").write_bytes(content)
+  with pytest.raises(ValueError) as info:
+    predictions.from_arrays(labels=tmp_path / "y.txt", logits=tmp_path / "l.npy")
+  text = str(info.value)
+  assert text.startswith(f"labels: {tmp_path / 'y.txt'}: not a readable ") and what in text
+  assert "pickle=" not in text and "\n" not in text
+  if what == "text":
+    assert text.endswith(
+      "(it is text; expected a .npy array of int [N] class labels, as np.save writes)"
+    )
+
+
+def test_from_arrays_names_the_file_whose_contents_are_wrong(tmp_path):
+  np.save(tmp_path / "y.npy", LABELS)
+  np.save(tmp_path / "y2d.npy", np.zeros((6, 2), int))
+  np.save(tmp_path / "y5.npy", LABELS[:5])
+  np.save(tmp_path / "l.npy", LOGITS)
+  np.save(tmp_path / "l_nan.npy", np.where(LOGITS > 1, np.nan, LOGITS))
+  cases = [
+    ("y2d.npy", "l.npy", "labels: expected a 1-D array", "y2d.npy"),
+    ("y.npy", "l_nan.npy", "logits: ", "l_nan.npy"),
+    ("y5.npy", "l.npy", "logits: expected N=5", "l.npy"),
+  ]
+  for labels, logits, message, where in cases:
+    with pytest.raises(ValueError) as info:
+      predictions.from_arrays(labels=tmp_path / labels, logits=tmp_path / logits)
+    text = str(info.value)
+    assert text.startswith(message) and text.endswith(f"(in {tmp_path / where})"), text
 
 
 def test_consistent_logits_and_mean_probs_are_accepted():
@@ -370,7 +413,7 @@ def test_probabilities_from_a_npy_given_as_logits_are_refused(tmp_path):
     predictions.from_arrays(labels=tmp_path / "y.npy", logits=tmp_path / "p.npy")
   assert str(info.value) == (
     "logits: these look like probabilities (every row in [0, 1], summing to 1);"
-    " pass them as probs (--config.input_kind=probs)"
+    f" pass them as probs (--config.input_kind=probs) (in {tmp_path / 'p.npy'})"
   )
   with pytest.raises(ValueError, match=r"^probs: probabilities must lie in \[0, 1\]"):
     predictions.from_arrays(labels=tmp_path / "y.npy", probs=tmp_path / "l.npy")
@@ -390,11 +433,36 @@ def test_logits_are_refused_only_when_every_row_looks_like_probabilities(on_devi
     logits[row] = LOGITS[0]
     assert not validation.looks_like_probabilities(as_given(logits))
   off = probs.copy()
-  off[-1] *= 1.002  # a sum 2e-3 from 1: beyond float32's tolerance, within bfloat16's
+  # A sum 5e-3 from 1: beyond float32's tolerance and the rounding of five values to three
+  # decimals (2.5e-3), within bfloat16's epsilon.
+  off[-1] *= 1.005
   assert not validation.looks_like_probabilities(as_given(off))
   assert validation.looks_like_probabilities(as_given(off), dtype=jnp.bfloat16)
   assert not validation.looks_like_probabilities(as_given(LOGITS))
   assert not validation.looks_like_probabilities(as_given(np.zeros((0, 5), np.float32)))
+
+
+@pytest.mark.parametrize("num_classes", [2, 10, 100, 1000])
+def test_probabilities_rounded_to_three_decimals_are_refused_as_logits(num_classes):
+  # Rounded CIFAR-100 probabilities had passed as logits (a top-label Brier of 0.443
+  # instead of 0.167): their rows sum to 1 only within 100 x 5e-4.
+  rng = np.random.default_rng(num_classes)
+  probs = rng.dirichlet(np.full(num_classes, 0.1), size=400)
+  rounded = np.round(probs, 3).astype(np.float32)
+  labels = rng.integers(0, num_classes, 400)
+  far = np.abs(rounded.sum(1) - 1).max()
+  with pytest.raises(ValueError) as info:
+    Calibrator(n_bins=4).fit(rounded, labels)
+  text = str(info.value)
+  assert text.startswith("x: these look like probabilities (every row in [0, 1], summing to 1")
+  assert text.count("\n") == 0 and 'pass inputs="probs"' in text
+  if far > validation.SUM_TOLERANCE:  # the fix includes the rescaling, said with the sums
+    assert "within rounding" in text and "divide each by its sum first" in text
+  rescaled = rounded / rounded.sum(1, keepdims=True)
+  assert Calibrator(n_bins=4, inputs="probs").fit(rescaled, labels)
+  # Real logits stay logits, however many classes.
+  logits = np.log(probs + 1e-6).astype(np.float32)
+  assert not validation.looks_like_probabilities(logits)
 
 
 def test_real_logits_with_some_rows_in_the_unit_interval_are_accepted():

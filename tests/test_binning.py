@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from top1_jax.core import binning
+from top1_jax.core import binning, metrics
 
 
 def _data(num, seed=0, ties=False):
@@ -329,3 +329,75 @@ def test_calibrated_score_is_recovered_within_hoeffding(seed):
 def test_bad_input(call, message):
   with pytest.raises(ValueError, match=message):
     call()
+
+
+# ----------------------------------------------------------------------------
+# Impossible input to the low-level functions: one line, never a number. Each had
+# returned one (a probability of 1.375 or -0.125, a bin of unsorted edges, a NaN
+# decomposition, ranks for 0 points).
+
+_U = np.linspace(0.0, 1.0, 40, dtype=np.float32)
+_OK = np.arange(40) % 3 > 0
+_FIT = binning.fit(_U, _OK, 4)
+
+
+def _broken(**fields) -> binning.Bins:
+  return _FIT._replace(**{k: jnp.asarray(v) for k, v in fields.items()})
+
+
+@pytest.mark.parametrize(
+  "call, message",
+  [
+    (lambda: binning.calibrated_prob(np.array([11]), np.array([8]), 0.5), "hits 11 and counts 8"),
+    (lambda: binning.calibrated_prob(np.array([-1]), np.array([8]), 0.5), "hits -1 and counts 8"),
+    (lambda: binning.calibrated_prob(3, -1, 0.5), r"^hits: expected 0 <= hits <= counts"),
+    (lambda: binning.calibrated_prob(1, 2, 1.5), r"^prior: expected an accuracy in \[0, 1\]"),
+    (lambda: binning.assign(np.array([0.5, 0.2, np.inf]), _U), "got 0.2 at index 1 after 0.5"),
+    (lambda: binning.assign(jnp.array([np.nan, 0.2, 0.3]), _U), "got nan at index 0"),
+    (lambda: binning.assign(np.array([0.1, np.nan, 0.3]), jnp.asarray(_U)), "got nan at index 1"),
+    (lambda: binning.quantile_edge_ranks(0, 10), "num_points: expected integers of at least"),
+    (lambda: binning.quantile_edge_ranks(np.array([20, 9]), 10), "n_bins = 10 .*, got 9$"),
+    (lambda: binning.quantile_edge_ranks(2.5, 2), "got dtype float64"),
+    (lambda: binning.quantile_edge_ranks(10**6, 10**9), "n_bins: expected at least 1, at most"),
+    (lambda: binning.fit(np.zeros(2**21, np.float32), np.ones(2**21, bool), 2**20 + 1), "at most"),
+    (
+      lambda: metrics.brier_decomposition(_FIT, _broken(hits=_FIT.counts + 1)),
+      r"^test_bins: expected 0 <= hits <= counts",
+    ),
+    (
+      lambda: metrics.nll_decomposition(_broken(counts=-_FIT.counts), _FIT),
+      r"^train_bins: expected 0 <= hits <= counts",
+    ),
+    (
+      lambda: metrics.binned_ece(_broken(edges=_FIT.edges[::-1]), _FIT),
+      r"^train_bins.edges: expected ascending edges",
+    ),
+    (lambda: binning.predict(_broken(prob=_FIT.prob * 3), _U), r"^bins.prob: expected prob"),
+    (lambda: binning.refit(_broken(hits=-_FIT.hits), _U, _OK), r"^bins: expected 0 <= hits"),
+  ],
+)
+def test_impossible_input_is_one_line_not_a_number(call, message):
+  with pytest.raises(ValueError, match=message) as info:
+    call()
+  assert "\n" not in str(info.value)
+
+
+def test_the_checks_leave_jitted_code_and_valid_bins_alone():
+  np.testing.assert_array_equal(binning.quantile_edge_ranks(np.array([10, 11]), 2), [[5], [5]])
+  assert binning.calibrated_prob(0, 0, float("nan")) != binning.calibrated_prob(0, 0, 0.5)
+  traced = jax.jit(binning.calibrated_prob)(jnp.array([11.0]), jnp.array([8.0]), 0.5)
+  np.testing.assert_allclose(traced, [11.5 / 9])  # under jit, trusted: no check, no error
+  unsorted = jnp.array([0.5, 0.2, jnp.inf])
+  assert jax.jit(binning.assign)(unsorted, jnp.asarray(_U)).shape == (40,)
+  assert metrics.brier_decomposition(_FIT, binning.refit(_FIT, _U, _OK)).total >= 0
+
+
+@pytest.mark.parametrize("delta", [1e-300, 1e-320, 5e-324])
+def test_a_tiny_delta_gives_a_wide_interval_not_nan(delta):
+  # Clopper-Pearson at delta = 1e-300 had given NaN lower ends (SciPy's betaincinv).
+  hits, counts = np.arange(0, 11), np.full(11, 10)
+  lower, upper = (np.asarray(x) for x in binning.clopper_pearson(hits, counts, delta))
+  assert np.all(np.isfinite(lower)) and np.all(np.isfinite(upper))
+  assert np.all(lower >= 0) and np.all(lower <= 1e-20) and np.all(upper == 1.0)
+  wide = np.asarray(binning.clopper_pearson(hits, counts, 1e-100)[0])
+  assert np.all(lower <= wide)  # a smaller delta, a wider interval

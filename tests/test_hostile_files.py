@@ -18,7 +18,7 @@ import pytest
 import synthetic
 
 from top1_jax import Calibrator, calibrator
-from top1_jax.estimators import registry
+from top1_jax.estimators import base, registry
 from top1_jax.io import datasets, idx, prediction_checks, predictions, stream, zip_crc
 from top1_jax.pipeline import sources
 
@@ -68,8 +68,12 @@ _BAD_BINS = [
   ({"hits": [-(2**31) - 1, 0, 0, 0]}, "field 'hits' holds -2147483649, outside the int32"),
   ({"edges": [0.25, 0.5, 1e300]}, r"field 'edges' holds 1e\+300, which overflows float32"),
   ({"edges": [1e-50, 0.5, 1.5]}, "field 'edges' holds 1e-50, which float32 rounds to 0"),
-  ({"edges": ["0.25", 0.5, 1.5]}, "field 'edges' must hold numbers, got <U"),
-  ({"counts": [True, 25, 25, 25]}, "field 'counts' must hold integers, got booleans"),
+  ({"edges": ["0.25", 0.5, 1.5]}, "field 'edges' must hold numbers, got the string '0.25'"),
+  ({"counts": [True, 25, 25, 25]}, r"field 'counts' must hold integers, got a boolean \(true\)"),
+  # Counts of 1.5 or 2**63 had been called "booleans".
+  ({"counts": [1.5, 25, 25, 25]}, r"'counts' must hold integers, got a number that is not an"),
+  ({"counts": [2**63, 25, 25, 25]}, "field 'counts' holds 9223372036854775808, outside the int32"),
+  ({"hits": [2**63, -1, 0, 0]}, "field 'hits' holds 9223372036854775808, outside the int32"),
   ({"prior": 1e-50}, "field 'prior' holds 1e-50, which float32 rounds to 0"),
   ({"version": True}, "calibrator version True, this top1_jax reads 1 and 2"),
   ({"version": 2.0}, "calibrator version 2.0"),
@@ -98,9 +102,172 @@ def test_an_option_of_the_wrong_type_is_refused(tmp_path):
   state = Calibrator(method="isotonic").fit(logits, labels).to_dict()
   for value in ("0.5", 1, None):
     state["options"] = {"prior": value}
-    _refused(lambda: _load(tmp_path, state), "options: prior must be a bool")
+    # Refused by the estimator's own check of the option (what fit would refuse).
+    _refused(lambda: _load(tmp_path, state), r"bad calibrator field \(prior: expected a bool")
   state["options"] = {"prior": False}
   assert _load(tmp_path, state).get_params()["prior"] is False
+
+
+def _fitted(method: str, num: int = 600, **options) -> dict:
+  rng = np.random.default_rng(3)
+  labels = rng.integers(0, 4, num)
+  logits = rng.normal(size=(num, 4)).astype(np.float32)
+  logits[np.arange(num), labels] += 1.0
+  return json.loads(json.dumps(Calibrator(method=method, **options).fit(logits, labels).to_dict()))
+
+
+def _merged(table: dict, first: int) -> dict:
+  """A saved table with bin ``first + 1``'s examples counted in bin ``first`` instead
+  (every other rule kept: hits <= counts, the same total)."""
+  table = dict(table)
+  for name in ("counts", "hits"):
+    values = list(table[name])
+    values[first], values[first + 1] = values[first] + values[first + 1], 0
+    table[name] = values
+  return table
+
+
+def _changed_state(change):
+  def changed(saved: dict) -> dict:
+    saved = json.loads(json.dumps(saved))
+    saved["state"] = change(saved["state"])
+    return saved
+
+  return changed
+
+
+def _field(name: str, change):
+  return _changed_state(lambda state: {**state, name: change(state[name])})
+
+
+def _class(index: int, change):
+  def changed(state):
+    classes = list(state["classes"])
+    classes[index] = change(dict(classes[index]))
+    return {**state, "classes": classes}
+
+  return _changed_state(changed)
+
+
+def _one_bin(table: dict) -> dict:
+  """A class's bins as one bin of all its examples (a table of its own that is valid)."""
+  counts, hits = sum(table["counts"]), sum(table["hits"])
+  return {**table, "num_bins": 1, "edges": [], "counts": [counts], "hits": [hits]}
+
+
+def _moved(table: dict) -> dict:
+  """Ten examples (none correct) of bin 0 counted in bin 1: fewer points up to the first
+  edge than its rank, which no tie makes (more could be: points tied with the edge)."""
+  counts, hits = list(table["counts"]), list(table["hits"])
+  take = min(10, counts[0] - hits[0])
+  counts[0], counts[1] = counts[0] - take, counts[1] + take
+  return {**table, "counts": counts, "hits": hits}
+
+
+def _options(options: dict):
+  return lambda saved: {**json.loads(json.dumps(saved)), "options": options}
+
+
+# A calibrator file whose parts disagree had loaded and predicted other numbers: one bin
+# edge removed changed 40 of 200 predictions. Each is what binning.fit (or toplabel.fit)
+# cannot have made, every field valid on its own.
+_INCONSISTENT = {
+  "bins, an edge removed": (
+    "bins",
+    _field("edges", lambda e: e[:5] + e[6:]),
+    "10 edges make 11 bins, but bin 11 holds",
+  ),
+  "bins, the last edge removed": (
+    "bins",
+    _field("edges", lambda e: e[:-1]),
+    "10 edges make 11 bins, but bin 11 holds",
+  ),
+  "bins, examples moved between bins": ("bins", _changed_state(_moved), "do not split 600"),
+  "bins, an empty bin": ("bins", _changed_state(lambda t: _merged(t, 3)), "do not split 600"),
+  "bins, a prior off the counts": (
+    "bins",
+    _field("prior", lambda p: p / 2),
+    "field 'prior' is .*, not the accuracy",
+  ),
+  "toplabel, an edge removed": (
+    "toplabel",
+    _class(1, lambda t: {**t, "edges": t["edges"][1:]}),
+    r"\(class 1\): not bins toplabel.fit makes: .* edges make",
+  ),
+  "toplabel, examples moved between bins": (
+    "toplabel",
+    _class(2, _moved),
+    r"\(class 2\): not bins toplabel.fit makes: the counts",
+  ),
+  "toplabel, bins no points_per_bin gives": (
+    "toplabel",
+    _class(3, _one_bin),
+    "the classes' bin counts fit no points_per_bin",
+  ),
+  "toplabel, one class": (
+    "toplabel",
+    _field("classes", lambda c: c[:1]),
+    r"one per class \(2 or more\)",
+  ),
+  "isotonic, prob out of order": (
+    "isotonic",
+    _field("prob", lambda p: [p[-1], *p[1:-1], p[0]]),
+    "must be monotone",
+  ),
+  "isotonic, a prior off the counts": (
+    "isotonic",
+    _field("prior", lambda p: 1 - p),
+    "field 'prior' is .*, not the accuracy",
+  ),
+  "isotonic, an empty block": (
+    "isotonic",
+    _changed_state(
+      lambda t: _merged(t, 0) | {"counts": [0, *t["counts"][1:]], "hits": [0, *t["hits"][1:]]}
+    ),
+    "one or more examples per block",
+  ),  # fmt: skip
+  "kde, options bandwidth 'x'": (
+    "kde",
+    _options({"bandwidth": "x"}),
+    "bandwidth: expected a positive number or None, got 'x'",
+  ),
+  "kde, options bandwidth -1": (
+    "kde",
+    _options({"bandwidth": -1}),
+    "bandwidth: expected a positive number or None, got -1",
+  ),
+  "toplabel, options points_per_bin 0": (
+    "toplabel",
+    _options({"points_per_bin": 0}),
+    "points_per_bin: expected at least 1, got 0",
+  ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_INCONSISTENT))
+def test_a_calibrator_file_whose_parts_disagree_is_refused(tmp_path, case):
+  method, change, message = _INCONSISTENT[case]
+  options = {"points_per_bin": 20} if method == "toplabel" else {}
+  saved = _fitted(method, n_bins=12, **options)
+  assert Calibrator.from_dict(saved, "saved.json")  # the file as saved loads
+  text = _refused(lambda: _load(tmp_path, change(saved)), message)
+  assert text.startswith(f"{tmp_path / 'cal.json'}")  # ": ", or " (class k): " first
+
+
+def test_top_label_bins_of_fewer_classes_than_the_calibrator_are_refused():
+  # A top-label file with the bins of 3 classes of 4 had loaded (the lead's Calibrator
+  # calls this check on load: base.check_classes).
+  state = _fitted("toplabel", points_per_bin=60)
+  fitted = registry.lookup("toplabel").from_dict(state["state"], "saved.json")
+  base.check_classes(fitted, 4, "saved.json")
+  fewer = registry.lookup("toplabel").from_dict(
+    _field("classes", lambda c: c[:3])(state)["state"], "saved.json"
+  )
+  _refused(
+    lambda: base.check_classes(fewer, 4, "saved.json"),
+    "^saved.json: field 'state' holds bins of 3 classes, field 'num_classes' is 4",
+  )
+  base.check_classes(registry.lookup("bins").from_dict(_fitted("bins")["state"], "s"), 4, "s")
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -139,7 +306,7 @@ def test_a_utf16_or_oversized_file_is_refused_before_parsing(tmp_path, monkeypat
     ("isotonic", "counts", 2**31, "outside the int32 range"),
     ("kde", "bandwidth", 1e300, r"field 'bandwidth' holds 1e\+300, which overflows float32"),
     ("kde", "bandwidth", 10**400, "field 'bandwidth' overflows float32"),
-    ("kde", "prob", True, "field 'prob' must hold numbers, got booleans"),
+    ("kde", "prob", True, r"field 'prob' must hold numbers, got a boolean \(true\)"),
     ("temperature", "temperature", True, "field 'temperature' must be a number"),
   ],
 )

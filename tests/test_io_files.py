@@ -172,3 +172,97 @@ def test_a_bucket_that_refuses_is_one_line_naming_why(monkeypatch):
   with epath_testing.mock_epath(exists=lambda original, path: False):
     files.check_usable("gs://bucket/new_run", "--workdir")  # a new work dir: usable
   assert logging.getLogger("gcsfs").level == level  # the libraries speak again
+
+
+# ----------------------------------------------------------------------------
+# Files that are not regular: refused before anything is read, in one line naming them
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "character device", "socket", "directory"])
+def test_readers_refuse_what_is_not_a_regular_file(tmp_path, kind, caplog):
+  # A FIFO had hung Calibrator.load (read_strict_json) until a writer came; a link to
+  # /dev/zero had been read without end by read_json.
+  path = io_testing.not_regular_files(tmp_path)[kind]
+  for read in (
+    files.open_regular,
+    files.read_text,
+    lambda p: files.read_strict_json(p, 1 << 20, "a top1_jax calibrator"),
+  ):
+    error = io_testing.returns_without_a_writer(lambda read=read: read(path), tmp_path / "fifo")
+    assert isinstance(error, ValueError), error
+    text = io_testing.assert_one_clean_line(error)
+    assert text.startswith(f"{path}: ") and kind in text and "not a regular file" in text
+  with caplog.at_level(logging.WARNING):
+    got = io_testing.returns_without_a_writer(lambda: files.read_json(path), tmp_path / "fifo")
+  assert got is None  # a marker of finished work that cannot be read: the work is redone
+  assert [r.getMessage() for r in caplog.records] == [
+    f"{path} is unreadable ({path}: a {kind}{' (named pipe)' if kind == 'FIFO' else ''}, not a"
+    " regular file; give the path of a file); treated as missing"
+  ]
+
+
+def test_a_link_to_a_regular_file_is_read(tmp_path):
+  target = files.write_json(tmp_path / "real.json", {"a": 1})
+  (tmp_path / "link.json").symlink_to(target)
+  assert files.read_json(tmp_path / "link.json") == {"a": 1}
+  assert files.read_text(tmp_path / "link.json") == '{\n  "a": 1\n}\n'
+
+
+@pytest.mark.parametrize(
+  "content, why",
+  [
+    (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply"),
+    (b'{"config": 1, "config": 2}', "field 'config' is given twice in one object"),
+    (b'{"test": NaN}', "NaN is not strict JSON"),
+    (b'{"a": 1', "invalid JSON: Expecting ',' delimiter: line 1 column 8 (char 7)"),
+    (b"\xff\xfe", "not UTF-8 text: invalid start byte at byte 0"),
+  ],
+)
+def test_a_garbage_marker_is_missing_work_with_one_warning_naming_it(
+  tmp_path, caplog, content, why
+):
+  # A stage's <stage>.json marker nested 100,000 deep had ended the launcher in a
+  # RecursionError traceback.
+  path = tmp_path / "base.json"
+  path.write_bytes(content)
+  with caplog.at_level(logging.WARNING):
+    assert files.read_json(path) is None
+  (message,) = [r.getMessage() for r in caplog.records]
+  assert message.startswith(f"{path}: not valid JSON ({why}") and "\n" not in message
+
+
+def test_an_unwritable_folder_names_the_file_asked_for_not_a_temporary_one(tmp_path, monkeypatch):
+  # As root, permissions do not stop a write: the system's refusal is simulated.
+  def refused(dir, prefix, suffix):
+    name = os.path.join(dir, f"{prefix}x1y2z3{suffix}")
+    raise PermissionError(13, "Permission denied", name)
+
+  monkeypatch.setattr(files.tempfile, "mkstemp", refused)
+  target = tmp_path / "calibrator.json"
+  with pytest.raises(PermissionError) as info:
+    files.write_json(target, {"a": 1})
+  assert str(info.value) == f"[Errno 13] Permission denied: '{target}'"
+  assert info.value.filename == str(target)
+
+
+def test_write_csv_escapes_text_a_spreadsheet_would_run_as_a_formula(tmp_path):
+  # OWASP's CSV injection: a meta value "=1+2" had landed in results.csv as a formula.
+  rows = [
+    {"model": '=HYPERLINK("http://x")', "seed": -1, "ece": -0.5, "note": "@SUM(A1)"},
+    {"model": "+1", "seed": 2, "ece": 0.25, "note": "-2", "\ttab": "\rcr"},
+    {"model": "cnn", "seed": 3, "ece": 0.125, "note": "plain 'quoted'"},
+  ]
+  path = files.write_csv(tmp_path / "results.csv", rows)
+  import csv
+
+  with open(path, newline="") as file:
+    read = list(csv.reader(file))
+  assert read == [
+    ["model", "seed", "ece", "note", "'\ttab"],
+    ['\'=HYPERLINK("http://x")', "-1", "-0.5", "'@SUM(A1)", ""],  # numbers are data
+    ["'+1", "2", "0.25", "'-2", "'\rcr"],
+    ["cnn", "3", "0.125", "plain 'quoted'", ""],
+  ]
+  assert not any(
+    cell.startswith(files.FORMULA_STARTS) for row in read for cell in row[0:1] + row[3:]
+  )

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 
+import io_testing
 import processes
 import pytest
 
@@ -112,3 +113,27 @@ def test_a_refused_launcher_run_changes_nothing(tmp_path):
   assert len(out.stderr.strip().splitlines()) == 1
   assert sorted(p.name for p in workdir.iterdir()) == before
   assert json.loads((workdir / "config.json").read_text()) == {"mine": True}
+
+
+@pytest.mark.parametrize("lock_file", ["FIFO", "character device", "nested"])
+def test_a_lock_that_is_not_a_lock_file_is_stale(tmp_path, lock_file):
+  # A FIFO where the lock goes had hung the run (reading it waited for a writer), a link
+  # to /dev/zero read without end, and JSON nested 100,000 deep ended in a RecursionError.
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  if lock_file == "nested":
+    (workdir / lock.LOCK_NAME).write_text("[" * 100_000 + "]" * 100_000)
+  else:
+    kinds = io_testing.not_regular_files(tmp_path / "kinds")
+    os.replace(kinds[lock_file], workdir / lock.LOCK_NAME)
+
+  def hold():
+    notes = []
+    with lock.hold(workdir, say=notes.append) as path:
+      assert json.loads(path.read_text())["pid"] == os.getpid()
+    return notes
+
+  notes = io_testing.returns_without_a_writer(hold, workdir / lock.LOCK_NAME)
+  assert isinstance(notes, list), notes
+  assert len(notes) == 1 and "stale lock" in notes[0] and "unreadable" in notes[0]
+  assert not (workdir / lock.LOCK_NAME).exists()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import top1_jax
 from top1_jax.io import predictions as predictions_lib
+from top1_jax.io import stream
 
 # ----------------------------------------------------------------------------
 # Predictions files
@@ -159,7 +160,17 @@ MALFORMED = {
   "meta_bad_json": (_set("meta", np.array("{dataset: toy")), "meta: invalid JSON"),
   "meta_not_object": (_set("meta", np.array("[1, 2]")), "meta: expected a JSON object, got list"),
   "meta_not_string": (_set("meta", np.arange(3)), "meta: expected a JSON string"),
-  "meta_nan": (_set("meta", np.array('{"seed": 1, "x": NaN}')), "meta: not JSON-serializable"),
+  "meta_nan": (_set("meta", np.array('{"seed": 1, "x": NaN}')), "meta: NaN is not strict JSON"),
+  # A key given twice had been accepted (the last one won), JSON nested too deeply had
+  # ended in a RecursionError.
+  "meta_key_twice": (
+    _set("meta", np.array('{"seed": 1, "seed": 2}')),
+    "meta: field 'seed' is given twice in one object",
+  ),
+  "meta_nested": (
+    _set("meta", np.array('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}")),
+    "meta: JSON nested too deeply",
+  ),
   "meta_dropout_range": (
     _set("meta", np.array('{"dropout_rate": 1.5}')),
     r"meta: dropout_rate must be in \[0, 1\)",
@@ -464,3 +475,33 @@ def test_from_arrays_reads_npy_logits_probs_and_samples(tmp_path):
     predictions_lib.from_arrays(labels=tmp_path / "y.npy", probs=tmp_path / "y.npy")
   with pytest.raises(FileNotFoundError, match="labels: no such file"):
     predictions_lib.from_arrays(labels=tmp_path / "nope.npy", logits=tmp_path / "l2.npy")
+
+
+def test_save_refuses_probabilities_as_logits(tmp_path):
+  # save_predictions had written probabilities as logits: read back, they were scored as
+  # logits (softmax of probabilities), other numbers, silently.
+  fields = _fields()
+  probs = fields["mean_probs"]
+  as_logits = predictions_lib.Predictions(labels=fields["labels"], logits=probs[None])
+  with pytest.raises(ValueError) as info:
+    predictions_lib.save_predictions(tmp_path / "p.npz", as_logits)
+  assert str(info.value) == (
+    "logits: these look like probabilities (every row in [0, 1], summing to 1); store them as"
+    " mean_probs (or their logarithms as logits)"
+  )
+  assert not (tmp_path / "p.npz").exists()
+  kept = predictions_lib.Predictions(labels=fields["labels"], logits=np.log(probs)[None])
+  predictions_lib.save_predictions(tmp_path / "p.npz", kept)  # their logarithms are logits
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "character device", "directory"])
+def test_a_predictions_path_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+  path = io_testing.not_regular_files(tmp_path)[kind]
+  for read in (
+    predictions_lib.load_predictions,
+    stream.PredictionsReader,
+    lambda p: predictions_lib.from_arrays(labels=p, logits=p),
+  ):
+    error = io_testing.returns_without_a_writer(lambda read=read: read(path), tmp_path / "fifo")
+    assert isinstance(error, ValueError), error
+    assert f"{path}: a {kind}" in io_testing.assert_one_clean_line(error)

@@ -224,3 +224,10 @@ def test_cross_validation_rejects_an_unknown_estimator():
   u, correct = _data(100)
   with pytest.raises(ValueError, match="^estimator: expected one of"):
     crossval.cross_validate(u, correct, estimator="spline")
+
+
+def test_options_are_checked_as_fit_checks_them():
+  for name in ("increasing", "prior"):
+    with pytest.raises(ValueError, match=f"^{name}: expected a bool, got 1"):
+      isotonic.ESTIMATOR.check_options({name: 1})
+  assert isotonic.ESTIMATOR.check_options({"increasing": True, "prior": False})

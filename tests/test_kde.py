@@ -207,3 +207,25 @@ def test_cross_validation_with_the_kernel_estimate_is_no_worse_than_bins():
     cv.per_fold["brier_uncertainty"], bins.per_fold["brier_uncertainty"], rtol=1e-5
   )
   np.testing.assert_array_equal(cv.num_defined["auroc"], bins.num_defined["auroc"])
+
+
+@pytest.mark.parametrize("delta", [1e-17, 1e-300, 5e-324])
+def test_a_tiny_delta_widens_the_band_instead_of_raising(delta):
+  # Below delta = 1e-16, 1 - delta / 2 rounds to 1: statistics.NormalDist's quantile of 1
+  # had raised StatisticsError.
+  u, correct = _draw(500, seed=14)
+  model = kde.fit(u, correct, bandwidth=0.05)
+  at = np.array([0.2, 0.5], np.float32)
+  lower, upper = (np.asarray(x) for x in kde.predict_interval(model, at, delta))
+  usual = np.asarray(kde.predict_interval(model, at, 0.05)[0])
+  assert np.all((0 <= lower) & (lower < usual) & (upper <= 1))
+
+
+def test_a_bandwidth_option_is_checked_as_fit_checks_it():
+  # Calibrator(method="kde") options: "x" and -1 had loaded from a saved file.
+  entry = kde.ESTIMATOR
+  for bad in ("x", -1, 0.0, float("nan"), True):
+    with pytest.raises(ValueError, match="^bandwidth: expected a positive number or None"):
+      entry.check_options({"bandwidth": bad})
+  assert entry.check_options({"bandwidth": 0.02}) == {"bandwidth": 0.02}
+  assert entry.check_options({"bandwidth": None}) == {"bandwidth": None}

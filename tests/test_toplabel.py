@@ -208,3 +208,18 @@ def test_bad_input_gets_a_one_line_value_error(call, message):
   with pytest.raises(ValueError, match=message) as info:
     call(model)
   assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+  "options, message",
+  [
+    ({"points_per_bin": 0}, "^points_per_bin: expected at least 1, got 0"),
+    ({"points_per_bin": 2.5}, "^points_per_bin: expected an integer, got 2.5"),
+    ({"prior": "yes"}, "^prior: expected a bool, got 'yes'"),
+  ],
+)
+def test_options_are_checked_as_fit_checks_them(options, message):
+  # A saved calibrator with points_per_bin 0 had loaded (its options are checked here).
+  with pytest.raises(ValueError, match=message):
+    toplabel.ESTIMATOR.check_options(options)
+  assert toplabel.ESTIMATOR.check_options({"points_per_bin": 7, "prior": True})

@@ -94,7 +94,12 @@ def clopper_pearson(
   # steps waits on the host (docs/performance.md).
   hits, count = np.broadcast_arrays(hits.astype(np.float64), count.astype(np.float64))
   with np.errstate(invalid="ignore", divide="ignore"):  # the edge cases are fixed up below
-    lower = scipy_special.betaincinv(hits, count - hits + 1, delta / 2)
+    a, b = hits, count - hits + 1
+    lower = scipy_special.betaincinv(a, b, delta / 2)
+    # SciPy gives NaN where the quantile is far below 1e-150 (delta = 1e-300): there
+    # I_x(a, b) = x^a / (a B(a, b)) to relative order x, solved for x.
+    tiny = np.exp((np.log(delta / 2) + np.log(a) + scipy_special.betaln(a, b)) / a)
+    lower = np.where(np.isnan(lower), tiny, lower)
     upper = scipy_special.betaincinv(hits + 1, count - hits, 1 - delta / 2)
   lower = np.where((hits == 0) | (count == 0), 0.0, lower).astype(np.float32)
   upper = np.where(hits == count, 1.0, upper).astype(np.float32)

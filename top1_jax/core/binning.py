@@ -36,6 +36,10 @@ from jax.typing import ArrayLike
 from top1_jax.core import validation
 from top1_jax.core.accuracy_bounds import clopper_pearson, hoeffding_halfwidth
 
+MAX_BINS = 2**20
+"""The most equal-count bins taken here: past a million (a calibration point each at most) the
+per-bin arrays grow without telling more, and 10**9 bins took gigabytes."""
+
 
 class Bins(NamedTuple):
   """Fitted bins (a pytree; every field has a static shape for a given n_bins).
@@ -84,26 +88,28 @@ def _runs_on_cpu(x) -> bool:
 
 
 def checked_bins(bins, name: str = "bins") -> Bins:
-  """``bins`` if it is a ``Bins`` with ascending edges (+inf padding, ties allowed) and
-  one probability per bin, else a one-line ValueError: for bins a user built. Values
-  are checked only when concrete (not under ``jit``)."""
+  """``bins`` if it is a ``Bins`` that ``fit`` or ``refit`` could have made: ascending
+  edges (+inf padding, ties allowed), counts, hits and prob of one value per bin, with
+  0 <= hits <= counts and every prob in [0, 1]; else a one-line ValueError: for bins a
+  user built. Values are checked only when concrete (not under ``jit``)."""
   validation.instance(name, bins, Bins, "binning.Bins from binning.fit")
   edges = bins.edges
-  if jnp.ndim(edges) != 1 or jnp.shape(bins.prob) != (jnp.shape(edges)[0] + 1,):
+  shape = (jnp.shape(edges)[0] + 1,) if jnp.ndim(edges) == 1 else None
+  shapes = [jnp.shape(x) for x in (bins.counts, bins.hits, bins.prob)]
+  if shape is None or any(s != shape for s in shapes):
     raise ValueError(
-      f"{name}: expected [n_bins - 1] edges and [n_bins] prob, got shapes"
-      f" {jnp.shape(edges)} and {jnp.shape(bins.prob)}"
+      f"{name}: expected [n_bins - 1] edges and [n_bins] counts, hits and prob, got shapes"
+      f" {jnp.shape(edges)} and {', '.join(map(str, shapes))}"
     )
-  if validation.is_traced(edges):
+  if any(validation.is_traced(x) for x in bins):
     return bins
-  edges = np.asarray(edges)
-  # NaN compares false either way: a NaN edge is out of order too.
-  out_of_order = ~(edges[1:] >= edges[:-1]) | np.isnan(edges[1:])
-  if edges.size and (np.isnan(edges[0]) or out_of_order.any()):
-    at = 0 if np.isnan(edges[0]) else int(np.argmax(out_of_order)) + 1
+  validation.ascending_edges(f"{name}.edges", np.asarray(edges))
+  validation.hits_within_counts(name, bins.hits, bins.counts)
+  prob = np.asarray(bins.prob).reshape(-1)
+  inside = (prob >= 0) & (prob <= 1)  # False for NaN
+  if not np.all(inside):
     raise ValueError(
-      f"{name}.edges: expected ascending edges (padded with +inf), got {edges[at]} at"
-      f" index {at} after {edges[at - 1] if at else 'nothing'}; make bins with binning.fit"
+      f"{name}.prob: expected probabilities in [0, 1], got {prob[np.argmin(inside)]}"
     )
   return bins
 
@@ -120,8 +126,10 @@ def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array | np.ndarray:
   """The bin of each score: how many edges lie strictly below it (right-closed bins).
 
   The one bin-assignment rule: ``predict``, ``refit``, the mislabelled finder and
-  the launchers use it. Unchecked (works under ``jit``). NumPy scores are binned
-  on the host, by NumPy, to the same indices (no device round trip, no program).
+  the launchers use it. Concrete edges must be ascending (ties and +inf padding
+  allowed), without NaN: else a one-line ValueError; under ``jit`` they are trusted.
+  NumPy scores are binned on the host, by NumPy, to the same indices (no device
+  round trip, no program).
 
   Args:
     edges: [n_bins - 1] ascending interior edges (``Bins.edges``).
@@ -130,6 +138,8 @@ def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array | np.ndarray:
   Returns:
     [N] int32 in [0, n_bins), a NumPy array for NumPy scores.
   """
+  if not validation.is_traced(edges):
+    validation.ascending_edges("edges", np.asarray(edges))
   if isinstance(u, np.ndarray) and not validation.is_traced(edges):
     edges, u = (validation.in_device_dtype(np.asarray(x)) for x in (edges, u))
     return np.searchsorted(edges, u, side="left").astype(np.int32)
@@ -144,8 +154,14 @@ def calibrated_prob(hits, counts, prior):
   """The bins' probability with a one-pseudo-count prior: (hits + prior) / (counts + 1).
 
   The one place the paper's prior is written. Works on arrays of any shape
-  (broadcasting) and on exact ``fractions.Fraction`` values alike.
+  (broadcasting) and on exact ``fractions.Fraction`` values alike. Concrete values
+  need 0 <= hits <= counts and a prior in [0, 1] (NaN: no data), else a one-line
+  ValueError, not a number outside [0, 1]; traced ones (under ``jit``) are trusted.
   """
+  if not any(validation.is_traced(x) for x in (hits, counts, prior)):
+    validation.hits_within_counts("hits", hits, counts)
+    if np.any((np.asarray(prior) < 0) | (np.asarray(prior) > 1)):
+      raise ValueError(f"prior: expected an accuracy in [0, 1], got {prior!r:.80}")
   return (hits + prior) / (counts + 1)
 
 
@@ -234,12 +250,25 @@ def quantile_edge_ranks(num_points, n_bins: int) -> np.ndarray:
   for any realistic M; a static shape, so it serves jitted code too.
 
   Args:
-    num_points: M, int or int array [...] (vectorises over folds).
-    n_bins: number of bins n.
+    num_points: M, int or int array [...] (vectorises over folds), each >= n_bins.
+    n_bins: number of bins n, in [1, ``MAX_BINS``].
 
   Returns:
     [..., n_bins - 1] int64: floor(i M / n) for i = 1..n-1.
   """
+  n_bins = validation.positive_int("n_bins", n_bins, maximum=MAX_BINS)
+  points = np.asarray(num_points)
+  if points.dtype.kind not in "iu" or (points.size and points.min() < n_bins):
+    got = f"dtype {points.dtype}" if points.dtype.kind not in "iu" else int(points.min())
+    raise ValueError(
+      f"num_points: expected integers of at least n_bins = {n_bins} (a bin per point at"
+      f" most), got {got}"
+    )
+  return _edge_ranks(points, n_bins)
+
+
+def _edge_ranks(num_points, n_bins: int) -> np.ndarray:
+  """``quantile_edge_ranks`` unchecked (a group of fewer than n_bins points included)."""
   i = np.arange(1, n_bins, dtype=np.int64)
   return (np.asarray(num_points, np.int64)[..., None] * i) // n_bins
 
@@ -252,7 +281,7 @@ def _zeros_as_positive_zero(raw_edges, xp):
 
 def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
   """``Bins.edges`` of host scores: the quantile order statistics, ties merged, +inf padded."""
-  ranks = quantile_edge_ranks(u.shape[0], n_bins) - 1  # 0-based positions in sorted order
+  ranks = _edge_ranks(u.shape[0], n_bins) - 1  # 0-based positions in sorted order
   if ranks.shape[0] == 0:
     raw = u[:0]
   elif ranks.shape[0] == 1:
@@ -273,7 +302,7 @@ def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("n_bins",))
 def _fit(u: jax.Array, correct: jax.Array, n_bins: int) -> Bins:
-  ranks = quantile_edge_ranks(u.shape[0], n_bins) - 1
+  ranks = _edge_ranks(u.shape[0], n_bins) - 1
   raw_edges = jnp.sort(u)[ranks]
   raw_edges = _zeros_as_positive_zero(raw_edges, jnp)
   edges = jnp.unique(raw_edges, size=n_bins - 1, fill_value=jnp.inf)
@@ -299,7 +328,7 @@ def fit(
   Args:
     u: [N] float scores.
     correct: [N] bool, whether each prediction is correct (see ``events``).
-    n_bins: 1 <= n_bins <= N.
+    n_bins: 1 <= n_bins <= min(N, ``MAX_BINS``).
     implementation: where the edges are selected, with bit-identical results.
       None (default): on the host with NumPy when ``u`` is a jax array on CPU,
       or host data and the default backend is CPU; otherwise (an accelerator,
@@ -311,7 +340,7 @@ def fit(
   """
   on_host = _fits_on_host(u, correct, implementation)
   u, correct = _check_scores(u, correct)
-  n_bins = validation.positive_int("n_bins", n_bins, maximum=u.shape[0])
+  n_bins = validation.positive_int("n_bins", n_bins, maximum=min(u.shape[0], MAX_BINS))
   if not on_host:
     return _fit(u, correct, n_bins)
   # The scores as the jitted path sees them (e.g. float64 becomes float32 without
@@ -333,7 +362,7 @@ def _edges_of_sorted(ordered: np.ndarray, sizes: np.ndarray, n_bins: int) -> np.
   if not ordered.size or n_bins == 1:
     return np.full((num_groups, n_bins - 1), np.inf, ordered.dtype)
   starts = np.cumsum(sizes) - sizes
-  ranks = quantile_edge_ranks(sizes, n_bins) - 1
+  ranks = _edge_ranks(sizes, n_bins) - 1
   raw = ordered[np.clip(starts[:, None] + ranks, 0, ordered.shape[0] - 1)]
   raw = np.where((sizes >= n_bins)[:, None], _zeros_as_positive_zero(raw, np), np.inf)
   first_of_run = np.ones(raw.shape, bool)
@@ -341,25 +370,6 @@ def _edges_of_sorted(ordered: np.ndarray, sizes: np.ndarray, n_bins: int) -> np.
   edges = np.full(raw.shape, np.inf, raw.dtype)
   rows = np.broadcast_to(np.arange(num_groups)[:, None], raw.shape)
   edges[rows[first_of_run], (np.cumsum(first_of_run, axis=1) - 1)[first_of_run]] = raw[first_of_run]
-  return edges
-
-
-def split_group_edges(
-  u: np.ndarray, group: np.ndarray, calibration: np.ndarray, n_bins: int, num_groups: int
-) -> np.ndarray:
-  """[F, G, n_bins - 1]: for each split f, ``fit_groups``'s edges of its calibration part.
-
-  Row (f, g) equals ``fit(u[c], correct[c], n_bins).edges`` for c the examples of
-  group g in ``calibration[f]`` (+inf when fewer than ``n_bins``). One sort of all
-  examples: a split's calibration part keeps that order, so each split is an O(N)
-  pass, not a sort. Unchecked host arrays: ``u`` [N] float (canonical dtype),
-  ``group`` [N] int in [0, num_groups), ``calibration`` [F, N] bool.
-  """
-  order = np.lexsort((u, group))
-  edges = np.empty((len(calibration), num_groups, n_bins - 1), u.dtype)
-  for f, cal in enumerate(calibration):
-    kept = order[cal[order]]
-    edges[f] = _edges_of_sorted(u[kept], np.bincount(group[cal], minlength=num_groups), n_bins)
   return edges
 
 
@@ -404,7 +414,7 @@ def fit_groups(
   num_groups = validation.positive_int("num_groups", num_groups)
   group = validation.labels_array("group", group, num_groups, host=True)
   validation.same_length(u=u, group=group)
-  n_bins = validation.positive_int("n_bins", n_bins)
+  n_bins = validation.positive_int("n_bins", n_bins, maximum=MAX_BINS)
   u = validation.in_device_dtype(u)
   edges = _group_edges(u, group, n_bins, num_groups)
   size = bucket_size(u.shape[0])

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import equal_width, validation
+from top1_jax.core import binning, equal_width, validation
 from top1_jax.core.binning import Bins
 from top1_jax.core.smooth_ece import smooth_ece as smooth_ece  # a metric, found here
 
@@ -349,8 +349,8 @@ _eor_from_probs = jax.jit(eor_from_probs)
 
 
 def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
-  validation.instance("train_bins", train_bins, Bins, "binning.Bins from binning.fit")
-  validation.instance("test_bins", test_bins, Bins, "binning.Bins from binning.refit")
+  binning.checked_bins(train_bins, "train_bins")  # counts, hits and prob a fit could make
+  binning.checked_bins(test_bins, "test_bins")
   if train_bins.n_bins != test_bins.n_bins:
     raise ValueError(
       f"test_bins: expected {train_bins.n_bins} bins like train_bins, got {test_bins.n_bins}"

@@ -249,6 +249,19 @@ def sum_tolerance(dtype) -> float:
   return max(SUM_TOLERANCE, float(jnp.finfo(dtype).eps))
 
 
+ROUNDING = 5e-4
+"""Half a unit in the third decimal: how far each value of a row of probabilities saved
+with three decimals (a CSV or a printout) may lie from the value it stands for, so a row
+of K of them sums to 1 within K times this."""
+
+
+def rounding_tolerance(dtype, num_classes: int) -> float:
+  """How far from 1 a row of ``num_classes`` probabilities may sum and still be taken for
+  probabilities passed as logits: ``sum_tolerance(dtype)``, or the rounding of each value
+  to three decimals (``ROUNDING``) where that is wider (K > 2)."""
+  return max(sum_tolerance(dtype), num_classes * ROUNDING)
+
+
 def probability_array(
   name: str,
   x: ArrayLike,
@@ -294,18 +307,19 @@ def _rows_are_probabilities(arr: jax.Array, tolerance: jax.Array) -> jax.Array:
 
 def looks_like_probabilities(arr: jax.Array | np.ndarray, dtype=None) -> bool:
   """Whether every row (the last axis) of ``arr`` lies in [0, 1] and sums to 1 within
-  ``sum_tolerance(dtype)`` (``arr``'s dtype by default; pass the caller's own dtype where
-  ``arr`` was converted from bfloat16): ``probability_array``'s rule with ``sums_to_one``.
+  ``rounding_tolerance(dtype, K)`` (``arr``'s dtype by default; pass the caller's own dtype
+  where ``arr`` was converted from bfloat16): probabilities, also when a user's file
+  rounded them to three decimals (a K = 100 row then sums to 1 within 0.05).
 
-  Real logits never all do (that would take every row in [0, 1] summing to 1), so the
-  entry points that take logits refuse arrays that do: probabilities passed as logits
+  Real logits never all do (that would take every row in [0, 1] summing to about 1), so
+  the entry points that take logits refuse arrays that do: probabilities passed as logits
   run and give other numbers, silently. False for a traced or empty array. A host
   array's first row decides for real logits; only when it looks like probabilities is
   the whole array read. A large device array costs a pass of its own.
   """
   if is_traced(arr) or arr.size == 0:
     return False
-  tolerance = sum_tolerance(arr.dtype if dtype is None else dtype)
+  tolerance = rounding_tolerance(arr.dtype if dtype is None else dtype, arr.shape[-1])
   values = _checked_where(arr)
   if isinstance(values, np.ndarray):
     rows = values.reshape(-1, values.shape[-1])
@@ -316,7 +330,8 @@ def looks_like_probabilities(arr: jax.Array | np.ndarray, dtype=None) -> bool:
 
 def refuse_probabilities(name: str, arr: jax.Array | np.ndarray, fix: str, given=None) -> None:
   """A one-line ValueError if logits ``arr`` look like probabilities
-  (``looks_like_probabilities``); ``fix`` says how to pass them as probabilities.
+  (``looks_like_probabilities``); ``fix`` says how to pass them as probabilities, and rows
+  that sum to 1 only within rounding are told to be divided by their sums first.
 
   ``given`` is the caller's own input that ``arr`` was checked from: its dtype sets the
   tolerance (a bfloat16 row's sum gets bfloat16's), and a NumPy ``given`` of ``arr``'s
@@ -324,9 +339,43 @@ def refuse_probabilities(name: str, arr: jax.Array | np.ndarray, fix: str, given
   a device pass cost a tenth of scoring ImageNet-sized logits).
   """
   host = isinstance(given, np.ndarray) and given.shape == arr.shape
-  if looks_like_probabilities(given if host else arr, getattr(given, "dtype", None)):
+  values = given if host else arr
+  dtype = getattr(given, "dtype", None)
+  if not looks_like_probabilities(values, dtype):
+    return
+  sums = np.sum(np.asarray(values, np.float32), axis=-1)
+  low, high = float(np.min(sums)), float(np.max(sums))
+  rounded = max(1.0 - low, high - 1.0) > sum_tolerance(values.dtype if dtype is None else dtype)
+  rescale = f" (rows sum to {low:.4g} to {high:.4g}: divide each by its sum first)"
+  raise ValueError(
+    f"{name}: these look like probabilities (every row in [0, 1], summing to 1"
+    f"{' within rounding' if rounded else ''}); {fix}{rescale if rounded else ''}"
+  )
+
+
+def ascending_edges(name: str, edges: np.ndarray) -> None:
+  """Bin edges in ascending order (ties allowed, +inf padding), no NaN; else a one-line
+  ValueError naming the first out of place."""
+  # NaN compares false either way: a NaN edge is out of order too.
+  out_of_order = ~(edges[1:] >= edges[:-1]) | np.isnan(edges[1:])
+  if edges.size and (np.isnan(edges[0]) or out_of_order.any()):
+    at = 0 if np.isnan(edges[0]) else int(np.argmax(out_of_order)) + 1
     raise ValueError(
-      f"{name}: these look like probabilities (every row in [0, 1], summing to 1); {fix}"
+      f"{name}: expected ascending edges (padded with +inf), got {edges[at]} at"
+      f" index {at} after {edges[at - 1] if at else 'nothing'}; make bins with binning.fit"
+    )
+
+
+def hits_within_counts(name: str, hits, counts) -> None:
+  """0 <= hits <= counts (concrete, broadcast together; ``Fraction`` values too), else a
+  one-line ValueError naming the first pair that is not."""
+  hits, counts = (x.reshape(-1) for x in np.broadcast_arrays(np.asarray(hits), np.asarray(counts)))
+  bad = (hits < 0) | (hits > counts)
+  if np.any(bad):
+    at = int(np.argmax(bad))
+    raise ValueError(
+      f"{name}: expected 0 <= hits <= counts, got hits {hits[at]} and counts {counts[at]}"
+      f" (at flat index {at})"
     )
 
 

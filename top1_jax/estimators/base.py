@@ -75,6 +75,9 @@ class Estimator:
     from_dict: ``from_dict(d, source) -> state``, every value checked; a bad one is a
       one-line ValueError starting with ``source`` (the file) and naming the field.
     options: the keyword options ``fit`` accepts (their defaults are ``fit``'s own).
+    option_checks: option name -> the check ``fit`` runs on its value (a one-line
+      ValueError naming the option): ``check_options`` runs them, so an option that
+      fit would refuse is refused before fitting and when a saved calibrator is read.
     predict_interval: ``predict_interval(state, evidence, delta) -> (lower, upper)``,
       each [N], a pointwise 1 - delta interval; None when the estimator gives none.
     cross_validate: a fast path of ``evaluation.protocol`` when an estimator fitted on U
@@ -94,6 +97,7 @@ class Estimator:
   to_dict: Callable[[Any], dict]
   from_dict: Callable[[Mapping, str], Any]
   options: tuple[str, ...] = ()
+  option_checks: Mapping[str, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
   predict_interval: Callable[[Any, Evidence, float], tuple[Any, Any]] | None = None
   cross_validate: Callable[..., Any] | None = None
   fit_splits: Callable[..., "SplitFit | None"] | None = None
@@ -104,13 +108,17 @@ class Estimator:
     return self.needs == "scores"
 
   def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` as a dict, if ``fit`` accepts every name (their values ``fit`` checks)."""
+    """``options`` as a dict, if ``fit`` accepts every name and ``option_checks`` every
+    value (a one-line ValueError naming the first that is not)."""
     unknown = sorted(set(options) - set(self.options))
     if unknown:
       accepted = ", ".join(self.options) or "none"
       raise ValueError(
         f"{unknown[0]}: not an option of estimator {self.name!r} (it accepts: {accepted})"
       )
+    for name, value in options.items():
+      if name in self.option_checks:
+        self.option_checks[name](value)
     return dict(options)
 
   def check_evidence(self, evidence: Evidence) -> Evidence:
@@ -148,6 +156,34 @@ def _holds_bool(value: Any) -> bool:
   return bool in map(type, value)
 
 
+_NONE_FOUND = object()
+
+
+def _first_not(value: Any, kinds: tuple[type, ...]) -> Any:
+  """The first value of a JSON list (of lists) that is not one of ``kinds`` (a boolean
+  never is), or ``_NONE_FOUND``."""
+  for item in value if isinstance(value, list) else [value]:
+    if isinstance(item, list):
+      bad = _first_not(item, kinds)
+      if bad is not _NONE_FOUND:
+        return bad
+    elif isinstance(item, bool) or not isinstance(item, kinds):
+      return item
+  return _NONE_FOUND
+
+
+def _not_held(value: Any, kind: str) -> str:
+  """What a saved field holds instead of the JSON numbers of ``kind`` ("i" or "f")."""
+  bad = _first_not(value, (int,) if kind == "i" else (int, float))
+  if isinstance(bad, bool):
+    return f"a boolean ({str(bad).lower()})"
+  if isinstance(bad, float):
+    return f"a number that is not an integer ({bad!r})"
+  if isinstance(bad, str):
+    return f"the string {bad!r:.40}"
+  return "null" if bad is None else f"an object ({type(bad).__name__})"
+
+
 def _check_float32(values: np.ndarray, what: str) -> None:
   """Refuses finite float64 ``values`` that float32 (their stored dtype) turns into an
   infinity or into 0: a bin edge of 1e300 or 1e-50 would move the predictions."""
@@ -180,9 +216,11 @@ def read_array(
     raise ValueError(f"{what} must have rank {ndims}, got shape {arr.shape}")
   kinds = "iu" if kind == "i" else "iuf"
   if arr.size and (arr.dtype.kind not in kinds or _holds_bool(value)):
-    want = "integers" if kind == "i" else "numbers"
-    found = "booleans" if arr.dtype.kind in "iuf" else f"{arr.dtype} values"
-    raise ValueError(f"{what} must hold {want}, got {found}")
+    if kind == "i" and _first_not(value, (int,)) is _NONE_FOUND:  # integers beyond int64 and uint64
+      arr = np.asarray(value, object)
+    else:
+      want = "integers" if kind == "i" else "numbers"
+      raise ValueError(f"{what} must hold {want}, got {_not_held(value, kind)}")
   if kind == "i":
     if arr.size and (arr.min() < _INT32.min or arr.max() > _INT32.max):
       bad = arr.min() if arr.min() < _INT32.min else arr.max()
@@ -219,6 +257,65 @@ def read_int(
       f"{source}: field {name!r} must be an integer in [{minimum}, {maximum}], got {value!r}"
     )
   return value
+
+
+def read_accuracy(d: Mapping, source: str, counts: np.ndarray, hits: np.ndarray) -> float:
+  """The saved ``prior``: the accuracy float32(total hits) / float32(total count) of the
+  saved counts (as fit computes it), to float32 rounding; else a one-line ValueError."""
+  prior = read_number(d, "prior", source, 0.0, 1.0)
+  accuracy = np.float32(np.sum(hits)) / np.float32(np.sum(counts))
+  if not abs(prior - accuracy) <= _ACCURACY_ROUNDING:
+    raise ValueError(
+      f"{source}: field 'prior' is {prior!r}, not the accuracy {float(accuracy):.8g} of the"
+      " saved hits and counts it must be"
+    )
+  return prior
+
+
+_ACCURACY_ROUNDING = 2.0**-20  # float32 rounding of an accuracy, written out and read back
+
+
+def check_classes(state: Any, num_classes: int, source: str) -> None:
+  """A saved state kept per class (its ``num_classes``, e.g. ``toplabel.TopLabelBins``)
+  must have the calibrator's ``num_classes``; else a one-line ValueError naming the file.
+  States kept for all classes together (bins, isotonic, kde, temperature) pass."""
+  saved = getattr(state, "num_classes", num_classes)
+  if saved != num_classes:
+    raise ValueError(
+      f"{source}: field 'state' holds bins of {saved} classes, field 'num_classes' is"
+      f" {num_classes}; a calibrator keeps one entry per class"
+    )
+
+
+def counts_problem(counts: np.ndarray, num_edges: int, ranks: np.ndarray) -> str | None:
+  """Why saved ``counts`` cannot be the bin counts of the data whose edges were cut at
+  ``ranks``, or None: the rule of a saved table (``binning.fit``'s, or top-label bins').
+
+  The edges were the scores of the points of (1-based, ascending) ``ranks`` [n_bins - 1]
+  among the data sorted, equal ones merged into ``num_edges`` distinct edges, bins
+  right-closed. So the points up to distinct edge j are those up to its last rank and
+  fewer than the next rank: the cumulative count C_j has r_b <= C_j < r_(b+1) for the
+  last rank b of edge j. Those b rise with j, the last is the last rank, and the bins
+  after bin ``num_edges`` are empty (with no edges, only the first bin holds data).
+
+  Args:
+    counts: [n_bins] int, examples per bin (their sum is the data's size).
+    num_edges: the finite (distinct) edges saved.
+    ranks: [n_bins - 1] int, e.g. ``binning.quantile_edge_ranks(counts.sum(), n_bins)``.
+  """
+  beyond = np.flatnonzero(counts[num_edges + 1 :])
+  if beyond.size:
+    first = num_edges + 1 + beyond[0]
+    return f"{num_edges} edges make {num_edges + 1} bins, but bin {first} holds examples"
+  last_rank = np.searchsorted(ranks, np.cumsum(counts[:num_edges]), side="right")
+  if num_edges and (
+    last_rank[0] < 1 or np.any(np.diff(last_rank) < 1) or last_rank[-1] != ranks.shape[0]
+  ):
+    return (
+      f"the counts {counts.tolist()!r:.120} do not split {int(counts.sum())} examples at the"
+      f" {num_edges} saved edges as the rank rule does"
+    )
+  return None
 
 
 def read_bin_table(d: Mapping, source: str, num_bins: int):

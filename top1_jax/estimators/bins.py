@@ -69,10 +69,25 @@ def from_dict(d: Mapping, source: str) -> binning.Bins:
 
 
 def host_from_dict(d: Mapping, source: str) -> binning.Bins:
-  """``from_dict``'s ``Bins`` as host (NumPy) arrays, e.g. to stack several first."""
-  n = base.read_int(d, "n_bins", source)
+  """``from_dict``'s ``Bins`` as host (NumPy) arrays, e.g. to stack several first.
+
+  The table must be one ``binning.fit`` makes: at least one example per bin counted,
+  the counts split at the saved edges by the quantile rule (``base.counts_problem``:
+  an edge removed or moved, or counts shifted, is refused), and the prior the accuracy
+  of the hits and counts.
+  """
+  n = base.read_int(d, "n_bins", source, maximum=binning.MAX_BINS)
   edges, counts, hits = base.read_bin_table(d, source, n)
-  prior = base.read_number(d, "prior", source, 0.0, 1.0)
+  total = int(np.sum(counts))
+  if total < n:
+    raise ValueError(
+      f"{source}: field 'n_bins' is {n}, more than the {total} calibration examples the"
+      " saved counts add up to (fit makes at most one bin per example)"
+    )
+  problem = base.counts_problem(counts, edges.shape[0], binning.quantile_edge_ranks(total, n))
+  if problem is not None:
+    raise ValueError(f"{source}: not bins binning.fit makes: {problem}; fit them again")
+  prior = base.read_accuracy(d, source, counts, hits)
   padded = np.full(n - 1, np.inf, np.float32)
   padded[: edges.shape[0]] = edges
   # On the host in float32, as binning.fit computes them (moved as they are: jnp

@@ -39,6 +39,7 @@ jitted interpolation (``table.interpolate``, shared with kde) and works under ``
 ``ESTIMATOR`` is its entry in ``registry.REGISTRY``.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -127,6 +128,12 @@ def _concrete(name: str, value):
     )
 
 
+def _checked_bool(name: str, value) -> bool:
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name}: expected a bool, got {value!r}")
+  return bool(value)
+
+
 def fit(
   u: ArrayLike, correct: ArrayLike, *, increasing: bool = False, prior: bool = True
 ) -> IsotonicModel:
@@ -148,10 +155,7 @@ def fit(
   """
   _concrete("u", u)
   _concrete("correct", correct)
-  if not isinstance(increasing, (bool, np.bool_)):
-    raise ValueError(f"increasing: expected a bool, got {increasing!r}")
-  if not isinstance(prior, (bool, np.bool_)):
-    raise ValueError(f"prior: expected a bool, got {prior!r}")
+  increasing, prior = _checked_bool("increasing", increasing), _checked_bool("prior", prior)
   u, correct = validation.score_and_event("u", u, correct, host=True)
   # The scores as predict sees them (float64 becomes float32 without x64).
   u = validation.in_device_dtype(u)
@@ -212,11 +216,16 @@ def from_dict(d, source: str) -> IsotonicModel:
   knots, prob = table.read_knots(d, source, "prob")
   counts = base.read_array(d, "counts", source, "i")
   hits = base.read_array(d, "hits", source, "i")
-  prior = base.read_number(d, "prior", source, 0.0, 1.0)
   if np.any((prob < 0) | (prob > 1)):
     raise ValueError(f"{source}: field 'prob' must lie in [0, 1]")
+  steps = np.diff(prob)
+  if np.any(steps > 0) and np.any(steps < 0):  # pool-adjacent-violators makes it monotone
+    raise ValueError(f"{source}: field 'prob' must be monotone in the knots, as fit makes it")
   if counts.shape != hits.shape or np.any(hits < 0) or np.any(hits > counts):
     raise ValueError(f"{source}: counts and hits must be as many integers, 0 <= hits <= counts")
+  if counts.size == 0 or np.any(counts < 1):
+    raise ValueError(f"{source}: field 'counts' must count one or more examples per block")
+  prior = base.read_accuracy(d, source, counts, hits)
   device_float = validation.in_device_dtype(knots).dtype  # float32 unless x64 is on
   fields = (knots.astype(device_float), prob.astype(np.float32))
   fields += (counts.astype(np.int32), hits.astype(np.int32), np.float32(prior))
@@ -235,5 +244,6 @@ ESTIMATOR = base.Estimator(
   to_dict=to_dict,
   from_dict=from_dict,
   options=("increasing", "prior"),
+  option_checks={name: functools.partial(_checked_bool, name) for name in ("increasing", "prior")},
 )
 """Pool-adjacent-violators with the bins' prior; ``increasing=True`` for a confidence."""

@@ -30,6 +30,7 @@ sums there, so the whole curve costs a few FFTs.
 isotonic) and work under ``jit``. ``ESTIMATOR`` is its entry in ``registry.REGISTRY``.
 """
 
+import math
 import statistics
 from typing import NamedTuple
 
@@ -185,6 +186,19 @@ def _table(cells: _Cells, bandwidth: float):
   return table.pad(knots, prob, effective)
 
 
+def _checked_bandwidth(bandwidth) -> float | None:
+  """``bandwidth`` as a positive float, or None; else a one-line ValueError naming it."""
+  if bandwidth is None:
+    return None
+  try:
+    number = float(bandwidth)
+  except (TypeError, ValueError):
+    number = float("nan")
+  if isinstance(bandwidth, bool) or not (np.isfinite(number) and number > 0):
+    raise ValueError(f"bandwidth: expected a positive number or None, got {bandwidth!r}")
+  return number
+
+
 def fit(u: ArrayLike, correct: ArrayLike, bandwidth: float | None = None) -> KernelModel:
   """Fits the kernel estimate of P(correct | U) on a calibration split.
 
@@ -198,15 +212,7 @@ def fit(u: ArrayLike, correct: ArrayLike, bandwidth: float | None = None) -> Ker
   Returns:
     ``KernelModel``.
   """
-  if bandwidth is not None:
-    try:
-      bandwidth = float(bandwidth)
-    except (TypeError, ValueError):
-      raise ValueError(
-        f"bandwidth: expected a positive number or None, got {bandwidth!r}"
-      ) from None
-    if not (np.isfinite(bandwidth) and bandwidth > 0):
-      raise ValueError(f"bandwidth: expected a positive number or None, got {bandwidth!r}")
+  bandwidth = _checked_bandwidth(bandwidth)
   u, correct = _checked(u, correct)
   cells = _cells(u, correct)
   if bandwidth is None:
@@ -272,7 +278,10 @@ def predict_interval(
   _check_model(model)
   u = validation.float_array("u", u, 1)
   delta = validation.probability("delta", delta)
-  z = np.float32(statistics.NormalDist().inv_cdf(1 - delta / 2))  # on the host: no program
+  # From the lower tail: 1 - delta / 2 rounds to 1 below delta = 1e-16, where the normal's
+  # quantile is infinite; the smallest double stands in for a half that underflows to 0.
+  half = max(delta / 2, math.ulp(0.0))
+  z = np.float32(-statistics.NormalDist().inv_cdf(half))  # on the host: no program
   return _interval(model, u, z)
 
 
@@ -315,6 +324,7 @@ ESTIMATOR = base.Estimator(
   to_dict=to_dict,
   from_dict=from_dict,
   options=("bandwidth",),
+  option_checks={"bandwidth": _checked_bandwidth},
   predict_interval=lambda model, evidence, delta: predict_interval(model, evidence.u, delta),
 )
 """The kernel estimate on the rank scale of U; ``bandwidth=None`` chooses it by LOO NLL."""

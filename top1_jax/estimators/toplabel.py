@@ -102,6 +102,10 @@ def _classes(predicted_class: ArrayLike, num_classes: int | None) -> tuple[np.nd
   )
 
 
+def _checked_points_per_bin(points_per_bin) -> int:
+  return validation.positive_int("points_per_bin", points_per_bin)
+
+
 def _check_prior(prior) -> bool:
   if not isinstance(prior, (bool, np.bool_)):
     raise ValueError(f"prior: expected a bool, got {prior!r}")
@@ -200,7 +204,7 @@ def fit_splits(
       f"calibration: expected [F, {confidence.shape[0]}] (one row per split), "
       f"got shape {calibration.shape}"
     )
-  points_per_bin = validation.positive_int("points_per_bin", points_per_bin)
+  points_per_bin = _checked_points_per_bin(points_per_bin)
   prior = _check_prior(prior)
   u = validation.in_device_dtype(confidence)
   sizes = np.stack([np.bincount(classes[cal], minlength=num_classes) for cal in calibration])
@@ -354,22 +358,56 @@ def to_dict(model: TopLabelBins) -> dict:
   return {"prior": bool(model.with_prior), "classes": classes}
 
 
+def _group_ends(num: int, num_bins: int) -> np.ndarray:
+  """[num_bins - 1] 1-based ranks of the scores that are a class's raw edges: the ends of
+  ``np.array_split``'s groups (the first ``num % num_bins`` one point larger)."""
+  j = np.arange(1, num_bins, dtype=np.int64)
+  return j * (num // num_bins) + np.minimum(j, num % num_bins)
+
+
 def _read_class(d, source: str) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-  num_bins = base.read_int(d, "num_bins", source, minimum=0)
+  """One class's saved bins, checked to be what ``fit`` makes of its counted examples."""
+  num_bins = base.read_int(d, "num_bins", source, minimum=0, maximum=binning.MAX_BINS)
   edges, counts, hits = base.read_bin_table(d, source, max(num_bins, 1))
+  total = int(np.sum(counts))
+  if total < num_bins:
+    raise ValueError(f"{source}: {num_bins} bins of {total} examples (fit makes fewer)")
+  ranks = _group_ends(total, num_bins) if num_bins else np.zeros(0, np.int64)
+  problem = base.counts_problem(counts, edges.shape[0], ranks)
+  if problem is not None:
+    raise ValueError(f"{source}: not bins toplabel.fit makes: {problem}; fit them again")
   return num_bins, edges, counts, hits
 
 
+def _check_points_per_bin(read: list, source: str) -> None:
+  """Refuses classes whose bin counts no one ``points_per_bin`` gives: class c with n_c
+  examples has floor(n_c / points_per_bin) bins."""
+  low, high = 1, np.inf
+  for num_bins, _, counts, _ in read:
+    total = int(np.sum(counts))
+    low = max(low, total // (num_bins + 1) + 1)  # fewer than num_bins + 1 bins
+    if num_bins:
+      high = min(high, total // num_bins)  # at least num_bins bins
+  if low > high:
+    raise ValueError(
+      f"{source}: the classes' bin counts fit no points_per_bin (a class of n examples has"
+      " floor(n / points_per_bin) bins); fit them again"
+    )
+
+
 def from_dict(d, source: str) -> TopLabelBins:
-  """``TopLabelBins`` from ``to_dict``'s values, each checked (one-line ValueError); the
-  probabilities are recomputed from the counts and hits, as ``fit`` computes them."""
+  """``TopLabelBins`` from ``to_dict``'s values, each checked (one-line ValueError) to be
+  what ``fit`` makes (each class's counts split at its edges as ``np.array_split`` splits
+  its examples, one ``points_per_bin`` for all classes); the probabilities are recomputed
+  from the counts and hits, as ``fit`` computes them."""
   listed = base.field(d, "classes", source)
   prior = base.field(d, "prior", source)
-  if not isinstance(listed, list) or not listed:
-    raise ValueError(f"{source}: field 'classes' must be a list of bins, one per class")
+  if not isinstance(listed, list) or len(listed) < 2:
+    raise ValueError(f"{source}: field 'classes' must be a list of bins, one per class (2 or more)")
   if not isinstance(prior, bool):
     raise ValueError(f"{source}: field 'prior' must be true or false, got {prior!r}")
   read = [_read_class(c, f"{source} (class {k})") for k, c in enumerate(listed)]
+  _check_points_per_bin(read, source)
   n_bins = max(max(r[0] for r in read), 1)
   edges = np.full((len(read), n_bins - 1), np.inf, np.float32)
   counts, hits = (np.zeros((len(read), n_bins), np.int32) for _ in range(2))
@@ -447,5 +485,6 @@ ESTIMATOR = base.Estimator(
   from_dict=from_dict,
   options=("points_per_bin", "prior"),
   fit_splits=_fit_splits_evidence,
+  option_checks={"points_per_bin": _checked_points_per_bin, "prior": _check_prior},
 )
 """Equal-mass bins of the top-k mass per predicted class (Gupta & Ramdas 2022)."""

@@ -6,29 +6,43 @@
   orbax writes from process 0 and makes each checkpoint appear whole or not at all.
 * ``save_checkpoint`` / ``restore_checkpoint``: one checkpoint in one folder.
 
-Both store, beside the arrays, the architecture (``models.architecture``) and
-every parameter's shape, and refuse to restore into a template of another
-architecture, ensemble size or parameter shapes with a ``ValueError`` that says
-what differs.
+Both store, beside the arrays, the architecture (``models.architecture``), every
+parameter's shape and every array's CRC-32, and refuse to restore into a template of
+another architecture, ensemble size or parameter shapes with a ``ValueError`` that says
+what differs. A checkpoint that cannot be read back as it was saved (a file flipped,
+truncated, emptied or deleted; metadata that does not parse; an array whose CRC-32
+differs or that holds NaN or an infinity) is damaged: ``restore_checkpoint`` says so in
+one line, and ``RunCheckpoints.latest`` sets it aside (renamed ``<epoch>.damaged``, one
+warning line) and falls back to the checkpoint before it, or to a fresh start, so that
+its epoch is trained again.
 """
 
 import contextlib
+import logging
 import os
 import pathlib
 import re
 import shutil
+import zlib
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 from etils import epath
 
 from top1_jax.engine import models
 from top1_jax.engine.train import TrainState
 from top1_jax.io import files
 
-__all__ = ["RunCheckpoints", "save_checkpoint", "restore_checkpoint"]
+__all__ = [
+  "DAMAGED_SUFFIX",
+  "DamagedCheckpointError",
+  "RunCheckpoints",
+  "restore_checkpoint",
+  "save_checkpoint",
+]
 
 # Written into every checkpoint and checked on restore. A fixed name, not where
 # TrainState is defined: changing it would make existing checkpoints unreadable.
@@ -37,6 +51,17 @@ _FORMAT = "top1_jax.engine.train.TrainState/1"
 _LEGACY_PREFIX = "epoch_"
 # How orbax names the folder of a save in progress (``<step>.orbax-checkpoint-tmp...``).
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"
+DAMAGED_SUFFIX = ".damaged"
+"""A damaged checkpoint ``<epoch>`` is set aside as ``<epoch>.damaged`` (orbax ignores it)."""
+
+
+class DamagedCheckpointError(ValueError):
+  """A checkpoint that cannot be read back as it was saved (``RunCheckpoints`` sets it
+  aside and trains its epoch again); ``why`` says what is wrong."""
+
+  def __init__(self, path, why: str):
+    super().__init__(f"directory: the checkpoint at {path} is damaged ({why})")
+    self.path, self.why = path, why
 
 
 def _save_error(path, error: Exception) -> Exception:
@@ -59,15 +84,6 @@ def _shapes(state: TrainState) -> dict[str, list[int]]:
   return {jax.tree_util.keystr(path): list(np.shape(leaf)) for path, leaf in flat}
 
 
-def _metadata(state: TrainState) -> dict[str, Any]:
-  return {
-    "format": _FORMAT,
-    "architecture": models.architecture(state.model),
-    "dropout_rate": state.dropout_rate,
-    "shapes": _shapes(state),
-  }
-
-
 def _arrays(state: TrainState) -> dict[str, Any]:
   return {
     "step": state.step,
@@ -77,12 +93,28 @@ def _arrays(state: TrainState) -> dict[str, Any]:
   }
 
 
+def _crc32s(arrays) -> dict[str, list]:
+  """Each host array's [CRC-32 of its bytes, dtype], by its path in the tree."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
+  return {
+    jax.tree_util.keystr(path): [zlib.crc32(np.ascontiguousarray(leaf).data), leaf.dtype.str]
+    for path, leaf in flat
+  }
+
+
 def _save_args(state: TrainState) -> ocp.args.Composite:
   # Host copies: orbax writes NumPy arrays from process 0 only, so every process
   # may pass its own copy of a state (local, or replicated over all devices).
   arrays = jax.tree_util.tree_map(np.asarray, _arrays(state))
+  metadata = {
+    "format": _FORMAT,
+    "architecture": models.architecture(state.model),
+    "dropout_rate": state.dropout_rate,
+    "shapes": _shapes(state),
+    "crc32": _crc32s(arrays),  # a flipped byte in an array's data is found on restore
+  }
   return ocp.args.Composite(
-    state=ocp.args.StandardSave(arrays), metadata=ocp.args.JsonSave(_metadata(state))
+    state=ocp.args.StandardSave(arrays), metadata=ocp.args.JsonSave(metadata)
   )
 
 
@@ -129,9 +161,15 @@ def _shape_mismatch(path, saved: dict, wanted: dict) -> str:
   )
 
 
-def _check_metadata(path, metadata: dict, template: TrainState) -> None:
-  """The one rule for what a checkpoint may be restored into."""
-  if metadata.get("format") != _FORMAT:
+def _check_metadata(path, metadata: Any, template: TrainState) -> None:
+  """The one rule for what a checkpoint may be restored into. Metadata that is not a
+  checkpoint's is damage; another format, architecture or shapes, a mismatch."""
+  fields = {"format": str, "architecture": dict, "shapes": dict, "crc32": (dict, type(None))}
+  if not isinstance(metadata, dict) or any(
+    not isinstance(metadata.get(k), kinds) for k, kinds in fields.items()
+  ):
+    raise DamagedCheckpointError(path, "its metadata is not a top1_jax checkpoint's")
+  if metadata["format"] != _FORMAT:
     raise ValueError(
       f"directory: {path} has format {metadata.get('format')!r}, expected {_FORMAT!r}"
     )
@@ -151,13 +189,39 @@ def _check_files(path) -> None:
   prints a traceback per array besides its error.
   """
   if not (path / "metadata").is_dir() or not (path / "state").is_dir():
-    raise ValueError(f"directory: no checkpoint at {path} (no metadata/ and state/ folders)")
+    raise DamagedCheckpointError(path, "no metadata/ and state/ folders")
+  if isinstance(path, pathlib.Path):  # a FIFO would hang orbax's reader, a device fill memory
+    for part in path.rglob("*"):
+      if not (part.is_file() or part.is_dir()):
+        raise DamagedCheckpointError(path, f"{part.relative_to(path)} is not a regular file")
   for shard in (path / "state").glob("ocdbt.process_*"):
     for manifest in (path / "state" / "manifest.ocdbt", shard / "manifest.ocdbt"):
       if not manifest.is_file():
-        raise ValueError(
-          f"directory: the checkpoint at {path} is damaged ({manifest.name} is missing)"
-        )
+        raise DamagedCheckpointError(path, f"{manifest.name} is missing")
+
+
+def _host_copy(leaf) -> np.ndarray | None:
+  """This process's copy of a restored array, or None where it holds only a part."""
+  if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
+    return np.asarray(leaf)
+  return np.asarray(leaf.addressable_data(0)) if leaf.sharding.is_fully_replicated else None
+
+
+def _check_arrays(path, arrays, crc32s: dict | None) -> None:
+  """Every restored array as saved: its CRC-32 (when the checkpoint has them: not those
+  written before they were) and, for floats, no NaN or infinity (training stops before
+  saving a diverged state)."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
+  for key_path, leaf in flat:
+    host, name = _host_copy(leaf), jax.tree_util.keystr(key_path)
+    if host is None:
+      continue
+    saved = (crc32s or {}).get(name)
+    if saved is not None and saved[1] == host.dtype.str:
+      if zlib.crc32(np.ascontiguousarray(host).data) != saved[0]:
+        raise DamagedCheckpointError(path, f"{name} does not match its CRC-32")
+    if host.dtype.kind == "f" and not np.all(np.isfinite(host)):
+      raise DamagedCheckpointError(path, f"{name} holds NaN or infinite values")
 
 
 def _read(path, restore, template: TrainState) -> TrainState:
@@ -166,21 +230,34 @@ def _read(path, restore, template: TrainState) -> TrainState:
   ``restore(args)`` is the orbax restore of the checkpoint at ``path``. A killed
   write or a disk error leaves files orbax cannot parse; it raises bare
   ``Exception``s (and tensorstore errors) then, turned here into one
-  ``ValueError``, so the caller can set the checkpoint aside and retrain.
+  ``DamagedCheckpointError``, so the caller can set the checkpoint aside and retrain.
   """
 
   def read(**args):
     try:
       return restore(ocp.args.Composite(**args))
     except Exception as e:  # noqa: BLE001 -- orbax raises plain Exception for corrupt files
-      first = " ".join(str(e).split())[:200]
-      raise ValueError(
-        f"directory: the checkpoint at {path} is damaged ({type(e).__name__}: {first})"
-      ) from None
+      first = " ".join(str(e).split()).split(" See full TensorStore details")[0][:200]
+      raise DamagedCheckpointError(path, f"{type(e).__name__}: {first}") from None
 
-  _check_metadata(path, read(metadata=ocp.args.JsonRestore())["metadata"], template)
+  metadata = read(metadata=ocp.args.JsonRestore())["metadata"]
+  _check_metadata(path, metadata, template)
   abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _arrays(template))
-  return template.replace(**read(state=ocp.args.StandardRestore(abstract))["state"])
+  arrays = read(state=ocp.args.StandardRestore(abstract))["state"]
+  _check_arrays(path, arrays, metadata.get("crc32"))
+  return template.replace(**arrays)
+
+
+def _quiet_about(path) -> None:
+  """Drops asyncio's "exception was never retrieved" reports about ``path``: a failed
+  restore leaves tensorstore futures whose errors (200 lines of JSON specs each) are
+  already told, in one line, by the ``DamagedCheckpointError``."""
+  text = os.fspath(path)
+
+  def other(record: logging.LogRecord) -> bool:
+    return text not in record.getMessage()
+
+  logging.getLogger("asyncio").addFilter(other)
 
 
 def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> TrainState:
@@ -197,9 +274,10 @@ def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> Train
     The restored ``TrainState``.
 
   Raises:
-    ValueError: if there is no checkpoint at ``directory``, or it was saved from
-      another architecture or with other parameter shapes (e.g. another
-      ensemble size).
+    DamagedCheckpointError: (a ValueError) no checkpoint at ``directory``, or one that
+      cannot be read back as it was saved.
+    ValueError: it was saved from another architecture or with other parameter
+      shapes (e.g. another ensemble size).
   """
   path = _local_path(directory)
   _check_files(path)
@@ -237,22 +315,28 @@ class RunCheckpoints:
   def latest(self, template: TrainState) -> tuple[int, TrainState]:
     """The last saved epoch and its state, in the structure of ``template``.
 
+    A damaged checkpoint (``DamagedCheckpointError``) is set aside, renamed
+    ``<epoch>.damaged`` with one warning line naming it, and the one before it is
+    read instead (none: a fresh start), so the caller trains its epoch again.
+
     Args:
       template: a ``TrainState`` as ``restore_checkpoint`` takes.
 
     Returns:
-      ``(epoch, state)``, or ``(0, template)`` when nothing was saved.
+      ``(epoch, state)``, or ``(0, template)`` when nothing (readable) was saved.
 
     Raises:
-      ValueError: the checkpoint is damaged, or of another architecture,
-        ensemble size or parameter shapes (the message says what differs).
+      ValueError: the checkpoint is of another architecture, ensemble size or
+        parameter shapes (the message says what differs).
     """
-    epoch = self._manager.latest_step()
-    if epoch is None:
-      return self._latest_legacy(template)
-    path = self.directory / str(epoch)
-    _check_files(path)
-    return epoch, _read(path, lambda args: self._manager.restore(epoch, args=args), template)
+    while (epoch := self._manager.latest_step()) is not None:
+      path = self.directory / str(epoch)
+      try:
+        _check_files(path)
+        return epoch, _read(path, lambda args: self._manager.restore(epoch, args=args), template)
+      except DamagedCheckpointError as e:
+        self._set_aside(e)
+    return self._latest_legacy(template)
 
   def _latest_legacy(self, template: TrainState) -> tuple[int, TrainState]:
     prefix = len(_LEGACY_PREFIX)
@@ -261,10 +345,30 @@ class RunCheckpoints:
       for p in self.directory.glob(f"{_LEGACY_PREFIX}*")
       if p.name[prefix:].isdigit() and p.is_dir()
     ]
-    if not epochs:
-      return 0, template
-    newest = max(epochs)
-    return newest, restore_checkpoint(self.directory / f"{_LEGACY_PREFIX}{newest}", template)
+    for newest in sorted(epochs, reverse=True):
+      try:
+        return newest, restore_checkpoint(self.directory / f"{_LEGACY_PREFIX}{newest}", template)
+      except DamagedCheckpointError as e:
+        self._set_aside(e)
+    return 0, template
+
+  def _set_aside(self, damage: DamagedCheckpointError) -> None:
+    """Renames a damaged checkpoint (process 0; the others wait for it) and says so."""
+    path = damage.path
+    aside = path.with_name(path.name + DAMAGED_SUFFIX)
+    for number in range(1, 1000):  # an epoch damaged again keeps the one set aside before
+      if not aside.exists():
+        break
+      aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}.{number}")
+    if jax.process_index() == 0:
+      path.rename(aside)
+    _quiet_about(path)
+    ocp.multihost.sync_global_processes(f"top1_jax: set aside {path}")
+    self._manager.reload()  # its list of saved epochs no longer holds this one
+    absl_logging.warning(
+      "checkpoint %s is damaged (%s); set aside as %s, and its epoch is trained again",
+      path, damage.why, aside.name,
+    )  # fmt: skip
 
   def save(self, epoch: int, state: TrainState) -> None:
     """Saves ``state`` as epoch ``epoch`` and then deletes the previous epoch's checkpoint.

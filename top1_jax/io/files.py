@@ -8,6 +8,10 @@ Readers see the old file or the new one, never a part: on a local disk the
 file is written under a temp name in the same folder and renamed; in an object
 store a single object write is already atomic, so the object is written
 directly (from a local staging file, so a writer that fails uploads nothing).
+
+Readers open regular files only (``open_regular``): a FIFO would wait for a writer, a
+device such as ``/dev/zero`` never ends, and a link to either is no better; each is
+refused in one line naming the path before anything is read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import pathlib
 import re
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -53,6 +58,47 @@ def as_path(path: epath.PathLike) -> pathlib.Path | epath.Path:
   except ImportError:
     raise ValueError(f"{path}: a URL needs etils (pip install etils[epath])") from None
   return epath.Path(path)
+
+
+_NOT_REGULAR = (
+  (stat.S_ISDIR, "a directory"),
+  (stat.S_ISFIFO, "a FIFO (named pipe)"),
+  (stat.S_ISCHR, "a character device"),
+  (stat.S_ISBLK, "a block device"),
+  (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _refuse_unless_regular(path, mode: int) -> None:
+  if not stat.S_ISREG(mode):
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+    raise ValueError(f"{path}: {kind}, not a regular file; give the path of a file")
+
+
+def open_regular(path: epath.PathLike) -> BinaryIO:
+  """``path`` open for binary reading, if it is a regular file (or a link to one).
+
+  A FIFO would block the open until a writer comes, a device (``/dev/zero``) reads
+  without end and a socket cannot be read: each is refused before anything is read. A
+  URL is opened as it is (an object store holds objects only).
+
+  Raises:
+    FileNotFoundError: no such file (naming it).
+    ValueError: not a regular file, in one line naming it and what it is.
+  """
+  where = as_path(path)
+  if not isinstance(where, pathlib.Path):
+    return where.open("rb")
+  _refuse_unless_regular(where, os.stat(where).st_mode)
+  # Non-blocking, in case a FIFO took the file's place since the stat: checked again below.
+  fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+  try:
+    _refuse_unless_regular(where, os.fstat(fd).st_mode)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+  except BaseException:
+    os.close(fd)
+    raise
 
 
 REACH_SECONDS = 20.0
@@ -174,7 +220,10 @@ def disk_full(error: BaseException, root: str) -> str | None:
 
 def _write_local(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
-  fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  except OSError as e:  # its message would name the temporary file, which the user never chose
+    raise OSError(e.errno, e.strerror, os.fspath(path)) from None
   try:
     with os.fdopen(fd, "wb") as file:
       write(file)
@@ -255,15 +304,33 @@ def write_json(path: epath.PathLike, value: Any) -> pathlib.Path | epath.Path:
 
 
 def read_text(path: epath.PathLike) -> str:
-  """The text of a local file or a URL."""
-  return as_path(path).read_text()
+  """The UTF-8 text of a local regular file (``open_regular``) or a URL."""
+  with open_regular(path) as file:
+    return file.read().decode()
+
+
+_log = logging.getLogger(__name__)
 
 
 def read_json(path: epath.PathLike) -> Any | None:
-  """The JSON at ``path``, or None when it is missing or unreadable (then redo the work)."""
+  """The JSON at ``path``, or None when it is missing, then the work is redone.
+
+  A file that is there but cannot be used (not a regular file, not UTF-8, not strict
+  JSON: ``parse_json``) is None too, with one warning line naming it and why: a damaged
+  marker of finished work means the work is done again, not a traceback.
+  """
   try:
-    return json.loads(as_path(path).read_text())
-  except (OSError, ValueError):
+    with open_regular(path) as file:
+      data = file.read()
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    _log.warning("%s is unreadable (%s); treated as missing", path, e)
+    return None
+  try:
+    return parse_json(data)
+  except ValueError as e:
+    _log.warning("%s: not valid JSON (%s); treated as missing", path, e)
     return None
 
 
@@ -284,43 +351,72 @@ def _no_constant(token: str):
   raise _Refused(f"{token} is not strict JSON (write null or a number)")
 
 
-def read_strict_json(path: epath.PathLike, max_bytes: int, what: str) -> Any:
-  """The strict JSON of a file that must be ``what`` (e.g. "a top1_jax calibrator").
+def parse_json(data: bytes | str) -> Any:
+  """Strict JSON: UTF-8, no key given twice in one object (plain ``json`` lets the last
+  win), no ``NaN`` or ``Infinity``, nested no deeper than Python's recursion limit.
 
-  Refused in one line naming the file: more than ``max_bytes`` (checked before reading a
-  local file; at most ``max_bytes + 1`` bytes are read of any other), not UTF-8, invalid
-  JSON, nested deeper than Python's recursion limit, a key given twice in one object
-  (which plain ``json`` lets the last one win), ``NaN`` or ``Infinity``.
+  Raises:
+    ValueError: what is wrong, in one line without the file's name (callers add it).
+  """
+  if isinstance(data, bytes):
+    try:
+      data = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"not UTF-8 text: {e.reason} at byte {e.start}; save it as UTF-8") from None
+  try:
+    return json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+  except RecursionError:
+    raise ValueError("JSON nested too deeply") from None
+  except _Refused as e:
+    raise _Refused(str(e)) from None
+  except ValueError as e:  # invalid JSON, or an integer of thousands of digits
+    raise ValueError(f"invalid JSON: {' '.join(str(e).split())}") from None
+
+
+def read_strict_json(path: epath.PathLike, max_bytes: int, what: str) -> Any:
+  """The strict JSON (``parse_json``) of a regular file that must be ``what`` (e.g. "a
+  top1_jax calibrator").
+
+  Refused in one line naming the file: not a regular file (``open_regular``), more than
+  ``max_bytes`` (checked before reading a local file; at most ``max_bytes + 1`` bytes
+  are read of any other), or not strict JSON.
 
   Raises:
     ValueError: any of these; OSError: the file cannot be read (its message names it).
   """
-  where = as_path(path)
-  size = where.stat().st_size if is_local(path) else None
-  if size is None or size <= max_bytes:
-    with where.open("rb") as file:
+  with open_regular(path) as file:
+    size = os.fstat(file.fileno()).st_size if is_local(path) else None
+    if size is None or size <= max_bytes:
       data = file.read(max_bytes + 1)
-    size = len(data)
+      size = len(data)
   if size > max_bytes:
     raise ValueError(f"{path}: not {what} ({size} bytes, over the {max_bytes} it may have)")
   try:
-    text = data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise ValueError(
-      f"{path}: not {what} (not UTF-8 text: {e.reason} at byte {e.start}); save it as UTF-8"
-    ) from None
-  try:
-    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-  except RecursionError:
-    raise ValueError(f"{path}: not {what} (JSON nested too deeply)") from None
+    return parse_json(data)
   except _Refused as e:
     raise ValueError(f"{path}: {e}") from None
-  except ValueError as e:  # invalid JSON, or an integer of thousands of digits
-    raise ValueError(f"{path}: not {what} (invalid JSON: {e})") from None
+  except ValueError as e:
+    raise ValueError(f"{path}: not {what} ({e})") from None
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""A text cell starting with one of these is a formula to a spreadsheet (OWASP's "CSV
+injection"): ``write_csv`` writes it after a single quote, which spreadsheets take as
+"text" and hide."""
+
+
+def _cell(value: Any) -> Any:
+  """``value`` as ``write_csv`` writes it: text that a spreadsheet would run as a formula
+  escaped with a leading quote (numbers are data, never escaped)."""
+  return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 
 def write_csv(path: epath.PathLike, rows: Sequence[dict[str, Any]]) -> pathlib.Path | epath.Path:
   """Writes dict rows as CSV, atomically; returns the path.
+
+  A text cell (or column name) that starts with ``FORMULA_STARTS`` (``=``, ``+``, ``-``,
+  ``@``, tab, carriage return) gets a leading ``'``, as OWASP's CSV-injection guidance
+  says: a ``meta`` value such as ``=HYPERLINK(...)`` is shown as text, not run.
 
   Args:
     path: destination file.
@@ -331,16 +427,19 @@ def write_csv(path: epath.PathLike, rows: Sequence[dict[str, Any]]) -> pathlib.P
   for row in rows:
     columns += [k for k in row if k not in columns]
   buffer = io.StringIO()
-  writer = csv.DictWriter(buffer, fieldnames=columns)
-  writer.writeheader()
-  writer.writerows(rows)
+  writer = csv.writer(buffer)
+  writer.writerow([_cell(column) for column in columns])
+  writer.writerows([_cell(row.get(column, "")) for column in columns] for row in rows)
   return write_bytes(path, buffer.getvalue().encode())
 
 
 __all__ = [
+  "FORMULA_STARTS",
   "as_path",
   "atomic_write",
   "is_local",
+  "open_regular",
+  "parse_json",
   "read_json",
   "read_strict_json",
   "write_bytes",

@@ -7,11 +7,14 @@ refuses them when not. The Debian package ``dataset-fashion-mnist`` installs
 Fashion-MNIST in ``FASHION_MNIST_DIR``, which makes it the offline default dataset.
 """
 
+import contextlib
 import gzip
 import math
 import pathlib
 import struct
 import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 from etils import epath
@@ -51,18 +54,37 @@ _IDX_LABELS_MAGIC = 0x00000801  # unsigned bytes, 1 dim: [N]
 _COMPARE_BLOCK = 1 << 20  # bytes per read when comparing a .gz file with its raw twin
 
 
-def _read_bytes(path: pathlib.Path | epath.Path) -> bytes:
-  """File contents, gunzipped when the file starts with the gzip magic."""
+MAX_IDX_BYTES = 1 << 30
+"""The most data bytes an IDX file's header may declare (1 GiB; MNIST's training images
+hold 47 MB, EMNIST's largest split 0.64 GB): a larger header is refused before anything
+is allocated, and a gzip stream is inflated no further than its header declares."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error)
+
+
+@contextlib.contextmanager
+def _opened(path: pathlib.Path | epath.Path) -> Iterator[BinaryIO]:
+  """The file's bytes as a stream, gunzipped when it starts with the gzip magic; errors
+  name the file (a FIFO or a device is refused by ``files.open_regular``)."""
   try:
-    raw = path.read_bytes()
+    file = files.open_regular(path)
   except FileNotFoundError:
     raise FileNotFoundError(f"{path}: no such file") from None
-  if raw[:2] != b"\x1f\x8b":
-    return raw
-  try:
-    return gzip.decompress(raw)
-  except (EOFError, OSError, zlib.error) as e:
-    raise ValueError(f"{path}: corrupt or truncated gzip data ({e})") from None
+  with file:
+    gzipped = file.read(2) == _GZIP_MAGIC
+    file.seek(0)
+    with gzip.GzipFile(fileobj=file) if gzipped else contextlib.nullcontext(file) as stream:
+      try:
+        yield stream
+      except _DECOMPRESS_ERRORS as e:
+        if not gzipped:
+          raise
+        raise _gzip_error(path, e) from None
+
+
+def _gzip_error(path, error: BaseException) -> ValueError:
+  return ValueError(f"{path}: corrupt or truncated gzip data ({error})")
 
 
 def _parse_header(path, raw: bytes) -> tuple[int, np.dtype, tuple[int, ...], int]:
@@ -86,36 +108,48 @@ def _parse_header(path, raw: bytes) -> tuple[int, np.dtype, tuple[int, ...], int
   return magic, _IDX_DTYPES[type_code], shape, header_size
 
 
+def _header(path, stream: BinaryIO) -> tuple[int, np.dtype, tuple[int, ...]]:
+  """(magic, dtype, shape) from the stream's first bytes, which it leaves at the data."""
+  raw = stream.read(4)
+  if len(raw) == 4:
+    raw += stream.read(4 * raw[3])
+  magic, dtype, shape, _ = _parse_header(path, raw)
+  return magic, dtype, shape
+
+
 def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
-  raw = _read_bytes(path)
-  magic, dtype, shape, header_size = _parse_header(path, raw)
-  expected = math.prod(shape) * dtype.itemsize
-  actual = len(raw) - header_size
-  if actual != expected:
-    problem = "truncated" if actual < expected else "has trailing bytes"
-    raise ValueError(
-      f"{path}: {problem}: header says shape {shape} ({expected} data bytes),"
-      f" file has {actual} data bytes"
-    )
-  array = np.frombuffer(raw, dtype, count=math.prod(shape), offset=header_size)
+  with _opened(path) as stream:
+    magic, dtype, shape = _header(path, stream)
+    expected = math.prod(shape) * dtype.itemsize
+    if expected > MAX_IDX_BYTES:
+      raise ValueError(
+        f"{path}: header says shape {shape} ({expected} data bytes), over the"
+        f" {MAX_IDX_BYTES} an IDX file may hold (idx.MAX_IDX_BYTES); not read"
+      )
+    # Into one buffer of the declared size, then one byte more: a gzip stream that
+    # inflates further (a bomb) is refused after the bytes the header declared.
+    data = bytearray(expected)
+    view, got = memoryview(data), 0
+    while got < expected and (count := stream.readinto(view[got:])):
+      got += count
+    if got < expected:
+      raise ValueError(
+        f"{path}: truncated: header says shape {shape} ({expected} data bytes),"
+        f" file has {got} data bytes"
+      )
+    if stream.read(1):
+      raise ValueError(
+        f"{path}: has trailing bytes: header says shape {shape} ({expected} data bytes),"
+        " the file holds more"
+      )
+  array = np.frombuffer(data, dtype, count=math.prod(shape))
   return magic, array.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
 
 
 def _read_header(path: pathlib.Path | epath.Path) -> tuple[int, tuple[int, ...]]:
   """(magic, shape) from the first bytes of the file alone (a gzip stream is only begun)."""
-  try:
-    with path.open("rb") as file:
-      gzipped = file.read(2) == b"\x1f\x8b"
-      file.seek(0)
-      stream = gzip.GzipFile(fileobj=file) if gzipped else file
-      raw = stream.read(4)
-      if len(raw) == 4:
-        raw += stream.read(4 * raw[3])
-  except FileNotFoundError:
-    raise FileNotFoundError(f"{path}: no such file") from None
-  except (EOFError, OSError, zlib.error) as e:
-    raise ValueError(f"{path}: corrupt or truncated gzip data ({e})") from None
-  magic, _, shape, _ = _parse_header(path, raw)
+  with _opened(path) as stream:
+    magic, _, shape = _header(path, stream)
   return magic, shape
 
 
@@ -166,19 +200,14 @@ def _read_idx_with_magic(path: pathlib.Path | epath.Path, magic: int, what: str)
 def _same_data(first: pathlib.Path | epath.Path, second: pathlib.Path | epath.Path) -> bool:
   """Whether two IDX files hold the same bytes once gunzipped: read a block at a time, side
   by side, up to the first difference (a size difference shows at the end of the shorter)."""
-  with first.open("rb") as file_a, second.open("rb") as file_b:
-    streams = []
-    for file in (file_a, file_b):
-      gzipped = file.read(2) == b"\x1f\x8b"
-      file.seek(0)
-      streams.append(gzip.GzipFile(fileobj=file) if gzipped else file)
+  with _opened(first) as stream_a, _opened(second) as stream_b:
     while True:
       blocks = []
-      for path, stream in zip((first, second), streams, strict=True):
+      for path, stream in ((first, stream_a), (second, stream_b)):
         try:
           blocks.append(stream.read(_COMPARE_BLOCK))
-        except (EOFError, OSError, zlib.error) as e:
-          raise ValueError(f"{path}: corrupt or truncated gzip data ({e})") from None
+        except _DECOMPRESS_ERRORS as e:  # named here: it passes through the other's context
+          raise _gzip_error(path, e) from None
       if blocks[0] != blocks[1]:
         return False
       if not blocks[0]:
@@ -199,7 +228,8 @@ def _idx_pair(
   pair = []
   for kind in ("images-idx3", "labels-idx1"):
     stem = f"{IDX_SPLIT_PREFIX[split]}-{kind}-ubyte"
-    found = [c for c in (directory / f"{stem}.gz", directory / stem) if c.is_file()]
+    # exists(), not is_file(): a FIFO or a device by that name is refused, not passed over
+    found = [c for c in (directory / f"{stem}.gz", directory / stem) if c.exists()]
     if len(found) == 2 and not _same_data(*found):
       raise ValueError(
         f"{directory}: {stem}.gz and {stem} hold different data; remove the one that is not"
@@ -331,6 +361,7 @@ __all__ = [
   "FASHION_MNIST_CLASSES",
   "FASHION_MNIST_DIR",
   "IDX_SPLIT_PREFIX",
+  "MAX_IDX_BYTES",
   "count_idx_examples",
   "find_idx_files",
   "incomplete_idx_pair",

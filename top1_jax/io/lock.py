@@ -25,7 +25,10 @@ import sys
 import time
 from collections.abc import Iterator
 
+from top1_jax.io import files
+
 LOCK_NAME = ".lock"
+_MAX_LOCK_BYTES = 1 << 16  # a lock names a host, a pid and a command line
 
 
 class WorkdirBusyError(RuntimeError):
@@ -114,10 +117,22 @@ def _take(path, owner: dict) -> bool:
     ) from None
 
 
+def _read_owner(path) -> dict:
+  """The owner a lock file names, or {} when it names none: half-written by a run killed
+  mid-write, or not a lock at all (a FIFO or a device is not read, JSON nested too
+  deeply is not parsed)."""
+  try:
+    with files.open_regular(path) as file:
+      owner = files.parse_json(file.read(_MAX_LOCK_BYTES))
+  except (OSError, ValueError):
+    return {}
+  return owner if isinstance(owner, dict) else {}
+
+
 def release(path, pid: int | None = None) -> None:
   """Removes the lock at ``path`` if process ``pid`` (default: this one) holds it."""
-  with contextlib.suppress(OSError, ValueError, AttributeError):
-    if json.loads(path.read_text()).get("pid") == (os.getpid() if pid is None else pid):
+  if _read_owner(path).get("pid") == (os.getpid() if pid is None else pid):
+    with contextlib.suppress(OSError):
       path.unlink()
 
 
@@ -140,10 +155,7 @@ def hold(workdir, say=print, name: str = LOCK_NAME) -> Iterator[pathlib.Path]:
   path = workdir / name
   owner = _owner()
   while not _take(path, owner):
-    try:
-      held = json.loads(path.read_text())
-    except (OSError, ValueError):
-      held = {}  # half-written by a run killed mid-write: stale
+    held = _read_owner(path)  # {}: stale
     if held and _alive(held):
       raise WorkdirBusyError(
         f"--workdir: {workdir} is in use by pid {held.get('pid')} on {held.get('host')} since"

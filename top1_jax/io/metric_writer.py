@@ -191,7 +191,7 @@ class MetricWriter:
 
 def _records(path, masked_crc32c) -> Iterator[bytes]:
   """The data of each whole TFRecord of ``path``; a truncated last record ends it."""
-  with path.open("rb") as stream:
+  with files.open_regular(path) as stream:  # not a FIFO or a device
     index = 0
     while True:
       header = stream.read(_HEADER.size)

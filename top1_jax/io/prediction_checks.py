@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from top1_jax.core import validation
+from top1_jax.io import files
 
 ARRAY_FIELDS = ("labels", "logits", "mean_probs", "human_probs")
 """The array fields of a predictions file, besides ``score_<name>`` and ``meta``."""
@@ -213,18 +214,16 @@ def check_agreement(logits: np.ndarray, mean_probs: np.ndarray) -> None:
 
 
 def read_meta(value: np.ndarray) -> dict:
-  """The ``meta`` field (a 0-d JSON string array) as a dict; ValueError naming ``meta``."""
+  """The ``meta`` field (a 0-d JSON string array) as a dict, parsed strictly
+  (``files.parse_json``); a one-line ValueError naming ``meta``."""
   if value.ndim != 0 or value.dtype.kind not in "US":
     raise ValueError(
       f"meta: expected a JSON string (0-d str array), got shape {value.shape} dtype {value.dtype}"
     )
-  text = value.item()
-  if isinstance(text, bytes):
-    text = text.decode("utf-8", errors="replace")
-  try:
-    meta = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"meta: invalid JSON ({e})") from None
+  try:  # strict: a key given twice (plain JSON lets the last win), NaN, or nested too deep
+    meta = files.parse_json(value.item())
+  except ValueError as e:
+    raise ValueError(f"meta: {e}") from None
   if not isinstance(meta, dict):
     raise ValueError(f"meta: expected a JSON object, got {type(meta).__name__}")
   return meta

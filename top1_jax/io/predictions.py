@@ -135,7 +135,9 @@ def save_predictions(
 ) -> pathlib.Path | epath.Path:
   """Writes a predictions file atomically (``files.atomic_write``).
 
-  ``meta["version"]`` is set to this library's version when absent.
+  ``meta["version"]`` is set to this library's version when absent. Logits that look
+  like probabilities (``validation.refuse_probabilities``) are refused: a reader would
+  take them for logits.
 
   Args:
     path: destination, used as given (conventionally ``*.npz``), local or a URL.
@@ -150,6 +152,9 @@ def save_predictions(
       "predictions: expected a top1_jax.io.predictions.Predictions, got"
       f" {type(predictions).__name__}"
     )
+  if predictions.logits is not None:  # read back, they would be scored as logits: other numbers
+    fix = "store them as mean_probs (or their logarithms as logits)"
+    validation.refuse_probabilities("logits", predictions.logits, fix)
   meta = {"version": __version__, **predictions.meta}
   arrays = {"labels": predictions.labels, "meta": np.asarray(prediction_checks.meta_json(meta))}
   for key in ("logits", "mean_probs", "human_probs"):
@@ -161,10 +166,39 @@ def save_predictions(
   return files.atomic_write(path, lambda file: save(file, **arrays))
 
 
-def _np_load(path: pathlib.Path | epath.Path):
+_MAGIC = {
+  b"\x93NUMPY": "a NumPy .npy array",
+  b"PK\x03\x04": "a zip archive",
+  b"\x1f\x8b": "gzip-compressed data",
+  b"\x80": "a Python pickle",
+}
+
+
+def _what(head: bytes) -> str:
+  """What a file starting with ``head`` is, in words (for a file NumPy cannot load)."""
+  for magic, kind in _MAGIC.items():
+    if head.startswith(magic):
+      return kind
+  if not head:
+    return "an empty file"
+  return "text" if head.isascii() and b"\0" not in head else "binary data of another format"
+
+
+def _np_load(path: pathlib.Path | epath.Path, kind: str, expected: str):
+  """``np.load`` of a regular file (``files.open_regular``), without pickles: an array or
+  an ``NpzFile`` (the caller closes it). A file NumPy cannot read is a ValueError naming
+  it, ``kind`` ("an .npy array"), what the file is and ``expected``; never NumPy's hint
+  to allow pickles, which would run a file's code."""
+  with files.open_regular(path) as file:
+    head = file.read(64)
   # np.load wants a seekable file: a local path as is, an object read into memory.
   source = path if isinstance(path, pathlib.Path) else io.BytesIO(path.read_bytes())
-  return np.load(source, allow_pickle=False)
+  try:
+    return np.load(source, allow_pickle=False)
+  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    if "pickle" in str(e):  # NumPy's guess for any file that is neither .npz nor .npy
+      e = f"it is {_what(head)}; expected {expected}"
+    raise ValueError(f"{path}: not a readable {kind} ({e})") from None
 
 
 def _read_member(path, key: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
@@ -217,14 +251,11 @@ def load_predictions(path: epath.PathLike) -> Predictions:
       file a block at a time); the message names the file and field.
   """
   path = files.as_path(path)
-  if not path.is_file():
+  if not path.exists():
     raise FileNotFoundError(f"{path}: predictions file not found")
-  try:
-    archive = _np_load(path)
-  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-    if "pickled" in str(e):  # NumPy's guess for any file that is neither .npz nor .npy
-      e = "not an .npz archive: neither a zip file nor a NumPy array file"
-    raise ValueError(f"{path}: not a readable .npz predictions file ({e})") from None
+  archive = _np_load(
+    path, ".npz predictions file", "an .npz archive of named arrays, as save_predictions writes"
+  )
   if not isinstance(archive, np.lib.npyio.NpzFile):
     raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
   with archive:
@@ -237,17 +268,19 @@ def load_predictions(path: epath.PathLike) -> Predictions:
     raise ValueError(f"{path}: {e}") from None
 
 
-def _load_npy(name: str, path: epath.PathLike) -> np.ndarray:
-  """One ``.npy`` array; errors start with ``name`` (the argument or flag it came from)."""
+def _load_npy(name: str, path: epath.PathLike, expected: str) -> np.ndarray:
+  """One ``.npy`` array of ``expected`` (e.g. "int [N] labels"); errors start with
+  ``name`` (the argument or flag it came from) and name the file."""
   path = files.as_path(path)
-  if not path.is_file():
+  if not path.exists():
     raise FileNotFoundError(f"{name}: no such file: {path}")
   try:
-    value = _np_load(path)
-  except (OSError, ValueError, EOFError) as e:
-    raise ValueError(f"{name}: {path} is not a readable .npy array ({e})") from None
+    value = _np_load(path, ".npy array", f"a .npy array of {expected}, as np.save writes")
+  except ValueError as e:
+    raise ValueError(f"{name}: {e}") from None
   if not isinstance(value, np.ndarray):
-    raise ValueError(f"{name}: {path} is an .npz archive; expected one .npy array")
+    value.close()
+    raise ValueError(f"{name}: {path} is an .npz archive; expected one .npy array of {expected}")
   return value
 
 
@@ -275,8 +308,10 @@ def from_arrays(
   """
   if (logits is None) == (probs is None):
     raise ValueError("logits/probs: expected exactly one of them")
-  values = _load_npy("logits" if probs is None else "probs", logits if probs is None else probs)
-  fields: dict[str, Any] = {"labels": _load_npy("labels", labels)}
+  given = "logits" if probs is None else "probs"
+  paths = {"labels": labels, given: logits if probs is None else probs}
+  values = _load_npy(given, paths[given], "float [N, K] or [S, N, K] " + given)
+  fields: dict[str, Any] = {"labels": _load_npy("labels", labels, "int [N] class labels")}
   if probs is not None:
     values = prediction_checks.float_field("probs", values, (2, 3))
     validation.probability_array("probs", values, (2, 3), sums_to_one=True)
@@ -290,12 +325,13 @@ def from_arrays(
   fields["meta"] = {"method": "samples" if samples else "plain", **(meta or {})}
   try:
     predictions = Predictions(**fields)
-  except ValueError as e:  # name the array the user gave, not the field it was stored as
-    given = "probs" if probs is not None else "logits"
+  except ValueError as e:  # name the array the user gave and its file, not the field stored
     message = re.sub(r"^(logits|mean_probs):", f"{given}:", str(e))
-    raise ValueError(message) from None
+    field = message.split(":", 1)[0]
+    where = paths.get(field, paths["labels"] if field == "length mismatch" else None)
+    raise ValueError(message if where is None else f"{message} (in {where})") from None
   if probs is None:  # probabilities run as logits give other numbers, silently
-    fix = "pass them as probs (--config.input_kind=probs)"
+    fix = f"pass them as probs (--config.input_kind=probs) (in {logits})"
     validation.refuse_probabilities("logits", predictions.logits, fix, given=values)
   return predictions
 
@@ -325,7 +361,7 @@ def load_human_probs(
     [N, K] float32.
   """
   path = files.as_path(path)
-  array = _load_npy("human_probs", path)
+  array = _load_npy("human_probs", path, "float [N, K] human label probabilities")
   if array.ndim == 2 and np.issubdtype(array.dtype, np.number) and array.size:
     sums = array.sum(axis=1, dtype=np.float64)
     if array.min() >= 0 and np.all(array == np.round(array)) and sums.max() > 1.5:

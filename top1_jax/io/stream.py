@@ -187,7 +187,7 @@ def _npy_member(file) -> _Member | None:
 def file_sha1(path: epath.PathLike) -> str:
   """The SHA-1 of a file's bytes, read a block at a time (not the whole file at once)."""
   digest = hashlib.sha1()
-  with files.as_path(path).open("rb") as file:
+  with files.open_regular(path) as file:
     while data := file.read(_BLOCK):
       digest.update(data)
   return digest.hexdigest()
@@ -216,13 +216,14 @@ class PredictionsReader:
 
   def __init__(self, path: epath.PathLike):
     self.path = files.as_path(path)
-    if not self.path.is_file():
+    if not self.path.exists():
       raise FileNotFoundError(f"{self.path}: predictions file not found")
     self._opened = contextlib.ExitStack()  # the file and any temporary copies
     self._sha1 = None
     try:
-      if isinstance(self.path, pathlib.Path):
-        self._file = self._opened.enter_context(open(self.path, "rb", buffering=0))
+      if isinstance(self.path, pathlib.Path):  # not a FIFO or a device: files.open_regular
+        regular = self._opened.enter_context(files.open_regular(self.path))
+        self._file = regular.raw  # unbuffered: reads go where the byte ranges are
       else:
         self._file = self._downloaded()
       self._open()
