@@ -384,6 +384,7 @@ def _from_dict(cls, state: Any, source: str) -> Calibrator:
   except (TypeError, ValueError) as e:
     raise ValueError(f"{source}: bad calibrator field ({e})") from None
   fitted = entry.from_dict(base.field(state, "state", source), source)
+  base.check_classes(fitted, num_classes, source)
   if isinstance(fitted, binning.Bins) and fitted.n_bins != n_bins:
     raise ValueError(f"{source}: n_bins is {n_bins}, the saved bins have {fitted.n_bins}")
   examples = _calibration_examples(fitted)

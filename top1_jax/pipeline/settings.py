@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from top1_jax.core import equal_width, scores
+from top1_jax.core import binning, equal_width, scores
 from top1_jax.core.splits import SCHEMES
 from top1_jax.core.validation import SettingError
 from top1_jax.estimators import registry
@@ -240,7 +240,7 @@ class Settings:
   labels: str = _rule(Rule(str))
   # The sweep.
   scores: tuple[str, ...] = _rule(Rule(str, many=True))  # names: _known_scores
-  n_bins: tuple[int, ...] = _rule(Rule(int, low=1, many=True))  # at most: check_examples
+  n_bins: tuple[int, ...] = _rule(Rule(int, low=1, high=binning.MAX_BINS, up_to=True, many=True))
   topk: tuple[int, ...] = _rule(Rule(int, low=1, many=True))
   estimators: tuple[str, ...] = _rule(
     Rule(str, names=lambda: registry.names(scores_only=True), many=True)
@@ -248,7 +248,9 @@ class Settings:
   n_folds: int = _rule(Rule(int, low=2, high=MAX_FOLDS, up_to=True, what="splits"))
   scheme: str = _rule(Rule(str, names=SCHEMES))
   figure_bins: int = _rule(_COUNT)
-  compare_bins: int | None = _rule(Rule(int, low=1, optional=True))
+  compare_bins: int | None = _rule(
+    Rule(int, low=1, high=binning.MAX_BINS, up_to=True, optional=True)
+  )
   ece_bins: int = _rule(Rule(int, low=1, high=equal_width.MAX_EQUAL_WIDTH_BINS, up_to=True))
   selective_targets: tuple[float, ...] = _rule(Rule(float, low=0.0, high=1.0, many=True))
   selective_delta: float = _rule(Rule(float, low=0.0, high=0.5, above=True, what="a probability"))

@@ -93,9 +93,10 @@ def _refuse_other(where, saved: dict, wanted: dict, what: str):
 
 
 def is_done(settings, workdir, point, stage: str) -> bool:
-  """Whether the stage finished with these settings (one with fewer epochs is not)."""
+  """Whether the stage finished with these settings (one with fewer epochs is not, nor one
+  whose last checkpoint was found damaged: ``restore``)."""
   done = files.read_json(folder(workdir, point) / f"{stage}.json")
-  if done is None:
+  if not isinstance(done, dict) or done.get("retrain"):
     return False
   wanted, saved = jobs.training_config(settings, point, stage), done.get("config")
   if saved == wanted or _longer(saved, wanted):
@@ -234,7 +235,17 @@ def restore(settings, workdir, point, stage: str, num_classes: int, sample) -> t
     )
   state = _template(settings, point, stage, num_classes, sample)
   with checkpoints.RunCheckpoints(folder(workdir, point) / stage / "checkpoints") as manager:
-    return manager.latest(state)[1]
+    epoch, state = manager.latest(state)
+  if epoch != settings.num_epochs:  # its last checkpoint was damaged, and set aside
+    marker = folder(workdir, point) / f"{stage}.json"
+    if is_writer():
+      files.write_json(marker, {**files.read_json(marker), "retrain": True})
+    raise RunError(
+      f"--workdir: the last checkpoint of train/{point.name}/{stage} was damaged and set "
+      f"aside (epoch {epoch} of {settings.num_epochs} left); rerun the same command: the "
+      "train stage trains the missing epochs again"
+    )
+  return state
 
 
 def load_data(settings: Settings):
