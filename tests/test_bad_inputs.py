@@ -251,14 +251,18 @@ CASES = {
       f"{arg}: these look like probabilities (every row in [0, 1], summing to 1); {fix}",
     )
     for name, (call, arg, fix) in {
-      "Calibrator.fit": (lambda: Calibrator().fit(PROBS, LABELS), "x", 'pass inputs="probs"'),
+      "Calibrator.fit": (
+        lambda: Calibrator(inputs="logits").fit(PROBS, LABELS),
+        "x",
+        'pass inputs="probs"',
+      ),
       "Calibrator.fit [S, N, K]": (
-        lambda: Calibrator().fit(np.stack([PROBS, PROBS[::-1]]), LABELS),
+        lambda: Calibrator(inputs="logits").fit(np.stack([PROBS, PROBS[::-1]]), LABELS),
         "x",
         'pass inputs="probs"',
       ),
       "Calibrator bfloat16": (  # rows summing to 1 within bfloat16's own epsilon
-        lambda: Calibrator().fit(PROBS.astype(ml_dtypes.bfloat16), LABELS),
+        lambda: Calibrator(inputs="logits").fit(PROBS.astype(ml_dtypes.bfloat16), LABELS),
         "x",
         'pass inputs="probs"',
       ),
@@ -452,7 +456,7 @@ def test_probabilities_rounded_to_three_decimals_are_refused_as_logits(num_class
   labels = rng.integers(0, num_classes, 400)
   far = np.abs(rounded.sum(1) - 1).max()
   with pytest.raises(ValueError) as info:
-    Calibrator(n_bins=4).fit(rounded, labels)
+    Calibrator(n_bins=4, inputs="logits").fit(rounded, labels)
   text = str(info.value)
   assert text.startswith("x: these look like probabilities (every row in [0, 1], summing to 1")
   assert text.count("\n") == 0 and 'pass inputs="probs"' in text
@@ -470,7 +474,10 @@ def test_real_logits_with_some_rows_in_the_unit_interval_are_accepted():
   logits = LOGITS.copy()
   logits[0] = np.eye(5)[1]
   logits[1] = 0.2
-  assert Calibrator(n_bins=2).fit(logits, LABELS).num_classes_ == 5
+  assert Calibrator(n_bins=2, inputs="logits").fit(logits, LABELS).num_classes_ == 5
+  # Said to be logits, they are; the default ("auto") cannot tell, and says so in one line.
+  with pytest.raises(ValueError, match='^x: 2 of 6 rows look like probabilities.*inputs="logits"$'):
+    Calibrator(n_bins=2).fit(logits, LABELS)
   assert scores.from_predictions(logits=logits[None]).log_probs.shape == logits.shape
   assert np.isfinite(baselines.multiclass_nll(logits, LABELS, from_logits=True))
 
@@ -544,8 +551,8 @@ def test_low_precision_inputs_give_the_float32_result(cast):
     np.testing.assert_array_equal(metric(p, correct), metric(p_same, correct))
   labels = rng.integers(0, 5, 60)
   fitted = Calibrator(n_bins=3).fit(logits, labels)
-  want = Calibrator(n_bins=3).fit(same, labels).predict_proba(same)
-  np.testing.assert_array_equal(fitted.predict_proba(logits), want)
+  want = Calibrator(n_bins=3).fit(same, labels).predict_confidence(same)
+  np.testing.assert_array_equal(fitted.predict_confidence(logits), want)
 
 
 @pytest.mark.parametrize("cast", LOW_PRECISION.values(), ids=LOW_PRECISION.keys())
@@ -557,7 +564,7 @@ def test_low_precision_probabilities_are_accepted_with_their_own_rounding(cast):
   probs = cast(z / z.sum(1, keepdims=True))
   labels = rng.integers(0, 5, 60)
   log_probs = np.log(np.asarray(probs).astype(np.float64)).astype(np.float32)
-  got = Calibrator(inputs="probs", n_bins=3).fit(probs, labels).predict_proba(probs)
-  want = Calibrator(n_bins=3).fit(log_probs, labels).predict_proba(log_probs)
+  got = Calibrator(inputs="probs", n_bins=3).fit(probs, labels).predict_confidence(probs)
+  want = Calibrator(n_bins=3).fit(log_probs, labels).predict_confidence(log_probs)
   np.testing.assert_array_equal(got, want)
   np.testing.assert_array_equal(scores.log_probs_from_probs(probs), log_probs)

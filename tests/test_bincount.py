@@ -118,13 +118,13 @@ def test_calibrator_cv_fits_with_the_chosen_count_and_round_trips(tmp_path):
   bins, chosen = bin_count.fit_cv(u, correct)
   assert cal.n_bins_ == chosen and cal.bins_.counts.shape == (chosen,)
   expected = np.asarray(binning.predict(bins, cal.scores_of(logits)))
-  np.testing.assert_array_equal(cal.predict_proba(logits), expected)
+  np.testing.assert_array_equal(cal.predict_confidence(logits), expected)
   cal.save(tmp_path / "cal.json")
   state = json.loads((tmp_path / "cal.json").read_text())
   assert state["n_bins"] == chosen and state["n_bins_requested"] == "cv"
   loaded = Calibrator.load(tmp_path / "cal.json")
   assert loaded.n_bins == "cv" and loaded.n_bins_ == chosen
-  np.testing.assert_array_equal(loaded.predict_proba(logits), cal.predict_proba(logits))
+  np.testing.assert_array_equal(loaded.predict_confidence(logits), cal.predict_confidence(logits))
   # A file without the requested setting loads as a fixed count, as before.
   del state["n_bins_requested"]
   plain = Calibrator.from_dict(state)

@@ -9,7 +9,7 @@ import reference
 import synthetic
 
 from top1_jax import Calibrator
-from top1_jax.core import binning, scores
+from top1_jax.core import binning, metrics, scores
 from top1_jax.io.examples import load_example
 
 
@@ -30,7 +30,7 @@ def test_fit_returns_self_and_matches_the_bins_and_the_oracle():
   u = np.asarray(scores.neg_log_pmax(logits))
   correct = logits.argmax(1) == labels
   bins = binning.fit(u[:1000], correct[:1000], 20)
-  p = cal.predict_proba(logits[1000:])
+  p = cal.predict_confidence(logits[1000:])
   assert p.shape == (1000,) and p.dtype == np.float32
   np.testing.assert_array_equal(p, np.asarray(binning.predict(bins, u[1000:])))
   edges, _, _, prob, _ = reference.fit_bins(u[:1000], correct[:1000], 20)
@@ -45,31 +45,81 @@ def test_probs_inputs_are_logged_safely_and_agree_with_logits():
   np.testing.assert_array_equal(
     np.asarray(from_logits.bins_.counts), np.asarray(from_probs.bins_.counts)
   )
-  np.testing.assert_array_equal(from_logits.predict_proba(logits), from_probs.predict_proba(probs))
+  np.testing.assert_array_equal(
+    from_logits.predict_confidence(logits), from_probs.predict_confidence(probs)
+  )
 
 
 def test_probabilities_given_as_logits_are_refused_with_the_fix():
-  # A real network's softmax outputs under the default inputs="logits" ran and gave other
-  # numbers (softmax(p) is not p), with no sign; now they are refused, and the fix works.
+  # A real network's softmax outputs given as inputs="logits" ran and gave other numbers
+  # (softmax(p) is not p), with no sign; now they are refused, and the fix works.
   probs, labels, _, _ = load_example("densenet-bc-100-cifar-100")
   cal, test = slice(0, 5000), slice(5000, None)
   message = (
     r"^x: these look like probabilities \(every row in \[0, 1\], summing to 1\);"
-    r' pass inputs="probs"$'
+    r' pass inputs="probs" \(or "auto"\)$'
   )
   with pytest.raises(ValueError, match=message):
-    Calibrator(score="entropy").fit(probs[cal], labels[cal])
+    Calibrator(score="entropy", inputs="logits").fit(probs[cal], labels[cal])
   right = Calibrator(score="entropy", inputs="probs").fit(probs[cal], labels[cal])
   # Shifted by 1 they pass the check and run as logits do: what was computed before.
-  shifted = Calibrator(score="entropy").fit(probs[cal] + 1, labels[cal])
+  shifted = Calibrator(score="entropy", inputs="logits").fit(probs[cal] + 1, labels[cal])
   brier = right.evaluate(probs[test], labels[test])["brier"]
   assert abs(brier - shifted.evaluate(probs[test] + 1, labels[test])["brier"]) > 1e-3
-  with pytest.raises(ValueError, match=message):
-    Calibrator(n_bins=20).fit(np.log(probs[cal] + 1e-30), labels[cal]).predict_proba(probs[test])
+  with pytest.raises(ValueError, match=message):  # fitted on logits: later calls read logits
+    Calibrator(n_bins=20).fit(np.log(probs[cal] + 1e-30), labels[cal]).predict_confidence(
+      probs[test]
+    )
   # The reverse, logits given as probabilities, fails the probability checks.
   logits, labels = _logits(num=300)
   with pytest.raises(ValueError, match=r"^x: probabilities must lie in \[0, 1\], got min"):
     Calibrator(inputs="probs").fit(logits, labels)
+
+
+def test_the_default_reads_probabilities_and_logits_alike():
+  # scikit-learn and netcal users hold softmax outputs, JAX users logits: inputs="auto".
+  probs, labels, _, _ = load_example("densenet-bc-100-cifar-100")
+  cal, test = slice(0, 5000), slice(5000, None)
+  auto = Calibrator(score="entropy").fit(probs[cal], labels[cal])
+  given = Calibrator(score="entropy", inputs="probs").fit(probs[cal], labels[cal])
+  assert (auto.inputs, auto.inputs_) == ("auto", "probs")
+  np.testing.assert_array_equal(
+    auto.predict_confidence(probs[test]), given.predict_confidence(probs[test])
+  )
+  logits, labels = _logits(num=600)
+  assert Calibrator().fit(logits, labels).inputs_ == "logits"
+  # What cannot be told apart is refused with the fix named.
+  mixed = np.concatenate([_softmax(logits[:300]), logits[300:]])
+  with pytest.raises(
+    ValueError, match=r'^x: 300 of 600 rows look like probabilities .* inputs="probs" or'
+  ):
+    Calibrator().fit(mixed, labels)
+  rounded = np.round(_softmax(logits), 3)
+  with pytest.raises(ValueError, match=r"^x: every row lies in \[0, 1\] and sums to 1 only within"):
+    Calibrator().fit(rounded, labels)
+  with pytest.raises(ValueError, match="^x: one value per row"):
+    Calibrator().fit(np.full((10, 1), 0.5), np.zeros(10, int))
+
+
+def test_predict_proba_is_scikit_learns_two_columns():
+  logits, labels = _logits()
+  cal = Calibrator(n_bins=10).fit(logits[:1000], labels[:1000])
+  p = cal.predict_confidence(logits[1000:])
+  both = cal.predict_proba(logits[1000:])
+  assert both.shape == (p.shape[0], 2) and list(cal.classes_) == [False, True]
+  np.testing.assert_array_equal(both[:, 1], p)
+  np.testing.assert_allclose(both.sum(1), 1.0, rtol=1e-6)
+  correct = logits[1000:].argmax(1) == labels[1000:]
+  sklearn_metrics = pytest.importorskip("sklearn.metrics")
+  assert sklearn_metrics.brier_score_loss(correct, both[:, 1]) == pytest.approx(
+    metrics.brier(p, correct), rel=1e-5
+  )
+  calibration = pytest.importorskip("sklearn.calibration")
+  prob_true, prob_pred = calibration.calibration_curve(correct, both[:, 1], n_bins=5)
+  assert prob_true.shape == prob_pred.shape
+  # The library's metrics still take the [N, 2] an older predict_proba call site passes.
+  with pytest.warns(DeprecationWarning, match=r"\[N, 2\] .*predict_confidence"):
+    assert metrics.brier(both, correct) == metrics.brier(p, correct)
 
 
 def test_underflowed_probabilities_stay_tie_free():
@@ -92,7 +142,7 @@ def test_samples_and_sample_scores():
   expected = scores.compute(scores.mean_log_probs(samples), samples=samples)
   np.testing.assert_allclose(cal.scores_of(samples), expected["covariance_norm_probs"], rtol=1e-6)
   with pytest.raises(ValueError, match=r"needs \[S, N, K\] samples with S >= 2"):
-    cal.predict_proba(logits)
+    cal.predict_confidence(logits)
 
 
 def test_topk_and_callable_scores():
@@ -103,7 +153,7 @@ def test_topk_and_callable_scores():
     np.any(np.argsort(-logits, 1)[:, :3] == labels[:, None], 1)
   )
   custom = Calibrator(score=lambda x: -np.max(x, axis=-1), n_bins=10).fit(logits, labels)
-  assert custom.predict_proba(logits).shape == (2000,)
+  assert custom.predict_confidence(logits).shape == (2000,)
   with pytest.raises(ValueError, match="a callable score cannot be saved"):
     custom.save("never.json")
 
@@ -116,7 +166,7 @@ def test_predict_interval_is_the_bins_exact_interval():
   bin_lo, bin_hi = binning.clopper_pearson(cal.bins_.hits, cal.bins_.counts, 0.1)
   np.testing.assert_array_equal(lo, np.asarray(bin_lo)[index])
   np.testing.assert_array_equal(hi, np.asarray(bin_hi)[index])
-  assert np.all(lo <= cal.predict_proba(logits[1000:])) and np.all(hi >= lo)
+  assert np.all(lo <= cal.predict_confidence(logits[1000:])) and np.all(hi >= lo)
 
 
 def test_evaluate_matches_the_oracle_and_adds_up():
@@ -154,7 +204,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
   loaded = Calibrator.load(str(path))
   for field in ("edges", "counts", "hits", "prob", "prior"):
     np.testing.assert_array_equal(getattr(loaded.bins_, field), getattr(cal.bins_, field))
-  np.testing.assert_array_equal(loaded.predict_proba(logits), cal.predict_proba(logits))
+  np.testing.assert_array_equal(loaded.predict_confidence(logits), cal.predict_confidence(logits))
   assert loaded.evaluate(logits[1000:], labels[1000:]) == cal.evaluate(logits[1000:], labels[1000:])
   assert (loaded.score, loaded.n_bins, loaded.k, loaded.inputs) == ("entropy", 15, 2, "logits")
   assert (loaded.n_bins_, loaded.num_classes_) == (15, 10)
@@ -173,17 +223,20 @@ def test_a_version_1_file_still_loads(tmp_path):
   logits = np.zeros((4, 10), np.float32)
   logits[:, 0] = [10.0, 3.0, 1.66, 0.34]  # -log pmax ~ 0.0004, 0.37, 1.0, 2.0: one per bin
   u = cal.scores_of(logits)
-  np.testing.assert_array_equal(cal.predict_proba(logits), np.asarray(cal.bins_.prob)[[0, 1, 2, 3]])
+  np.testing.assert_array_equal(
+    cal.predict_confidence(logits), np.asarray(cal.bins_.prob)[[0, 1, 2, 3]]
+  )
   assert u[0] < 0.25 and 0.25 < u[1] <= 0.5 and 0.5 < u[2] <= 1.5 and u[3] > 1.5
   lo, hi = cal.predict_interval(logits)
-  assert np.all(lo < cal.predict_proba(logits)) and np.all(hi > cal.predict_proba(logits))
+  assert np.all(lo < cal.predict_confidence(logits)) and np.all(hi > cal.predict_confidence(logits))
   # Saved again, it is a version-2 file with the same bins.
   cal.save(tmp_path / "new.json")
   again = json.loads((tmp_path / "new.json").read_text())
   assert again["version"] == 2 and again["state"]["counts"] == version_1["counts"]
   assert again["n_bins_requested"] == "cv"
   np.testing.assert_array_equal(
-    Calibrator.load(tmp_path / "new.json").predict_proba(logits), cal.predict_proba(logits)
+    Calibrator.load(tmp_path / "new.json").predict_confidence(logits),
+    cal.predict_confidence(logits),
   )
 
 
@@ -196,10 +249,10 @@ def test_accepts_jax_and_array_like_inputs():
       return np.asarray(self.value, dtype)
 
   logits, labels = _logits(num=500)
-  reference_p = Calibrator(n_bins=5).fit(logits, labels).predict_proba(logits)
+  reference_p = Calibrator(n_bins=5).fit(logits, labels).predict_confidence(logits)
   for wrap in (jnp.asarray, Tensor):
     cal = Calibrator(n_bins=5).fit(wrap(logits), wrap(labels))
-    np.testing.assert_array_equal(cal.predict_proba(wrap(logits)), reference_p)
+    np.testing.assert_array_equal(cal.predict_confidence(wrap(logits)), reference_p)
 
 
 def _corrupt(tmp_path, text):
@@ -239,7 +292,7 @@ def _bins_state(**changed):
       lambda: Calibrator(method="isotonic").fit(*_XY).predict_interval(_XY[0]),
       "method 'isotonic' gives no interval",
     ),
-    (lambda: Calibrator().predict_proba(np.zeros((3, 4))), "not fitted"),
+    (lambda: Calibrator().predict_confidence(np.zeros((3, 4))), "not fitted"),
     (lambda: Calibrator(n_bins=2).fit(np.full((3, 4), np.nan), [0, 1, 2]), "x: 12 non-finite"),
     (lambda: Calibrator(n_bins=2).fit(np.zeros((3, 4)), [0, 1]), "length mismatch"),
     (lambda: Calibrator(n_bins=2).fit(np.zeros((3, 4)), [0, 1, 4]), "labels out of range"),
@@ -253,7 +306,9 @@ def _bins_state(**changed):
       "x: each row must sum to 1",
     ),
     (
-      lambda: Calibrator(n_bins=2).fit(np.zeros((3, 4)), [0, 1, 2]).predict_proba(np.zeros((3, 5))),
+      lambda: (
+        Calibrator(n_bins=2).fit(np.zeros((3, 4)), [0, 1, 2]).predict_confidence(np.zeros((3, 5)))
+      ),
       "expected 4 classes",
     ),
     (lambda: Calibrator().fit(np.zeros((3,)), [0, 1, 2]), "x: expected a 2-D or 3-D array"),

@@ -130,7 +130,7 @@ calibrator = t1.Calibrator(score="neg_log_pmax", n_bins=20, inputs="probs")
 calibrator.fit(probs[cal], labels[cal])
 calibrator.save(sys.argv[2])
 loaded = t1.Calibrator.load(sys.argv[2])
-p = loaded.predict_proba(probs[test])
+p = loaded.predict_confidence(probs[test])
 correct = probs[test].argmax(1) == labels[test]
 print(float(metrics.brier(p, correct)), float(metrics.brier(probs[test].max(1), correct)))
 print(sorted(m for m in Block.HEAVY if m in sys.modules))

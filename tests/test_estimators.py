@@ -120,11 +120,11 @@ def test_a_toy_estimator_registered_is_found_everywhere(monkeypatch, tmp_path):
   logits, labels = _logits()
   cal = Calibrator(method="constant", shrink=0.5).fit(logits[:2000], labels[:2000])
   accuracy = np.mean(logits[:2000].argmax(1) == labels[:2000])
-  np.testing.assert_allclose(cal.predict_proba(logits[2000:]), 0.5 * accuracy, rtol=1e-6)
+  np.testing.assert_allclose(cal.predict_confidence(logits[2000:]), 0.5 * accuracy, rtol=1e-6)
   cal.save(tmp_path / "toy.json")
   loaded = Calibrator.load(tmp_path / "toy.json")
   assert loaded.get_params()["shrink"] == 0.5
-  np.testing.assert_array_equal(loaded.predict_proba(logits), cal.predict_proba(logits))
+  np.testing.assert_array_equal(loaded.predict_confidence(logits), cal.predict_confidence(logits))
   out = cal.evaluate(logits[2000:], labels[2000:])
   assert out["auroc"] == 0.5 and out["num_effective_bins"] == 1
   u, correct = np.asarray(scores.neg_log_pmax(logits)), logits.argmax(1) == labels
@@ -141,7 +141,7 @@ def test_calibrator_follows_scikit_learn_conventions():
     "score": "neg_log_pmax",
     "n_bins": 15,
     "k": 1,
-    "inputs": "logits",
+    "inputs": "auto",
     "bandwidth": 0.05,
   }
   assert Calibrator(score=12345).get_params()["score"] == 12345  # stored unchecked
@@ -153,7 +153,7 @@ def test_calibrator_follows_scikit_learn_conventions():
   copy = sklearn_base.clone(fitted)
   assert copy.get_params() == fitted.get_params() and not hasattr(copy, "state_")
   np.testing.assert_array_equal(
-    copy.fit(logits, labels).predict_proba(logits), fitted.predict_proba(logits)
+    copy.fit(logits, labels).predict_confidence(logits), fitted.predict_confidence(logits)
   )
 
 
@@ -162,7 +162,7 @@ def test_isotonic_takes_the_score_direction():
   confidence = Calibrator(method="isotonic", score="pmax").fit(logits, labels)
   u = np.asarray(scores.pmax(logits))
   model = isotonic.fit(u, logits.argmax(1) == labels, increasing=True)
-  np.testing.assert_array_equal(confidence.predict_proba(logits), isotonic.predict(model, u))
+  np.testing.assert_array_equal(confidence.predict_confidence(logits), isotonic.predict(model, u))
 
 
 def test_intervals_of_bins_and_kde_and_temperature_probabilities():
@@ -177,7 +177,7 @@ def test_intervals_of_bins_and_kde_and_temperature_probabilities():
   t = float(temperature.fit_temperature(logits[:2000], labels[:2000]))
   probs = np.asarray(jax.nn.softmax(logits[2000:] / t), np.float64)
   top2 = np.sort(probs, 1)[:, -2:].sum(1)
-  np.testing.assert_allclose(scaled.predict_proba(logits[2000:]), top2, rtol=1e-5)
+  np.testing.assert_allclose(scaled.predict_confidence(logits[2000:]), top2, rtol=1e-5)
   assert scaled.bins_ is None and scaled.n_bins_ == 20
   with pytest.raises(ValueError, match="^predict_interval: method 'temperature' gives no interval"):
     scaled.predict_interval(logits)
@@ -202,7 +202,7 @@ def test_every_method_beats_raw_max_softmax_on_real_networks(method, real_halves
   name, probs, labels, probs_test, labels_test = real_halves
   cal = Calibrator(method=method, inputs="probs").fit(probs, labels)
   correct = probs_test.argmax(1) == labels_test
-  calibrated = float(metrics.brier(cal.predict_proba(probs_test), correct))
+  calibrated = float(metrics.brier(cal.predict_confidence(probs_test), correct))
   raw = float(metrics.brier(probs_test.max(1), correct))
   worse_by = 0.02 if (name, method) == ("densenet-bc-100-cifar-100", "toplabel") else 0.0
   assert calibrated < raw + worse_by, (name, calibrated, raw)
@@ -215,7 +215,7 @@ def test_evaluate_of_other_methods_adds_up_on_their_prediction_bins():
   logits, labels = _logits()
   cal = Calibrator(method="isotonic", n_bins=10).fit(logits[:2000], labels[:2000])
   out = cal.evaluate(logits[2000:], labels[2000:])
-  p = cal.predict_proba(logits[2000:])
+  p = cal.predict_confidence(logits[2000:])
   correct = logits[2000:].argmax(1) == labels[2000:]
   assert out["brier"] == pytest.approx(float(metrics.brier(p, correct)), abs=1e-7)
   groups = binning.fit(p, correct, 10)
@@ -243,5 +243,5 @@ def test_raw_is_the_models_own_top_k_mass():
     np.testing.assert_allclose(p, mass, rtol=1e-5)
   cal = Calibrator(method="raw").fit(logits, labels)
   np.testing.assert_allclose(
-    cal.predict_proba(logits), np.asarray(jax.nn.softmax(logits)).max(1), rtol=1e-5
+    cal.predict_confidence(logits), np.asarray(jax.nn.softmax(logits)).max(1), rtol=1e-5
   )

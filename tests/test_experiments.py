@@ -475,3 +475,40 @@ def test_a_cloud_work_dir_without_its_package_is_one_line_and_writes_nothing(tmp
     _one_line_error(result, "--workdir: gs://bucket/run1: gs:// paths need a package")
     assert "Nothing was written" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz"]  # no ./gs:/bucket/run1
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_dropout_rates_are_carried_by_their_jobs_not_parsed_back(tmp_path):
+  # 0.1234567 failed after training (a file name's rate looked up in the tuple), and
+  # (0.1000001, 0.1) predicted one rate and reported it as both: each is its own job.
+  rates = "--config.dropout_rates=(0.1234567,0.1000001,0.1)"
+  args = [*TINY, rates, "--config.ensemble_size=0", "--config.num_samples=2"]
+  result = _run("reproduce", *args, "--config.n_bins=(5,)", f"--workdir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / "results.csv") as file:
+    rows = list(csv.DictReader(file))
+  assert {float(r["dropout_rate"]) for r in rows if r["method"] == "mc_dropout"} == {
+    0.1234567, 0.1000001, 0.1
+  }  # fmt: skip
+  names = {p.name for p in (tmp_path / "predictions" / POINT).iterdir()}
+  assert {"dropout_0.1234567.npz", "dropout_0.1000001.npz", "dropout_0.1.npz"} <= names
+  tidy = json.loads((tmp_path / "results.json").read_text())["results"]
+  labels = {r["label"] for r in tidy if r["method"] == "mc_dropout"}
+  assert labels == {"dropout 0.1234567", "dropout 0.1000001", "dropout 0.1"}  # told apart
+  pmax = [r for r in rows if (r["method"], r["score"], r["topk"]) == ("mc_dropout", "pmax", "1")]
+  assert len({r["brier"] for r in pmax}) == 3  # three samplings, not one reported thrice
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_more_epochs_continue_a_finished_training_and_other_settings_are_named(tmp_path):
+  args = [*TINY, "--config.ensemble_size=0"]
+  assert _run("train", *args, f"--workdir={tmp_path}").returncode == 0
+  longer = _run("train", *args, "--config.num_epochs=2", f"--workdir={tmp_path}")
+  assert longer.returncode == 0, longer.stderr[-2000:]
+  assert "resuming after epoch 1" in longer.stderr
+  done = json.loads((tmp_path / "train" / POINT / "base.json").read_text())
+  assert done["config"]["epochs"] == 2
+  other = _run("train", *args, "--config.batch_size=64", f"--workdir={tmp_path}")
+  _one_line_error(other, "trained with other settings (differing: batch_size, epochs)")

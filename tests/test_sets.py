@@ -196,7 +196,7 @@ def test_bad_inputs_give_one_line_value_errors():
     (lambda: SetPredictor("topk", tune_fraction=1).fit(logits, labels), "tune_fraction"),
     (lambda: SetPredictor("topk").fit(logits[:30], labels[:30]), "n_bins: 20 bins need as"),
     (lambda: SetPredictor("raps").fit(logits[:1], labels[:1]), "leave none for the conformal"),
-    (lambda: SetPredictor().fit(probs, labels), 'pass inputs="probs"'),
+    (lambda: SetPredictor(inputs="logits").fit(probs, labels), 'pass inputs="probs"'),
     (lambda: SetPredictor(inputs="probs").fit(logits, labels), "probabilities must lie in"),
     (lambda: SetPredictor().fit(logits, labels + 10), "labels: labels out of range"),
     (lambda: SetPredictor().fit(logits, labels[:5]), "length mismatch"),
@@ -244,7 +244,7 @@ def test_hostile_files_are_refused_in_one_line(tmp_path):
 
 def test_parameters_follow_scikit_learn():
   predictor = SetPredictor("raps", lam=0.01)
-  assert predictor.get_params() == {"method": "raps", "inputs": "logits", "seed": 0, "lam": 0.01}
+  assert predictor.get_params() == {"method": "raps", "inputs": "auto", "seed": 0, "lam": 0.01}
   predictor.set_params(seed=2, k_reg=3)
   assert predictor.get_params()["seed"] == 2 and predictor.options == {"lam": 0.01, "k_reg": 3}
   logits, labels = _data(40)

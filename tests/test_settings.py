@@ -16,6 +16,7 @@ import pathlib
 import shutil
 import struct
 import sys
+import types
 
 import numpy as np
 import processes
@@ -91,7 +92,7 @@ REPRODUCE_BAD = [
   (["--config.ece_bins=0"], "ece_bins", "expected an integer in [1, 65536], got 0"),
   (["--config.figure_bins=0"], "figure_bins", "expected an integer >= 1, got 0"),
   (["--config.n_bins=(5,x)"], "n_bins", "expected int values, got ('5', 'x')"),
-  (["--config.n_bins=(0,5)"], "n_bins", "expected values >= 1, got (0, 5)"),
+  (["--config.n_bins=(0,5)"], "n_bins", "expected values in [1, 1048576], got (0, 5)"),
   (["--config.topk=0"], "topk", "expected values >= 1, got (0,)"),
   (["--config.scores=(pmax,bogus)"], "scores", "unknown score(s) bogus"),
   (["--config.scores=(all,pmax)"], "scores", "expected ('all',) or score names"),
@@ -334,15 +335,16 @@ EVALUATE_BAD = [
   (["--config.selective_targets=(0.9,inf)"], "selective_targets", "expected finite numbers"),
   (["--config.scores=pmax)"], "scores", "malformed value 'pmax)'"),
   # The inputs: what they are, and what goes with them.
-  (["--config.labels=y.npy"], "labels", "goes with input_kind=logits or probs"),
-  (["--config.input_kind=npz"], "input_kind", "expected one of predictions, logits, probs"),
-  (["--config.inputs=x.npy"], "input_kind", "x.npy is an array: give input_kind=logits or"),
-  (["--config.inputs=x.npy", "--config.input_kind=probs"], "labels", "required with input_kind"),
+  (["--config.labels=y.npy"], "labels", "goes with a .npy array of logits or probs"),
+  (["--config.input_kind=npz"], "input_kind", "expected one of auto, predictions, logits, probs"),
+  (["--config.inputs=x.npy", "--config.input_kind=predictions"], "input_kind", "x.npy is an array"),
+  (["--config.inputs=x.npy"], "labels", "required with a .npy array of logits or probs"),
+  (["--config.inputs=x.npy", "--config.input_kind=probs"], "labels", "required with a .npy array"),
   (["--config.input_kind=logits", "--config.labels=y.npy"], "inputs", "required with input_kind"),
   (
     ["--config.inputs=x.npy,z.npy", "--config.input_kind=logits", "--config.labels=y.npy"],
     "inputs",
-    "input_kind=logits reads one .npy array, got 2",
+    "an array input reads one .npy array, got 2",
   ),
 ]
 
@@ -363,7 +365,7 @@ def test_evaluate_refuses_in_one_line_before_any_work(tmp_path):
   workdir = tmp_path / "work"
   args = [f"--workdir={workdir}", f"--config.inputs={path}", "--config.labels=y.npy"]
   result = processes.launcher("evaluate", *args)
-  _refused(result, "labels", "goes with input_kind=logits or probs", workdir)
+  _refused(result, "labels", "goes with a .npy array of logits or probs", workdir)
   assert "evaluate:" not in result.stderr  # no sweep started
 
 
@@ -572,3 +574,32 @@ def test_evaluating_files_needs_no_model_names():
   assert settings_lib.parse(_config("default", "--config.inputs=p.npz", "--config.models=(vgg,)"))
   message = _refusal(settings_lib.parse, _config("default", "--config.models=(vgg,)"))
   assert message.startswith("--config.models: expected names among cnn, cnn_wide, mlp, resnet,")
+
+
+def test_a_tuple_given_twice_is_refused_not_merged(monkeypatch):
+  # ml_collections merges repeated tuple overrides: both (5,) and (7,) were swept.
+  from top1_jax.launch import config_flag
+
+  argv = ["test", "--config.n_bins=(5,)", "--config.n_bins=(7,)", "--config.figures=False"]
+  monkeypatch.setattr(sys, "argv", argv)
+  monkeypatch.setattr(config_flag, "CONFIG", types.SimpleNamespace(value=_config("quick")))
+  message = _refusal(config_flag.settings)
+  assert message.startswith("--config.n_bins: given twice on the command line; give it once")
+  monkeypatch.setattr(sys, "argv", ["test", "--config.figures=False", "--config.figures=True"])
+  assert config_flag.settings().figures  # a scalar: the last one wins, as absl's flags
+
+
+def test_a_stray_word_is_refused_not_ignored():
+  with pytest.raises(runner.ExperimentError) as info:
+    runner.no_arguments(["experiments/evaluate.py", "preds.npz"])
+  assert runner.one_line(info.value).startswith("unexpected argument(s): preds.npz; every")
+
+
+def test_any_real_path_is_one_input(tmp_path):
+  # Paths with spaces, commas or parentheses were split and refused.
+  odd = tmp_path / "run (2), final.npz"
+  odd.write_bytes(b"")
+  config = _config("default", f"--config.inputs={odd}")
+  assert settings_lib.parse(config).inputs == (str(odd),)
+  config = _config("default", f"--config.inputs=a.npz,{tmp_path}/x\\,y.npz")
+  assert settings_lib.parse(config).inputs == ("a.npz", f"{tmp_path}/x,y.npz")

@@ -7,7 +7,7 @@ The package's face is the paper's maths, which needs only jax and numpy::
 
   import top1_jax as t1
   cal = t1.Calibrator(score="neg_log_pmax", n_bins=20).fit(logits_cal, labels_cal)
-  p = cal.predict_proba(logits_new)            # calibrated P(Top-1 correct)
+  p = cal.predict_confidence(logits_new)       # calibrated P(Top-1 correct)
   iso = t1.Calibrator(method="isotonic").fit(logits_cal, labels_cal)  # any estimator:
   sorted(t1.ESTIMATOR_REGISTRY)                # bins, isotonic, kde, temperature, toplabel
 

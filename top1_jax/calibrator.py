@@ -2,8 +2,9 @@
 
 The practitioner's face of the paper::
 
-  cal = Calibrator(score="neg_log_pmax", n_bins=20, k=1, inputs="logits").fit(x, labels)
-  p = cal.predict_proba(x_new)                  # [N] P(the Top-k prediction is correct)
+  cal = Calibrator(score="neg_log_pmax", n_bins=20, k=1).fit(x, labels)  # logits or probs
+  p = cal.predict_confidence(x_new)             # [N] P(the Top-k prediction is correct)
+  cal.predict_proba(x_new)                      # [N, 2]: (P(wrong), P(correct)), scikit-learn's
   lo, hi = cal.predict_interval(x_new, delta=0.05)
   cal.evaluate(x_test, labels_test)             # accuracy, brier, nll, ece, eor, auroc, ...
   cal.save("cal.json"); cal = Calibrator.load("cal.json")
@@ -48,7 +49,7 @@ MAX_FILE_BYTES = 1 << 28
 """``load`` refuses a file larger than this (256 MiB) before reading it: a saved
 calibrator is far smaller (top-label bins of 1000 classes with 20 bins each take
 about 2 MB), and a hostile multi-GB file must not fill the memory."""
-INPUTS = ("logits", "probs")
+INPUTS = scores.INPUTS
 _PARAMS = ("method", "score", "n_bins", "k", "inputs")
 
 
@@ -67,11 +68,12 @@ class Calibrator:
       ("toplabel" sizes its bins by ``points_per_bin``), the bins ``evaluate`` scores
       their predictions in.
     k: the event is "the true label is among the k top classes".
-    inputs: ``"logits"`` or ``"probs"``: what ``x`` holds. Logits whose every row
-      lies in [0, 1] and sums to 1 are refused (a ValueError saying to pass
-      ``inputs="probs"``): they are probabilities, which run as logits without error
-      and give other numbers. Refused rather than warned about, as every confusable
-      input here is: a warning scrolls past, and real logits never look like that.
+    inputs: what ``x`` holds: ``"auto"`` (the default: probabilities when every row lies
+      in [0, 1] and sums to 1, logits when none does; ``scores.input_kind``), ``"logits"``
+      or ``"probs"``. ``fit`` decides once (``inputs_``); later calls read ``x`` so. An
+      array that cannot be told apart (some rows probabilities, others not; sums off by
+      rounding) is refused with the fix named, as logits that look like probabilities
+      are: they would run and give other numbers, silently.
     **options: the method's own options (``isotonic``: ``increasing``, ``prior``;
       ``kde``: ``bandwidth``; ``toplabel``: ``points_per_bin``, ``prior``).
       ``increasing`` defaults to the score's direction (True for a confidence such
@@ -84,6 +86,7 @@ class Calibrator:
     num_classes_: K of the calibration data.
     calibration_accuracy_: the calibration data's Top-k accuracy.
     estimator_: the registry entry that was fitted.
+    inputs_: "logits" or "probs": what the calibration data held (``inputs`` resolved).
   """
 
   def __init__(
@@ -92,7 +95,7 @@ class Calibrator:
     score: str | Callable[[np.ndarray], ArrayLike] = "neg_log_pmax",
     n_bins: int | str = 20,
     k: int = 1,
-    inputs: str = "logits",
+    inputs: str = "auto",
     **options,
   ):
     self.method = method
@@ -160,14 +163,9 @@ class Calibrator:
     return entry, entry.check_options(options)
 
   def _log_space(self, x: ArrayLike, num_classes: int | None) -> np.ndarray:
-    """``x`` as logits / log-probabilities, [N, K] or [S, N, K] float32, checked."""
-    if self.inputs == "probs":
-      # Checked once, in x's own dtype (a bfloat16 row's sum gets bfloat16's tolerance).
-      arr = scores.log_probs_from_probs(validation.as_array("x", x, (2, 3), host=True), name="x")
-    else:
-      arr = validation.float_array("x", x, (2, 3), host=True)
-    if arr.shape[-1] < 2:
-      raise ValueError(f"x: expected at least 2 classes on the last axis, got shape {arr.shape}")
+    """``x`` as logits / log-probabilities, [N, K] or [S, N, K] float32, checked, read as
+    the calibration data was (``inputs_``), or before fitting as ``inputs`` says."""
+    arr = scores.as_log_probs(x, getattr(self, "inputs_", self.inputs), name="x")
     validation.check_nonempty("x", arr, axis=-2)
     if arr.ndim == 3:
       validation.check_samples("x", arr)
@@ -175,9 +173,7 @@ class Calibrator:
       raise ValueError(
         f"x: expected {num_classes} classes like the calibration data, got shape {arr.shape}"
       )
-    if self.inputs == "logits":  # probabilities run as logits give other numbers, silently
-      validation.refuse_probabilities("x", arr, 'pass inputs="probs"', given=x)
-    return arr.astype(np.float32)
+    return arr
 
   def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None):
     """([N] host scores, [N, K] log-probabilities) of ``x``."""
@@ -227,22 +223,49 @@ class Calibrator:
       labels: [N] int true classes.
     """
     entry, options = self._checked()
-    evidence = self._evidence(x, labels, fitting=True)  # any K may be fitted anew
+    if labels is None:
+      raise ValueError("labels: expected [N] integer classes of x's examples, got None")
+    kind = self.inputs
+    if kind == "auto":  # what the calibration data holds, decided once
+      kind = scores.input_kind("x", validation.float_array("x", x, (2, 3), host=True))
+    evidence = self._resolved(kind)._evidence(x, labels, fitting=True)  # any K anew
     state = entry.fit(evidence, **options)
     n_bins = state.n_bins if isinstance(state, binning.Bins) else int(self.n_bins)
     correct = evidence.correct
     accuracy = float(np.float32(np.sum(correct)) / np.float32(correct.shape[0]))
     self._set_fitted(entry, state, n_bins, int(evidence.log_probs.shape[-1]), accuracy)
+    self.inputs_ = kind
     return self
+
+  def _resolved(self, kind: str) -> "Calibrator":
+    """A view of this calibrator reading its inputs as ``kind`` (before fitting)."""
+    view = Calibrator(**self.get_params())
+    view.inputs_ = kind
+    return view
 
   def scores_of(self, x: ArrayLike) -> np.ndarray:
     """[N] the uncertainty score of each example of ``x`` (what the bins cut)."""
     return self._score_and_log_probs(x, getattr(self, "num_classes_", None))[0]
 
-  def predict_proba(self, x: ArrayLike) -> np.ndarray:
+  def predict_confidence(self, x: ArrayLike) -> np.ndarray:
     """[N] float32: P(the Top-k prediction is correct) for each example of ``x``."""
     entry = self._fitted()
     return np.asarray(entry.predict(self.state_, self._evidence(x)), np.float32)
+
+  def predict_proba(self, x: ArrayLike) -> np.ndarray:
+    """[N, 2] float32: (P(wrong), P(correct)) of the Top-k prediction of each example.
+
+    The two columns of the binary target "the Top-k prediction is correct", in
+    scikit-learn's ``classes_`` order (``classes_ = [False, True]``), so its calibration
+    tools take it as they take any binary classifier's. ``predict_confidence`` gives
+    the second column, [N]. (Before 0.2 this returned [N]: the library's metrics and
+    figures still take such an [N, 2] array, with a DeprecationWarning.)
+    """
+    p = self.predict_confidence(x)
+    return np.stack([1.0 - p, p], axis=-1)
+
+  classes_ = np.array([False, True])
+  """The binary target's classes, in ``predict_proba``'s column order (scikit-learn's)."""
 
   def predict_interval(self, x: ArrayLike, delta: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """A 1 - delta interval of each example's P(correct), where the method gives one.
@@ -319,7 +342,7 @@ class Calibrator:
       "n_bins": self.n_bins_,  # the count used, also when chosen by "cv"
       **requested,
       "k": self.k,
-      "inputs": self.inputs,
+      "inputs": self.inputs_,
       "num_classes": self.num_classes_,
       "calibration_accuracy": self.calibration_accuracy_,
       "options": dict(self.options),
@@ -398,6 +421,7 @@ def _from_dict(cls, state: Any, source: str) -> Calibrator:
   else:
     accuracy = base.read_number(state, "calibration_accuracy", source, 0.0, 1.0)
   cal._set_fitted(entry, fitted, n_bins, num_classes, accuracy)
+  cal.inputs_ = cal.inputs
   return cal
 
 

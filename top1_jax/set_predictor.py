@@ -2,7 +2,7 @@
 
 The practitioner's face of ``evaluation.sets``::
 
-  sp = SetPredictor(method="aps", inputs="logits").fit(x_cal, labels_cal)
+  sp = SetPredictor(method="aps").fit(x_cal, labels_cal)  # logits or probabilities
   mask = sp.predict_set(x_new, alpha=0.1)       # [N, K] bool: P(label in set) >= 0.9
   sp.predict_set(x_new, alpha=0.05)             # any alpha: the calibration scores are kept
   sp.evaluate(x_test, labels_test, alpha=0.1)   # coverage, mean size, sscv, ...
@@ -37,7 +37,7 @@ VERSION = 1
 MAX_FILE_BYTES = 1 << 28
 """``load`` refuses a file larger than this (256 MiB) before reading it: a saved predictor
 holds its calibration scores (about 20 bytes each) and, for topk, the bins of every k."""
-INPUTS = ("logits", "probs")
+INPUTS = scores.INPUTS
 _PARAMS = ("method", "inputs", "seed")
 _INT32_MAX = 2**31 - 1
 
@@ -47,8 +47,8 @@ class SetPredictor:
 
   Args:
     method: a name of ``evaluation.sets.METHODS``: "lac", "aps", "raps" or "topk".
-    inputs: ``"logits"`` or ``"probs"``: what ``x`` holds. Logits whose every row lies in
-      [0, 1] and sums to 1 are refused (they are probabilities; pass ``inputs="probs"``).
+    inputs: what ``x`` holds: ``"auto"`` (the default: decided once at ``fit`` by the
+      rule of ``Calibrator``'s, ``scores.input_kind``), ``"logits"`` or ``"probs"``.
     seed: of the random draws: u for the randomized methods (one per example, at fit and
       at predict) and the tuning part of raps and topk. The same inputs get the same sets.
     **options: the method's options. ``randomized`` (aps, raps: True by default, as their
@@ -68,7 +68,7 @@ class SetPredictor:
     seed_: the seed of the fit, which predictions use too.
   """
 
-  def __init__(self, method: str = "aps", inputs: str = "logits", seed: int = 0, **options):
+  def __init__(self, method: str = "aps", inputs: str = "auto", seed: int = 0, **options):
     self.method = method
     self.inputs = inputs
     self.seed = seed
@@ -101,23 +101,17 @@ class SetPredictor:
     seed = validation.positive_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
     return method, sets.checked_options(method, self.options), seed
 
-  def _logits(self, x: ArrayLike, num_classes: int | None) -> np.ndarray:
-    """``x`` as host [N, K] float32 logits (log-probabilities of ``inputs="probs"``),
-    checked: the one place where what ``x`` holds is read."""
-    if self.inputs == "probs":
-      arr = scores.log_probs_from_probs(validation.as_array("x", x, 2, host=True), name="x")
-    else:
-      arr = validation.float_array("x", x, 2, host=True)
-    if arr.shape[-1] < 2:
-      raise ValueError(f"x: expected at least 2 classes on the last axis, got shape {arr.shape}")
+  def _logits(self, x: ArrayLike, num_classes: int | None, kind: str | None = None):
+    """``x`` as host [N, K] float32 logits (log-probabilities of probabilities), checked,
+    read as ``kind`` says, by default as the calibration data was (``inputs_``)."""
+    kind = kind or getattr(self, "inputs_", self.inputs)
+    arr = scores.as_log_probs(x, kind, name="x", ndim=2)
     validation.check_nonempty("x", arr)
     if num_classes is not None and arr.shape[-1] != num_classes:
       raise ValueError(
         f"x: expected {num_classes} classes like the calibration data, got shape {arr.shape}"
       )
-    if self.inputs == "logits":  # probabilities run as logits give other sets, silently
-      validation.refuse_probabilities("x", arr, 'pass inputs="probs"', given=x)
-    return np.asarray(arr, np.float32)
+    return arr
 
   def _fitted(self) -> sets.SetMethod:
     if not hasattr(self, "calibration_scores_"):
@@ -140,12 +134,16 @@ class SetPredictor:
       labels: [N] int true classes.
     """
     method, options, seed = self._checked()
-    logits = self._logits(x, None)
+    kind = self.inputs
+    if kind == "auto":  # what the calibration data holds, decided once
+      kind = scores.input_kind("x", validation.float_array("x", x, 2, host=True))
+    logits = self._logits(x, None, kind)
     labels = validation.labels_array("labels", labels, logits.shape[-1], host=True)
     validation.same_length(x=logits, labels=labels)
     sets.check_sizes(method, options, logits.shape[0], "x")
     fitted = sets.fit(method, logits, labels, seed, options)
     self._set_fitted(method, options, seed, fitted, logits.shape[-1])
+    self.inputs_ = kind
     return self
 
   def threshold(self, alpha: float = 0.1) -> float:
@@ -199,7 +197,7 @@ class SetPredictor:
       "format": FORMAT,
       "version": VERSION,
       "method": method.name,
-      "inputs": self.inputs,
+      "inputs": getattr(self, "inputs_", self.inputs),
       "seed": self.seed_,
       "options": {name: self.options_[name] for name in self.options},  # the checked values
       "num_classes": self.num_classes_,
@@ -236,6 +234,7 @@ class SetPredictor:
     params = method.from_dict(base.field(state, "params", source), source, num_classes)
     fitted = sets.Calibrated(params, np.sort(calibration.astype(np.float32)))
     predictor._set_fitted(method, checked, seed, fitted, num_classes)
+    predictor.inputs_ = predictor.inputs
     return predictor
 
   def save(self, path) -> None:

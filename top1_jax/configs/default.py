@@ -85,8 +85,8 @@ HELP = {
   # Evaluating given files instead of training.
   "inputs": "Files to evaluate instead of training, comma-separated paths or globs: .npz "
   "predictions files, or one .npy array (see input_kind)",
-  "input_kind": "What inputs hold: predictions (.npz files with their labels), or logits or "
-  "probs (one .npy of [N, K] or [S, N, K], with labels)",
+  "input_kind": "What inputs hold: auto (.npz: predictions files with their labels; one .npy: "
+  "logits or probs, told by its rows, with labels), predictions, logits or probs",
   "labels": "A .npy of [N] integer labels, for inputs of kind logits or probs",
   # The sweep: every score x Top-k event x estimator, over all bin counts.
   "scores": "Uncertainty scores to bin (all: every score the inputs allow)",
@@ -159,7 +159,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.chunk_size = config_dict.placeholder(int)
   config.keep_samples = False
   config.inputs = ""
-  config.input_kind = "predictions"
+  config.input_kind = "auto"
   config.labels = ""
   config.scores = ("all",)
   config.n_bins = (10, 20, 100)

@@ -203,6 +203,76 @@ def log_probs_from_probs(probs: ArrayLike, *, name: str = "probs") -> np.ndarray
   return log_space.log_probs_from_probs(checked)
 
 
+INPUTS = ("auto", "logits", "probs")
+"""What a classifier's outputs may be given as: ``as_log_probs``' ``inputs``."""
+
+
+def input_kind(name: str, values: np.ndarray, dtype=None) -> str:
+  """ "probs" or "logits": what an array of classifier outputs [..., K] holds.
+
+  Probabilities when every row lies in [0, 1] and sums to 1 within float error
+  (``validation.sum_tolerance``), logits when no row does. Refused in one line where it
+  cannot be told: some rows do and others do not, every row sums to 1 only within the
+  rounding of a few saved digits, or one class per row.
+  """
+  num_classes = values.shape[-1]
+  if num_classes < 2:
+    raise ValueError(
+      f"{name}: one value per row (shape {values.shape}) is neither probabilities nor logits"
+      " of several classes; pass [N, K] outputs with K >= 2"
+    )
+  rows = np.asarray(values, np.float32).reshape(-1, num_classes)
+  dtype = values.dtype if dtype is None else dtype
+  in_unit = (rows.min(axis=1) >= 0.0) & (rows.max(axis=1) <= 1.0)
+  off = np.abs(rows.sum(axis=1, dtype=np.float64) - 1.0)
+  probable = in_unit & (off <= validation.sum_tolerance(dtype))
+  if probable.all():
+    return "probs"
+  if (in_unit & (off <= validation.rounding_tolerance(dtype, num_classes))).all():
+    raise ValueError(
+      f"{name}: every row lies in [0, 1] and sums to 1 only within rounding (off by up to"
+      f" {off.max():.3g}): probabilities saved with few digits? Divide each row by its sum"
+      ' (or pass inputs="logits" if they are logits)'
+    )
+  if probable.any():
+    raise ValueError(
+      f"{name}: {int(probable.sum())} of {probable.size} rows look like probabilities (in [0, 1],"
+      ' summing to 1) and the others do not; say which they are: inputs="probs" or'
+      ' inputs="logits"'
+    )
+  return "logits"
+
+
+def as_log_probs(x: ArrayLike, inputs: str = "auto", *, name: str = "x", ndim=(2, 3)):
+  """A classifier's outputs as host float32 logits or log-probabilities, checked.
+
+  Args:
+    x: [N, K] (or [S, N, K] samples) outputs, K >= 2; anything with ``__array__``.
+    inputs: "logits" (refused when every row looks like probabilities: they would run
+      and give other numbers), "probs" (logged in float64: ``log_probs_from_probs``) or
+      "auto" (``input_kind`` decides).
+    name: the argument's name in error messages.
+
+  Returns:
+    float32 NumPy array shaped like ``x``.
+  """
+  if inputs not in INPUTS:
+    raise ValueError(f"inputs: expected one of {', '.join(INPUTS)}, got {inputs!r}")
+  if inputs == "auto":
+    arr = validation.float_array(name, x, ndim, host=True)
+    inputs = input_kind(name, arr, getattr(x, "dtype", None))
+  if inputs == "probs":
+    # Checked once, in x's own dtype (a bfloat16 row's sum gets bfloat16's tolerance).
+    arr = log_probs_from_probs(validation.as_array(name, x, ndim, host=True), name=name)
+  else:
+    arr = validation.float_array(name, x, ndim, host=True)
+  if arr.shape[-1] < 2:
+    raise ValueError(f"{name}: expected at least 2 classes on the last axis, got shape {arr.shape}")
+  if inputs == "logits":  # probabilities run as logits give other numbers, silently
+    validation.refuse_probabilities(name, arr, 'pass inputs="probs" (or "auto")', given=x)
+  return np.asarray(arr, np.float32)
+
+
 def mean_log_probs(samples: ArrayLike) -> jax.Array:
   """Log of the sample-mean softmax, in log space: logsumexp_s(log_softmax) - log S.
 

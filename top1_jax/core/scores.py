@@ -23,10 +23,13 @@ from jax.typing import ArrayLike
 
 from top1_jax.core import events, log_space, validation
 from top1_jax.core.score_functions import (
+  INPUTS,
+  as_log_probs,
   checked_logits,
   covariance_norm,
   entropy,
   human_entropy,
+  input_kind,
   log_probs_from_probs,
   margin,
   mean_log_probs,
@@ -38,6 +41,9 @@ from top1_jax.core.score_functions import (
 from top1_jax.kernels import covariance, row_blocks
 
 __all__ = [
+  "INPUTS",
+  "as_log_probs",
+  "input_kind",
   "HEADLINE",
   "RANKING_TWINS",
   "REGISTRY",

@@ -6,6 +6,7 @@ arguments are tracers and only shapes can be checked, so value checks are skippe
 there (call the public function outside ``jit`` to get them).
 """
 
+import warnings
 from collections.abc import Sequence
 
 import jax
@@ -428,6 +429,23 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = No
   return value
 
 
+def _p_correct(name: str, values):
+  """[N] P(correct) of an [N, 2] array of (P(wrong), P(correct)) rows, as
+  ``Calibrator.predict_proba`` returns since it became scikit-learn's shape (its [N] was
+  taken here before): the second column, with a DeprecationWarning saying so."""
+  shape = getattr(values, "shape", None)
+  if shape is None or len(shape) != 2 or shape[-1] != 2:
+    return values
+  warnings.warn(
+    f"{name}: got [N, 2] (P(wrong), P(correct)) rows, as Calibrator.predict_proba returns;"
+    " taking P(correct), their second column. Pass predict_confidence(x) (or p[:, 1]): [N, 2]"
+    " will be refused in a later version",
+    DeprecationWarning,
+    stacklevel=4,
+  )
+  return values[:, 1]
+
+
 def score_and_event(
   name: str, values: ArrayLike, correct: ArrayLike, *, probability: bool = False, host: bool = False
 ) -> tuple[jax.Array | np.ndarray, jax.Array | np.ndarray]:
@@ -437,7 +455,7 @@ def score_and_event(
   named ``correct`` in its messages.
   """
   if probability:
-    values = probability_array(name, values, 1)
+    values = probability_array(name, _p_correct(name, values), 1)
   else:
     values = float_array(name, values, 1, host=host)
   correct = bool_array("correct", correct, host=host)

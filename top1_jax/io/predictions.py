@@ -289,6 +289,7 @@ def from_arrays(
   labels: epath.PathLike,
   logits: epath.PathLike | None = None,
   probs: epath.PathLike | None = None,
+  array: epath.PathLike | None = None,
   meta: Mapping[str, Any] | None = None,
 ) -> Predictions:
   """``Predictions`` from plain ``.npy`` files, the way any framework can save them.
@@ -300,14 +301,25 @@ def from_arrays(
     probs: path of [N, K] probabilities or [S, N, K] sample probabilities (instead
       of ``logits``); stored as log-probabilities (``scores.log_probs_from_probs``)
       when there are samples, as ``mean_probs`` otherwise.
+    array: path of either, told apart by its rows (``scores.input_kind``: in [0, 1]
+      summing to 1, probabilities; none so, logits; an array it cannot tell is refused).
     meta: the file's ``meta``; ``method`` defaults to "plain" (one model) or
       "samples".
 
   Returns:
     validated ``Predictions``; errors name the flag-like field (``logits``, ...).
   """
-  if (logits is None) == (probs is None):
-    raise ValueError("logits/probs: expected exactly one of them")
+  if sum(x is not None for x in (logits, probs, array)) != 1:
+    raise ValueError("logits/probs/array: expected exactly one of them")
+  if array is not None:
+    values = _load_npy("array", array, "float [N, K] or [S, N, K] logits or probabilities")
+    try:
+      kind = scores.input_kind("array", prediction_checks.float_field("array", values, (2, 3)))
+    except ValueError as e:
+      raise ValueError(
+        f"{e} (in {array}; --config.input_kind=logits or probs says which)"
+      ) from None
+    return from_arrays(labels=labels, meta=meta, **{kind: array})
   given = "logits" if probs is None else "probs"
   paths = {"labels": labels, given: logits if probs is None else probs}
   values = _load_npy(given, paths[given], "float [N, K] or [S, N, K] " + given)

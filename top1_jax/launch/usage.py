@@ -41,9 +41,10 @@ def help_text(flag_values: Any, doc: str | None, full: bool = False) -> str:
   Args:
     flag_values: absl's parsed ``flags.FLAGS``.
     doc: the launcher's docstring.
-    full: list absl's own flags (``--verbosity``...) too (``--helpfull``).
+    full: list every module's flags (absl's ``--verbosity``, orbax's, ...) too (``--helpfull``).
   """
-  shown = [m for m in flag_values.flags_by_module_dict() if full or not m.startswith("absl")]
+  # Ours only: the packages a launcher imports (orbax, JAX) define flags of their own.
+  shown = [m for m in flag_values.flags_by_module_dict() if full or m.startswith("top1_jax")]
   parts = [(doc or "").strip(), *(flag_values.module_help(m) for m in shown)]
   if "config" in flag_values and flag_values["config"].value is not None:
     from top1_jax.configs import default  # ml_collections: for a launcher with a config
@@ -51,7 +52,7 @@ def help_text(flag_values: Any, doc: str | None, full: bool = False) -> str:
     name = str(flag_values["config"].config_filename).rsplit("/", 1)[-1].removesuffix(".py")
     fields = describe(flag_values["config"].value, default.HELP)
     parts.append(f"The fields of --config={name} (--config.<field>=<value> sets one):\n{fields}")
-  parts.append("" if full else "--helpfull also lists absl's flags (--verbosity, ...).")
+  parts.append("" if full else "--helpfull also lists the libraries' flags (--verbosity, ...).")
   return "\n\n".join(part for part in parts if part)
 
 

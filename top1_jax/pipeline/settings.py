@@ -24,8 +24,9 @@ from top1_jax.estimators import registry
 from top1_jax.io import files
 
 MAX_FOLDS = 127  # core.splits stores a split's fold in an int8
-INPUT_KINDS = ("predictions", "logits", "probs")
-"""What ``inputs`` holds: predictions files, or one .npy array of logits or probs."""
+INPUT_KINDS = ("auto", "predictions", "logits", "probs")
+"""What ``inputs`` holds: predictions files, or one .npy array of logits or probs; "auto":
+.npz files are predictions files, a .npy array's rows say which it holds."""
 OPTIMIZERS = ("adam", "sgd")  # engine.optimizers (that module needs optax)
 SCHEDULES = ("constant", "cosine", "step")  # engine.optimizers
 AUGMENTATIONS = ("crop", "flip")  # engine.augment
@@ -97,7 +98,7 @@ class Rule:
   def _noun(self) -> str:
     """ "an integer >= 1", "a number in [0, 1)", "2 to 127 splits"."""
     if self.what and self.kind is int and self.up_to and not self.above:
-      return f"{self.low:g} to {self.high:g} {self.what}"
+      return f"{_number(self.low)} to {_number(self.high)} {self.what}"
     noun = self.what or ("an integer" if self.kind is int else "a number")
     return f"{noun} {self._bounds()}".strip()
 
@@ -106,9 +107,9 @@ class Rule:
     if self.low is None:
       return ""
     if self.high is None:
-      return f"{'>' if self.above else '>='} {self.low:g}"
+      return f"{'>' if self.above else '>='} {_number(self.low)}"
     left, right = "(" if self.above else "[", "]" if self.up_to else ")"
-    return f"in {left}{self.low:g}, {self.high:g}{right}"
+    return f"in {left}{_number(self.low)}, {_number(self.high)}{right}"
 
   def _within(self, value) -> bool:
     if self.low is not None and (value < self.low or (self.above and value == self.low)):
@@ -145,6 +146,11 @@ class Rule:
     if not all(self._within(v) for v in parsed):
       fail(field, f"expected {self.what or 'values'} {self._bounds()}, got {values}")
     return tuple(dict.fromkeys(parsed))  # a value given twice (90 and 90.0) is one
+
+
+def _number(value: float) -> str:
+  """A bound as a reader writes it: 1048576, 0.5, 360."""
+  return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _items(field: str, value) -> tuple:
@@ -283,6 +289,8 @@ class Settings:
   @property
   def single_input(self) -> bool:
     """``inputs`` is one .npy array (of ``input_kind``), not predictions files."""
+    if self.input_kind == "auto":
+      return any(path.endswith(".npy") for path in self.inputs)
     return self.input_kind != "predictions"
 
 
@@ -405,25 +413,30 @@ def _known_scores(s: Settings) -> None:
 def _inputs(s: Settings) -> None:
   """``inputs``, ``input_kind`` and ``labels`` together (``configs/default.py``)."""
   kind = s.input_kind
-  if kind == "predictions":
+  if kind == "predictions" or (kind == "auto" and not s.single_input):
     if s.labels:
-      fail("labels", "goes with input_kind=logits or probs (a predictions file holds its labels)")
+      fail(
+        "labels", "goes with a .npy array of logits or probs (a predictions file holds its labels)"
+      )
     arrays = [path for path in s.inputs if path.endswith(".npy")]
     if arrays:
-      fail("input_kind", f"{arrays[0]} is an array: give input_kind=logits or probs, and labels")
+      fail(
+        "input_kind", f"{arrays[0]} is an array: give input_kind=auto, logits or probs, and labels"
+      )
     return
+  what = "logits or probs" if kind == "auto" else kind
   if not s.inputs:
-    fail("inputs", f"required with input_kind={kind} (a .npy of [N, K] or [S, N, K] {kind})")
+    fail("inputs", f"required with input_kind={kind} (a .npy of [N, K] or [S, N, K] {what})")
   if len(s.inputs) > 1:
-    fail("inputs", f"input_kind={kind} reads one .npy array, got {len(s.inputs)}: {s.inputs}")
+    fail("inputs", f"an array input reads one .npy array, got {len(s.inputs)}: {s.inputs}")
   if not s.labels:
-    fail("labels", f"required with input_kind={kind} (a .npy of [N] integer labels)")
+    fail("labels", "required with a .npy array of logits or probs (a .npy of [N] integer labels)")
 
 
 def _shift(s: Settings) -> Settings:
   if not s.shift_estimators:
     fail("shift_estimators", f"expected names among {', '.join(registry.names())}, got ()")
-  if s.shift_inputs and (not s.inputs or s.input_kind != "predictions"):
+  if s.shift_inputs and (not s.inputs or s.single_input):
     fail("shift_inputs", "goes with inputs: the clean predictions files they are calibrated on")
   if s.shift_corruptions == ("all",):
     return s.replace(shift_corruptions=_corruptions().names())

@@ -136,7 +136,8 @@ def _given_files(settings: Settings, workdir) -> list[tuple[str, object]]:
     (array,) = settings.inputs
     path = workdir / "predictions" / f"{files.as_path(array).stem}.npz"
     if is_writer():
-      arrays = {settings.input_kind: array}  # logits=... or probs=...
+      kind = "array" if settings.input_kind == "auto" else settings.input_kind
+      arrays = {kind: array}  # logits=..., probs=... or array=... (its rows say which)
       meta = {"dataset": settings.dataset} if settings.dataset else None
       predictions = predictions_lib.from_arrays(labels=settings.labels, meta=meta, **arrays)
       predictions_lib.save_predictions(path, predictions)

@@ -78,7 +78,8 @@ def severity(value) -> int | float:
 
 
 def _rate(value: float | None) -> str:
-  return "?" if value is None else f"{value:g}"
+  """A rate as Python's shortest repr of it: 0.05, and 0.1000001 apart from 0.1."""
+  return "?" if value is None else repr(float(value))
 
 
 def row_label(row: dict, varying: set[str] = frozenset()) -> str:

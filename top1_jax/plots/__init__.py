@@ -6,7 +6,7 @@
 * ``refinement_figure``: the paper's Figure 2. The same score with a coarse and a
   fine binning side by side; the fine panel also traces the coarse predictions.
 * ``reliability_diagram(confidence, correct)``: the standard diagram of any
-  predicted P(correct) (the raw max-softmax, or a calibrator's ``predict_proba``):
+  predicted P(correct) (the raw max-softmax, or a calibrator's ``predict_confidence``):
   accuracy against mean confidence in equal-mass bins, the diagonal, the bins'
   counts below and their ECE.
 * ``ablation_figure``: Brier, ECE and EOR (mean ± std over splits) against the

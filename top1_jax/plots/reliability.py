@@ -146,7 +146,7 @@ def reliability_diagram(
 
   Args:
     confidence: [N] predicted P(correct) in [0, 1]: the raw max-softmax, or a
-      calibrator's ``predict_proba``.
+      calibrator's ``predict_confidence``.
     correct: [N] bool, whether each prediction is correct.
     n_bins: number of equal-mass bins requested, 1 <= n_bins <= N.
     delta: draws per-bin ``1 - delta`` Clopper–Pearson intervals of the accuracy;

@@ -454,7 +454,7 @@ def ood_histograms(
 
   Args:
     p_correct: variant label -> set name -> ``[N] float`` predicted P(correct) in [0, 1]
-      (a calibrator's ``predict_proba``, or the max-softmax); a variant may lack a set.
+      (a calibrator's ``predict_confidence``, or the max-softmax); a variant may lack a set.
     bins: equal-width bins of [0, 1] per histogram.
     title: figure title; None for none.
 
