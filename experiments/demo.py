@@ -5,7 +5,11 @@ r"""Demo of the core on synthetic logits: calibrated Top-1 bins for several scor
 Its flags: ``top1_jax.launch.demo``.
 """
 
-from top1_jax.launch import demo, runner
+from top1_jax import launch
+
+launch.catch_stops()  # Ctrl-C while JAX loads: one line, no traceback
+
+from top1_jax.launch import demo, runner  # noqa: E402
 
 if __name__ == "__main__":
   runner.run(demo.main)

@@ -13,9 +13,13 @@ files, or one array of ``input_kind`` with ``labels``); ``top1_jax.pipeline.swee
 what is written. A rerun skips the sweep points that are done.
 """
 
-from top1_jax.launch import config_flag, runner
+from top1_jax import launch
 
-with runner.requiring("evaluate"):  # one line naming the extra to install if a package is missing
+launch.catch_stops()  # Ctrl-C while JAX loads: one line, no traceback
+
+from top1_jax.launch import config_flag, runner  # noqa: E402
+
+with runner.requiring("evaluate"):  # a missing package: one line naming its extra
   from top1_jax.pipeline import sweep
 
 config_flag.define("default")

@@ -6,7 +6,11 @@ The paper's supplement (``top1_jax.evaluation.mislabeled``); its flags and files
 ``top1_jax.launch.find_mislabeled``.
 """
 
-from top1_jax.launch import find_mislabeled, runner
+from top1_jax import launch
+
+launch.catch_stops()  # Ctrl-C while JAX loads: one line, no traceback
+
+from top1_jax.launch import find_mislabeled, runner  # noqa: E402
 
 if __name__ == "__main__":
   runner.run(find_mislabeled.main)

@@ -6,9 +6,13 @@ One file per prediction job under ``predictions/<point>/``; a file that exists a
 matches its job is skipped (``top1_jax.pipeline.prediction``).
 """
 
-from top1_jax.launch import config_flag, runner
+from top1_jax import launch
 
-with runner.requiring("predict"):  # one line naming the extra to install if a package is missing
+launch.catch_stops()  # Ctrl-C while JAX loads: one line, no traceback
+
+from top1_jax.launch import config_flag, runner  # noqa: E402
+
+with runner.requiring("predict"):  # a missing package: one line naming its extra
   from top1_jax.pipeline import prediction
 
 config_flag.define("default")

@@ -16,9 +16,13 @@ With --num_tasks each task runs its share of the training points; a final run wi
 --task_index (or experiments/evaluate.py) writes the tables.
 """
 
-from top1_jax.launch import config_flag, runner
+from top1_jax import launch
 
-with runner.requiring("reproduce"):  # one line naming the extra to install if a package is missing
+launch.catch_stops()  # Ctrl-C while JAX loads: one line, no traceback
+
+from top1_jax.launch import config_flag, runner  # noqa: E402
+
+with runner.requiring("reproduce"):  # a missing package: one line naming its extra
   from top1_jax.pipeline import reproduce
 
 config_flag.define("default")

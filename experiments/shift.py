@@ -11,9 +11,13 @@ method calibrated on the clean calibration part (``top1_jax.pipeline.dataset_shi
 ``<workdir>/shift/``.
 """
 
-from top1_jax.launch import config_flag, runner
+from top1_jax import launch
 
-with runner.requiring("shift"):  # one line naming the extra to install if a package is missing
+launch.catch_stops()  # Ctrl-C while JAX loads: one line, no traceback
+
+from top1_jax.launch import config_flag, runner  # noqa: E402
+
+with runner.requiring("shift"):  # a missing package: one line naming its extra
   from top1_jax.pipeline import dataset_shift
 
 config_flag.define("shift")

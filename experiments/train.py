@@ -7,9 +7,13 @@ resumes; a finished stage is skipped, and a larger num_epochs trains on from the
 checkpoint (``top1_jax.pipeline.training``).
 """
 
-from top1_jax.launch import config_flag, runner
+from top1_jax import launch
 
-with runner.requiring("train"):  # one line naming the extra to install if a package is missing
+launch.catch_stops()  # Ctrl-C while JAX loads: one line, no traceback
+
+from top1_jax.launch import config_flag, runner  # noqa: E402
+
+with runner.requiring("train"):  # a missing package: one line naming its extra
   from top1_jax.pipeline import training
 
 config_flag.define("default")

@@ -340,3 +340,13 @@ def test_bad_input_is_a_one_line_value_error(call, message):
 def test_corrupt_or_foreign_files_are_refused(tmp_path, text):
   with pytest.raises(ValueError, match="not a top1_jax calibrator"):
     Calibrator.load(_corrupt(tmp_path, text))
+
+
+def test_evaluate_without_labels_is_one_line():
+  logits, labels = _logits(num=300)
+  for method in ("bins", "temperature"):
+    cal = Calibrator(method=method, n_bins=5).fit(logits, labels)
+    with pytest.raises(ValueError, match="^labels: evaluate scores predictions against"):
+      cal.evaluate(logits, None)
+  with pytest.raises(ValueError, match="^labels: expected .* got None"):
+    Calibrator().fit(logits, None)

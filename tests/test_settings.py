@@ -603,3 +603,15 @@ def test_any_real_path_is_one_input(tmp_path):
   assert settings_lib.parse(config).inputs == (str(odd),)
   config = _config("default", f"--config.inputs=a.npz,{tmp_path}/x\\,y.npz")
   assert settings_lib.parse(config).inputs == ("a.npz", f"{tmp_path}/x,y.npz")
+
+
+@pytest.mark.slow
+def test_a_config_file_that_raises_is_one_line_naming_it(tmp_path):
+  # "RuntimeError: boom" named neither the flag nor the file; a RecursionError neither.
+  for body, what in (("raise RuntimeError('boom')", "RuntimeError: boom"),
+                     ("get_config()", "RecursionError: maximum recursion depth")):  # fmt: skip
+    path = tmp_path / f"mine_{len(body)}.py"
+    path.write_text(f"def get_config():\n  {body}\n")
+    result = processes.launcher("evaluate", f"--config={path}", "--workdir=out")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: --config: {path}: {what}"), result.stderr

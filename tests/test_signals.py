@@ -10,11 +10,13 @@ user or a scheduler stops it.
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import processes
 import pytest
 
+from top1_jax import launch
 from top1_jax.io import idx, lock
 from top1_jax.io import predictions as predictions_lib
 
@@ -112,3 +114,23 @@ def test_a_signal_inside_a_garbage_collector_callback_is_seen_as_such():
     gc.callbacks.remove(callback)
   assert seen and all(seen)
   assert not parallel.in_garbage_collection(sys._getframe())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_while_the_imports_run_is_one_line(tmp_path, signum, status):
+  # Ctrl-C in the first ~1.3 s (JAX's import) printed a 25-line traceback; SIGTERM then
+  # ended with no word at all. The handlers come first now.
+  process = subprocess.Popen(
+    [sys.executable, processes.script("evaluate"), f"--workdir={tmp_path}"],
+    cwd=processes.ROOT,
+    env=processes.LAUNCHER_ENV,
+    stderr=subprocess.PIPE,
+    text=True,
+    preexec_fn=_default_sigint,
+  )
+  time.sleep(0.6)  # after the first lines of the main, before JAX has loaded
+  process.send_signal(signum)
+  _, err = process.communicate(timeout=60)
+  assert process.returncode == status, err
+  assert err.splitlines() == [f"{launch.STOPS[signum][1]}"], err

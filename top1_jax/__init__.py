@@ -18,65 +18,96 @@ The package's face is the paper's maths, which needs only jax and numpy::
   p = t1.predict_bins(bins, u[5000:])          # calibrated P(correct)
   cv = t1.cross_validate(u, correct, n_bins=(10, 20, 100))
 
-The rest is imported by name, so ``import top1_jax`` stays light:
+Every name is imported on first use (PEP 562), so ``import top1_jax`` is instant and a
+command line installs its signal handlers before JAX loads. The rest by module:
 ``top1_jax.engine.models`` / ``mc`` / ``train`` (Flax models, MC dropout and ensembles),
 ``top1_jax.io`` (datasets, predictions files, writing files), ``top1_jax.plots``.
 docs/architecture.md describes the layers.
 """
 
-from top1_jax.calibrator import Calibrator
-from top1_jax.core import binning, events, metrics, scores
-from top1_jax.core.binning import (
-  Bins,
-  assign,
-  calibrated_prob,
-  clopper_pearson,
-  confidence_bounds,
-  hoeffding_halfwidth,
-  quantile_edge_ranks,
-)
-from top1_jax.core.binning import fit as fit_bins
-from top1_jax.core.binning import predict as predict_bins
-from top1_jax.core.binning import refit as refit_bins
-from top1_jax.core.events import topk_correct
-from top1_jax.core.metrics import (
-  Decomposition,
-  auroc,
-  binned_ece,
-  brier,
-  brier_decomposition,
-  ece,
-  eor,
-  nll,
-  nll_decomposition,
-)
-from top1_jax.core.scores import (
-  REGISTRY,
-  Score,
-  covariance_norm,
-  entropy,
-  human_entropy,
-  margin,
-  mean_log_probs,
-  neg_log_pmax,
-  neg_log_topk_mass,
-  pmax,
-)
-from top1_jax.estimators import bin_count, isotonic, kde, temperature, toplabel
-from top1_jax.estimators.base import Estimator, Evidence
-from top1_jax.estimators.registry import REGISTRY as ESTIMATOR_REGISTRY
-from top1_jax.evaluation import baselines, comparison, crossval, mislabeled, selective
-from top1_jax.evaluation.crossval import (
-  METRICS,
-  CrossValidation,
-  Splits,
-  cross_validate,
-  make_splits,
-)
-from top1_jax.evaluation.mislabeled import ConfidentErrors, confident_errors
-from top1_jax.io.examples import load_example
-from top1_jax.set_predictor import SetPredictor
+import importlib
+
 from top1_jax.version import __version__  # noqa: F401  (the public version)
+
+_EXPORTS = {
+  "Calibrator": ("top1_jax.calibrator", "Calibrator"),
+  "binning": ("top1_jax.core", "binning"),
+  "events": ("top1_jax.core", "events"),
+  "metrics": ("top1_jax.core", "metrics"),
+  "scores": ("top1_jax.core", "scores"),
+  "Bins": ("top1_jax.core.binning", "Bins"),
+  "assign": ("top1_jax.core.binning", "assign"),
+  "calibrated_prob": ("top1_jax.core.binning", "calibrated_prob"),
+  "clopper_pearson": ("top1_jax.core.binning", "clopper_pearson"),
+  "confidence_bounds": ("top1_jax.core.binning", "confidence_bounds"),
+  "hoeffding_halfwidth": ("top1_jax.core.binning", "hoeffding_halfwidth"),
+  "quantile_edge_ranks": ("top1_jax.core.binning", "quantile_edge_ranks"),
+  "fit_bins": ("top1_jax.core.binning", "fit"),
+  "predict_bins": ("top1_jax.core.binning", "predict"),
+  "refit_bins": ("top1_jax.core.binning", "refit"),
+  "topk_correct": ("top1_jax.core.events", "topk_correct"),
+  "Decomposition": ("top1_jax.core.metrics", "Decomposition"),
+  "auroc": ("top1_jax.core.metrics", "auroc"),
+  "binned_ece": ("top1_jax.core.metrics", "binned_ece"),
+  "brier": ("top1_jax.core.metrics", "brier"),
+  "brier_decomposition": ("top1_jax.core.metrics", "brier_decomposition"),
+  "ece": ("top1_jax.core.metrics", "ece"),
+  "eor": ("top1_jax.core.metrics", "eor"),
+  "nll": ("top1_jax.core.metrics", "nll"),
+  "nll_decomposition": ("top1_jax.core.metrics", "nll_decomposition"),
+  "REGISTRY": ("top1_jax.core.scores", "REGISTRY"),
+  "Score": ("top1_jax.core.scores", "Score"),
+  "covariance_norm": ("top1_jax.core.scores", "covariance_norm"),
+  "entropy": ("top1_jax.core.scores", "entropy"),
+  "human_entropy": ("top1_jax.core.scores", "human_entropy"),
+  "margin": ("top1_jax.core.scores", "margin"),
+  "mean_log_probs": ("top1_jax.core.scores", "mean_log_probs"),
+  "neg_log_pmax": ("top1_jax.core.scores", "neg_log_pmax"),
+  "neg_log_topk_mass": ("top1_jax.core.scores", "neg_log_topk_mass"),
+  "pmax": ("top1_jax.core.scores", "pmax"),
+  "bin_count": ("top1_jax.estimators", "bin_count"),
+  "isotonic": ("top1_jax.estimators", "isotonic"),
+  "kde": ("top1_jax.estimators", "kde"),
+  "temperature": ("top1_jax.estimators", "temperature"),
+  "toplabel": ("top1_jax.estimators", "toplabel"),
+  "Estimator": ("top1_jax.estimators.base", "Estimator"),
+  "Evidence": ("top1_jax.estimators.base", "Evidence"),
+  "ESTIMATOR_REGISTRY": ("top1_jax.estimators.registry", "REGISTRY"),
+  "baselines": ("top1_jax.evaluation", "baselines"),
+  "comparison": ("top1_jax.evaluation", "comparison"),
+  "crossval": ("top1_jax.evaluation", "crossval"),
+  "mislabeled": ("top1_jax.evaluation", "mislabeled"),
+  "selective": ("top1_jax.evaluation", "selective"),
+  "METRICS": ("top1_jax.evaluation.crossval", "METRICS"),
+  "CrossValidation": ("top1_jax.evaluation.crossval", "CrossValidation"),
+  "Splits": ("top1_jax.evaluation.crossval", "Splits"),
+  "cross_validate": ("top1_jax.evaluation.crossval", "cross_validate"),
+  "make_splits": ("top1_jax.evaluation.crossval", "make_splits"),
+  "ConfidentErrors": ("top1_jax.evaluation.mislabeled", "ConfidentErrors"),
+  "confident_errors": ("top1_jax.evaluation.mislabeled", "confident_errors"),
+  "load_example": ("top1_jax.io.examples", "load_example"),
+  "SetPredictor": ("top1_jax.set_predictor", "SetPredictor"),
+}
+"""Each public name: (its module, its name there); a module's own name is the module."""
+
+
+def __getattr__(name: str):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'top1_jax' has no attribute {name!r}")
+  module, attr = _EXPORTS[name]
+  try:  # a module of a package (top1_jax.core's binning)
+    value = importlib.import_module(f"{module}.{attr}")
+  except ModuleNotFoundError as e:
+    if e.name != f"{module}.{attr}":
+      raise
+    value = getattr(importlib.import_module(module), attr)  # a name in a module
+  globals()[name] = value  # found directly from now on
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
   # the practitioner's calibrator, and the estimators it (and cross-validation) looks up

@@ -304,6 +304,8 @@ class Calibrator:
       did (they are undefined there).
     """
     entry = self._fitted()
+    if labels is None:
+      raise ValueError("labels: evaluate scores predictions against [N] true classes, got None")
     evidence = self._evidence(x, labels)
     correct = evidence.correct
     p = np.asarray(entry.predict(self.state_, evidence), np.float32)

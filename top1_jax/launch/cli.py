@@ -13,7 +13,10 @@ top1-train, -predict, -reproduce and -shift need ``top1_jax[all]``, the others `
 import functools
 import importlib
 
-from top1_jax.launch import runner
+from top1_jax import launch
+
+launch.catch_stops()  # before JAX loads (runner imports it): Ctrl-C is one line
+from top1_jax.launch import runner  # noqa: E402
 
 STAGES = {
   "reproduce": ("reproduce", "default"),

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from absl import app, flags, logging
 
-from top1_jax import configs
+from top1_jax import configs, launch
 from top1_jax.core import validation
 from top1_jax.engine import parallel
 from top1_jax.io import datasets, files, lock
@@ -219,6 +219,8 @@ def _parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
       fail(ExperimentError(f"--config: {given} defines no get_config() (see configs/quick.py)"), 0)
     fail(ExperimentError(usage.unknown_field(argv)), False)
   except Exception as e:  # noqa: BLE001 -- a config file that does not load, among others
+    if given is not None:  # its own error (a raise, a RecursionError): the file named
+      e = ExperimentError(f"--config: {given}: {type(e).__name__}: {' '.join(str(e).split())}")
     fail(e, joined=False)
   if asked:
     print(usage.help_text(flags.FLAGS, doc, full=any(asked)))
@@ -283,11 +285,7 @@ def _holding_workdir():
       _HELD.remove(held)
 
 
-STOPS = {
-  signal.SIGINT: (130, "interrupted (Ctrl-C); rerun the same command to resume"),
-  signal.SIGTERM: (143, "terminated (SIGTERM); rerun the same command to resume"),
-}
-"""Each signal that stops a run: its exit status (128 + the signal) and its one line."""
+STOPS = launch.STOPS
 
 STOP_GRACE_SECONDS = 10.0
 """How long a stopped run may unwind (temporary files, the lock) before it just exits."""
@@ -339,12 +337,6 @@ stopping: list[int] = []
 """The signals received (``STOPS``); the run stops at the first."""
 
 
-def _catch_stops() -> None:
-  for signum in STOPS:
-    if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup, a shell's background job
-      signal.signal(signum, _on_signal)
-
-
 def run(
   main: Callable[[list[str]], None],
   default_workdir: Callable[[], str] | None = None,
@@ -383,7 +375,7 @@ def run(
     if stopping:  # a stop whose exception was lost: the run went on to its end
       raise Stopped(stopping[0])
 
-  _catch_stops()
+  launch.catch_stops(_on_signal)
   try:
     doc = doc or sys.modules[main.__module__].__doc__  # --help shows it
     app.run(wrapped, flags_parser=lambda argv: _parse_flags(argv, doc))
