@@ -69,10 +69,10 @@ def test_the_wheel_installs_top1_jax_alone_with_its_configs_and_launchers(built)
   assert sorted(r.split(">")[0] for r in core) == ["jax", "numpy"]
 
 
-def test_the_sdist_has_the_licence_changelog_and_readme(built):
+def test_the_sdist_has_the_licence_changelog_readme_and_citation(built):
   with tarfile.open(built["sdist"]) as sdist:
     names = {pathlib.PurePosixPath(n).name for n in sdist.getnames()}
-  assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml"} <= names
+  assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "CITATION.cff"} <= names
 
 
 def test_the_build_warns_of_nothing_deprecated(built):
