@@ -3,7 +3,7 @@
 The README and the guides are written for the repository and the package index, so their
 links are the repository's: the README's are absolute (to render on the index), the
 guides' are relative and some leave ``docs/``. On the site, a link into ``docs/`` becomes
-the site's page and any other file the repository's.
+the site's page, the README the home page, and any other file the repository's.
 """
 
 import os
@@ -36,6 +36,8 @@ def on_page_markdown(markdown, page, config, files):
     ups, target = len(match.group(2)) // 3, match.group(3)
     if ups <= depth:  # still inside docs/
       return match.group(0)
+    if target == "README.md" and ups == depth + 1:
+      return f"{match.group(1)}{'../' * depth}index.md"
     return f"{match.group(1)}{REPO}/blob/main/{target}"
 
   return _LEAVING_DOCS.sub(repository, markdown)
