@@ -17,15 +17,20 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> dict[str, pathlib.Path]:
+def built(tmp_path_factory) -> dict:
   out = tmp_path_factory.mktemp("dist")
-  subprocess.run(
+  done = subprocess.run(
     [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
     check=True,
     capture_output=True,
+    text=True,
     cwd=tmp_path_factory.mktemp("elsewhere"),
   )
-  return {"wheel": next(out.glob("*.whl")), "sdist": next(out.glob("*.tar.gz"))}
+  return {
+    "wheel": next(out.glob("*.whl")),
+    "sdist": next(out.glob("*.tar.gz")),
+    "log": done.stdout + done.stderr,
+  }
 
 
 def test_the_wheel_installs_top1_jax_alone_with_its_configs_and_launchers(built):
@@ -47,9 +52,10 @@ def test_the_wheel_installs_top1_jax_alone_with_its_configs_and_launchers(built)
     licence = [
       n for n in names if n.endswith(".dist-info/licenses/LICENSE") or n.endswith("/LICENSE")
     ]
-  assert metadata["License"] == "Apache-2.0" or "Apache" in (
-    metadata.get("License-Expression") or ""
-  )
+  # PEP 639: an SPDX expression and the licence file, no legacy License field or classifier.
+  assert metadata["License-Expression"] == "Apache-2.0" and metadata["License"] is None
+  assert metadata.get_all("License-File") == ["LICENSE"]
+  assert not [c for c in metadata.get_all("Classifier") if c.startswith("License ::")]
   assert licence, "the wheel carries the LICENSE file"
   assert metadata["Requires-Python"] == ">=3.10"
   assert any(url.startswith("Source") for url in metadata.get_all("Project-URL"))
@@ -63,7 +69,14 @@ def test_the_wheel_installs_top1_jax_alone_with_its_configs_and_launchers(built)
   assert sorted(r.split(">")[0] for r in core) == ["jax", "numpy"]
 
 
-def test_the_sdist_has_the_licence_changelog_and_readme(built):
+def test_the_sdist_has_the_licence_changelog_readme_and_citation(built):
   with tarfile.open(built["sdist"]) as sdist:
     names = {pathlib.PurePosixPath(n).name for n in sdist.getnames()}
-  assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml"} <= names
+  assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "CITATION.cff"} <= names
+
+
+def test_the_build_warns_of_nothing_deprecated(built):
+  """setuptools' deprecations (a `project.license` table, licence classifiers) are fixed
+  before they become errors."""
+  warned = [line for line in built["log"].splitlines() if "deprecat" in line.lower()]
+  assert not warned, warned

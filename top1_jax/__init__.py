@@ -3,8 +3,9 @@
 Oberman, Finlay, Iannantuono & Salvador, "Calibrated Top-1 Uncertainty estimates
 for classification by score based models".
 
-The package's face is the paper's maths, which needs only jax and numpy::
+The package's face is the paper's maths, which needs only jax and numpy:
 
+```python
   import top1_jax as t1
   cal = t1.Calibrator(score="neg_log_pmax", n_bins=20).fit(logits_cal, labels_cal)
   p = cal.predict_confidence(logits_new)       # calibrated P(Top-1 correct)
@@ -17,6 +18,7 @@ The package's face is the paper's maths, which needs only jax and numpy::
   bins = t1.fit_bins(u[:5000], correct[:5000], n_bins=20)
   p = t1.predict_bins(bins, u[5000:])          # calibrated P(correct)
   cv = t1.cross_validate(u, correct, n_bins=(10, 20, 100))
+```
 
 Every name is imported on first use (PEP 562), so ``import top1_jax`` is instant and a
 command line installs its signal handlers before JAX loads. The rest by module:

@@ -288,7 +288,8 @@ def binned_metrics(prob, prior, cal_counts, test_counts, test_hits) -> dict[str,
     prob: [..., B] float, each bin's prediction.
     prior: [...] float, the calibration accuracy (EOR's base rate).
     cal_counts: [..., B] calibration examples per bin.
-    test_counts, test_hits: [..., B] float, test examples and correct ones per bin.
+    test_counts: [..., B] float, test examples per bin.
+    test_hits: [..., B] float, correct test examples per bin.
 
   Returns:
     "ece", "eor", "auroc", "num_effective_bins" (float32) -> [...] arrays.
@@ -317,9 +318,12 @@ def split_metrics(
     prob: [..., B] float, each bin's prediction (empty bins: anything finite).
     prior: [...] float, the calibration accuracy (EOR's base rate).
     cal_counts: [..., B] calibration examples per bin.
-    test_counts, test_hits: [..., B] float, test examples and correct ones per bin.
-    brier, nll: [...] per-example means of the test predictions, or None: the binned
-      predictor's own (``brier_from_counts``' and ``nll_from_counts``' totals).
+    test_counts: [..., B] float, test examples per bin.
+    test_hits: [..., B] float, correct test examples per bin.
+    brier: [...] per-example mean of the test predictions, or None: the binned
+      predictor's own (``brier_from_counts``' totals).
+    nll: [...] per-example mean of the test predictions, or None: the binned
+      predictor's own (``nll_from_counts``' totals).
 
   Returns:
     metric name -> [...] float32 array.

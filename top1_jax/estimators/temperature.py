@@ -404,7 +404,8 @@ def fit_temperature(
   Args:
     logits: [N, K] float, calibration-split logits (N >= 1, K >= 2).
     labels: [N] int in [0, K).
-    min_temperature, max_temperature: the bracket, 0 < min < max.
+    min_temperature: the bracket's low end, 0 < min_temperature < max_temperature.
+    max_temperature: the bracket's high end.
     weights: optional [N] example weights >= 0 (e.g. a split's calibration
       mask): the NLL is their weighted mean. Or [F, N], one row per split: the
       F temperatures come from one compiled program over the one [N, K] array

@@ -188,9 +188,13 @@ def fit_splits(
   split's bins.
 
   Args:
-    confidence, predicted_class, correct: as for ``fit``, [N] each.
+    confidence: [N], as for ``fit``.
+    predicted_class: [N], as for ``fit``.
+    correct: [N], as for ``fit``.
     calibration: [F, N] bool, each split's calibration examples.
-    num_classes, points_per_bin, prior: as for ``fit``.
+    num_classes: as for ``fit``.
+    points_per_bin: as for ``fit``.
+    prior: as for ``fit``.
 
   Returns:
     ``TopLabelBins`` whose fields have a leading [F] axis (``predict`` takes it).

@@ -108,7 +108,10 @@ def ood_report(
       key (the results' ``ood``) or in a sequence; each holds the K classes'
       log-probabilities and the scores used.
     splits: ``crossval.make_splits(N, ...)``.
-    scores, estimators, log_probs_score, options: as ``protocol.methods``.
+    scores: as ``protocol.methods``.
+    estimators: as ``protocol.methods``.
+    log_probs_score: as ``protocol.methods``.
+    options: as ``protocol.methods``.
     k: the event "the true label is among the k top classes".
     n_bins: the bins' bin count (see above), in [1, the smallest calibration part].
 

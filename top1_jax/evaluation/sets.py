@@ -4,13 +4,15 @@ A method is a score S_r(x) of the label at rank r = 1..K of the model's ranking,
 ``conformal``'s split conformal calibration (there: the threshold, the sets, the guarantee).
 With p_(r) the r-th largest probability, C_r their cumulative sum, Q_k the running max over
 j <= k of the paper's calibrated P(label in Top-j), u ~ U[0, 1) one draw per example (0
-when not randomized), and C_0 = Q_0 = 0::
+when not randomized), and C_0 = Q_0 = 0:
 
+```text
   lac   S_r = 1 - p_(r)                              Sadinle, Lei & Wasserman (2019), "THR"
   aps   S_r = C_(r-1) + u p_(r)                      Romano, Sesia & Candes (2020)
   raps  S_r = C_(r-1) + u p_(r) + lam (r - k_reg)^+  Angelopoulos, Bates, Malik & Jordan (2021)
   topk  S_r = Q_(r-1) + u (Q_r - Q_(r-1))            this package: the paper's equal-count
         bins of -log top-k mass (``scores.neg_log_topk_mass``) for the event "label in Top-k"
+```
 
 Non-randomized (u = 0; topk's default) the set is the smallest Top-L whose mass (aps),
 penalised mass (raps) or calibrated P(label in Top-L) (topk) exceeds the threshold: the top
