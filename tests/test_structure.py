@@ -44,6 +44,7 @@ MAY_IMPORT = {
 
 MATHS_MAY_IMPORT = {"jax", "numpy", "scipy", "functools", "math", "collections", "typing"}
 MATHS_MAY_IMPORT |= {"statistics", "contextlib", "fractions", "re", "dataclasses", "abc", "types"}
+MATHS_MAY_IMPORT |= {"warnings"}
 """What the maths layers (kernels, core, estimators, evaluation) import from outside."""
 
 FILE_TOUCHERS = ("io", "plots")
