@@ -13,7 +13,7 @@ import numpy as np
 import processes
 import pytest
 
-from top1_jax.io import checkpoints, idx
+from top1_jax.io import checkpoints, idx, metric_writer
 from top1_jax.io import predictions as predictions_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -86,6 +86,17 @@ def test_main_job_quick_writes_sane_tables_and_figures(quick_run):
   assert "## Top-1" not in result.stdout + result.stderr
   timings = json.loads((workdir / "timings.json").read_text())
   assert {"load", "scores", "sweep", "comparison", "write", "figures"} <= set(timings["evaluate"])
+  # TensorBoard: the test split's NLL, accuracy, Brier and ECE per evaluation epoch, and
+  # each file's headline metrics.
+  curves = metric_writer.read_scalars(workdir / "train" / POINT / "base" / "tensorboard")
+  assert {"test/loss", "test/accuracy", "test/brier", "test/ece"} <= set(curves)
+  assert 0 < curves["test/ece"][-1][1] < 0.2
+  headline = metric_writer.read_scalars(workdir / "tensorboard")
+  tags = {f"{POINT}/deterministic/brier", f"{POINT}/ensemble/ece", f"{POINT}/dropout_0.2/auroc"}
+  assert tags <= set(headline)
+  brier = next(r["brier"] for r in rows if (r["label"], r["score"], r["topk"], r["n_bins"])
+               == ("deterministic", "pmax", 1, 20))  # fmt: skip
+  assert headline[f"{POINT}/deterministic/brier"][0][1] == pytest.approx(brier, rel=1e-6)
 
 
 @needs_fmnist

@@ -37,6 +37,10 @@ class ScalarWriter(Protocol):
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None: ...
 
 
+TEST_METRICS = ("loss", "accuracy", "brier", "ece")
+"""The test split's metrics a run's curves hold per evaluation epoch (``network_metrics``)."""
+
+
 class Monitor:
   """Writes a run's curves (see the module docstring).
 
@@ -111,7 +115,7 @@ class Monitor:
       scalars["epoch/train_loss"] = float(np.mean([t[1] / t[0] for t in totals]))
       scalars["epoch/train_accuracy"] = float(np.mean([t[2] / t[0] for t in totals]))
     scalars["epoch/examples_per_second"] = num_examples / seconds
-    if test is not None:
-      scalars |= {"test/loss": float(test["loss"]), "test/accuracy": float(test["accuracy"])}
+    if test is not None:  # the NLL (loss), accuracy, and the max-softmax's Brier and ECE
+      scalars |= {f"test/{k}": float(test[k]) for k in TEST_METRICS if k in test}
     self._writer.write_scalars(step, scalars)
     return scalars

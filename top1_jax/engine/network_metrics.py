@@ -1,4 +1,9 @@
-"""Loss and accuracy of a trained network, or of an ensemble and each of its members."""
+"""Loss, accuracy, Brier and ECE of a trained network, or of an ensemble and its members.
+
+Brier and ECE are of the max-softmax used as P(the Top-1 prediction is correct): its
+binary Brier and the benchmark's confidence ECE (15 equal-width bins), the curves a run
+writes per evaluation epoch beside the NLL (``loss``) and accuracy.
+"""
 
 from typing import Any
 
@@ -8,7 +13,7 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
-from top1_jax.core import validation
+from top1_jax.core import equal_width, validation
 from top1_jax.engine import batches, mc, models, parallel, train_state
 from top1_jax.engine.train_state import TrainState
 
@@ -17,8 +22,33 @@ from top1_jax.engine.train_state import TrainState
 def _eval_batch(state: TrainState, images, labels, mask):
   logits = state.model.apply(state.variables, images, train=False)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = jnp.argmax(logits, axis=-1) == labels
-  return jnp.sum(jnp.where(mask, losses, 0.0)), jnp.sum(correct & mask)
+  return (
+    jnp.sum(jnp.where(mask, losses, 0.0)),
+    *_top1_sums(jax.nn.log_softmax(logits), labels, mask),
+  )
+
+
+def _top1_sums(log_probs, labels, mask):
+  """Correct Top-1 predictions, the max-softmax's summed squared error as P(correct), and
+  its equal-width bins' (count, hits, confidence sum) [3, B]: sums over the unmasked rows."""
+  pmax = jnp.exp(jnp.max(log_probs, axis=-1))
+  correct = (jnp.argmax(log_probs, axis=-1) == labels) & mask
+  index = equal_width.equal_width_index(pmax, equal_width.DEFAULT_ECE_BINS)
+  weight = mask.astype(pmax.dtype)
+  bins = [
+    jax.ops.segment_sum(x, index, equal_width.DEFAULT_ECE_BINS)
+    for x in (weight, correct.astype(pmax.dtype), pmax * weight)
+  ]
+  return jnp.sum(correct), jnp.sum(weight * (pmax - correct) ** 2), jnp.stack(bins)
+
+
+def _top1_metrics(correct, squares, bins, num_examples: int) -> dict[str, float]:
+  counts, hits, confidence = np.asarray(bins, np.float64)
+  return {
+    "accuracy": float(correct) / num_examples,
+    "brier": float(squares) / num_examples,
+    "ece": float(np.sum(np.abs(hits - confidence))) / num_examples,
+  }
 
 
 def evaluate(
@@ -33,7 +63,8 @@ def evaluate(
     batch_size: examples per jitted call (the last batch is padded).
 
   Returns:
-    ``{"loss": float, "accuracy": float, "num_examples": int}``.
+    ``{"loss": float, "accuracy": float, "brier": float, "ece": float, "num_examples":
+    int}``: the mean NLL, Top-1 accuracy, and the max-softmax's Brier and ECE (above).
   """
   images, labels = batches.checked_dataset(state.model, state.variables, images, labels)
   batch_size = validation.positive_int("batch_size", batch_size)
@@ -44,21 +75,18 @@ def _evaluate(state: TrainState, images, labels, batch_size: int) -> dict[str, f
   """``evaluate`` of checked host arrays."""
   num_examples = images.shape[0]
   batch_size = min(batch_size, num_examples)
-  loss_sum, correct = 0.0, 0
+  sums = None
   for start in range(0, num_examples, batch_size):
     x, y = images[start : start + batch_size], labels[start : start + batch_size]
     valid = x.shape[0]
     if valid < batch_size:
       x = np.concatenate([x, np.zeros((batch_size - valid,) + x.shape[1:], x.dtype)])
       y = np.concatenate([y, np.zeros(batch_size - valid, y.dtype)])
-    batch_loss, batch_correct = _eval_batch(state, x, y, np.arange(batch_size) < valid)
-    loss_sum += float(batch_loss)
-    correct += int(batch_correct)
-  return {
-    "loss": loss_sum / num_examples,
-    "accuracy": correct / num_examples,
-    "num_examples": num_examples,
-  }
+    batch = _eval_batch(state, x, y, np.arange(batch_size) < valid)
+    sums = batch if sums is None else jax.tree_util.tree_map(jnp.add, sums, batch)
+  loss_sum, *top1 = sums
+  metrics = {"loss": float(loss_sum) / num_examples, **_top1_metrics(*top1, num_examples)}
+  return {**metrics, "num_examples": num_examples}
 
 
 def evaluate_ensemble(
@@ -79,8 +107,8 @@ def evaluate_ensemble(
     strategy: see ``mc.pick_strategy``.
 
   Returns:
-    ``{"loss": float, "accuracy": float, "member_accuracy": [M] list,
-    "num_examples": int}``.
+    ``{"loss": float, "accuracy": float, "brier": float, "ece": float,
+    "member_accuracy": [M] list, "num_examples": int}``: the mean probabilities' (above).
   """
   size, states = mc.ensemble_size(states.params), parallel.to_local(states)
   variables = train_state.member(states, 0).variables
@@ -99,9 +127,11 @@ def evaluate_ensemble(
     _evaluate(train_state.member(states, m), images, labels, chunk_size)["accuracy"]
     for m in range(size)
   ]
+  num = int(labels.shape[0])
+  top1 = _top1_sums(jnp.asarray(log_probs), jnp.asarray(labels), jnp.ones(num, bool))
   return {
     "loss": float(np.mean(nll)),
-    "accuracy": float(np.mean(np.argmax(log_probs, axis=1) == labels)),
+    **_top1_metrics(*top1, num),
     "member_accuracy": member_accuracy,
-    "num_examples": int(labels.shape[0]),
+    "num_examples": num,
   }

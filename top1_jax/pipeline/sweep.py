@@ -11,6 +11,7 @@ Then ``results.{json,csv,md}``, ``figures/``, ``timings.json`` and ``index.html`
 
 import concurrent.futures
 import contextlib
+import re
 import time
 from collections.abc import Callable
 
@@ -230,6 +231,29 @@ def _write_tables(settings, workdir, asked, records, table1, chosen) -> list[dic
   return rows
 
 
+HEADLINE_METRICS = ("accuracy", "brier", "nll", "ece", "eor", "auroc")
+"""What the run's TensorBoard events hold of each file's headline score (Top-1, Table 1's bins)."""
+
+
+def _write_curves(settings: Settings, workdir, rows: list[dict]) -> None:
+  """The headline rows' metrics as TensorBoard scalars in ``<workdir>/tensorboard``
+  (``<file>/<metric>`` at step 0), beside the training curves of ``train/``."""
+  from top1_jax.io import metric_writer  # tensorboardX, in the [all] extra
+
+  headline = [
+    r for r in rows
+    if (r["topk"], r["n_bins"], r["estimator"]) == (1, settings.compare_bins, "bins")
+    and r["score"] == scores.headline([x["score"] for x in rows if x["source"] == r["source"]])
+  ]  # fmt: skip
+  tag = lambda r, m: re.sub(r"[^\w./-]", "_", f"{r['source']}/{m}")  # noqa: E731
+  values = {tag(r, m): r[m] for r in headline for m in HEADLINE_METRICS if r[m] is not None}
+  try:
+    with metric_writer.MetricWriter(workdir / "tensorboard", enabled=runs.is_writer()) as writer:
+      writer.write_scalars(0, values)
+  except ModuleNotFoundError as e:  # a [cli] install: the tables hold the same numbers
+    logging.info("evaluate: no TensorBoard events (%s)", e)
+
+
 def write_figures(settings, workdir, sources_, records, rows, chosen, figure_bins) -> int:
   """The last step: every figure of the sweep into figures/; returns how many."""
   from top1_jax import plots  # matplotlib: 0.5 s of import that runs without figures skip
@@ -284,6 +308,7 @@ def evaluate(settings: Settings, workdir, asked, tasks=(0, 1)) -> dict:
   table1_rows = table1(settings, found, records, baseline_rows)
   tic = time.perf_counter()
   rows = _write_tables(settings, workdir, asked, records, table1_rows, chosen)
+  _write_curves(settings, workdir, rows)
   timings["write"] = time.perf_counter() - tic
   logging.info("evaluate: %d rows; tables in %s (.csv, .json)", len(rows), workdir / "results.md")
   if settings.figures:

@@ -214,9 +214,8 @@ def run_stage(settings, workdir, point, stage: str, data) -> None:
     seconds = time.perf_counter() - start - eval_seconds
     if metrics is None:  # every epoch was done before: a resumed, finished run
       metrics = _evaluate(settings, stage, state, test_split)
-      writer.write_scalars(int(np.reshape(state.step, -1)[0]), {
-        "test/loss": metrics["loss"], "test/accuracy": metrics["accuracy"]
-      })  # fmt: skip
+      scalars = {f"test/{k}": metrics[k] for k in monitor.TEST_METRICS if k in metrics}
+      writer.write_scalars(int(np.reshape(state.step, -1)[0]), scalars)
   accuracy, loss = metrics["accuracy"], metrics["loss"]
   logging.info("%s: test accuracy %.4f, NLL %.4f (%.0f s)", label, accuracy, loss, seconds)
   config = jobs.training_config(settings, point, stage)
