@@ -101,6 +101,10 @@ HELP = {
   "ece_bins": "Equal-width bins of the benchmark's confidence ECE",
   "selective_targets": "Accuracies that selective prediction aims at",
   "selective_delta": "Selective prediction's risk of missing its target, in (0, 0.5)",
+  "set_methods": "Prediction sets with a coverage guarantee to evaluate (top1_jax.evaluation.sets): "
+  "lac, aps, raps, topk (the paper's calibrated Top-k); empty: none",
+  "set_alphas": "Miscoverage levels of the prediction sets: each set holds the label with "
+  "probability >= 1 - alpha",
   "figures": "Write figures/ after the tables (False: tables only, faster)",
   # Dataset shift (experiments/shift.py, the shift config): calibrated on the clean test
   # examples, tested on the same examples shifted (Ovadia et al. 2019).
@@ -172,6 +176,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.ece_bins = 15
   config.selective_targets = (0.9, 0.95, 0.99)
   config.selective_delta = 0.05
+  config.set_methods = ("lac", "aps", "raps", "topk")
+  config.set_alphas = (0.1, 0.05)
   config.figures = True
   config.shift_examples = config_dict.placeholder(int)
   config.shift_rotation = "rotate_cubic"

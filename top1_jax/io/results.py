@@ -36,6 +36,7 @@ COLUMNS = (
   "topk",
   "estimator",
   "n_bins",
+  "alpha",
 )
 """results.csv's settings columns, in order; the metrics' columns follow (``METRIC_COLUMNS``).
 
@@ -47,8 +48,14 @@ shift (``rotate``, ``translate``, a corruption) and its intensity (degrees, pixe
 CLEAN = "clean"
 """The ``shift`` of an unshifted test part (with severity 0)."""
 
-UNSHIFTED = {"shift": CLEAN, "severity": 0}
-"""The shift columns of a row written before they existed: its test part was clean."""
+UNSHIFTED = {"shift": CLEAN, "severity": 0, "alpha": None}
+"""The columns a row written before they existed lacks: its test part was clean, and it was
+no prediction set's (``alpha``)."""
+
+SET_METRICS = ("coverage", "mean_size", "median_size", "empty_fraction", "sscv")
+"""A prediction-set row's metrics (``evaluation.sets``): each a mean over the splits, with
+its ``_std`` where the sets have one; the row's ``estimator`` is the set method, its
+``score`` "prediction_set" and its ``alpha`` the miscoverage level."""
 
 GEOMETRIC_SHIFTS = {
   "rotate_cubic": "rotation (degrees; Ovadia et al.'s cubic spline)",
@@ -75,8 +82,8 @@ STRING_COLUMNS = (
 INT_COLUMNS = ("num_samples", "ensemble_size", "seed", "topk", "n_bins", "num_runs")
 """Integer columns, with every ``*_num_splits`` and ``*_num_runs``."""
 
-FLOAT_COLUMNS = ("train_dropout_rate", "dropout_rate", "severity") + tuple(
-  f"{name}{suffix}" for name in crossval.METRICS for suffix in ("", "_std")
+FLOAT_COLUMNS = ("train_dropout_rate", "dropout_rate", "severity", "alpha") + tuple(
+  f"{name}{suffix}" for name in (*crossval.METRICS, *SET_METRICS) for suffix in ("", "_std")
 )
 """Real-valued columns; a column of none of these kinds is read as whatever it parses as."""
 

@@ -179,7 +179,8 @@ def merge_runs(
       raise ValueError(f"configs: expected one per run ({len(runs)}), got {len(configs)}")
     check_configs(configs, names)
   groups = _group(runs, names, KEY_COLUMNS)
-  return _merge_groups(groups, KEY_COLUMNS, crossval.METRICS, crossval.UNDEFINABLE)
+  metrics = (*crossval.METRICS, *results.SET_METRICS)  # a row holds one kind's, None else
+  return _merge_groups(groups, KEY_COLUMNS, metrics, crossval.UNDEFINABLE)
 
 
 def count_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> int:

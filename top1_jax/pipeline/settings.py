@@ -260,6 +260,10 @@ class Settings:
   ece_bins: int = _rule(Rule(int, low=1, high=equal_width.MAX_EQUAL_WIDTH_BINS, up_to=True))
   selective_targets: tuple[float, ...] = _rule(Rule(float, low=0.0, high=1.0, many=True))
   selective_delta: float = _rule(Rule(float, low=0.0, high=0.5, above=True, what="a probability"))
+  set_methods: tuple[str, ...] = _rule(
+    Rule(str, names=lambda: tuple(_sets().METHODS), many=True, empty=True)
+  )
+  set_alphas: tuple[float, ...] = _rule(Rule(float, low=0.0, high=1.0, above=True, many=True))
   figures: bool = _rule(Rule(bool))
   # Dataset shift.
   shift_examples: int | None = _rule(Rule(int, low=1, optional=True))
@@ -298,6 +302,12 @@ def _corruptions():
   from top1_jax.engine import corruptions  # jax only
 
   return corruptions
+
+
+def _sets():
+  from top1_jax.evaluation import sets
+
+  return sets
 
 
 def _ood_sets():

@@ -20,8 +20,8 @@ from absl import logging
 
 from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
-from top1_jax.evaluation import comparison, crossval, selective
-from top1_jax.io import files
+from top1_jax.evaluation import comparison, crossval, selective, sets
+from top1_jax.io import files, results
 from top1_jax.pipeline import jobs, runs, sources, tables
 from top1_jax.pipeline.settings import Settings, check_examples
 
@@ -211,9 +211,39 @@ def selective_rows(settings: Settings, found: list[Source]) -> list[dict]:
   return rows
 
 
-def _write_tables(settings, workdir, asked, records, table1, chosen) -> list[dict]:
+SET_SCORE = "prediction_set"
+"""The ``score`` of results.csv's prediction-set rows (their ``estimator`` is the method)."""
+_SET_COLUMNS = ("randomized", "k_reg", "lam")
+
+
+def set_rows(settings: Settings, found: list[Source]) -> list[dict]:
+  """Each file's prediction sets with a coverage guarantee (``evaluation.sets``) over its
+  splits: one tidy row per (file, method, alpha) in results.csv's columns. A method the
+  file is too small for is left out with a warning."""
+  rows = []
+  for source in found:
+    for method in settings.set_methods:
+      try:
+        found_rows = sets.evaluate_sets(
+          np.asarray(source.log_probs), source.labels, source.splits, methods=(method,),
+          alphas=settings.set_alphas, seed=source.columns["seed"],
+        )  # fmt: skip
+      except ValueError as e:
+        logging.warning("evaluate: no %s sets of %s (%s)", method, source.name, e)
+        continue
+      for row in found_rows:
+        metrics = {k: v for k, v in row.items() if k.removesuffix("_std") in results.SET_METRICS}
+        tidy = {**source.columns, "score": SET_SCORE, "topk": None, "estimator": method}
+        tidy.update(n_bins=None, alpha=row["alpha"], **metrics)
+        tidy.update({k: row[k] for k in _SET_COLUMNS}, label=source.label)
+        rows.append(tidy)
+  return rows
+
+
+def _write_tables(settings, workdir, asked, records, table1, chosen, sets_) -> list[dict]:
+  """results.{json,csv,md}; returns the sweep's tidy rows (results.csv also holds the sets')."""
   rows = tables.tidy_rows(records)
-  for row in rows if settings.inputs and settings.dataset else ():
+  for row in rows + sets_ if settings.inputs and settings.dataset else ():
     row["dataset"] = settings.dataset  # the user's word for their files (main)
   dataset = next((r["dataset"] for r in rows if r["dataset"]), "predictions")
   config = {"n_bins": list(settings.n_bins), "n_folds": settings.n_folds, "scheme": settings.scheme}
@@ -221,11 +251,12 @@ def _write_tables(settings, workdir, asked, records, table1, chosen) -> list[dic
   config["inputs"] = list(settings.inputs) or [name for name, _ in asked]  # what was evaluated
   text = tables.markdown(rows, config, settings.topk, f"Calibrated Top-k bins: {dataset}")
   text += "".join("\n" + t + "\n" for t in (tables.comparison_table(table1),
-                                            tables.selective_table(chosen)) if t)  # fmt: skip
-  summary = {"config": config, "versions": runs.versions(), "results": rows}
+                                            tables.selective_table(chosen),
+                                            tables.sets_table(sets_)) if t)  # fmt: skip
+  summary = {"config": config, "versions": runs.versions(), "results": rows, "sets": sets_}
   summary.update(comparison=table1, selective=chosen, points=records)
   files.write_json(workdir / "results.json", summary)
-  csv_rows = [{k: v for k, v in r.items() if k != "label"} for r in rows]
+  csv_rows = [{k: v for k, v in r.items() if k != "label"} for r in rows + sets_]
   files.write_csv(workdir / "results.csv", csv_rows)
   files.write_bytes(workdir / "results.md", text.encode())
   return rows
@@ -265,11 +296,12 @@ def write_figures(settings, workdir, sources_, records, rows, chosen, figure_bin
   return len(written + plots.write_dropout_rate_figures(workdir, rows, topk))
 
 
-def _comparison(settings: Settings, sources_: list) -> tuple[dict, list[dict], float]:
-  tic = time.perf_counter()  # Table 1's baseline rows, the selective rows, their seconds
+def _comparison(settings: Settings, sources_: list) -> tuple[dict, list, list, float]:
+  """Table 1's baseline rows, the selective rows, the prediction sets' rows, their seconds."""
+  tic = time.perf_counter()
   baseline_rows = baselines(settings, sources_)
   chosen = selective_rows(settings, sources_)
-  return baseline_rows, chosen, time.perf_counter() - tic
+  return baseline_rows, chosen, set_rows(settings, sources_), time.perf_counter() - tic
 
 
 @contextlib.contextmanager
@@ -304,10 +336,10 @@ def evaluate(settings: Settings, workdir, asked, tasks=(0, 1)) -> dict:
       done = "evaluate: task %d of %d done; when every task is, evaluate with this config and "
       logging.info(done + "no --task_index writes the tables", index, count)
       return timings
-    baseline_rows, chosen, timings["comparison"] = comparison_.result()
+    baseline_rows, chosen, sets_, timings["comparison"] = comparison_.result()
   table1_rows = table1(settings, found, records, baseline_rows)
   tic = time.perf_counter()
-  rows = _write_tables(settings, workdir, asked, records, table1_rows, chosen)
+  rows = _write_tables(settings, workdir, asked, records, table1_rows, chosen, sets_)
   _write_curves(settings, workdir, rows)
   timings["write"] = time.perf_counter() - tic
   logging.info("evaluate: %d rows; tables in %s (.csv, .json)", len(rows), workdir / "results.md")

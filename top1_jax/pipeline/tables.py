@@ -393,3 +393,29 @@ def selective_table(
       f"| {r['num_below_target']}/{r['num_splits']} |{runs}"
     )
   return "\n".join(lines)
+
+
+def sets_table(rows: list[dict], *, value: Value = run_value) -> str:
+  """Prediction sets with a coverage guarantee: one line per (file, method, alpha)."""
+  if not rows:
+    return ""
+  lines = [
+    "## Prediction sets with a coverage guarantee",
+    "",
+    "Split conformal sets (``evaluation.sets``) fitted on each calibration part and scored on "
+    "its test part: the share of test labels in their set (at least 1 - alpha on average, "
+    "by construction), the mean set size, and the size-stratified coverage violation (SSCV, "
+    "the RAPS paper's adaptivity: the largest shortfall of coverage among set sizes; 0 is "
+    "ideal). topk: the smallest Top-k whose calibrated P(label in Top-k) (the paper's bins) "
+    "reaches a conformal threshold. Means ± std over the splits.",
+    "",
+    "| model | method | alpha | coverage | mean size | SSCV |",
+    "|---|---|---:|---:|---:|---:|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['label']} | {r['estimator']} | {r['alpha']:g} "
+      f"| {_pm(r['coverage'], r.get('coverage_std'), 3)} "
+      f"| {_pm(r['mean_size'], r.get('mean_size_std'), 2)} | {value(r, 'sscv', 3)} |"
+    )
+  return "\n".join(lines)
