@@ -174,7 +174,7 @@ EVAL = "--config=evaluate_files"
   "args, message",
   [
     (["--config.scores=(pmax,bogus)"], "--config.scores: unknown score(s) bogus"),
-    (["--config.n_bins=(0,)"], "--config.n_bins: expected values >= 1"),
+    (["--config.n_bins=(0,)"], "--config.n_bins: expected values in [1, 1048576]"),
     (["--config.n_bins=(ten,)"], "--config.n_bins: expected int values"),
     (["--config.n_bins=500"], "--config.n_bins: 500 bins need at least that many calibration"),
     (["--config.topk=11"], "--config.topk: 11 exceeds the 10 classes"),

@@ -101,7 +101,7 @@ HELP = {
   "ece_bins": "Equal-width bins of the benchmark's confidence ECE",
   "selective_targets": "Accuracies that selective prediction aims at",
   "selective_delta": "Selective prediction's risk of missing its target, in (0, 0.5)",
-  "set_methods": "Prediction sets with a coverage guarantee to evaluate (top1_jax.evaluation.sets): "
+  "set_methods": "Prediction sets with a coverage guarantee (top1_jax.evaluation.sets): "
   "lac, aps, raps, topk (the paper's calibrated Top-k); empty: none",
   "set_alphas": "Miscoverage levels of the prediction sets: each set holds the label with "
   "probability >= 1 - alpha",

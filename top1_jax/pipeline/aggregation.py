@@ -28,7 +28,9 @@ COLUMNS = tables.COLUMNS
 KEY_COLUMNS = tuple(c for c in COLUMNS if c not in ("seed", "source"))
 """The columns that identify a sweep point across runs (all of ``COLUMNS`` but seed and source)."""
 
-SETTINGS = tuple(c for c in KEY_COLUMNS if c not in ("score", "topk", "estimator", "n_bins"))
+SETTINGS = tuple(
+  c for c in KEY_COLUMNS if c not in ("score", "topk", "estimator", "n_bins", "alpha")
+)
 """The columns that identify a predictions file across runs (its seed aside)."""
 
 SHARED_CONFIG = ("n_folds", "scheme")
@@ -408,6 +410,8 @@ def markdown(
   """
   everything = [*rows, *comparison, *selective]
   varying = _varying(everything) if everything else set()
+  set_rows = [row for row in rows if row.get("alpha") is not None]  # prediction sets
+  rows = [row for row in rows if row.get("alpha") is None]
   events = sorted({(row["topk"], row["n_bins"]) for row in rows})
   parts = []
   for topk, n_bins in events:
@@ -432,6 +436,8 @@ def markdown(
   for table, merged in ((tables.comparison_table, comparison), (tables.selective_table, selective)):
     if merged:
       parts.append(table(_labelled(merged, varying), value=_mean_std, across_runs=True))
+  if set_rows:
+    parts.append(tables.sets_table(_labelled(set_rows, varying), value=_mean_std))
   return "\n\n".join(parts) + ("\n" if parts else "")
 
 
@@ -475,7 +481,9 @@ def run(workdirs: list[str], out) -> str:
   ]
   from top1_jax import plots  # matplotlib: 0.5 s of import that a refused run skips
 
-  figures = plots.write_dropout_rate_figures(out, merged, {row["topk"] for row in merged})
+  calibration = [row for row in merged if row.get("alpha") is None]  # not prediction sets'
+  topk = {row["topk"] for row in calibration}
+  figures = plots.write_dropout_rate_figures(out, calibration, topk)
   title = f"Merged runs ({what}): metrics as mean ± std across runs"
   written += [*figures, plots.write_results_page(out, text, figures, config=inputs, title=title)]
   return f"merged {what} into {len(merged)} rows: {', '.join(map(str, written))}"

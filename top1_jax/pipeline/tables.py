@@ -395,7 +395,13 @@ def selective_table(
   return "\n".join(lines)
 
 
-def sets_table(rows: list[dict], *, value: Value = run_value) -> str:
+def pm_value(row: dict, name: str, digits: int | None, scale: float = 1.0) -> str:
+  """A run's cell with its spread: "mean ± std" over the splits (``Value``)."""
+  mean, std = row.get(name), row.get(f"{name}_std")
+  return _pm(None if mean is None else scale * mean, None if std is None else scale * std, digits)
+
+
+def sets_table(rows: list[dict], *, value: Value = pm_value) -> str:
   """Prediction sets with a coverage guarantee: one line per (file, method, alpha)."""
   if not rows:
     return ""
@@ -407,7 +413,7 @@ def sets_table(rows: list[dict], *, value: Value = run_value) -> str:
     "by construction), the mean set size, and the size-stratified coverage violation (SSCV, "
     "the RAPS paper's adaptivity: the largest shortfall of coverage among set sizes; 0 is "
     "ideal). topk: the smallest Top-k whose calibrated P(label in Top-k) (the paper's bins) "
-    "reaches a conformal threshold. Means ± std over the splits.",
+    "reaches a conformal threshold. Means ± std over the splits (merged runs: across runs).",
     "",
     "| model | method | alpha | coverage | mean size | SSCV |",
     "|---|---|---:|---:|---:|---:|",
@@ -415,7 +421,6 @@ def sets_table(rows: list[dict], *, value: Value = run_value) -> str:
   for r in rows:
     lines.append(
       f"| {r['label']} | {r['estimator']} | {r['alpha']:g} "
-      f"| {_pm(r['coverage'], r.get('coverage_std'), 3)} "
-      f"| {_pm(r['mean_size'], r.get('mean_size_std'), 2)} | {value(r, 'sscv', 3)} |"
+      f"| {value(r, 'coverage', 3)} | {value(r, 'mean_size', 2)} | {value(r, 'sscv', 3)} |"
     )
   return "\n".join(lines)
