@@ -498,6 +498,12 @@ def bins_phrase(requested: int, effective: float | None = None, binning: str = "
   return f"{requested} {kind}bins requested, {float(effective):.3g} after ties"
 
 
+BINNED_AUROC_NAME = "AUROC (binned predictions)"
+"""What tables and figures call the AUROC of a binned predictor (``auroc_from_counts``):
+of each example's bin prediction, a bin's examples tied, not of the raw score
+(``auroc``); docs/limits.md."""
+
+
 def ece_name(
   n_bins: int | str,
   binning: str,

@@ -165,10 +165,9 @@ def _draw_bins(
   else:
     baseline = accuracy
   ece = metrics_lib.binned_ece(train_bins, test_bins)
-  # Which ECE: over the calibration split's equal-mass bins in use, not equal-width bins.
-  ece_name = metrics_lib.ece_name(
-    train_bins.n_bins, "equal-mass", layout.index.size, calibration=True
-  )
+  # The calibration split's equal-mass bins in use (not the benchmark's equal-width ones).
+  bins = (train_bins.n_bins, "equal-mass", layout.index.size)
+  ece_name = metrics_lib.ece_name(*bins, calibration=True)
   prob = np.asarray(train_bins.prob, np.float64)[layout.index]
   test_counts = np.asarray(test_bins.counts)[layout.index]
   test_hits = np.asarray(test_bins.hits, np.float64)[layout.index]

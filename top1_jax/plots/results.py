@@ -44,11 +44,12 @@ FIGURE_GROUPS = {
 """The figures' file-name prefixes (every figure written here), and what a group shows."""
 
 KEY_FIGURES = (
-  "bins_*_top1.png", "shift_corruptions*.png", "shift_*.png", "dropout_rate_top1.png",
+  "bins_*_top1.png", "shift_rotate*.png", "shift_*.png", "dropout_rate_top1.png",
   "ablation_top1.png",
 )  # fmt: skip
 """The figure a results page leads with: the first name matching the first pattern that
-matches any (the first file's calibrated Top-1 bins; under shift, the corruptions)."""
+matches any (the first file's calibrated Top-1 bins; under shift, the metrics against
+the rotation, one row of panels)."""
 
 
 def key_figure(names: list[str]) -> str | None:

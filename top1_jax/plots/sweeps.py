@@ -28,7 +28,7 @@ _METRIC_LABELS = {
   "nll_calibration": ("NLL calibration (nats)", "lower is better"),
   "ece": ("ECE", "lower is better"),
   "eor": ("Expected odds ratio", "higher = more resolution"),
-  "auroc": ("AUROC (binned predictions)", "higher is better"),
+  "auroc": (metrics_lib.BINNED_AUROC_NAME, "higher is better"),
   "num_effective_bins": ("Effective bins", ""),
 }
 _PERCENT_METRICS = ("ece", "accuracy")
