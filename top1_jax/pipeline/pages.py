@@ -106,9 +106,6 @@ def _ece(n_bins: int | str, binning: str = "equal-mass", **kind) -> str:
   return metrics.ece_name(n_bins, binning, calibration=calibration, percent=True, **kind)
 
 
-AUROC = metrics.BINNED_AUROC_NAME
-
-
 # --------------------------------------------------------------------------- tables
 
 
@@ -144,15 +141,29 @@ def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], val
     score += " per predicted class" if r.get("top1_estimator") == "toplabel" else ""
     rows.append([
       _method(r, value), accuracy.get(_file(r), "–"), score, brier,
-      value(r, "confidence_ece", 2, 100.0), value(r, "top1_binned_ece", 2, 100.0),
+      value(r, "confidence_ece", 2, 100.0), _binned_ece(r, value),
     ])  # fmt: skip
   note = (
     "Raw: the max softmax probability as P(correct) (after the fitted temperature T where "
     f"named); binned: {first['top1_n_bins']} Top-1 bins of the binned score, fitted on each "
     "calibration part. The two ECEs bin differently, as their names say; the Brier score "
-    "needs no bins, so it compares raw and binned like for like."
+    "needs no bins, so it compares raw and binned like for like." + _top_label_note(comparison)
   )
   return page.Table("Raw → calibrated, Top-1", header, rows, note)
+
+
+def _binned_ece(row: Mapping[str, Any], value) -> str:
+  """Table 1's binned ECE, "†" on top-label binning's: of equal-width bins (its own
+  bins are per class; ``_top_label_note``)."""
+  cell = value(row, "top1_binned_ece", 2, 100.0)
+  return cell + " †" if row.get("top1_estimator") == "toplabel" else cell
+
+
+def _top_label_note(comparison: Sequence[Mapping]) -> str:
+  if not any(r.get("top1_estimator") == "toplabel" for r in comparison):
+    return ""
+  name = metrics.ece_name(comparison[0]["ece_bins"], "equal-width")
+  return f" † Top-label binning's ECE is its P(correct)'s {name}: its bins are per class."
 
 
 def _method(row: Mapping[str, Any], value) -> str:
@@ -182,7 +193,8 @@ def best_line(rows: Sequence[Mapping], value, comparison: Sequence[Mapping] = ()
   if raw:
     line += f" (its raw max-softmax: {value(raw[0], 'raw_top1_brier', 4, 1.0)})"
   ece = _ece(best["n_bins"], effective=best.get("num_effective_bins"))
-  return f"{line}; {ece}: {value(best, 'ece', 2, 100.0)}; {AUROC}: {value(best, 'auroc', 3, 1.0)}."
+  auroc = f"{metrics.BINNED_AUROC_NAME}: {value(best, 'auroc', 3, 1.0)}"
+  return f"{line}; {ece}: {value(best, 'ece', 2, 100.0)}; {auroc}."
 
 
 def sweep_tables(rows: Sequence[Mapping], value) -> list:
@@ -190,14 +202,12 @@ def sweep_tables(rows: Sequence[Mapping], value) -> list:
   from top1_jax.plots import page
 
   runs = any("num_runs" in r for r in rows)
-  header = ["method", "score", "N", "Brier", "NLL", _ece("N"), "EOR", AUROC]
+  header = ["method", "score", "N", "Brier", "NLL", _ece("N"), "EOR", metrics.BINNED_AUROC_NAME]
   header += ["runs"] if runs else ["bins after ties"]
   out = []
   for k in sorted({r["topk"] for r in rows}):
     body = []
-    for r in sorted(
-      (r for r in rows if r["topk"] == k), key=lambda r: (r["label"], r["score"], r["n_bins"])
-    ):
+    for r in (r for r in rows if r["topk"] == k):  # the sweep's order: file, score, bins
       last = str(r["num_runs"]) if runs else tables.cell(r.get("num_effective_bins"), 1)
       body.append([
         r["label"], tables.score_cell(r), str(r["n_bins"]), value(r, "brier", 4, 1.0),
@@ -215,8 +225,8 @@ def comparison_table(comparison: Sequence[Mapping], value) -> Any:
   if not comparison:
     return None
   first = comparison[0]
-  header = ["method", "binned score", "multiclass Brier (benchmark)", "Top-1 Brier: raw"]
-  header += ["Top-1 Brier: binned", f"{_ece(first['ece_bins'], 'equal-width')}: raw"]
+  header = ["method", "binned score", "multiclass Brier (benchmark)", "Top-1 Brier: raw pmax"]
+  header += ["Top-1 Brier: binned", f"{_ece(first['ece_bins'], 'equal-width')}: raw pmax"]
   header += [f"{_ece(first['top1_n_bins'])}: binned"]
   body = [
     [
@@ -226,12 +236,12 @@ def comparison_table(comparison: Sequence[Mapping], value) -> Any:
       value(r, "raw_top1_brier", 4, 1.0),
       value(r, "top1_binned_brier", 4, 1.0),
       value(r, "confidence_ece", 2, 100.0),
-      value(r, "top1_binned_ece", 2, 100.0),
+      _binned_ece(r, value),
     ]  # fmt: skip
     for r in comparison
   ]
-  return page.Table("Benchmark metrics vs Top-1 binning (paper Table 1)", header, body,
-                    tables.COMPARISON_NOTE)  # fmt: skip
+  note = tables.COMPARISON_NOTE.replace("*", "") + _top_label_note(comparison)  # no Markdown
+  return page.Table("Benchmark metrics vs Top-1 binning (paper Table 1)", header, body, note)
 
 
 def selective_table(selective: Sequence[Mapping], value) -> Any:

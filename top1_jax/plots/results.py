@@ -80,7 +80,7 @@ def _reliability_figure(figures, source, test, n_bins: int):
   # ones crowd them near 1 on a saturated network.
   confidence = source.scores["pmax"][test]
   # reliability_diagram fills in "{bins}": the binning and the count.
-  title = f"{source.label}: raw max-softmax, Top-1, test split ({{bins}})"
+  title = f"{source.label}: raw max-softmax, Top-1\nfirst split's test part, {{bins}}"
   fig = reliability_diagram(confidence, correct, n_bins, binning="equal-width", title=title)
   return save_figure(fig, figures / f"reliability_{source.slug}_top1.png")
 
@@ -150,7 +150,7 @@ def write_figures(
         bins,
         test_bins,
         event=f"Top-{k}",
-        title=f"{source.label}: {scores.label(score)}, Top-{k}, {{bins}}",
+        title=f"{source.label}: {scores.label(score)}, Top-{k}, {{bins}}, first split",
       )
       written.append(save_figure(fig, figures / f"bins_{source.slug}_{score}_top{k}.png"))
   source = sources[0]
@@ -193,7 +193,7 @@ def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
       for r in rows
     ]
     title = (
-      f"{source.label}: {scores.label(score)}, Top-1, test split "
+      f"{source.label}: {scores.label(score)}, Top-1\nfirst split's test part "
       f"(δ = {rows[0]['delta']:g}, {rows[0]['n_bins']} bins)"
     )
     fig = risk_coverage_figure(curve, points, title=title)
