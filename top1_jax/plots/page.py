@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # etils only for a URL (io.files): the plots extra is matplot
 
 PAGE_NAME = "index.html"
 
-_NUMBER = re.compile(r"^[-−+]?(\d[\d,]*\.?\d*|\.\d+)(e[-+]?\d+)?(%|/\d+)?( ± .*| →.*| \(.*)?$")
+_NUMBER = re.compile(r"^[-−+]?(\d[\d,]*\.?\d*|\.\d+)(e[-+]?\d+)?(%|/\d+)?( ± .*| →.*| \(.*| †)?$")
 
 
 class Table(NamedTuple):
