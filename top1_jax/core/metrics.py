@@ -5,7 +5,7 @@ Per-example metrics take predictions first (``p: [N]`` in [0, 1], or a score), t
 ``ece(confidence, correct, n_bins=15)`` is the equal-width ECE of arrays;
 ``binned_ece(train_bins, test_bins)`` the paper's, of fitted bins on test counts.
 The two differ on the same predictions, so every table and figure names an ECE by its
-binning through one helper, ``ece_name``.
+binning through one function, ``ece_name``.
 
 Return types: a public metric returns a Python ``float`` (the decompositions a
 ``Decomposition`` of floats): no library code traces them. Curves (``selective_risk``)
