@@ -46,6 +46,7 @@ def test_the_wheel_installs_top1_jax_alone_with_its_configs_and_launchers(built)
     # top1_jax.load_example's files, and the README with their source and licence.
     for data in ("README.md", "lenet-5-cifar-10.npz", "densenet-bc-100-cifar-100.npz"):
       assert f"top1_jax/io/example_data/{data}" in names, data
+    assert "top1_jax/plots/templates/page.html" in names  # the results page's template
     info = next(n for n in names if n.endswith(".dist-info/METADATA"))
     metadata = email.message_from_bytes(wheel.read(info))
     entry_points = wheel.read(info.replace("METADATA", "entry_points.txt")).decode()
@@ -67,6 +68,10 @@ def test_the_wheel_installs_top1_jax_alone_with_its_configs_and_launchers(built)
   # The core needs jax and numpy alone; everything else is an extra.
   core = [r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r]
   assert sorted(r.split(">")[0] for r in core) == ["jax", "numpy"]
+  # top1-evaluate writes the results page: its template engine comes with the [cli] extra.
+  assert any(
+    r.startswith("jinja2") and 'extra == "cli"' in r for r in metadata.get_all("Requires-Dist")
+  )
 
 
 def test_the_sdist_has_the_licence_changelog_readme_and_citation(built):

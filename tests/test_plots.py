@@ -85,7 +85,8 @@ def test_bin_figure_two_bars_per_bin_heights_and_widths(pair10, tmp_path):
   assert any(np.allclose(line.get_ydata(), baseline) for line in ax.lines)
   legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
   # Which ECE, over how many bins: the equal-mass calibration bins, not equal-width ones.
-  assert f"ECE (equal-mass, 10 bins) = {metrics.binned_ece(train, test):.2%}" in legend
+  name = "ECE (10 equal-mass calibration-split bins)"
+  assert f"{name} = {metrics.binned_ece(train, test):.2%}" in legend
   assert "95% Clopper–Pearson" in legend
   (errorbars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
   segments = errorbars.lines[2][0].get_segments()
@@ -131,7 +132,7 @@ def test_bin_figure_ties_widths_follow_weights_and_bin_order():
   assert all(b.get_y() == pytest.approx(0.5) for b in ax.patches)
   legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
   assert "Hoeffding" in legend and "50.0%" in legend
-  assert f"ECE (equal-mass, {num_bins} bins)" in legend
+  assert f"ECE (10 equal-mass calibration-split bins requested, {num_bins} after ties)" in legend
   # A title of one's own, with the bin counts filled in.
   fig = plots.bin_figure(train, test, title="mine: {event}, {bins}", event="Top-5")
   assert (
@@ -190,6 +191,14 @@ def test_refinement_figure(pair10, tmp_path):
     steps[0].get_data().values, np.sort(np.asarray(pair10[0].prob))[::-1], rtol=1e-6
   )
   assert coarse_ax.get_ylim() == fine_ax.get_ylim()
+  # The title says what the panels show, each ECE named and given (not that more bins win).
+  coarse_ece, fine_ece = metrics.binned_ece(*pair10), metrics.binned_ece(*fine)
+  assert fig.get_suptitle() == (
+    "10 vs 40 bins of one score: more bins resolve P(correct) more finely, each from fewer "
+    "examples\nECE (each panel's equal-mass calibration-split bins): "
+    f"{coarse_ece:.2%} with 10, {fine_ece:.2%} with 40"
+  )
+  assert not plots.refinement_figure(pair10, fine, title="").get_suptitle()
   assert [coarse_ax.get_title(), fine_ax.get_title()] == [
     "10 equal-mass bins",
     "40 equal-mass bins",
@@ -229,11 +238,19 @@ def test_ablation_figure(ablation_results, tmp_path):
   assert len(fig.axes) == 3
   for ax, metric in zip(fig.axes, ("brier", "ece", "eor"), strict=True):
     assert ax.get_xscale() == "log"
-    assert len(ax.lines) == 2  # one per score; the std bands are collections
-    assert len(ax.collections) == 2
-    for line, result in zip(ax.lines, ablation_results.values(), strict=True):
-      np.testing.assert_array_equal(line.get_xdata(), result.n_bins)
+    assert len(ax.lines) == 2  # one per score; the ± std bars are line collections
+    # Bars, not shaded bands (ten bands hid one another), each line's beside the other's:
+    # the lines' points are shifted apart along x by a few percent of the bin count.
+    assert [type(c).__name__ for c in ax.collections] == ["LineCollection"] * 2
+    shifts = []
+    for line, bars, result in zip(ax.lines, ax.collections, ablation_results.values(), strict=True):
+      ratio = np.asarray(line.get_xdata()) / np.asarray(result.n_bins)
+      assert np.allclose(ratio, ratio[0]) and 0.85 < ratio[0] < 1.15
+      shifts.append(ratio[0])
       np.testing.assert_allclose(line.get_ydata(), result.mean[metric], rtol=1e-6)
+      lows = [segment[0][1] for segment in bars.get_segments()]
+      np.testing.assert_allclose(lows, result.mean[metric] - result.std[metric], rtol=1e-5)
+    assert shifts[0] < 1 < shifts[1]
   labels = [t.get_text() for t in fig.legends[0].get_texts()]
   assert labels == ["u", "u + noise"]
   _check_png(plots.save_figure(fig, tmp_path / "ablation.png"))
@@ -360,8 +377,9 @@ def test_ablation_figure_oracle_is_a_grey_reference_that_leaves_the_axes(ablatio
   brier_ax = fig.axes[0]
   assert max(oracle.mean["brier"]) < brier_ax.get_ylim()[0]  # below every real score
   (note,) = brier_ax.texts
-  assert note.get_text().startswith(f"{name}: ") and "(off scale below)" in note.get_text()
-  assert "at 5, 10, 20, 50 bins" in note.get_text()
+  text = note.get_text().replace("\n", " ")  # wrapped to the panel's width
+  assert text.startswith(f"{name}: ") and "(off scale below)" in text
+  assert "at 5, 10, 20, 50 bins" in text
   labels = [t.get_text() for t in fig.legends[0].get_texts()]
   assert labels == ["u", "u + noise", name]
   with pytest.raises(ValueError, match=r"references\['o'\]: expected crossval.CrossValidation"):
@@ -372,8 +390,8 @@ def test_ablation_figure_oracle_is_a_grey_reference_that_leaves_the_axes(ablatio
 
 def test_ablation_figure_says_which_ece_and_bins_after_ties(ablation_results):
   fig = plots.ablation_figure(ablation_results)
-  assert fig.axes[1].get_ylabel() == "ECE (equal-mass, bins on the x axis, %)"
-  assert fig.axes[0].get_xlabel() == "number of bins (requested)"
+  assert fig.axes[1].get_ylabel() == "ECE % (N equal-mass calibration-split bins)"
+  assert fig.axes[0].get_xlabel() == "N: number of bins (requested)"
   # Five distinct scores: 10 and 20 bins requested leave 5 after ties (every split).
   u, correct = _scores(2000, ties=True)
   splits = crossval.make_splits(u.shape[0], 4, seed=0)
@@ -496,9 +514,9 @@ def test_reliability_diagram_matches_numpy_equal_count_bins(tmp_path):
   np.testing.assert_array_equal(heights, counts)
   assert heights.sum() == num
   ece = np.sum(counts / num * np.abs(accuracy - mean_conf))
-  assert points.get_label() == f"accuracy per bin; ECE (equal-mass, 15 bins) = {ece:.2%}"
+  assert points.get_label() == f"accuracy per bin; ECE (15 equal-mass bins) = {ece:.2%}"
   assert (
-    f"ECE (equal-mass, 15 bins) = {ece:.2%}" in diagram_ax.get_legend().get_texts()[2].get_text()
+    f"ECE (15 equal-mass bins) = {ece:.2%}" in diagram_ax.get_legend().get_texts()[2].get_text()
   )
   # The diagonal, and each gap drawn from it to the bin's point.
   assert any(list(line.get_xydata().ravel()) == [0, 0, 1, 1] for line in diagram_ax.lines)
@@ -526,8 +544,54 @@ def test_reliability_diagram_ties_merge_bins_and_counts_add_up():
     diagram_ax.get_title() == "Reliability diagram (10 equal-mass bins requested, 7 after ties)"
   )
   assert counts_ax.texts[0].get_text().startswith("10 bins requested, 7 after ties; 200–800")
-  assert points.get_label().startswith("accuracy per bin; ECE (equal-mass, 7 bins) = ")
+  name = "ECE (10 equal-mass bins requested, 7 after ties)"
+  assert points.get_label().startswith(f"accuracy per bin; {name} = ")
   assert not diagram_ax.containers  # no error bars with delta=None
+
+
+def test_reliability_diagram_equal_width_spreads_a_saturated_softmax():
+  # A saturated network: most max-softmax values in (0.97, 1]. Equal-mass bins put most of
+  # the points there; equal-width bins (the benchmark's ECE bins) spread them out.
+  rng = np.random.default_rng(4)
+  confidence = np.concatenate([rng.uniform(0.97, 1.0, 1600), rng.uniform(0.2, 0.97, 400)])
+  correct = rng.random(2000) < confidence
+  crowded = _reliability_artists(plots.reliability_diagram(confidence, correct, 15))[2]
+  assert np.sum(crowded.get_xdata() > 0.97) >= 10
+  fig = plots.reliability_diagram(confidence, correct, 15, binning="equal-width")
+  diagram_ax, counts_ax, points = _reliability_artists(fig)
+  assert np.sum(points.get_xdata() > 0.97) == 1
+  # The benchmark's bins and ECE: metrics.ece, right-closed bins of width 1/15.
+  index = np.clip(np.ceil(confidence * 15).astype(int) - 1, 0, 14)
+  used = np.flatnonzero(np.bincount(index, minlength=15))
+  mean_conf = [confidence[index == b].mean() for b in used]
+  np.testing.assert_allclose(points.get_xdata(), mean_conf, rtol=1e-6)
+  np.testing.assert_allclose(points.get_ydata(), [correct[index == b].mean() for b in used])
+  ece = metrics.ece(confidence, correct, 15)
+  assert points.get_label() == f"accuracy per bin; ECE (15 equal-width bins) = {ece:.2%}"
+  assert diagram_ax.get_title() == "Reliability diagram (15 equal-width bins)"
+  assert counts_ax.texts[0].get_text().startswith(f"{used.size} of 15 bins hold examples")
+  with pytest.raises(ValueError, match="binning: expected one of"):
+    plots.reliability_diagram(confidence, correct, binning="quantile")
+
+
+def test_wide_figures_fit_the_page_with_readable_legends(ablation_results, tmp_path):
+  # The page shows a figure at most ~1,150 px wide: no figure is wider than
+  # figures.PAGE_WIDTH inches, so its "small" legend text stays >= 12 px there.
+  from top1_jax.plots import figures
+
+  many = {f"a long score name number {i}": _fake_cv(i) for i in range(9)}
+  drawn = {
+    "ablation": plots.ablation_figure(many, references={"oracle (needs labels)": _fake_cv(9)}),
+    "refinement": plots.refinement_figure(_pair(10), _pair(40)),
+    "dropout_rate": plots.dropout_rate_figure(_sweep_rows(models=("cnn", "mlp"))),
+  }
+  for name, fig in drawn.items():
+    path = plots.save_figure(fig, tmp_path / f"{name}.png", dpi=100)
+    width = mpl_image.imread(path).shape[1] / 100
+    assert width <= figures.PAGE_WIDTH + 0.2, (name, width)
+    for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]:
+      sizes = {text.get_fontsize() for text in legend.get_texts()}
+      assert min(sizes) * (1150 / 72) / figures.PAGE_WIDTH >= 12, (name, sizes)
 
 
 @pytest.mark.parametrize(
@@ -554,18 +618,23 @@ def test_dropout_rate_figure_says_which_ece_and_bins_after_ties():
     if row["n_bins"] == 20 and row["method"] == "mc_dropout":
       row["num_effective_bins"] = 17.25 if row["dropout_rate"] == 0.01 else 18.0
   fig = plots.dropout_rate_figure(rows)
-  assert fig.axes[1].get_ylabel() == "ECE (equal-mass, each line's bins, %)"
+  assert fig.axes[1].get_ylabel() == "ECE % (each line's equal-mass calibration-split bins)"
   labels = [t.get_text() for t in fig.legends[0].get_texts()]
   assert labels[:2] == ["5 bins", "20 bins requested, 17.2–18 after ties"]
 
 
-def test_bins_phrase():
-  from top1_jax.plots import figures
-
-  assert figures.bins_phrase(15, 15, "equal-mass") == "15 equal-mass bins"
-  assert figures.bins_phrase(15, 12) == "15 bins requested, 12 after ties"
-  assert figures.bins_phrase(100, 73.5, "equal-mass") == (
+def test_bins_phrase_and_the_one_ece_name():
+  assert metrics.bins_phrase(15, 15, "equal-mass") == "15 equal-mass bins"
+  assert metrics.bins_phrase(15, 12) == "15 bins requested, 12 after ties"
+  assert metrics.bins_phrase(100, 73.5, "equal-mass") == (
     "100 equal-mass bins requested, 73.5 after ties"
+  )
+  assert metrics.ece_name(15, "equal-width") == "ECE (15 equal-width bins)"
+  assert metrics.ece_name(20, "equal-mass", 17, calibration=True, percent=True) == (
+    "ECE % (20 equal-mass calibration-split bins requested, 17 after ties)"
+  )
+  assert metrics.ece_name("N", "equal-mass", calibration=True) == (
+    "ECE (N equal-mass calibration-split bins)"
   )
 
 
@@ -585,15 +654,23 @@ def test_risk_coverage_figure_every_line_style_in_the_legend(tmp_path):
   legend = ax.get_legend()
   shown = {line.get_linestyle() for line in ax.lines if len(line.get_xdata())}
   in_legend = {handle.get_linestyle() for handle in legend.legend_handles}
-  assert {"-", "--", ":"} <= shown
+  assert {"-", "--"} <= shown
   assert shown <= in_legend  # every drawn line style is explained
   texts = [t.get_text() for t in legend.get_texts()]
-  assert "dashed: target risk, 1 − target" in texts
-  assert "dotted: guaranteed risk, 1 − bound" in texts
+  assert "dashed line: target risk, 1 − target" in texts
+  assert "short bar at its coverage: guaranteed risk, 1 − bound" in texts
   _check_png(plots.save_figure(fig, tmp_path / "risk.png"))
-  # Without a guarantee drawn, no dotted entry; without points, no dashed one either.
+  # The guarantee is a short bar at its point's coverage, not a line across the panel that
+  # would lie on the target's: target 0.8 (risk 0.2) dashed across, bound 0.82 (0.18) a bar.
+  (bar,) = [line for line in ax.lines if line.get_linewidth() == 3.0 and len(line.get_xdata())]
+  np.testing.assert_allclose(bar.get_xdata(), [0.46, 0.54])
+  np.testing.assert_allclose(bar.get_ydata(), [0.18, 0.18])
+  assert bar.get_linestyle() == "-"
+  targets = [line for line in ax.lines if line.get_linestyle() == "--" and len(line.get_xdata())]
+  assert sorted(round(1 - line.get_ydata()[0], 6) for line in targets) == [0.8, 0.9, 0.99]
+  # Without a guarantee drawn, no bar entry; without points, no dashed one either.
   fig = plots.risk_coverage_figure(curve, points[1:])
-  assert not any("dotted" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+  assert not any("short bar" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
   fig = plots.risk_coverage_figure(curve)
   assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
     "risk among the most confident"

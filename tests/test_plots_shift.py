@@ -86,8 +86,8 @@ def test_shift_curves_one_line_per_variant_clean_first(rows, tmp_path):
   assert list(vanilla.get_xdata()) == list(ROTATIONS)
   clean = next(r for r in rows if r["shift"] == "clean" and r["method"] == "deterministic")
   assert vanilla.get_ydata()[0] == pytest.approx(clean["accuracy"])
-  assert accuracy.get_xlabel() == "rotation angle (degrees)"
-  assert "15 bins" in fig.axes[2].get_ylabel() and "equal-mass" in fig.axes[2].get_ylabel()
+  assert accuracy.get_xlabel() == "rotation (degrees; bilinear, no reshape)"
+  assert fig.axes[2].get_ylabel() == "ECE % (15 equal-mass calibration-split bins)"
   _check_png(figures.save_figure(fig, tmp_path / "rotate.png", dpi=72))
 
 
@@ -95,7 +95,7 @@ def test_shift_curves_translate_and_a_corruption(rows):
   fig = shift.shift_curves(rows, VARIANTS, "translate", metrics=("nll",))
   assert len(fig.axes) == 1
   assert list(fig.axes[0].lines[2].get_xdata()) == list(TRANSLATIONS)
-  assert fig.axes[0].get_xlabel() == "translation (pixels)"
+  assert fig.axes[0].get_xlabel() == "translation (pixels, zero fill)"
   fig = shift.shift_curves(rows, VARIANTS, "contrast", metrics=("ece", "accuracy"))
   assert list(fig.axes[0].lines[0].get_xdata()) == [0, 1, 2, 3, 4, 5]
   assert "contrast" in fig.axes[0].get_xlabel()
@@ -272,10 +272,10 @@ def test_ood_histograms_refuses_bad_input_in_one_line(p_correct, bins, message):
 def test_shift_curves_ece_label_says_bins_after_ties(rows):
   tied = [r | {"num_effective_bins": 12.5 if r["shift"] == "rotate" else 15} for r in rows]
   fig = shift.shift_curves(tied, VARIANTS, "rotate", metrics=("ece",), ece_binning="equal-width")
-  assert fig.axes[0].get_ylabel() == "ECE (equal-width, 15 bins requested, ≥12.5 after ties, %)"
+  assert fig.axes[0].get_ylabel() == "ECE % (15 equal-width bins requested, 12.5 after ties)"
   mixed = [r | {"n_bins": 10} if r["method"] == "ensemble" else r for r in rows]
   fig = shift.shift_curves(mixed, VARIANTS, "rotate", metrics=("ece",))
-  assert fig.axes[0].get_ylabel() == "ECE (equal-mass, each variant's bins, %)"
+  assert fig.axes[0].get_ylabel() == "ECE % (each variant's equal-mass calibration-split bins)"
 
 
 def test_shift_curves_a_shift_of_its_own_severity_0_row_keeps_it(rows):

@@ -4,6 +4,8 @@ Per-example metrics take predictions first (``p: [N]`` in [0, 1], or a score), t
 ``correct: [N]`` events, as every public metric here and in ``baselines`` does.
 ``ece(confidence, correct, n_bins=15)`` is the equal-width ECE of arrays;
 ``binned_ece(train_bins, test_bins)`` the paper's, of fitted bins on test counts.
+The two differ on the same predictions, so every table and figure names an ECE by its
+binning through one function, ``ece_name``.
 
 Return types: a public metric returns a Python ``float`` (the decompositions a
 ``Decomposition`` of floats): no library code traces them. Curves (``selective_risk``)
@@ -475,3 +477,68 @@ def aurc(confidence: ArrayLike, correct: ArrayLike) -> float:
     float in [0, 1] (smaller is better).
   """
   return float(jnp.mean(selective_risk(confidence, correct)))
+
+
+def bins_phrase(requested: int, effective: float | None = None, binning: str = "") -> str:
+  """How many bins: requested, and after tied edges merged when fewer.
+
+  ``bins_phrase(15, 15, "equal-mass")`` is "15 equal-mass bins";
+  ``bins_phrase(15, 12, "equal-mass")`` is "15 equal-mass bins requested, 12 after ties".
+  A mean over splits (a float) is written with up to three digits.
+
+  Args:
+    requested: the bin count asked for.
+    effective: bins that hold examples (``Bins.num_effective_bins``, or its mean);
+      None: as requested.
+    binning: the binning's name ("equal-mass", "equal-width", "equal-mass
+      calibration-split"), or "" for none.
+
+  Returns:
+    The phrase.
+  """
+  kind = f"{binning} " if binning else ""
+  if effective is None or float(effective) >= requested:
+    return f"{requested} {kind}bins"
+  return f"{requested} {kind}bins requested, {float(effective):.3g} after ties"
+
+
+BINNED_AUROC_NAME = "AUROC (binned predictions)"
+"""What tables and figures call the AUROC of a binned predictor (``auroc_from_counts``):
+of each example's bin prediction, a bin's examples tied, not of the raw score
+(``auroc``); docs/limits.md."""
+
+
+def ece_name(
+  n_bins: int | str,
+  binning: str,
+  effective: float | None = None,
+  *,
+  calibration: bool = False,
+  percent: bool = False,
+) -> str:
+  """The one name of an ECE wherever it is shown: its binning and its bin count.
+
+  ``ece(..., 15)`` is "ECE (15 equal-width bins)"; the paper's ``binned_ece`` over 20
+  bins fitted on a calibration split is "ECE (20 equal-mass calibration-split bins)".
+  The same predictions give different values under the two, so no table or figure
+  says "ECE" alone.
+
+  Args:
+    n_bins: the bins requested, or a word in place of the count ("N" named on the
+      x axis, "each line's").
+    binning: "equal-width" or "equal-mass".
+    effective: bins left after ties merged (``bins_phrase``); None: as requested.
+    calibration: the bins were fitted on a calibration split (quantiles of the
+      score), not on the predictions they score.
+    percent: "ECE %": the values are percentages.
+
+  Returns:
+    e.g. "ECE (15 equal-width bins)", "ECE % (20 equal-mass calibration-split bins
+    requested, 17 after ties)", "ECE (N equal-mass calibration-split bins)".
+  """
+  kind = f"{binning} calibration-split" if calibration else binning
+  if isinstance(n_bins, str):
+    bins = f"{n_bins} {kind} bins"
+  else:
+    bins = bins_phrase(n_bins, effective, kind)
+  return f"ECE{' %' if percent else ''} ({bins})"

@@ -485,5 +485,10 @@ def run(workdirs: list[str], out) -> str:
   topk = {row["topk"] for row in calibration}
   figures = plots.write_dropout_rate_figures(out, calibration, topk)
   title = f"Merged runs ({what}): metrics as mean ± std across runs"
-  written += [*figures, plots.write_results_page(out, text, figures, config=inputs, title=title)]
+  from top1_jax.pipeline import pages
+
+  shown = {"rows": merged, **merged_tables}  # labelled as aggregate.md labels them
+  varying = _varying([row for rows in shown.values() for row in rows]) if merged else set()
+  shown = {name: _labelled(rows, varying) for name, rows in shown.items()}
+  written += [*figures, pages.write_aggregate_page(out, title, shown, inputs, figures, _mean_std)]
   return f"merged {what} into {len(merged)} rows: {', '.join(map(str, written))}"

@@ -350,9 +350,9 @@ def evaluate_files(settings: Settings, asked, folder) -> dict:
     timings["figures"] = time.perf_counter() - tic
     seconds = timings["figures"]
     logging.info("shift: %d figures in %s (%.1f s)", len(written), folder / "figures", seconds)
-  from top1_jax.plots import page
+  from top1_jax.pipeline import pages  # the page's template (jinja2)
 
-  page.write_run_page(folder, timings, figures=None if settings.figures else [])
+  pages.write_shift_page(settings, folder, timings)
   return timings
 
 
@@ -410,4 +410,7 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   timings["evaluate"] = evaluate_files(settings, asked, out)
   timings["total"] = time.perf_counter() - start
   files.write_json(out / "timings.json", timings)
-  logging.info("shift: done in %.0f s; tables in %s", timings["total"], out / "results.md")
+  logging.info(
+    "shift: done in %.0f s; tables in %s, results page %s",
+    timings["total"], out / "results.md", out / "index.html",
+  )  # fmt: skip

@@ -64,10 +64,12 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   timings["total"] = time.perf_counter() - start
   if tasks[1] == 1:
     files.write_json(workdir / "timings.json", timings)
-    sweep.write_page(settings, workdir, timings)
+    page = sweep.write_page(settings, workdir, timings)
   seconds = ", ".join(
     f"{k} {v['total'] if isinstance(v, dict) else v:.0f} s" for k, v in timings.items()
   )
   index, count = tasks  # a task writes no tables: the run with one task does
-  done = f"task {index} of {count} done" if count > 1 else f"done; tables in {workdir}/results.md"
+  done = f"task {index} of {count} done"
+  if count == 1:
+    done = f"done; tables in {workdir}/results.md, results page {page}"
   logging.info("reproduce: %s (%s)", done, seconds)

@@ -291,7 +291,9 @@ def write_figures(settings, workdir, sources_, records, rows, chosen, figure_bin
 
   binned = [r for r in records if r["estimator"] == "bins"]
   topk = settings.topk
-  written = plots.write_figures(workdir, sources_, binned, settings.n_bins, topk, figure_bins)
+  written = plots.write_figures(
+    workdir, sources_, binned, settings.n_bins, topk, figure_bins, settings.ece_bins
+  )
   written += plots.write_risk_coverage_figures(workdir, sources_, chosen)
   return len(written + plots.write_dropout_rate_figures(workdir, rows, topk))
 
@@ -364,11 +366,11 @@ def check_present(settings: Settings, workdir, asked) -> None:
     raise
 
 
-def write_page(settings: Settings, workdir, timings: dict) -> None:
-  """index.html: results.md's tables, figures/, config.json and the timings on one page."""
-  from top1_jax.plots import page
+def write_page(settings: Settings, workdir, timings: dict):
+  """index.html from results.json, figures/, config.json and the timings; returns its path."""
+  from top1_jax.pipeline import pages  # the page's template (jinja2) and the figures' names
 
-  page.write_run_page(workdir, timings, figures=None if settings.figures else [])
+  return pages.write_run_page(settings, workdir, timings)
 
 
 def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
@@ -391,4 +393,5 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
     timings["shift"] = dataset_shift.evaluate_files(settings, asked + shifted, workdir / "shift")
   timings["total"] = time.perf_counter() - start
   files.write_json(workdir / "timings.json", timings)
-  write_page(settings, workdir, timings)
+  path = write_page(settings, workdir, timings)
+  logging.info("evaluate: done in %.0f s; results page %s", timings["total"], path)

@@ -31,7 +31,7 @@ every other file by its name, which for predict's one network is ``deterministic
 import math
 from collections.abc import Callable
 
-from top1_jax.core import scores
+from top1_jax.core import metrics, scores
 from top1_jax.io import results
 
 COLUMNS = results.COLUMNS
@@ -164,8 +164,9 @@ def _defined_on(row: dict, metric: str, n_folds: int | None) -> str:
 
 
 def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None = None) -> str:
+  ece = metrics.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
   lines = [
-    "| method | score | Brier | NLL | ECE (%) | EOR | AUROC | bins |",
+    f"| method | score | Brier | NLL | {ece} | EOR | {metrics.BINNED_AUROC_NAME} | bins |",
     "|---|---|---:|---:|---:|---:|---:|---:|",
   ]
   for r in rows:
@@ -304,9 +305,11 @@ def comparison_table(
   if not comparison:
     return ""
   n_bins, ece_bins = comparison[0]["top1_n_bins"], comparison[0]["ece_bins"]
+  benchmark = metrics.ece_name(ece_bins, "equal-width", percent=True)
+  binned = metrics.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
   header = [
     "| method | binned score | multiclass Brier (benchmark) | Top-1 Brier: raw pmax "
-    "| Top-1 Brier: binned | ECE (%): benchmark = raw pmax | ECE (%): Top-1 binned |",
+    f"| Top-1 Brier: binned | {benchmark}: benchmark = raw pmax | {binned}: Top-1 binned |",
     "|---|---|---:|---:|---:|---:|---:|",
   ]
   lines = [

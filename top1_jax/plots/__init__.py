@@ -7,8 +7,8 @@
   fine binning side by side; the fine panel also traces the coarse predictions.
 * ``reliability_diagram(confidence, correct)``: the standard diagram of any
   predicted P(correct) (the raw max-softmax, or a calibrator's ``predict_confidence``):
-  accuracy against mean confidence in equal-mass bins, the diagonal, the bins'
-  counts below and their ECE.
+  accuracy against mean confidence in equal-mass or equal-width bins, the
+  diagonal, the bins' counts below and their ECE.
 * ``ablation_figure``: Brier, ECE and EOR (mean ± std over splits) against the
   number of bins, one line per score (scores with identical results share one),
   from ``crossval.cross_validate``; the oracle (it needs the labels) is a grey
@@ -24,13 +24,14 @@
 * ``image_grid``: tiles of images with their given label, predicted label and a
   probability (the supplementary's mislabelled-image finder).
 * ``save_figure``: atomic write through ``io.files`` (local path or a URL).
-* ``results_page`` / ``write_results_page`` / ``write_run_page``: a run's
-  ``index.html``, its tables, figures, config and timings on one static page
-  that opens from disk.
+* ``results_page`` / ``write_results_page`` (of ``Table`` values): a run's
+  ``index.html``, the answer first, then its tables, figures, config and timings
+  folded, on one static page that opens from disk (a Jinja template).
 
-Every figure says which ECE it shows (the equal-mass ECE over its bins, not the
-benchmarks' equal-width one) and how many bins: requested, and after tied
-scores merged when fewer ("15 equal-mass bins requested, 12 after ties").
+Every figure names the ECE it shows by ``core.metrics.ece_name``, as the tables
+do: its binning and how many bins, requested and after tied scores merged when
+fewer ("ECE (15 equal-width bins)", "ECE (20 equal-mass calibration-split bins
+requested, 17 after ties)").
 
 Modules: ``bins`` (Figs. 1 and 2), ``reliability`` (the reliability diagram),
 ``sweeps`` (the ablation and the dropout-rate sweep), ``risk`` (the risk-coverage
@@ -45,7 +46,7 @@ window, and figures are not kept alive by pyplot's registry.
 from top1_jax.plots.bins import BAR_ORDERS, BOUNDS, bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.images import image_grid
-from top1_jax.plots.page import results_page, write_results_page, write_run_page
+from top1_jax.plots.page import Table, results_page, write_results_page
 from top1_jax.plots.reliability import reliability_diagram
 from top1_jax.plots.results import (
   write_dropout_rate_figures,
@@ -65,6 +66,7 @@ __all__ = [
   "BOUNDS",
   "BAR_ORDERS",
   "OperatingPoint",
+  "Table",
   "ablation_figure",
   "bin_figure",
   "corruption_boxes",
@@ -78,5 +80,4 @@ __all__ = [
   "save_figure",
   "shift_curves",
   "write_results_page",
-  "write_run_page",
 ]

@@ -165,8 +165,9 @@ def _draw_bins(
   else:
     baseline = accuracy
   ece = metrics_lib.binned_ece(train_bins, test_bins)
-  # Which ECE: over the calibration split's equal-mass bins in use, not equal-width bins.
-  ece_name = f"ECE (equal-mass, {layout.index.size} bins)"
+  # The calibration split's equal-mass bins in use (not the benchmark's equal-width ones).
+  bins = (train_bins.n_bins, "equal-mass", layout.index.size)
+  ece_name = metrics_lib.ece_name(*bins, calibration=True)
   prob = np.asarray(train_bins.prob, np.float64)[layout.index]
   test_counts = np.asarray(test_bins.counts)[layout.index]
   test_hits = np.asarray(test_bins.hits, np.float64)[layout.index]
@@ -225,9 +226,9 @@ def _draw_bins(
   return layout
 
 
-def _legend_below(ax: Axes) -> None:
+def _legend_below(ax: Axes, columns: int = 2) -> None:
   # Below the axes: bars can reach any height at any x, so inside it would cover some.
-  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncols=2, fontsize="small")
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncols=columns, fontsize="small")
 
 
 def _annotate_ends(ax: Axes, prob, lower, upper, delta: float) -> None:
@@ -320,7 +321,7 @@ def bin_figure(
   )
   if title is None:
     title = "Calibrated {event} bins ({bins})"
-  bins = figures.bins_phrase(train_bins.n_bins, layout.index.size, "equal-mass")
+  bins = metrics_lib.bins_phrase(train_bins.n_bins, layout.index.size, "equal-mass")
   ax.set_title(title.replace("{event}", event).replace("{bins}", bins))
   return fig
 
@@ -334,13 +335,16 @@ def refinement_figure(
   bounds: str | None = "clopper_pearson",
   overlay: bool = True,
   event: str = "Top-1",
-  title: str | None = "More bins approximate the conditional probability better",
+  title: str | None = None,
 ) -> Figure:
   """The same score with few and with many bins, side by side (paper Fig. 2).
 
   Each panel is a ``bin_figure`` (bins ordered by predicted probability). With
   ``overlay`` the fine panel also traces the coarse predictions as a step line,
-  so one sees the fine bins resolve the probability within each coarse bin.
+  so one sees the fine bins resolve the probability within each coarse bin. The
+  default title says what the panels show: the two bin counts, that more bins
+  resolve P(correct) more finely from fewer examples each, and both test ECEs
+  (which need not fall with more bins: each bin's estimate is noisier).
 
   Args:
     coarse: (train_bins, test_bins) with few bins, e.g. 10.
@@ -350,7 +354,7 @@ def refinement_figure(
     bounds: "clopper_pearson", "hoeffding", or None for no error bars.
     overlay: trace the coarse predictions on the fine panel.
     event: the predicted event, for labels ("Top-1", "Top-5").
-    title: figure title (None for none).
+    title: figure title; None: the default above; "" for none.
 
   Returns:
     A ``Figure`` with two axes sharing the y axis.
@@ -367,21 +371,35 @@ def refinement_figure(
       )
     _check_pair(*pair, name=name)
   _check_options(accuracy, delta, bounds)
-  fig = figures.new_figure((14.0, 5.2))
+  fig = figures.new_figure((figures.PAGE_WIDTH, 5.2))
   axes = fig.subplots(1, 2, sharey=True)
   for ax, (train_bins, test_bins) in zip(axes, pairs.values(), strict=True):
     options = {"accuracy": accuracy, "delta": delta, "bounds": bounds, "event": event}
     bin_figure(train_bins, test_bins, **options, order="prob", title="{bins}", ax=ax)
   if overlay:
     _trace_predictions(axes[1], coarse[0])
+  for ax in axes:  # one column: two columns of these labels are wider than a panel
+    _legend_below(ax, columns=1)
   # Shared y: the limits of the panel drawn last would cut the other one.
   low = min(ax.get_ylim()[0] for ax in axes)
   high = max(ax.get_ylim()[1] for ax in axes)
   axes[0].set_ylim(low, high)
   axes[1].set_ylabel("")
+  title = _refinement_title(coarse, fine) if title is None else title
   if title:
     fig.suptitle(title)
   return fig
+
+
+def _refinement_title(coarse, fine) -> str:
+  """What the two panels show: their bin counts and their test ECEs, each named."""
+  (few, few_test), (many, many_test) = coarse, fine
+  ece = metrics_lib.ece_name("each panel's", "equal-mass", calibration=True)
+  return (
+    f"{few.n_bins} vs {many.n_bins} bins of one score: more bins resolve P(correct) more "
+    f"finely, each from fewer examples\n{ece}: {metrics_lib.binned_ece(few, few_test):.2%} "
+    f"with {few.n_bins}, {metrics_lib.binned_ece(many, many_test):.2%} with {many.n_bins}"
+  )
 
 
 def _trace_predictions(ax: Axes, train_bins: binning.Bins) -> None:
@@ -398,4 +416,3 @@ def _trace_predictions(ax: Axes, train_bins: binning.Bins) -> None:
     linewidth=1.4,
     label=f"{layout.index.size}-bin predictions",
   )
-  _legend_below(ax)

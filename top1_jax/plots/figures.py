@@ -15,6 +15,11 @@ if TYPE_CHECKING:  # etils only for a URL (io.files): the plots extra is matplot
   from etils import epath
 
 
+PAGE_WIDTH = 11.0
+"""The widest figure, in inches. The results page shows a figure at most ~1,150 px wide:
+at 11 in, legend text of matplotlib's "small" size (8.3 pt) stays 12 px there."""
+
+
 def new_figure(figsize: tuple[float, float]) -> Figure:
   """A constrained-layout ``Figure`` with its own Agg canvas.
 
@@ -32,25 +37,12 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
   return fig
 
 
-def bins_phrase(requested: int, effective: float, kind: str = "") -> str:
-  """How many bins a figure shows: requested, and after tied edges merged when fewer.
-
-  ``bins_phrase(15, 15, "equal-mass")`` is "15 equal-mass bins";
-  ``bins_phrase(15, 12, "equal-mass")`` is "15 equal-mass bins requested, 12 after ties".
-  A mean over splits (a float) is written with up to three digits.
-
-  Args:
-    requested: the bin count asked for.
-    effective: bins that hold examples (``Bins.num_effective_bins``, or its mean).
-    kind: the binning's name ("equal-mass", "equal-width"), or "" for none.
-
-  Returns:
-    The phrase.
-  """
-  kind = f"{kind} " if kind else ""
-  if float(effective) >= requested:
-    return f"{requested} {kind}bins"
-  return f"{requested} {kind}bins requested, {float(effective):.3g} after ties"
+def legend_columns(labels: list[str], width: float = PAGE_WIDTH) -> int:
+  """Columns of a figure legend in "small" text that fit ``width`` inches: at most 5."""
+  longest = max((len(label) for label in labels), default=1)
+  # A "small" character is ~4.6 pt wide (8.3 pt text); each entry adds its handle, ~40 pt.
+  fit = int(72 * width // (4.6 * longest + 40))
+  return max(1, min(len(labels), 5, fit))
 
 
 def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib.Path | epath.Path:

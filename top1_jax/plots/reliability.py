@@ -1,4 +1,5 @@
-"""The standard reliability diagram: confidence against accuracy in equal-mass bins."""
+"""The standard reliability diagram: confidence against accuracy in equal-mass or
+equal-width bins."""
 
 from typing import NamedTuple
 
@@ -8,8 +9,11 @@ from matplotlib import ticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from top1_jax.core import binning, validation
+from top1_jax.core import accuracy_bounds, binning, equal_width, metrics, validation
 from top1_jax.plots import figures
+
+BINNINGS = ("equal-mass", "equal-width")
+"""How ``reliability_diagram`` cuts the confidences into bins."""
 
 _POINT_COLOR = "#08519c"  # dark blue: per-bin accuracy
 _GAP_COLOR = "#e6550d"  # orange: gap to the diagonal (as the test bars of bin_figure)
@@ -17,37 +21,56 @@ _COUNT_COLOR = "#9ecae1"  # light blue: examples per bin (as the calibration bar
 
 
 class _BinStats(NamedTuple):
-  """The non-empty equal-count bins of a confidence, in ascending order."""
+  """The non-empty bins of a confidence, in ascending order."""
 
-  bins: binning.Bins  # the fitted bins (all slots)
-  used: np.ndarray  # [n_bins] bool, slots that hold examples
+  binning: str  # "equal-mass" or "equal-width"
+  requested: int  # bins asked for
   lower: np.ndarray  # [B] lowest confidence of each bin's range
   upper: np.ndarray  # [B] highest confidence of each bin's range
   counts: np.ndarray  # [B] examples
+  hits: np.ndarray  # [B] correct ones
   mean_confidence: np.ndarray  # [B]
-  accuracy: np.ndarray  # [B]
+
+  @property
+  def accuracy(self) -> np.ndarray:
+    return self.hits / self.counts
+
+  @property
+  def ece_name(self) -> str:
+    # Equal-mass bins merge at ties; equal-width bins are fixed intervals, some empty.
+    after_ties = self.counts.size if self.binning == "equal-mass" else None
+    return metrics.ece_name(self.requested, self.binning, after_ties)
 
 
-def _bin_statistics(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> _BinStats:
+def _equal_mass(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
+  """(bin of each example, [n_bins + 1] bounds): quantile edges, ties merged."""
   bins = binning.fit(confidence, correct, n_bins)
-  index = np.asarray(binning.assign(bins.edges, confidence))
-  confidence_sums = np.bincount(index, weights=confidence, minlength=bins.n_bins)
-  # Tied confidences merge edges; the freed slots (edges = +inf) hold no examples.
-  used = np.asarray(bins.counts) > 0
-  counts = np.asarray(bins.counts)[used]
-  # A bin spans (previous edge, edge]; the outer bins end at the observed extremes
-  # (the last bin's edge is a +inf pad when ties were merged).
-  top = confidence.max()
-  bounds = np.concatenate([[confidence.min()], np.asarray(bins.edges, np.float64), [top]])
-  ends = np.flatnonzero(used)
+  # A bin spans (previous edge, edge]; the outer bins end at the observed extremes (the
+  # freed slots of merged ties have edges +inf, and hold no examples).
+  edges = np.asarray(bins.edges, np.float64)
+  bounds = np.concatenate([[confidence.min()], np.minimum(edges, confidence.max()), [1.0]])
+  return np.asarray(binning.assign(bins.edges, confidence)), bounds, bins.n_bins
+
+
+def _bin_statistics(confidence, correct, n_bins: int, kind: str) -> _BinStats:
+  if kind == "equal-mass":
+    index, bounds, num_slots = _equal_mass(confidence, correct, n_bins)
+  else:  # the benchmark's right-closed bins (b / B, (b + 1) / B]
+    num_slots = equal_width.checked_n_bins(n_bins)
+    index = np.asarray(equal_width.equal_width_index(confidence, num_slots))
+    bounds = np.linspace(0.0, 1.0, num_slots + 1)
+  counts = np.bincount(index, minlength=num_slots)
+  hits = np.bincount(index, weights=correct.astype(np.float64), minlength=num_slots)
+  sums = np.bincount(index, weights=confidence.astype(np.float64), minlength=num_slots)
+  used = np.flatnonzero(counts > 0)
   return _BinStats(
-    bins=bins,
-    used=used,
-    lower=bounds[ends],
-    upper=np.minimum(bounds[ends + 1], top),
-    counts=counts,
-    mean_confidence=confidence_sums[used] / counts,
-    accuracy=np.asarray(bins.hits, np.float64)[used] / counts,
+    binning=kind,
+    requested=n_bins,
+    lower=bounds[used],
+    upper=np.minimum(bounds[used + 1], confidence.max()),
+    counts=counts[used],
+    hits=hits[used],
+    mean_confidence=sums[used] / counts[used],
   )
 
 
@@ -55,16 +78,14 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
   """The diagonal, the per-bin accuracies, their gaps and intervals; returns the lowest y."""
   conf, acc, counts = stats.mean_confidence, stats.accuracy, stats.counts
   ece = float(np.sum(counts / num * np.abs(acc - conf)))
-  # Which ECE: the one over these bins (after ties), not the benchmark's equal-width one.
-  ece_name = f"ECE (equal-mass, {counts.size} bins)"
   lowest = min(conf.min(), acc.min())
   ax.plot([0, 1], [0, 1], color="0.45", linestyle="--", linewidth=1.0, label="perfect calibration")
   # The gap of each bin, drawn from the diagonal, is what the ECE averages.
   ax.vlines(conf, conf, acc, color=_GAP_COLOR, linewidth=2.5, alpha=0.7, label="gap to diagonal")
   if delta is not None:
+    hits = stats.hits.astype(np.int64)
     lower, upper = (
-      np.asarray(b, np.float64)[stats.used]
-      for b in binning.confidence_bounds(stats.bins, delta, "clopper_pearson")
+      np.asarray(b, np.float64) for b in accuracy_bounds.clopper_pearson(hits, stats.counts, delta)
     )
     ax.errorbar(
       conf,
@@ -85,7 +106,7 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
     marker="o",
     markersize=4.5,
     linewidth=1.2,
-    label=f"accuracy per bin; {ece_name} = {ece:.2%}",
+    label=f"accuracy per bin; {stats.ece_name} = {ece:.2%}",
   )
   ax.set_ylabel("accuracy in bin")
   ax.grid(alpha=0.3)
@@ -94,10 +115,10 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
   return lowest
 
 
-def _draw_counts(ax: Axes, stats: _BinStats, span: float, requested: int) -> None:
+def _draw_counts(ax: Axes, stats: _BinStats, span: float) -> None:
   """One bar per bin across its confidence range, as high as its number of examples."""
-  # Equal-count bins are narrow where confidences crowd (often near 1); a floor on
-  # the drawn width keeps such a bin visible.
+  # Equal-mass bins are narrow where confidences crowd (often near 1); a floor on the
+  # drawn width keeps such a bin visible.
   width = np.maximum(stats.upper - stats.lower, 0.004 * span)
   ax.bar(
     stats.lower,
@@ -110,10 +131,14 @@ def _draw_counts(ax: Axes, stats: _BinStats, span: float, requested: int) -> Non
   )
   counts = stats.counts
   spread = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}–{counts.max()}"
+  if stats.binning == "equal-mass":
+    bins = metrics.bins_phrase(stats.requested, counts.size)
+  else:
+    bins = f"{counts.size} of {stats.requested} bins hold examples"
   ax.text(
     0.02,
     0.9,
-    f"{figures.bins_phrase(requested, counts.size)}; {spread} examples each (N = {counts.sum()})",
+    f"{bins}; {spread} examples each (N = {counts.sum()})",
     transform=ax.transAxes,
     va="top",
     fontsize="small",
@@ -129,46 +154,53 @@ def reliability_diagram(
   correct: ArrayLike,
   n_bins: int = 15,
   *,
+  binning: str = "equal-mass",
   delta: float | None = 0.05,
   title: str | None = "Reliability diagram ({bins})",
 ) -> Figure:
-  """Confidence against accuracy in equal-mass bins, with the bins' counts below.
+  """Confidence against accuracy in equal-mass or equal-width bins, the counts below.
 
-  The confidences are cut into equal-count bins (``binning.fit``, ties merged);
-  each bin is a point at its mean confidence and its accuracy, joined to the
-  diagonal of perfect calibration by its gap. The legend gives the ECE of these
-  bins, named "ECE (equal-mass, B bins)": sum over the B bins of
-  (count / N) |accuracy - mean confidence| (not the benchmarks' equal-width ECE).
-  The lower panel has one bar per bin across the bin's confidence range, as high
-  as its number of examples. Tied confidences merge bins, so B can be below
-  ``n_bins``: the title and the lower panel then say both ("15 equal-mass bins
-  requested, 12 after ties").
+  ``binning="equal-mass"`` cuts the confidences into equal-count bins (``binning.fit``,
+  ties merged): every point rests on as many examples, but where confidences crowd
+  (a saturated network's max-softmax near 1) the points crowd too.
+  ``binning="equal-width"`` cuts [0, 1] into ``n_bins`` intervals, the benchmark's
+  bins (``metrics.ece``): the points spread over the confidences, empty bins are left
+  out, and sparse ones have wide intervals. Each bin is a point at its mean
+  confidence and its accuracy, joined to the diagonal of perfect calibration by its
+  gap. The legend gives the ECE of these bins (sum over the bins of (count / N)
+  |accuracy - mean confidence|), named by ``metrics.ece_name`` ("ECE (15 equal-width
+  bins)", "ECE (15 equal-mass bins requested, 12 after ties)"). The lower panel has
+  one bar per bin across its confidence range, as high as its number of examples.
 
   Args:
     confidence: [N] predicted P(correct) in [0, 1]: the raw max-softmax, or a
       calibrator's ``predict_confidence``.
     correct: [N] bool, whether each prediction is correct.
-    n_bins: number of equal-mass bins requested, 1 <= n_bins <= N.
+    n_bins: bins requested: 1 <= n_bins <= N equal-mass ones, or 1 <= n_bins <=
+      ``equal_width.MAX_EQUAL_WIDTH_BINS`` equal-width ones.
+    binning: "equal-mass" or "equal-width" (``BINNINGS``).
     delta: draws per-bin ``1 - delta`` Clopper–Pearson intervals of the accuracy;
       None for none.
-    title: axes title; "{bins}" in it becomes the requested and effective bin
-      counts ("15 equal-mass bins", or "15 equal-mass bins requested, 12 after ties");
-      None for none (the lower panel still gives the bin counts).
+    title: axes title; "{bins}" in it becomes the binning and the bin counts ("15
+      equal-width bins", "15 equal-mass bins requested, 12 after ties"); None for none
+      (the lower panel still gives the bin counts).
 
   Returns:
     A ``Figure`` with two axes sharing the confidence axis: the diagram, the counts.
 
   Raises:
     ValueError: non-finite or out-of-range confidences, a length mismatch, no
-      examples, ``correct`` not 0/1, or ``n_bins`` or ``delta`` out of range.
+      examples, ``correct`` not 0/1, or ``n_bins``, ``binning`` or ``delta`` out of range.
   """
   confidence, correct = validation.score_and_event(
     "confidence", confidence, correct, probability=True
   )
   confidence, correct = np.asarray(confidence), np.asarray(correct)
+  if binning not in BINNINGS:
+    raise ValueError(f"binning: expected one of {BINNINGS}, got {binning!r}")
   if delta is not None and not 0.0 < delta < 1.0:
     raise ValueError(f"delta: expected a value in (0, 1) or None, got {delta}")
-  stats = _bin_statistics(confidence, correct, n_bins)
+  stats = _bin_statistics(confidence, correct, n_bins, binning)
 
   fig = figures.new_figure((6.2, 7.0))
   diagram_ax, counts_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
@@ -179,11 +211,12 @@ def reliability_diagram(
   low = max(0.0, np.floor(10 * lowest - 1e-9) / 10 - 0.02)
   diagram_ax.set_xlim(low, 1.01)
   diagram_ax.set_ylim(low, 1.01)
-  _draw_counts(counts_ax, stats, 1.01 - low, n_bins)
+  _draw_counts(counts_ax, stats, 1.01 - low)
   for ax in (diagram_ax, counts_ax):
     ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
   diagram_ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
   if title is not None:
-    bins = figures.bins_phrase(n_bins, stats.counts.size, "equal-mass")
+    after_ties = stats.counts.size if binning == "equal-mass" else None
+    bins = metrics.bins_phrase(n_bins, after_ties, binning)
     diagram_ax.set_title(title.replace("{bins}", bins))
   return fig

@@ -8,6 +8,9 @@ prediction; ``write_dropout_rate_figures`` draws tidy rows (a run's or merged ru
 Each function returns the paths it wrote.
 """
 
+import fnmatch
+import os
+
 import numpy as np
 
 from top1_jax.core import binning, scores
@@ -27,17 +30,58 @@ def _cv_from_record(record: dict) -> crossval.CrossValidation:
 
 
 RELIABILITY_BINS = 15
+"""Equal-width bins of the raw reliability diagrams: the benchmark's ECE bins by default."""
+
+FIGURE_GROUPS = {
+  "bins_": "Calibrated bins of each file's headline score (paper Fig. 1)",
+  "reliability_": "Reliability diagrams of the raw max-softmax",
+  "refinement_": "Few vs many bins (paper Fig. 2)",
+  "ablation_": "Metrics against the number of bins",
+  "dropout_rate_": "MC dropout: metrics against the test-time dropout rate",
+  "risk_coverage_": "Selective prediction: risk against coverage",
+  "shift_": "Calibration under dataset shift",
+}
+"""The figures' file-name prefixes (every figure written here), and what a group shows."""
+
+KEY_FIGURES = (
+  "bins_*_top1.png", "shift_rotate*.png", "shift_*.png", "dropout_rate_top1.png",
+  "ablation_top1.png",
+)  # fmt: skip
+"""The figure a results page leads with: the first name matching the first pattern that
+matches any (the first file's calibrated Top-1 bins; under shift, the metrics against
+the rotation, one row of panels)."""
 
 
-def _reliability_figure(figures, source, test):
+def key_figure(names: list[str]) -> str | None:
+  """The figure of ``names`` (paths relative to the page) a page leads with, or None."""
+  for pattern in KEY_FIGURES:
+    found = [name for name in names if fnmatch.fnmatch(os.path.basename(name), pattern)]
+    if found:
+      return found[0]
+  return None
+
+
+def figure_groups(names: list[str]) -> list[tuple[str, list[str]]]:
+  """``names`` by ``FIGURE_GROUPS`` (in its order, each name once), then "Other figures"."""
+  groups: dict[str, list[str]] = {}
+  for name in names:
+    base = os.path.basename(name)
+    prefix = next((p for p in FIGURE_GROUPS if base.startswith(p)), None)
+    groups.setdefault(FIGURE_GROUPS.get(prefix, "Other figures"), []).append(name)
+  order = [*FIGURE_GROUPS.values(), "Other figures"]
+  return sorted(groups.items(), key=lambda item: order.index(item[0]))
+
+
+def _reliability_figure(figures, source, test, n_bins: int):
   """The raw max-softmax's reliability diagram (Top-1) on the test part of ``test``."""
   correct = source.correct(1)[test]
-  # The raw confidence, as benchmarks report it: no calibration split is used.
+  # The raw confidence, as benchmarks report it: no calibration split is used. Equal-width
+  # bins (the benchmark's ECE) spread the points over the confidences, where equal-mass
+  # ones crowd them near 1 on a saturated network.
   confidence = source.scores["pmax"][test]
-  n = min(RELIABILITY_BINS, confidence.shape[0])
-  # reliability_diagram fills in "{bins}": requested and, after ties, effective.
-  title = f"{source.label}: raw max-softmax, Top-1, test split ({{bins}})"
-  fig = reliability_diagram(confidence, correct, n, title=title)
+  # reliability_diagram fills in "{bins}": the binning and the count.
+  title = f"{source.label}: raw max-softmax, Top-1\nfirst split's test part, {{bins}}"
+  fig = reliability_diagram(confidence, correct, n_bins, binning="equal-width", title=title)
   return save_figure(fig, figures / f"reliability_{source.slug}_top1.png")
 
 
@@ -81,16 +125,19 @@ def _ablation_figure(figures, sources, results, k) -> list:
   return [save_figure(fig, figures / f"ablation_top{k}.png")]
 
 
-def write_figures(out_dir, sources, results, n_bins, topks, figure_bins) -> list:
+def write_figures(
+  out_dir, sources, results, n_bins, topks, figure_bins, reliability_bins=RELIABILITY_BINS
+) -> list:
   """Per-bin figures (Fig. 1), reliability diagrams, the refinement (Fig. 2), the ablation.
 
-  Each source's figures use its first calibration/test split (``source.splits``).
+  Each source's figures use its first calibration/test split (``source.splits``); the
+  reliability diagrams have ``reliability_bins`` equal-width bins (the config's ``ece_bins``).
   """
   figures = out_dir / "figures"
   written = []
   for source in sources:
     test = np.asarray(source.splits.test_mask(0))
-    written.append(_reliability_figure(figures, source, test))
+    written.append(_reliability_figure(figures, source, test, reliability_bins))
     score = scores.headline(source.scores)
     if score is None:
       continue
@@ -103,7 +150,7 @@ def write_figures(out_dir, sources, results, n_bins, topks, figure_bins) -> list
         bins,
         test_bins,
         event=f"Top-{k}",
-        title=f"{source.label}: {scores.label(score)}, Top-{k}, {{bins}}",
+        title=f"{source.label}: {scores.label(score)}, Top-{k}, {{bins}}, first split",
       )
       written.append(save_figure(fig, figures / f"bins_{source.slug}_{score}_top{k}.png"))
   source = sources[0]
@@ -146,7 +193,7 @@ def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
       for r in rows
     ]
     title = (
-      f"{source.label}: {scores.label(score)}, Top-1, test split "
+      f"{source.label}: {scores.label(score)}, Top-1\nfirst split's test part "
       f"(δ = {rows[0]['delta']:g}, {rows[0]['n_bins']} bins)"
     )
     fig = risk_coverage_figure(curve, points, title=title)

@@ -14,6 +14,10 @@ from top1_jax.plots import figures
 
 _CURVE_COLOR = "#08519c"  # dark blue, as the reliability diagram's points
 _POINT_COLORS = ("#e6550d", "#31a354", "#756bb1", "#636363")
+_BAR_HALF_WIDTH = 0.04  # the guarantee's bar: ±4 % of coverage around its point
+_BAR_WIDTH = 3.0  # points
+TARGET_LABEL = "dashed line: target risk, 1 − target"
+GUARANTEE_LABEL = "short bar at its coverage: guaranteed risk, 1 − bound"
 
 
 class OperatingPoint(NamedTuple):
@@ -46,9 +50,11 @@ def risk_coverage_figure(
 
   The curve's entry n is the error rate among the n most confident examples
   (``selective.risk_coverage``). Each operating point is drawn at its coverage and
-  risk 1 - accuracy, with a dashed line at its target risk 1 - target and a dotted
-  one at its guaranteed risk 1 - guaranteed accuracy (both line styles have a
-  legend entry); a selection that answered nothing is listed in the legend only.
+  risk 1 - accuracy, with a dashed line across the panel at its target risk
+  1 - target and a short thick bar at its coverage at its guaranteed risk 1 -
+  guaranteed accuracy: the two lie close (the bound is just above the target), so
+  they differ in style and in extent, and each has its own legend entry. A
+  selection that answered nothing is listed in the legend only.
 
   Args:
     curve: from ``selective.risk_coverage``.
@@ -66,20 +72,22 @@ def risk_coverage_figure(
   for index, point in enumerate(points):
     color = _POINT_COLORS[index % len(_POINT_COLORS)]
     label = f"target {point.target:g}"
-    ax.axhline(1 - point.target, color=color, ls="--", lw=0.8)
+    ax.axhline(1 - point.target, color=color, ls="--", lw=1.0)
     if not _defined(point.accuracy):
       ax.plot([], [], "o", color=color, label=f"{label}: nothing selected")
       continue
     if _defined(point.guaranteed_accuracy):
-      ax.axhline(1 - point.guaranteed_accuracy, color=color, ls=":", lw=0.8)
+      ceiling = 1 - point.guaranteed_accuracy
+      bar = [point.coverage - _BAR_HALF_WIDTH, point.coverage + _BAR_HALF_WIDTH]
+      ax.plot(bar, [ceiling, ceiling], color=color, ls="-", lw=_BAR_WIDTH, solid_capstyle="butt")
       label += f", guaranteed ≥ {point.guaranteed_accuracy:.3f}"
     label += f": coverage {point.coverage:.1%}"
     ax.plot([point.coverage], [1 - point.accuracy], "o", color=color, ms=7, label=label)
   # Every line style in the legend: the dashes and dots of each colour, once.
   if points:
-    ax.plot([], [], color="0.3", ls="--", lw=0.8, label="dashed: target risk, 1 − target")
+    ax.plot([], [], color="0.3", ls="--", lw=1.0, label=TARGET_LABEL)
   if any(_defined(p.accuracy) and _defined(p.guaranteed_accuracy) for p in points):
-    ax.plot([], [], color="0.3", ls=":", lw=0.8, label="dotted: guaranteed risk, 1 − bound")
+    ax.plot([], [], color="0.3", ls="-", lw=_BAR_WIDTH, label=GUARANTEE_LABEL)
   ax.set_xlim(0, 1.01)
   ax.set_ylim(0, max(float(np.max(risk, initial=0.0)) * 1.1, 0.02))
   ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))

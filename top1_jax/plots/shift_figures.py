@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from top1_jax.core import metrics as metrics_lib
 from top1_jax.core import scores
 from top1_jax.evaluation import crossval
 from top1_jax.io import results
@@ -107,7 +108,7 @@ def _differing_settings(matched: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _prepare(rows, variants, metrics, shifts: set, what: str):
-  """(metrics, label -> picked rows, compared labels, reference labels, styles, bins text)."""
+  """(metrics, label -> picked rows, compared labels, reference labels, styles, the bins)."""
   rows = _check_rows(rows)
   metrics = _check_metrics(metrics, rows)
   picked = {}
@@ -138,23 +139,28 @@ def _styles(labels: Sequence[str]) -> dict[str, dict]:
   }
 
 
-def _bins_text(rows: Sequence[Mapping[str, Any]]) -> str:
-  """ "15 bins", "15 bins requested, ≥12 after ties", or "each variant's bins"."""
+def _bins_text(rows: Sequence[Mapping[str, Any]]) -> tuple[int | str, float | None]:
+  """The rows' bins for the ECE's name: (15, None), (15, 12.5) when the fewest after ties
+  were 12.5, or ("each variant's", None) when the rows ask for different counts."""
   requested = {r.get("n_bins") for r in rows} - {None}
   if len(requested) != 1:
-    return "each variant's bins"
+    return "each variant's", None
   n_bins = requested.pop()
   effective = [r["num_effective_bins"] for r in rows if r.get("num_effective_bins") is not None]
-  low = min(effective, default=n_bins)
-  return (
-    f"{n_bins} bins requested, ≥{low:.3g} after ties" if low < n_bins - 1e-6 else f"{n_bins} bins"
-  )
+  return n_bins, min(effective, default=None)
 
 
-def _format_panel(ax, metric: str, ece_binning: str, bins: str) -> None:
+def _format_panel(ax, metric: str, ece_binning: str, bins: tuple) -> None:
   label, direction = METRIC_LABELS.get(metric, (metric, ""))
   ax.set_title(f"{label} ({direction})" if direction else label)
-  ax.set_ylabel(f"ECE ({ece_binning}, {bins}, %)" if metric == "ece" else label)
+  if metric == "ece":
+    # The protocol's equal-mass bins are quantiles of the score on the clean calibration part.
+    calibration = ece_binning == "equal-mass"
+    n_bins, effective = bins
+    label = metrics_lib.ece_name(
+      n_bins, ece_binning, effective, calibration=calibration, percent=True
+    )
+  ax.set_ylabel(label)
   if metric in PERCENT_METRICS:
     ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
   ax.grid(alpha=0.3)
@@ -199,7 +205,8 @@ def _legend(fig: Figure, labels: Sequence[str], styles: dict, references: Sequen
   grey = {"color": _REFERENCE_COLOR, "linestyle": "--", "marker": None}
   handles = [kind(styles[label]) for label in labels] + [kind(grey)] * len(references)
   names = list(labels) + [f"{name} (needs labels)" for name in references]
-  fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 5), fontsize="small")
+  columns = figures.legend_columns(names)
+  fig.legend(handles, names, loc="outside lower center", ncols=columns, fontsize="small")
 
 
 def _points(picked, shift: str) -> dict:
@@ -280,7 +287,7 @@ def shift_curves(
     raise ValueError(f"shift: expected one of the rows' shifts {shifts}, got {shift!r}")
   prepared = _prepare(rows, variants, metrics, {shift}, f"shift {shift!r}")
   metrics, picked, compared, references, styles, bins = prepared
-  fig = figures.new_figure((4.6 * len(metrics), 4.2))
+  fig = figures.new_figure((min(3.6 * len(metrics), figures.PAGE_WIDTH), 4.4))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   severities = sorted({s for label in picked for s in _points(picked[label], shift)})
   for ax, metric in zip(axes, metrics, strict=True):
@@ -388,7 +395,10 @@ def corruption_boxes(
     label: (i - (len(picked) - 1) / 2) * width for i, label in enumerate(compared + references)
   }
   fig = figures.new_figure(
-    (max(6.0, 0.14 * len(severities) * len(picked) + 2.0), 2.9 * len(metrics) + 0.6)
+    (
+      min(max(6.0, 0.14 * len(severities) * len(picked) + 2.0), figures.PAGE_WIDTH),
+      2.9 * len(metrics) + 0.6,
+    )
   )
   axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
   for ax, metric in zip(axes, metrics, strict=True):
@@ -472,7 +482,8 @@ def ood_histograms(
   names = sorted(names, key=lambda name: name != CLEAN)  # stable: clean first, others in order
   styles = _styles(list(checked))
   edges = np.linspace(0.0, 1.0, int(bins) + 1)
-  fig = figures.new_figure((4.2 * len(names), 4.0 + 0.15 * len(checked)))
+  width = min(4.2 * len(names), figures.PAGE_WIDTH)
+  fig = figures.new_figure((width, 4.0 + 0.15 * len(checked)))
   axes = fig.subplots(1, len(names), squeeze=False, sharex=True)[0]
   for ax, name in zip(axes, names, strict=True):
     drawn = {label: sets[name] for label, sets in checked.items() if name in sets}
@@ -490,8 +501,8 @@ def ood_histograms(
   handles = [Line2D([], [], color=styles[label]["color"], linewidth=1.6) for label in checked]
   handles.append(Line2D([], [], color="0.3", linestyle=":", linewidth=1.2))
   fig.legend(
-    handles, [*checked, "mean (dotted)"], loc="outside lower center", ncols=min(len(handles), 5),
-    fontsize="small",
+    handles, [*checked, "mean (dotted)"], loc="outside lower center",
+    ncols=figures.legend_columns([*checked, "mean (dotted)"]), fontsize="small",
   )  # fmt: skip
   if title:
     fig.suptitle(title)

@@ -1,6 +1,7 @@
 """Sweeps: cross-validated metrics against the number of bins or the test-time dropout rate."""
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ from matplotlib import ticker
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from top1_jax.core import metrics as metrics_lib
 from top1_jax.core import scores
 from top1_jax.evaluation import crossval
 from top1_jax.plots import figures
@@ -26,12 +28,13 @@ _METRIC_LABELS = {
   "nll_calibration": ("NLL calibration (nats)", "lower is better"),
   "ece": ("ECE", "lower is better"),
   "eor": ("Expected odds ratio", "higher = more resolution"),
-  "auroc": ("AUROC", "higher is better"),
+  "auroc": (metrics_lib.BINNED_AUROC_NAME, "higher is better"),
   "num_effective_bins": ("Effective bins", ""),
 }
 _PERCENT_METRICS = ("ece", "accuracy")
 METRIC_LABELS, PERCENT_METRICS = _METRIC_LABELS, _PERCENT_METRICS
 """Each metric's (label, which way is better), and those drawn as percentages: every figure's."""
+_NOTE_WIDTH = 50  # characters of an x-small note per line: a 3.6-inch panel's width
 _REFERENCE_COLOR = "0.55"  # grey: a reference row (the oracle), not one of the compared lines
 _REFERENCE_DASHES = ("-", "--", ":", "-.")
 # Once the colour cycle is used up, lines differ by dash pattern and marker too.
@@ -112,12 +115,20 @@ def _line_styles(num_lines: int) -> list[dict]:
 
 
 def _ylabel(metric: str, bins: str) -> str:
-  """The y label; the ECE's says which ECE ("ECE (equal-mass, <bins>, %)")."""
-  label = _METRIC_LABELS.get(metric, (metric, ""))[0]
+  """The y label; the ECE's says which ECE (``metrics.ece_name``, ``bins`` for the count)."""
   if metric == "ece":
-    # The estimator's own quantile bins, as in results.csv; not Table 1's equal-width ECE.
-    return f"ECE (equal-mass, {bins}, %)"
-  return label
+    # The calibration split's quantile bins, as in results.csv; not Table 1's equal-width ECE.
+    return metrics_lib.ece_name(bins, "equal-mass", calibration=True, percent=True)
+  return _METRIC_LABELS.get(metric, (metric, ""))[0]
+
+
+def _dodge(num_lines: int, all_bins: list[int]) -> np.ndarray:
+  """Factors that shift each line's points along the log x axis, so that the error bars
+  of lines with close values stand side by side: together they span a fifth of the
+  narrowest gap between bin counts (at most ±15 %)."""
+  gaps = np.diff(np.log(all_bins))
+  half = min(0.1 * float(gaps.min()) if gaps.size else 0.1, 0.14)
+  return np.exp(np.linspace(-half, half, num_lines)) if num_lines > 1 else np.ones(1)
 
 
 def _curve(result: crossval.CrossValidation, metric: str):
@@ -161,7 +172,8 @@ def _draw_references(ax, metric: str, references: Mapping[str, crossval.CrossVal
         if values.max() > values.min():
           span += f"–{_value_text(metric, values.max())}"
         at = ", ".join(str(n) for n in x[off])
-        notes[side].append(f"{name}: {span} at {at} bins (off scale {side})")
+        note = f"{name}: {span} at {at} bins (off scale {side})"
+        notes[side].append(textwrap.fill(note, _NOTE_WIDTH))  # within a page-wide panel
   ax.set_ylim(low, high)
   for side, y, va in (("below", 0.02, "bottom"), ("above", 0.98, "top")):
     if notes[side]:
@@ -171,9 +183,14 @@ def _draw_references(ax, metric: str, references: Mapping[str, crossval.CrossVal
       )  # fmt: skip
 
 
+def _panels_size(num_panels: int) -> tuple[float, float]:
+  """A row of panels no wider than the page (``figures.PAGE_WIDTH``)."""
+  return (min(3.6 * num_panels, figures.PAGE_WIDTH), 4.4)
+
+
 def _format_bin_axis(ax, all_bins: list[int]) -> None:
   """A log x axis with a tick at, and only at, each bin count of the sweep."""
-  ax.set_xlabel("number of bins (requested)")
+  ax.set_xlabel("N: number of bins (requested)")
   ax.set_xscale("log")
   ax.xaxis.set_major_locator(ticker.FixedLocator(all_bins))
   ax.xaxis.set_major_formatter(ticker.FixedFormatter([str(n) for n in all_bins]))
@@ -193,13 +210,15 @@ def ablation_figure(
   """Cross-validated metrics against the number of bins, one line per score.
 
   One panel per metric, log x axis at the requested bin counts; each score is a
-  line through the means with a band of ± one standard deviation over the splits.
+  line through the means with bars of ± one standard deviation over the splits.
   Scores whose per-split metrics are exactly equal (the same bins, e.g. two
   scores that order the examples identically) share one line, labelled
   "a = b". Past the colour cycle, lines also differ by dash pattern and marker.
   A score whose ties left fewer bins than requested says so in the legend
   ("ties: 20→17.2 bins", the mean over splits). The ECE is the one over the
-  score's own equal-mass bins (its y label says so).
+  score's equal-mass calibration-split bins (its y label says so). The ± std bars
+  of the lines stand side by side, each line shifted by a few percent along x
+  (shaded bands would hide one another).
 
   ``references`` (the oracle, which needs the labels: ``Score.inputs ==
   "labels"``) are thin grey lines that do not set the axis limits, so the
@@ -223,20 +242,21 @@ def ablation_figure(
   references = {} if references is None else references
   _check_results(results, metrics, references)
   results = _merge_identical(results)
-  fig = figures.new_figure((4.6 * len(metrics), 4.2))
+  fig = figures.new_figure(_panels_size(len(metrics)))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   all_bins = sorted({n for r in (*results.values(), *references.values()) for n in r.n_bins})
   styles = _line_styles(len(results))
+  dodge = _dodge(len(results), all_bins)
   for ax, metric in zip(axes, metrics, strict=True):
-    for style, (name, result) in zip(styles, results.items(), strict=True):
+    for shift, style, (name, result) in zip(dodge, styles, results.items(), strict=True):
       x, mean, std = _curve(result, metric)
-      ax.fill_between(x, mean - std, mean + std, color=style["color"], alpha=0.15, linewidth=0)
-      ax.plot(x, mean, markersize=4, label=name + _ties_note(result), **style)
+      ax.errorbar(shift * x, mean, yerr=std, fmt="none", ecolor=style["color"], elinewidth=1.0)
+      ax.plot(shift * x, mean, markersize=4, label=name + _ties_note(result), **style)
     if references:
       _draw_references(ax, metric, references)
     label, direction = _METRIC_LABELS.get(metric, (metric, ""))
-    ax.set_title(f"{label} ({direction})" if direction else label)
-    ax.set_ylabel(_ylabel(metric, "bins on the x axis"))
+    ax.set_title(f"{label}\n({direction})" if direction else label)  # two lines fit a panel
+    ax.set_ylabel(_ylabel(metric, "N"))
     _format_bin_axis(ax, all_bins)
     if metric in _PERCENT_METRICS:
       ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
@@ -246,7 +266,7 @@ def ablation_figure(
     handles,
     labels,
     loc="outside lower center",
-    ncols=min(len(labels), 5),
+    ncols=figures.legend_columns(labels),
     title="uncertainty score",
     fontsize="small",
   )
@@ -327,8 +347,8 @@ def _draw_rate_panel(ax, metric: str, lines: dict, references: dict, labels: lis
     if reference is not None and reference.get(metric) is not None:
       ax.axhline(reference[metric], color=style["color"], linestyle=":", linewidth=1.2)
   label, direction = _METRIC_LABELS.get(metric, (metric, ""))
-  ax.set_title(f"{label} ({direction})" if direction else label)
-  ax.set_ylabel(_ylabel(metric, "each line's bins"))
+  ax.set_title(f"{label}\n({direction})" if direction else label)
+  ax.set_ylabel(_ylabel(metric, "each line's"))
   if metric in _PERCENT_METRICS:
     ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
   ax.grid(alpha=0.3)
@@ -395,7 +415,7 @@ def dropout_rate_figure(
   references = {tuple(r.get(c) for c in _REFERENCE_COLUMNS): r for r in deterministic}
   varying = {c for i, c in enumerate(_LINE_COLUMNS) if len({key[i] for key in lines}) > 1}
   labels = [_line_label(key, varying) + _rows_ties_note(lines[key], key[-1]) for key in lines]
-  fig = figures.new_figure((4.6 * len(metrics), 4.2))
+  fig = figures.new_figure(_panels_size(len(metrics)))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   rates = sorted({r["dropout_rate"] for r in mc})
   for ax, metric in zip(axes, metrics, strict=True):
@@ -406,8 +426,9 @@ def dropout_rate_figure(
     handles.append(Line2D([], [], color="grey", linestyle=":", linewidth=1.2))
     labels.append(f"deterministic ({scores.label(reference_score)})")
   fig.legend(
-    handles, labels, loc="outside lower center", ncols=min(len(labels), 5), fontsize="small"
-  )
+    handles, labels, loc="outside lower center", ncols=figures.legend_columns(labels),
+    fontsize="small",
+  )  # fmt: skip
   if title:
     fig.suptitle(title.format(score=scores.label(score), topk=topk))
   return fig

@@ -1,0 +1,454 @@
+"""What each stage's results page (``index.html``) shows, from the stage's results data.
+
+A page leads with the answer: each classifier's Top-1 Brier and ECE raw and binned
+(``answer_table``: Table 1's rows), the best row of the sweep by Brier (``best_line``)
+and the key figure; then, folded, every row of the sweep, Table 1, the selective rows,
+the figures, the config fields that apply to the run (``config_fields``) and the
+timings. ``plots.page`` renders it through its template; this module only picks and
+formats (cells as ``tables`` writes them). Every ECE is named by ``metrics.ece_name``.
+
+* ``write_run_page``: the evaluate stage (a user's files, or reproduce's predictions),
+  from the work dir's ``results.json``, ``config.json`` and the timings;
+* ``write_shift_page``: the shift protocol's folder (``results.json`` of its rows and
+  OOD rows);
+* ``write_aggregate_page``: merged runs (their rows, Table 1 and selective rows).
+"""
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from top1_jax.core import metrics, scores
+from top1_jax.io import files
+from top1_jax.io import results as results_io
+from top1_jax.pipeline import runs, shift_tables, tables
+from top1_jax.pipeline.settings import Settings
+
+# --------------------------------------------------------------------------- config
+
+
+_GROUP_STARTS = {
+  "dataset": "data",
+  "models": "training",
+  "dropout_rates": "prediction",
+  "inputs": "inputs",
+  "scores": "sweep",
+  "shift_examples": "shift",
+}
+"""The first field of each group of ``Settings`` (its fields are in this order)."""
+
+_SHIFT_SWEEP = ("n_bins", "compare_bins", "scores", "n_folds", "scheme", "figures")
+"""The sweep fields the shift protocol reads."""
+
+
+def _field_groups() -> dict[str, list[str]]:
+  groups, group = {}, None
+  for field in dataclasses.fields(Settings):
+    group = _GROUP_STARTS.get(field.name, group)
+    if field.name != "config":
+      groups.setdefault(group, []).append(field.name)
+  return groups
+
+
+def config_fields(settings: Settings, stage: str) -> list[str]:
+  """The config fields a run of ``stage`` ("evaluate" or "shift") used, in config order.
+
+  A run that trains (reproduce, the shift job) used the data, training and prediction
+  fields and not ``inputs``; an evaluation of a user's files used ``inputs`` (with
+  ``labels`` for one array) and the first seed, and no training field.
+  """
+  groups = _field_groups()
+  if settings.inputs:
+    names = ["dataset", "seeds", "inputs", "input_kind"]
+    names += ["labels"] if settings.single_input else []
+  else:
+    names = groups["data"] + groups["training"] + groups["prediction"]
+  if stage == "evaluate":
+    names += groups["sweep"]
+    names += ["shift_estimators", "shift_inputs"] if settings.shift_inputs else []
+  elif settings.inputs:  # the shift protocol on a user's shifted files
+    names += [*_SHIFT_SWEEP, "shift_estimators", "shift_inputs"]
+  else:
+    names += [*_SHIFT_SWEEP, *(f for f in groups["shift"] if f != "shift_inputs")]
+  order = [name for fields in groups.values() for name in fields]
+  return sorted(set(names), key=order.index)
+
+
+def _config(folder, settings: Settings, stage: str) -> dict[str, Any]:
+  """The command (config.json's; the shift folder of an evaluate run has none of its own,
+  its work dir's) and the config fields that apply to the run."""
+  record = files.read_json(folder / "config.json") or files.read_json(folder.parent / "config.json")
+  config = runs.config_json(settings)
+  fields = {name: config[name] for name in config_fields(settings, stage) if name in config}
+  return {"command": (record or {}).get("command", ""), **fields}
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def _with_std(row: Mapping[str, Any], name: str, digits: int | None, scale: float = 1.0) -> str:
+  """A run's cell (``tables.Value``): the mean over splits ± their std."""
+  mean = tables.run_value(row, name, digits, scale)
+  if mean == "–" or row.get(f"{name}_std") is None:
+    return mean
+  return f"{mean} ± {tables.run_value(row, f'{name}_std', digits, scale)}"
+
+
+def _eor(row: Mapping[str, Any], value: tables.Value) -> str:
+  return value(row, "eor", tables.eor_digits(row.get("eor")), 1.0)
+
+
+def _ece(n_bins: int | str, binning: str = "equal-mass", **kind) -> str:
+  calibration = binning == "equal-mass"
+  return metrics.ece_name(n_bins, binning, calibration=calibration, percent=True, **kind)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+_FILE_SETTINGS = tuple(
+  c
+  for c in results_io.COLUMNS
+  if c not in ("seed", "source", "score", "topk", "estimator", "n_bins")
+)
+
+
+def _file(row: Mapping[str, Any]) -> Any:
+  """Which predictions file a row is of: its ``source`` in a run; across merged runs
+  (which name no file) its settings."""
+  if row.get("source") is not None:
+    return row["source"]
+  return tuple(row.get(column) for column in _FILE_SETTINGS)
+
+
+def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], value) -> Any:
+  """Raw -> binned per classifier (Table 1's rows): Top-1 Brier and both named ECEs."""
+  from top1_jax.plots import page  # matplotlib with the plots
+
+  if not comparison:
+    return None
+  first = comparison[0]
+  raw_ece, binned_ece = _ece(first["ece_bins"], "equal-width"), _ece(first["top1_n_bins"])
+  header = ["classifier", "Top-1 accuracy", "binned score", "Top-1 Brier: raw → binned"]
+  header += [f"{raw_ece}: raw", f"{binned_ece}: binned"]
+  rows = []
+  for r in comparison:
+    brier = f"{value(r, 'raw_top1_brier', 4, 1.0)} → {value(r, 'top1_binned_brier', 4, 1.0)}"
+    score = scores.label(r["top1_score"])
+    score += " per predicted class" if r.get("top1_estimator") == "toplabel" else ""
+    rows.append([
+      _method(r, value), accuracy.get(_file(r), "–"), score, brier,
+      value(r, "confidence_ece", 2, 100.0), _binned_ece(r, value),
+    ])  # fmt: skip
+  note = (
+    "Raw: the max softmax probability as P(correct) (after the fitted temperature T where "
+    f"named); binned: {first['top1_n_bins']} Top-1 bins of the binned score, fitted on each "
+    "calibration part. The two ECEs bin differently, as their names say; the Brier score "
+    "needs no bins, so it compares raw and binned like for like." + _top_label_note(comparison)
+  )
+  return page.Table("Raw → calibrated, Top-1", header, rows, note)
+
+
+def _binned_ece(row: Mapping[str, Any], value) -> str:
+  """Table 1's binned ECE, "†" on top-label binning's: of equal-width bins (its own
+  bins are per class; ``_top_label_note``)."""
+  cell = value(row, "top1_binned_ece", 2, 100.0)
+  return cell + " †" if row.get("top1_estimator") == "toplabel" else cell
+
+
+def _top_label_note(comparison: Sequence[Mapping]) -> str:
+  if not any(r.get("top1_estimator") == "toplabel" for r in comparison):
+    return ""
+  name = metrics.ece_name(comparison[0]["ece_bins"], "equal-width")
+  return f" † Top-label binning's ECE is its P(correct)'s {name}: its bins are per class."
+
+
+def _method(row: Mapping[str, Any], value) -> str:
+  """A Table-1 row's method, with its fitted temperature as results.md writes it."""
+  if row.get("temperature") in (None, 1.0):
+    return row["label"]
+  return f"{row['label']} (T = {value(row, 'temperature', 2, 1.0)})"
+
+
+def _is_oracle(score: str) -> bool:
+  known = scores.lookup(score)
+  return known is not None and known.inputs == "labels"
+
+
+def best_line(rows: Sequence[Mapping], value, comparison: Sequence[Mapping] = ()) -> str:
+  """The sweep's best Top-1 row by Brier (the oracle, which needs labels, left out)."""
+  top1 = [r for r in rows if r["topk"] == min(x["topk"] for x in rows) and r["brier"] is not None]
+  top1 = [r for r in top1 if not _is_oracle(r["score"])]
+  if not top1:
+    return ""
+  best = min(top1, key=lambda r: r["brier"])
+  line = (
+    f"Best Top-{best['topk']} Brier of the sweep: {best['label']}, {tables.score_cell(best)}, "
+    f"{best['n_bins']} bins: {value(best, 'brier', 4, 1.0)}"
+  )
+  raw = [c for c in comparison if _file(c) == _file(best) and c["variant"] == "raw"]
+  if raw:
+    line += f" (its raw max-softmax: {value(raw[0], 'raw_top1_brier', 4, 1.0)})"
+  ece = _ece(best["n_bins"], effective=best.get("num_effective_bins"))
+  auroc = f"{metrics.BINNED_AUROC_NAME}: {value(best, 'auroc', 3, 1.0)}"
+  return f"{line}; {ece}: {value(best, 'ece', 2, 100.0)}; {auroc}."
+
+
+def sweep_tables(rows: Sequence[Mapping], value) -> list:
+  """Every row of the sweep, one table per Top-k event, bin counts side by side."""
+  from top1_jax.plots import page
+
+  runs = any("num_runs" in r for r in rows)
+  header = ["method", "score", "N", "Brier", "NLL", _ece("N"), "EOR", metrics.BINNED_AUROC_NAME]
+  header += ["runs"] if runs else ["bins after ties"]
+  out = []
+  for k in sorted({r["topk"] for r in rows}):
+    body = []
+    for r in (r for r in rows if r["topk"] == k):  # the sweep's order: file, score, bins
+      last = str(r["num_runs"]) if runs else tables.cell(r.get("num_effective_bins"), 1)
+      body.append([
+        r["label"], tables.score_cell(r), str(r["n_bins"]), value(r, "brier", 4, 1.0),
+        value(r, "nll", 4, 1.0), value(r, "ece", 2, 100.0), _eor(r, value),
+        value(r, "auroc", 3, 1.0), last,
+      ])  # fmt: skip
+    out.append(page.Table(f"Top-{k}: every score and bin count (N bins)", header, body))
+  return out
+
+
+def comparison_table(comparison: Sequence[Mapping], value) -> Any:
+  """The paper's Table 1 in full: the benchmark's metrics beside Top-1 binning's."""
+  from top1_jax.plots import page
+
+  if not comparison:
+    return None
+  first = comparison[0]
+  header = ["method", "binned score", "multiclass Brier (benchmark)", "Top-1 Brier: raw pmax"]
+  header += ["Top-1 Brier: binned", f"{_ece(first['ece_bins'], 'equal-width')}: raw pmax"]
+  header += [f"{_ece(first['top1_n_bins'])}: binned"]
+  body = [
+    [
+      _method(r, value),
+      scores.label(r["top1_score"]),
+      value(r, "multiclass_brier", 4, 1.0),
+      value(r, "raw_top1_brier", 4, 1.0),
+      value(r, "top1_binned_brier", 4, 1.0),
+      value(r, "confidence_ece", 2, 100.0),
+      _binned_ece(r, value),
+    ]  # fmt: skip
+    for r in comparison
+  ]
+  note = tables.COMPARISON_NOTE.replace("*", "") + _top_label_note(comparison)  # no Markdown
+  return page.Table("Benchmark metrics vs Top-1 binning (paper Table 1)", header, body, note)
+
+
+def selective_table(selective: Sequence[Mapping], value) -> Any:
+  """Selective prediction with a guarantee: one row per (file, target accuracy)."""
+  from top1_jax.plots import page
+
+  if not selective:
+    return None
+  header = ["method", "score", "target", "guaranteed accuracy", "test coverage (%)"]
+  header += ["test accuracy", "splits: nothing selected", "splits: test accuracy < target"]
+  body = [
+    [
+      r["label"],
+      scores.label(r["score"]),
+      f"{r['target_accuracy']:g}",
+      value(r, "guaranteed_accuracy", 4, 1.0),
+      value(r, "test_coverage", 1, 100.0),
+      value(r, "test_accuracy", 4, 1.0),
+      f"{r['num_empty']}/{r['num_splits']}",
+      f"{r['num_below_target']}/{r['num_splits']}",
+    ]  # fmt: skip
+    for r in selective
+  ]
+  note = (
+    f"{selective[0]['n_bins']} bins of each file's headline score; the most confident bins "
+    f"whose accuracy is at least the target with probability {1 - selective[0]['delta']:g}."
+  )
+  return page.Table("Selective prediction with a guarantee", header, body, note)
+
+
+# --------------------------------------------------------------------------- pages
+
+
+_RUN_FILES = ("results.md", "results.csv", "results.json", "config.json", "timings.json")
+
+
+def _present(folder, names: Sequence[str]) -> list[str]:
+  return [name for name in names if (folder / name).exists()]
+
+
+def _accuracy(rows: Sequence[Mapping], value) -> dict[Any, str]:
+  """Each file's Top-1 accuracy (mean over its test parts), by ``_file``."""
+  out = {}
+  for r in rows:
+    if r["topk"] == 1:
+      out.setdefault(_file(r), value(r, "accuracy", 4, 1.0))
+  return out
+
+
+def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
+  """index.html of an evaluate stage's work dir, from its results.json; returns its path."""
+  from top1_jax.plots import page
+
+  data = files.read_json(workdir / "results.json")
+  rows, comparison = data["results"], data.get("comparison") or []
+  config = data["config"]
+  dataset = next((r["dataset"] for r in rows if r.get("dataset")), "predictions")
+  num = len(config.get("inputs") or [])
+  intro = (
+    f"{num} predictions file{'s' if num != 1 else ''} on {config['n_folds']} {config['scheme']} "
+    f"calibration/test splits (seed {config['seed']}): each method is fitted on the "
+    "calibration part and scored on the test part; every number is a mean over the splits."
+  )
+  answer = answer_table(comparison, _accuracy(rows, tables.run_value), _with_std)
+  details = [
+    *sweep_tables(rows, _with_std),
+    comparison_table(comparison, _with_std),
+    selective_table(data.get("selective") or [], _with_std),
+  ]
+  return page.write_results_page(
+    workdir,
+    f"Calibrated Top-k bins: {dataset}",
+    intro=intro,
+    answer=[t for t in (answer,) if t],
+    findings=[best_line(rows, _with_std, comparison)],
+    details=[t for t in details if t],
+    figures=None if settings.figures else [],
+    config=_config(workdir, settings, "evaluate"),
+    timings=timings,
+    links=_present(workdir, _RUN_FILES),
+  )
+
+
+def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs, figures, value):
+  """index.html of merged runs: ``merged`` holds their labelled ``rows``, ``comparison``
+  and ``selective`` rows, ``value`` formats a merged cell (mean ± std across runs)."""
+  from top1_jax.plots import page
+
+  rows, comparison = merged["rows"], merged.get("comparison") or []
+  answer = answer_table(comparison, _accuracy(rows, value), value)
+  details = [
+    *sweep_tables(rows, value),
+    comparison_table(comparison, value),
+    selective_table(merged.get("selective") or [], value),
+  ]
+  names = ("aggregate.md", "aggregate.csv", "aggregate.json")
+  return page.write_results_page(
+    out,
+    title,
+    intro=tables.ACROSS_RUNS,
+    answer=[t for t in (answer,) if t],
+    findings=[best_line(rows, value, comparison)],
+    details=[t for t in details if t],
+    figures=figures,
+    config={"inputs": inputs["inputs"], "num_runs": inputs["num_runs"]},
+    links=_present(out, names),
+  )
+
+
+def _shifted_mean(rows, selector, metric: str) -> float | None:
+  """A variant's mean of ``metric`` over every shifted set (not clean, not OOD)."""
+  values = [
+    r.get(metric)
+    for r in rows
+    if r["shift"] != results_io.CLEAN and shift_tables.matches(r, selector)
+  ]
+  values = [v for v in values if v is not None and math.isfinite(v)]
+  return float(np.mean(values)) if values else None
+
+
+def _clean(rows, selector, metric: str) -> float | None:
+  found = [r for r in rows if r["shift"] == results_io.CLEAN and shift_tables.matches(r, selector)]
+  return found[0].get(metric) if found else None
+
+
+def shift_answer(rows: Sequence[Mapping], n_bins: int, title: str) -> tuple[Any, str]:
+  """Per variant: accuracy, Brier and ECE on the clean set and their means over the shifted
+  sets; and which variant has the lowest mean Brier under shift."""
+  from top1_jax.plots import page
+
+  ece = _ece(n_bins)
+  header = ["method", "accuracy (%): clean → shifted", "Brier: clean → shifted"]
+  header += [f"{ece}: clean → shifted"]
+  body, shifted_brier = [], {}
+  for label, selector in shift_tables.present_variants(rows, n_bins).items():
+    cells = [label]
+    for metric, scale, digits in (("accuracy", 100.0, 2), ("brier", 1.0, 4), ("ece", 100.0, 2)):
+      clean, shifted = _clean(rows, selector, metric), _shifted_mean(rows, selector, metric)
+      cells.append(
+        f"{tables.cell(None if clean is None else scale * clean, digits)} → "
+        f"{tables.cell(None if shifted is None else scale * shifted, digits)}"
+      )
+    shifted_brier[label] = _shifted_mean(rows, selector, "brier")
+    body.append(cells)
+  note = "Shifted: the mean over every shifted set (each shift at each intensity), OOD sets aside."
+  ranked = {k: v for k, v in shifted_brier.items() if v is not None}
+  best = min(ranked, key=ranked.get) if ranked else None
+  line = f"{title}: lowest mean Brier under shift: {best} ({ranked[best]:.4f})." if best else ""
+  return page.Table(f"{title}: clean → under shift", header, body, note), line
+
+
+def _by_set(rows: Sequence[Mapping], n_bins: int, metric: str, title: str) -> Any:
+  """Every shifted set (rows) by variant (columns), of one metric."""
+  from top1_jax.plots import page
+
+  variants = shift_tables.present_variants(rows, n_bins)
+  sets = list(dict.fromkeys((r["shift"], r["severity"]) for r in rows))
+  scale, digits = (100.0, 2) if metric in ("ece", "accuracy") else (1.0, 4)
+  body = []
+  for shift, severity in sets:
+    cells = [shift, f"{severity:g}"]
+    for selector in variants.values():
+      found = [
+        r
+        for r in rows
+        if (r["shift"], r["severity"]) == (shift, severity) and shift_tables.matches(r, selector)
+      ]
+      value = found[0].get(metric) if found else None
+      cells.append(tables.cell(None if value is None else scale * value, digits))
+    body.append(cells)
+  name = _ece(n_bins) if metric == "ece" else shift_tables.METRIC_TITLES[metric]
+  return page.Table(f"{title}: {name} of every set", ["shift", "intensity", *variants], body)
+
+
+def write_shift_page(settings: Settings, folder, timings: Mapping[str, Any]):
+  """index.html of the shift protocol's folder, from its results.json; returns its path."""
+  from top1_jax.plots import page
+
+  data = files.read_json(folder / "results.json")
+  n_bins = settings.compare_bins
+  answers, findings, details = [], [], []
+  by_model: dict[tuple, list] = {}
+  for row in data["results"]:
+    by_model.setdefault(tuple(row[c] for c in tables.TRAINING), []).append(row)
+  for key, rows in by_model.items():
+    dataset, model, rate, seed = key
+    title = f"{dataset or 'predictions'}, {model or 'model'}"
+    title += f", train dropout {rate:g}" if rate is not None else ""
+    title += f", seed {seed}" if seed is not None else ""
+    table, line = shift_answer(rows, n_bins, title)
+    answers.append(table)
+    findings.append(line)
+    details += [_by_set(rows, n_bins, metric, title) for metric in ("brier", "ece", "accuracy")]
+  intro = (
+    f"Every method is fitted on the clean calibration part of each of {settings.n_folds} "
+    f"{settings.scheme} splits and applied unchanged to the test part of every set, the same "
+    "examples shifted; means over the splits."
+  )
+  return page.write_results_page(
+    folder,
+    "Calibration under dataset shift",
+    intro=intro,
+    answer=answers,
+    findings=[line for line in findings if line],
+    details=details,
+    figures=None if settings.figures else [],
+    config=_config(folder, settings, "shift"),
+    timings=timings,
+    links=_present(folder, ("results.md", "results.csv", "ood.csv", "results.json")),
+  )
