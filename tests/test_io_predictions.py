@@ -469,7 +469,7 @@ def test_from_arrays_reads_npy_logits_probs_and_samples(tmp_path):
   )
   np.testing.assert_allclose(sample_probs.logits, np.log(probs), rtol=1e-5, atol=1e-6)
   assert sample_probs.meta == {"method": "samples", "dataset": "toy"}
-  with pytest.raises(ValueError, match="logits/probs: expected exactly one of them"):
+  with pytest.raises(ValueError, match="logits/probs/array: expected exactly one of them"):
     predictions_lib.from_arrays(labels=tmp_path / "y.npy")
   with pytest.raises(ValueError, match=r"probs: expected a 2-D or 3-D array, got shape \(6,\)"):
     predictions_lib.from_arrays(labels=tmp_path / "y.npy", probs=tmp_path / "y.npy")
