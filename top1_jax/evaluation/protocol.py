@@ -8,7 +8,11 @@ Every evaluation of the library is a call of this protocol or of one of its step
 * ``comparison.baseline_rows``: the paper's Table 1 (the model's own probability,
   temperature scaling, top-label binning) on the clean set's own test parts;
 * ``Calibrator.evaluate``: the scoring steps alone, for a calibrator already fitted;
-* ``ood.ood_report``: the fitting step alone (``fit_predict``), on inputs without labels.
+* ``ood.ood_report`` and ``accuracy_estimates.estimate``: the fitting step alone
+  (``fit_predict``), on inputs without labels;
+* ``recalibration.recalibrate``: ``evaluate`` with ``refit_on``, each shifted set's
+  methods fitted on m of its own labelled examples (or their clean fit updated with
+  them, ``Method.update``), scored as ever in the clean calibration part's bins.
 
 A method is an estimator of ``estimators.registry`` (``"raw"``, the model's own
 probability, is one), the score U it is fitted on or, for an estimator of the

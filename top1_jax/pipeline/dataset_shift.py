@@ -36,7 +36,13 @@ from top1_jax.engine import corruptions, shifts
 from top1_jax.evaluation import accuracy_estimates, ood, protocol, recalibration
 from top1_jax.io import files, ood_sets, results
 from top1_jax.pipeline import jobs, runs, shift_tables, sources, tables
-from top1_jax.pipeline.settings import Settings, check_examples, refuse_inputs, test_examples
+from top1_jax.pipeline.settings import (
+  Settings,
+  check_examples,
+  refuse_inputs,
+  smallest_calibration,
+  test_examples,
+)
 
 OOD_PREFIX = "ood_"
 """An out-of-distribution set's ``shift`` is this prefix and its ``io.ood_sets`` name."""
@@ -233,8 +239,11 @@ def _recalibration_rows(settings: Settings, group: Group, names: list[str]) -> l
     group.clean.single_model or settings.shift_recalibrate_samples
   ):
     return []
-  sets = [group.clean, *group.shifted]
-  _check_num_labels(settings, group.clean)
+  sets, splits = [group.clean, *group.shifted], group.clean.splits
+  smallest = min(int((~splits.test_mask(f)).sum()) for f in range(splits.num_splits))
+  check_num_labels(
+    settings, smallest, f"the {len(group.clean.labels)} examples of {group.clean.name}"
+  )
   found = recalibration.recalibrate(
     _inputs(group.clean), [_inputs(s) for s in sets], group.clean.splits,
     scores=[s for s in settings.shift_recalibration_scores if s in names],
@@ -246,31 +255,28 @@ def _recalibration_rows(settings: Settings, group: Group, names: list[str]) -> l
   for r in found:
     columns = sets[r.test_set].columns
     row = {**columns, "recalibration": r.recalibration, "score": r.score, "topk": 1}
-    row.update(num_labels=r.num_labels, **r.metrics.rows()[0], label=tables.row_label(columns))
+    row.update(num_labels=r.num_labels, **r.metrics.rows()[0], label=group.clean.label)
     rows.append(row)
   return rows
 
 
-def _check_num_labels(settings: Settings, clean: sources.Source) -> None:
-  """``shift_num_labels`` against the smallest calibration part of the clean file's splits."""
-  splits = clean.splits
-  smallest = min(int((~splits.test_mask(f)).sum()) for f in range(splits.num_splits))
-  if max(settings.shift_num_labels) > smallest:
+def check_num_labels(settings: Settings, smallest: int, what: str) -> None:
+  """``shift_num_labels`` against the smallest calibration part (of ``what``)."""
+  if settings.shift_num_labels and max(settings.shift_num_labels) > smallest:
     raise SettingError(
-      f"shift_num_labels: {max(settings.shift_num_labels)} labelled examples exceed the smallest "
-      f"calibration part ({smallest} of the {len(clean.labels)} examples of {clean.name}); "
-      f"choose at most {smallest}"
+      f"shift_num_labels: {max(settings.shift_num_labels)} labelled examples exceed the "
+      f"smallest calibration part ({smallest} of {what}); choose at most {smallest}"
     )
 
 
 def _accuracy_rows(settings: Settings, group: Group, names: list[str]) -> list[dict]:
   """accuracy_estimates.csv's rows of one model: each estimator on each set, and the truth."""
   sets = [group.clean, *group.shifted]
-  ood_sets_ = {len(sets) + i: _inputs(source, False) for i, source in enumerate(group.ood)}
+  outside = {len(sets) + i: _inputs(source, False) for i, source in enumerate(group.ood)}
   found = accuracy_estimates.estimate(
     _inputs(group.clean), group.clean.splits,
     scores=[s for s in settings.shift_accuracy_scores if s in names],
-    shifted=[_inputs(s) for s in sets], ood=ood_sets_, n_bins=settings.compare_bins,
+    shifted=[_inputs(s) for s in sets], ood=outside, n_bins=settings.compare_bins,
     log_probs_score=LOG_PROBS_SCORE,
   )  # fmt: skip
   rows = []
@@ -281,7 +287,7 @@ def _accuracy_rows(settings: Settings, group: Group, names: list[str]) -> list[d
       **columns, "estimator": e.estimator, "score": e.score,
       "predicted_accuracy": float(np.mean(e.predicted)), "accuracy": float(np.mean(e.accuracy)),
       "error": float(np.mean(error)), "absolute_error": float(np.mean(np.abs(error))),
-      "label": tables.row_label(columns),
+      "label": group.clean.label,  # the model's, not each file's
     })  # fmt: skip
   return rows
 
@@ -432,14 +438,16 @@ def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
 
 
 def write(folder, settings: Settings, evaluated: dict) -> None:
-  """results.{csv,json,md} and ood.csv into ``folder`` (atomically)."""
+  """results.{csv,json,md}, ood.csv, recalibration.csv and accuracy_estimates.csv into
+  ``folder`` (atomically)."""
   rows = [{k: v for k, v in r.items() if k != "label"} for r in evaluated["rows"]]
   files.write_csv(folder / "results.csv", rows)
   files.write_csv(folder / "ood.csv", evaluated["ood_rows"])
-  for name in ("recalibration", "accuracy"):
-    written = [{k: v for k, v in r.items() if k != "label"} for r in evaluated[f"{name}_rows"]]
-    files.write_csv(folder / f"{CSV_NAMES[name]}.csv", written)
   summary = {"results": evaluated["rows"], "ood": evaluated["ood_rows"]}
+  for name, stem in CSV_NAMES.items():
+    written = [{k: v for k, v in r.items() if k != "label"} for r in evaluated[f"{name}_rows"]]
+    files.write_csv(folder / f"{stem}.csv", written)
+    summary[stem] = written
   files.write_json(folder / "results.json", summary)
   files.write_bytes(folder / "results.md", markdown(settings, evaluated).encode())
 
@@ -510,6 +518,7 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   refuse_inputs(settings)
   num = len(pool.labels)
   check_examples(settings, num, pool.num_classes, test_examples(settings, num))
+  check_num_labels(settings, smallest_calibration(settings, num), f"the {num} shift_examples")
   out = workdir / "shift"
   if runs.is_writer():
     files.write_json(out / "config.json", runs.record(settings, command))
