@@ -48,6 +48,7 @@ SHIFT = [
   "--config=shift", *TRAINING, "--config.shift_examples=200", "--config.shift_rotations=(90,)",
   "--config.shift_translations=(3,)", "--config.shift_corruptions=(contrast,impulse_noise)",
   "--config.shift_severities=(1,5)", "--config.shift_ood=(digits,uniform_noise)",
+  "--config.shift_num_labels=(0,20,100)",  # 100: the whole calibration half
 ]  # fmt: skip
 SETS = [("clean", "0"), ("rotate_cubic", "90"), ("roll", "3"), ("contrast", "1"),
         ("contrast", "5"), ("impulse_noise", "1"), ("impulse_noise", "5")]  # fmt: skip
@@ -140,7 +141,10 @@ def test_shift_job_reuses_the_networks_and_writes_every_table(shift_job):
     assert 0 <= float(r["ood_auroc"]) <= 1 and 0 <= float(r["p_correct_mean"]) <= 1
 
   figures = {p.name for p in (out / "figures").glob("*.png") if p.stat().st_size > 1000}
-  assert figures == {f"shift_{n}.png" for n in ("rotate_cubic", "roll", "corruptions", "ood")}
+  assert figures == {f"shift_{n}.png" for n in ("rotate_cubic", "roll", "corruptions", "ood")} | {
+    "recalibration_deterministic.png",  # the single network's (shift_recalibrate_samples)
+    *(f"accuracy_estimates_{n}.png" for n in ("deterministic", "dropout_0.2", "ensemble_2")),
+  }
   page = (out / "index.html").read_text()
   assert all(f'src="figures/{name}"' in page for name in figures)
   md = (out / "results.md").read_text()
@@ -151,6 +155,88 @@ def test_shift_job_reuses_the_networks_and_writes_every_table(shift_job):
   geometric = [results.GEOMETRIC_SHIFTS[shift] for shift in ("rotate_cubic", "roll")]
   for section in (*geometric, "corruptions", "out-of-distrib"):
     assert f"### {section}" in md
+  for section in ("deterministic: recalibrated on m labelled shifted examples, ECE (%)",
+                  "ensemble (2): accuracy predicted without labels"):  # fmt: skip
+    assert f"### {section}" in md, section
+
+
+RECALIBRATIONS = ("temperature", "bins_refit", "bins_from_clean", "isotonic")
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_recalibration_rows_start_from_todays_and_labels_lower_the_ece(shift_job):
+  rows = _csv(shift_job.workdir / "shift" / "recalibration.csv")
+  keys = [(r["recalibration"], r["shift"], r["severity"], r["num_labels"]) for r in rows]
+  assert len(keys) == len(set(keys))
+  assert set(keys) == {(n, *s, m) for n in RECALIBRATIONS for s in SETS for m in ("0", "20", "100")}
+  assert {(r["method"], r["score"], r["n_bins"]) for r in rows} == {
+    ("deterministic", "neg_log_pmax", "5")
+  }
+  # m = 0 is the clean fit: results.csv's row, cell for cell.
+  today = {
+    (r["estimator"], r["shift"], r["severity"]): r
+    for r in _csv(shift_job.workdir / "shift" / "results.csv")
+    if (r["method"], r["score"]) == ("deterministic", "neg_log_pmax")
+  }
+  for row in rows:
+    if row["num_labels"] == "0":
+      estimator = {"bins_refit": "bins", "bins_from_clean": "bins"}.get(row["recalibration"])
+      expected = today[estimator or row["recalibration"], row["shift"], row["severity"]]
+      assert {k: row[k] for k in expected if k != "estimator"} == {
+        k: v for k, v in expected.items() if k != "estimator"
+      }
+  # The worst shift (rotated 90 degrees): a hundred labels bring every method's ECE down.
+  ece = {(r["recalibration"], r["shift"], r["num_labels"]): float(r["ece"]) for r in rows}
+  for name in RECALIBRATIONS:
+    assert ece[name, "rotate_cubic", "100"] < ece[name, "rotate_cubic", "0"] - 0.1, name
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_accuracy_estimates_of_every_set_beside_the_truth(shift_job):
+  rows = _csv(shift_job.workdir / "shift" / "accuracy_estimates.csv")
+  results_rows = _csv(shift_job.workdir / "shift" / "results.csv")
+  for method in METHODS:
+    mine = [r for r in rows if r["method"] == method]
+    sets = {(r["shift"], r["severity"]) for r in mine}
+    assert sets == {*SETS, *((n, "0") for n in OOD_SETS)}
+    estimators = {(r["estimator"], r["score"]) for r in mine}
+    scores = ["neg_log_pmax", "entropy"] + (
+      ["covariance_norm_probs"] if method != "deterministic" else []
+    )
+    assert estimators == {("average_confidence", "pmax"), ("doc", "pmax")} | {
+      (e, s) for e in ("calibrated", "atc") for s in scores
+    }
+    for row in mine:
+      assert 0 <= float(row["predicted_accuracy"]) <= 1
+      if row["shift"].startswith("ood_"):
+        assert float(row["accuracy"]) == 0  # no label fits an input from outside the set
+      else:  # the true accuracy: results.csv's, over the same test parts
+        truth = next(
+          r for r in results_rows
+          if (r["method"], r["estimator"], r["shift"], r["severity"])
+          == (method, "raw", row["shift"], row["severity"])
+        )  # fmt: skip
+        np.testing.assert_allclose(float(row["accuracy"]), float(truth["accuracy"]), rtol=1e-6)
+    doc = next(r for r in mine if (r["estimator"], r["shift"]) == ("doc", "clean"))
+    assert abs(float(doc["error"])) < 1e-9  # halves: each example tested as often
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_too_many_labels_for_a_calibration_part_is_one_line_before_any_work(shift_job, tmp_path):
+  workdir = tmp_path / "labels"
+  shutil.copytree(shift_job.workdir / "train", workdir / "train")
+  args = [a for a in SHIFT if not a.startswith("--config.shift_num_labels")]
+  result = _run("shift", *args, "--config.shift_num_labels=(0,150)", f"--workdir={workdir}")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  last = [line for line in result.stderr.splitlines() if line.strip()][-1]
+  assert last == (
+    "error: --config.shift_num_labels: 150 labelled examples exceed the smallest calibration "
+    "part (100 of the 200 shift_examples); choose at most 100"
+  ), last
+  assert not (workdir / "shift" / "predictions").exists()
 
 
 @needs_fmnist
@@ -198,7 +284,7 @@ def test_a_second_shift_run_predicts_nothing_and_writes_the_same_tables(shift_jo
 
 
 EVALUATE = ["--config=evaluate_files", "--config.topk=(1,)", "--config.n_bins=(5,)"]
-EVALUATE += ["--config.n_folds=4", NO_FIGURES]
+EVALUATE += ["--config.n_folds=4", "--config.shift_num_labels=(0,20,100)", NO_FIGURES]
 
 
 def _copy(shift_job, slug: str, method: str, to: pathlib.Path) -> pathlib.Path:
@@ -240,6 +326,24 @@ def test_a_users_shifted_files_give_the_shift_jobs_rows(shift_job, tmp_path):
   assert {r["shift"] for r in ood} == {"ood_digits"} and {r["source"] for r in ood} == {
     "shifted/ood_digits"
   }
+  # After m labels and without labels: the shift job's rows of these sets and this model.
+  for name, columns in (
+    ("recalibration", ("recalibration", "score", "num_labels")),
+    ("accuracy_estimates", ("estimator", "score")),
+  ):
+    mine = _csv(out / "shift" / f"{name}.csv")
+    theirs = {
+      (r["shift"], r["severity"], *(r[c] for c in columns)): r
+      for r in _csv(shift_job.workdir / "shift" / f"{name}.csv")
+      if r["method"] == "deterministic"
+    }
+    assert {(r["shift"], r["severity"]) for r in mine} == sets | (
+      {("ood_digits", "0")} if name == "accuracy_estimates" else set()
+    )
+    for row in mine:
+      expected = theirs[(row["shift"], row["severity"], *(row[c] for c in columns))]
+      for metric in ("ece", "brier") if name == "recalibration" else ("predicted_accuracy",):
+        np.testing.assert_allclose(float(row[metric]), float(expected[metric]), rtol=1e-6)
   job_ood = {(r["score"], r["estimator"]): r for r in _csv(shift_job.workdir / "shift" / "ood.csv")
              if (r["method"], r["shift"]) == ("deterministic", "ood_digits")}  # fmt: skip
   assert len(ood) == len(job_ood)
@@ -500,6 +604,13 @@ def test_group_sources_refusals_are_one_line(sources, message):
     (["--config.shift_severities=(0,)"], "shift_severities: expected values in [1, 5]"),
     (["--config.shift_rotations=(90"], "shift_rotations: malformed value '(90'"),
     (["--config.shift_inputs=x.npz"], "shift_inputs: goes with inputs"),
+    (["--config.shift_num_labels=(0,5)"], "shift_num_labels: expected 0 or at least 10 labelled"),
+    (["--config.shift_label_draws=0"], "shift_label_draws: expected an integer >= 1, got 0"),
+    (["--config.shift_prior_strength=0"], "shift_prior_strength: expected a number > 0, got 0"),
+    (
+      ["--config.shift_accuracy_scores=(pmax,nope)"],
+      "shift_accuracy_scores: unknown score(s) nope",
+    ),
     (
       [
         "--config.shift_inputs=x.npz",

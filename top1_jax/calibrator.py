@@ -28,6 +28,7 @@ checks them and returns ``self``, fitted attributes end in ``_``, ``get_params``
 ``set_params`` (so ``sklearn.base.clone`` works; scikit-learn is not needed).
 """
 
+import dataclasses
 import inspect
 import json
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from jax.typing import ArrayLike
 
 from top1_jax.core import binning, events, scores, validation
 from top1_jax.estimators import base, registry
-from top1_jax.evaluation import protocol
+from top1_jax.evaluation import accuracy_estimates, protocol, recalibration
 
 FORMAT = "top1_jax.Calibrator"
 VERSION = 2
@@ -235,6 +236,7 @@ class Calibrator:
     accuracy = float(np.float32(np.sum(correct)) / np.float32(correct.shape[0]))
     self._set_fitted(entry, state, n_bins, int(evidence.log_probs.shape[-1]), accuracy)
     self.inputs_ = kind
+    self._fitted_on_clean(evidence)
     return self
 
   def _resolved(self, kind: str) -> "Calibrator":
@@ -324,6 +326,114 @@ class Calibrator:
     out["num_effective_bins"] = int(out["num_effective_bins"])
     return out
 
+  # Under dataset shift: accuracy without labels, and an update with a few.
+
+  def estimate_accuracy(self, x: ArrayLike, method: str = "atc", score: str | None = None) -> float:
+    """The accuracy to expect on unlabelled inputs (``evaluation.accuracy_estimates``).
+
+    Args:
+      x: [N, K] (or [S, N, K]) unlabelled inputs, as ``fit`` takes.
+      method: "atc" (Garg et al. 2022: the fraction of inputs above the score's
+        threshold that the calibration data exceeds as often as it is right), "doc"
+        (Guillory et al. 2021: the calibration accuracy minus the drop in average
+        confidence), "average_confidence", or "calibrated" (the mean of
+        ``predict_confidence``: the paper's estimate).
+      score: ATC's score: None (this calibrator's own), or one of ``ATC_SCORES``
+        (max confidence as ``neg_log_pmax``, negative entropy as ``entropy``).
+
+    Returns:
+      The predicted accuracy of the Top-k event, in [0, 1].
+    """
+    entry = self._fitted()
+    chosen = accuracy_estimates.lookup(method)
+    reference = getattr(self, "reference_", None)
+    if reference is None:
+      raise ValueError(
+        "estimate_accuracy: this calibrator keeps no calibration reference (saved before "
+        "it was kept); fit it again"
+      )
+    own = self.score if isinstance(self.score, str) else OWN_SCORE
+    name = own if score is None else score
+    if score is not None and (not chosen.on_score or method == "calibrated") and score != own:
+      raise ValueError(
+        f"score: method {method!r} reads no score of choice (its own: the model's confidence "
+        "or this calibrator's P(correct)); leave score=None"
+      )
+    if chosen.on_score and name not in reference.thresholds:
+      raise ValueError(
+        f"score: expected one of {', '.join(reference.thresholds)} (the scores whose "
+        f"threshold fit kept), got {score!r}"
+      )
+    evidence = self._evidence(x)
+    views = accuracy_estimates.Views(_confidence(evidence))
+    if chosen.on_score:
+      u = evidence.u if name == own else _score_of(name, evidence)
+      p = np.asarray(entry.predict(self.state_, evidence)) if method == "calibrated" else None
+      views = views._replace(score=name, u=u, p_correct=p)
+    return accuracy_estimates.predicted_accuracy(method, reference, views)
+
+  def update(
+    self, x: ArrayLike, labels: ArrayLike, prior_strength: float | None = None
+  ) -> "Calibrator":
+    """Takes a few labelled examples of shifted data in; returns ``self``.
+
+    The bins keep their edges, and each bin's probability becomes
+    ``(s p_b + h_b) / (s + n_b)``: the clean fit's p_b as a prior worth s pseudo-counts,
+    and the h_b correct of the n_b new examples that fall in the bin
+    (``evaluation.recalibration``); ``predict_interval`` then gives that Beta
+    posterior's interval. Any other method is refitted on the new examples alone. An
+    update replaces an earlier one (the clean bins stay the prior); the reference of
+    ``estimate_accuracy`` stays the clean calibration data.
+
+    Args:
+      x: [M, K] (or [S, M, K]) inputs of the shifted data, as ``fit`` takes.
+      labels: [M] int their true classes.
+      prior_strength: the bins' s, or None: chosen by the leave-one-out likelihood of
+        the new examples (``recalibration.choose_prior_strength``).
+    """
+    entry = self._fitted()
+    if prior_strength is not None and (
+      isinstance(prior_strength, bool)
+      or not isinstance(prior_strength, (int, float))
+      or not prior_strength > 0
+    ):
+      raise ValueError(f"prior_strength: expected a number > 0 or None, got {prior_strength!r}")
+    evidence = self._evidence(x, labels)
+    if isinstance(self.state_, binning.Bins):
+      clean = getattr(self, "clean_bins_", self.state_)
+      update = recalibration.bin_update(clean, evidence, prior_strength)
+      self._apply_update(clean, update)
+      return self
+    _, options = self._checked()
+    state = entry.fit(evidence, **options)
+    correct = evidence.correct
+    accuracy = float(np.float32(np.sum(correct)) / np.float32(correct.shape[0]))
+    n_bins = state.n_bins if isinstance(state, binning.Bins) else self.n_bins_
+    self._set_fitted(entry, state, n_bins, self.num_classes_, accuracy)
+    return self
+
+  def _apply_update(self, clean: binning.Bins, update: "recalibration.BinUpdate") -> None:
+    """The bins ``clean`` updated (``state_``), the update kept (``update_``)."""
+    self.clean_bins_, self.update_ = clean, update
+    self.state_ = self.bins_ = recalibration.applied(clean, update)
+    self.estimator_ = dataclasses.replace(
+      registry.lookup(self.estimator_.name),
+      predict_interval=lambda state, evidence, delta: recalibration.update_interval(
+        update, clean, evidence, delta
+      ),
+    )
+
+  def _fitted_on_clean(self, evidence: base.Evidence) -> None:
+    """What ``estimate_accuracy`` needs of the calibration data (``reference_``); an
+    earlier ``update`` is forgotten."""
+    for name in ("clean_bins_", "update_"):
+      self.__dict__.pop(name, None)
+    own = self.score if isinstance(self.score, str) else OWN_SCORE
+    u = {own: evidence.u}
+    for name in ATC_SCORES:
+      u.setdefault(name, _score_of(name, evidence))
+    self.reference_ = accuracy_estimates.reference(evidence.correct, _confidence(evidence), u)
+
   # Saving and loading.
 
   def to_dict(self) -> dict[str, Any]:
@@ -348,7 +458,8 @@ class Calibrator:
       "num_classes": self.num_classes_,
       "calibration_accuracy": self.calibration_accuracy_,
       "options": dict(self.options),
-      "state": entry.to_dict(self.state_),
+      "state": entry.to_dict(getattr(self, "clean_bins_", self.state_)),
+      **_reference_dict(self),
     }
 
   @classmethod
@@ -424,10 +535,87 @@ def _from_dict(cls, state: Any, source: str) -> Calibrator:
     accuracy = base.read_number(state, "calibration_accuracy", source, 0.0, 1.0)
   cal._set_fitted(entry, fitted, n_bins, num_classes, accuracy)
   cal.inputs_ = cal.inputs
+  _read_reference(cal, state, source)
   return cal
 
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
+
+ATC_SCORES = ("neg_log_pmax", "entropy")
+"""The scores whose ATC threshold ``fit`` keeps beside its own: max confidence (as its
+tie-free twin ``neg_log_pmax``) and negative entropy, Garg et al.'s two."""
+OWN_SCORE = "score"
+"""How ``reference_`` names a callable score's threshold."""
+
+
+def _confidence(evidence: base.Evidence) -> np.ndarray:
+  """[N] the model's own P(Top-k correct): the ``raw`` method's prediction."""
+  return np.asarray(registry.lookup("raw").predict(None, evidence), np.float64)
+
+
+def _score_of(name: str, evidence: base.Evidence) -> np.ndarray:
+  return np.asarray(scores.compute_one(scores.for_event(name, evidence.k), evidence.log_probs))
+
+
+def _reference_dict(cal: Calibrator) -> dict:
+  """``to_dict``'s fields of the reference and of an update (none where there are none)."""
+  out = {}
+  reference = getattr(cal, "reference_", None)
+  if reference is not None:
+    out["reference"] = {
+      "accuracy": reference.accuracy,
+      "confidence": reference.confidence,
+      "thresholds": {k: list(v) for k, v in reference.thresholds.items()},
+    }
+  update = getattr(cal, "update_", None)
+  if update is not None:
+    strength = update.prior_strength
+    out["update"] = {
+      "counts": update.counts.tolist(),
+      "hits": update.hits.tolist(),
+      "prior_strength": strength if np.isfinite(strength) else None,
+    }
+  return out
+
+
+def _read_reference(cal: Calibrator, state: dict, source: str) -> None:
+  """The reference and update ``_reference_dict`` wrote, each field checked."""
+  if "reference" in state:
+    saved = base.field(state, "reference", source)
+    thresholds = base.field(saved, "thresholds", source)
+    if not isinstance(thresholds, dict):
+      raise ValueError(f"{source}: field 'thresholds' must be an object of score -> [t, w]")
+    kept = {}
+    for name, value in thresholds.items():
+      if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"{source}: threshold {name!r} must be [value, tie weight]")
+      pair = dict(zip(("value", "tie_weight"), value, strict=True))
+      t = base.read_number(pair, "value", source, -np.inf, np.inf)
+      kept[name] = accuracy_estimates.Threshold(
+        t, base.read_number(pair, "tie_weight", source, 0, 1)
+      )
+    cal.reference_ = accuracy_estimates.Reference(
+      base.read_number(saved, "accuracy", source, 0.0, 1.0),
+      base.read_number(saved, "confidence", source, 0.0, 1.0),
+      kept,
+    )
+  if "update" in state:
+    saved = base.field(state, "update", source)
+    if not isinstance(cal.state_, binning.Bins):
+      raise ValueError(f"{source}: field 'update' goes with the bins, not {cal.method!r}")
+    counts = base.read_array(saved, "counts", source, "i")
+    hits = base.read_array(saved, "hits", source, "i")
+    if counts.shape != (cal.state_.n_bins,) or hits.shape != counts.shape:
+      raise ValueError(f"{source}: the update's counts and hits must be {cal.state_.n_bins} each")
+    if np.any(hits < 0) or np.any(hits > counts):
+      raise ValueError(f"{source}: the update needs 0 <= hits <= counts in every bin")
+    strength = base.field(saved, "prior_strength", source)  # null: infinite
+    if strength is not None:
+      strength = base.read_number(saved, "prior_strength", source, 0.0, np.inf)
+      if strength == 0:
+        raise ValueError(f"{source}: field 'prior_strength' must be > 0 or null, got 0")
+    strength = np.inf if strength is None else strength
+    cal._apply_update(cal.state_, recalibration.BinUpdate(counts, hits, strength))
 
 
 def _check_option_types(entry: base.Estimator, options: dict) -> None:

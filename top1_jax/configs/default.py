@@ -122,6 +122,21 @@ HELP = {
   "digits, resized), uniform_noise",
   "shift_estimators": "What turns a model's output into P(correct) under shift: raw (the "
   "model's own probability), temperature, toplabel, bins, isotonic, kde",
+  "shift_num_labels": "Recalibration: labelled examples m of each shifted set, drawn from its "
+  "calibration part, that the bins, temperature and isotonic are refitted on (and the clean bins "
+  "updated with), each 0 (the clean fits) or 10 to the calibration part; empty: none "
+  "(<workdir>/shift/recalibration.csv)",
+  "shift_label_draws": "Draws of the m labelled examples per calibration/test split",
+  "shift_prior_strength": "Pseudo-counts s that each clean bin's probability is worth when the "
+  "bins are updated with m shifted labels; unset: chosen per fit by the leave-one-out "
+  "likelihood of the m examples",
+  "shift_recalibrate_samples": "Also recalibrate MC dropout and the ensemble (each as long as the "
+  "network); False: models of one network only (a user's files of one model included)",
+  "shift_recalibration_scores": "Scores the bins and isotonic are refitted on (temperature: the "
+  "log-probabilities); a model without one skips it",
+  "shift_accuracy_scores": "Scores of the label-free accuracy estimates: ATC's threshold and the "
+  "paper's calibrated bins (average confidence and DoC use the model's own probability); a "
+  "model without one skips it (<workdir>/shift/accuracy_estimates.csv)",
   "shift_inputs": "With inputs (the clean files, for calibration): predictions files of the "
   "same examples shifted, comma-separated paths or globs, each meta naming its shift and "
   "severity (ood: true for inputs from outside the label set); evaluate tests the clean "
@@ -188,5 +203,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.shift_severities = (1, 2, 3, 4, 5)
   config.shift_ood = ("digits", "uniform_noise")
   config.shift_estimators = ("raw", "temperature", "toplabel", "bins", "isotonic", "kde")
+  config.shift_num_labels = (0, 25, 50, 100, 200, 500)
+  config.shift_label_draws = 2
+  config.shift_prior_strength = config_dict.placeholder(float)
+  config.shift_recalibrate_samples = False
+  config.shift_recalibration_scores = ("neg_log_pmax",)
+  config.shift_accuracy_scores = ("neg_log_pmax", "entropy", "covariance_norm_probs")
   config.shift_inputs = ""
   return config

@@ -8,7 +8,11 @@ Every evaluation of the library is a call of this protocol or of one of its step
 * ``comparison.baseline_rows``: the paper's Table 1 (the model's own probability,
   temperature scaling, top-label binning) on the clean set's own test parts;
 * ``Calibrator.evaluate``: the scoring steps alone, for a calibrator already fitted;
-* ``ood.ood_report``: the fitting step alone (``fit_predict``), on inputs without labels.
+* ``ood.ood_report`` and ``accuracy_estimates.estimate``: the fitting step alone
+  (``fit_predict``), on inputs without labels;
+* ``recalibration.recalibrate``: ``evaluate`` with ``refit_on``, each shifted set's
+  methods fitted on m of its own labelled examples (or their clean fit updated with
+  them, ``Method.update``), scored as ever in the clean calibration part's bins.
 
 A method is an estimator of ``estimators.registry`` (``"raw"``, the model's own
 probability, is one), the score U it is fitted on or, for an estimator of the
@@ -33,7 +37,7 @@ one sort; ``Estimator.fit_splits``: every split fitted in one pass) is taken whe
 is scored on its own test parts; it agrees with the loop to float rounding.
 """
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -73,12 +77,16 @@ class Method(NamedTuple):
 
   ``per_bin_count``: fitted at each reported bin count (an estimator with an ``n_bins``
   option that ``options`` does not set: its row at n bins is the paper's n bins).
+  ``update``: where ``evaluate`` is given labelled examples to fit on (``refit_on``),
+  None refits the estimator on them alone; else ``update(state, evidence) -> state``
+  takes them into the method's fit on the clean calibration part (its prior).
   """
 
   estimator: str
   score: str
   options: Mapping[str, Any] = MappingProxyType({})
   per_bin_count: bool = False
+  update: Callable[[Any, base.Evidence], Any] | None = None
 
   @property
   def entry(self) -> base.Estimator:
@@ -275,6 +283,7 @@ def evaluate(
   n_bins: int | Sequence[int] = (10, 20, 100),
   k: int = 1,
   ece_bins: int | None = None,
+  refit_on: ArrayLike | None = None,
 ) -> list[Result]:
   """``METRICS`` of each method fitted on ``clean``'s calibration parts, on test parts.
 
@@ -290,6 +299,11 @@ def evaluate(
     k: the event "the true label is among the k top classes".
     ece_bins: also give each split's equal-width ECE of the test predictions with this
       many bins (the benchmark's confidence ECE).
+    refit_on: None, or [F, N] bool: labelled examples of each test set (of ``clean``
+      without ``test_sets``) to fit on, within each split's calibration part (e.g. m
+      drawn from a shifted set's). Split f then fits each method, for each test set, on
+      that set's examples where ``refit_on[f]`` (a method with ``update``: its clean
+      fit updated with them); the bins of U that score it stay clean's calibration part's.
 
   Returns:
     One ``Result`` per (method, set): methods in order, then sets.
@@ -302,7 +316,23 @@ def evaluate(
   if test_sets is not None:
     needed = {m.score for m in methods_}
     sets = checked_sets("test_sets", test_sets, needed, k, clean_data, labelled=True)
-  return evaluate_checked(clean_data, splits, list(methods_), sets, n_bins, k, ece_bins)
+  if refit_on is not None:
+    refit_on = checked_refit_on(refit_on, splits)
+  return evaluate_checked(clean_data, splits, list(methods_), sets, n_bins, k, ece_bins, refit_on)
+
+
+def checked_refit_on(refit_on, splits: Splits) -> np.ndarray:
+  """``refit_on`` as [F, N] bool, each split's examples within its calibration part."""
+  mask = np.asarray(refit_on)
+  shape = (splits.num_splits, splits.fold.shape[-1])
+  if mask.dtype != bool or mask.shape != shape:
+    raise ValueError(f"refit_on: expected a {list(shape)} bool mask, got {mask.dtype} {mask.shape}")
+  for f in range(splits.num_splits):
+    if not mask[f].any() or (mask[f] & splits.test_mask(f)).any():
+      raise ValueError(
+        f"refit_on: split {f} needs examples to fit on, all within its calibration part"
+      )
+  return mask
 
 
 def evaluate_shifts(
@@ -325,7 +355,14 @@ def evaluate_shifts(
 
 
 def evaluate_checked(
-  clean: Data, splits: Splits, methods_: list[Method], sets, n_bins, k: int, ece_bins=None
+  clean: Data,
+  splits: Splits,
+  methods_: list[Method],
+  sets,
+  n_bins,
+  k: int,
+  ece_bins=None,
+  refit_on: np.ndarray | None = None,
 ) -> list[Result]:
   """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None)."""
   own = sets is None
@@ -333,14 +370,15 @@ def evaluate_checked(
   found: dict[int, list[tuple[CrossValidation, dict]]] = {}
   generic = []
   for i, m in enumerate(methods_):
-    fast = _fast_path(m, clean, splits, n_bins, k, ece_bins) if own else None
+    fast = _fast_path(m, clean, splits, n_bins, k, ece_bins) if own and refit_on is None else None
     if fast is None:
       generic.append(i)
     else:
       found[i] = [fast]
   for score in dict.fromkeys(methods_[i].score for i in generic):
     group = [i for i in generic if methods_[i].score == score]
-    per_method = _loop([methods_[i] for i in group], clean, sets, splits, n_bins, k, ece_bins)
+    chosen = [methods_[i] for i in group]
+    per_method = _loop(chosen, clean, sets, splits, n_bins, k, ece_bins, refit_on)
     found.update(zip(group, per_method, strict=True))
   return [
     Result(m.score, m.estimator, key, *found[i][s])
@@ -360,14 +398,39 @@ def _evidence(data: Data, method: Method, rows, k: int) -> base.Evidence:
   return evidence._replace(log_probs=data.log_probs[rows], labels=data.labels[rows])
 
 
-def fit_predict(method: Method, clean: Data, cal: np.ndarray, target: base.Evidence, n_bins):
+def fit_predict(
+  method: Method, clean: Data, cal: np.ndarray, target: base.Evidence, n_bins, refit=None
+):
   """The method fitted on the clean calibration part (``cal``, [N] bool) predicting
-  ``target``: [M], or [B, M] for a method fitted at each of ``n_bins``; float64, host."""
-  entry, evidence = method.entry, _evidence(clean, method, cal, target.k)
+  ``target``: [M], or [B, M] for a method fitted at each of ``n_bins``; float64, host.
+
+  ``refit``: None, or (a labelled ``Data``, [N] bool) to fit on instead: the method is
+  refitted on those examples alone, or with ``method.update``, its clean fit updated."""
+  if refit is not None and method.update is None:
+    return _predicted(method, _fits(method, *refit, target.k, n_bins), target)
+  states = _fits(method, clean, cal, target.k, n_bins)
+  if refit is not None:
+    states = _updated(method, states, *refit, target.k)
+  return _predicted(method, states, target)
+
+
+def _fits(method: Method, data: Data, rows, k: int, n_bins) -> list:
+  """The method's states fitted on ``data``'s ``rows`` (one per bin count where it is
+  fitted at each of ``n_bins``)."""
+  evidence = _evidence(data, method, rows, k)
   if not method.per_bin_count:
-    return np.asarray(entry.predict(entry.fit(evidence, **method.options), target), np.float64)
-  fits = [entry.fit(evidence, **method.options, n_bins=n) for n in n_bins]
-  return np.stack([np.asarray(entry.predict(state, target), np.float64) for state in fits])
+    return [method.entry.fit(evidence, **method.options)]
+  return [method.entry.fit(evidence, **method.options, n_bins=n) for n in n_bins]
+
+
+def _updated(method: Method, states: list, data: Data, rows, k: int) -> list:
+  labelled = _evidence(data, method, rows, k)
+  return [method.update(state, labelled) for state in states]
+
+
+def _predicted(method: Method, states: list, target: base.Evidence) -> np.ndarray:
+  p = [np.asarray(method.entry.predict(state, target), np.float64) for state in states]
+  return np.stack(p) if method.per_bin_count else p[0]
 
 
 def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins):
@@ -394,9 +457,10 @@ def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins)
   return _per_set(split_metrics(per_split), n_bins)[0], _stacked(extras)[0]
 
 
-def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece_bins) -> list:
+def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece_bins, refit_on):
   """Each method's [(``CrossValidation``, extras)] per set, split by split, for methods of
-  one score: the calibration bins are shared."""
+  one score: the calibration bins are shared. With ``refit_on``, each set's methods are
+  fitted on its own examples there."""
   score = group[0].score
   datas = [data for _, data in sets]
   u = np.stack([data.scores[score] for data in datas])  # [S, N]
@@ -405,6 +469,8 @@ def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece
   if not all(m.entry.scores_only for m in group):
     log_probs = np.stack([data.log_probs for data in datas])  # [S, N, K]
   sums, extras = [[] for _ in group], [[] for _ in group]
+  if refit_on is not None:
+    refit = [_refit_predictions(m, clean, datas, splits, refit_on, n_bins, k) for m in group]
   for f in range(splits.num_splits):
     test = splits.test_mask(f)
     cal = ~test
@@ -414,7 +480,7 @@ def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece
     if log_probs is not None:
       target = target._replace(log_probs=log_probs[:, test].reshape(-1, log_probs.shape[-1]))
     for i, m in enumerate(group):
-      p = fit_predict(m, clean, cal, target, n_bins)
+      p = fit_predict(m, clean, cal, target, n_bins) if refit_on is None else refit[i][f]
       sums[i].append(binned_predictions(held, p))
       shared = p if p.ndim == 1 else p[0]
       extras[i].append(_extras(shared.reshape(len(sets), -1), correct[:, test], ece_bins))
@@ -422,6 +488,33 @@ def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece
     list(zip(_per_set(split_metrics(s), n_bins), _stacked(e), strict=True))
     for s, e in zip(sums, extras, strict=True)
   ]
+
+
+def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_bins, k) -> list:
+  """Per split f: the method's predictions of each set's test part (the sets one after
+  another: [S * T], or [B, S * T]), fitted on that set's examples where ``refit_on[f]``
+  (an estimator's ``fit_splits`` fits every split of a set in one pass)."""
+  tests = [splits.test_mask(f) for f in range(splits.num_splits)]
+  parts, clean_fits = [[] for _ in tests], {}
+  fast = method.entry.fit_splits is not None and method.update is None and not method.per_bin_count
+  for data in datas:
+    everything = _evidence(data, method, slice(None), k)
+    fits = method.entry.fit_splits(everything, refit_on, **method.options) if fast else None
+    if fits is not None:
+      p = np.broadcast_to(np.asarray(fits.p, np.float64), refit_on.shape)
+      for f, test in enumerate(tests):
+        parts[f].append(p[f, test])
+      continue
+    for f, test in enumerate(tests):
+      target = _evidence(data, method, test, k)
+      if method.update is None:
+        states = _fits(method, data, refit_on[f], k, n_bins)
+      else:  # the clean fit once per split, each set's update from it
+        if f not in clean_fits:
+          clean_fits[f] = _fits(method, clean, ~test, k, n_bins)
+        states = _updated(method, clean_fits[f], data, refit_on[f], k)
+      parts[f].append(_predicted(method, states, target))
+  return [np.concatenate(p, axis=-1) for p in parts]
 
 
 def _extras(p, correct, ece_bins, fitted=None, split=None, test=None) -> list[dict[str, float]]:

@@ -33,15 +33,23 @@ from absl import logging
 from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
 from top1_jax.engine import corruptions, shifts
-from top1_jax.evaluation import ood, protocol
+from top1_jax.evaluation import accuracy_estimates, ood, protocol, recalibration
 from top1_jax.io import files, ood_sets, results
 from top1_jax.pipeline import jobs, runs, shift_tables, sources, tables
-from top1_jax.pipeline.settings import Settings, check_examples, refuse_inputs, test_examples
+from top1_jax.pipeline.settings import (
+  Settings,
+  check_examples,
+  refuse_inputs,
+  smallest_calibration,
+  test_examples,
+)
 
 OOD_PREFIX = "ood_"
 """An out-of-distribution set's ``shift`` is this prefix and its ``io.ood_sets`` name."""
 
 LOG_PROBS_SCORE = shift_tables.LOG_PROBS_SCORE
+CSV_NAMES = {"recalibration": "recalibration", "accuracy": "accuracy_estimates"}
+"""The tables after m labels and of the label-free accuracy estimates, by their rows' key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,18 +233,82 @@ def _evaluate_group(settings: Settings, group: Group, estimators: tuple) -> tupl
   return records, ood_rows, reports
 
 
+def _recalibration_rows(settings: Settings, group: Group, names: list[str]) -> list[dict]:
+  """recalibration.csv's rows of one model: every recalibration after m labels, per set."""
+  if not settings.shift_num_labels or not (
+    group.clean.single_model or settings.shift_recalibrate_samples
+  ):
+    return []
+  sets, splits = [group.clean, *group.shifted], group.clean.splits
+  smallest = min(int((~splits.test_mask(f)).sum()) for f in range(splits.num_splits))
+  check_num_labels(
+    settings, smallest, f"the {len(group.clean.labels)} examples of {group.clean.name}"
+  )
+  found = recalibration.recalibrate(
+    _inputs(group.clean), [_inputs(s) for s in sets], group.clean.splits,
+    scores=[s for s in settings.shift_recalibration_scores if s in names],
+    log_probs_score=LOG_PROBS_SCORE, num_labels=settings.shift_num_labels,
+    num_draws=settings.shift_label_draws, seed=group.clean.columns["seed"],
+    n_bins=settings.compare_bins, prior_strength=settings.shift_prior_strength,
+  )  # fmt: skip
+  rows = []
+  for r in found:
+    columns = sets[r.test_set].columns
+    row = {**columns, "recalibration": r.recalibration, "score": r.score, "topk": 1}
+    row.update(num_labels=r.num_labels, **r.metrics.rows()[0], label=group.clean.label)
+    rows.append(row)
+  return rows
+
+
+def check_num_labels(settings: Settings, smallest: int, what: str) -> None:
+  """``shift_num_labels`` against the smallest calibration part (of ``what``)."""
+  if settings.shift_num_labels and max(settings.shift_num_labels) > smallest:
+    raise SettingError(
+      f"shift_num_labels: {max(settings.shift_num_labels)} labelled examples exceed the "
+      f"smallest calibration part ({smallest} of {what}); choose at most {smallest}"
+    )
+
+
+def _accuracy_rows(settings: Settings, group: Group, names: list[str]) -> list[dict]:
+  """accuracy_estimates.csv's rows of one model: each estimator on each set, and the truth."""
+  sets = [group.clean, *group.shifted]
+  outside = {len(sets) + i: _inputs(source, False) for i, source in enumerate(group.ood)}
+  found = accuracy_estimates.estimate(
+    _inputs(group.clean), group.clean.splits,
+    scores=[s for s in settings.shift_accuracy_scores if s in names],
+    shifted=[_inputs(s) for s in sets], ood=outside, n_bins=settings.compare_bins,
+    log_probs_score=LOG_PROBS_SCORE,
+  )  # fmt: skip
+  rows = []
+  for e in found:
+    columns = (sets + group.ood)[e.target].columns
+    error = e.predicted - e.accuracy
+    rows.append({
+      **columns, "estimator": e.estimator, "score": e.score,
+      "predicted_accuracy": float(np.mean(e.predicted)), "accuracy": float(np.mean(e.accuracy)),
+      "error": float(np.mean(error)), "absolute_error": float(np.mean(np.abs(error))),
+      "label": group.clean.label,  # the model's, not each file's
+    })  # fmt: skip
+  return rows
+
+
 def evaluate(settings: Settings, found: Sequence[sources.Source], log: Callable = print) -> dict:
   """Every group's rows under shift (``rows``: results.csv's, with ``label``), OOD rows
-  (``ood_rows``: ood.csv's) and the OOD histograms' P(correct) (``histograms``: by OOD
+  (``ood_rows``: ood.csv's), the OOD histograms' P(correct) (``histograms``: by OOD
   row's source, score and estimator, the clean test part's and the OOD set's, both
-  from the first split's calibration)."""
+  from the first split's calibration), the rows after m labels (``recalibration_rows``)
+  and the label-free accuracy estimates (``accuracy_rows``)."""
   estimators = settings.shift_estimators
   records, ood_rows, histograms = [], [], {}
+  recalibrated, accuracies = [], []
   for group in group_sources(found):
     tic = time.perf_counter()
     group_records, group_ood, reports = _evaluate_group(settings, group, estimators)
     records += group_records
     ood_rows += group_ood
+    names = _score_names(settings, group.clean)
+    recalibrated += _recalibration_rows(settings, group, names)
+    accuracies += _accuracy_rows(settings, group, names)
     first = int(group.clean.splits.test_mask(0).sum())  # clean_prob: the splits in order
     for row, report in zip(group_ood, reports, strict=True):
       # The histograms show one calibration: the first split's.
@@ -246,7 +318,10 @@ def evaluate(settings: Settings, found: Sequence[sources.Source], log: Callable 
       f"shift: {group.clean.label}: {1 + len(group.shifted)} set(s), {len(group.ood)} OOD "
       f"set(s), {len(group_records)} rows in {time.perf_counter() - tic:.1f} s"
     )
-  return {"rows": tables.tidy_rows(records), "ood_rows": ood_rows, "histograms": histograms}
+  return {
+    "rows": tables.tidy_rows(records), "ood_rows": ood_rows, "histograms": histograms,
+    "recalibration_rows": recalibrated, "accuracy_rows": accuracies,
+  }  # fmt: skip
 
 
 def _model(row: dict) -> tuple:
@@ -296,12 +371,49 @@ def markdown(settings: Settings, evaluated: dict) -> str:
     ood = [r for r in evaluated["ood_rows"] if _model(r) == key]
     if ood:
       text += ["", "### out-of-distribution inputs", "", shift_tables.ood_table(ood, variants)]
+    text += _recalibration_markdown(
+      [r for r in evaluated["recalibration_rows"] if _model(r) == key]
+    )
+    text += _accuracy_markdown([r for r in evaluated["accuracy_rows"] if _model(r) == key])
   return "\n".join(text) + "\n"
 
 
+def _recalibration_markdown(rows: list[dict]) -> list[str]:
+  """results.md's lines of one model's recalibration.csv rows (none without rows)."""
+  text = []
+  for label in dict.fromkeys(r["label"] for r in rows):
+    mine = [r for r in rows if r["label"] == label]
+    for metric in ("ece", "brier"):
+      title = shift_tables.METRIC_TITLES[metric]
+      text += ["", f"### {label}: recalibrated on m labelled shifted examples, {title}", ""]
+      text.append(shift_tables.recalibration_table(mine, metric))
+  if text:
+    text[:0] = [
+      "",
+      "Each method refitted on m labelled examples of each shifted set, drawn from its "
+      "calibration part (bins_from_clean: the clean bins, each bin's probability a prior "
+      "worth s pseudo-counts, updated with them); scored on the set's test part in the "
+      "clean calibration part's bins. The clean ECE: m = 0 on the clean set; the mean "
+      "(worst) over the shifted sets.",
+    ]
+  return text
+
+
+def _accuracy_markdown(rows: list[dict]) -> list[str]:
+  """results.md's lines of one model's accuracy_estimates.csv rows (none without rows)."""
+  text = []
+  titles = {name: e.title for name, e in accuracy_estimates.ESTIMATORS.items()}
+  for label in dict.fromkeys(r["label"] for r in rows):
+    mine = [r for r in rows if r["label"] == label]
+    text += ["", f"### {label}: accuracy predicted without labels (percentage points)", ""]
+    text.append(shift_tables.accuracy_table(mine, titles))
+  return text
+
+
 def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
-  """``plots.write_shift_figures``' panels: per model, its rows, the variants and the
-  OOD histograms' P(correct) (each variant's OOD predictions, and on the clean test parts)."""
+  """``plots.write_shift_figures``' panels: per model, its rows, the variants, the OOD
+  histograms' P(correct) (each variant's OOD predictions, and on the clean test parts),
+  and its recalibration and accuracy-estimate rows by method (label -> rows)."""
   by_model = _models(evaluated["rows"])
   panels = []
   for key, model_rows in by_model.items():
@@ -314,16 +426,28 @@ def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
           arrays = evaluated["histograms"][row["source"], row["score"], row["estimator"]]
           p_correct.setdefault(label, {}).update(arrays)
     name = "" if len(by_model) == 1 else "_".join(str(v) for v in key if v is not None)
-    panels.append((name, model_rows, variants, p_correct))
+    by_method = []
+    for rows_key in ("recalibration_rows", "accuracy_rows"):
+      grouped: dict[str, list] = {}
+      for row in evaluated[rows_key]:
+        if _model(row) == key:
+          grouped.setdefault(row["label"], []).append(row)
+      by_method.append(grouped)
+    panels.append((name, model_rows, variants, p_correct, *by_method))
   return panels
 
 
 def write(folder, settings: Settings, evaluated: dict) -> None:
-  """results.{csv,json,md} and ood.csv into ``folder`` (atomically)."""
+  """results.{csv,json,md}, ood.csv, recalibration.csv and accuracy_estimates.csv into
+  ``folder`` (atomically)."""
   rows = [{k: v for k, v in r.items() if k != "label"} for r in evaluated["rows"]]
   files.write_csv(folder / "results.csv", rows)
   files.write_csv(folder / "ood.csv", evaluated["ood_rows"])
   summary = {"results": evaluated["rows"], "ood": evaluated["ood_rows"]}
+  for name, stem in CSV_NAMES.items():
+    written = [{k: v for k, v in r.items() if k != "label"} for r in evaluated[f"{name}_rows"]]
+    files.write_csv(folder / f"{stem}.csv", written)
+    summary[stem] = written
   files.write_json(folder / "results.json", summary)
   files.write_bytes(folder / "results.md", markdown(settings, evaluated).encode())
 
@@ -394,6 +518,7 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   refuse_inputs(settings)
   num = len(pool.labels)
   check_examples(settings, num, pool.num_classes, test_examples(settings, num))
+  check_num_labels(settings, smallest_calibration(settings, num), f"the {num} shift_examples")
   out = workdir / "shift"
   if runs.is_writer():
     files.write_json(out / "config.json", runs.record(settings, command))

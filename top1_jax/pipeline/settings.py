@@ -21,6 +21,7 @@ from top1_jax.core import binning, equal_width, scores
 from top1_jax.core.splits import SCHEMES
 from top1_jax.core.validation import SettingError
 from top1_jax.estimators import registry
+from top1_jax.evaluation.recalibration import MIN_LABELS
 from top1_jax.io import files
 
 MAX_FOLDS = 127  # core.splits stores a split's fold in an int8
@@ -283,6 +284,12 @@ class Settings:
     Rule(str, names=lambda: _ood_sets().names(), many=True, empty=True)
   )
   shift_estimators: tuple[str, ...] = _rule(Rule(str, names=registry.names, many=True))
+  shift_num_labels: tuple[int, ...] = _rule(Rule(int, low=0, many=True, empty=True))
+  shift_label_draws: int = _rule(_COUNT)
+  shift_prior_strength: float | None = _rule(Rule(float, low=0.0, above=True, optional=True))
+  shift_recalibrate_samples: bool = _rule(Rule(bool))
+  shift_recalibration_scores: tuple[str, ...] = _rule(Rule(str, many=True, empty=True))
+  shift_accuracy_scores: tuple[str, ...] = _rule(Rule(str, many=True, empty=True))
   shift_inputs: tuple[str, ...] = _rule(Rule(str, paths=True))
   # The config as given, for the run's record (config.json); not a setting.
   config: Any = dataclasses.field(default=None, compare=False, repr=False)
@@ -448,6 +455,18 @@ def _shift(s: Settings) -> Settings:
     fail("shift_estimators", f"expected names among {', '.join(registry.names())}, got ()")
   if s.shift_inputs and (not s.inputs or s.single_input):
     fail("shift_inputs", "goes with inputs: the clean predictions files they are calibrated on")
+  labels = s.shift_num_labels
+  if any(0 < m < MIN_LABELS for m in labels):
+    fail(
+      "shift_num_labels",
+      f"expected 0 or at least {MIN_LABELS} labelled examples (the bins' count is "
+      f"cross-validated on them), got {labels}",
+    )
+  for field in ("shift_recalibration_scores", "shift_accuracy_scores"):
+    unknown = [n for n in getattr(s, field) if scores.lookup(n) is None]
+    if unknown and not s.inputs:  # a user's files may store scores of their own
+      fail(field, f"unknown score(s) {', '.join(unknown)}; known: {', '.join(scores.REGISTRY)}")
+  s = s.replace(shift_num_labels=tuple(sorted(labels)))
   if s.shift_corruptions == ("all",):
     return s.replace(shift_corruptions=_corruptions().names())
   return s

@@ -175,3 +175,96 @@ def ood_table(ood_rows, variants) -> str:
       ]
     lines.append(_line([*cells, tables.cell(found[0]["clean_p_correct_mean"], 3)]))
   return "\n".join(lines)
+
+
+# After m labels (recalibration.csv) and without labels (accuracy_estimates.csv).
+
+WITHIN = 0.01
+"""How close to its clean ECE a recalibrated method must come (1 percentage point)."""
+
+
+def _mean_and_worst(values: list, metric: str) -> str:
+  values = [v for v in values if v is not None and math.isfinite(v)]
+  if not values:
+    return "–"
+  scale, digits = _digits(metric)
+  mean, worst = scale * float(np.mean(values)), scale * max(values)
+  return f"{tables.cell(mean, digits)} ({tables.cell(worst, digits)})"
+
+
+def labels_needed(rows: Sequence[Mapping], within: float = WITHIN) -> int | None:
+  """The fewest labels m at which a method's mean ECE over the shifted sets is within
+  ``within`` of its clean ECE (m = 0 on the clean set); None if no m is.
+
+  Args:
+    rows: one method's recalibration rows (every m, the clean set and the shifted sets).
+  """
+  clean = [r["ece"] for r in rows if r["shift"] == results.CLEAN and r["num_labels"] == 0]
+  if not clean or clean[0] is None:
+    return None
+  for m in sorted({r["num_labels"] for r in rows}):
+    shifted = [r["ece"] for r in rows if r["num_labels"] == m and r["shift"] != results.CLEAN]
+    shifted = [v for v in shifted if v is not None]
+    if shifted and float(np.mean(shifted)) <= clean[0] + within:
+      return m
+  return None
+
+
+def recalibration_table(rows: Sequence[Mapping], metric: str) -> str:
+  """Per recalibration (and score) of one model: the metric (ECE in %; Brier, NLL) on the
+  clean set, and its mean (worst) over the shifted sets after each m labels; for the
+  ECE, the fewest m that bring the mean within ``WITHIN`` of the clean ECE."""
+  counts = sorted({r["num_labels"] for r in rows})
+  header = ["recalibration", "score", "clean", *(f"m = {m}: mean (worst)" for m in counts)]
+  if metric == "ece":
+    header.append("labels to within 1 pp of clean")
+  lines = [_line(header), _line(["---", "---", *["---:"] * (len(header) - 2)])]
+  for key in dict.fromkeys((r["recalibration"], r["score"]) for r in rows):
+    mine = [r for r in rows if (r["recalibration"], r["score"]) == key]
+    clean = [r[metric] for r in mine if r["shift"] == results.CLEAN and r["num_labels"] == 0]
+    scale, digits = _digits(metric)
+    cells = [*key, tables.cell(None if not clean or clean[0] is None else scale * clean[0], digits)]
+    for m in counts:
+      shifted = [r[metric] for r in mine if r["num_labels"] == m and r["shift"] != results.CLEAN]
+      cells.append(_mean_and_worst(shifted, metric))
+    if metric == "ece":
+      needed = labels_needed(mine)
+      cells.append("none" if needed is None else str(needed))
+    lines.append(_line(cells))
+  return "\n".join(lines)
+
+
+def _family(row: Mapping) -> str:
+  """A set's shift family: clean, a geometric shift, corruptions, or OOD."""
+  if row["shift"].startswith("ood_") or row["shift"] == results.CLEAN:
+    return row["shift"]
+  return row["shift"] if row["shift"] in GEOMETRIC else "corruptions"
+
+
+def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
+  """Per estimator and score of one model: its error on the clean test parts, its mean
+  absolute error (percentage points) over the shifted sets, all and by family, and what
+  it predicts for each OOD set (whose true accuracy is 0)."""
+  families = [f for f in dict.fromkeys(map(_family, rows)) if f != results.CLEAN]
+  shifted = [f for f in families if not f.startswith("ood_")]
+  header = ["estimator", "score", "clean: error", "shifted: MAE", *(f"{f}: MAE" for f in shifted)]
+  header += [f"{f}: predicted" for f in families if f.startswith("ood_")]
+  lines = [_line(header), _line(["---", "---", *["---:"] * (len(header) - 2)])]
+  for key in dict.fromkeys((r["estimator"], r["score"]) for r in rows):
+    mine = [r for r in rows if (r["estimator"], r["score"]) == key]
+    cells = [titles.get(key[0], key[0]), key[1]]
+    clean = [r["error"] for r in mine if _family(r) == results.CLEAN]
+    cells.append(tables.cell(100 * clean[0] if clean else None, 2))
+    for family in [None, *shifted]:
+      errors = [
+        r["absolute_error"]
+        for r in mine
+        if _family(r) in (shifted if family is None else (family,))
+      ]
+      cells.append(tables.cell(100 * float(np.mean(errors)) if errors else None, 2))
+    for family in families:
+      if family.startswith("ood_"):
+        found = [r["predicted_accuracy"] for r in mine if _family(r) == family]
+        cells.append(tables.cell(100 * found[0] if found else None, 2))
+    lines.append(_line(cells))
+  return "\n".join(lines)

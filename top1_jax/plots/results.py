@@ -10,6 +10,7 @@ Each function returns the paths it wrote.
 
 import fnmatch
 import os
+import re
 
 import numpy as np
 
@@ -20,7 +21,13 @@ from top1_jax.plots.bins import bin_figure, refinement_figure
 from top1_jax.plots.figures import save_figure
 from top1_jax.plots.reliability import reliability_diagram
 from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
-from top1_jax.plots.shift_figures import corruption_boxes, ood_histograms, shift_curves
+from top1_jax.plots.shift_figures import (
+  accuracy_scatter,
+  corruption_boxes,
+  ood_histograms,
+  recalibration_curves,
+  shift_curves,
+)
 from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 
@@ -219,13 +226,14 @@ def write_shift_figures(out_dir, panels) -> list:
 
   Args:
     out_dir: the shift folder (``<workdir>/shift``).
-    panels: one ``(name, rows, variants, p_correct)`` per trained model: a file-name
-      suffix ("" for a run of one model), its tidy rows, the variants to compare
-      (label -> column filter) and the OOD histograms' P(correct) (variant -> set ->
-      [N]; empty without OOD sets).
+    panels: one ``(name, rows, variants, p_correct, recalibrated, estimated)`` per
+      trained model: a file-name suffix ("" for a run of one model), its tidy rows, the
+      variants to compare (label -> column filter), the OOD histograms' P(correct)
+      (variant -> set -> [N]; empty without OOD sets), and its recalibration and
+      accuracy-estimate rows by method (method label -> rows; empty without).
   """
   written = []
-  for name, rows, variants, p_correct in panels:
+  for name, rows, variants, p_correct, recalibrated, estimated in panels:
     suffix = f"_{name}" if name else ""
     shifts = {row["shift"] for row in rows}
     for shift in results_io.GEOMETRIC_SHIFTS:
@@ -238,4 +246,12 @@ def write_shift_figures(out_dir, panels) -> list:
     if p_correct:
       fig = ood_histograms(p_correct)
       written.append(save_figure(fig, out_dir / "figures" / f"shift_ood{suffix}.png"))
+    for stem, by_method, draw in (
+      ("recalibration", recalibrated, recalibration_curves),
+      ("accuracy_estimates", estimated, accuracy_scatter),
+    ):
+      for label, method_rows in by_method.items():
+        method = re.sub(r"[^A-Za-z0-9.]+", "_", label).strip("_")
+        path = out_dir / "figures" / f"{stem}{suffix}_{method}.png"
+        written.append(save_figure(draw(method_rows), path))
   return written

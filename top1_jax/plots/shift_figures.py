@@ -21,7 +21,7 @@ from matplotlib.patches import Patch
 
 from top1_jax.core import metrics as metrics_lib
 from top1_jax.core import scores
-from top1_jax.evaluation import crossval
+from top1_jax.evaluation import accuracy_estimates, crossval
 from top1_jax.io import results
 from top1_jax.plots import figures
 from top1_jax.plots.sweeps import METRIC_LABELS, PERCENT_METRICS
@@ -507,3 +507,153 @@ def ood_histograms(
   if title:
     fig.suptitle(title)
   return fig
+
+
+# After m labels, and accuracy without labels (recalibration.csv, accuracy_estimates.csv).
+
+CORRUPTIONS = "corruptions"
+"""A recalibration panel's ``shift`` for the mean over every corruption at one intensity."""
+
+
+def recalibration_panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
+  """A few (shift, severity) panels: each geometric shift's middle and largest severity,
+  and the corruptions' (their mean) at the middle and largest intensity."""
+  panels = []
+  for family in [*AXIS_LABELS, CORRUPTIONS]:
+    severities = sorted({r["severity"] for r in rows if _in_family(r, family)})
+    if severities:
+      middle = severities[(len(severities) - 1) // 2]
+      panels += [(family, s) for s in dict.fromkeys((middle, severities[-1]))]
+  return panels
+
+
+def _in_family(row: Mapping[str, Any], family: str) -> bool:
+  if family == CORRUPTIONS:
+    shift = row["shift"]
+    return shift != CLEAN and shift not in AXIS_LABELS and not shift.startswith(OOD_PREFIX)
+  return row["shift"] == family
+
+
+def recalibration_curves(
+  rows: Sequence[Mapping[str, Any]],
+  panels: Sequence[tuple[str, float]] | None = None,
+  metrics: Sequence[str] = ("ece", "brier"),
+  *,
+  title: str | None = "Recalibrated on m labelled shifted examples ({label})",
+) -> Figure:
+  """Metrics against the labelled examples m, a line per recalibration (and score).
+
+  One column per panel (a shift and its severity; ``CORRUPTIONS``: the mean over the
+  corruptions at that intensity), one row per metric; the values of m are evenly spaced
+  (m = 0: the clean fit). Each method's clean value (m = 0 on the clean set) is a dotted
+  line in its colour.
+
+  Args:
+    rows: one model's recalibration rows (``recalibration.csv``: ``recalibration``,
+      ``score``, ``num_labels``, ``shift``, ``severity`` and the metrics).
+    panels: the (shift, severity) columns; None: ``recalibration_panels(rows)``.
+    metrics: names of ``crossval.METRICS``, one row of panels each.
+    title: ``{label}`` filled in with the rows' ``label`` (if any); None for none.
+  """
+  rows = _check_rows(rows)
+  metrics = _check_metrics(metrics, rows)
+  panels = recalibration_panels(rows) if panels is None else list(panels)
+  if not panels:
+    raise ValueError("rows: expected rows of at least one shifted set, got none")
+  methods = list(dict.fromkeys((r["recalibration"], r["score"]) for r in rows))
+  styles = _styles([f"{name}: {score}" for name, score in methods])
+  counts = sorted({r["num_labels"] for r in rows})
+  fig = figures.new_figure((3.3 * len(panels), 2.9 * len(metrics) + 0.6))
+  axes = fig.subplots(len(metrics), len(panels), squeeze=False)
+  for (shift, severity), column in zip(panels, axes.T, strict=True):
+    for metric, ax in zip(metrics, column, strict=True):
+      for name, score in methods:
+        style = styles[f"{name}: {score}"]
+        mine = [r for r in rows if (r["recalibration"], r["score"]) == (name, score)]
+        at = [r for r in mine if _in_family(r, shift) and r["severity"] == severity]
+        y = [np.nanmean([_value(r, metric) for r in at if r["num_labels"] == m]) for m in counts]
+        ax.plot(range(len(counts)), y, markersize=4, **style)
+        clean = [r for r in mine if r["shift"] == CLEAN and r["num_labels"] == 0]
+        if clean:
+          ax.axhline(_value(clean[0], metric), color=style["color"], linestyle=":", linewidth=1)
+      label, _ = METRIC_LABELS.get(metric, (metric, ""))
+      ax.set_xticks(range(len(counts)), [f"{m}" for m in counts])  # one step per m given
+      ax.set(xlabel="labelled shifted examples m", ylabel=label)
+      if metric in PERCENT_METRICS:
+        ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
+      name = "corruptions (mean)" if shift == CORRUPTIONS else AXIS_LABELS[shift].split(" (")[0]
+      ax.set_title(f"{name} {severity:g}", fontsize="medium")
+      ax.grid(alpha=0.3)
+  names = list(styles)
+  handles = [Line2D([], [], markersize=4, **styles[n]) for n in names]
+  fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 4), fontsize="small")
+  label = rows[0].get("label")
+  if title:
+    fig.suptitle(title.format(label=label or "model") + "; dotted: the clean fit on clean data")
+  return fig
+
+
+def accuracy_scatter(
+  rows: Sequence[Mapping[str, Any]],
+  titles: Mapping[str, str] | None = None,
+  *,
+  title: str | None = "Accuracy predicted without labels against the true accuracy ({label})",
+) -> Figure:
+  """Predicted against true accuracy, a point per set, a panel per estimator and score.
+
+  Args:
+    rows: one model's accuracy rows (``accuracy_estimates.csv``: ``estimator``,
+      ``score``, ``shift``, ``predicted_accuracy``, ``accuracy``, ``absolute_error``).
+    titles: estimator name -> its display name (None: ``accuracy_estimates.ESTIMATORS``').
+    title: ``{label}`` filled in with the rows' ``label`` (if any); None for none.
+  """
+  rows = _check_rows(rows)
+  if titles is None:
+    titles = {name: entry.title for name, entry in accuracy_estimates.ESTIMATORS.items()}
+  keys = list(dict.fromkeys((r["estimator"], r["score"]) for r in rows))
+  # The clean set last, in black: drawn over the others.
+  families = [f for f in dict.fromkeys(map(_family_of, rows)) if f != CLEAN]
+  colors = _styles(families)
+  if any(r["shift"] == CLEAN for r in rows):
+    families.append(CLEAN)
+    colors[CLEAN] = {"color": "black", "marker": "*"}
+  ncols = min(4, len(keys))
+  nrows = -(-len(keys) // ncols)
+  fig = figures.new_figure((3.1 * ncols, 3.1 * nrows + 0.6))
+  axes = fig.subplots(nrows, ncols, squeeze=False).reshape(-1)
+  for ax, (estimator, score) in zip(axes, keys, strict=False):
+    mine = [r for r in rows if (r["estimator"], r["score"]) == (estimator, score)]
+    for family in families:
+      at = [r for r in mine if _family_of(r) == family]
+      x, y = [r["accuracy"] for r in at], [r["predicted_accuracy"] for r in at]
+      style = colors[family]
+      size = 8 if family == CLEAN else 4
+      ax.plot(x, y, linestyle="none", marker=style["marker"], color=style["color"], markersize=size)
+    ax.plot([0, 1], [0, 1], color="0.4", linewidth=0.8)
+    shifted = [r["absolute_error"] for r in mine if _family_of(r) not in (CLEAN, "OOD")]
+    mae = f"MAE {100 * np.mean(shifted):.1f} pp" if shifted else ""
+    ax.set_title(f"{titles.get(estimator, estimator)}: {score}\n{mae}", fontsize="medium")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="true accuracy", ylabel="predicted accuracy")
+    ax.set_aspect("equal")
+    ax.grid(alpha=0.3)
+  for ax in axes[len(keys) :]:
+    ax.set_visible(False)
+  handles = [
+    Line2D([], [], linestyle="none", marker=colors[f]["marker"], color=colors[f]["color"])
+    for f in families
+  ]
+  fig.legend(handles, families, loc="outside lower center", ncols=min(len(families), 5))
+  if title:
+    fig.suptitle(title.format(label=rows[0].get("label") or "model"))
+  return fig
+
+
+def _family_of(row: Mapping[str, Any]) -> str:
+  """A set's family for the scatter's colours: clean, a geometric shift (by its axis's
+  name), corruption, OOD."""
+  shift = row["shift"]
+  if shift in AXIS_LABELS:
+    return AXIS_LABELS[shift].split(" (")[0]
+  if shift == CLEAN:
+    return CLEAN
+  return "OOD" if shift.startswith(OOD_PREFIX) else "corruption"
