@@ -142,7 +142,7 @@ def test_calibrator_estimates_match_the_library():
     expected = accuracy_estimates.above(threshold, u).mean()
     assert CAL.estimate_accuracy(TARGET, "atc", score) == pytest.approx(expected)
   assert CAL.estimate_accuracy(TARGET) == CAL.estimate_accuracy(TARGET, "atc", "neg_log_pmax")
-  p = CAL.predict_proba(TARGET)
+  p = CAL.predict_confidence(TARGET)
   assert CAL.estimate_accuracy(TARGET, "calibrated") == pytest.approx(p.mean(), rel=1e-6)
   pmax = np.exp(target.max(1))
   assert CAL.estimate_accuracy(TARGET, "average_confidence") == pytest.approx(pmax.mean())

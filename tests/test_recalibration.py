@@ -242,11 +242,11 @@ def test_calibrator_update_of_the_bins_is_the_clean_prior_update():
   again = recalibration.update_bins(clean_bins, base.Evidence(u[:30], (x.argmax(1) == y)[:30]), 2.0)
   np.testing.assert_array_equal(cal.bins_.prob, again.prob)
   lower, upper = cal.predict_interval(x)
-  p = cal.predict_proba(x)
+  p = cal.predict_confidence(x)
   assert np.all((lower <= p + 1e-6) & (p <= upper + 1e-6))
   # Saved and loaded, the update is kept; fitted again, it is forgotten.
   loaded = Calibrator.from_dict(json.loads(json.dumps(cal.to_dict())))
-  np.testing.assert_array_equal(loaded.predict_proba(x), p)
+  np.testing.assert_array_equal(loaded.predict_confidence(x), p)
   assert loaded.update_.prior_strength == 2.0
   cal.fit(LOGITS[:200], LABELS[:200])
   assert not hasattr(cal, "update_")
@@ -258,7 +258,7 @@ def test_calibrator_update_of_another_method_refits_it(method):
   x, y = _shifted_logits(LOGITS[200:300]), LABELS[200:300]
   cal = Calibrator(method=method).fit(LOGITS[:200], LABELS[:200]).update(x, y)
   fresh = Calibrator(method=method).fit(x, y)
-  np.testing.assert_array_equal(cal.predict_proba(LOGITS), fresh.predict_proba(LOGITS))
+  np.testing.assert_array_equal(cal.predict_confidence(LOGITS), fresh.predict_confidence(LOGITS))
 
 
 @pytest.mark.parametrize(
