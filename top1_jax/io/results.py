@@ -52,6 +52,8 @@ UNSHIFTED = {"shift": CLEAN, "severity": 0, "alpha": None}
 """The columns a row written before they existed lacks: its test part was clean, and it was
 no prediction set's (``alpha``)."""
 
+SET_SCORE = "prediction_set"
+"""The ``score`` of a prediction-set row (its ``estimator`` is the set method)."""
 SET_METRICS = ("coverage", "mean_size", "median_size", "empty_fraction", "sscv")
 """A prediction-set row's metrics (``evaluation.sets``): each a mean over the splits, with
 its ``_std`` where the sets have one; the row's ``estimator`` is the set method, its

@@ -20,9 +20,9 @@ from absl import logging
 
 from top1_jax.core import scores
 from top1_jax.core.validation import SettingError
-from top1_jax.evaluation import comparison, crossval, selective, sets
-from top1_jax.io import files, results
-from top1_jax.pipeline import jobs, runs, sources, tables
+from top1_jax.evaluation import comparison, crossval, selective
+from top1_jax.io import files
+from top1_jax.pipeline import jobs, prediction_sets, runs, sources, tables
 from top1_jax.pipeline.settings import Settings, check_examples
 
 Source = sources.Source
@@ -211,33 +211,9 @@ def selective_rows(settings: Settings, found: list[Source]) -> list[dict]:
   return rows
 
 
-SET_SCORE = "prediction_set"
-"""The ``score`` of results.csv's prediction-set rows (their ``estimator`` is the method)."""
-_SET_COLUMNS = ("randomized", "k_reg", "lam")
-
-
 def set_rows(settings: Settings, found: list[Source]) -> list[dict]:
-  """Each file's prediction sets with a coverage guarantee (``evaluation.sets``) over its
-  splits: one tidy row per (file, method, alpha) in results.csv's columns. A method the
-  file is too small for is left out with a warning."""
-  rows = []
-  for source in found:
-    for method in settings.set_methods:
-      try:
-        found_rows = sets.evaluate_sets(
-          np.asarray(source.log_probs), source.labels, source.splits, methods=(method,),
-          alphas=settings.set_alphas, seed=source.columns["seed"],
-        )  # fmt: skip
-      except ValueError as e:
-        logging.warning("evaluate: no %s sets of %s (%s)", method, source.name, e)
-        continue
-      for row in found_rows:
-        metrics = {k: v for k, v in row.items() if k.removesuffix("_std") in results.SET_METRICS}
-        tidy = {**source.columns, "score": SET_SCORE, "topk": None, "estimator": method}
-        tidy.update(n_bins=None, alpha=row["alpha"], **metrics)
-        tidy.update({k: row[k] for k in _SET_COLUMNS}, label=source.label)
-        rows.append(tidy)
-  return rows
+  """Each file's prediction sets with a coverage guarantee (``pipeline.prediction_sets``)."""
+  return [row for source in found for row in prediction_sets.rows(settings, source)]
 
 
 def _write_tables(settings, workdir, asked, records, table1, chosen, sets_) -> list[dict]:
