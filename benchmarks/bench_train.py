@@ -1,0 +1,207 @@
+"""Training throughput: ``train.fit`` against the ``lax.scan`` floor of the same step.
+
+For each case (network, batch size, dtype, one network or an ensemble trained by one
+vmapped step), images per second (all members' images for an ensemble) of:
+
+  floor      one jitted ``lax.scan`` over the steps of the same step
+             (``train_state.apply_step``, or ``ensemble_step``), every batch gathered
+             on the device from a permutation drawn there, the data on the device in
+             the step's input dtype: no host work at all. Written here, apart from
+             ``fit``'s code.
+  fit        ``train.fit`` / ``fit_ensemble(strategy="vmap")`` over the same number of
+             steps, from a ``train.training_data`` made once (as a run that calls
+             ``fit`` once per epoch makes it), a callback every 100 steps, the default
+             ``steps_per_call`` of the backend.
+  fit+data   the same from host arrays: ``fit`` checks and places them on every call.
+  host loop  the loop ``fit`` ran before: each step's batch gathered on the host and
+             sent, its key folded on the host, its metrics added on the device.
+
+and ``fit / floor``. Each is timed after a warm-up run of the same length
+(compilation), best of ``--repeats``. The data are random, of the datasets' shapes.
+
+  python benchmarks/bench_train.py --quick   # CPU: MLP (hidden 64) and the small CNN
+  JAX_PLATFORMS=cuda python benchmarks/bench_train.py   # ResNet-20, WRN-16-4 (~15 min)
+  JAX_PLATFORMS=cuda python benchmarks/bench_train.py --models=resnet20 --batch_sizes=128
+"""
+
+import argparse
+import functools
+import platform
+import time
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from top1_jax.engine import augment, batches, models, optimizers, train, train_state
+
+MODELS = {
+  # name: (model, image shape, optimizer, train dropout rate, augmentation): the main
+  # job's networks as it trains them, and the CIFAR recipe's (configs/cifar10.py).
+  "mlp": (lambda dtype: models.MLP(num_classes=10, hidden_sizes=(64,), dtype=dtype), (28, 28)),
+  "cnn": (lambda dtype: models.CNN(num_classes=10, dtype=dtype), (28, 28)),
+  "resnet20": (lambda dtype: models.ResNet(num_classes=10, dtype=dtype), (32, 32, 3)),
+  "wrn16_4": (lambda dtype: models.WideResNet(num_classes=10, dtype=dtype), (32, 32, 3)),
+}
+_RECIPE = {"mlp": "main", "cnn": "main", "resnet20": "cifar", "wrn16_4": "cifar"}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def _state(name: str, dtype, sample, ensemble_size: int):
+  model = MODELS[name][0](DTYPES[dtype])
+  if _RECIPE[name] == "cifar":
+    tx = optimizers.make("sgd", 0.1, momentum=0.9, weight_decay=1e-4).tx
+    extras = {"augmentation": augment.make(("crop", "flip"), 4)}
+  else:
+    tx, extras = optax.adam(1e-3), {"dropout_rate": 0.1}
+  if ensemble_size:
+    return train.init_ensemble(
+      model, tx, jax.random.key(0), sample, ensemble_size=ensemble_size, **extras
+    )
+  return train.create_train_state(model, tx, jax.random.key(0), sample, **extras)
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps", "batch_size", "ensemble"))
+def _floor(state, images, labels, key, *, num_steps, batch_size, ensemble):
+  """``num_steps`` steps in one scan, batches gathered on the device (the floor)."""
+  num_examples = images.shape[0]
+  steps_per_epoch = num_examples // batch_size
+  keys = jax.random.split(key, state.step.shape[0]) if ensemble else key
+  permute = functools.partial(jax.random.permutation, x=num_examples)
+  order = jax.vmap(permute)(keys) if ensemble else permute(keys)
+  step = train_state.ensemble_step if ensemble else train_state.apply_step
+  fold_in = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if ensemble else jax.random.fold_in
+
+  def body(state, t):
+    start = (t % steps_per_epoch) * batch_size
+    rows = jax.lax.dynamic_slice_in_dim(order, start, batch_size, axis=-1)
+    batch = (jnp.take(images, rows, axis=0), jnp.take(labels, rows, axis=0))
+    state, metrics = step(state, batch, fold_in(keys, t))
+    return state, metrics["loss"]
+
+  return jax.lax.scan(body, state, jnp.arange(num_steps))[0]
+
+
+def _host_loop(state, images, labels, key, num_steps, batch_size, ensemble):
+  """The loop ``fit`` ran before: batches gathered on the host, one jitted step each."""
+  step = _ENSEMBLE_STEP if ensemble else _STEP
+  size = state.step.shape[0] if ensemble else 0
+  keys = jax.random.split(key, size) if ensemble else key
+  rng = np.random.default_rng(0)
+  orders = [rng.permutation(images.shape[0]) for _ in range(max(size, 1))]
+  steps_per_epoch, running = images.shape[0] // batch_size, None
+  for t in range(num_steps):
+    start = (t % steps_per_epoch) * batch_size
+    rows = (
+      np.stack([o[start : start + batch_size] for o in orders])
+      if size
+      else orders[0][start:][:batch_size]
+    )
+    step_keys = (
+      jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
+      if size
+      else jax.random.fold_in(keys, t)
+    )
+    state, metrics = step(state, (images[rows], labels[rows]), step_keys)
+    running = metrics if running is None else jax.tree_util.tree_map(jnp.add, running, metrics)
+    if (t + 1) % 100 == 0 or t + 1 == num_steps:
+      np.asarray(running["loss"])
+      running = None
+  return state
+
+
+_STEP = jax.jit(train_state.apply_step)
+_ENSEMBLE_STEP = jax.jit(train_state.ensemble_step)
+
+
+def _best(run, repeats: int) -> float:
+  jax.block_until_ready(run())  # warm-up: compilation
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def _case(name, batch_size, dtype, ensemble_size, num_steps, num_examples, repeats):
+  """images/s of each way for one case."""
+  rng = np.random.default_rng(0)
+  images = rng.random((num_examples, *MODELS[name][1]), dtype=np.float32)
+  labels = rng.integers(0, 10, num_examples).astype(np.int32)
+  state = _state(name, dtype, images[:1], ensemble_size)
+  key = jax.random.key(1)
+  data = train.training_data(state.model, images, labels)
+  kwargs = dict(num_steps=num_steps, batch_size=batch_size, callback=lambda info: None)
+  if ensemble_size:
+    fit = functools.partial(train.fit_ensemble, strategy="vmap", **kwargs)
+  else:
+    fit = functools.partial(train.fit, **kwargs)
+  device_images = jax.device_put(images.astype(batches.input_dtype(state.model)))
+  device_labels = jax.device_put(labels)
+  ensemble = bool(ensemble_size)
+  runs = {
+    "floor": lambda: _floor(
+      state, device_images, device_labels, key,
+      num_steps=num_steps, batch_size=batch_size, ensemble=ensemble,
+    ),
+    "fit": lambda: fit(state, data, None, key).params,
+    "fit+data": lambda: fit(state, images, labels, key).params,
+    "host loop": lambda: _host_loop(
+      state, images, labels, key, num_steps, batch_size, ensemble
+    ).params,
+  }  # fmt: skip
+  examples = num_steps * batch_size * max(ensemble_size, 1)
+  return {way: examples / _best(run, repeats) for way, run in runs.items()}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--quick", action="store_true", help="the CPU cases (MLP, small CNN)")
+  parser.add_argument("--models", default="resnet20,wrn16_4")
+  parser.add_argument("--batch_sizes", default="128,512")
+  parser.add_argument("--dtypes", default="float32,bfloat16")
+  parser.add_argument("--ensemble_size", type=int, default=5, help="members (0: none)")
+  parser.add_argument("--ensemble_batch_sizes", default="128", help="ensembles at these only")
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--num_examples", type=int, default=50000)
+  parser.add_argument("--repeats", type=int, default=3)
+  args = parser.parse_args()
+  if args.quick:  # MLP: the issue's case; CNN: the main job's, few steps (its scan is slow)
+    cases = [("mlp", 128, "float32", 0, 500), ("mlp", 128, "bfloat16", 0, 500)]
+    cases += [("mlp", 128, "float32", 4, 200), ("cnn", 128, "float32", 0, 20)]
+    num_examples = 60000
+  else:
+    cases = [
+      (name, int(b), dtype, members, args.steps)
+      for name in args.models.split(",")
+      for b in args.batch_sizes.split(",")
+      for dtype in args.dtypes.split(",")
+      for members in (0, args.ensemble_size)
+      if members == 0 or (members and b in args.ensemble_batch_sizes.split(","))
+    ]
+    num_examples = args.num_examples
+  device = jax.devices()[0]
+  print(
+    f"# {device.device_kind} ({jax.default_backend()}), {jax.device_count()} device(s);"
+    f" jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__},"
+    f" python {platform.python_version()}; fit's steps_per_call here:"
+    f" {train.pick_steps_per_call()}; N = {num_examples}, best of {args.repeats}"
+  )
+  print("\n| network | batch | dtype | members | steps | floor | fit | fit / floor "
+        "| fit+data | host loop |")  # fmt: skip
+  print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+  for name, batch_size, dtype, members, steps in cases:
+    rates = _case(name, batch_size, dtype, members, steps, num_examples, args.repeats)
+    print(
+      f"| {name} | {batch_size} | {dtype} | {members or 1} | {steps} | {rates['floor']:,.0f}"
+      f" | {rates['fit']:,.0f} | {rates['fit'] / rates['floor']:.0%} | {rates['fit+data']:,.0f}"
+      f" | {rates['host loop']:,.0f} |",
+      flush=True,
+    )
+
+
+if __name__ == "__main__":
+  main()
