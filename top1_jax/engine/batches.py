@@ -35,14 +35,26 @@ IN_FLIGHT = 2
 """Streamed data: calls' batches sent to the devices ahead of the call that runs."""
 
 
-def _num_classes(model: nn.Module, variables: Any, images: Any) -> int:
-  """K, the model's logits for ``images[:1]`` (a host array or shape); ``variables`` None:
-  the model's initial ones, never computed (only shapes are)."""
-  sample = jax.ShapeDtypeStruct((1, *images.shape[1:]), jnp.float32)
+@functools.lru_cache(maxsize=64)
+def _logits_classes(model: nn.Module, variables: Any, treedef: Any, example_shape: tuple) -> int:
+  sample = jax.ShapeDtypeStruct((1, *example_shape), jnp.float32)
   if variables is None:
-    variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), sample)
-  shape = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), variables, sample)
+    tree = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), sample)
+  else:
+    tree = jax.tree_util.tree_unflatten(treedef, variables)
+  shape = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), tree, sample)
   return int(shape.shape[-1])
+
+
+def _num_classes(model: nn.Module, variables: Any, images: Any) -> int:
+  """K, the model's logits for one example of ``images`` (a host or device array) with
+  ``variables`` (None: the model's initial ones); only shapes are computed, once per model,
+  variables' shapes and example shape."""
+  if variables is None:
+    return _logits_classes(model, None, None, tuple(images.shape[1:]))
+  leaves, treedef = jax.tree_util.tree_flatten(variables)
+  shapes = tuple(jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype) for leaf in leaves)
+  return _logits_classes(model, shapes, treedef, tuple(images.shape[1:]))
 
 
 def _checked(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray, int]:
@@ -98,7 +110,7 @@ class TrainingData(NamedTuple):
   mesh: Mesh
 
 
-def training_data(model: nn.Module, images, labels, mesh: Mesh) -> TrainingData:
+def training_data(model: nn.Module, images, labels, mesh: Mesh, variables=None) -> TrainingData:
   """Checks host data once and places it for a run (the module docstring's rule).
 
   Args:
@@ -107,8 +119,10 @@ def training_data(model: nn.Module, images, labels, mesh: Mesh) -> TrainingData:
     images: [N, ...] float inputs (integers are cast to float32).
     labels: [N] int labels in [0, K).
     mesh: the devices to place it on.
+    variables: the network's variables, checked against the images (None: its initial
+      ones).
   """
-  images, labels, num_classes = _checked(model, None, images, labels)
+  images, labels, num_classes = _checked(model, variables, images, labels)
   dtype = input_dtype(model)
   num_bytes = images.shape[0] * (images[0].size * np.dtype(dtype).itemsize + 4)
   placed = (images, labels, images.shape[0], num_classes)
@@ -122,7 +136,7 @@ def for_fit(model: nn.Module, variables: Any, images, labels, mesh: Mesh) -> Tra
   """``fit``'s data: a ``TrainingData`` (``labels`` None) checked against the model, or host
   arrays checked and placed (``training_data``)."""
   if not isinstance(images, TrainingData):
-    return training_data(model, images, labels, mesh)
+    return training_data(model, images, labels, mesh, variables)
   if labels is not None:
     raise ValueError("labels: expected None when images is a TrainingData (it holds them)")
   num_classes = _num_classes(model, variables, images.images)

@@ -184,15 +184,16 @@ def _program(mesh, num_steps, steps_per_epoch, batch_size, ensemble, streamed, d
   def call(state, totals, images, labels, orders, key_data, first):
     key = jax.random.wrap_key_data(key_data, impl=impl)
     steps = first + jnp.arange(num_steps, dtype=jnp.int32)
-    orders = jnp.stack(orders) if orders else None  # [E, (M,) N]
+    num_examples = orders[0].shape[-1] if orders else None
+    orders = jnp.concatenate(orders, axis=-1) if orders else None  # [(M,) E * N]
 
     def body(carry, xs):
       state, totals = carry
       step, batch = xs
       if not streamed:
         epoch, position = jnp.divmod(step, steps_per_epoch)
-        order = orders[epoch - first // steps_per_epoch]
-        rows = jax.lax.dynamic_slice_in_dim(order, position * batch_size, batch_size, axis=-1)
+        start = (epoch - first // steps_per_epoch) * num_examples + position * batch_size
+        rows = jax.lax.dynamic_slice_in_dim(orders, start, batch_size, axis=-1)
         batch = parallel.gather_rows((images, labels), rows, mesh)
       state, metrics = step_fn(state, batch, fold_in(key, step))
       return (state, jax.tree_util.tree_map(jnp.add, totals, metrics)), None
