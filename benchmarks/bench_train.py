@@ -17,7 +17,8 @@ vmapped step), images per second (all members' images for an ensemble) of:
              sent, its key folded on the host, its metrics added on the device.
 
 and ``fit / floor``. Each is timed after a warm-up run of the same length
-(compilation), best of ``--repeats``. The data are random, of the datasets' shapes.
+(compilation), best of ``--repeats`` taken in turns. The data are random, of the
+datasets' shapes.
 
   python benchmarks/bench_train.py --quick   # CPU: MLP (hidden 64) and the small CNN
   JAX_PLATFORMS=cuda python benchmarks/bench_train.py   # ResNet-20, WRN-16-4 (~15 min)
@@ -116,17 +117,21 @@ _STEP = jax.jit(train_state.apply_step)
 _ENSEMBLE_STEP = jax.jit(train_state.ensemble_step)
 
 
-def _best(run, repeats: int) -> float:
-  jax.block_until_ready(run())  # warm-up: compilation
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
+def _best(runs: dict, repeats: int) -> dict[str, float]:
+  """Each run's best time after a warm-up (compilation); the runs take turns, so a load
+  that comes and goes on a shared machine falls on all of them."""
+  for run in runs.values():
     jax.block_until_ready(run())
-    times.append(time.perf_counter() - start)
-  return min(times)
+  times = {way: [] for way in runs}
+  for _ in range(repeats):
+    for way, run in runs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(run())
+      times[way].append(time.perf_counter() - start)
+  return {way: min(seconds) for way, seconds in times.items()}
 
 
-def _case(name, batch_size, dtype, ensemble_size, num_steps, num_examples, repeats):
+def _case(name, batch_size, dtype, ensemble_size, num_steps, num_examples, repeats, per_call):
   """images/s of each way for one case."""
   rng = np.random.default_rng(0)
   images = rng.random((num_examples, *MODELS[name][1]), dtype=np.float32)
@@ -134,7 +139,8 @@ def _case(name, batch_size, dtype, ensemble_size, num_steps, num_examples, repea
   state = _state(name, dtype, images[:1], ensemble_size)
   key = jax.random.key(1)
   data = train.training_data(state.model, images, labels)
-  kwargs = dict(num_steps=num_steps, batch_size=batch_size, callback=lambda info: None)
+  kwargs = dict(num_steps=num_steps, batch_size=batch_size, steps_per_call=per_call)
+  kwargs["callback"] = lambda info: None
   if ensemble_size:
     fit = functools.partial(train.fit_ensemble, strategy="vmap", **kwargs)
   else:
@@ -154,7 +160,9 @@ def _case(name, batch_size, dtype, ensemble_size, num_steps, num_examples, repea
     ).params,
   }  # fmt: skip
   examples = num_steps * batch_size * max(ensemble_size, 1)
-  return {way: examples / _best(run, repeats) for way, run in runs.items()}
+  rates = {way: examples / seconds for way, seconds in _best(runs, repeats).items()}
+  slow = train.slow_in_cpu_loops(state.model, images.shape[1:])
+  return rates | {"per call": train.pick_steps_per_call(per_call, slow_in_loops=slow)}
 
 
 def main() -> None:
@@ -168,6 +176,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--num_examples", type=int, default=50000)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--steps_per_call", type=int, default=None, help="fit's; default: by backend")
   args = parser.parse_args()
   if args.quick:  # MLP: the issue's case; CNN: the main job's, few steps (its scan is slow)
     cases = [("mlp", 128, "float32", 0, 500), ("mlp", 128, "bfloat16", 0, 500)]
@@ -187,18 +196,19 @@ def main() -> None:
   print(
     f"# {device.device_kind} ({jax.default_backend()}), {jax.device_count()} device(s);"
     f" jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__},"
-    f" python {platform.python_version()}; fit's steps_per_call here:"
-    f" {train.pick_steps_per_call()}; N = {num_examples}, best of {args.repeats}"
+    f" python {platform.python_version()}; N = {num_examples}, best of {args.repeats}"
   )
   print("\n| network | batch | dtype | members | steps | floor | fit | fit / floor "
-        "| fit+data | host loop |")  # fmt: skip
-  print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        "| fit+data | host loop | fit's steps per call |")  # fmt: skip
+  print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
   for name, batch_size, dtype, members, steps in cases:
-    rates = _case(name, batch_size, dtype, members, steps, num_examples, args.repeats)
+    rates = _case(
+      name, batch_size, dtype, members, steps, num_examples, args.repeats, args.steps_per_call
+    )
     print(
       f"| {name} | {batch_size} | {dtype} | {members or 1} | {steps} | {rates['floor']:,.0f}"
       f" | {rates['fit']:,.0f} | {rates['fit'] / rates['floor']:.0%} | {rates['fit+data']:,.0f}"
-      f" | {rates['host loop']:,.0f} |",
+      f" | {rates['host loop']:,.0f} | {rates['per call']} |",
       flush=True,
     )
 

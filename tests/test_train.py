@@ -367,14 +367,22 @@ def test_fit_equals_the_step_by_step_loop(name, monkeypatch):
   assert _max_abs_diff(streamed.params, expected.params) < tolerance
 
 
-def test_steps_per_call_by_backend_and_forced():
-  assert train.pick_steps_per_call(backend="cpu") == 1
-  assert train.pick_steps_per_call(backend="gpu") == train.STEPS_PER_CALL["default"] > 1
-  assert train.pick_steps_per_call(backend="tpu") == train.STEPS_PER_CALL["default"]
-  assert train.pick_steps_per_call(7, backend="cpu") == 7
+def test_steps_per_call_by_backend_and_model_and_forced():
+  many = train.STEPS_PER_CALL
+  assert many > 1
+  assert train.pick_steps_per_call(backend="cpu") == many
+  assert train.pick_steps_per_call(backend="cpu", slow_in_loops=True) == 1
+  assert train.pick_steps_per_call(backend="gpu", slow_in_loops=True) == many
+  assert train.pick_steps_per_call(backend="tpu") == many
+  assert train.pick_steps_per_call(7, backend="cpu", slow_in_loops=True) == 7
   for bad in (0, 2.5, "3"):
     with pytest.raises(ValueError, match="steps_per_call"):
       train.pick_steps_per_call(bad)
+  # Convolutions and half precisions run slowly in XLA:CPU's loops; a float32 MLP does not.
+  assert not train.slow_in_cpu_loops(models.MLP(), (28, 28))
+  assert train.slow_in_cpu_loops(models.MLP(dtype=jnp.bfloat16), (28, 28))
+  assert train.slow_in_cpu_loops(models.CNN(), (28, 28))
+  assert train.slow_in_cpu_loops(models.ResNet(blocks_per_stage=(1,), widths=(4,)), (8, 8, 3))
 
 
 def test_reports_and_their_means_do_not_depend_on_steps_per_call():

@@ -187,11 +187,15 @@ class EpochOrder:
     return self._on_device[epoch]
 
   def device_orders(self, first_step: int, num_steps: int) -> tuple[jax.Array, ...]:
-    """The permutations of the ``epochs_spanned`` epochs from ``first_step``'s on."""
+    """``epochs_spanned(num_steps)`` permutations from ``first_step``'s epoch on: those of
+    the epochs the steps touch, then copies of the last (never read; a fixed count keeps
+    one program per call length)."""
     first = first_step // self.steps_per_epoch
+    last = (first_step + num_steps - 1) // self.steps_per_epoch
     count = epochs_spanned(num_steps, self.steps_per_epoch)
     self._on_device = {e: v for e, v in self._on_device.items() if e >= first}
-    return tuple(self._epoch(epoch) for epoch in range(first, first + count))
+    touched = tuple(self._epoch(epoch) for epoch in range(first, last + 1))
+    return touched + touched[-1:] * (count - len(touched))
 
   def host_rows(self, first_step: int, num_steps: int) -> np.ndarray:
     """[num_steps, B] (or [num_steps, M, B]) rows of steps ``first_step`` on."""

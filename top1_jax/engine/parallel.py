@@ -171,14 +171,16 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   """The array leaves of ``tree`` as global arrays replicated over ``mesh``.
 
   Every process passes the same values (host or local device arrays); each
-  copies them to its own devices only. Leaves already replicated over ``mesh``
-  are kept as they are.
+  copies them to its own devices only. Leaves already replicated over the mesh's
+  devices are kept as they are.
   """
   replicated = NamedSharding(mesh, P())
+  devices = set(mesh.devices.flat)
 
   def put(leaf):
-    if isinstance(leaf, jax.Array) and leaf.sharding == replicated:
-      return leaf
+    if isinstance(leaf, jax.Array) and leaf.sharding.device_set == devices:
+      if leaf.is_fully_replicated:  # e.g. on the one device of a one-device mesh
+        return leaf
     copies = [jax.device_put(leaf, device) for device in mesh.local_devices]
     return jax.make_array_from_single_device_arrays(np.shape(leaf), replicated, copies)
 

@@ -77,6 +77,7 @@ __all__ = [
   "fit",
   "fit_ensemble",
   "pick_steps_per_call",
+  "slow_in_cpu_loops",
   "evaluate",
   "evaluate_ensemble",
   "member",
@@ -108,22 +109,39 @@ class DivergedError(ValueError):
     )
 
 
-STEPS_PER_CALL = {"cpu": 1, "default": 100}
-"""``fit``'s training steps per jitted call by backend (``pick_steps_per_call``)."""
+STEPS_PER_CALL = 100
+"""``fit``'s default steps per jitted call, but where XLA:CPU loops run slowly
+(``pick_steps_per_call``)."""
 
 
-def pick_steps_per_call(steps_per_call: int | None = None, backend: str | None = None) -> int:
+@functools.lru_cache(maxsize=64)
+def slow_in_cpu_loops(model: nn.Module, example_shape: tuple[int, ...]) -> bool:
+  """Whether XLA:CPU runs this model's step slowly inside ``lax.scan``: its forward pass
+  (on inputs of ``example_shape``) has a convolution, or computes in a half precision.
+
+  Measured on this project's CPU (docs/performance.md): a small CNN's step took ~10x as
+  long inside a scan, a bfloat16 MLP's ~2x; a float32 MLP's ran ~20 % faster.
+  """
+  sample = jax.ShapeDtypeStruct((1, *example_shape), jnp.float32)
+  forward = jax.make_jaxpr(lambda x: model.init_with_output(jax.random.key(0), x)[0])(sample)
+  half = batches.input_dtype(model) != jnp.float32
+  return half or "conv_general_dilated" in str(forward)
+
+
+def pick_steps_per_call(
+  steps_per_call: int | None = None, backend: str | None = None, *, slow_in_loops: bool = False
+) -> int:
   """Training steps per jitted call: ``steps_per_call`` if given, else by backend.
 
-  XLA:CPU ran the convolutions of a step inside ``lax.scan`` several times slower than
-  in a call of its own, and a small MLP's steps no faster, so a CPU takes one step per
-  call (its batch still gathered on the device); an accelerator takes
-  ``STEPS_PER_CALL["default"]``, where the host's work per call would otherwise leave
-  it waiting (docs/performance.md). Either gives the same numbers up to float rounding.
+  ``STEPS_PER_CALL``, where the host's work per call would otherwise leave the device
+  waiting; but 1 on a CPU for a step that is ``slow_in_loops`` there
+  (``slow_in_cpu_loops``), whose batch is still gathered on the device. Any value gives
+  the same numbers up to float rounding.
 
   Args:
     steps_per_call: a number >= 1 to force, or None to pick.
     backend: ``"cpu"``, ``"gpu"``, ``"tpu"``...; default ``jax.default_backend()``.
+    slow_in_loops: whether the step runs slowly inside an XLA:CPU loop.
 
   Returns:
     Steps per call, >= 1.
@@ -131,7 +149,7 @@ def pick_steps_per_call(steps_per_call: int | None = None, backend: str | None =
   if steps_per_call is not None:
     return validation.positive_int("steps_per_call", steps_per_call)
   backend = jax.default_backend() if backend is None else backend
-  return STEPS_PER_CALL.get(backend, STEPS_PER_CALL["default"])
+  return 1 if backend == "cpu" and slow_in_loops else STEPS_PER_CALL
 
 
 class _Progress:
@@ -315,7 +333,14 @@ def fit(
   key = mc.as_prng_key(key)
   data = batches.for_fit(state.model, state.variables, images, labels, mc.default_mesh())
   schedule = batches.checked_schedule(num_steps, batch_size, data.num_examples, log_every)
-  return _fit_one(state, data, key, schedule, pick_steps_per_call(steps_per_call), callback, None)
+  steps_per_call = _steps_per_call(steps_per_call, state.model, data)
+  return _fit_one(state, data, key, schedule, steps_per_call, callback, None)
+
+
+def _steps_per_call(steps_per_call, model, data: TrainingData) -> int:
+  cpu = steps_per_call is None and jax.default_backend() == "cpu"
+  slow = cpu and slow_in_cpu_loops(model, tuple(data.images.shape[1:]))
+  return pick_steps_per_call(steps_per_call, slow_in_loops=slow)
 
 
 def _fit_one(state, data, key, schedule, steps_per_call, callback, index):
@@ -369,7 +394,7 @@ def fit_ensemble(
   variables = member(states, 0).variables
   data = batches.for_fit(states.model, variables, images, labels, mc.default_mesh())
   schedule = batches.checked_schedule(num_steps, batch_size, data.num_examples, log_every)
-  steps_per_call = pick_steps_per_call(steps_per_call)
+  steps_per_call = _steps_per_call(steps_per_call, states.model, data)
   if strategy == "loop":
     return train_state.stack_members(
       [
