@@ -11,7 +11,7 @@ vmapped step), images per second (all members' images for an ensemble) of:
   fit        ``train.fit`` / ``fit_ensemble(strategy="vmap")`` over the same number of
              steps, from a ``train.training_data`` made once (as a run that calls
              ``fit`` once per epoch makes it), a callback every 100 steps, the default
-             ``steps_per_call`` of the backend.
+             ``steps_per_call`` (``pick_steps_per_call``: the table's last column).
   fit+data   the same from host arrays: ``fit`` checks and places them on every call.
   host loop  the loop ``fit`` ran before: each step's batch gathered on the host and
              sent, its key folded on the host, its metrics added on the device.
@@ -21,7 +21,7 @@ and ``fit / floor``. Each is timed after a warm-up run of the same length
 datasets' shapes.
 
   python benchmarks/bench_train.py --quick   # CPU: MLP (hidden 64) and the small CNN
-  JAX_PLATFORMS=cuda python benchmarks/bench_train.py   # ResNet-20, WRN-16-4 (~15 min)
+  JAX_PLATFORMS=cuda python benchmarks/bench_train.py   # ResNet-20, WRN-16-4 (the GPU table)
   JAX_PLATFORMS=cuda python benchmarks/bench_train.py --models=resnet20 --batch_sizes=128
 """
 
