@@ -94,3 +94,14 @@ def test_predict_on_the_devices_equals_predict_streamed(monkeypatch):
     apply_fn, variables, x, jax.random.key(1), num_samples=4, rate=0.2
   )
   np.testing.assert_allclose(placed.logits, one_by_one, rtol=1e-5, atol=1e-6)
+
+
+def test_streamed_calls_take_at_most_their_bytes(monkeypatch):
+  images = np.zeros((100, 10), np.float32)  # 40 bytes a row
+  data = batches.TrainingData(images, np.zeros(100, np.int32), 100, 4, False, jnp.float32, None)
+  order = types.SimpleNamespace(rows_per_step=24)  # e.g. 2 members of 12
+  monkeypatch.setattr(batches, "STREAMED_CALL_BYTES", 24 * 40 * 3)
+  assert batches.streamed_steps(data, order, 100) == 3
+  assert batches.streamed_steps(data, order, 2) == 2
+  monkeypatch.setattr(batches, "STREAMED_CALL_BYTES", 1)
+  assert batches.streamed_steps(data, order, 100) == 1  # one step, whatever its bytes

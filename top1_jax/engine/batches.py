@@ -11,9 +11,10 @@ Where the data goes (``training_data``) is one rule, ``parallel.fits_on_devices`
   devices, split by rows, for the whole run; the permutations are drawn there too,
   and every batch is gathered there (``parallel.gather_rows``): no host work and no
   transfer per step;
-* it does not: each jitted call's batches are gathered on the hosts and sent split
-  over the devices (``parallel.shard_rows``), two calls' batches in flight ahead of
-  the one that runs (``prefetch``).
+* it does not: each jitted call's batches (``streamed_steps``: at most
+  ``STREAMED_CALL_BYTES``) are gathered on the hosts and sent split over the devices
+  (``parallel.shard_rows``), ``IN_FLIGHT`` calls' batches ahead of the one that runs
+  (``prefetch``).
 """
 
 import collections
@@ -33,6 +34,10 @@ from top1_jax.engine import forward_passes, parallel, train_state
 
 IN_FLIGHT = 2
 """Streamed data: calls' batches sent to the devices ahead of the call that runs."""
+
+STREAMED_CALL_BYTES = 1 << 28
+"""Streamed data: a call's batches take at most this many bytes (256 MiB; a call takes at
+least one step), so that the calls in flight stay small beside the model."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -175,6 +180,7 @@ class EpochOrder:
     self._key_data = parallel.replicate(jax.random.key_data(keys), data.mesh)
     self._draw = _permutations(data.num_examples, data.mesh, jax.random.key_impl(keys))
     self.batch_size = batch_size
+    self.rows_per_step = batch_size * keys.shape[0]  # all members' rows
     self.steps_per_epoch = data.num_examples // batch_size
     self._on_device: dict[int, jax.Array] = {}
     self._on_host: dict[int, np.ndarray] = {}
@@ -207,6 +213,13 @@ class EpochOrder:
       start = position * self.batch_size
       rows.append(self._on_host[epoch][..., start : start + self.batch_size])
     return np.stack(rows)
+
+
+def streamed_steps(data: TrainingData, order: EpochOrder, steps_per_call: int) -> int:
+  """Steps per call of streamed data: ``steps_per_call``, fewer where their batches would
+  take more than ``STREAMED_CALL_BYTES``."""
+  step_bytes = order.rows_per_step * data.images[0].nbytes
+  return max(1, min(steps_per_call, STREAMED_CALL_BYTES // step_bytes))
 
 
 def streamed(data: TrainingData, order: EpochOrder, calls: Iterable[tuple[int, int]]):

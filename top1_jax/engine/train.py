@@ -119,8 +119,8 @@ def slow_in_cpu_loops(model: nn.Module, example_shape: tuple[int, ...]) -> bool:
   """Whether XLA:CPU runs this model's step slowly inside ``lax.scan``: its forward pass
   (on inputs of ``example_shape``) has a convolution, or computes in a half precision.
 
-  Measured on this project's CPU (docs/performance.md): a small CNN's step took ~10x as
-  long inside a scan, a bfloat16 MLP's ~2x; a float32 MLP's ran ~20 % faster.
+  On this project's CPU such steps ran several times slower inside a scan than in calls
+  of their own, and a float32 MLP's ran faster (docs/performance.md).
   """
   sample = jax.ShapeDtypeStruct((1, *example_shape), jnp.float32)
   forward = jax.make_jaxpr(lambda x: model.init_with_output(jax.random.key(0), x)[0])(sample)
@@ -241,7 +241,10 @@ def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
   read after the next call is dispatched, so the devices do not wait for the host."""
   mesh, shape, impl = data.mesh, dropout_key.shape, jax.random.key_impl(dropout_key)
   key_data = parallel.replicate(jax.random.key_data(dropout_key), mesh)
-  zeros = parallel.replicate({name: np.zeros(shape, np.float32) for name in _METRICS}, mesh)
+  zeros = {name: np.zeros(shape, np.float32) for name in ("loss", "accuracy")}
+  zeros = parallel.replicate(zeros, mesh)
+  if not data.on_device:
+    steps_per_call = batches.streamed_steps(data, order, steps_per_call)
   calls = _calls(begin, progress, steps_per_call)
   blocks = None if data.on_device else batches.streamed(data, order, calls)
   state, totals, pending = parallel.replicate(state, mesh), zeros, None
@@ -257,16 +260,12 @@ def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
     state, totals = program(state, totals, *inputs, key_data, np.int32(first))
     if pending is not None:
       progress.report(*pending)
-    done = first + num_steps
-    pending, totals = (
-      ((done, totals), zeros) if done == progress.next_report(first) else (None, totals)
-    )
+      pending = None
+    if first + num_steps == progress.next_report(first):  # read after the next call starts
+      pending, totals = (first + num_steps, totals), zeros
   if pending is not None:
     progress.report(*pending)
   return parallel.to_local(state)
-
-
-_METRICS = ("loss", "accuracy")
 
 
 def training_data(model: nn.Module, images: ArrayLike, labels: ArrayLike) -> TrainingData:
