@@ -64,20 +64,33 @@ def _state(name: str, dtype, sample, ensemble_size: int):
   return train.create_train_state(model, tx, jax.random.key(0), sample, **extras)
 
 
+def _permutations(keys, epochs, num_examples: int):
+  """[E, (M,) N]: each epoch's permutation, ``permutation(fold_in(key, epoch), N)``, of
+  one key or of [M] member keys."""
+
+  def permute(key, epoch):
+    return jax.random.permutation(jax.random.fold_in(key, epoch), num_examples)
+
+  by_member = jax.vmap(permute, in_axes=(0, None)) if keys.ndim else permute
+  return jax.vmap(by_member, in_axes=(None, 0))(keys, epochs)
+
+
 @functools.partial(jax.jit, static_argnames=("num_steps", "batch_size", "ensemble"))
 def _floor(state, images, labels, key, *, num_steps, batch_size, ensemble):
-  """``num_steps`` steps in one scan, batches gathered on the device (the floor)."""
+  """``num_steps`` steps in one scan, batches gathered on the device from a fresh
+  permutation each epoch drawn there (the floor: the same work as ``fit``, no host)."""
   num_examples = images.shape[0]
   steps_per_epoch = num_examples // batch_size
   keys = jax.random.split(key, state.step.shape[0]) if ensemble else key
-  permute = functools.partial(jax.random.permutation, x=num_examples)
-  order = jax.vmap(permute)(keys) if ensemble else permute(keys)
+  epochs = jnp.arange(-(-num_steps // steps_per_epoch))
+  orders = _permutations(keys, epochs, num_examples)  # [E, (M,) N]
   step = train_state.ensemble_step if ensemble else train_state.apply_step
   fold_in = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if ensemble else jax.random.fold_in
 
   def body(state, t):
-    start = (t % steps_per_epoch) * batch_size
-    rows = jax.lax.dynamic_slice_in_dim(order, start, batch_size, axis=-1)
+    epoch, position = jnp.divmod(t, steps_per_epoch)
+    order = jax.lax.dynamic_index_in_dim(orders, epoch, keepdims=False)
+    rows = jax.lax.dynamic_slice_in_dim(order, position * batch_size, batch_size, axis=-1)
     batch = (jnp.take(images, rows, axis=0), jnp.take(labels, rows, axis=0))
     state, metrics = step(state, batch, fold_in(keys, t))
     return state, metrics["loss"]
@@ -86,26 +99,18 @@ def _floor(state, images, labels, key, *, num_steps, batch_size, ensemble):
 
 
 def _host_loop(state, images, labels, key, num_steps, batch_size, ensemble):
-  """The loop ``fit`` ran before: batches gathered on the host, one jitted step each."""
+  """The loop ``fit`` ran before: each epoch's permutation drawn and brought to the host,
+  each batch gathered there and sent, one jitted step and eager key and metric ops each."""
   step = _ENSEMBLE_STEP if ensemble else _STEP
-  size = state.step.shape[0] if ensemble else 0
-  keys = jax.random.split(key, size) if ensemble else key
-  rng = np.random.default_rng(0)
-  orders = [rng.permutation(images.shape[0]) for _ in range(max(size, 1))]
-  steps_per_epoch, running = images.shape[0] // batch_size, None
+  keys = jax.random.split(key, state.step.shape[0]) if ensemble else key
+  fold_in = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if ensemble else jax.random.fold_in
+  steps_per_epoch, running, order = images.shape[0] // batch_size, None, None
   for t in range(num_steps):
-    start = (t % steps_per_epoch) * batch_size
-    rows = (
-      np.stack([o[start : start + batch_size] for o in orders])
-      if size
-      else orders[0][start:][:batch_size]
-    )
-    step_keys = (
-      jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
-      if size
-      else jax.random.fold_in(keys, t)
-    )
-    state, metrics = step(state, (images[rows], labels[rows]), step_keys)
+    epoch, position = divmod(t, steps_per_epoch)
+    if position == 0 or order is None:
+      order = np.asarray(_EPOCH_ORDERS(keys, jnp.asarray([epoch]), images.shape[0])[0])
+    rows = order[..., position * batch_size : (position + 1) * batch_size]
+    state, metrics = step(state, (images[rows], labels[rows]), fold_in(keys, t))
     running = metrics if running is None else jax.tree_util.tree_map(jnp.add, running, metrics)
     if (t + 1) % 100 == 0 or t + 1 == num_steps:
       np.asarray(running["loss"])
@@ -113,6 +118,7 @@ def _host_loop(state, images, labels, key, num_steps, batch_size, ensemble):
   return state
 
 
+_EPOCH_ORDERS = jax.jit(_permutations, static_argnums=2)
 _STEP = jax.jit(train_state.apply_step)
 _ENSEMBLE_STEP = jax.jit(train_state.ensemble_step)
 
