@@ -1,8 +1,13 @@
-"""Tests for top1_jax.engine.train: steps, ensembles (vmap = loop), resuming, real data."""
+"""Tests for top1_jax.engine.train: steps, the loop against the step-by-step oracle (many
+steps per call, data on the devices or streamed, 8 devices), ensembles (vmap = loop),
+resuming, real data."""
 
 import gzip
+import os
 import pathlib
 import struct
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +16,10 @@ import optax
 import pytest
 from toy_data import gaussian_blobs
 
-from top1_jax.engine import mc, models, train
+from top1_jax.engine import mc, models, parallel, train
 from top1_jax.io import checkpoints
+
+_TESTS = pathlib.Path(__file__).resolve().parent
 
 _FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist")
 
@@ -201,10 +208,14 @@ def test_a_diverging_training_stops_at_its_first_report_naming_the_learning_rate
   wild = optax.adam(1e6)
   state = train.create_train_state(_MLP, wild, jax.random.key(0), images[:1])
   kwargs = dict(num_steps=12, batch_size=16, log_every=4)
-  for callback in (None, lambda info: None):  # the last step's loss, or the reports' mean
-    with pytest.raises(train.DivergedError, match="smaller learning rate") as info:
-      train.fit(state, images, labels, jax.random.key(1), callback=callback, **kwargs)
-    assert info.value.step == 4 and not info.value.loss <= train.MAX_LOSS  # huge, or NaN
+  for callback in (None, lambda info: None):  # the loss is checked with or without reports
+    for steps_per_call in (1, 3):  # 3: calls of 3 and 1 steps, read at the report
+      with pytest.raises(train.DivergedError, match="smaller learning rate") as info:
+        train.fit(
+          state, images, labels, jax.random.key(1), callback=callback,
+          steps_per_call=steps_per_call, **kwargs,
+        )  # fmt: skip
+      assert info.value.step == 4 and not info.value.loss <= train.MAX_LOSS  # huge, or NaN
   ensemble = train.init_ensemble(_MLP, wild, jax.random.key(0), images[:1], ensemble_size=2)
   for strategy in ("vmap", "loop"):
     with pytest.raises(train.DivergedError, match=r"by step 4 \(member \d\)"):
@@ -234,6 +245,8 @@ def test_bad_inputs_raise_naming_the_argument():
     fit(num_steps=0)
   with pytest.raises(ValueError, match="key"):
     fit(key=3)
+  with pytest.raises(ValueError, match="steps_per_call"):
+    train.fit(state, images, labels, jax.random.key(0), num_steps=2, batch_size=8, steps_per_call=0)
   for rate in (1.0, -0.5, "0.1"):
     with pytest.raises(ValueError, match="dropout_rate"):
       train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=rate)
@@ -291,3 +304,180 @@ def test_short_real_training_on_fashion_mnist():
   for name in ("neg_log_pmax", "covariance_norm_probs"):
     score = predictions.scores[name]
     assert score[~correct].mean() > 2 * score[correct].mean(), name
+
+
+# ----------------------------------------------------------------------------
+# The loop against the step-by-step oracle: many steps per call, data on the devices or
+# streamed from the host, resumed mid-epoch, on 8 devices.
+
+
+def step_by_step(state, images, labels, key, num_steps, batch_size):
+  """The oracle: ``fit``'s contract as a plain loop (the loop it ran before), one jitted
+  step at a time, each batch gathered on the host from the epoch's permutation."""
+  shuffle_key, dropout_key = jax.random.split(key)
+  steps_per_epoch = images.shape[0] // batch_size
+  for step in range(int(state.step), int(state.step) + num_steps):
+    epoch, position = divmod(step, steps_per_epoch)
+    order = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), images.shape[0])
+    rows = np.asarray(order)[position * batch_size : (position + 1) * batch_size]
+    batch = (images[rows], labels[rows])
+    state, _ = train.train_step(state, batch, jax.random.fold_in(dropout_key, step))
+  return state
+
+
+_NETWORKS = {
+  "mlp": (models.MLP(num_classes=4, hidden_sizes=(16,)), (6, 6)),
+  "mlp_bfloat16": (models.MLP(num_classes=4, hidden_sizes=(16,), dtype=jnp.bfloat16), (6, 6)),
+  "cnn": (models.CNN(num_classes=4, features=(4, 8), dense_size=16), (8, 8)),
+  "resnet": (models.ResNet(num_classes=4, blocks_per_stage=(1,), widths=(4,)), (8, 8, 3)),
+}
+
+
+def _network_case(name: str):
+  model, shape = _NETWORKS[name]
+  rng = np.random.default_rng(2)
+  images = rng.normal(size=(100, *shape)).astype(np.float32)
+  labels = rng.integers(0, 4, 100).astype(np.int32)
+  state = train.create_train_state(
+    model, optax.adam(1e-2), jax.random.key(0), images[:1], dropout_rate=0.1
+  )
+  return state, images, labels
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _NETWORKS)
+def test_fit_equals_the_step_by_step_loop(name, monkeypatch):
+  state, images, labels = _network_case(name)
+  key = jax.random.key(3)
+  # 100 examples in batches of 24: 4 steps an epoch, so 11 steps cross two epochs.
+  expected = step_by_step(state, images, labels, key, 11, 24)
+  fit = lambda s, n, **kw: train.fit(s, images, labels, key, num_steps=n, batch_size=24, **kw)
+  tolerance = 1e-5  # one step per call is bit-identical here; a scan rounds a few sums apart
+  # Calls of 4 steps, cut at the reports (every 5 steps): 4 + 1 + 4 + 1 + 1, across epochs.
+  for steps_per_call in (1, 4):
+    got = fit(state, 11, steps_per_call=steps_per_call, log_every=5)
+    assert int(got.step) == 11
+    assert _max_abs_diff(got.params, expected.params) < tolerance, steps_per_call
+    assert _max_abs_diff(got.model_state, expected.model_state) < tolerance
+  # Restored mid-epoch (step 3), on with calls of 4; and the data streamed from the host.
+  resumed = fit(fit(state, 3, steps_per_call=4), 8, steps_per_call=4)
+  assert _max_abs_diff(resumed.params, expected.params) < tolerance
+  monkeypatch.setattr(parallel, "HOST_DEVICE_DATA_BYTES", 0)
+  streamed = fit(state, 11, steps_per_call=4, log_every=5)
+  assert _max_abs_diff(streamed.params, expected.params) < tolerance
+
+
+def test_steps_per_call_by_backend_and_model_and_forced():
+  many = train.STEPS_PER_CALL
+  assert many > 1
+  assert train.pick_steps_per_call(backend="cpu") == many
+  assert train.pick_steps_per_call(backend="cpu", slow_in_loops=True) == 1
+  assert train.pick_steps_per_call(backend="gpu", slow_in_loops=True) == many
+  assert train.pick_steps_per_call(backend="tpu") == many
+  assert train.pick_steps_per_call(7, backend="cpu", slow_in_loops=True) == 7
+  for bad in (0, 2.5, "3"):
+    with pytest.raises(ValueError, match="steps_per_call"):
+      train.pick_steps_per_call(bad)
+  # Convolutions and half precisions run slowly in XLA:CPU's loops; a float32 MLP does not.
+  assert not train.slow_in_cpu_loops(models.MLP(), (28, 28))
+  assert train.slow_in_cpu_loops(models.MLP(dtype=jnp.bfloat16), (28, 28))
+  assert train.slow_in_cpu_loops(models.CNN(), (28, 28))
+  assert train.slow_in_cpu_loops(models.ResNet(blocks_per_stage=(1,), widths=(4,)), (8, 8, 3))
+
+
+def test_reports_and_their_means_do_not_depend_on_steps_per_call():
+  images, labels = gaussian_blobs()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=0.1)
+  runs = {}
+  for steps_per_call in (1, 2, 5):  # 2: calls end at the reports (3, 6) and the last step
+    reports = []
+    train.fit(
+      state, images, labels, jax.random.key(1), num_steps=7, batch_size=16, log_every=3,
+      callback=reports.append, steps_per_call=steps_per_call,
+    )  # fmt: skip
+    assert [r["step"] for r in reports] == [3, 6, 7]
+    runs[steps_per_call] = [(r["loss"], r["accuracy"]) for r in reports]
+  np.testing.assert_allclose(runs[2], runs[1], rtol=1e-6)
+  np.testing.assert_allclose(runs[5], runs[1], rtol=1e-6)
+
+
+def test_training_data_is_checked_once_and_placed_for_many_fits():
+  images, labels = gaussian_blobs()
+  state = train.create_train_state(_MLP, _TX, jax.random.key(0), images[:1], dropout_rate=0.1)
+  data = train.training_data(_MLP, images, labels)
+  assert data.on_device and data.num_examples == 96 and data.num_classes == 4
+  assert isinstance(data.images, jax.Array) and data.dtype == jnp.float32
+  kwargs = dict(num_steps=3, batch_size=16)
+  # Epoch by epoch from one TrainingData, as from the host arrays.
+  from_data = train.fit(train.fit(state, data, None, jax.random.key(1), **kwargs), data, None,
+                        jax.random.key(1), **kwargs)  # fmt: skip
+  from_arrays = train.fit(train.fit(state, images, labels, jax.random.key(1), **kwargs), images,
+                          labels, jax.random.key(1), **kwargs)  # fmt: skip
+  _assert_trees_equal(from_data.params, from_arrays.params)
+  with pytest.raises(ValueError, match="labels: expected None"):
+    train.fit(state, data, labels, jax.random.key(1), **kwargs)
+  other = models.MLP(num_classes=6, hidden_sizes=(16,))
+  other_state = train.create_train_state(other, _TX, jax.random.key(0), images[:1])
+  with pytest.raises(ValueError, match="images: a TrainingData checked for 4 classes"):
+    train.fit(other_state, data, None, jax.random.key(1), **kwargs)
+  half = train.training_data(models.MLP(num_classes=4, dtype=jnp.bfloat16), images, labels)
+  assert half.dtype == jnp.bfloat16 and half.images.dtype == jnp.bfloat16  # cast once, there
+
+
+def _flat_params(tree) -> np.ndarray:
+  return np.concatenate([np.ravel(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
+
+
+def device_case() -> dict[str, np.ndarray]:
+  """A small ResNet and a 2-member ensemble (vmap) trained by calls of 1 and 3 steps,
+  from data on the devices and streamed: the parameters, flat."""
+  state, images, labels = _network_case("resnet")
+  ensemble = train.init_ensemble(
+    _NETWORKS["resnet"][0], optax.adam(1e-2), jax.random.key(1), images[:1], ensemble_size=2,
+    dropout_rate=0.1,
+  )  # fmt: skip
+  kwargs = dict(num_steps=7, batch_size=24, log_every=5)
+  out, limit = {}, parallel.HOST_DEVICE_DATA_BYTES
+  try:
+    for where in ("device", "host"):
+      parallel.HOST_DEVICE_DATA_BYTES = limit if where == "device" else 0
+      for k in (1, 3):
+        fit = train.fit(state, images, labels, jax.random.key(3), steps_per_call=k, **kwargs)
+        out[f"fit_{where}_{k}"] = _flat_params(fit.params)
+        members = train.fit_ensemble(
+          ensemble, images, labels, jax.random.key(3), strategy="vmap", steps_per_call=k, **kwargs
+        )
+        out[f"ensemble_{where}_{k}"] = _flat_params(members.params)
+  finally:
+    parallel.HOST_DEVICE_DATA_BYTES = limit
+  return out
+
+
+_DEVICE_CASE = f"""
+import sys
+import numpy as np
+import jax
+sys.path[:0] = [{str(_TESTS.parent)!r}, {str(_TESTS)!r}]
+import test_train
+assert jax.device_count() == 8
+np.savez(sys.argv[1], **test_train.device_case())
+"""
+
+
+@pytest.mark.slow
+def test_data_parallel_on_8_fake_devices_equals_one_device(tmp_path):
+  out = tmp_path / "eight.npz"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  child = subprocess.Popen(
+    [sys.executable, "-c", _DEVICE_CASE, str(out)], env=env, stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT, text=True,
+  )  # fmt: skip
+  try:  # the reference, in this one-device process while the child runs
+    expected = device_case()
+  finally:
+    output = child.communicate(timeout=300)[0]
+  assert child.returncode == 0, output[-3000:]
+  got = np.load(out)
+  for name, value in expected.items():  # batch 24 over 8 devices: 3 rows each
+    np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)

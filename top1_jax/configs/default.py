@@ -75,6 +75,9 @@ HELP = {
   "(with dynamic loss scaling); parameters stay float32, logits and scores float32",
   "log_every_steps": "Training steps between curve points (loss, accuracy, learning rate, "
   "examples/s) in <workdir>/train/<point>/<stage>/tensorboard and the log",
+  "steps_per_call": "Training steps per jitted call (a lax.scan on the device; the host reads the "
+  "loss every log_every_steps only); unset: by backend, 1 on CPU (XLA:CPU runs convolutions "
+  "inside loops slowly), 100 on GPU/TPU. Same numbers up to float rounding",
   "eval_every_epochs": "Test-split loss and accuracy every N epochs into the curves (and "
   "after the last epoch, always); 0: only after the last",
   # Prediction: the plain model, MC dropout at each rate, the ensemble.
@@ -172,6 +175,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.crop_padding = 4
   config.half_precision = "none"
   config.log_every_steps = 100
+  config.steps_per_call = config_dict.placeholder(int)
   config.eval_every_epochs = 0
   config.dropout_rates = (0.002, 0.005, 0.01, 0.02, 0.05, 0.2)
   config.num_samples = 32

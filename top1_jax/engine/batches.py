@@ -1,55 +1,79 @@
-"""Training data: host arrays checked once, and each network's mini-batch order.
+"""Training data: host arrays checked once, placed on the devices or streamed, and each
+network's mini-batch order.
 
 Step t of a network trained with shuffle key k takes the rows at position t of the
 epoch permutations ``permutation(fold_in(k, epoch), N)``; the last N mod B rows of
 each permutation are skipped.
+
+Where the data goes (``training_data``) is one rule, ``parallel.fits_on_devices``:
+
+* it fits: the images (in the model's computation dtype) and labels live on the
+  devices, split by rows, for the whole run; the permutations are drawn there too,
+  and every batch is gathered there (``parallel.gather_rows``): no host work and no
+  transfer per step;
+* it does not: each jitted call's batches (``streamed_steps``: at most
+  ``STREAMED_CALL_BYTES``) are gathered on the hosts and sent split over the devices
+  (``parallel.shard_rows``), ``IN_FLIGHT`` calls' batches ahead of the one that runs
+  (``prefetch``).
 """
 
-from typing import Any
+import collections
+import functools
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from top1_jax.core import validation
-from top1_jax.engine import forward_passes, parallel
+from top1_jax.engine import forward_passes, parallel, train_state
+
+IN_FLIGHT = 2
+"""Streamed data: calls' batches sent to the devices ahead of the call that runs."""
+
+STREAMED_CALL_BYTES = 1 << 28
+"""Streamed data: a call's batches take at most this many bytes (256 MiB; a call takes at
+least one step), so that the calls in flight stay small beside the model."""
 
 
-def _num_classes(model: nn.Module, variables: Any, images: np.ndarray) -> int:
-  shape = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), variables, images[:1])
+@functools.lru_cache(maxsize=64)
+def _logits_classes(model: nn.Module, variables: Any, treedef: Any, example_shape: tuple) -> int:
+  sample = jax.ShapeDtypeStruct((1, *example_shape), jnp.float32)
+  if variables is None:
+    tree = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), sample)
+  else:
+    tree = jax.tree_util.tree_unflatten(treedef, variables)
+  shape = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), tree, sample)
   return int(shape.shape[-1])
+
+
+def _num_classes(model: nn.Module, variables: Any, images: Any) -> int:
+  """K, the model's logits for one example of ``images`` (a host or device array) with
+  ``variables`` (None: the model's initial ones); only shapes are computed, once per model,
+  variables' shapes and example shape."""
+  if variables is None:
+    return _logits_classes(model, None, None, tuple(images.shape[1:]))
+  leaves, treedef = jax.tree_util.tree_flatten(variables)
+  shapes = tuple(jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype) for leaf in leaves)
+  return _logits_classes(model, shapes, treedef, tuple(images.shape[1:]))
+
+
+def _checked(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray, int]:
+  images = forward_passes.host_inputs("images", images)
+  num_classes = _num_classes(model, variables, images)
+  labels = validation.labels_array("labels", labels, num_classes, host=True)
+  validation.same_length(images=images, labels=labels)
+  return images, labels, num_classes
 
 
 def checked_dataset(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray]:
   """Host float32 images [N, ...] and int32 labels [N] in [0, K) (K: the model's
   logits), checked once for a whole run."""
-  images = forward_passes.host_inputs("images", images)
-  num_classes = _num_classes(model, variables, images)
-  labels = validation.labels_array("labels", labels, num_classes, host=True)
-  validation.same_length(images=images, labels=labels)
-  return images, labels
-
-
-class EpochBatches:
-  """Mini-batch indices of one network (or member): a fresh permutation every epoch."""
-
-  def __init__(self, shuffle_key: jax.Array, num_examples: int, batch_size: int):
-    self._key = shuffle_key
-    self._num_examples = num_examples
-    self._batch_size = batch_size
-    self._steps_per_epoch = num_examples // batch_size
-    self._epoch = -1
-    self._order = np.empty(0, np.int64)
-
-  def indices(self, step: int) -> np.ndarray:
-    """[batch_size] rows of step ``step``: position ``step`` of the epoch permutations."""
-    epoch, position = divmod(step, self._steps_per_epoch)
-    if epoch != self._epoch:
-      epoch_key = jax.random.fold_in(self._key, epoch)
-      self._order = np.asarray(jax.random.permutation(epoch_key, self._num_examples))
-      self._epoch = epoch
-    start = position * self._batch_size
-    return self._order[start : start + self._batch_size]
+  return _checked(model, variables, images, labels)[:2]
 
 
 def checked_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[int, int, int]:
@@ -59,3 +83,165 @@ def checked_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[in
   log_every = validation.positive_int("log_every", log_every)
   parallel.check_global_batch("batch_size", batch_size)
   return num_steps, batch_size, log_every
+
+
+def input_dtype(model: nn.Module) -> Any:
+  """The dtype training images are kept in on the devices: the model's ``dtype`` for mixed
+  precision (its first layer computes in it, so the cast changes no number), else float32."""
+  dtype = getattr(model, "dtype", jnp.float32)
+  return dtype if dtype in tuple(train_state.HALF_PRECISIONS.values()) else jnp.float32
+
+
+class TrainingData(NamedTuple):
+  """A training set checked once and placed for ``fit`` (``training_data``).
+
+  Attributes:
+    images: [N', ...] rows on the devices (N padded to a multiple of the mesh size, in
+      ``dtype``), or the host's float32 [N, ...] when they do not fit there.
+    labels: [N'] or [N] int32 in [0, ``num_classes``).
+    num_examples: N.
+    num_classes: K, the logits of the model it was checked for.
+    on_device: whether ``images`` and ``labels`` live on the devices.
+    dtype: the images' dtype in a training step (``input_dtype``).
+    mesh: the devices it is placed on (``mc.default_mesh()``).
+  """
+
+  images: Any
+  labels: Any
+  num_examples: int
+  num_classes: int
+  on_device: bool
+  dtype: Any
+  mesh: Mesh
+
+
+def training_data(model: nn.Module, images, labels, mesh: Mesh, variables=None) -> TrainingData:
+  """Checks host data once and places it for a run (the module docstring's rule).
+
+  Args:
+    model: the network it trains (its logits give K, its ``dtype`` the images' on the
+      devices).
+    images: [N, ...] float inputs (integers are cast to float32).
+    labels: [N] int labels in [0, K).
+    mesh: the devices to place it on.
+    variables: the network's variables, checked against the images (None: its initial
+      ones).
+  """
+  images, labels, num_classes = _checked(model, variables, images, labels)
+  dtype = input_dtype(model)
+  num_bytes = images.shape[0] * (images[0].size * np.dtype(dtype).itemsize + 4)
+  placed = (images, labels, images.shape[0], num_classes)
+  if not parallel.fits_on_devices(num_bytes, mesh):
+    return TrainingData(*placed, False, dtype, mesh)
+  on_device = parallel.put_rows(images, mesh, dtype), parallel.put_rows(labels, mesh)
+  return TrainingData(*on_device, *placed[2:], True, dtype, mesh)
+
+
+def for_fit(model: nn.Module, variables: Any, images, labels, mesh: Mesh) -> TrainingData:
+  """``fit``'s data: a ``TrainingData`` (``labels`` None) checked against the model, or host
+  arrays checked and placed (``training_data``)."""
+  if not isinstance(images, TrainingData):
+    return training_data(model, images, labels, mesh, variables)
+  if labels is not None:
+    raise ValueError("labels: expected None when images is a TrainingData (it holds them)")
+  num_classes = _num_classes(model, variables, images.images)
+  if num_classes != images.num_classes:
+    raise ValueError(
+      f"images: a TrainingData checked for {images.num_classes} classes, the model has"
+      f" {num_classes}; make it with training_data(model, ...) for this model"
+    )
+  return images
+
+
+def epochs_spanned(num_steps: int, steps_per_epoch: int) -> int:
+  """The most epochs that ``num_steps`` consecutive steps touch."""
+  return (num_steps + steps_per_epoch - 2) // steps_per_epoch + 1
+
+
+@functools.cache
+def _permutations(num_examples: int, mesh: Mesh, impl: Any):
+  """[M, N] permutations of keys [M] (key data) folded with an epoch, replicated."""
+
+  def draw(key_data, epoch):
+    keys = jax.random.wrap_key_data(key_data, impl=impl)
+    epoch_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, epoch)
+    return jax.vmap(lambda key: jax.random.permutation(key, num_examples))(epoch_keys)
+
+  return jax.jit(draw, out_shardings=NamedSharding(mesh, P()))
+
+
+class EpochOrder:
+  """The mini-batch order of one network, or of M members at once (``shuffle_keys``
+  [M]): a fresh permutation every epoch, drawn on the devices."""
+
+  def __init__(self, shuffle_keys: jax.Array, data: TrainingData, batch_size: int):
+    self._members = shuffle_keys.ndim == 1
+    keys = shuffle_keys if self._members else shuffle_keys[None]
+    self._key_data = parallel.replicate(jax.random.key_data(keys), data.mesh)
+    self._draw = _permutations(data.num_examples, data.mesh, jax.random.key_impl(keys))
+    self.batch_size = batch_size
+    self.rows_per_step = batch_size * keys.shape[0]  # all members' rows
+    self.steps_per_epoch = data.num_examples // batch_size
+    self._on_device: dict[int, jax.Array] = {}
+    self._on_host: dict[int, np.ndarray] = {}
+
+  def _epoch(self, epoch: int) -> jax.Array:
+    """[M, N] (members) or [N] permutation of ``epoch``, replicated on the devices."""
+    if epoch not in self._on_device:
+      orders = self._draw(self._key_data, np.int32(epoch))
+      self._on_device[epoch] = orders if self._members else orders[0]
+    return self._on_device[epoch]
+
+  def device_orders(self, first_step: int, num_steps: int) -> tuple[jax.Array, ...]:
+    """``epochs_spanned(num_steps)`` permutations from ``first_step``'s epoch on: those of
+    the epochs the steps touch, then copies of the last (never read; a fixed count keeps
+    one program per call length)."""
+    first = first_step // self.steps_per_epoch
+    last = (first_step + num_steps - 1) // self.steps_per_epoch
+    count = epochs_spanned(num_steps, self.steps_per_epoch)
+    self._on_device = {e: v for e, v in self._on_device.items() if e >= first}
+    touched = tuple(self._epoch(epoch) for epoch in range(first, last + 1))
+    return touched + touched[-1:] * (count - len(touched))
+
+  def host_rows(self, first_step: int, num_steps: int) -> np.ndarray:
+    """[num_steps, B] (or [num_steps, M, B]) rows of steps ``first_step`` on."""
+    rows = []
+    for step in range(first_step, first_step + num_steps):
+      epoch, position = divmod(step, self.steps_per_epoch)
+      if epoch not in self._on_host:
+        self._on_host = {epoch: np.asarray(parallel.to_local(self._epoch(epoch)))}
+      start = position * self.batch_size
+      rows.append(self._on_host[epoch][..., start : start + self.batch_size])
+    return np.stack(rows)
+
+
+def streamed_steps(data: TrainingData, order: EpochOrder, steps_per_call: int) -> int:
+  """Steps per call of streamed data: ``steps_per_call``, fewer where their batches would
+  take more than ``STREAMED_CALL_BYTES``."""
+  step_bytes = order.rows_per_step * data.images[0].nbytes
+  return max(1, min(steps_per_call, STREAMED_CALL_BYTES // step_bytes))
+
+
+def streamed(data: TrainingData, order: EpochOrder, calls: Iterable[tuple[int, int]]):
+  """Each call's ``(images [n, B, ...], labels [n, B])`` (with members [n, M, B, ...]),
+  gathered on the hosts and split over the mesh along B, ``IN_FLIGHT`` calls ahead."""
+
+  def batches(first: int, num_steps: int) -> tuple[jax.Array, jax.Array]:
+    rows = order.host_rows(first, num_steps)
+    axis = rows.ndim - 1
+    arrays = (data.images, data.labels)
+    return tuple(parallel.shard_rows(a, rows, data.mesh, axis) for a in arrays)
+
+  return prefetch((batches(*call) for call in calls), IN_FLIGHT)
+
+
+def prefetch(iterator: Iterable[Any], size: int) -> Iterator[Any]:
+  """The items of ``iterator``, ``size`` of them made ahead of the one handed out (the
+  device transfers they start run while the caller computes)."""
+  iterator, ahead = iter(iterator), collections.deque()
+  for item in iterator:
+    ahead.append(item)
+    if len(ahead) > size:
+      yield ahead.popleft()
+  while ahead:
+    yield ahead.popleft()

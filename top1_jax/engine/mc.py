@@ -2,9 +2,11 @@
 
 ``predict`` runs ``forward_passes``' MC dropout or ensemble over a dataset, a
 chunk of examples at a time, sharded over the batch axis of a device mesh (all
-devices of all processes by default). The scores are computed on the devices
-(``scores.sample_summary``), so only ``[N, K]`` mean probabilities and ``[N]``
-scores reach the host unless the samples are asked for.
+devices of all processes by default). The dataset is copied to the devices once
+where it fits (``parallel.fits_on_devices``, the training data's rule), each chunk
+taken there; else each chunk is sent from the host. The scores are computed on the
+devices (``scores.sample_summary``), so only ``[N, K]`` mean probabilities and
+``[N]`` scores reach the host unless the samples are asked for.
 
 One key scheme: sample s of example i uses ``fold_in(split(key, S)[s], i)``, with
 i the example's index in ``x``. ``mc_dropout_logits`` and ``predict`` give the same
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
@@ -27,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from top1_jax.core import scores, validation
-from top1_jax.engine import forward_passes
+from top1_jax.engine import forward_passes, parallel
 from top1_jax.engine.forward_passes import (
   STRATEGIES,
   ApplyFn,
@@ -118,8 +121,9 @@ _CHUNK_STATIC = ("apply_fn", "mode", "num_samples", "strategy", "keep_samples", 
 def _predict_chunk(
   apply_fn,
   params,
-  x,
-  example_ids,
+  chunks,
+  slot,
+  start,
   key_data,
   rate,
   *,
@@ -130,7 +134,11 @@ def _predict_chunk(
   mesh,
   impl,
 ):
+  """Chunk ``chunks[slot]`` ([C, chunk, ...], each chunk split over the mesh), whose
+  examples are ``start``, ``start + 1``, ...: its summary, split over the mesh."""
   (axis,) = mesh.axis_names
+  x = jax.lax.dynamic_index_in_dim(chunks, slot, keepdims=False)
+  example_ids = start + jnp.arange(x.shape[0], dtype=jnp.int32)
 
   # Every example is independent: each device computes its own slice, no
   # communication (shard_map), and the outputs stay sharded over examples.
@@ -213,15 +221,26 @@ def _global(host_array: np.ndarray, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])
 
 
-def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
-  """Puts the replicated arguments on the mesh once; returns ``run(x_chunk, ids)``.
+def _chunks(x: np.ndarray, first: int, count: int, chunk: int, sharding) -> jax.Array:
+  """[count, chunk, ...]: chunks ``first`` to ``first + count - 1`` of ``x`` (the last one
+  padded with copies of the last example), each split over the mesh by examples; every
+  process copies only its own devices' examples."""
 
-  ``run`` takes a host chunk [chunk, ...] and its example ids [chunk] and
-  dispatches the sharded step without waiting for it.
-  """
+  def block(index):
+    rows = np.arange(first, first + count)[index[0], None] * chunk + np.arange(chunk)[index[1]]
+    return np.take(x, np.minimum(rows, x.shape[0] - 1), axis=0)
+
+  return jax.make_array_from_callback((count, chunk, *x.shape[1:]), sharding, block)
+
+
+def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
+  """Puts the replicated arguments on the mesh once, and ``x`` too where it fits there
+  (``parallel.fits_on_devices``); returns ``run(start)``, which dispatches the sharded
+  step of the chunk from example ``start`` without waiting for it (sending the chunk
+  from the host first where ``x`` does not fit on the devices)."""
   (axis,) = args.mesh.axis_names
   replicated = NamedSharding(args.mesh, P())
-  by_example = NamedSharding(args.mesh, P(axis))
+  by_example = NamedSharding(args.mesh, P(None, axis))
   params_global = jax.tree_util.tree_map(lambda leaf: _global(np.asarray(leaf), replicated), params)
   key_global = _global(np.asarray(jax.random.key_data(args.key)), replicated)
   rate_global = _global(np.asarray(args.rate), replicated)
@@ -235,10 +254,18 @@ def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
     mesh=args.mesh,
     impl=jax.random.key_impl(args.key),
   )
+  num_chunks = -(-args.x.shape[0] // args.chunk)
+  chunk_bytes = args.chunk * args.x[0].nbytes
+  placed = None
+  if parallel.fits_on_devices(num_chunks * chunk_bytes, args.mesh):
+    placed = _chunks(args.x, 0, num_chunks, args.chunk, by_example)
 
-  def run(x_chunk: np.ndarray, ids: np.ndarray) -> Any:
-    x_global, ids_global = _global(x_chunk, by_example), _global(ids, by_example)
-    return step(params_global, x_global, ids_global, key_global, rate_global)
+  def run(start: int) -> Any:
+    index = start // args.chunk
+    chunks, slot = (placed, index) if placed is not None else (None, 0)
+    if chunks is None:
+      chunks = _chunks(args.x, index, 1, args.chunk, by_example)
+    return step(params_global, chunks, np.int32(slot), np.int32(start), key_global, rate_global)
 
   return run
 
@@ -259,13 +286,12 @@ def _fetch(valid: int, out: Any) -> dict[str, Any]:
   }
 
 
-def _stream(run, x: np.ndarray, chunk: int, progress: Progress | None) -> list[dict[str, Any]]:
-  """Runs every chunk of ``x`` (the last one padded); returns the host pieces.
+def _stream(run, num_examples: int, chunk: int, progress: Progress | None) -> list[dict[str, Any]]:
+  """Runs every chunk (the last one padded); returns the host pieces.
 
   The next chunk is dispatched before the previous one is fetched, so the
   transfers overlap the compute.
   """
-  num_examples = x.shape[0]
   pieces: list[dict[str, Any]] = []
 
   def collect(valid: int, out: Any, stop: int) -> None:
@@ -276,11 +302,7 @@ def _stream(run, x: np.ndarray, chunk: int, progress: Progress | None) -> list[d
   pending: tuple[int, Any, int] | None = None
   for start in range(0, num_examples, chunk):
     stop = min(start + chunk, num_examples)
-    x_chunk = x[start:stop]
-    if stop - start < chunk:
-      padding = np.zeros((chunk - (stop - start),) + x.shape[1:], np.float32)
-      x_chunk = np.concatenate([x_chunk, padding])
-    out = run(x_chunk, np.arange(start, start + chunk, dtype=np.int32))
+    out = run(start)
     if pending is not None:
       collect(*pending)
     pending = (stop - start, out, stop)
@@ -353,4 +375,4 @@ def predict(
     apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mesh, strategy
   )
   run = _chunk_runner(apply_fn, params, args, keep_samples)
-  return _concatenate(_stream(run, args.x, args.chunk, progress))
+  return _concatenate(_stream(run, args.x.shape[0], args.chunk, progress))

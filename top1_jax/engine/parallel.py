@@ -10,10 +10,12 @@ The one place for the rules of a multi-process run:
   (and tears down the coordinator) while process 0 still writes.
 * ``use_compilation_cache``, ``one_cpu_device_per_core``: a launcher's JAX, set
   before it starts.
-* ``data_parallel_steps``: training steps over the devices of all processes:
-  the state replicated (``replicate``), each global batch split by rows
-  (``shard_rows``, ``check_global_batch``), and the final state handed back as
-  every process's local copy (``to_local``).
+* Data-parallel training over the devices of all processes: the state
+  replicated (``replicate``), each global batch split by rows
+  (``check_global_batch``): gathered on the devices from data split by rows
+  (``put_rows``, ``gather_rows``) where the data fits (``fits_on_devices``), else
+  gathered on the hosts (``shard_rows``); the final state handed back as every
+  process's local copy (``to_local``).
 
 Every process runs the same program on the same host data; each one feeds only
 the rows that live on its own devices.
@@ -22,10 +24,11 @@ the rows that live on its own devices.
 import functools
 import gc
 import importlib.util
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
@@ -41,7 +44,9 @@ __all__ = [
   "shard_rows",
   "to_local",
   "check_global_batch",
-  "data_parallel_steps",
+  "fits_on_devices",
+  "put_rows",
+  "gather_rows",
   "use_compilation_cache",
   "one_cpu_device_per_core",
 ]
@@ -166,14 +171,16 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   """The array leaves of ``tree`` as global arrays replicated over ``mesh``.
 
   Every process passes the same values (host or local device arrays); each
-  copies them to its own devices only. Leaves already replicated over ``mesh``
-  are kept as they are.
+  copies them to its own devices only. Leaves already replicated over the mesh's
+  devices are kept as they are.
   """
   replicated = NamedSharding(mesh, P())
+  devices = set(mesh.devices.flat)
 
   def put(leaf):
-    if isinstance(leaf, jax.Array) and leaf.sharding == replicated:
-      return leaf
+    if isinstance(leaf, jax.Array) and leaf.sharding.device_set == devices:
+      if leaf.is_fully_replicated:  # e.g. on the one device of a one-device mesh
+        return leaf
     copies = [jax.device_put(leaf, device) for device in mesh.local_devices]
     return jax.make_array_from_single_device_arrays(np.shape(leaf), replicated, copies)
 
@@ -228,60 +235,104 @@ def check_global_batch(name: str, size: int) -> None:
     )
 
 
+DEVICE_DATA_FRACTION = 0.25
+"""Training data lives on the devices when each device's share is at most this fraction
+of the device's memory (``fits_on_devices``); the rest is the model's, the optimizer's
+and the activations'."""
+
+HOST_DEVICE_DATA_BYTES = 2 << 30
+"""A device's share of the data may be this many bytes where the device reports no memory
+size (XLA:CPU: its memory is the host's, which holds the data already)."""
+
+
+def fits_on_devices(num_bytes: int, mesh: Mesh) -> bool:
+  """The one rule for data on the devices: each device's share of ``num_bytes`` (split by
+  rows over the mesh) is at most ``DEVICE_DATA_FRACTION`` of the smallest local device's
+  memory (``bytes_limit`` of ``device.memory_stats()``), or ``HOST_DEVICE_DATA_BYTES``
+  where a device reports none. Every process of a run must see the same devices, so that
+  all decide alike."""
+  share = -(-num_bytes // mesh.devices.size)
+  limits = [(device.memory_stats() or {}).get("bytes_limit") for device in mesh.local_devices]
+  if all(limits):
+    return share <= DEVICE_DATA_FRACTION * min(limits)
+  return share <= HOST_DEVICE_DATA_BYTES
+
+
 @functools.cache
-def _replicated_step(step: Callable, mesh: Mesh, impl: Any) -> Callable:
-  """``step`` jitted with replicated outputs; its key arrives as replicated key data."""
-
-  def run(state, batch, key_data):
-    return step(state, batch, jax.random.wrap_key_data(key_data, impl=impl))
-
-  return jax.jit(run, out_shardings=NamedSharding(mesh, P()))
+def _cast(dtype: Any, sharding: NamedSharding) -> Callable:
+  return jax.jit(lambda x: x.astype(dtype), out_shardings=sharding, donate_argnums=0)
 
 
-def data_parallel_steps(
-  step: Callable,
-  state: Any,
-  arrays: Sequence[np.ndarray],
-  indices: Callable[[int], np.ndarray],
-  keys: Callable[[int], jax.Array],
-  steps: Iterable[int],
-  on_metrics: Callable[[int, Any], None],
-  *,
-  mesh: Mesh,
-  axis: int = 0,
-) -> Any:
-  """Runs ``state, metrics = step(state, batch, key)`` for each t in ``steps``, data-parallel.
+def put_rows(data: np.ndarray, mesh: Mesh, dtype: Any = None) -> jax.Array:
+  """A host array [N, ...] on the mesh's devices, split by rows, cast there to ``dtype``.
 
-  ``batch`` is ``tuple(a[indices(t)] for a in arrays)``, split along ``axis``
-  over ``mesh``; ``state`` and ``keys(t)`` are replicated. A loss averaged over
-  the batch inside ``step`` is the global batch's mean, so the result equals
-  one device's up to float rounding. Every process calls this with the same
-  arguments (the whole host ``arrays``) and feeds only its own devices' rows.
+  Every process holds all of ``data``; each copies only its own devices' rows. N is
+  padded with zero rows to a multiple of the mesh size (``gather_rows`` never reads
+  them).
 
   Args:
-    step: a pure, jittable step; the same object every call (it keys the compile cache).
-    state: pytree of arrays, the same in every process.
-    arrays: host arrays [N, ...] whose rows make a batch.
-    indices: step -> int row indices, e.g. [B] or [M, B].
-    keys: step -> PRNG key(s) of that step.
-    steps: the step numbers, in order.
-    on_metrics: called as ``on_metrics(t, metrics)`` with this process's copy.
-    mesh: a 1-D mesh over the devices of all processes.
-    axis: the batch axis of ``indices(t)``.
+    data: [N, ...] host array.
+    mesh: a 1-D mesh.
+    dtype: the dtype on the devices; None keeps ``data``'s.
 
   Returns:
-    The final ``state``, as this process's local copy (``to_local``).
+    [ceil(N / D) * D, ...] global array, rows split over the mesh's axis.
   """
-  run = None
-  state = replicate(state, mesh)
-  for t in steps:
-    key = keys(t)
-    run = run or _replicated_step(step, mesh, jax.random.key_impl(key))
-    idx = indices(t)
-    batch = tuple(shard_rows(a, idx, mesh, axis) for a in arrays)
-    state, metrics = run(state, batch, replicate(jax.random.key_data(key), mesh))
-    on_metrics(t, to_local(metrics))
-  return to_local(state)
+  size, num_rows = mesh.devices.size, data.shape[0]
+  padded = -(-num_rows // size) * size
+  sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
+
+  def rows(index):
+    block = data[index[0]]
+    missing = len(range(*index[0].indices(padded))) - block.shape[0]
+    if not missing:
+      return block
+    return np.concatenate([block, np.zeros((missing, *data.shape[1:]), data.dtype)])
+
+  array = jax.make_array_from_callback((padded, *data.shape[1:]), sharding, rows)
+  if dtype is None or array.dtype == dtype:
+    return array
+  return _cast(np.dtype(dtype), sharding)(array)
+
+
+def _local_rows(shard, indices, axis_name: str):
+  """Inside ``shard_map``: this device's rows of ``indices`` (zeros for the others'),
+  summed over the devices and split along the batch axis (the last of ``indices``)."""
+  rows = shard.shape[0]
+  local = indices - jax.lax.axis_index(axis_name) * rows
+  mine = (local >= 0) & (local < rows)
+  picked = jnp.take(shard, jnp.clip(local, 0, rows - 1), axis=0)
+  picked = jnp.where(mine.reshape(mine.shape + (1,) * (shard.ndim - 1)), picked, 0)
+  # Exactly one device holds each row: the sum adds zeros only, so it is exact.
+  return jax.lax.psum_scatter(picked, axis_name, scatter_dimension=indices.ndim - 1, tiled=True)
+
+
+def gather_rows(data: Any, indices: jax.Array, mesh: Mesh) -> Any:
+  """``leaf[indices]`` of every leaf of ``data``, on the devices (traceable, in a jit over
+  ``mesh``).
+
+  Args:
+    data: arrays [N, ...] split by rows over the mesh (``put_rows``).
+    indices: [..., B] int rows in [0, N), the same on every device; B a multiple of the
+      mesh size.
+    mesh: a 1-D mesh.
+
+  Returns:
+    [..., B, ...] arrays split along the B axis over the mesh, as ``shard_rows`` splits
+    a batch: each device gathers the rows it holds, and one reduce-scatter over the mesh
+    (a batch's bytes) hands every device its part of the batch.
+  """
+  if mesh.devices.size == 1:
+    return jax.tree_util.tree_map(lambda leaf: jnp.take(leaf, indices, axis=0), data)
+  (axis,) = mesh.axis_names
+  batch_spec = P(*([None] * (indices.ndim - 1)), axis)
+  local = functools.partial(_local_rows, axis_name=axis)
+  return jax.shard_map(
+    lambda shards, idx: jax.tree_util.tree_map(lambda shard: local(shard, idx), shards),
+    mesh=mesh,
+    in_specs=(P(axis), P()),
+    out_specs=batch_spec,
+  )(data, indices)
 
 
 def use_compilation_cache(cache_dir: str) -> None:

@@ -9,6 +9,12 @@
   epoch permutations ``permutation(fold_in(shuffle_key, epoch), N)`` and the
   dropout key ``fold_in(dropout_key, t)``, where
   ``shuffle_key, dropout_key = split(key)``.
+* Many steps per call: ``fit`` runs up to ``steps_per_call`` steps in one jitted
+  call (``lax.scan``; one step is a plain call). Inside it, on the devices, each
+  step's batch is gathered (from data kept on the devices, ``training_data``), its
+  key folded in and its loss and accuracy added to running sums; the host reads the
+  sums only at a report. A call ends at ``steps_per_call`` steps, at a report and at
+  the last step; ``pick_steps_per_call`` chooses per backend.
 * Deep ensembles: ``init_ensemble`` initialises M members with ``jax.vmap`` over
   ``split(key, M)``; ``fit_ensemble`` trains member m exactly as
   ``fit(member_m, ..., key=split(key, M)[m])`` would (its own shuffling and
@@ -17,14 +23,15 @@
   convolutions under vmap are slow). ``mc.pick_strategy`` chooses per backend.
 * ``evaluate`` / ``evaluate_ensemble``: loss and accuracy (``network_metrics``).
 
-The state and its creation (``TrainState``, ``create_train_state``,
-``init_ensemble``, ``member``) live in ``train_state``, the checked data and batch
-order in ``batches``; all are re-exported here.
+The state, its creation and the step (``TrainState``, ``create_train_state``,
+``init_ensemble``, ``member``, ``train_step``) live in ``train_state``, the checked
+data, where it lives and the batch order in ``batches``; all are re-exported here.
 
 With several devices or processes (``parallel.initialize``) each step is
-data-parallel over all of them (``parallel.data_parallel_steps``): every process
-calls ``fit`` alike, with the whole host data, and gets the one-device result up
-to float rounding; ``batch_size`` must be a multiple of the device count.
+data-parallel over all of them (the state replicated, each batch split by rows,
+``parallel``): every process calls ``fit`` alike, with the whole host data, and gets
+the one-device result up to float rounding; ``batch_size`` must be a multiple of the
+device count.
 
 Checkpoints of a ``TrainState`` are in ``top1_jax.io.checkpoints``.
 
@@ -38,16 +45,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from top1_jax.core import validation
 from top1_jax.engine import batches, mc, parallel, train_state
+from top1_jax.engine.batches import TrainingData
 from top1_jax.engine.network_metrics import evaluate, evaluate_ensemble
-from top1_jax.engine.train_state import TrainState, create_train_state, init_ensemble, member
+from top1_jax.engine.train_state import (
+  TrainState,
+  create_train_state,
+  ensemble_train_step,
+  init_ensemble,
+  member,
+  train_step,
+)
 
 __all__ = [
   "TrainState",
@@ -55,8 +72,12 @@ __all__ = [
   "init_ensemble",
   "train_step",
   "ensemble_train_step",
+  "TrainingData",
+  "training_data",
   "fit",
   "fit_ensemble",
+  "pick_steps_per_call",
+  "slow_in_cpu_loops",
   "evaluate",
   "evaluate_ensemble",
   "member",
@@ -65,124 +86,6 @@ __all__ = [
 ]
 
 Callback = Callable[[dict[str, Any]], None]
-
-
-def _loss_and_updates(state: TrainState, params, images, labels, key):
-  mutable = list(state.model_state)
-  outputs = state.model.apply(
-    {"params": params, **state.model_state},
-    images,
-    train=True,
-    dropout_rate=state.dropout_rate,
-    rngs={"dropout": key},
-    mutable=mutable or False,
-  )
-  logits, new_model_state = outputs if mutable else (outputs, {})
-  loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
-  return loss, (logits, dict(new_model_state))
-
-
-def _train_step(state: TrainState, batch, key):
-  images, labels = batch
-  if state.augmentation:  # its own key; without augmentation the dropout key is unchanged
-    key, augment_key = jax.random.split(key)
-    images = state.augmentation(augment_key, images)
-
-  def loss_fn(params):
-    return _loss_and_updates(state, params, images, labels, key)
-
-  if state.dynamic_scale is None:
-    (loss, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  else:
-    scale, finite, (loss, (logits, model_state)), grads = state.dynamic_scale.value_and_grad(
-      loss_fn, has_aux=True
-    )(state.params)
-  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-  new_state = state.replace(
-    step=state.step + 1,
-    params=optax.apply_updates(state.params, updates),
-    model_state=model_state,
-    opt_state=opt_state,
-  )
-  if state.dynamic_scale is not None:  # a step with non-finite gradients changes only the scale
-    kept = jax.tree_util.tree_map(
-      functools.partial(jnp.where, finite),
-      (new_state.params, new_state.model_state, new_state.opt_state),
-      (state.params, state.model_state, state.opt_state),
-    )
-    new_state = new_state.replace(
-      params=kept[0], model_state=kept[1], opt_state=kept[2], dynamic_scale=scale
-    )
-  accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == labels)
-  return new_state, {"loss": loss, "accuracy": accuracy}
-
-
-_ensemble_step = jax.vmap(_train_step)
-_train_step_jit = jax.jit(_train_step)
-_ensemble_train_step_jit = jax.jit(_ensemble_step)
-
-
-def _check_batch(batch: Any, member_axis: bool) -> tuple[jax.Array, jax.Array]:
-  if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-    raise ValueError("batch: expected a pair (images, labels)")
-  lead = 1 if member_axis else 0
-  images = validation.as_array("batch images", batch[0], range(2 + lead, 6 + lead))
-  labels = validation.as_array("batch labels", batch[1], 1 + lead)
-  if not jnp.issubdtype(labels.dtype, jnp.integer):
-    raise ValueError(f"batch labels: expected integer labels, got dtype {labels.dtype}")
-  if images.shape[: lead + 1] != labels.shape:
-    raise ValueError(
-      f"batch: images {images.shape} and labels {labels.shape} disagree on the"
-      f" {'member and ' if member_axis else ''}batch axes"
-    )
-  return images, labels
-
-
-def train_step(
-  state: TrainState, batch: tuple[ArrayLike, ArrayLike], key: jax.Array
-) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step on the mean softmax cross-entropy (jitted, pure).
-
-  Label values are not range-checked here (that would sync with the device every
-  step); ``fit`` checks them once.
-
-  Args:
-    state: the current ``TrainState``.
-    batch: ``(images [B, ...] float, labels [B] int)``.
-    key: PRNG key for this step's dropout masks (use a fresh one every step).
-
-  Returns:
-    ``(new_state, {"loss": [], "accuracy": []})`` (metrics of this batch, before
-    the update).
-  """
-  return _train_step_jit(state, _check_batch(batch, False), mc.as_prng_key(key))
-
-
-def ensemble_train_step(
-  states: TrainState, batch: tuple[ArrayLike, ArrayLike], keys: jax.Array
-) -> tuple[TrainState, dict[str, jax.Array]]:
-  """``train_step`` of every member at once, by ``jax.vmap`` (jitted, pure).
-
-  Args:
-    states: an ensemble ``TrainState`` (leaves with a leading [M] axis).
-    batch: ``(images [M, B, ...], labels [M, B])``: one batch per member.
-    keys: [M] PRNG keys, one per member.
-
-  Returns:
-    ``(new_states, {"loss": [M], "accuracy": [M]})``.
-  """
-  size = mc.ensemble_size(states.params)
-  images, labels = _check_batch(batch, True)
-  if images.shape[0] != size:
-    raise ValueError(f"batch: expected {size} member batches, got {images.shape[0]}")
-  if (
-    not isinstance(keys, jax.Array)
-    or not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
-    or keys.shape != (size,)
-  ):
-    raise ValueError(f"keys: expected [{size}] PRNG keys from jax.random.split")
-  return _ensemble_train_step_jit(states, (images, labels), keys)
-
 
 MAX_LOSS = 1e3
 """A mean training loss (cross-entropy, nats; chance is log K) above this means training
@@ -206,32 +109,69 @@ class DivergedError(ValueError):
     )
 
 
-class _Progress:
-  """Sums the step metrics on device; every ``log_every`` steps checks their mean loss on the
-  host (``DivergedError``) and reports the means.
+STEPS_PER_CALL = 100
+"""``fit``'s default steps per jitted call, but where XLA:CPU loops run slowly
+(``pick_steps_per_call``)."""
 
-  Without a callback only the last step's metrics are kept (no device work per step),
-  and its loss is checked.
+
+@functools.lru_cache(maxsize=64)
+def slow_in_cpu_loops(model: nn.Module, example_shape: tuple[int, ...]) -> bool:
+  """Whether XLA:CPU runs this model's step slowly inside ``lax.scan``: its forward pass
+  (on inputs of ``example_shape``) has a convolution, or computes in a half precision.
+
+  On this project's CPU such steps ran several times slower inside a scan than in calls
+  of their own, and a float32 MLP's ran faster (docs/performance.md).
   """
+  sample = jax.ShapeDtypeStruct((1, *example_shape), jnp.float32)
+  forward = jax.make_jaxpr(lambda x: model.init_with_output(jax.random.key(0), x)[0])(sample)
+  half = batches.input_dtype(model) != jnp.float32
+  return half or "conv_general_dilated" in str(forward)
+
+
+def pick_steps_per_call(
+  steps_per_call: int | None = None, backend: str | None = None, *, slow_in_loops: bool = False
+) -> int:
+  """Training steps per jitted call: ``steps_per_call`` if given, else by backend.
+
+  ``STEPS_PER_CALL``, where the host's work per call would otherwise leave the device
+  waiting; but 1 on a CPU for a step that is ``slow_in_loops`` there
+  (``slow_in_cpu_loops``), whose batch is still gathered on the device. Any value gives
+  the same numbers up to float rounding.
+
+  Args:
+    steps_per_call: a number >= 1 to force, or None to pick.
+    backend: ``"cpu"``, ``"gpu"``, ``"tpu"``...; default ``jax.default_backend()``.
+    slow_in_loops: whether the step runs slowly inside an XLA:CPU loop.
+
+  Returns:
+    Steps per call, >= 1.
+  """
+  if steps_per_call is not None:
+    return validation.positive_int("steps_per_call", steps_per_call)
+  backend = jax.default_backend() if backend is None else backend
+  return 1 if backend == "cpu" and slow_in_loops else STEPS_PER_CALL
+
+
+class _Progress:
+  """Every ``log_every`` steps and after the last, reads the loss and accuracy summed on
+  the devices, checks their mean loss on the host (``DivergedError``) and reports the
+  means to ``callback``."""
 
   def __init__(self, callback, begin, end, log_every, examples_per_step, member_index):
     self._callback = callback
     self._begin, self.end, self._log_every = begin, end, log_every
     self._examples_per_step, self._member = examples_per_step, member_index
-    self._reset()
+    self._last, self._start = begin, time.perf_counter()
 
-  def _reset(self):
-    self._running, self._count, self._start = None, 0, time.perf_counter()
+  def next_report(self, step: int) -> int:
+    """The first step count after ``step`` at which a report is due."""
+    window = (step - self._begin) // self._log_every + 1
+    return min(self._begin + window * self._log_every, self.end)
 
-  def update(self, step: int, metrics: dict[str, jax.Array]) -> None:
-    """Records the metrics of ``step`` (0-based); checks and reports when due."""
-    summing = self._callback is not None and self._running is not None
-    self._running = jax.tree_util.tree_map(jnp.add, self._running, metrics) if summing else metrics
-    self._count = self._count + 1 if summing else 1
-    done = step + 1
-    if (done - self._begin) % self._log_every and done != self.end:
-      return
-    means = {name: np.asarray(total) / self._count for name, total in self._running.items()}
+  def report(self, done: int, totals: dict[str, jax.Array]) -> None:
+    """Checks and reports the sums of the steps since the last report, ``done`` steps in."""
+    count, self._last = done - self._last, done
+    means = {name: np.asarray(parallel.to_local(total)) / count for name, total in totals.items()}
     losses = np.nan_to_num(np.reshape(means["loss"], -1), nan=np.inf)  # [M] for a vmapped ensemble
     if losses.max() > MAX_LOSS:  # once per report, on the host: the sync is paid for already
       worst = int(np.argmax(losses))
@@ -242,20 +182,124 @@ class _Progress:
     elapsed = max(time.perf_counter() - self._start, 1e-9)
     info = {"step": done, "num_steps": self.end, "member": self._member}
     info |= {name: float(mean) if mean.ndim == 0 else mean for name, mean in means.items()}
-    self._callback(info | {"examples_per_second": self._count * self._examples_per_step / elapsed})
-    self._reset()
+    self._callback(info | {"examples_per_second": count * self._examples_per_step / elapsed})
+    self._start = time.perf_counter()
+
+
+@functools.cache
+def _program(mesh, num_steps, steps_per_epoch, batch_size, ensemble, streamed, dtype, impl):
+  """``num_steps`` training steps as one jitted call (the module docstring):
+  ``call(state, totals, images, labels, orders, key_data, first) -> (state, totals)``.
+
+  Step t (``first`` + 0, 1, ...) takes rows ``[position * B, (position + 1) * B)`` of
+  its epoch's permutation in ``orders`` (one per epoch the call touches, from
+  ``first``'s on) from the device ``images`` and ``labels``; or, ``streamed``, the
+  call's own batches ``images [n, (M,) B, ...]``.
+  """
+  step_fn = train_state.ensemble_step if ensemble else train_state.apply_step
+  fold_in = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if ensemble else jax.random.fold_in
+
+  def call(state, totals, images, labels, orders, key_data, first):
+    key = jax.random.wrap_key_data(key_data, impl=impl)
+    steps = first + jnp.arange(num_steps, dtype=jnp.int32)
+    num_examples = orders[0].shape[-1] if orders else None
+    orders = jnp.concatenate(orders, axis=-1) if orders else None  # [(M,) E * N]
+
+    def body(carry, xs):
+      state, totals = carry
+      step, batch = xs
+      if not streamed:
+        epoch, position = jnp.divmod(step, steps_per_epoch)
+        start = (epoch - first // steps_per_epoch) * num_examples + position * batch_size
+        rows = jax.lax.dynamic_slice_in_dim(orders, start, batch_size, axis=-1)
+        batch = parallel.gather_rows((images, labels), rows, mesh)
+      state, metrics = step_fn(state, batch, fold_in(key, step))
+      return (state, jax.tree_util.tree_map(jnp.add, totals, metrics)), None
+
+    xs = (steps, (images.astype(dtype), labels) if streamed else None)
+    if num_steps == 1:  # a plain call: XLA:CPU runs convolutions inside loops slowly
+      return body((state, totals), jax.tree_util.tree_map(lambda x: x[0], xs))[0]
+    return jax.lax.scan(body, (state, totals), xs)[0]
+
+  return jax.jit(call, out_shardings=NamedSharding(mesh, P()))
+
+
+def _calls(begin: int, progress: _Progress, steps_per_call: int) -> list[tuple[int, int]]:
+  """(first step, steps) of each call: ``steps_per_call`` steps, cut at every report."""
+  calls, first = [], begin
+  while first < progress.end:
+    calls.append((first, min(steps_per_call, progress.next_report(first) - first)))
+    first += calls[-1][1]
+  return calls
+
+
+def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
+  """Steps ``begin`` to ``progress.end``, on one device or data-parallel over all.
+
+  Step t trains on the rows of position t of ``order`` with the dropout key
+  ``fold_in(dropout_key, t)`` (per member for [M] keys). The sums of a report are
+  read after the next call is dispatched, so the devices do not wait for the host."""
+  mesh, shape, impl = data.mesh, dropout_key.shape, jax.random.key_impl(dropout_key)
+  key_data = parallel.replicate(jax.random.key_data(dropout_key), mesh)
+  zeros = {name: np.zeros(shape, np.float32) for name in ("loss", "accuracy")}
+  zeros = parallel.replicate(zeros, mesh)
+  if not data.on_device:
+    steps_per_call = batches.streamed_steps(data, order, steps_per_call)
+  calls = _calls(begin, progress, steps_per_call)
+  blocks = None if data.on_device else batches.streamed(data, order, calls)
+  state, totals, pending = parallel.replicate(state, mesh), zeros, None
+  for first, num_steps in calls:
+    if data.on_device:
+      inputs = (data.images, data.labels, order.device_orders(first, num_steps))
+    else:
+      inputs = (*next(blocks), ())
+    spe, size = order.steps_per_epoch, order.batch_size
+    program = _program(
+      mesh, num_steps, spe, size, bool(shape), blocks is not None, data.dtype, impl
+    )
+    state, totals = program(state, totals, *inputs, key_data, np.int32(first))
+    if pending is not None:
+      progress.report(*pending)
+      pending = None
+    if first + num_steps == progress.next_report(first):  # read after the next call starts
+      pending, totals = (first + num_steps, totals), zeros
+  if pending is not None:
+    progress.report(*pending)
+  return parallel.to_local(state)
+
+
+def training_data(model: nn.Module, images: ArrayLike, labels: ArrayLike) -> TrainingData:
+  """A training set checked once and placed for many ``fit`` calls (e.g. one per epoch).
+
+  ``fit(state, images, labels, ...)`` checks and places host arrays on every call; a
+  run that calls it once per epoch pays that once with
+  ``fit(state, training_data(state.model, images, labels), None, ...)``. Where it goes
+  is one rule, ``parallel.fits_on_devices``: on the devices, split by rows over
+  ``mc.default_mesh()`` (images in the model's ``dtype`` for mixed precision), else on
+  the host, each call's batches sent from there.
+
+  Args:
+    model: the network to train (single or ensemble members alike).
+    images: [N, ...] float inputs (host arrays; integers are cast to float32).
+    labels: [N] int labels in [0, K), K the model's logits.
+
+  Returns:
+    A ``TrainingData`` for ``fit`` and ``fit_ensemble``.
+  """
+  return batches.training_data(model, images, labels, mc.default_mesh())
 
 
 def fit(
   state: TrainState,
-  images: ArrayLike,
-  labels: ArrayLike,
+  images: ArrayLike | TrainingData,
+  labels: ArrayLike | None,
   key: jax.Array,
   *,
   num_steps: int,
   batch_size: int,
   log_every: int = 100,
   callback: Callback | None = None,
+  steps_per_call: int | None = None,
 ) -> TrainState:
   """Trains one network for ``num_steps`` mini-batch steps.
 
@@ -265,8 +309,9 @@ def fit(
 
   Args:
     state: the ``TrainState`` to start from (step 0 or restored).
-    images: [N, ...] float inputs (host arrays; integers are cast to float32).
-    labels: [N] int labels in [0, K).
+    images: [N, ...] float inputs (host arrays; integers are cast to float32), or a
+      ``TrainingData`` (``training_data``).
+    labels: [N] int labels in [0, K); None with a ``TrainingData``.
     key: PRNG key of this run.
     num_steps: steps to take, >= 1.
     batch_size: examples per step, 1 <= batch_size <= N, a multiple of the device count.
@@ -274,61 +319,42 @@ def fit(
     callback: receives ``{"step", "num_steps", "loss", "accuracy",
       "examples_per_second", "member"}`` (loss and accuracy averaged over the
       steps since the previous call; ``member`` is None here).
+    steps_per_call: most steps in one jitted call; None: ``pick_steps_per_call``.
+      Any value gives the same numbers up to float rounding.
 
   Returns:
     The trained ``TrainState``.
 
   Raises:
-    DivergedError: the mean loss of the steps since the last report (the last
-      step's loss without a callback) is not finite or above ``MAX_LOSS``.
+    DivergedError: the mean loss of the steps since the last report is not finite
+      or above ``MAX_LOSS``.
   """
   key = mc.as_prng_key(key)
-  images, labels = batches.checked_dataset(state.model, state.variables, images, labels)
-  num_steps, batch_size, log_every = batches.checked_schedule(
-    num_steps, batch_size, images.shape[0], log_every
-  )
-  return _fit_one(state, images, labels, key, num_steps, batch_size, log_every, callback, None)
+  data = batches.for_fit(state.model, state.variables, images, labels, mc.default_mesh())
+  schedule = batches.checked_schedule(num_steps, batch_size, data.num_examples, log_every)
+  steps_per_call = _steps_per_call(steps_per_call, state.model, data)
+  return _fit_one(state, data, key, schedule, steps_per_call, callback, None)
 
 
-def _fit_one(state, images, labels, key, num_steps, batch_size, log_every, callback, index):
+def _steps_per_call(steps_per_call, model, data: TrainingData) -> int:
+  cpu = steps_per_call is None and jax.default_backend() == "cpu"
+  slow = cpu and slow_in_cpu_loops(model, tuple(data.images.shape[1:]))
+  return pick_steps_per_call(steps_per_call, slow_in_loops=slow)
+
+
+def _fit_one(state, data, key, schedule, steps_per_call, callback, index):
+  num_steps, batch_size, log_every = schedule
   shuffle_key, dropout_key = jax.random.split(key)
-  order = batches.EpochBatches(shuffle_key, images.shape[0], batch_size)
+  order = batches.EpochOrder(shuffle_key, data, batch_size)
   begin = int(state.step)
   progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size, index)
-  return _steps(state, images, labels, order.indices, dropout_key, begin, progress)
-
-
-def _steps(state, images, labels, indices, dropout_key, begin, progress):
-  """Steps ``begin`` to ``progress.end``, on one device or data-parallel over all.
-
-  Step t trains on rows ``indices(t)`` [B] (or [M, B]) with the dropout key
-  ``fold_in(dropout_key, t)`` (per member for [M] keys)."""
-  ensemble = dropout_key.ndim == 1
-  fold_in = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if ensemble else jax.random.fold_in
-  if jax.device_count() > 1:
-    return parallel.data_parallel_steps(
-      _ensemble_step if ensemble else _train_step,
-      state,
-      (images, labels),
-      indices,
-      lambda step: fold_in(dropout_key, step),
-      range(begin, progress.end),
-      progress.update,
-      mesh=mc.default_mesh(),
-      axis=1 if ensemble else 0,
-    )
-  step_fn = _ensemble_train_step_jit if ensemble else _train_step_jit
-  for step in range(begin, progress.end):
-    idx = indices(step)
-    state, metrics = step_fn(state, (images[idx], labels[idx]), fold_in(dropout_key, step))
-    progress.update(step, metrics)
-  return state
+  return _train(state, data, order, dropout_key, begin, steps_per_call, progress)
 
 
 def fit_ensemble(
   states: TrainState,
-  images: ArrayLike,
-  labels: ArrayLike,
+  images: ArrayLike | TrainingData,
+  labels: ArrayLike | None,
   key: jax.Array,
   *,
   num_steps: int,
@@ -336,13 +362,14 @@ def fit_ensemble(
   strategy: str = "auto",
   log_every: int = 100,
   callback: Callback | None = None,
+  steps_per_call: int | None = None,
 ) -> TrainState:
   """Trains every member of an ensemble; member m as ``fit`` with ``split(key, M)[m]``.
 
   Args:
     states: an ensemble ``TrainState`` (from ``init_ensemble``), all members at
       the same step.
-    images, labels, num_steps, batch_size, log_every: as ``fit``.
+    images, labels, num_steps, batch_size, log_every, steps_per_call: as ``fit``.
     key: PRNG key of this run, split into one key per member.
     strategy: ``"vmap"`` (one vmapped step trains all members), ``"loop"``
       (member after member) or ``"auto"`` (``mc.pick_strategy``: vmap on gpu/tpu,
@@ -364,28 +391,19 @@ def fit_ensemble(
   if np.any(steps != steps[0]):
     raise ValueError(f"states: members are at different steps {steps.tolist()}")
   variables = member(states, 0).variables
-  images, labels = batches.checked_dataset(states.model, variables, images, labels)
-  schedule = batches.checked_schedule(num_steps, batch_size, images.shape[0], log_every)
+  data = batches.for_fit(states.model, variables, images, labels, mc.default_mesh())
+  schedule = batches.checked_schedule(num_steps, batch_size, data.num_examples, log_every)
+  steps_per_call = _steps_per_call(steps_per_call, states.model, data)
   if strategy == "loop":
     return train_state.stack_members(
       [
-        _fit_one(member(states, m), images, labels, member_keys[m], *schedule, callback, m)
+        _fit_one(member(states, m), data, member_keys[m], schedule, steps_per_call, callback, m)
         for m in range(size)
       ]
     )
-  return _fit_vmapped(states, images, labels, member_keys, *schedule, callback)
-
-
-def _fit_vmapped(states, images, labels, member_keys, num_steps, batch_size, log_every, callback):
-  """``fit_ensemble`` by one vmapped step: the same keys and batches as ``_fit_one``."""
-  size = len(member_keys)
-  split_keys = [jax.random.split(k) for k in member_keys]
-  member_batches = [batches.EpochBatches(k[0], images.shape[0], batch_size) for k in split_keys]
-  dropout_keys = jnp.stack([k[1] for k in split_keys])
-  begin = int(np.asarray(states.step).reshape(-1)[0])
+  # One vmapped step: member m's shuffling and dropout keys are those of _fit_one.
+  split_keys = jax.vmap(jax.random.split)(member_keys)
+  order = batches.EpochOrder(split_keys[:, 0], data, schedule[1])
+  begin, (num_steps, batch_size, log_every) = int(steps[0]), schedule
   progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size * size, None)
-
-  def indices(step):
-    return np.stack([order.indices(step) for order in member_batches])
-
-  return _steps(states, images, labels, indices, dropout_keys, begin, progress)
+  return _train(states, data, order, split_keys[:, 1], begin, steps_per_call, progress)

@@ -1,9 +1,15 @@
-"""The state a training step reads and writes, for one network or a deep ensemble.
+"""The state a training step reads and writes, for one network or a deep ensemble, and the step.
 
 ``create_train_state`` initialises one network and its optimizer state;
 ``init_ensemble`` initialises M members with ``jax.vmap`` over ``split(key, M)``,
 every array leaf with a leading [M] member axis; ``member`` and ``stack_members``
 go between the two.
+
+``apply_step(state, batch, key)`` is one pure SGD step (cross-entropy), with the
+state's augmentation of the batch (``augment``; its key split from the step's key)
+and float16's dynamic loss scaling when set; ``ensemble_step`` is the same for every
+member at once (``jax.vmap``). ``train_step`` and ``ensemble_train_step`` are those
+steps jitted, with their arguments checked.
 
 Mixed precision (``half_precision``, as in the Flax ImageNet example): the model
 computes in ``compute_dtype(half_precision)`` (its ``dtype``), the parameters and
@@ -231,3 +237,122 @@ def member(states: TrainState, index: int) -> TrainState:
 def stack_members(states: list[TrainState]) -> TrainState:
   """One ensemble ``TrainState`` of single-network states (leaves stacked on a new [M] axis)."""
   return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *states)
+
+
+def _loss_and_updates(state: TrainState, params, images, labels, key):
+  mutable = list(state.model_state)
+  outputs = state.model.apply(
+    {"params": params, **state.model_state},
+    images,
+    train=True,
+    dropout_rate=state.dropout_rate,
+    rngs={"dropout": key},
+    mutable=mutable or False,
+  )
+  logits, new_model_state = outputs if mutable else (outputs, {})
+  loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+  return loss, (logits, dict(new_model_state))
+
+
+def apply_step(state: TrainState, batch, key) -> tuple[TrainState, dict[str, jax.Array]]:
+  """``train_step`` unjitted and unchecked (traceable): one network's step."""
+  images, labels = batch
+  if state.augmentation:  # its own key; without augmentation the dropout key is unchanged
+    key, augment_key = jax.random.split(key)
+    images = state.augmentation(augment_key, images)
+
+  def loss_fn(params):
+    return _loss_and_updates(state, params, images, labels, key)
+
+  if state.dynamic_scale is None:
+    (loss, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  else:
+    scale, finite, (loss, (logits, model_state)), grads = state.dynamic_scale.value_and_grad(
+      loss_fn, has_aux=True
+    )(state.params)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  new_state = state.replace(
+    step=state.step + 1,
+    params=optax.apply_updates(state.params, updates),
+    model_state=model_state,
+    opt_state=opt_state,
+  )
+  if state.dynamic_scale is not None:  # a step with non-finite gradients changes only the scale
+    kept = jax.tree_util.tree_map(
+      functools.partial(jnp.where, finite),
+      (new_state.params, new_state.model_state, new_state.opt_state),
+      (state.params, state.model_state, state.opt_state),
+    )
+    new_state = new_state.replace(
+      params=kept[0], model_state=kept[1], opt_state=kept[2], dynamic_scale=scale
+    )
+  accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == labels)
+  return new_state, {"loss": loss, "accuracy": accuracy}
+
+
+ensemble_step = jax.vmap(apply_step)
+"""``apply_step`` of every member of an ensemble state: batch [M, B, ...], keys [M]."""
+_train_step_jit = jax.jit(apply_step)
+_ensemble_train_step_jit = jax.jit(ensemble_step)
+
+
+def _check_batch(batch: Any, member_axis: bool) -> tuple[jax.Array, jax.Array]:
+  if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+    raise ValueError("batch: expected a pair (images, labels)")
+  lead = 1 if member_axis else 0
+  images = validation.as_array("batch images", batch[0], range(2 + lead, 6 + lead))
+  labels = validation.as_array("batch labels", batch[1], 1 + lead)
+  if not jnp.issubdtype(labels.dtype, jnp.integer):
+    raise ValueError(f"batch labels: expected integer labels, got dtype {labels.dtype}")
+  if images.shape[: lead + 1] != labels.shape:
+    raise ValueError(
+      f"batch: images {images.shape} and labels {labels.shape} disagree on the"
+      f" {'member and ' if member_axis else ''}batch axes"
+    )
+  return images, labels
+
+
+def train_step(
+  state: TrainState, batch: tuple[ArrayLike, ArrayLike], key: jax.Array
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer step on the mean softmax cross-entropy (jitted, pure).
+
+  Label values are not range-checked here (that would sync with the device every
+  step); ``fit`` checks them once.
+
+  Args:
+    state: the current ``TrainState``.
+    batch: ``(images [B, ...] float, labels [B] int)``.
+    key: PRNG key for this step's dropout masks (use a fresh one every step).
+
+  Returns:
+    ``(new_state, {"loss": [], "accuracy": []})`` (metrics of this batch, before
+    the update).
+  """
+  return _train_step_jit(state, _check_batch(batch, False), forward_passes.as_prng_key(key))
+
+
+def ensemble_train_step(
+  states: TrainState, batch: tuple[ArrayLike, ArrayLike], keys: jax.Array
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """``train_step`` of every member at once, by ``jax.vmap`` (jitted, pure).
+
+  Args:
+    states: an ensemble ``TrainState`` (leaves with a leading [M] axis).
+    batch: ``(images [M, B, ...], labels [M, B])``: one batch per member.
+    keys: [M] PRNG keys, one per member.
+
+  Returns:
+    ``(new_states, {"loss": [M], "accuracy": [M]})``.
+  """
+  size = forward_passes.ensemble_size(states.params)
+  images, labels = _check_batch(batch, True)
+  if images.shape[0] != size:
+    raise ValueError(f"batch: expected {size} member batches, got {images.shape[0]}")
+  if (
+    not isinstance(keys, jax.Array)
+    or not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+    or keys.shape != (size,)
+  ):
+    raise ValueError(f"keys: expected [{size}] PRNG keys from jax.random.split")
+  return _ensemble_train_step_jit(states, (images, labels), keys)
