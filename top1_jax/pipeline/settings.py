@@ -235,6 +235,7 @@ class Settings:
   crop_padding: int = _rule(Rule(int, low=0))
   half_precision: str = _rule(Rule(str, names=HALF_PRECISIONS))
   log_every_steps: int = _rule(_COUNT)
+  steps_per_call: int | None = _rule(Rule(int, low=1, optional=True))
   eval_every_epochs: int = _rule(Rule(int, low=0))
   # Prediction.
   dropout_rates: tuple[float, ...] = _rule(Rule(float, low=0.0, high=1.0, many=True, empty=True))

@@ -104,15 +104,14 @@ def is_done(settings, workdir, point, stage: str) -> bool:
   raise _refuse_other(folder(workdir, point) / stage, saved or {}, wanted, "was trained")
 
 
-def _fit_epoch(settings, stage, state, images, labels, key, callback):
-  kwargs = dict(num_steps=images.shape[0] // settings.batch_size, batch_size=settings.batch_size)
-  kwargs["log_every"] = settings.log_every_steps
+def _fit_epoch(settings, stage, state, data, key, callback):
+  """One epoch of ``data`` (``train.training_data``: checked and placed once a stage)."""
+  kwargs = dict(num_steps=data.num_examples // settings.batch_size, batch_size=settings.batch_size)
+  kwargs.update(log_every=settings.log_every_steps, steps_per_call=settings.steps_per_call)
   if stage == "base":
-    return train.fit(state, images, labels, key, callback=callback, **kwargs)
+    return train.fit(state, data, None, key, callback=callback, **kwargs)
   strategy = settings.ensemble_strategy
-  return train.fit_ensemble(
-    state, images, labels, key, strategy=strategy, callback=callback, **kwargs
-  )
+  return train.fit_ensemble(state, data, None, key, strategy=strategy, callback=callback, **kwargs)
 
 
 def _diverged(settings, label: str, where, epoch: int, error: train.DivergedError):
@@ -155,6 +154,7 @@ def _train_epochs(settings, workdir, point, stage, state, data, writer):
   steps_per_epoch = images.shape[0] // settings.batch_size
   curves = monitor.Monitor(writer, optimizer(settings, steps_per_epoch).learning_rate)
   test, eval_seconds = None, 0.0
+  placed = train.training_data(state.model, images, labels)  # checked and placed, once
   with checkpoints.RunCheckpoints(folder(workdir, point) / stage / "checkpoints") as manager:
     first, state = manager.latest(state)
     if first:
@@ -165,7 +165,7 @@ def _train_epochs(settings, workdir, point, stage, state, data, writer):
     for epoch in range(first + 1, settings.num_epochs + 1):
       curves.start_epoch(int(np.reshape(state.step, -1)[0]))
       try:
-        state = _fit_epoch(settings, stage, state, images, labels, key, curves.callback)
+        state = _fit_epoch(settings, stage, state, placed, key, curves.callback)
       except train.DivergedError as e:  # before this epoch is saved or anything predicted
         raise _diverged(settings, label, folder(workdir, point) / stage, epoch, e) from None
       manager.save(epoch, state)
