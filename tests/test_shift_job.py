@@ -107,8 +107,21 @@ def test_shift_job_reuses_the_networks_and_writes_every_table(shift_job):
         labels = saved.labels if labels is None else labels
         np.testing.assert_array_equal(saved.labels, labels)
 
-  rows = _csv(out / "results.csv")
+  every_row = _csv(out / "results.csv")
+  rows = [r for r in every_row if not r["alpha"]]  # the calibration rows
+  set_rows = [r for r in every_row if r["alpha"]]  # the prediction sets', per alpha
   assert {"shift", "severity"} <= set(rows[0])
+  set_keys = [(r["method"], r["estimator"], r["alpha"], r["shift"], r["severity"])
+              for r in set_rows]  # fmt: skip
+  # Calibrated on the clean calibration parts, scored at every shifted set (OOD has no labels).
+  assert sorted(set_keys) == sorted(
+    (m, s, a, *shifted) for m in METHODS for s in ("lac", "aps", "raps", "topk")
+    for a in ("0.1", "0.05") for shifted in SETS
+  )  # fmt: skip
+  coverage = {k: float(r["coverage"]) for k, r in zip(set_keys, set_rows, strict=True)}
+  for method in METHODS:  # the guarantee holds clean (within a 100-example test part's noise)
+    assert coverage[method, "aps", "0.1", "clean", "0"] > 0.8, method
+    assert coverage[method, "aps", "0.1", "rotate_cubic", "90"] < 0.8, method  # and breaks
   keys = [(r["method"], r["score"], r["estimator"], r["n_bins"], r["shift"], r["severity"])
           for r in rows]  # fmt: skip
   assert len(keys) == len(set(keys))  # one row per (method, score, estimator, n_bins, set)
@@ -155,7 +168,7 @@ def test_shift_job_reuses_the_networks_and_writes_every_table(shift_job):
   geometric = [results.GEOMETRIC_SHIFTS[shift] for shift in ("rotate_cubic", "roll")]
   for section in (*geometric, "corruptions", "out-of-distrib"):
     assert f"### {section}" in md
-  for section in ("deterministic: recalibrated on m labelled shifted examples, ECE (%)",
+  for section in ("deterministic: recalibrated on m labelled shifted examples, ECE % (",
                   "ensemble (2): accuracy predicted without labels"):  # fmt: skip
     assert f"### {section}" in md, section
 
@@ -183,8 +196,10 @@ def test_recalibration_rows_start_from_todays_and_labels_lower_the_ece(shift_job
     if row["num_labels"] == "0":
       estimator = {"bins_refit": "bins", "bins_from_clean": "bins"}.get(row["recalibration"])
       expected = today[estimator or row["recalibration"], row["shift"], row["severity"]]
-      assert {k: row[k] for k in expected if k != "estimator"} == {
-        k: v for k, v in expected.items() if k != "estimator"
+      set_columns = {k for k in expected if k not in row} - {"estimator"}  # the sets' (alpha, ...)
+      assert not any(expected[k] for k in set_columns), set_columns
+      assert {k: row[k] for k in expected if k not in {"estimator", *set_columns}} == {
+        k: v for k, v in expected.items() if k not in {"estimator", *set_columns}
       }
   # The worst shift (rotated 90 degrees): a hundred labels bring every method's ECE down.
   ece = {(r["recalibration"], r["shift"], r["num_labels"]): float(r["ece"]) for r in rows}
@@ -313,14 +328,15 @@ def test_a_users_shifted_files_give_the_shift_jobs_rows(shift_job, tmp_path):
   assert {r["source"] for r in rows} == {
     "clean", "shifted/rotate_cubic_90", "shifted/contrast_5"
   }  # fmt: skip
-  key = lambda r: (r["method"], r["score"], r["estimator"], r["n_bins"], r["shift"], r["severity"])  # noqa: E731
+  key = lambda r: (r["method"], r["score"], r["estimator"], r["n_bins"], r["alpha"], r["shift"],
+                   r["severity"])  # noqa: E731  # fmt: skip
   job = {key(r): r for r in _csv(shift_job.workdir / "shift" / "results.csv")}
   # The same files, splits and bins as the shift job's: its rows of these sets.
   assert sorted(map(key, rows)) == sorted(
-    k for k in job if k[0] == "deterministic" and k[4:] in sets
+    k for k in job if k[0] == "deterministic" and k[5:] in sets
   )
-  for row in rows:
-    for metric in METRICS:
+  for row in rows:  # the calibration rows' metrics, and the prediction sets'
+    for metric in METRICS if not row["alpha"] else ("coverage", "mean_size"):
       np.testing.assert_allclose(float(row[metric]), float(job[key(row)][metric]), rtol=1e-6)
   ood = _csv(out / "shift" / "ood.csv")
   assert {r["shift"] for r in ood} == {"ood_digits"} and {r["source"] for r in ood} == {
