@@ -1,3 +1,3 @@
 """The package version, importable by every layer without importing the package."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

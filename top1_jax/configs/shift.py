@@ -6,10 +6,13 @@ r"""Calibration under dataset shift (Ovadia et al. 2019), after a training job i
 ``shift:<config>`` evaluates the networks ``--config=<config>`` trained (its training
 fields; the default config's without an argument), reused from the work dir (trained
 when missing), and writes under ``<workdir>/shift/``: each shifted set's predictions,
-``results.csv`` (with ``shift`` and ``severity``), ``ood.csv``, ``results.md`` and figures.
+``results.csv`` (with ``shift`` and ``severity``; the prediction sets' coverage beside),
+``ood.csv``, ``recalibration.csv`` (refitted on m labelled shifted examples),
+``accuracy_estimates.csv`` (accuracy predicted without labels), ``results.md``, figures
+and ``index.html``.
 
-The defaults fit a 2-core CPU in a few minutes: 12 rotations, 14 translations, 8
-corruptions x 5 intensities and 2 out-of-distribution sets are 68 sets beside the
+The defaults fit a 2-core CPU in a few minutes: 12 rotations, 13 translations, 8
+corruptions x 5 intensities and 2 out-of-distribution sets are 67 sets beside the
 clean one, each predicted by the network, MC dropout and the 5-member ensemble. So
 each set is the first 1,000 test examples (500 per test half: the ECE of 20 bins
 then rests on ~25 examples a bin), MC dropout runs at one rate (0.05, in the main
