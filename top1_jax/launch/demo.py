@@ -70,7 +70,8 @@ def main(argv):
   score_values = scores.compute(logits, topk=(2,))  # every single-model score
   splits = crossval.make_splits(len(labels), _N_FOLDS.value, _SEED.value, _SCHEME.value)
   rows = []
-  header = "| score | bins | Brier | NLL | ECE | EOR | AUROC |"
+  ece = metrics.ece_name("N", "equal-mass", calibration=True)
+  header = f"| score | bins | Brier | NLL | {ece} | EOR | {metrics.BINNED_AUROC_NAME} |"
   lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]
   for name, u in score_values.items():
     start = time.perf_counter()

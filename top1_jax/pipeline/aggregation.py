@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from top1_jax.core import metrics as metrics_lib
 from top1_jax.evaluation import crossval
 from top1_jax.io import results
 from top1_jax.pipeline import tables
@@ -415,10 +416,11 @@ def markdown(
   events = sorted({(row["topk"], row["n_bins"]) for row in rows})
   parts = []
   for topk, n_bins in events:
+    ece = metrics_lib.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
     lines = [
       f"### Top-{topk}, {n_bins} bins",
       "",
-      "| method | score | Brier | NLL | ECE (%) | EOR | AUROC | runs |",
+      f"| method | score | Brier | NLL | {ece} | EOR | {metrics_lib.BINNED_AUROC_NAME} | runs |",
       "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:

@@ -442,7 +442,7 @@ def _by_set(rows: Sequence[Mapping], n_bins: int, metric: str, title: str) -> An
       value = found[0].get(metric) if found else None
       cells.append(tables.cell(None if value is None else scale * value, digits))
     body.append(cells)
-  name = _ece(n_bins) if metric == "ece" else shift_tables.METRIC_TITLES[metric]
+  name = _ece(n_bins) if metric == "ece" else shift_tables.metric_title(metric, n_bins)
   return page.Table(f"{title}: {name} of every set", ["shift", "intensity", *variants], body)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from top1_jax.core import metrics
 from top1_jax.engine import corruptions
 from top1_jax.io import results
 from top1_jax.pipeline import tables
@@ -87,14 +88,16 @@ def _line(cells) -> str:
   return "| " + " | ".join(cells) + " |"
 
 
-METRIC_TITLES = {
-  "accuracy": "accuracy (%)",
-  "brier": "Brier",
-  "nll": "NLL",
-  "ece": "ECE (%)",
-  "auroc": "AUROC of correct vs wrong",
-}
-"""The metrics the tables show, and their headings."""
+METRICS = ("accuracy", "brier", "nll", "ece", "auroc")
+"""The metrics the tables show, in order."""
+
+
+def metric_title(metric: str, n_bins: int) -> str:
+  """A metric's heading; the ECE and AUROC named as every table names them."""
+  if metric == "ece":
+    return metrics.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
+  titles = {"accuracy": "accuracy (%)", "brier": "Brier", "nll": "NLL"}
+  return titles[metric] if metric in titles else metrics.BINNED_AUROC_NAME
 
 
 def _digits(metric: str) -> tuple[float, int]:
