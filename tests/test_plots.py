@@ -786,3 +786,43 @@ def test_plots_install_with_matplotlib_alone(tmp_path):
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   assert (tmp_path / "r.png").is_file() and (tmp_path / "index.html").is_file()
+
+
+def test_figures_written_by_workers_equal_figures_written_here(pair10, ablation_results, tmp_path):
+  from top1_jax.plots import figures, shift_figures
+
+  u, correct = _scores(500)
+  shifted = [{"method": "deterministic", "estimator": "raw", "score": "pmax", "shift": "rotate",
+              "severity": a, "accuracy": 1 - a / 360, "ece": a / 900, "brier": a / 600,
+              "dropout_rate": 0.0, "topk": 1, "n_bins": 15} for a in range(0, 181, 15)]  # fmt: skip
+  makers = {  # one of each kind: bars and bounds, error bars, counts, a tick formatter
+    "bins.png": lambda: plots.bin_figure(*pair10, title="bins"),
+    "ablation.png": lambda: plots.ablation_figure(ablation_results),
+    "reliability.png": lambda: plots.reliability_diagram(u, correct),
+    "rotate.png": lambda: shift_figures.shift_curves(shifted, {"Vanilla": {}}, "rotate"),
+  }
+  for name, make in makers.items():
+    plots.save_figure(make(), tmp_path / "here" / name)
+  with figures.rendering(workers=2):
+    for name, make in makers.items():
+      plots.save_figure(make(), tmp_path / "workers" / name)
+  for name in makers:
+    assert (tmp_path / "workers" / name).read_bytes() == (tmp_path / "here" / name).read_bytes()
+
+
+def test_a_figure_a_worker_cannot_write_is_one_error_and_the_others_are_written(tmp_path):
+  from top1_jax.plots import figures
+
+  (tmp_path / "taken").write_text("a file where a folder is asked for")
+  with pytest.raises(RuntimeError, match=r"^figure not written: .*taken/fig\.png: \w+Error"):
+    with figures.rendering(workers=2):
+      plots.save_figure(_small_figure(), tmp_path / "taken" / "fig.png")
+      plots.save_figure(_small_figure(), tmp_path / "ok.png")
+  assert (tmp_path / "ok.png").read_bytes().startswith(b"\x89PNG")
+  assert sorted(os.listdir(tmp_path)) == ["ok.png", "taken"]  # no temp file left
+
+
+def test_a_figure_worker_imports_matplotlib_not_jax():
+  code = "import sys; from top1_jax.plots import figures; print('jax' in sys.modules)"
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert result.stdout.strip() == "False", result.stderr[-2000:]

@@ -361,7 +361,8 @@ def markdown(settings: Settings, evaluated: dict) -> str:
   for key, model_rows in _models(rows).items():
     variants = shift_tables.present_variants(model_rows, n_bins)
     text += ["", f"## {_model_name(key)}"]
-    for metric, title in shift_tables.METRIC_TITLES.items():
+    for metric in shift_tables.METRICS:
+      title = shift_tables.metric_title(metric, n_bins)
       for shift, axis in shift_tables.GEOMETRIC.items():
         if any(r["shift"] == shift for r in model_rows):
           table = shift_tables.geometric_table(model_rows, variants, shift, metric)
@@ -372,9 +373,8 @@ def markdown(settings: Settings, evaluated: dict) -> str:
     ood = [r for r in evaluated["ood_rows"] if _model(r) == key]
     if ood:
       text += ["", "### out-of-distribution inputs", "", shift_tables.ood_table(ood, variants)]
-    text += _recalibration_markdown(
-      [r for r in evaluated["recalibration_rows"] if _model(r) == key]
-    )
+    recalibrated = [r for r in evaluated["recalibration_rows"] if _model(r) == key]
+    text += _recalibration_markdown(recalibrated, n_bins)
     text += _accuracy_markdown([r for r in evaluated["accuracy_rows"] if _model(r) == key])
     text += _sets_markdown([r for r in evaluated["set_rows"] if _model(r) == key])
   return "\n".join(text) + "\n"
@@ -399,13 +399,13 @@ def _sets_markdown(rows: list[dict]) -> list[str]:
   return ["", "### prediction sets: coverage as the data moves", "", note, "", *lines]
 
 
-def _recalibration_markdown(rows: list[dict]) -> list[str]:
+def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
   """results.md's lines of one model's recalibration.csv rows (none without rows)."""
   text = []
   for label in dict.fromkeys(r["label"] for r in rows):
     mine = [r for r in rows if r["label"] == label]
     for metric in ("ece", "brier"):
-      title = shift_tables.METRIC_TITLES[metric]
+      title = shift_tables.metric_title(metric, n_bins)
       text += ["", f"### {label}: recalibrated on m labelled shifted examples, {title}", ""]
       text.append(shift_tables.recalibration_table(mine, metric))
   if text:
@@ -493,17 +493,19 @@ def evaluate_files(settings: Settings, asked, folder) -> dict:
   timings["write"] = time.perf_counter() - tic
   num_rows, num_ood = len(evaluated["rows"]), len(evaluated["ood_rows"])
   logging.info("shift: %d rows, %d OOD rows in %s", num_rows, num_ood, folder)
+  from top1_jax.pipeline import pages  # the page's template (jinja2)
+
+  pages.write_shift_page(settings, folder, timings)  # the tables first
   if settings.figures:
     from top1_jax import plots  # matplotlib
 
     tic = time.perf_counter()
-    written = plots.write_shift_figures(folder, figure_data(evaluated, settings.compare_bins))
+    with plots.rendering():
+      written = plots.write_shift_figures(folder, figure_data(evaluated, settings.compare_bins))
     timings["figures"] = time.perf_counter() - tic
     seconds = timings["figures"]
     logging.info("shift: %d figures in %s (%.1f s)", len(written), folder / "figures", seconds)
-  from top1_jax.pipeline import pages  # the page's template (jinja2)
-
-  pages.write_shift_page(settings, folder, timings)
+    pages.write_shift_page(settings, folder, timings)
   return timings
 
 

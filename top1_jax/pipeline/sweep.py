@@ -6,7 +6,8 @@ Every sweep point is one file's score binned for one event by one estimator, sco
 and the file's hash; a rerun reuses the points whose settings and file match, so a
 killed run resumes. Table 1 (``comparison.baseline_rows``) and selective prediction
 (``selective.validate_over_splits``) need no sweep record and run beside the sweep.
-Then ``results.{json,csv,md}``, ``figures/``, ``timings.json`` and ``index.html``.
+Then ``results.{json,csv,md}`` and ``index.html``, then ``figures/`` (written by worker
+processes while the next figure is drawn), ``timings.json`` and ``index.html`` with them.
 """
 
 import concurrent.futures
@@ -322,9 +323,13 @@ def evaluate(settings: Settings, workdir, asked, tasks=(0, 1)) -> dict:
   timings["write"] = time.perf_counter() - tic
   logging.info("evaluate: %d rows; tables in %s (.csv, .json)", len(rows), workdir / "results.md")
   if settings.figures:
+    from top1_jax.plots import figures  # matplotlib
+
+    write_page(settings, workdir, timings)  # the tables first; with the figures when drawn
     logging.info("evaluate: drawing the figures")
     tic = time.perf_counter()
-    num = write_figures(settings, workdir, found, records, rows, chosen, figure_bins)
+    with figures.rendering():
+      num = write_figures(settings, workdir, found, records, rows, chosen, figure_bins)
     timings["figures"] = time.perf_counter() - tic
     seconds = timings["figures"]
     logging.info("evaluate: %d figures in %s (%.1f s)", num, workdir / "figures", seconds)

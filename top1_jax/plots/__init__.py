@@ -43,41 +43,35 @@ pyplot: importing this package never switches the user's backend or opens a
 window, and figures are not kept alive by pyplot's registry.
 """
 
-from top1_jax.plots.bins import BAR_ORDERS, BOUNDS, bin_figure, refinement_figure
-from top1_jax.plots.figures import save_figure
-from top1_jax.plots.images import image_grid
-from top1_jax.plots.page import Table, results_page, write_results_page
-from top1_jax.plots.reliability import reliability_diagram
-from top1_jax.plots.results import (
-  write_dropout_rate_figures,
-  write_figures,
-  write_risk_coverage_figures,
-  write_shift_figures,
-)
-from top1_jax.plots.risk import OperatingPoint, risk_coverage_figure
-from top1_jax.plots.shift_figures import corruption_boxes, ood_histograms, shift_curves
-from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
+import importlib
 
-__all__ = [
-  "write_dropout_rate_figures",
-  "write_figures",
-  "write_risk_coverage_figures",
-  "write_shift_figures",
-  "BOUNDS",
-  "BAR_ORDERS",
-  "OperatingPoint",
-  "Table",
-  "ablation_figure",
-  "bin_figure",
-  "corruption_boxes",
-  "dropout_rate_figure",
-  "image_grid",
-  "ood_histograms",
-  "refinement_figure",
-  "reliability_diagram",
-  "results_page",
-  "risk_coverage_figure",
-  "save_figure",
-  "shift_curves",
-  "write_results_page",
-]
+_HOMES = {
+  "bins": ("BAR_ORDERS", "BOUNDS", "bin_figure", "refinement_figure"),
+  "figures": ("rendering", "save_figure"),
+  "images": ("image_grid",),
+  "page": ("Table", "results_page", "write_results_page"),
+  "reliability": ("reliability_diagram",),
+  "results": (
+    "write_dropout_rate_figures", "write_figures", "write_risk_coverage_figures",
+    "write_shift_figures",
+  ),
+  "risk": ("OperatingPoint", "risk_coverage_figure"),
+  "shift_figures": ("corruption_boxes", "ood_histograms", "shift_curves"),
+  "sweeps": ("ablation_figure", "dropout_rate_figure"),
+}  # fmt: skip
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+  """Imports a name's module on first use: a figure worker (``figures.serve``) and a
+  run without figures never import JAX through ``bins``."""
+  if name not in _HOME:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_HOME))

@@ -1,10 +1,19 @@
-"""Figure creation and saving, shared by the figure modules of ``top1_jax.plots``."""
+"""Figure creation and saving, shared by the figure modules of ``top1_jax.plots``.
+
+Under ``rendering()`` a saved figure is handed to worker processes: the caller goes on
+drawing the next one while they write the files (about half a figure's time)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
+import pickle
+import queue
+import subprocess
 import sys
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Iterator
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -76,10 +85,120 @@ def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib
     raise ValueError(
       f"path: expected a suffix among {sorted('.' + s for s in supported)}, got {path.name!r}"
     )
+  options = {"format": fmt, "dpi": dpi, "bbox_inches": "tight", "pad_inches": 0.08}
   try:
-    options = {"format": fmt, "dpi": dpi, "bbox_inches": "tight", "pad_inches": 0.08}
+    if _renderers is not None and _renderers.submit(fig, path, options):
+      return path
     return files.atomic_write(path, lambda file: fig.savefig(file, **options))
   finally:
     # Only figures made through pyplot are registered there; ours are not.
     if "matplotlib.pyplot" in sys.modules:
       sys.modules["matplotlib.pyplot"].close(fig)
+
+
+class _Renderers:
+  """Worker processes that write pickled figures, started on the first figure.
+
+  Fresh interpreters (not ``multiprocessing``): a fork of a process that runs JAX's
+  threads is unsafe, and spawn would import the caller's main module (and JAX) again.
+  One feeder thread per worker sends a figure and waits for its one-line reply.
+  """
+
+  def __init__(self, workers: int):
+    self.workers, self.jobs, self.errors = workers, queue.Queue(), []
+    self.procs: list[subprocess.Popen] = []
+    self.threads: list[threading.Thread] = []
+
+  def submit(self, fig: Figure, path, options: dict) -> bool:
+    """Queues ``fig``; False if it does not pickle (an unpicklable artist): save it here."""
+    try:
+      payload = pickle.dumps((fig, str(path), options), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+      return False
+    if not self.procs:
+      self._start()
+    self.jobs.put((payload, path))
+    return True
+
+  def _start(self) -> None:
+    package_root = str(pathlib.Path(__file__).resolve().parents[2])
+    python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-c", "from top1_jax.plots import figures; figures.serve()"]
+    for _ in range(self.workers):
+      proc = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": python_path, "MPLBACKEND": "agg"},
+      )  # fmt: skip
+      self.procs.append(proc)
+      self.threads.append(threading.Thread(target=self._feed, args=(proc,), daemon=True))
+      self.threads[-1].start()
+
+  def _feed(self, proc: subprocess.Popen) -> None:
+    while (job := self.jobs.get()) is not None:
+      payload, path = job
+      try:
+        proc.stdin.write(len(payload).to_bytes(8, "little") + payload)
+        proc.stdin.flush()
+        reply = proc.stdout.readline().decode(errors="replace").strip()
+      except OSError as e:
+        reply = f"the worker stopped ({e})"
+      if reply != "ok":
+        self.errors.append(f"{path}: {reply or f'the worker exited ({proc.wait()})'}")
+
+  def close(self, *, wait: bool) -> None:
+    """Waits for every queued figure (``wait``) or drops them, then ends the workers."""
+    if not wait:
+      for proc in self.procs:
+        proc.kill()
+    for _ in self.threads:
+      self.jobs.put(None)
+    for thread in self.threads:
+      thread.join()
+    for proc in self.procs:
+      with contextlib.suppress(OSError):
+        proc.stdin.close()
+      proc.wait()
+
+
+_renderers: _Renderers | None = None
+
+
+@contextlib.contextmanager
+def rendering(workers: int | None = None) -> Iterator[None]:
+  """Within it, ``save_figure`` hands figures to ``workers`` processes (default: the CPU
+  count, at most 8) and returns at once; on leaving it every figure has been written.
+
+  Raises:
+    RuntimeError: on leaving, if a figure could not be written (the first one named).
+  """
+  global _renderers
+  if _renderers is not None:  # nested: the outer pool serves
+    yield
+    return
+  _renderers = pool = _Renderers(workers or min(8, os.cpu_count() or 1))
+  finished = False
+  try:
+    yield
+    finished = True
+  finally:
+    _renderers = None
+    pool.close(wait=finished)
+  if pool.errors:
+    more = f" (and {len(pool.errors) - 1} more)" if len(pool.errors) > 1 else ""
+    raise RuntimeError(f"figure not written: {pool.errors[0]}{more}")
+
+
+def serve() -> None:
+  """A worker's loop: read (length, pickled figure) frames from stdin, write each figure,
+  reply one line ("ok" or the error). The frames come from our own process only."""
+  stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+  while header := stdin.read(8):
+    payload = stdin.read(int.from_bytes(header, "little"))
+    try:
+      fig, path, options = pickle.loads(payload)
+      files.atomic_write(files.as_path(path), lambda file, fig=fig: fig.savefig(file, **options))
+      reply = "ok"
+    except Exception as e:  # noqa: BLE001  (any failure is the parent's one-line error)
+      reply = f"{type(e).__name__}: {e}".replace("\n", " ")
+    stdout.write(reply.encode() + b"\n")
+    stdout.flush()

@@ -246,7 +246,7 @@ def _format_severity_axis(ax, shift: str, severities: list[float]) -> None:
   # Every severity when few (0-5, 0-14 px); every other one for 0-180° in 15° steps.
   ticks = severities if len(severities) <= 8 else severities[:: -(-len(severities) // 8)]
   ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
-  ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+  ax.xaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))  # picklable: drawn by workers
 
 
 def shift_curves(
