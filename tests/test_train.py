@@ -430,7 +430,8 @@ def _flat_params(tree) -> np.ndarray:
 
 def device_case() -> dict[str, np.ndarray]:
   """A small ResNet and a 2-member ensemble (vmap) trained by calls of 1 and 3 steps,
-  from data on the devices and streamed: the parameters, flat."""
+  from data on the devices and streamed: the parameters, flat. Each program compiles for
+  seconds, so five cases: each path (device, host) and each call length for each trainer."""
   state, images, labels = _network_case("resnet")
   ensemble = train.init_ensemble(
     _NETWORKS["resnet"][0], optax.adam(1e-2), jax.random.key(1), images[:1], ensemble_size=2,
@@ -438,12 +439,15 @@ def device_case() -> dict[str, np.ndarray]:
   )  # fmt: skip
   kwargs = dict(num_steps=7, batch_size=24, log_every=5)
   out, limit = {}, parallel.HOST_DEVICE_DATA_BYTES
+  cases = (("fit", "device", 1), ("fit", "device", 3), ("fit", "host", 3),
+           ("ensemble", "device", 3), ("ensemble", "host", 1))  # fmt: skip
   try:
-    for where in ("device", "host"):
+    for trainer, where, k in cases:
       parallel.HOST_DEVICE_DATA_BYTES = limit if where == "device" else 0
-      for k in (1, 3):
+      if trainer == "fit":
         fit = train.fit(state, images, labels, jax.random.key(3), steps_per_call=k, **kwargs)
         out[f"fit_{where}_{k}"] = _flat_params(fit.params)
+      else:
         members = train.fit_ensemble(
           ensemble, images, labels, jax.random.key(3), strategy="vmap", steps_per_call=k, **kwargs
         )
