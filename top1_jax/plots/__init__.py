@@ -23,7 +23,8 @@
   prediction's guaranteed operating points (``selective.guaranteed_coverage``).
 * ``image_grid``: tiles of images with their given label, predicted label and a
   probability (the supplementary's mislabelled-image finder).
-* ``save_figure``: atomic write through ``io.files`` (local path or a URL).
+* ``save_figure``: atomic write through ``io.files`` (local path or a URL); within
+  ``rendering()``, handed to worker processes that write it while the next is drawn.
 * ``results_page`` / ``write_results_page`` (of ``Table`` values): a run's
   ``index.html``, the answer first, then its tables, figures, config and timings
   folded, on one static page that opens from disk (a Jinja template).
