@@ -175,6 +175,17 @@ def test_evaluate_sets_rows_in_distribution_and_under_shift():
   assert shifted[1]["coverage"] < shifted[0]["coverage"]  # noise the calibration never saw
 
 
+def test_sets_of_many_examples_are_computed_in_blocks_of_rows_alike(monkeypatch):
+  # Each part's [rows, K] temporaries are bounded by sets.ROWS: blocks of 64 rows here (the
+  # last padded), against the whole part at once.
+  logits, labels = _data(600)
+  folds = crossval.make_splits(600, 2, seed=0)
+  whole = sets.evaluate_sets(logits, labels, folds, alphas=(0.1, 0.2), n_bins=5, randomized=True)
+  monkeypatch.setattr(sets, "ROWS", 64)
+  blocks = sets.evaluate_sets(logits, labels, folds, alphas=(0.1, 0.2), n_bins=5, randomized=True)
+  assert blocks == whole
+
+
 def _refused(call, message: str) -> None:
   with pytest.raises(ValueError, match=message) as info:
     call()

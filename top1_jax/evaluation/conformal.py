@@ -109,14 +109,16 @@ def ranked(logits: np.ndarray, labels: np.ndarray | None = None, *, on_host=None
   (``on_host`` None: on a CPU backend, where XLA's sort is many times slower; docs/sets.md
   has the numbers); elsewhere the device does."""
   size = bucket(logits.shape[0])
-  padded = pad_rows(logits, size)
-  if on_host or (on_host is None and jax.default_backend() == "cpu"):
-    order = np.ascontiguousarray(np.sort(padded, axis=-1)[:, ::-1])
-  else:
-    order = _sort_descending(padded)
+  padded = pad_rows(logits, size)  # our copy: sorted in place below, one [N, K] copy in all
   rank = None
   if labels is not None:
     rank = np.asarray(_label_rank(padded, pad_rows(labels, size))).astype(np.int32)
+  if on_host or (on_host is None and jax.default_backend() == "cpu"):
+    np.negative(padded, out=padded)  # exact: ascending of -x is descending of x
+    padded.sort(axis=-1)
+    order = np.negative(padded, out=padded)
+  else:
+    order = _sort_descending(padded)
   return Ranked(order, rank, logits.shape[0])
 
 

@@ -298,6 +298,24 @@ def _sizes(scores_of, params, order, u, thresholds) -> jax.Array:
   return conformal.sizes(scores_of(params, order, u), thresholds)
 
 
+ROWS = 1 << 15
+"""Rows a set program takes at once: its [rows, K] temporaries (probabilities, running
+sums, scores) stay bounded however many examples a part holds."""
+
+
+def _by_rows(program, sorted_logits, u, *rows_of, axis: int) -> np.ndarray:
+  """``program(sorted_logits, u, *rows_of)`` over blocks of ``ROWS`` rows (the last padded,
+  so that one program serves them all), joined along ``axis`` of its output."""
+  num = sorted_logits.shape[0]
+  if num <= ROWS:
+    return np.asarray(program(sorted_logits, u, *rows_of))
+  parts = []
+  for start in range(0, num, ROWS):
+    block = [conformal.pad_rows(a[start : start + ROWS], ROWS) for a in (sorted_logits, u, *rows_of)]
+    parts.append(np.asarray(program(*block)))
+  return np.concatenate(parts, axis=axis)
+
+
 def calibrate(
   method: SetMethod,
   data: conformal.Ranked,
@@ -311,7 +329,8 @@ def calibrate(
   params = method.tune(part, options)
   rest, rest_u = conformal.part(data, u, np.flatnonzero(~tuning))
   u = conformal.pad_rows(rest_u, rest.sorted.shape[0])
-  scores = np.asarray(_at_ranks(method.scores, params, rest.sorted, u, rest.rank))[: rest.num]
+  at_ranks = functools.partial(_at_ranks, method.scores, params)
+  scores = _by_rows(at_ranks, rest.sorted, u, rest.rank, axis=0)[: rest.num]
   return Calibrated(params, np.sort(scores))
 
 
@@ -319,7 +338,8 @@ def set_sizes(method: SetMethod, params, data: conformal.Ranked, u, thresholds) 
   """[A, N] int32 set sizes of ``data`` with [N] draws ``u`` at [A] thresholds."""
   u = conformal.pad_rows(u, data.sorted.shape[0])
   thresholds = jnp.asarray(thresholds, jnp.float32)
-  return np.asarray(_sizes(method.scores, params, data.sorted, u, thresholds))[:, : data.num]
+  sizes = functools.partial(_sizes, method.scores, params)
+  return _by_rows(lambda o, d: sizes(o, d, thresholds), data.sorted, u, axis=1)[:, : data.num]
 
 
 def fit_draws(method: SetMethod, seed: int, num: int, options) -> tuple[np.ndarray, np.ndarray]:
