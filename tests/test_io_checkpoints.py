@@ -247,7 +247,10 @@ _DAMAGE = {
     lambda c, _: (c / "metadata" / "metadata").write_text('{"a": 1}'),
     "not a top1_jax checkpoint",
   ),
-  "no manifest": (lambda c, _: (c / "state" / "manifest.ocdbt").unlink(), "manifest.ocdbt is missing"),
+  "no manifest": (
+    lambda c, _: (c / "state" / "manifest.ocdbt").unlink(),
+    "manifest.ocdbt is missing",
+  ),
   "an empty state folder": (lambda c, _: _remove_state_files(c), "rror"),
   "the state folder deleted": (lambda c, _: shutil.rmtree(c / "state"), "no metadata/ and state/"),
   "the metadata folder deleted": (lambda c, _: shutil.rmtree(c / "metadata"), "no metadata/ and"),
@@ -256,7 +259,10 @@ _DAMAGE = {
     "metadata/metadata is not a regular file",
   ),
   "a link to /dev/zero for the array data": (
-    lambda c, _: (_largest_file(c / "state").unlink(), (c / "state" / "zero").symlink_to("/dev/zero")),
+    lambda c, _: (
+      _largest_file(c / "state").unlink(),
+      (c / "state" / "zero").symlink_to("/dev/zero"),
+    ),
     "state/zero is not a regular file",
   ),
 }

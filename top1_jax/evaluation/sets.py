@@ -311,7 +311,9 @@ def _by_rows(program, sorted_logits, u, *rows_of, axis: int) -> np.ndarray:
     return np.asarray(program(sorted_logits, u, *rows_of))
   parts = []
   for start in range(0, num, ROWS):
-    block = [conformal.pad_rows(a[start : start + ROWS], ROWS) for a in (sorted_logits, u, *rows_of)]
+    block = [
+      conformal.pad_rows(a[start : start + ROWS], ROWS) for a in (sorted_logits, u, *rows_of)
+    ]
     parts.append(np.asarray(program(*block)))
   return np.concatenate(parts, axis=axis)
 

@@ -6,6 +6,7 @@ drawing the next one while they write the files (about half a figure's time)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pathlib
 import pickle
@@ -13,7 +14,8 @@ import queue
 import subprocess
 import sys
 import threading
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -196,7 +198,8 @@ def serve() -> None:
     payload = stdin.read(int.from_bytes(header, "little"))
     try:
       fig, path, options = pickle.loads(payload)
-      files.atomic_write(files.as_path(path), lambda file, fig=fig: fig.savefig(file, **options))
+      save = functools.partial(fig.savefig, **options)
+      files.atomic_write(files.as_path(path), save)
       reply = "ok"
     except Exception as e:  # noqa: BLE001  (any failure is the parent's one-line error)
       reply = f"{type(e).__name__}: {e}".replace("\n", " ")
