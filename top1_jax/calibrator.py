@@ -51,10 +51,9 @@ MAX_FILE_BYTES = 1 << 28
 calibrator is far smaller (top-label bins of 1000 classes with 20 bins each take
 about 2 MB), and a hostile multi-GB file must not fill the memory."""
 INPUTS = scores.INPUTS
-_PARAMS = ("method", "score", "n_bins", "k", "inputs")
 
 
-class Calibrator:
+class Calibrator(base.OptionParams):
   """Calibrated P(Top-k prediction is correct) from one score (or the log-probabilities).
 
   Args:
@@ -90,6 +89,9 @@ class Calibrator:
     inputs_: "logits" or "probs": what the calibration data held (``inputs`` resolved).
   """
 
+  PARAMS = ("method", "score", "n_bins", "k", "inputs")
+  """The constructor's named arguments (``get_params``); other keywords are options."""
+
   def __init__(
     self,
     method: str = "bins",
@@ -105,20 +107,6 @@ class Calibrator:
     self.k = k
     self.inputs = inputs
     self.options = options
-
-  def get_params(self, deep: bool = True) -> dict[str, Any]:
-    """The constructor's arguments by name, the method's options included."""
-    del deep  # no parameter is itself an estimator
-    return {**{name: getattr(self, name) for name in _PARAMS}, **self.options}
-
-  def set_params(self, **params) -> "Calibrator":
-    """Sets constructor arguments (any other name is a method option); returns ``self``."""
-    for name, value in params.items():
-      if name in _PARAMS:
-        setattr(self, name, value)
-      else:
-        self.options[name] = value
-    return self
 
   def __repr__(self) -> str:
     score = self.score if isinstance(self.score, str) else getattr(self.score, "__name__", "")

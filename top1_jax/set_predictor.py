@@ -38,11 +38,10 @@ MAX_FILE_BYTES = 1 << 28
 """``load`` refuses a file larger than this (256 MiB) before reading it: a saved predictor
 holds its calibration scores (about 20 bytes each) and, for topk, the bins of every k."""
 INPUTS = scores.INPUTS
-_PARAMS = ("method", "inputs", "seed")
 _INT32_MAX = 2**31 - 1
 
 
-class SetPredictor:
+class SetPredictor(base.OptionParams):
   """Prediction sets with a split-conformal coverage guarantee.
 
   Args:
@@ -68,25 +67,14 @@ class SetPredictor:
     seed_: the seed of the fit, which predictions use too.
   """
 
+  PARAMS = ("method", "inputs", "seed")
+  """The constructor's named arguments (``get_params``); other keywords are options."""
+
   def __init__(self, method: str = "aps", inputs: str = "auto", seed: int = 0, **options):
     self.method = method
     self.inputs = inputs
     self.seed = seed
     self.options = options
-
-  def get_params(self, deep: bool = True) -> dict[str, Any]:
-    """The constructor's arguments by name, the method's options included."""
-    del deep  # no parameter is itself an estimator
-    return {**{name: getattr(self, name) for name in _PARAMS}, **self.options}
-
-  def set_params(self, **params) -> "SetPredictor":
-    """Sets constructor arguments (any other name is a method option); returns ``self``."""
-    for name, value in params.items():
-      if name in _PARAMS:
-        setattr(self, name, value)
-      else:
-        self.options[name] = value
-    return self
 
   def __repr__(self) -> str:
     settings = ", ".join(f"{name}={value!r}" for name, value in self.get_params().items())
@@ -219,7 +207,7 @@ class SetPredictor:
       options = state["options"]
       if not isinstance(options, dict):
         raise ValueError(f"options: expected an object, got {options!r}")
-      predictor = cls(**{name: state[name] for name in _PARAMS}, **options)
+      predictor = cls(**{name: state[name] for name in cls.PARAMS}, **options)
       method, checked, seed = predictor._checked()
       num_classes = validation.positive_int(
         "num_classes", state["num_classes"], minimum=2, maximum=_INT32_MAX

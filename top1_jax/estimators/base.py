@@ -134,6 +134,27 @@ class Estimator:
 # Reading a saved state: one checked value per field, each failure one line naming it.
 
 
+class OptionParams:
+  """scikit-learn's ``get_params``/``set_params`` for a class whose constructor takes the
+  names in ``PARAMS`` and any other keyword as a method option (kept in ``self.options``)."""
+
+  PARAMS: tuple[str, ...] = ()
+
+  def get_params(self, deep: bool = True) -> dict[str, Any]:
+    """The constructor's arguments by name, the method's options included."""
+    del deep  # no parameter is itself an estimator
+    return {**{name: getattr(self, name) for name in self.PARAMS}, **self.options}
+
+  def set_params(self, **params):
+    """Sets constructor arguments (any other name is a method option); returns ``self``."""
+    for name, value in params.items():
+      if name in self.PARAMS:
+        setattr(self, name, value)
+      else:
+        self.options[name] = value
+    return self
+
+
 def field(d: Mapping, name: str, source: str) -> Any:
   """``d[name]``, or a one-line ValueError naming the source and the missing field."""
   if not isinstance(d, Mapping):
