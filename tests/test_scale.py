@@ -112,7 +112,7 @@ def test_chunks_scored_on_two_cpu_devices_at_once_equal_the_whole_file(tmp_path)
   # top1_jax.launch.evaluate gives JAX a CPU device per core; streaming.from_chunks then
   # scores each group of two chunks with one program over both devices (a short last
   # group repeats its chunk). The devices must not change a single bit, and the scores'
-  # program compiles once, not once per device: 2 compiles with _joined's. A stored
+  # program compiles once, not once per device (the first size adds pmax's exp over all N). A stored
   # score (as mc.predict writes them) replaces the recomputed one on every device.
   stored = {"covariance_norm_probs": np.random.default_rng(1).random(NUM).astype(np.float32)}
   predictions = dataclasses.replace(_predictions("samples"), scores=stored)
@@ -137,7 +137,7 @@ jax.monitoring.register_event_duration_secs_listener(count)
 for size in (7, 5):
   compiles.clear()
   got = _streamed({str(path)!r}, size)
-  assert len(compiles) == 2, compiles
+  assert len(compiles) == (2 if size == 7 else 1), compiles  # + pmax's exp, once per N
   one_device = np.load({str(tmp_path)!r} + f"/one_device_{{size}}.npz")
   assert sorted(got) == sorted(one_device.files), (sorted(got), one_device.files)
   for name in one_device.files:

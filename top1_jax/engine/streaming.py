@@ -106,32 +106,32 @@ def _score_group(group: list[dict], devices: list, topk: tuple, with_labels: boo
   return program(*jax.device_put((samples, human, labels), by_chunk))
 
 
-def _collect(out: dict, sizes: list[int], stored: list[dict], scored: tuple, device) -> None:
-  """A scored group's log-probabilities kept on ``device`` (where the file's are joined);
-  each chunk's first ``size`` scores (its stored ones replacing them) and label terms
-  copied to the host, which waits for them."""
+def _collect(out: dict, sizes: list[int], stored: list[dict], scored: tuple) -> None:
+  """A scored group's rows copied into the host's [N, K] log-probabilities, [N] scores and
+  label terms (the stored scores replacing the computed ones); waits for the group."""
   log_probs, values, terms = scored
   count = log_probs.shape[0] if log_probs.ndim == 3 else 1  # chunks the program scored
+  log_probs = np.asarray(log_probs).reshape(count, -1, log_probs.shape[-1])
   values = {name: np.asarray(value).reshape(count, -1) for name, value in values.items()}
   terms = None if terms is None else [np.asarray(value).reshape(count, -1) for value in terms]
   for index, size in enumerate(sizes):
+    if out["log_probs"] is None:  # filled in place: the file's [N, K] is held once
+      shape = (out["num_examples"], log_probs.shape[-1])
+      out["log_probs"] = validation.aligned_empty(shape, log_probs.dtype)
+    start = out["filled"]
+    out["log_probs"][start : start + size] = log_probs[index, :size]
+    out["filled"] += size
     chunk_values = {name: value[index, :size] for name, value in values.items()}
     chunk_values.update({name: v[:size] for name, v in scores.stored_values(stored[index]).items()})
     for name, value in chunk_values.items():
       out["values"].setdefault(name, []).append(value)
     if terms is not None:
       out["terms"].append([value[index, :size] for value in terms])
-  out["log_probs"].append(log_probs if device is None else jax.device_put(log_probs, device))
 
 
-@functools.partial(jax.jit, static_argnames=("num_examples",))
-def _joined(parts, neg_log_pmax, num_examples: int):
-  """The chunks' [B, K] (or groups' [D, B, K]) log-probabilities as one [N, K] array: one
-  copy (only the last chunks are padding), where on the host and back would be two. And
-  pmax from all N ``neg_log_pmax`` (None: none)."""
-  pmax = None if neg_log_pmax is None else jnp.exp(-neg_log_pmax)
-  joined = jnp.concatenate([part.reshape(-1, part.shape[-1]) for part in parts])
-  return joined[:num_examples], pmax
+@jax.jit
+def _pmax(neg_log_pmax):
+  return jnp.exp(-neg_log_pmax)
 
 
 def from_chunks(
@@ -166,7 +166,7 @@ def from_chunks(
   # group in flight while the next is read. Without samples, one device, one chunk at a
   # time: XLA's own threads keep both cores as busy.
   devices, in_flight = None, collections.deque()
-  out = {"log_probs": [], "values": {}, "terms": []}
+  out = {"log_probs": None, "filled": 0, "num_examples": num_examples, "values": {}, "terms": []}
   group, rows, expected, stored = [], None, 0, ()
   for start, chunk in chunks:
     stored = tuple(chunk.scores)
@@ -185,15 +185,17 @@ def from_chunks(
       inputs["labels"] = None
     group.append((size, inputs))
     expected = start + size
+    if expected > num_examples:
+      raise ValueError(f"chunks: expected {num_examples} examples, got more")
     if len(group) == len(devices) or expected >= num_examples:
       sizes, group_inputs = zip(*group, strict=True)
       scored = _score_group(list(group_inputs), devices, topk, with_labels)
       in_flight.append((list(sizes), [g["stored_scores"] for g in group_inputs], scored))
       group = []
       if len(in_flight) > ahead:
-        _collect(out, *in_flight.popleft(), devices[0])
+        _collect(out, *in_flight.popleft())
   while in_flight:
-    _collect(out, *in_flight.popleft(), devices[0])
+    _collect(out, *in_flight.popleft())
   if expected != num_examples:
     raise ValueError(f"chunks: expected {num_examples} examples, got {expected}")
   values = {name: np.concatenate(parts) for name, parts in out["values"].items()}
@@ -203,9 +205,7 @@ def from_chunks(
   # pmax is an element-wise exp, whose last bit depends on an element's place in the
   # SIMD lanes of its batch: redone on all N it equals the whole-file one.
   recompute = "neg_log_pmax" not in stored and "pmax" in values
-  log_probs, pmax = _joined(
-    tuple(out["log_probs"]), values["neg_log_pmax"] if recompute else None, num_examples
-  )
   if recompute:
-    values["pmax"] = np.asarray(pmax)
-  return scores.ScoredPredictions(log_probs, values, terms)
+    values["pmax"] = np.asarray(_pmax(values["neg_log_pmax"]))
+  # The host buffer becomes the jax array (aligned: device_put keeps it on a CPU).
+  return scores.ScoredPredictions(jax.device_put(out["log_probs"]), values, terms)

@@ -33,7 +33,7 @@ VARIANTS = ("raw", "temperature", "toplabel")
 
 
 def _check(log_probs, labels, splits, points_per_bin, ece_bins, label_terms):
-  log_probs = validation.float_array("log_probs", log_probs, 2, host=True)
+  log_probs = validation.float_array("log_probs", log_probs, 2)  # a jax array: never copied
   if log_probs.shape[-1] < 2:
     raise ValueError(f"log_probs: expected at least 2 classes, got shape {log_probs.shape}")
   labels = validation.labels_array("labels", labels, log_probs.shape[-1], host=True)

@@ -108,18 +108,21 @@ def ranked(logits: np.ndarray, labels: np.ndarray | None = None, *, on_host=None
   """``Ranked`` of unchecked host [N, K] logits (and [N] labels). NumPy sorts on the host
   (``on_host`` None: on a CPU backend, where XLA's sort is many times slower; docs/sets.md
   has the numbers); elsewhere the device does."""
-  size = bucket(logits.shape[0])
-  padded = pad_rows(logits, size)  # our copy: sorted in place below, one [N, K] copy in all
+  num = logits.shape[0]
+  padded = pad_rows(logits, bucket(num))  # our copy, sorted in place below: the only one
   rank = None
-  if labels is not None:
-    rank = np.asarray(_label_rank(padded, pad_rows(labels, size))).astype(np.int32)
+  if labels is not None:  # a bucket's rows at a time: the program copies its input
+    labels, step = pad_rows(labels, padded.shape[0]), min(padded.shape[0], _MAX_DOUBLING)
+    blocks = range(0, padded.shape[0], step)
+    ranks = [_label_rank(padded[i : i + step], labels[i : i + step]) for i in blocks]
+    rank = np.concatenate([np.asarray(r) for r in ranks]).astype(np.int32)
   if on_host or (on_host is None and jax.default_backend() == "cpu"):
     np.negative(padded, out=padded)  # exact: ascending of -x is descending of x
     padded.sort(axis=-1)
     order = np.negative(padded, out=padded)
   else:
     order = _sort_descending(padded)
-  return Ranked(order, rank, logits.shape[0])
+  return Ranked(order, rank, num)
 
 
 _BLOCK = 32
@@ -180,8 +183,18 @@ def prefix_mask(logits: jax.Array, sorted_logits: jax.Array, lengths: jax.Array)
 def part(data: Ranked, u: np.ndarray, index: np.ndarray) -> tuple[Ranked, np.ndarray]:
   """The rows ``index`` of ``data`` (padded to their own bucket) and of its [N] draws ``u``."""
   size = bucket(index.shape[0])
-  rank = None if data.rank is None else pad_rows(data.rank[index], size)
-  return Ranked(pad_rows(data.sorted[index], size), rank, index.shape[0]), u[index]
+  rank = None if data.rank is None else gathered(data.rank, index, size)
+  return Ranked(gathered(data.sorted, index, size), rank, index.shape[0]), u[index]
+
+
+def gathered(values, index: np.ndarray, size: int):
+  """The rows ``index`` of ``values`` (NumPy or jax) with zero rows up to ``size``: one
+  copy (``pad_rows`` of the rows would be two)."""
+  if not isinstance(values, np.ndarray):
+    return pad_rows(values[index], size)
+  out = np.zeros((size, *values.shape[1:]), values.dtype)
+  np.take(values, index, axis=0, out=out[: index.shape[0]])
+  return out
 
 
 def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, float]:

@@ -118,7 +118,7 @@ def _mean_sizes(aps_scores, data: conformal.Ranked, k_reg, quantile_rank) -> jax
     q = jnp.where(quantile_rank <= data.num, calibration[quantile_rank - 1], jnp.inf)
     return jnp.sum(jnp.where(real, conformal.sizes(scores, q[None])[0], 0)) / data.num
 
-  return jax.vmap(mean_size)(jnp.float32(LAMBDA_GRID))
+  return jax.lax.map(mean_size, jnp.float32(LAMBDA_GRID))  # one [N, K] at a time, not five
 
 
 def _raps_tuning(part, options: dict) -> tuple[int, float]:
@@ -143,7 +143,11 @@ def _topk_tuning(part: tuple[conformal.Ranked, np.ndarray], options: dict) -> bi
   """The paper's equal-count bins of -log top-k mass for the event "label in Top-k", for
   each k, on the tuning part; stacked on a leading [K] axis."""
   data, _ = part
-  masses, rank = np.asarray(_masses_by_k(data.sorted))[:, : data.num], data.rank[: data.num]
+  rank, step = data.rank[: data.num], min(data.sorted.shape[0], ROWS)
+  masses = np.empty((data.sorted.shape[1], data.num), np.float32)
+  for start in range(0, data.num, step):  # a block of rows at a time: bounded temporaries
+    block = _masses_by_k(conformal.pad_rows(data.sorted[start : start + step], step))
+    masses[:, start : start + step] = np.asarray(block)[:, : data.num - start]
   fits = [binning.fit(m, rank < k, options["n_bins"]) for k, m in enumerate(masses, 1)]
   return jax.tree.map(lambda *fields: jnp.stack(fields), *fits)
 
@@ -303,18 +307,18 @@ ROWS = 1 << 15
 sums, scores) stay bounded however many examples a part holds."""
 
 
-def _by_rows(program, sorted_logits, u, *rows_of, axis: int) -> np.ndarray:
-  """``program(sorted_logits, u, *rows_of)`` over blocks of ``ROWS`` rows (the last padded,
-  so that one program serves them all), joined along ``axis`` of its output."""
-  num = sorted_logits.shape[0]
-  if num <= ROWS:
-    return np.asarray(program(sorted_logits, u, *rows_of))
+def _by_rows(program, data: conformal.Ranked, rows: np.ndarray, u, *per_row, axis: int):
+  """``program(sorted logits, u, *per_row)`` of the ``rows`` of ``data`` (``u`` and
+  ``per_row`` given for those rows), a block of at most ``ROWS`` rows gathered at a time
+  (the last padded, so that one program serves them all; a part is never copied whole),
+  joined along ``axis`` of its output."""
+  num = rows.shape[0]
+  size = conformal.bucket(num) if num <= ROWS else ROWS
   parts = []
-  for start in range(0, num, ROWS):
-    block = [
-      conformal.pad_rows(a[start : start + ROWS], ROWS) for a in (sorted_logits, u, *rows_of)
-    ]
-    parts.append(np.asarray(program(*block)))
+  for start in range(0, max(num, 1), size):
+    block = [conformal.pad_rows(a[start : start + size], size) for a in (u, *per_row)]
+    sorted_logits = conformal.gathered(data.sorted, rows[start : start + size], size)
+    parts.append(np.asarray(program(sorted_logits, *block)))
   return np.concatenate(parts, axis=axis)
 
 
@@ -324,24 +328,28 @@ def calibrate(
   u: np.ndarray,
   tuning: np.ndarray,
   options: dict[str, Any],
+  rows: np.ndarray | None = None,
 ) -> Calibrated:
-  """Fits ``method`` on labelled ``data``: its parameters on the ``tuning`` [N] bool part
-  (when it tunes), the calibration scores on the others, with [N] draws ``u``."""
-  part = conformal.part(data, u, np.flatnonzero(tuning)) if method.tunes(options) else None
+  """Fits ``method`` on the labelled ``rows`` of ``data`` (None: all), with ``u`` the [N]
+  draws of ``data``'s examples: its parameters on the ``tuning`` part (a bool per row,
+  when it tunes), the calibration scores on the others."""
+  rows = np.arange(data.num) if rows is None else rows
+  part = conformal.part(data, u, rows[tuning]) if method.tunes(options) else None
   params = method.tune(part, options)
-  rest, rest_u = conformal.part(data, u, np.flatnonzero(~tuning))
-  u = conformal.pad_rows(rest_u, rest.sorted.shape[0])
+  rest = rows[~tuning]
   at_ranks = functools.partial(_at_ranks, method.scores, params)
-  scores = _by_rows(at_ranks, rest.sorted, u, rest.rank, axis=0)[: rest.num]
+  scores = _by_rows(at_ranks, data, rest, u[rest], data.rank[rest], axis=0)[: rest.shape[0]]
   return Calibrated(params, np.sort(scores))
 
 
-def set_sizes(method: SetMethod, params, data: conformal.Ranked, u, thresholds) -> np.ndarray:
-  """[A, N] int32 set sizes of ``data`` with [N] draws ``u`` at [A] thresholds."""
-  u = conformal.pad_rows(u, data.sorted.shape[0])
+def set_sizes(method: SetMethod, params, data: conformal.Ranked, u, thresholds, rows=None):
+  """[A, R] int32 set sizes of the ``rows`` of ``data`` (None: all N) at [A] thresholds,
+  with ``u`` the [N] draws of ``data``'s examples."""
+  rows = np.arange(data.num) if rows is None else rows
   thresholds = jnp.asarray(thresholds, jnp.float32)
   sizes = functools.partial(_sizes, method.scores, params)
-  return _by_rows(lambda o, d: sizes(o, d, thresholds), data.sorted, u, axis=1)[:, : data.num]
+  program = lambda o, d: sizes(o, d, thresholds)
+  return _by_rows(program, data, rows, u[rows], axis=1)[:, : rows.shape[0]]
 
 
 def fit_draws(method: SetMethod, seed: int, num: int, options) -> tuple[np.ndarray, np.ndarray]:
@@ -394,19 +402,18 @@ def _evaluate_method(method, options, data, u, splits, alphas, key, tune_per_alp
   clean = next(iter(data.values()))
   for split in range(splits.num_splits):
     test = np.flatnonzero(splits.test_mask(split))
-    cal_data, cal_u = conformal.part(clean, u, np.flatnonzero(~splits.test_mask(split)))
-    tuning = np.zeros(cal_u.shape[0], bool)
+    calibration = np.flatnonzero(~splits.test_mask(split))
+    tuning = np.zeros(calibration.shape[0], bool)
     if method.tunes(options):
       split_key = jax.random.fold_in(jax.random.fold_in(key, _TUNING), split)
-      tuning = conformal.tuning_mask(split_key, cal_u.shape[0], options["tune_fraction"])
+      tuning = conformal.tuning_mask(split_key, calibration.shape[0], options["tune_fraction"])
     for group in groups:
       settings = {**options, "tune_alpha": group[0]} if tune_per_alpha else options
-      fitted = calibrate(method, cal_data, cal_u, tuning, settings)
+      fitted = calibrate(method, clean, u, tuning, settings, rows=calibration)
       thresholds = [conformal.threshold(fitted.scores, alpha) for alpha in group]
       for name, whole in data.items():
-        test_data, test_u = conformal.part(whole, u, test)
-        rank = test_data.rank[: test_data.num]
-        sizes = set_sizes(method, fitted.params, test_data, test_u, thresholds)
+        rank = whole.rank[test]
+        sizes = set_sizes(method, fitted.params, whole, u, thresholds, rows=test)
         for alpha, size in zip(group, sizes, strict=True):
           entry = (conformal.set_metrics(size, rank, alpha), fitted.params, len(fitted.scores))
           results.setdefault((name, alpha), []).append((*entry, rank.size))
