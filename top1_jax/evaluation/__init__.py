@@ -1,2 +1,1 @@
-"""Evaluation of any estimator: cross-validation, selective prediction, the
-mislabelled finder, the benchmark's multiclass metrics."""
+"""Evaluation of any estimator: cross-validation, selective prediction, baselines, mislabels."""

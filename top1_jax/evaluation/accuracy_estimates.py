@@ -1,23 +1,7 @@
 """What accuracy to expect on unlabelled inputs: estimators fitted on clean labelled data.
 
-Each estimator predicts the accuracy of a set of unlabelled inputs as the mean over
-them of a per-example value, fitted on the clean calibration part of each split of the
-evaluation protocol (``protocol.fit_predict`` fits the calibrated methods):
-
-* ``average_confidence``: the model's own probability (pmax for Top-1);
-* ``doc`` (difference of confidences, Guillory et al. 2021): the clean accuracy minus
-  the drop in average confidence, i.e. each example's confidence plus
-  (clean accuracy - clean average confidence);
-* ``calibrated`` (the paper's): the calibrated P(correct) of the clean bins of a score;
-* ``atc`` (average thresholded confidence, Garg et al. 2022): the threshold t on a
-  score that the clean calibration scores exceed as often as the model is right there;
-  the predicted accuracy is the fraction of inputs above t. Here with any score of
-  ``core.scores`` (max confidence, negative entropy, the covariance norms of MC dropout
-  and ensembles), oriented so that high means confident. Scores equal to t count with
-  the weight that makes the clean fraction equal the clean accuracy exactly (a tied
-  score, such as pmax at 1.0 in float32, then still gives the clean accuracy back).
-
-A predicted accuracy is clipped to [0, 1] (DoC's can leave it).
+Each estimator predicts a set's accuracy as the mean of a per-example value, fitted on
+the clean calibration part of each split, clipped to [0, 1] (DoC's can leave it).
 """
 
 import dataclasses
@@ -34,25 +18,16 @@ from top1_jax.evaluation import protocol
 
 
 class Threshold(NamedTuple):
-  """ATC's threshold on a score oriented so that high means confident.
-
-  Attributes:
-    value: t.
-    tie_weight: the share of a score equal to t counted as above it, in [0, 1].
-  """
+  """ATC's threshold t (``value``) on a score oriented so that high means confident, and
+  ``tie_weight``, the share of a score equal to t counted as above it."""
 
   value: float
   tie_weight: float
 
 
 class Reference(NamedTuple):
-  """What clean labelled data tells the estimators.
-
-  Attributes:
-    accuracy: its accuracy.
-    confidence: its mean confidence (the model's own P(correct)).
-    thresholds: score name -> ATC's ``Threshold``.
-  """
+  """What clean labelled data tells the estimators: its accuracy, its mean confidence (the
+  model's own P(correct)) and ATC's ``Threshold`` per score name."""
 
   accuracy: float
   confidence: float
@@ -60,14 +35,8 @@ class Reference(NamedTuple):
 
 
 class Views(NamedTuple):
-  """What an estimator reads of M unlabelled inputs (a score's fields: None without one).
-
-  Attributes:
-    confidence: [M] the model's own P(correct).
-    score: the score's name.
-    u: [M] its values.
-    p_correct: [M] the calibrated P(correct), fitted on clean data, of that score.
-  """
+  """What an estimator reads of M unlabelled inputs, each [M]: the model's own P(correct),
+  and a score's values and calibrated P(correct) (None without a score)."""
 
   confidence: np.ndarray
   score: str | None = None
@@ -86,9 +55,8 @@ def oriented(score: str, u: ArrayLike) -> np.ndarray:
 def atc_threshold(confidence: ArrayLike, correct: ArrayLike) -> Threshold:
   """ATC's threshold: the clean scores above t (ties at t weighted) are as many as the hits.
 
-  Args:
-    confidence: [N] a score oriented so that high means confident (``oriented``).
-    correct: [N] bool.
+  The tie weight makes a tied score (pmax at 1.0 in float32) still give the clean accuracy
+  back. ``confidence``: [N], oriented so that high means confident (``oriented``).
   """
   values = np.sort(np.asarray(confidence, np.float64))[::-1]
   hits = int(np.count_nonzero(correct))
@@ -115,14 +83,8 @@ def reference(correct: ArrayLike, confidence: ArrayLike, u: Mapping[str, ArrayLi
 
 @dataclasses.dataclass(frozen=True)
 class AccuracyEstimator:
-  """A label-free estimator of accuracy by name.
-
-  Attributes:
-    name: the registry key (``accuracy_estimates.csv``'s ``estimator``).
-    title: how tables and figures name it.
-    on_score: one estimate per score (else of the model's confidence alone).
-    per_example: ``per_example(reference, views) -> [M]``, whose mean is the estimate.
-  """
+  """A label-free estimator of accuracy: one estimate per score if ``on_score`` (else of the
+  confidence alone), the mean of ``per_example(reference, views) -> [M]``."""
 
   name: str
   title: str
@@ -133,19 +95,18 @@ class AccuracyEstimator:
 ESTIMATORS: dict[str, AccuracyEstimator] = {
   e.name: e
   for e in (
-    AccuracyEstimator(
-      "average_confidence", "average confidence", False, lambda ref, v: v.confidence
-    ),
-    AccuracyEstimator(
-      "doc", "DoC", False, lambda ref, v: v.confidence + (ref.accuracy - ref.confidence)
-    ),
+    AccuracyEstimator("average_confidence", "average confidence", False, lambda r, v: v.confidence),
+    AccuracyEstimator("doc", "DoC", False, lambda r, v: v.confidence + (r.accuracy - r.confidence)),
     AccuracyEstimator("calibrated", "the paper's bins", True, lambda r, v: v.p_correct),
     AccuracyEstimator(
       "atc", "ATC", True, lambda ref, v: above(ref.thresholds[v.score], oriented(v.score, v.u))
     ),
   )
 }
-"""Every label-free accuracy estimator, in the tables' order."""
+"""Every label-free accuracy estimator, in the tables' order: the model's own confidence;
+DoC (Guillory et al. 2021), the confidence shifted by the clean accuracy minus the clean
+confidence; the paper's calibrated P(correct) of the clean bins of a score; ATC (Garg et
+al. 2022), the fraction of inputs above the clean threshold of a score."""
 
 
 def lookup(name: str) -> AccuracyEstimator:
@@ -161,20 +122,10 @@ def predicted_accuracy(name: str, ref: Reference, views: Views) -> float:
   return float(np.clip(np.mean(lookup(name).per_example(ref, views)), 0.0, 1.0))
 
 
-# The estimators under the evaluation protocol: each split's clean calibration part.
-
-
 class Estimate(NamedTuple):
-  """One estimator's predictions of one set's accuracy.
-
-  Attributes:
-    estimator: a name of ``ESTIMATORS``.
-    score: the score it reads (``confidence_name(k)`` for the confidence alone).
-    target: the set's key.
-    predicted: [F] its predicted accuracy, fitted on each split's calibration part.
-    accuracy: [F] the true accuracy of what it predicted (a shifted set's test part of
-      each split; 0 for inputs from outside the label set, which no label fits).
-  """
+  """One estimator's predictions of one set's (``target``'s) accuracy, per split: ``predicted``
+  [F] and the truth ``accuracy`` [F] (0 for OOD inputs, which no label fits); ``score`` is
+  ``confidence_name(k)`` for an estimator of the confidence alone."""
 
   estimator: str
   score: str
@@ -201,23 +152,13 @@ def estimate(
 ) -> list[Estimate]:
   """Every estimator's predicted accuracy of each shifted and OOD set, beside the truth.
 
-  Per split f, everything is fitted on clean's calibration part: the model's confidence
-  (``raw``) and the bins of each score (``n_bins``, the paper's) by ``protocol.fit_predict``,
-  ATC's thresholds and DoC's offset. A shifted set (the same N examples, labelled) is
-  predicted on its test part; an OOD set (labels ignored) on all its inputs.
+  A shifted set (the same N examples, labelled) is predicted on each split's test part; an
+  OOD set (labels ignored) on all its inputs.
 
-  Args:
-    clean: N labelled clean examples.
-    splits: ``crossval.make_splits(N, ...)``.
-    scores: the scores of ``calibrated`` and ``atc`` (``clean`` and every set hold them).
-    shifted, ood: the sets, by key or in a sequence (keys 0, 1, ...: give disjoint keys).
-    n_bins: the bins' count, in [1, the smallest calibration part].
-    k: the event "the true label is among the k top classes".
-    log_probs_score: a score the sets hold, for the confidence's method (any will do).
-
-  Returns:
-    One ``Estimate`` per (estimator, score, set): estimators in order, then scores, then
-    the shifted sets, then the OOD sets.
+  ``scores``: of ``calibrated`` and ``atc`` (every set holds them). ``shifted``, ``ood``: by
+  key or in a sequence (keys 0, 1, ...: give disjoint keys). ``log_probs_score``: any score
+  the sets hold. Returns one ``Estimate`` per (estimator, score, set), in that order,
+  shifted sets before OOD sets.
   """
   scores = tuple(dict.fromkeys(scores))
   confidence_method = protocol.method("raw", log_probs_score, {})

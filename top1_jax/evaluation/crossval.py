@@ -1,13 +1,7 @@
 """Cross-validated scoring of any registered estimator of P(correct | U) (paper §5.1).
 
-``cross_validate`` is the evaluation protocol (``evaluation.protocol``) on one score,
-each split's held-out part scored: the bins take their fast path (every split and bin
-count from one sort, ``estimators.bins_crossval``), any other estimator on U is fitted
-and predicted split by split, on the same splits with the same metrics.
-
-The splits and the record of a cross-validation live in ``core.splits`` (the bins'
-nested choice of a bin count uses them below this layer); the names users reach for
-here are imported from there: ``make_splits``, ``Splits``, ``CrossValidation``, ``METRICS``.
+``cross_validate`` is the evaluation protocol (``evaluation.protocol``) on one score. The
+splits and their record live in ``core.splits``; their names are re-exported here.
 """
 
 from collections.abc import Sequence
@@ -15,14 +9,7 @@ from collections.abc import Sequence
 from jax.typing import ArrayLike
 
 from top1_jax.core import validation
-from top1_jax.core.splits import (
-  METRICS,
-  SCHEMES,
-  UNDEFINABLE,
-  CrossValidation,
-  Splits,
-  make_splits,
-)
+from top1_jax.core.splits import METRICS, SCHEMES, UNDEFINABLE, CrossValidation, Splits, make_splits
 from top1_jax.estimators import registry
 from top1_jax.evaluation import protocol
 
@@ -38,8 +25,8 @@ __all__ = [
 ]
 
 ESTIMATORS = registry.names(scores_only=True)
-"""The registered estimators ``cross_validate`` can score from (U, correct) alone, as
-registered at import (``registry.names(scores_only=True)`` reads the registry now)."""
+"""The estimators ``cross_validate`` can score from (U, correct) alone, as registered at
+import (``registry.names(scores_only=True)`` reads the registry now)."""
 
 _SCORE = "u"  # the one score's name in the protocol's set
 
@@ -58,40 +45,21 @@ def cross_validate(
 ) -> CrossValidation:
   """Cross-validated Brier, NLL, ECE, EOR, AUROC and decompositions per bin count.
 
-  With the bins (the default), each split fits equal-count bins on its calibration
-  part (probabilities with the one-pseudo-count prior at the calibration accuracy)
-  and scores the held-out part: Brier and NLL with their decompositions, ECE against
-  the test accuracy per bin, EOR of the predicted bin probabilities (test weights,
-  base rate the calibration accuracy), and AUROC of the predictions (ties within a
-  bin count one half). All splits and bin counts are computed together from one sort.
-
-  Any other registered estimator fitted on (U, correct) alone ("isotonic", "kde", ...)
-  is fitted and predicted split by split. Brier and NLL are the per-example means of
-  its test predictions. ECE, EOR, AUROC and the decompositions' terms use the
-  calibration part's equal-count bins of U (for each bin count), the test counts and
-  hits per bin and, as each bin's prediction, the estimator's mean test prediction
-  there; for the bins, whose predictions are constant in a bin, these are the
-  definitions above, so the rows compare. Brier and NLL do not depend on the bin
-  count, and their decomposition terms need not add up to them (the difference is
-  the spread of predictions within a bin).
+  Each split fits the estimator on its calibration part and scores the held-out part as
+  ``protocol.evaluate`` does; the bins (the default) compute every split and bin count
+  from one sort.
 
   Args:
     u: [N] float scores.
     correct: [N] bool events.
-    n_bins: one bin count or several; each at least 1 and at most the smallest
-      calibration split.
-    n_folds: number of splits (>= 2).
-    seed: seed of the random splits.
-    scheme: "halves" (paper: calibrate on half, test on the other half) or
-      "kfold"; see ``make_splits``.
-    splits: explicit splits (overrides n_folds, seed and scheme), e.g. to score
-      several uncertainty measures on the same splits.
-    estimator: a name of ``estimators.registry.REGISTRY`` whose estimator is fitted
-      on the scores alone (``registry.names(scores_only=True)``); one that needs the
-      model's log-probabilities (toplabel, temperature) is refused.
+    n_bins: one bin count or several, each in [1, the smallest calibration split].
+    n_folds: number of splits (>= 2), made by ``make_splits`` with ``seed`` and ``scheme``
+      ("halves", the paper's, or "kfold").
+    splits: explicit splits (overriding those three), e.g. to score several uncertainty
+      measures on the same splits.
+    estimator: a registered estimator fitted on the scores alone (``ESTIMATORS``).
     increasing: for an estimator with an ``increasing`` option (isotonic): P(correct)
-      grows with ``u`` (a confidence such as pmax); the default is an uncertainty,
-      P(correct) non-increasing in ``u``. Ignored by the others.
+      grows with ``u`` (a confidence such as pmax); the default is an uncertainty.
     **options: further options of the estimator's ``fit`` (e.g. kde's ``bandwidth``).
 
   Returns:

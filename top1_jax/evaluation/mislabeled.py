@@ -1,24 +1,8 @@
 """Confident errors: wrong predictions in the most confident bins (paper supplement).
 
-The paper finds mislabelled or ambiguous images by binning max-softmax into
-equal-count bins and looking at the incorrectly classified examples of the most
-confident bins. ``confident_errors`` does that for any score:
-
-* Bins are fitted with ``binning.fit`` on the calibration examples (by default
-  all of them: the paper searches the test set it binned) and every example is
-  placed in its bin.
-* The bins with the highest predicted P(correct) are taken, and the wrong
-  examples in them returned, most confident first.
-* Which end of the score is confident is not assumed (pmax and margin grow with
-  confidence, entropy and -log pmax shrink): it is read off the bins, as the sign
-  of the rank correlation between a bin's position and its probability. Ties in
-  probability and in score are broken in that direction, then by example index.
-* Bins are ranked by their probability as an exact fraction, (hits + prior) /
-  (count + 1), so float rounding never splits a tie or makes one; the float32
-  probability is what is reported.
-
-``report`` adds what a reader of the result needs: one row per error with its
-labels' class names, and each searched bin's count, accuracy and score range.
+The paper finds mislabelled or ambiguous images among the wrong examples of the most
+confident equal-count bins of max-softmax; ``confident_errors`` does that for any score,
+reading which end is confident off the fitted bins.
 """
 
 import fractions
@@ -31,17 +15,8 @@ from jax.typing import ArrayLike
 
 from top1_jax.core import binning, validation
 
-COLUMNS = (
-  "rank",
-  "index",
-  "given_label",
-  "given_name",
-  "predicted_label",
-  "predicted_name",
-  "bin",
-  "bin_prob",
-  "score",
-)
+COLUMNS = ("rank", "index", "given_label", "given_name", "predicted_label", "predicted_name")
+COLUMNS += ("bin", "bin_prob", "score")
 """The keys of ``Report.rows``, in the order a table shows them."""
 
 DIRECTIONS = {1: "higher is more confident", -1: "lower is more confident", 0: "no trend"}
@@ -53,13 +28,10 @@ class ConfidentErrors(NamedTuple):
 
   Attributes:
     index: [M] int64, example indices into ``u``.
-    prob: [M] float32, each example's bin probability (predicted P(correct)).
-    bin: [M] int32, each example's bin.
-    selected_bins: [B] int32, the bins searched, most confident first
-      (B = min(top_bins, bins holding calibration examples)).
+    prob, bin: [M] float32 and int32, each example's bin probability and bin.
+    selected_bins: [B] int32, the bins searched, most confident first.
     direction: +1 when higher scores are more confident, -1 when lower scores
       are, 0 when the bins show no trend (then only probability and index order).
-    bins: the fitted ``binning.Bins``.
   """
 
   index: np.ndarray
@@ -79,19 +51,9 @@ def _twice_average_ranks(values: np.ndarray) -> np.ndarray:
 
 
 def confidence_direction(prob: ArrayLike) -> int:
-  """Which way along the bins P(correct) grows: the sign of Spearman's correlation.
-
-  Computed on exact integer ranks, so equal probabilities share a rank and the
-  sign is exact.
-
-  Args:
-    prob: [B] float (or int ranks), the bins' probabilities in ascending score
-      order (only bins that hold examples).
-
-  Returns:
-    +1 if the probability tends to grow with the score, -1 if it tends to fall,
-    0 if neither (including B < 2).
-  """
+  """+1, -1 or 0 (also for B < 2): the sign of Spearman's correlation of the bins'
+  probabilities ``prob`` [B] (in ascending score order) with their position, exact
+  (on integer ranks)."""
   prob = validation.float_array("prob", prob, 1, host=True)
   num = prob.shape[0]
   if num < 2:
@@ -102,12 +64,8 @@ def confidence_direction(prob: ArrayLike) -> int:
 
 
 def _exact_prob_rank(hits: np.ndarray, counts: np.ndarray, num_hits: int, num: int) -> np.ndarray:
-  """Dense ranks (0 = lowest) of the bins' (hits + prior) / (counts + 1), compared exactly.
-
-  ``binning.calibrated_prob`` on exact fractions (prior = num_hits / num): ordering
-  the rationals, not their float32 roundings, makes equal bins tie and different
-  bins differ whatever the rounding of the division.
-  """
+  """Dense ranks (0 = lowest) of the bins' (hits + prior) / (counts + 1) as exact fractions,
+  so that float32 rounding never splits a tie or makes one."""
   prior = fractions.Fraction(num_hits, num)
   exact = [
     binning.calibrated_prob(fractions.Fraction(int(h)), int(c), prior)
@@ -125,24 +83,12 @@ def confident_errors(
   top_bins: int = 1,
   calibration: ArrayLike | None = None,
 ) -> ConfidentErrors:
-  """The wrong examples in the ``top_bins`` bins of highest predicted P(correct).
+  """The wrong examples in the ``top_bins`` bins of highest predicted P(correct), ordered by
+  bin probability, then by score from the confident end, then by index.
 
-  Args:
-    u: [N] float scores, confidences (pmax, margin) or uncertainties (entropy,
-      -log pmax): the direction is read from the fitted bins.
-    correct: [N] bool, whether each prediction is correct (``events``).
-    n_bins: equal-count bins, 1 <= n_bins <= number of calibration examples.
-    top_bins: how many of the most confident bins to search, 1 <= top_bins <=
-      n_bins; fewer are searched when ties leave fewer non-empty bins.
-    calibration: optional [N] bool mask of the examples the bins are fitted on
-      (default: all). Wrong examples are collected from all N examples.
-
-  Returns:
-    ``ConfidentErrors``, ordered by bin probability (highest first), then by score
-    from the confident end, then by index.
-
-  Raises:
-    ValueError: an argument of the wrong shape, dtype or range (named).
+  ``u`` [N] may be a confidence (pmax) or an uncertainty (-log pmax); ``correct`` is [N]
+  bool. ``calibration``: None (all), or an [N] bool mask of the examples the bins are
+  fitted on; wrong examples are collected from all N.
   """
   u = validation.float_array("u", u, 1, host=True)
   correct = validation.bool_array("correct", correct, host=True)
@@ -177,31 +123,19 @@ def confident_errors(
   score = np.asarray(u_device, np.float64)[wrong]
   order = np.lexsort((wrong, -direction * score, -level[example_bin[wrong]]))
   index = wrong[order].astype(np.int64)
-  return ConfidentErrors(
-    index=index,
-    prob=prob[example_bin[index]].astype(np.float32),
-    bin=example_bin[index],
-    selected_bins=selected,
-    direction=direction,
-    bins=bins,
-  )
+  in_bin = example_bin[index]
+  return ConfidentErrors(index, prob[in_bin].astype(np.float32), in_bin, selected, direction, bins)
 
 
 class Report(NamedTuple):
   """The confident errors as table rows, and the bins they were searched in.
 
   Attributes:
-    rows: one dict per confident error, most confident first, keyed by
-      ``COLUMNS``. ``bin_prob`` (6 decimals) and ``score`` (9 significant
-      digits) are text, so a CSV shows the float32 values the bins were fitted
-      on rather than their float64 expansions.
-    searched_bins: one dict per searched bin, most confident first: ``bin``,
-      ``count``, ``correct``, ``prob`` and ``score_min`` / ``score_max``, the
-      range of its scores (what "the top bin" means for this score).
-    errors: the ``ConfidentErrors`` the rows come from (``errors.index`` picks
-      the images to show).
-    num_examples: N.
-    accuracy: the fraction of correct examples.
+    rows: one dict per confident error, most confident first, keyed by ``COLUMNS``;
+      ``bin_prob`` and ``score`` are text, so a CSV shows the float32 values rather than
+      their float64 expansions.
+    searched_bins: one dict per searched bin, most confident first: ``bin``, ``count``,
+      ``correct``, ``prob``, ``score_min`` and ``score_max``.
   """
 
   rows: list[dict[str, Any]]
@@ -233,20 +167,8 @@ def report(
 ) -> Report:
   """``confident_errors`` of all N examples, as rows a person can read.
 
-  Args:
-    u: [N] float scores (either direction, as in ``confident_errors``).
-    correct: [N] bool, whether each prediction is correct (the binned event).
-    predicted: [N] int in [0, K), the model's Top-1 classes.
-    given: [N] int in [0, K), the dataset's labels.
-    class_names: K names, one per class.
-    n_bins: equal-count bins, 1 <= n_bins <= N.
-    top_bins: how many of the most confident bins to search, 1 <= top_bins <= n_bins.
-
-  Returns:
-    A ``Report``, rows ordered as ``confident_errors`` orders its examples.
-
-  Raises:
-    ValueError: an argument of the wrong shape, dtype or range (named).
+  ``predicted`` [N] are the model's Top-1 classes and ``given`` [N] the dataset's labels,
+  each in [0, K); ``class_names`` has K names.
   """
   u = validation.float_array("u", u, 1, host=True).astype(np.float32)
   num_classes = len(class_names)
@@ -276,14 +198,6 @@ def report(
   searched = []
   for b in errors.selected_bins.tolist():
     in_bin = u[example_bin == b]  # never empty: only bins holding examples are searched
-    searched.append(
-      {
-        "bin": b,
-        "count": int(counts[b]),
-        "correct": int(hits[b]),
-        "prob": float(prob[b]),
-        "score_min": float(in_bin.min()),
-        "score_max": float(in_bin.max()),
-      }
-    )
+    stats = {"bin": b, "count": int(counts[b]), "correct": int(hits[b]), "prob": float(prob[b])}
+    searched.append(stats | {"score_min": float(in_bin.min()), "score_max": float(in_bin.max())})
   return Report(rows, searched, errors, int(u.shape[0]), float(np.mean(correct)))

@@ -1,9 +1,4 @@
-"""How each score and calibrated method sees inputs from outside the label set.
-
-``ood_report``: the AUROC of in- versus out-of-distribution inputs by each score U, and
-the P(correct) every method, fitted on the clean calibration parts by the evaluation
-protocol's fitting step (``protocol.fit_predict``), gives the OOD inputs.
-"""
+"""How each score and calibrated method sees inputs from outside the label set."""
 
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -26,17 +21,13 @@ class OODResult(NamedTuple):
   """One method's view of one out-of-distribution set.
 
   Attributes:
-    score: the score U the method was fitted on, or (methods on the log-probabilities)
-      binned by.
-    estimator: the method's name.
     ood: the key of the OOD set (its index when ``ood`` is a sequence).
-    auroc: AUROC of in- (all N clean inputs) versus out-of-distribution (positive) by
-      the score U alone, uncertain meaning out (``ood_report``).
+    auroc: AUROC of all N clean inputs versus the OOD set (positive) by the score U
+      alone, uncertain meaning out; the same for every method of a score.
     auroc_prob: [F] AUROC of each split's clean test part versus the OOD set by the
       method's 1 - P(correct).
     ood_prob: [F, N_ood] P(correct) of every OOD input by each split's fit.
-    clean_prob: [sum_f T_f] P(correct) of the clean test parts, split 0's test examples
-      (in index order) first, for comparison.
+    clean_prob: [sum_f T_f] P(correct) of the clean test parts, split after split.
     ood_summary, clean_summary: ``probability_summary`` of ``ood_prob``, ``clean_prob``.
   """
 
@@ -52,12 +43,8 @@ class OODResult(NamedTuple):
 
 
 def probability_summary(p: ArrayLike) -> dict[str, float]:
-  """``SUMMARY`` of predicted probabilities: their mean, 0.1 / 0.5 / 0.9 quantiles
-  (linear interpolation) and the fractions at least 0.5 and at least 0.9.
-
-  Args:
-    p: [...] float in [0, 1], at least one value.
-  """
+  """``SUMMARY`` of predicted probabilities ``p`` (any shape, not empty): their mean,
+  quantiles (linear interpolation) and fractions at least 0.5 and 0.9."""
   p = np.asarray(p, np.float64).reshape(-1)
   if p.size == 0:
     raise ValueError("p: expected at least one probability, got none")
@@ -74,7 +61,6 @@ def _score_auroc(score: str, clean: protocol.Data, ood: protocol.Data) -> float:
 
 
 def _separation(in_values: np.ndarray, out_values: np.ndarray) -> float:
-  """AUROC of out (positive) against in, by values where larger means "out"."""
   is_out = np.concatenate([np.zeros(in_values.shape[0], bool), np.ones(out_values.shape[0], bool)])
   return metrics.auroc(np.concatenate([in_values, out_values]), is_out)
 
@@ -91,32 +77,15 @@ def ood_report(
   options: Mapping[str, Mapping[str, Any]] | None = None,
   n_bins: int | None = None,
 ) -> list[OODResult]:
-  """How each score and calibrated method sees inputs from outside the label set.
+  """One ``OODResult`` per (method, score, OOD set): methods in order, then sets.
 
-  * ``auroc``: in- versus out-of-distribution (positive) by the score U, uncertain
-    meaning out. "In" is **all** N clean inputs: nothing is fitted, so none need be held
-    out; the value is the same for every split and method of a score.
-  * Per split f, the method fitted on the clean calibration part (as in
-    ``protocol.evaluate``, but once: an estimator with an ``n_bins`` option takes
-    ``n_bins``, or its own default when None, unless ``options`` sets it) predicts in
-    one call P(correct) of every OOD input (``ood_prob``) and of the clean test part
-    (``clean_prob``); ``auroc_prob`` [F] separates the two by 1 - P(correct).
+  ``auroc`` needs no fit, so it takes all N clean inputs as "in". Per split, each method
+  fitted on the clean calibration part predicts P(correct) of the OOD inputs and of the
+  clean test part.
 
-  Args:
-    clean: the in-distribution set of N examples, with labels.
-    ood: the OOD sets (any number of examples each, labels ignored: None will do), by
-      key (the results' ``ood``) or in a sequence; each holds the K classes'
-      log-probabilities and the scores used.
-    splits: ``crossval.make_splits(N, ...)``.
-    scores: as ``protocol.methods``.
-    estimators: as ``protocol.methods``.
-    log_probs_score: as ``protocol.methods``.
-    options: as ``protocol.methods``.
-    k: the event "the true label is among the k top classes".
-    n_bins: the bins' bin count (see above), in [1, the smallest calibration part].
-
-  Returns:
-    One ``OODResult`` per (method, score, OOD set): methods in order, then sets.
+  ``ood``: the OOD sets (labels ignored: None will do), by key or in a sequence.
+  ``scores``, ``estimators``, ``log_probs_score``, ``options``: as ``protocol.methods``.
+  ``n_bins``: the bin count of an estimator with an ``n_bins`` option (None: its default).
   """
   chosen = protocol.methods(estimators, scores, log_probs_score, options, n_bins)
   clean_host, k = protocol.checked_clean(clean, splits, chosen, k)
@@ -145,7 +114,7 @@ def ood_report(
 
 def _ood_predictions(method: protocol.Method, clean: protocol.Data, sets: list, masks, k: int):
   """([O] arrays [F, N_o] of the OOD sets' P(correct), [F] arrays [T_f] of the clean test
-  parts'): per split one fit and one prediction of the test part and every OOD set."""
+  parts'): per split one fit and one prediction of them all."""
   needs_log_probs = not method.entry.scores_only
   u_sets = [host.scores[method.score] for host in sets]
   lp_sets = [host.log_probs for host in sets] if needs_log_probs else []

@@ -1,40 +1,17 @@
 """The evaluation protocol: fit each method on a clean set's calibration parts, score test parts.
 
-Every evaluation of the library is a call of this protocol or of one of its steps:
+Per split: ``fit_predict`` fits a method (an estimator, the score U it is fitted on or binned
+by, its options) on the calibration part; ``held_out_bins`` bins U there (equal-count, per bin
+count); ``binned_predictions`` and ``split_metrics`` score each test set's part in those bins.
 
-* ``crossval.cross_validate``: one score, the clean set's own test parts (paper §5.1);
-* ``evaluate``'s ``test_sets``: the same examples shifted (Ovadia et al. 2019), calibrated
-  on the clean set and scored on every set's test parts;
-* ``comparison.baseline_rows``: the paper's Table 1 (the model's own probability,
-  temperature scaling, top-label binning) on the clean set's own test parts;
-* ``Calibrator.evaluate``: the scoring steps alone, for a calibrator already fitted;
-* ``ood.ood_report`` and ``accuracy_estimates.estimate``: the fitting step alone
-  (``fit_predict``), on inputs without labels;
-* ``recalibration.recalibrate``: ``evaluate`` with ``refit_on``, each shifted set's
-  methods fitted on m of its own labelled examples (or their clean fit updated with
-  them, ``Method.update``), scored as ever in the clean calibration part's bins.
-
-A method is an estimator of ``estimators.registry`` (``"raw"``, the model's own
-probability, is one), the score U it is fitted on or, for an estimator of the
-log-probabilities, binned by, and its options. For every split f (calibration part
-``~splits.test_mask(f)``):
-
-1. ``fit_predict``: the method fitted on the clean calibration part predicts P(correct)
-   for the test part of every test set (the same examples, transformed);
-2. ``held_out_bins``: the calibration part's equal-count bins of U (one ``binning.fit``
-   per bin count) and where each test example falls; ``binned_predictions``: each set's
-   test counts, hits and mean prediction per bin, and its per-example Brier and NLL;
-3. ``split_metrics``: ``METRICS`` by ``core.metrics.split_metrics``. Brier and NLL are
-   per-example means of the test predictions; ECE, EOR, AUROC (of the per-bin
-   predictions: examples of one bin tie) and the decompositions' terms use the bins, the
-   test counts and hits and, as each bin's prediction, its mean test prediction (an empty
-   bin: the calibration accuracy). For the bins, constant in a bin, these are the paper's
-   definitions; for another estimator Brier and NLL do not depend on the bin count, and
-   the decomposition's terms need not add up to them (the spread within a bin).
-
-An estimator's fast path (``Estimator.cross_validate``: every split and bin count from
-one sort; ``Estimator.fit_splits``: every split fitted in one pass) is taken when a set
-is scored on its own test parts; it agrees with the loop to float rounding.
+Brier and NLL are per-example means of the test predictions; ECE, EOR, AUROC (of the per-bin
+predictions: the examples of one bin tie) and the decompositions use the bins, each bin's
+prediction its mean test prediction (an empty bin: the calibration accuracy). For the bins,
+constant in a bin, these are the paper's definitions. An estimator's fast path
+(``cross_validate``: every split and bin count from one sort; ``fit_splits``: every split in
+one pass) is taken when a set is scored on its own test parts; it agrees with the loop to
+float rounding. Users: ``crossval``, ``comparison`` (Table 1), ``Calibrator.evaluate``,
+``ood``, ``accuracy_estimates`` and ``recalibration`` (``refit_on``).
 """
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -57,15 +34,8 @@ OWN = "own"
 
 
 class Inputs(NamedTuple):
-  """One set of N examples as the protocol takes it.
-
-  Attributes:
-    log_probs: [N, K] float, the model's log-probabilities (for MC dropout and
-      ensembles the log of the mean probabilities); logits also do.
-    labels: [N] int in [0, K), or None where there are none (out-of-distribution
-      inputs; the clean and shifted sets need them).
-    scores: score name -> [N] float, the uncertainty scores U.
-  """
+  """One set of N examples: log_probs [N, K] (or logits), labels [N] int (None for unlabelled
+  inputs) and scores, name -> [N] float uncertainty scores U."""
 
   log_probs: ArrayLike
   labels: ArrayLike | None
@@ -75,11 +45,9 @@ class Inputs(NamedTuple):
 class Method(NamedTuple):
   """One method: an estimator, the score U it is fitted on (or binned by), its options.
 
-  ``per_bin_count``: fitted at each reported bin count (an estimator with an ``n_bins``
-  option that ``options`` does not set: its row at n bins is the paper's n bins).
-  ``update``: where ``evaluate`` is given labelled examples to fit on (``refit_on``),
-  None refits the estimator on them alone; else ``update(state, evidence) -> state``
-  takes them into the method's fit on the clean calibration part (its prior).
+  ``per_bin_count``: fitted at each reported bin count (its ``n_bins`` is not in ``options``).
+  ``update``: with ``refit_on``, None refits the estimator on those examples alone; else
+  ``update(state, evidence) -> state`` takes them into the clean fit (its prior).
   """
 
   estimator: str
@@ -94,17 +62,9 @@ class Method(NamedTuple):
 
 
 class Result(NamedTuple):
-  """One method's metrics on one test set.
-
-  Attributes:
-    score, estimator: the method's.
-    test_set: the set's key (``OWN`` for a set scored on its own test parts).
-    metrics: ``CrossValidation`` of ``METRICS`` over the splits, per bin count.
-    extras: name -> [F] per-split values: with ``ece_bins``, ``confidence_ece`` (the
-      equal-width ECE of the test predictions); the means over each test part of what
-      an estimator's ``fit_splits`` gives per example (``multiclass_brier``), and what
-      it gives per split (temperature's ``temperature``).
-  """
+  """One method's ``CrossValidation`` of ``METRICS`` on one test set (``OWN``: its own test
+  parts). ``extras``: name -> [F], ``confidence_ece`` (with ``ece_bins``) and what an
+  estimator's ``fit_splits`` reports (per example: its test part's mean)."""
 
   score: str
   estimator: str
@@ -123,9 +83,6 @@ class Data(NamedTuple):
   labels: np.ndarray | None = None
 
 
-# Building and checking the arguments: once, at the public entries.
-
-
 def methods(
   estimators: Sequence[str],
   scores: Sequence[str],
@@ -135,10 +92,9 @@ def methods(
 ) -> list[Method]:
   """Every (method, score) pair, estimators in order, then scores.
 
-  An estimator on U is fitted on each of ``scores`` (isotonic's ``increasing`` follows
-  the score's direction, ``core.scores``); one on the log-probabilities is binned by
-  ``log_probs_score``. ``bin_count`` sets the ``n_bins`` of the estimators that take one
-  (else each is fitted at every reported bin count), unless ``options`` sets it.
+  An estimator on U is fitted on each of ``scores``; one on the log-probabilities is binned
+  by ``log_probs_score``. ``bin_count``: the ``n_bins`` of estimators that take one and
+  whose ``options`` do not set it (None: fitted at every reported bin count).
   """
   entries = [registry.lookup(name) for name in _names("estimators", estimators, "estimator")]
   if not entries:
@@ -164,7 +120,8 @@ def methods(
 
 
 def method(estimator: str, score: str, options: Mapping[str, Any], bin_count=None) -> Method:
-  """One ``Method``, its options completed (``methods`` says how)."""
+  """One ``Method``, its options completed (isotonic's ``increasing`` from the score's
+  direction; ``methods`` says the rest)."""
   entry = registry.lookup(estimator)
   fit_options = dict(entry.check_options(options))
   if "increasing" in entry.options and "increasing" not in fit_options:
@@ -183,8 +140,8 @@ def _names(name: str, value, what: str) -> tuple[str, ...]:
 
 
 def bin_counts(n_bins, splits: Splits) -> tuple[int, ...]:
-  """``n_bins`` (one count or a sequence) as a tuple, each in [1, the smallest calibration
-  part of ``splits``]; every split needs calibration and test examples."""
+  """``n_bins`` (a count or a sequence) as a tuple, each in [1, the smallest calibration part];
+  refuses splits without calibration or test examples."""
   if isinstance(n_bins, (int, np.integer)) and not isinstance(n_bins, bool):
     n_bins = (n_bins,)
   if isinstance(n_bins, (str, bytes)) or not hasattr(n_bins, "__iter__"):
@@ -221,12 +178,11 @@ def checked(name: str, inputs, needed, k: int, num_classes: int | None, labelled
     raise ValueError(f"{name}.scores: no score {missing[0]!r} (it has: {have})")
   arrays = {f"{name}.log_probs": log_probs}
   for score in sorted(set(needed)):
-    arrays[f"{name}.scores[{score!r}]"] = validation.float_array(
-      f"{name}.scores[{score!r}]", inputs.scores[score], 1, host=True
-    )
-  if labelled and inputs.labels is None:
-    raise ValueError(f"{name}.labels: expected [{log_probs.shape[0]}] true labels, got None")
+    key = f"{name}.scores[{score!r}]"
+    arrays[key] = validation.float_array(key, inputs.scores[score], 1, host=True)
   if labelled:
+    if inputs.labels is None:
+      raise ValueError(f"{name}.labels: expected [{log_probs.shape[0]}] true labels, got None")
     labels = validation.labels_array(f"{name}.labels", inputs.labels, log_probs.shape[1], host=True)
     arrays[f"{name}.labels"] = labels
   validation.same_length(**arrays)  # one line naming each array's length
@@ -271,9 +227,6 @@ def checked_clean(clean, splits, methods_: Sequence[Method], k) -> tuple[Data, i
   return data, k
 
 
-# The public entry.
-
-
 def evaluate(
   clean: Inputs,
   splits: Splits,
@@ -287,23 +240,22 @@ def evaluate(
 ) -> list[Result]:
   """``METRICS`` of each method fitted on ``clean``'s calibration parts, on test parts.
 
+  Brier and NLL are per-example means of the test predictions; ECE, EOR, AUROC and the
+  decompositions use the calibration part's equal-count bins of U, each bin predicting its
+  mean test prediction (the paper's definitions for the bins, constant in a bin).
+
   Args:
-    clean: N labelled examples: calibration data, and the test set when ``test_sets``
-      is None.
+    clean: N labelled examples (also the test set when ``test_sets`` is None).
     splits: ``crossval.make_splits(N, ...)``.
     methods_: ``Method`` values (``methods`` builds them).
-    test_sets: None (``clean``'s own test parts), or sets of the same N examples
-      transformed, with labels, by key or in a sequence (keys 0, 1, ...); include
-      ``clean`` for its rows.
-    n_bins: the bin counts of the binned metrics, each in [1, the smallest calibration part].
+    test_sets: None, or labelled sets of the same N examples transformed, by key or in a
+      sequence (keys 0, 1, ...); include ``clean`` for its rows.
+    n_bins: the bin counts, each in [1, the smallest calibration part].
     k: the event "the true label is among the k top classes".
-    ece_bins: also give each split's equal-width ECE of the test predictions with this
-      many bins (the benchmark's confidence ECE).
-    refit_on: None, or [F, N] bool: labelled examples of each test set (of ``clean``
-      without ``test_sets``) to fit on, within each split's calibration part (e.g. m
-      drawn from a shifted set's). Split f then fits each method, for each test set, on
-      that set's examples where ``refit_on[f]`` (a method with ``update``: its clean
-      fit updated with them); the bins of U that score it stay clean's calibration part's.
+    ece_bins: also give each split's equal-width ``confidence_ece`` with this many bins.
+    refit_on: None, or [F, N] bool within each split's calibration part: split f fits
+      each method, per test set, on that set's examples there (or updates its clean fit
+      with them, ``Method.update``); the bins of U stay clean's.
 
   Returns:
     One ``Result`` per (method, set): methods in order, then sets.
@@ -348,8 +300,7 @@ def evaluate_shifts(
   options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Result]:
   """Calibrated on clean data, tested under shift (Ovadia et al. 2019): ``evaluate`` of
-  every (method, score) of ``methods(estimators, scores, log_probs_score, options)`` on the
-  ``shifted`` sets (the same examples transformed; include ``clean`` for its rows)."""
+  ``methods(estimators, scores, log_probs_score, options)`` with ``test_sets=shifted``."""
   chosen = methods(estimators, scores, log_probs_score, options)
   return evaluate(clean, splits, chosen, test_sets=shifted, n_bins=n_bins, k=k)
 
@@ -387,11 +338,8 @@ def evaluate_checked(
   ]
 
 
-# Fitting and predicting: the one place a method is fitted.
-
-
 def _evidence(data: Data, method: Method, rows, k: int) -> base.Evidence:
-  """``data``'s evidence for ``method`` (rows: a mask or slice), events and labels included."""
+  """``data``'s evidence for ``method`` on ``rows`` (a mask or slice)."""
   evidence = base.Evidence(data.scores[method.score][rows], data.correct[rows], k=k)
   if method.entry.scores_only:
     return evidence
@@ -404,8 +352,8 @@ def fit_predict(
   """The method fitted on the clean calibration part (``cal``, [N] bool) predicting
   ``target``: [M], or [B, M] for a method fitted at each of ``n_bins``; float64, host.
 
-  ``refit``: None, or (a labelled ``Data``, [N] bool) to fit on instead: the method is
-  refitted on those examples alone, or with ``method.update``, its clean fit updated."""
+  ``refit``: None, or (a labelled ``Data``, [N] bool) to fit on instead (with
+  ``method.update``: to update the clean fit with)."""
   if refit is not None and method.update is None:
     return _predicted(method, _fits(method, *refit, target.k, n_bins), target)
   states = _fits(method, clean, cal, target.k, n_bins)
@@ -415,8 +363,7 @@ def fit_predict(
 
 
 def _fits(method: Method, data: Data, rows, k: int, n_bins) -> list:
-  """The method's states fitted on ``data``'s ``rows`` (one per bin count where it is
-  fitted at each of ``n_bins``)."""
+  """The method's states fitted on ``data``'s ``rows`` (one per bin count if per_bin_count)."""
   evidence = _evidence(data, method, rows, k)
   if not method.per_bin_count:
     return [method.entry.fit(evidence, **method.options)]
@@ -434,10 +381,9 @@ def _predicted(method: Method, states: list, target: base.Evidence) -> np.ndarra
 
 
 def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins):
-  """(``CrossValidation``, extras) by the estimator's fast path, or None where it has none."""
-  entry = method.entry
+  """(``CrossValidation``, extras) by the estimator's fast path, or None without one."""
+  entry, u = method.entry, clean.scores[method.score]
   if entry.cross_validate is not None and method.per_bin_count:
-    u = clean.scores[method.score]
     return entry.cross_validate(u, clean.correct, n_bins, splits, **method.options), {}
   if entry.fit_splits is None:
     return None
@@ -447,7 +393,6 @@ def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins)
   if fits is None:
     return None
   p = np.broadcast_to(np.asarray(fits.p, np.float64), masks.shape)
-  u = clean.scores[method.score]
   per_split, extras = [], []
   for f, test in enumerate(masks):
     correct_test = clean.correct[test][None]
@@ -459,8 +404,7 @@ def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins)
 
 def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece_bins, refit_on):
   """Each method's [(``CrossValidation``, extras)] per set, split by split, for methods of
-  one score: the calibration bins are shared. With ``refit_on``, each set's methods are
-  fitted on its own examples there."""
+  one score (they share the calibration bins)."""
   score = group[0].score
   datas = [data for _, data in sets]
   u = np.stack([data.scores[score] for data in datas])  # [S, N]
@@ -491,9 +435,8 @@ def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece
 
 
 def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_bins, k) -> list:
-  """Per split f: the method's predictions of each set's test part (the sets one after
-  another: [S * T], or [B, S * T]), fitted on that set's examples where ``refit_on[f]``
-  (an estimator's ``fit_splits`` fits every split of a set in one pass)."""
+  """Per split f: the method's predictions [S * T] (or [B, S * T]) of each set's test part,
+  fitted on that set's examples where ``refit_on[f]``."""
   tests = [splits.test_mask(f) for f in range(splits.num_splits)]
   parts, clean_fits = [[] for _ in tests], {}
   fast = method.entry.fit_splits is not None and method.update is None and not method.per_bin_count
@@ -518,7 +461,7 @@ def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_b
 
 
 def _extras(p, correct, ece_bins, fitted=None, split=None, test=None) -> list[dict[str, float]]:
-  """Each set's extras of one split (``Result.extras``): p and correct [S, T]."""
+  """Each set's ``Result.extras`` of one split: p and correct [S, T]."""
   out = [{} for _ in range(p.shape[0])]
   if ece_bins is not None:
     for values, p_set, correct_set in zip(out, p, correct, strict=True):
@@ -538,10 +481,9 @@ def _extras(p, correct, ece_bins, fitted=None, split=None, test=None) -> list[di
 
 def _stacked(per_split: list[list[dict]]) -> list[dict[str, np.ndarray]]:
   """Per set: name -> [F] of the splits' extras."""
-  num_sets = len(per_split[0])
   return [
     {name: np.array([split[s][name] for split in per_split]) for name in per_split[0][s]}
-    for s in range(num_sets)
+    for s in range(len(per_split[0]))
   ]
 
 
@@ -557,19 +499,15 @@ def _per_set(per_fold: dict[str, np.ndarray], n_bins) -> list[CrossValidation]:
   ]
 
 
-# Scoring: the bins of U, the predictions counted in them, the metrics.
-
-
 class HeldOutBins(NamedTuple):
   """One split: the calibration part's equal-count bins of U and where the test examples
-  of S test sets (the same examples, e.g. clean and shifted) fall in them.
+  of S test sets fall in them.
 
   Attributes:
     n_bins: the bin counts B, in order; W = max(n_bins) slots per bin count.
     cal_counts: [B, W] float32, calibration examples per bin (zero beyond n).
-    prior: float, the calibration accuracy (``binning.Bins.prior``).
-    slots: [B, S * T] int, bin + W * set of each test example, the sets one after
-      another.
+    prior: float, the calibration accuracy.
+    slots: [B, S * T] int, bin + W * set of each test example, the sets one after another.
     correct: [S * T] bool, the test events in that order.
     test_counts, test_hits: [S, B, W] float32, test examples and correct ones per bin.
   """
@@ -582,25 +520,16 @@ class HeldOutBins(NamedTuple):
   test_counts: np.ndarray
   test_hits: np.ndarray
 
-  @property
-  def num_sets(self) -> int:
-    return self.test_counts.shape[0]
-
 
 def held_out_bins(u_cal, correct_cal, u_test, correct_test, n_bins) -> HeldOutBins:
-  """The calibration part's bins of U (one ``binning.fit`` per bin count) and the test
-  sets' counts in them.
-
-  Unchecked host arrays: ``u_cal`` [M] float and ``correct_cal`` [M] bool; ``u_test``
-  [S, T] float and ``correct_test`` [S, T] bool; bin counts in [1, M].
-  """
+  """``HeldOutBins`` of unchecked host arrays: ``u_cal``, ``correct_cal`` [M]; ``u_test``,
+  ``correct_test`` [S, T]."""
   fitted = [binning.fit(u_cal, correct_cal, n) for n in n_bins]
   return counted_in(fitted, u_test, correct_test)
 
 
 def counted_in(fitted: Sequence[binning.Bins], u_test, correct_test, prior=None) -> HeldOutBins:
-  """``HeldOutBins`` of bins already fitted (one per bin count; ``prior``: their
-  calibration accuracy, by default theirs): one ``bincount`` over (set, bin) each."""
+  """``HeldOutBins`` of bins already fitted, one per bin count (``prior``: None for theirs)."""
   num_sets, n_bins = u_test.shape[0], tuple(bins.n_bins for bins in fitted)
   width = max(n_bins)
   offsets = np.repeat(np.arange(num_sets) * width, u_test.shape[1])
@@ -626,11 +555,9 @@ class BinnedPredictions(NamedTuple):
   """One split's sufficient statistics of a method's test predictions, per test set.
 
   Attributes:
-    n_bins, cal_counts ([B, W] float32) and prior (float): ``HeldOutBins``'.
     test_counts, test_hits, prediction_means: [S, B, W] float32: test examples, correct
       ones and their mean predicted P(correct) (0 where none), per calibration bin. The
-      mean is taken in float64, so that a bin of equal predictions (the bins') gets
-      exactly that value and bins of equal values tie.
+      mean is taken in float64 so that a bin of equal predictions gets exactly that value.
     brier, nll: [S, B] float, each set's per-example mean Brier and NLL.
   """
 
@@ -651,14 +578,11 @@ def _example_terms(p, correct):
 
 
 def binned_predictions(test: HeldOutBins, p) -> BinnedPredictions:
-  """A method's test predictions counted in ``test``'s bins (one ``bincount`` each).
+  """A method's test predictions ``p`` counted in ``test``'s bins.
 
-  Args:
-    test: ``held_out_bins`` of the split.
-    p: [S * T] float P(correct) of the test examples (in ``test.slots``' order), or
-      [B, S * T]: one prediction per bin count (a method fitted at each).
+  ``p``: [S * T] float P(correct) in ``test.slots``' order, or [B, S * T] (one per bin count).
   """
-  num_sets, num_bin_counts = test.num_sets, len(test.n_bins)
+  num_sets, num_bin_counts = test.test_counts.shape[0], len(test.n_bins)
   shared = np.ndim(p) == 1
   p = np.broadcast_to(np.asarray(p, np.float64), test.slots.shape)
   size = num_sets * max(test.n_bins)
@@ -677,11 +601,8 @@ def binned_predictions(test: HeldOutBins, p) -> BinnedPredictions:
 
 
 def split_metrics(per_split: Sequence[BinnedPredictions]) -> dict[str, np.ndarray]:
-  """``METRICS`` from each split's ``BinnedPredictions``, every test set.
-
-  Returns:
-    metric name -> [S, B, F] float array (NaN where undefined).
-  """
+  """``METRICS`` from each split's ``BinnedPredictions``: name -> [S, B, F] (NaN where
+  undefined)."""
   # The splits axis goes before the bins: [B, F, W], [F], [S, B, F, W] and [S, B, F].
   splits_axis = {"prior": 0, "brier": -1, "nll": -1}
   stacked = {

@@ -1,13 +1,7 @@
 """Selective prediction: answer only where the bins guarantee an accuracy.
 
-From fitted equal-count bins (``binning.fit`` on a calibration split),
-``guaranteed_coverage`` keeps the largest set of most-confident bins whose pooled
-accuracy has an exact lower confidence bound of at least a target, following
-Geifman & El-Yaniv's selection with guaranteed risk (SGR, "Selective
-classification for deep neural networks", NeurIPS 2017, Algorithm 1), with the
-bins as the candidate thresholds. ``select`` applies the selection to new scores;
-``validate_over_splits`` fits and applies it on every calibration/test split;
-``risk_coverage`` gives the empirical risk-coverage curve of a score.
+``guaranteed_coverage`` is Geifman & El-Yaniv's selection with guaranteed risk (SGR,
+NeurIPS 2017, Algorithm 1) with fitted equal-count bins as the candidate thresholds.
 """
 
 import math
@@ -30,15 +24,12 @@ class Selection(NamedTuple):
 
   Attributes:
     selected: [n_bins] bool, the bins whose examples are answered.
-    edges: [n_bins - 1] float, the bins' edges (``Bins.edges``), for ``select``.
+    edges: [n_bins - 1] float, the bins' edges, for ``select``.
     coverage: [] float, the fraction of the calibration examples selected.
-    threshold: [] float, the smallest predicted P(correct) among the selected
-      bins (+inf when none is selected).
-    accuracy: [] float, the pooled calibration accuracy of the selected bins
-      (NaN when none is selected: coverage 0, the accuracy of no example is
-      undefined; ``validate_over_splits`` reports None there).
+    threshold: [] float, the smallest P(correct) of the selected bins (+inf if none).
+    accuracy: [] float, their pooled calibration accuracy (NaN if none).
     guaranteed_accuracy: [] float, its one-sided Clopper–Pearson lower bound at
-      level delta / num_tests (NaN when none is selected).
+      level delta / num_tests (NaN if none).
     num_tests: [] int32, the number of bounds the binary search may test.
   """
 
@@ -90,6 +81,13 @@ def _check_target(name: str, target) -> float:
   return target
 
 
+def _check_delta_and_order(delta, order: str) -> None:
+  if not 0.0 < float(delta) < 0.5:
+    raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
+  if order not in SELECTION_ORDERS:
+    raise ValueError(f"order: expected one of {SELECTION_ORDERS}, got {order!r}")
+
+
 def guaranteed_coverage(
   bins: binning.Bins,
   target_accuracy: float = 0.99,
@@ -99,48 +97,25 @@ def guaranteed_coverage(
 ) -> Selection:
   """The largest set of most-confident bins whose accuracy is guaranteed >= a target.
 
-  The m non-empty bins are ranked, most confident first (``order``); the
-  candidates are the m prefixes of that ranking (the top j bins, j = 1..m). A
-  prefix passes when the one-sided Clopper–Pearson lower bound of its pooled
-  accuracy (pooled hits over pooled counts) is at least ``target_accuracy``. As in
-  SGR, a binary search over j (assuming passes are monotone in j) tests at most
-  k = ceil(log2(m + 1)) prefixes, and each bound is taken at level delta / k
-  (Bonferroni over the tested thresholds), so with probability >= 1 - delta every
-  tested bound holds together, the returned one included: the true accuracy of
-  the selected region is >= ``guaranteed_accuracy`` >= the target. When no tested
-  prefix passes the selection is empty: coverage 0, threshold +inf, and accuracy
-  and guaranteed_accuracy NaN (undefined without an example).
+  The candidates are the prefixes of the m non-empty bins ranked by ``order``; a binary
+  search tests at most k = ceil(log2(m + 1)) of them, each by a one-sided Clopper–Pearson
+  bound of its pooled accuracy at level delta / k (Bonferroni), so with probability
+  >= 1 - delta the selection's true accuracy is >= ``guaranteed_accuracy`` >= the target.
 
-  The guarantee assumes ``bins`` counts calibration examples drawn i.i.d. from
-  the deployment distribution and a ranking that does not look at their hits.
-  The default ranks by the score (bin 0, the lowest scores, first: U is an
-  uncertainty); the edges are order statistics of the same data, which is
-  harmless when accuracy does not increase with U (a prefix's pooled hits are
-  then stochastically below a binomial at the region's accuracy). Ranking by
-  ``"prob"``, the bins' own calibrated P(correct), picks the luckiest bins first
-  and voids the bound where true accuracy is flat across bins (with 100 bins at
-  a true 0.988 it "guarantees" 0.99 in every draw, tests/test_selective.py): use
-  it only when ``bins.prob`` comes from other data than the counts and hits, e.g.
+  The guarantee assumes i.i.d. calibration examples and a ranking that does not look at
+  their hits. ``"prob"`` ranks by ``bins.prob``, fitted on those same hits: it picks the
+  luckiest bins and voids the bound unless ``bins.prob`` comes from other data, e.g.
   ``binning.refit(bins, u_other, correct_other)._replace(prob=bins.prob)``.
 
   Args:
     bins: from ``binning.fit`` on the calibration split.
-    target_accuracy: the accuracy to guarantee, in [0, 1): 1 is refused, as no
-      finite calibration set can guarantee it.
+    target_accuracy: in [0, 1) (no finite calibration set can guarantee 1).
     delta: total failure probability in (0, 0.5).
-    order: "ascending" (low scores are confident, e.g. U = -log pmax),
-      "descending" (high scores are confident, e.g. pmax) or "prob" (by
-      ``bins.prob``, ties by bin index; see above).
-
-  Returns:
-    ``Selection``.
+    order: "ascending" (low scores are confident, e.g. -log pmax), "descending" or "prob".
   """
   binning.checked_bins(bins)
   target_accuracy = _check_target("target_accuracy", target_accuracy)
-  if not 0.0 < float(delta) < 0.5:
-    raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
-  if order not in SELECTION_ORDERS:
-    raise ValueError(f"order: expected one of {SELECTION_ORDERS}, got {order!r}")
+  _check_delta_and_order(delta, order)
   ranked = _candidate_order(bins, order)
   if ranked.shape[0] == 0:
     raise ValueError("bins: no examples were counted")
@@ -161,15 +136,9 @@ def guaranteed_coverage(
   else:
     threshold, kept, accuracy, bound = np.inf, 0, np.nan, np.nan
   # Host values moved as they are: jnp.float32(x) would compile a conversion program.
-  return Selection(
-    selected=jax.device_put(selected),
-    edges=bins.edges,
-    coverage=jax.device_put(np.float32(kept / total)),
-    threshold=jax.device_put(np.float32(threshold)),
-    accuracy=jax.device_put(np.float32(accuracy)),
-    guaranteed_accuracy=jax.device_put(np.float32(bound)),
-    num_tests=jax.device_put(np.int32(num_tests)),
-  )
+  floats = [jax.device_put(np.float32(x)) for x in (kept / total, threshold, accuracy, bound)]
+  num_tests = jax.device_put(np.int32(num_tests))
+  return Selection(jax.device_put(selected), bins.edges, *floats, num_tests)
 
 
 @jax.jit
@@ -178,15 +147,7 @@ def _select(selected: jax.Array, edges: jax.Array, u: jax.Array) -> jax.Array:
 
 
 def select(selection: Selection, u: ArrayLike) -> jax.Array:
-  """Which new examples to answer: those whose score falls in a selected bin.
-
-  Args:
-    selection: from ``guaranteed_coverage``.
-    u: [N] float scores of the same kind as the calibration scores.
-
-  Returns:
-    [N] bool.
-  """
+  """[N] bool: which new examples (scores ``u`` [N]) to answer, those in a selected bin."""
   validation.instance("selection", selection, Selection, "selective.Selection")
   u = validation.float_array("u", u, 1)
   return _select(selection.selected, selection.edges, u)
@@ -229,29 +190,20 @@ def validate_over_splits(
   *,
   order: str = "ascending",
 ) -> list[dict]:
-  """Selection with a guarantee, fitted on each calibration part and tested on the rest.
-
-  On each split: ``n_bins`` bins of ``u`` fitted on the calibration part
-  (``binning.fit``), ``guaranteed_coverage`` for each target, and ``select`` on the
-  test part. Shows whether the guarantee holds out of sample, and at what coverage.
+  """``guaranteed_coverage`` fitted on each calibration part and tested on the rest.
 
   Args:
-    u: [N] float scores.
-    correct: [N] bool, the event (e.g. the Top-1 prediction is correct).
-    splits: ``crossval.make_splits(N, ...)``.
+    u: [N] float scores (``correct``: [N] bool events).
     n_bins: bins per calibration part, at most its size.
     targets: accuracies to guarantee, each in [0, 1).
     delta: failure probability of each guarantee, in (0, 0.5).
-    order: the ranking of the bins, as in ``guaranteed_coverage``.
+    order: as in ``guaranteed_coverage``.
 
   Returns:
-    One dict per target, in the given order: ``order``; the means over splits of
-    ``guaranteed_accuracy``, ``calibration_coverage``, ``test_coverage`` and
-    ``test_accuracy`` (the bound and the test accuracy over the splits that
-    selected something; None when none did); ``num_splits``; ``num_empty`` (splits
-    that selected nothing); ``target_accuracy``; ``delta``; ``n_bins``;
-    ``num_below_target`` (splits whose test accuracy fell below the target); and
-    ``per_split``, a list of each split's four numbers (None where undefined).
+    One dict per target: the means over splits of ``guaranteed_accuracy``,
+    ``calibration_coverage``, ``test_coverage`` and ``test_accuracy`` (over the splits
+    that selected something; None if none did), ``num_empty`` (splits that selected
+    nothing), ``num_below_target``, the arguments, and ``per_split``.
   """
   u, correct = validation.score_and_event("u", u, correct, host=True)
   validation.instance("splits", splits, crossval.Splits, "crossval.Splits from make_splits")
@@ -259,10 +211,7 @@ def validate_over_splits(
     raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {u.shape[0]}")
   for target in targets:
     _check_target("targets", target)
-  if not 0.0 < float(delta) < 0.5:
-    raise ValueError(f"delta: expected a probability in (0, 0.5), got {delta!r}")
-  if order not in SELECTION_ORDERS:
-    raise ValueError(f"order: expected one of {SELECTION_ORDERS}, got {order!r}")
+  _check_delta_and_order(delta, order)
   per_target = [[] for _ in targets]
   for split in range(splits.num_splits):
     test = np.asarray(splits.test_mask(split), bool)
@@ -290,18 +239,10 @@ def validate_over_splits(
 
 
 def risk_coverage(u: ArrayLike, correct: ArrayLike) -> RiskCoverage:
-  """The empirical risk-coverage curve of an uncertainty score (low = confident).
+  """The empirical risk-coverage curve of an uncertainty score ``u`` [N] (low = confident).
 
-  Entry n - 1 is the error rate among the n examples with the lowest ``u``; ties
-  are averaged over every order of the tied examples (``metrics.selective_risk``),
-  so ``mean(risk) == metrics.aurc(-u, correct)``.
-
-  Args:
-    u: [N] float uncertainty scores.
-    correct: [N] bool.
-
-  Returns:
-    ``RiskCoverage`` of two [N] float arrays.
+  Entry n - 1 is the error rate among the n examples with the lowest ``u``, ties averaged
+  over every order of the tied examples, so ``mean(risk) == metrics.aurc(-u, correct)``.
   """
   return _risk_coverage(*validation.score_and_event("u", u, correct))
 
