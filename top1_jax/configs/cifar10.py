@@ -1,16 +1,8 @@
-r"""ResNet-20 on CIFAR-10 (TFDS) as He et al. trained it, MC dropout and a deep ensemble.
+r"""ResNet-20 on CIFAR-10 (TFDS) as He et al. (CVPR 2016, section 4.2) trained it.
 
-The recipe of He, Zhang, Ren & Sun, "Deep Residual Learning for Image Recognition"
-(CVPR 2016), section 4.2: ResNet-20 (``models.ResNet``), SGD with momentum 0.9 at a
-learning rate of 0.1 for mini-batches of 128, divided by 10 at 32k and 48k
-iterations and stopped at 64k (epochs 82, 123 and 164 of the 50,000 training
-images: 390 steps an epoch), weight decay 1e-4 (coupled L2), random crops of the
-image zero-padded by 4 pixels and horizontal flips. Published: 8.75 % test error,
-about 91.3 % accuracy (their ResNet-20; this one has 1x1 projection shortcuts where
-they used zero-padded identities, see ``models.ResNet``). Trained without dropout,
-as He et al.; MC dropout samples it at ``dropout_rates``.
-
-A GPU/TPU job (``--config.half_precision=bfloat16`` there):
+SGD, momentum 0.9, rate 0.1 at batch 128 divided by 10 at epochs 82 and 123 of 164, weight
+decay 1e-4, 4-pixel crops and flips, no dropout (MC dropout samples it). Published: 8.75 %
+test error (their ResNet-20 has zero-padded identity shortcuts; ours 1x1 projections).
 
   python experiments/reproduce.py --config=cifar10 --workdir=gs://bucket/cifar10
 """

@@ -1,15 +1,9 @@
-r"""Wide ResNets on CIFAR-10 (TFDS) as Zagoruyko & Komodakis trained them, with dropout.
+r"""Wide ResNets on CIFAR-10 (TFDS) as Zagoruyko & Komodakis (BMVC 2016) trained them.
 
-The recipe of Zagoruyko & Komodakis, "Wide Residual Networks" (BMVC 2016),
-sections 3-4: SGD with Nesterov momentum 0.9, learning rate 0.1 at mini-batches
-of 128, multiplied by 0.2 at epochs 60, 120 and 160 of 200, weight decay 5e-4
-(coupled L2), random crops of the image zero-padded by 4 pixels and horizontal
-flips, dropout 0.3 between the two convolutions of every block
-(``models.WideResNet``: the place MC dropout samples). Published test accuracy
-with dropout: WRN-16-4 94.76 % (5.24 % error), WRN-28-10 96.11 %
-(3.89 % error). The network is chosen by ``models``:
+SGD, Nesterov momentum 0.9, rate 0.1 at batch 128 times 0.2 at epochs 60, 120 and 160 of
+200, weight decay 5e-4, 4-pixel crops and flips, dropout 0.3 between each block's two
+convolutions (where MC dropout samples). Published: WRN-16-4 94.76 %, WRN-28-10 96.11 %.
 
-  python experiments/reproduce.py --config=cifar10_wrn --workdir=gs://bucket/wrn16_4
   python experiments/reproduce.py --config=cifar10_wrn --config.models=wrn28_10 \
       --config.half_precision=bfloat16 --workdir=gs://bucket/wrn28_10
 """
@@ -18,8 +12,7 @@ from top1_jax.configs import cifar10
 
 
 def get_config():
-  """``cifar10``'s job with WRN-16-4 trained with dropout 0.3 (sampled at up to 0.3), Nesterov
-  momentum, 200 epochs and the WRN paper's rate drops and weight decay."""
+  """``cifar10``'s job with WRN-16-4, dropout 0.3 and the WRN paper's schedule."""
   config = cifar10.get_config()
   config.models = ("wrn16_4",)
   config.train_dropout_rates = (0.3,)

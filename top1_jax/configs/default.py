@@ -1,35 +1,12 @@
-r"""The main job, and every field of a config with its meaning.
+r"""The main job, and every field of a config with its meaning (``HELP``).
 
-A CNN, MC dropout at six rates and a deep ensemble on Fashion-MNIST; about five
-minutes offline on a 2-core CPU (the Debian Fashion-MNIST package or TFDS).
+A CNN, MC dropout at six rates and a deep ensemble on Fashion-MNIST; about five minutes on
+a 2-core CPU. The other configs import this one and override a few fields; ``seeds`` is a
+tuple because a seed is a sweep axis (one training point per model, rate and seed).
 
   python experiments/reproduce.py --config=default            # into runs/default
   python experiments/reproduce.py --config=default \
       '--config.dropout_rates=(0.05,)' '--config.seeds=(0,1,2)' --workdir=runs/seeds
-
-The other configs (``quick``, ``cifar10``, ``cifar100``, ``evaluate_files``)
-import this one and override a few fields, as the Flax examples do.
-``top1_jax.pipeline.settings.parse`` checks every field before any work.
-
-Seeds: ``seeds`` is a tuple, not big_vision's single ``seed``, because a seed is a
-sweep axis here like ``models`` and ``train_dropout_rates``: one config names the
-whole sweep, each (model, train dropout rate, seed) is one training point with its
-own files, a job array splits the points between tasks, and ``aggregate`` averages
-over them. One seed is ``(0,)``. A seed draws the initialisation, the batches, the
-dropout masks and the calibration/test splits; a user's files (``inputs``) take
-the first seed for their splits.
-
-Inputs: evaluating files instead of training is one field, ``inputs``
-(comma-separated paths or globs), read as ``input_kind`` says:
-
-* ``predictions`` (the default): ``.npz`` predictions files
-  (``top1_jax.io.predictions``), each holding its labels;
-* ``logits`` or ``probs``: one ``.npy`` array, [N, K] or [S, N, K] (samples of
-  MC dropout or an ensemble), with ``labels``, a ``.npy`` of [N] integer labels.
-
-A contradictory combination (``labels`` with predictions files, a ``.npy`` read
-as predictions files, an array kind without ``labels``...) is refused in one line
-naming the field. ``reproduce`` refuses ``inputs``: it evaluates what it trains.
 """
 
 import ml_collections
@@ -38,17 +15,15 @@ from ml_collections import config_dict
 HELP = {
   # The data (train, predict and reproduce read it; evaluate reads files).
   "dataset": "What the images are: fashion_mnist or mnist (IDX files or TFDS), or any TFDS "
-  "name. With inputs, the dataset the files come from, recorded in the results (empty when "
-  "not given)",
-  "data_dir": "Directory of the IDX files or a TFDS data dir; unset: the system copy, then "
-  "TFDS's own",
+  "name; with inputs, the files' dataset, recorded in the results (empty: not given)",
+  "data_dir": "Directory of the IDX files or a TFDS data dir; unset: the system copy, then TFDS's",
   "limit_train": "Train on the first N training examples only; unset: all",
   "limit_test": "Predict the first N test examples only; unset: all",
   # Training: one base network (and ensemble) per (model, train dropout rate, seed).
   "models": "Networks to train: mlp, cnn, resnet",
   "train_dropout_rates": "Dropout rates to train each network with",
   "seeds": "Seeds, a sweep axis: each draws the initialisation, batches, dropout masks and "
-  "the calibration/test splits; given inputs take the first for their splits",
+  "splits; given inputs take the first for their splits",
   "num_epochs": "Training epochs",
   "batch_size": "Training examples per step",
   "learning_rate": "The optimizer's learning rate (the peak of a schedule)",
@@ -58,26 +33,23 @@ HELP = {
   "optimizer": "adam, or sgd (with momentum and nesterov)",
   "momentum": "SGD's momentum, in [0, 1) (0: plain SGD; Adam ignores it)",
   "nesterov": "SGD with Nesterov's momentum",
-  "lr_schedule": "The learning rate over the run: constant, cosine (to 0 one step after the "
-  "last, as optax) or "
-  "step (times lr_factor at each epoch of lr_boundaries)",
+  "lr_schedule": "The learning rate over the run: constant, cosine (to 0, as optax) or step "
+  "(times lr_factor at each of lr_boundaries)",
   "lr_boundaries": "Epochs after which the step schedule multiplies the rate by lr_factor, "
   "e.g. (60,120,160)",
   "lr_factor": "The step schedule's factor at each boundary (e.g. 0.1 or 0.2)",
   "warmup_epochs": "Epochs of linear warmup from 0 before the schedule (0: none)",
-  "weight_decay": "L2 on the kernels (conv and dense weights), added to the gradient as "
-  "weight_decay * w before the optimizer (coupled, as He et al. and Zagoruyko & Komodakis; "
-  "not AdamW's decoupled decay); 0: none",
+  "weight_decay": "L2 on the conv and dense kernels, coupled (weight_decay * w added to the "
+  "gradient, as He et al.; not AdamW's decay); 0: none",
   "augment": "Training-batch augmentation on device: none, or names among crop (zero-pad by "
-  "crop_padding, random crop back) and flip (horizontal, p = 1/2), e.g. (crop,flip)",
+  "crop_padding, random crop back) and flip (horizontal), e.g. (crop,flip)",
   "crop_padding": "Pixels of zero padding on each side for crop (4 for CIFAR)",
-  "half_precision": "Mixed precision: none (float32), bfloat16 (TPU, recent GPUs) or float16 "
-  "(with dynamic loss scaling); parameters stay float32, logits and scores float32",
+  "half_precision": "Mixed precision: none (float32), bfloat16 or float16 (with dynamic loss "
+  "scaling); parameters, logits and scores stay float32",
   "log_every_steps": "Training steps between curve points (loss, accuracy, learning rate, "
-  "examples/s) in <workdir>/train/<point>/<stage>/tensorboard and the log",
-  "steps_per_call": "Training steps per jitted call (a lax.scan on the device; the host reads the "
-  "loss every log_every_steps only); unset: by backend, 1 on CPU (XLA:CPU runs convolutions "
-  "inside loops slowly), 100 on GPU/TPU. Same numbers up to float rounding",
+  "examples/s) in the TensorBoard files and the log",
+  "steps_per_call": "Training steps per jitted call (a lax.scan on device); unset: 1 on CPU "
+  "(XLA:CPU runs convolutions in loops slowly), 100 on GPU/TPU",
   "eval_every_epochs": "Test-split loss and accuracy every N epochs into the curves (and "
   "after the last epoch, always); 0: only after the last",
   # Prediction: the plain model, MC dropout at each rate, the ensemble.
@@ -88,8 +60,8 @@ HELP = {
   # Evaluating given files instead of training.
   "inputs": "Files to evaluate instead of training, comma-separated paths or globs: .npz "
   "predictions files, or one .npy array (see input_kind)",
-  "input_kind": "What inputs hold: auto (.npz: predictions files with their labels; one .npy: "
-  "logits or probs, told by its rows, with labels), predictions, logits or probs",
+  "input_kind": "What inputs hold: auto (.npz: predictions files; one .npy: logits or probs, "
+  "told by its rows), predictions, logits or probs",
   "labels": "A .npy of [N] integer labels, for inputs of kind logits or probs",
   # The sweep: every score x Top-k event x estimator, over all bin counts.
   "scores": "Uncertainty scores to bin (all: every score the inputs allow)",
@@ -98,52 +70,44 @@ HELP = {
   "estimators": "Estimators of P(correct): bins (the paper), isotonic, kde",
   "n_folds": "Calibration/test splits to average over",
   "scheme": "How the splits are drawn: halves (random halves, the paper) or kfold",
-  "figure_bins": "Bins of the reliability figures (fewer when a split has fewer calibration "
-  "examples)",
+  "figure_bins": "Bins of the reliability figures (fewer if a split has fewer examples)",
   "compare_bins": "Bins of Table 1's comparison, one of n_bins; unset: 20 if there, else the first",
   "ece_bins": "Equal-width bins of the benchmark's confidence ECE",
   "selective_targets": "Accuracies that selective prediction aims at",
   "selective_delta": "Selective prediction's risk of missing its target, in (0, 0.5)",
-  "set_methods": "Prediction sets with a coverage guarantee (top1_jax.evaluation.sets): "
-  "lac, aps, raps, topk (the paper's calibrated Top-k); empty: none",
-  "set_alphas": "Miscoverage levels of the prediction sets: each set holds the label with "
-  "probability >= 1 - alpha",
+  "set_methods": "Prediction sets with a coverage guarantee: lac, aps, raps, topk (the "
+  "paper's calibrated Top-k); empty: none",
+  "set_alphas": "Miscoverage levels: each prediction set holds the label with probability "
+  ">= 1 - alpha",
   "figures": "Write figures/ after the tables (False: tables only, faster)",
-  # Dataset shift (experiments/shift.py, the shift config): calibrated on the clean test
-  # examples, tested on the same examples shifted (Ovadia et al. 2019).
-  "shift_examples": "Test examples every shifted set is made of: the first N of the test split, "
-  "the same at every shift and intensity; unset: all",
-  "shift_rotation": "How images are rotated: rotate_cubic (Ovadia et al.'s: SciPy's cubic spline, "
-  "the canvas enlarged, then the centre cropped) or rotate (bilinear, the canvas kept)",
+  # Dataset shift (experiments/shift.py, the shift config; Ovadia et al. 2019).
+  "shift_examples": "Test examples every shifted set is made of: the first N of the test "
+  "split; unset: all",
+  "shift_rotation": "How images are rotated: rotate_cubic (Ovadia et al.'s: SciPy's cubic "
+  "spline, canvas enlarged, centre cropped) or rotate (bilinear)",
   "shift_translation": "How images are translated: roll (Ovadia et al.'s: wrapping round) or "
   "translate (zero fill)",
   "shift_rotations": "Rotations to test, degrees counter-clockwise (0 is the clean set)",
   "shift_translations": "Translations to test, pixels along x (0 is the clean set)",
   "shift_corruptions": "Corruptions to test (top1_jax.engine.corruptions; all: every one)",
   "shift_severities": "Intensities of each corruption, 1-5",
-  "shift_ood": "Out-of-distribution sets to show the models: digits (scikit-learn's 8x8 "
-  "digits, resized), uniform_noise",
-  "shift_estimators": "What turns a model's output into P(correct) under shift: raw (the "
-  "model's own probability), temperature, toplabel, bins, isotonic, kde",
-  "shift_num_labels": "Recalibration: labelled examples m of each shifted set, drawn from its "
-  "calibration part, that the bins, temperature and isotonic are refitted on (and the clean bins "
-  "updated with), each 0 (the clean fits) or 10 to the calibration part; empty: none "
-  "(<workdir>/shift/recalibration.csv)",
+  "shift_ood": "Out-of-distribution sets: digits (scikit-learn's 8x8, resized), uniform_noise",
+  "shift_estimators": "What turns a model's output into P(correct) under shift: raw (its own "
+  "probability), temperature, toplabel, bins, isotonic, kde",
+  "shift_num_labels": "Recalibration: labelled examples m of each shifted set (from its "
+  "calibration part) the methods are refitted on, each 0 or at least 10; empty: none",
   "shift_label_draws": "Draws of the m labelled examples per calibration/test split",
   "shift_prior_strength": "Pseudo-counts s that each clean bin's probability is worth when the "
   "bins are updated with m shifted labels; unset: chosen per fit by the leave-one-out "
   "likelihood of the m examples",
-  "shift_recalibrate_samples": "Also recalibrate MC dropout and the ensemble (each as long as the "
-  "network); False: models of one network only (a user's files of one model included)",
-  "shift_recalibration_scores": "Scores the bins and isotonic are refitted on (temperature: the "
-  "log-probabilities); a model without one skips it",
-  "shift_accuracy_scores": "Scores of the label-free accuracy estimates: ATC's threshold and the "
-  "paper's calibrated bins (average confidence and DoC use the model's own probability); a "
-  "model without one skips it (<workdir>/shift/accuracy_estimates.csv)",
-  "shift_inputs": "With inputs (the clean files, for calibration): predictions files of the "
-  "same examples shifted, comma-separated paths or globs, each meta naming its shift and "
-  "severity (ood: true for inputs from outside the label set); evaluate tests the clean "
-  "files' calibration on them (into <workdir>/shift/)",
+  "shift_recalibrate_samples": "Also recalibrate MC dropout and the ensemble (slow); False: "
+  "models of one network only",
+  "shift_recalibration_scores": "Scores the bins and isotonic are refitted on (temperature: "
+  "the log-probabilities); a model without one skips it",
+  "shift_accuracy_scores": "Scores of the label-free accuracy estimates (ATC and the "
+  "calibrated bins); a model without one skips it",
+  "shift_inputs": "With inputs (the clean files): predictions files of the same examples "
+  "shifted, paths or globs, each meta naming its shift and severity (or ood: true)",
 }
 """Every field's meaning: ``--help`` lists them (``top1_jax.configs.describe``)."""
 

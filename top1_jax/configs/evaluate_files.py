@@ -1,14 +1,9 @@
-r"""Evaluate given predictions files or arrays of any model (no training).
+r"""Evaluate given predictions files or arrays of any model (no training); Top-1 and Top-5.
 
   python experiments/evaluate.py --config=evaluate_files --workdir=runs/resnet50 \
       --config.inputs=resnet50_val.npz                  # predictions files (or globs)
   python experiments/evaluate.py --config=evaluate_files --workdir=runs/resnet50 \
       --config.inputs=logits.npy --config.input_kind=logits --config.labels=labels.npy
-
-The inputs: see ``default.py`` (``inputs``, ``input_kind``, ``labels``) and
-``top1_jax.io.predictions`` ([N, K] logits or probabilities, or [S, N, K]
-MC-dropout / ensemble samples, with [N] labels). Top-1 and Top-5 events, as for
-ImageNet-sized label sets.
 """
 
 from ml_collections import config_dict

@@ -1,8 +1,7 @@
 """The command line: flags, settings, one-line errors, signals; the maths lives below it.
 
-``catch_stops`` is the first thing a main does: Ctrl-C (SIGINT) or SIGTERM while it starts
-(its imports take a second or two: JAX) ends it in one line with exit status 130 or 143,
-before any work; ``runner.run`` then installs the handlers that unwind a run.
+A main calls ``catch_stops`` first, so Ctrl-C or SIGTERM during its imports (JAX: a second
+or two) ends it in one line; ``runner.run`` then installs the handlers that unwind a run.
 """
 
 import os
@@ -24,8 +23,7 @@ def _stop_at_once(signum: int, frame) -> None:
 
 
 def catch_stops(handler=_stop_at_once) -> None:
-  """Stops the process on SIGINT and SIGTERM by ``handler`` (unless they are ignored, as by
-  nohup or a shell's background job)."""
+  """Handles SIGINT and SIGTERM by ``handler``, unless ignored (nohup, a background job)."""
   for signum in STOPS:
     if signal.getsignal(signum) is not signal.SIG_IGN:
       signal.signal(signum, handler)

@@ -2,9 +2,7 @@
 
   python experiments/aggregate.py --workdir=runs/merged --workdirs='runs/seed*'
 
-Each input work dir holds a finished evaluate stage (results.csv and results.json); runs
-must share the cross-validation (``n_folds``, ``scheme``). ``top1_jax.pipeline.aggregation``
-says what is written into --workdir.
+Each work dir holds a finished evaluate stage; runs must share ``n_folds`` and ``scheme``.
 """
 
 from absl import flags

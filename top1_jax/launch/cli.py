@@ -1,13 +1,7 @@
 """Console scripts: ``top1-<name>`` does what ``python experiments/<name>.py`` does.
 
-The stages' mains (reproduce, train, predict, evaluate, shift) parse ``--config`` and
-call one function of ``top1_jax.pipeline``, as ``experiments/`` does from a clone; the
-tools' (aggregate, find_mislabeled, demo) are their modules here.
-
-pip installs every script of pyproject.toml's ``[project.scripts]`` with the core
-package (it cannot install a script per extra), so a script whose packages are
-missing says in one line which extra to install and exits 2 (``runner.requiring``):
-top1-train, -predict, -reproduce and -shift need ``top1_jax[all]``, the others ``[cli]``.
+pip installs every script with the core package (not one per extra), so a script whose
+packages are missing names the extra to install in one line and exits 2.
 """
 
 import functools
@@ -45,8 +39,8 @@ def stage_main(name: str, module):
 
 
 def default_workdir(name: str):
-  """runs/<config> for reproduce; the shift stage's: the work dir of the networks it
-  reuses (runs/default for --config=shift, runs/cifar10 for --config=shift:cifar10)."""
+  """runs/<config> for reproduce; for shift, the work dir of the networks it reuses
+  (runs/cifar10 for --config=shift:cifar10)."""
   from top1_jax.launch import config_flag
 
   if name == "reproduce":

@@ -1,8 +1,7 @@
 """The ``--config`` flag (ml_collections) of the stages' mains, and its settings parsed once.
 
-``--config`` names a config file: a packaged one by name (``--config=quick``) or any
-path (``runner`` resolves both from any folder); ``--config.<field>=<value>``
-overrides a field. ``settings`` is ``pipeline.settings.parse`` of the result.
+``--config`` is a packaged config's name (``--config=quick``) or a path;
+``--config.<field>=<value>`` overrides a field.
 """
 
 import collections
@@ -31,8 +30,7 @@ def config_argument() -> str | None:
 
 
 def _given_twice(argv: list[str]) -> None:
-  """A field overridden twice: ml_collections merges repeated tuple overrides (both
-  ``(5,)`` and ``(7,)`` swept), so a repeat is refused instead of guessed at."""
+  """Refuses a tuple field given twice: ml_collections would merge both overrides."""
   names = [m[1] for m in map(re.compile(r"--config\.(\w+)=").match, argv) if m]
   tuples = [n for n in names if isinstance(CONFIG.value.get(n), tuple)]  # others: the last wins
   twice = [name for name, count in collections.Counter(tuples).items() if count > 1]
@@ -44,11 +42,10 @@ def _given_twice(argv: list[str]) -> None:
 
 
 def settings() -> settings_lib.Settings:
-  """The --config, parsed and checked: before anything is read or written.
+  """The --config, parsed and checked before anything is read or written.
 
-  With ``inputs`` (a user's files), the config's ``dataset`` is its training data's, not
-  the files': unset unless given on the command line; and the fields of training and
-  prediction given there are said to be unused."""
+  With ``inputs`` (a user's files), ``dataset`` is unset unless given on the command line
+  (the config's is its training data's), and data fields given there are said unused."""
   _given_twice(sys.argv)
   parsed = settings_lib.parse(CONFIG.value)
   if not parsed.inputs:

@@ -1,8 +1,7 @@
 r"""Demo of the core on synthetic logits: calibrated Top-1 bins for several scores.
 
-Draws logits from an over-confident synthetic classifier, computes every
-single-model uncertainty score, and cross-validates Top-1 binning at several bin
-counts. Prints the table and, with --workdir, writes results.json and results.md.
+Cross-validates Top-1 binning of every single-model score of an over-confident synthetic
+classifier; prints the table (with --workdir, also results.json and results.md).
 
   python experiments/demo.py --num_examples=20000 --workdir=/tmp/top1_demo
 """

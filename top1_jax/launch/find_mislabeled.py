@@ -2,12 +2,8 @@ r"""Shows the wrong predictions in the most confident bins: mislabelled or ambig
 
   python experiments/find_mislabeled.py --workdir=runs/default --score=neg_log_pmax --top_bins=2
 
-The paper's supplement (``top1_jax.evaluation.mislabeled.report``). Writes under
-``<workdir>/mislabeled/`` mislabeled.csv (the wrong examples of the --top_bins most
-confident of --n_bins equal-count bins, most confident first), mislabeled.png (the first
---max_images, given vs predicted label) and mislabeled.json (settings, searched bins). The
-images are the predictions file's split (meta ``dataset``, first ``limit_test``), refused
-unless their labels equal the file's.
+Writes ``<workdir>/mislabeled/``: mislabeled.csv (the wrong examples of the --top_bins most
+confident bins), mislabeled.png (given vs predicted label) and mislabeled.json.
 """
 
 import os

@@ -1,13 +1,8 @@
 """The command line's shared runner: work dir, processes, tasks, logging, one-line errors.
 
-Every main (``experiments/*.py``, the ``top1-*`` console scripts) runs ``runner.run(main)``:
-flags parsed (a bad one is one line),
-processes joined (``--coordinator_address``...), the work dir checked (a URL
-needs its file-system package) and locked, progress through absl logging
-(``--verbosity``), and any failure printed as one line with exit status 1.
-Ctrl-C (SIGINT) and SIGTERM (a scheduler's preemption) stop the run with one
-line, the lock released, exit status 130 and 143 (``stopping``).
-Only process 0 writes files; ``is_writer`` says which process this is.
+Every main runs ``runner.run(main)``: flags parsed, processes joined, the work dir checked
+and locked, any failure printed as one line (exit status 1). Ctrl-C and SIGTERM stop the
+run with one line, the lock released (exit status 130 and 143).
 """
 
 import contextlib
@@ -40,8 +35,7 @@ NUM_TASKS = flags.DEFINE_integer(
 )
 
 
-# The others need the cli extra.
-EXTRAS = {"train": "all", "predict": "all", "reproduce": "all", "shift": "all"}
+EXTRAS = {"train": "all", "predict": "all", "reproduce": "all", "shift": "all"}  # others: cli
 CLI_PACKAGES = ("absl", "ml_collections", "etils", "matplotlib")  # the cli extra, imported
 ON_PYPI = dict(absl="absl-py", orbax="orbax-checkpoint", tensorflow_datasets="tensorflow-datasets")
 MISSING_STATUS = 2  # the exit status of a launcher whose packages are not installed
@@ -61,10 +55,8 @@ _entered: list[str] = []
 
 @contextlib.contextmanager
 def requiring(launcher: str):
-  """The imports of ``launcher``: a missing package is one line (``install_hint``), exit 2.
-
-  Nested (reproduce imports train), the outermost names the launcher the user ran.
-  """
+  """The imports of ``launcher``: a missing package is one line (``install_hint``), exit 2;
+  nested, the outermost names the launcher the user ran."""
   _entered.append(launcher)
   try:
     yield
@@ -135,8 +127,8 @@ def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
   if isinstance(error, validation.SettingError):  # the library names the field: a flag here
     return f"--config.{text}"
-  if _disk_full(error):
-    return _disk_full(error)
+  if full := _disk_full(error):
+    return full
   if isinstance(error, ModuleNotFoundError) and error.name and "top1_jax" not in error.name:
     launcher = os.path.basename(sys.argv[0]).removeprefix("top1-").removesuffix(".py")
     return install_hint(launcher.replace("-", "_"), error.name.split(".")[0])
@@ -163,8 +155,8 @@ PACKAGED_CONFIGS = os.path.dirname(os.path.abspath(configs.__file__))
 
 
 def _config_path(arg: str) -> str:
-  """--config=NAME (a packaged config: quick, default, ...) or a path; a path that does not
-  exist here but names a packaged config (configs/quick.py) is that config, from any folder."""
+  """--config=NAME (a packaged config) or a path; a missing path naming a packaged config
+  (configs/quick.py) is that config, from any folder."""
   if not arg.startswith("--config="):
     return arg
   value, colon, rest = arg[len("--config=") :].partition(":")
@@ -181,12 +173,7 @@ def packaged_names() -> str:
 
 
 def check_config_file(value: str) -> None:
-  """``--config``'s file (before a colon and its argument): a Python config file.
-
-  Raises:
-    ExperimentError: it is missing, a folder, or binary (a ``.npy`` given by
-      mistake), in one line naming the path and the packaged configs.
-  """
+  """``--config``'s file (before a colon): ExperimentError if missing, a folder or binary."""
   path = value.split(":", 1)[0]
   problem = files.not_text(path)
   if problem:
@@ -194,15 +181,11 @@ def check_config_file(value: str) -> None:
     raise ExperimentError(f"--config: {path}: {problem}; {way_out}")
 
 
-def _config_value(argv: list[str]) -> str | None:
-  given = [arg[len("--config=") :] for arg in argv if arg.startswith("--config=")]
-  return given[-1] if given else None
-
-
 def _parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
   """absl's parsing, with a bad flag or config override as one line (not a traceback)."""
   argv = [_config_path(arg) for arg in argv]
-  given = _config_value(argv)
+  config_args = [arg[len("--config=") :] for arg in argv if arg.startswith("--config=")]
+  given = config_args[-1] if config_args else None
   asked = [usage.HELP_FLAGS[arg] for arg in argv if arg in usage.HELP_FLAGS]
   try:
     if given is not None:
@@ -228,15 +211,11 @@ def _parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
   return parsed
 
 
-_OURS = (f"{os.sep}top1_jax{os.sep}",)
-
-
 def _ours_or_warning(record) -> bool:
   if "raised an exception" in str(record.msg) and f"{os.sep}orbax{os.sep}" in record.pathname:
     return False  # a save's worker thread failed: the save raises it, printed as one line
-  return record.levelno >= logging.converter.STANDARD_WARNING or any(
-    part in record.pathname for part in _OURS
-  )
+  ours = f"{os.sep}top1_jax{os.sep}" in record.pathname
+  return ours or record.levelno >= logging.converter.STANDARD_WARNING
 
 
 def _unraisable_but_closed_loops(previous):
@@ -246,12 +225,8 @@ def _unraisable_but_closed_loops(previous):
 
 
 def _quiet_others(verbosity: int) -> None:
-  """At the default verbosity, only this project's progress and everyone's warnings.
-
-  JAX (no TPU found) and orbax (every file of a checkpoint) log INFO lines that
-  drown the progress; ``-v 1`` shows them. So is the noise of a failed checkpoint
-  save (orbax's threads, tensorstore's callbacks): the save raises the failure.
-  """
+  """At the default verbosity, only this project's progress and everyone's warnings: JAX's
+  and orbax's INFO lines drown the progress (``-v 1`` shows them)."""
   import logging as python_logging
 
   if verbosity < 1 and not os.environ.get("TOP1_DEBUG"):
@@ -285,18 +260,13 @@ def _holding_workdir():
       _HELD.remove(held)
 
 
-STOPS = launch.STOPS
-
 STOP_GRACE_SECONDS = 10.0
 """How long a stopped run may unwind (temporary files, the lock) before it just exits."""
 
 
 class Stopped(KeyboardInterrupt):
-  """SIGINT or SIGTERM, raised in the main thread: the run unwinds, then exits.
-
-  A ``KeyboardInterrupt``: ``except Exception`` does not catch it, and code that
-  cleans up after Ctrl-C (an atomic write's temporary file) does it for SIGTERM too.
-  """
+  """SIGINT or SIGTERM, raised in the main thread: the run unwinds, then exits. A
+  ``KeyboardInterrupt``, so code that cleans up after Ctrl-C does it for SIGTERM too."""
 
   def __init__(self, signum: int):
     super().__init__(signum)
@@ -304,14 +274,11 @@ class Stopped(KeyboardInterrupt):
 
 
 def _exit_stopped(signum: int) -> None:
-  """The stop's line and exit status, without Python's shutdown (``os._exit``).
-
-  XLA may be compiling in another thread (evaluate's comparison runs beside the
-  sweep); tearing down the interpreter under it can crash, so nothing waits for it.
-  """
+  """The stop's line and exit status, without Python's shutdown (``os._exit``): tearing
+  down the interpreter under XLA compiling in another thread can crash."""
   for held in list(_HELD):
     lock.release(held)
-  status, line = STOPS[signum]
+  status, line = launch.STOPS[signum]
   with contextlib.suppress(Exception):
     sys.stdout.flush()
   print(line, file=sys.stderr, flush=True)
@@ -334,7 +301,7 @@ def _on_signal(signum: int, frame) -> None:
 
 
 stopping: list[int] = []
-"""The signals received (``STOPS``); the run stops at the first."""
+"""The signals received; the run stops at the first."""
 
 
 def run(
@@ -347,9 +314,8 @@ def run(
   """``app.run`` with one-line failures, the process group joined and the work dir held.
 
   ``default_workdir`` names the work dir when --workdir is not given;
-  ``cpu_device_per_core`` gives JAX one CPU device per core (evaluate: no training
-  or sharding sees them, only ``chunked.from_chunks``); ``doc`` is what ``--help`` says
-  first (by default the docstring of ``main``'s module).
+  ``cpu_device_per_core`` gives JAX one CPU device per core (evaluate's chunks);
+  ``doc`` is what ``--help`` says first (default: ``main``'s module docstring).
   """
 
   def wrapped(argv):

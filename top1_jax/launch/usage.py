@@ -1,10 +1,4 @@
-"""The sweep configs (``default.py`` and its variants), and what the command line says of them.
-
-``default.HELP`` holds every field's meaning. ``help_text`` is a launcher's
-``--help`` (its flags and every field of its config, with meanings and values);
-``unknown_field`` and ``unknown_flag`` are the one-line "did you mean" of a
-``--config.<field>`` or a ``--<flag>`` that is not one.
-"""
+"""What the command line says of its flags and config fields: ``--help``, "did you mean"."""
 
 import difflib
 import re
@@ -19,11 +13,8 @@ HELP_FLAGS = {"--help": False, "-h": False, "-?": False, "--helpshort": False, "
 def describe(config: Mapping[str, Any], meanings: Mapping[str, str], width: int = 80) -> str:
   """Every field of ``config`` as ``--help`` lists it: flag and meaning, then value.
 
-  Args:
-    config: a loaded config (``default.get_config()`` or a variant).
-    meanings: field -> meaning (``default.HELP``); its order is the listing's, and
-      fields it lacks (a user's config may add some) come last.
-    width: the text's width in characters.
+  ``meanings`` (field -> meaning, ``default.HELP``) gives the order; fields it lacks (a
+  user's config may add some) come last.
   """
   names = [n for n in meanings if n in config] + sorted(n for n in config if n not in meanings)
   paragraphs = []
@@ -36,14 +27,8 @@ def describe(config: Mapping[str, Any], meanings: Mapping[str, str], width: int 
 
 
 def help_text(flag_values: Any, doc: str | None, full: bool = False) -> str:
-  """A launcher's ``--help``: ``doc``, its flags, and every field of its ``--config``.
-
-  Args:
-    flag_values: absl's parsed ``flags.FLAGS``.
-    doc: the launcher's docstring.
-    full: list every module's flags (absl's ``--verbosity``, orbax's, ...) too (``--helpfull``).
-  """
-  # Ours only: the packages a launcher imports (orbax, JAX) define flags of their own.
+  """A launcher's ``--help``: ``doc``, its flags, and every field of its ``--config``;
+  ``full`` (``--helpfull``) adds the libraries' flags (absl's ``--verbosity``, orbax's...)."""
   shown = [m for m in flag_values.flags_by_module_dict() if full or m.startswith("top1_jax")]
   parts = [(doc or "").strip(), *(flag_values.module_help(m) for m in shown)]
   if "config" in flag_values and flag_values["config"].value is not None:

@@ -1,17 +1,9 @@
 """Merging the results of several runs of one sweep (one per seed): mean ± std across runs.
 
-Each run's ``results.csv`` holds one tidy row per sweep point (a predictions file,
-score, Top-k event, estimator and bin count) with every metric's mean and std over
-cross-validation splits. A point is identified across runs by ``KEY_COLUMNS``,
-which leave out what differs from run to run (``seed``, and ``source``, the file
-name, which carries the seed). Merging gives one row per point with the mean over
-runs of the per-run means and their spread across runs: the "± std across seeds"
-that papers report. ``merge_comparison`` and ``merge_selective`` do the same for
-each run's Table 1 and selective-prediction rows (results.json's ``comparison`` and
-``selective``), a row being its file's ``SETTINGS`` and what the row is of (a
-variant, a target accuracy), and ``count_runs`` counts the runs merged (a work
-dir of a seed sweep holds several). Rows in, rows out: reading and writing files
-is ``io.results``' and the launcher's job.
+A sweep point is matched across runs by ``KEY_COLUMNS`` (not ``seed`` nor ``source``, whose
+file name carries the seed); each merged metric is the mean of the runs' means over splits
+and its std across runs, the "± std across seeds" papers report. Table 1 and the selective
+rows merge the same way (``merge_comparison``, ``merge_selective``).
 """
 
 from collections.abc import Mapping, Sequence
@@ -24,10 +16,8 @@ from top1_jax.evaluation import crossval
 from top1_jax.io import results
 from top1_jax.pipeline import tables
 
-COLUMNS = tables.COLUMNS
-
-KEY_COLUMNS = tuple(c for c in COLUMNS if c not in ("seed", "source"))
-"""The columns that identify a sweep point across runs (all of ``COLUMNS`` but seed and source)."""
+KEY_COLUMNS = tuple(c for c in tables.COLUMNS if c not in ("seed", "source"))
+"""The columns that identify a sweep point across runs."""
 
 SETTINGS = tuple(
   c for c in KEY_COLUMNS if c not in ("score", "topk", "estimator", "n_bins", "alpha")
@@ -47,11 +37,7 @@ def _run_names(num_runs: int, names: Sequence[str] | None) -> list[str]:
 
 
 def check_configs(configs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> None:
-  """Refuses runs whose cross-validation differs (``SHARED_CONFIG``), naming both runs.
-
-  Raises:
-    ValueError: two runs differ in one of ``SHARED_CONFIG``.
-  """
+  """Refuses (ValueError) runs whose cross-validation differs (``SHARED_CONFIG``)."""
   for key in SHARED_CONFIG:
     first = configs[0].get(key)
     for name, config in zip(names[1:], configs[1:], strict=True):
@@ -107,8 +93,8 @@ def _merge_groups(
   undefinable: Sequence[str],
   summed: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-  """Each group's key, ``seeds``, ``num_runs``, its ``summed`` counts added up over the
-  runs, and each metric's mean, ``_std`` across runs and (``undefinable``) ``_num_runs``."""
+  """Each group's key, ``seeds``, ``num_runs``, ``summed`` counts totalled, and each metric's
+  mean, ``_std`` across runs and (``undefinable``) ``_num_runs``."""
   width = max(len(members) for members in groups.values()) if groups else 0
   # [num_points, most runs] per metric, NaN where a run is absent or leaves it undefined.
   per_run = {name: np.full((len(groups), width), np.nan) for name in metrics}
@@ -144,35 +130,23 @@ def merge_runs(
 ) -> list[dict[str, Any]]:
   """One row per sweep point with each metric's mean and std across runs.
 
-  For every metric of ``crossval.METRICS``, ``<name>`` is the mean over runs of
-  the per-run means and ``<name>_std`` the sample standard deviation (ddof=1)
-  of those means across runs: the spread from seed to seed, not over splits.
-  With one run defining a metric its std is None (a sample std needs two
-  values), as is everything about a metric no run defines. A metric a run
-  leaves undefined (None, NaN or infinite, e.g. AUROC on a split of one class)
-  is skipped for that point; for the metrics that can be undefined
-  (``crossval.UNDEFINABLE``) ``<name>_num_runs`` counts the runs that define
-  it, so a mean over fewer runs shows.
-
-  A point is a ``KEY_COLUMNS`` value; its members are the runs' rows, one per
-  seed. Rows without a seed count as their own run's (they cannot be matched),
-  so they are never taken for duplicates.
+  ``<name>_std`` is the sample std (ddof=1) of the runs' means: the spread from seed to
+  seed, None with fewer than two runs defining it. A run's undefined value (None, NaN,
+  inf) is skipped; for ``crossval.UNDEFINABLE`` metrics ``<name>_num_runs`` counts the
+  runs that define it. Rows without a seed count as their own run's.
 
   Args:
-    runs: each run's rows (``io.results.read_results``): dicts holding
-      ``KEY_COLUMNS``, ``seed`` and metric columns (None where undefined).
+    runs: each run's rows (``io.results.read_results``), None where undefined.
     names: each run's name (its work dir) for error messages.
-    configs: each run's ``results.json`` config; when given, runs must agree
-      on ``SHARED_CONFIG``.
+    configs: each run's ``results.json`` config; runs must agree on ``SHARED_CONFIG``.
 
   Returns:
-    Rows in order of first appearance: ``KEY_COLUMNS``, ``seeds`` (the distinct
-    seeds, e.g. "0,1,2"; None when no row has one), ``num_runs``, then for each
-    metric ``<name>``, ``<name>_std`` and for the undefinable ones ``<name>_num_runs``.
+    Rows in order of first appearance: ``KEY_COLUMNS``, ``seeds`` ("0,1,2"; None without
+    seeds), ``num_runs``, then each metric, its ``_std`` and (undefinable) ``_num_runs``.
 
   Raises:
-    ValueError: no runs, a row without a key column, the same seed of a point
-      twice (the same run merged twice), or runs whose configs differ.
+    ValueError: no runs, a row without a key column, the same seed of a point twice (a
+      run merged twice), or runs whose configs differ.
   """
   if not runs:
     raise ValueError("runs: expected at least one run's rows, got none")
@@ -187,9 +161,8 @@ def merge_runs(
 
 
 def count_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> int:
-  """How many runs ``runs`` (each work dir's rows) hold: its distinct seeds, per work
-  dir, with a work dir's rows without a seed one run. A work dir of a seed sweep
-  (``--config.seeds=(0,1)``) holds several; ``num_runs`` of a point counts them too."""
+  """How many runs the work dirs' rows hold: each dir's distinct seeds (a seed sweep's dir
+  holds several), rows without a seed one run."""
   return sum(
     len({row.get("seed") for row in rows} - {None}) + any(row.get("seed") is None for row in rows)
     for rows in runs
@@ -208,36 +181,23 @@ def describe_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> str:
 # --------------------------------------------------------------------------- Table 1, selective
 
 COMPARISON_KEY = (
-  "variant",
-  "top1_score",
-  "top1_estimator",
-  "top1_n_bins",
-  "ece_bins",
-  "toplabel_points_per_bin",
-  "toplabel_num_classes",
-)
+  "variant", "top1_score", "top1_estimator", "top1_n_bins", "ece_bins",
+  "toplabel_points_per_bin", "toplabel_num_classes",
+)  # fmt: skip
 """What identifies a Table-1 row of a file (beside the file's ``SETTINGS``)."""
 
 COMPARISON_METRICS = (
-  "multiclass_brier",
-  "raw_top1_brier",
-  "top1_binned_brier",
-  "confidence_ece",
-  "top1_binned_ece",
-  "temperature",
-  "toplabel_classes_with_own_bins",
-)
+  "multiclass_brier", "raw_top1_brier", "top1_binned_brier", "confidence_ece",
+  "top1_binned_ece", "temperature", "toplabel_classes_with_own_bins",
+)  # fmt: skip
 """Table 1's numbers (``sweep.runner.table1``), each a mean over a run's splits."""
 
 SELECTIVE_KEY = ("score", "n_bins", "delta", "order", "target_accuracy")
 """What identifies a selective-prediction row of a file (beside the file's ``SETTINGS``)."""
 
 SELECTIVE_METRICS = (
-  "guaranteed_accuracy",
-  "calibration_coverage",
-  "test_coverage",
-  "test_accuracy",
-)
+  "guaranteed_accuracy", "calibration_coverage", "test_coverage", "test_accuracy"
+)  # fmt: skip
 """The selective rows' means over a run's splits (``sweep.runner.selective_rows``)."""
 
 SELECTIVE_UNDEFINED = ("guaranteed_accuracy", "test_accuracy")
@@ -248,9 +208,8 @@ SELECTIVE_COUNTS = ("num_splits", "num_empty", "num_below_target")
 
 
 def _with_settings(rows, tables_rows, name: str, what: str) -> list[dict[str, Any]]:
-  """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed``, found by ``source``
-  among the run's results.csv ``rows`` (the table rows name only the file, whose name
-  carries the seed)."""
+  """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed``, from the results.csv
+  row of the same ``source``."""
   files = {row["source"]: row for row in rows if row.get("source") is not None}
   out = []
   for index, row in enumerate(tables_rows):
@@ -286,25 +245,11 @@ def merge_comparison(
   *,
   names: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-  """Table 1 of merged runs: each row's numbers as mean and std across runs.
+  """Table 1 of merged runs, keyed by ``SETTINGS`` and ``COMPARISON_KEY``: each of
+  ``COMPARISON_METRICS`` as mean and ``_std`` across runs (as ``merge_runs``).
 
-  A row is a file's settings (``SETTINGS``, from its run's results.csv row of the
-  same ``source``) and ``COMPARISON_KEY``; each of ``COMPARISON_METRICS`` gets
-  ``<name>`` (mean over runs) and ``<name>_std`` (ddof=1; None for one run or
-  where no run defines it, as top-label binning's ``multiclass_brier``).
-
-  Args:
-    runs: each run's results.csv rows (``merge_runs``' input): a file's settings.
-    comparisons: each run's Table 1 (``io.results.read_tables``; ``runner.table1``).
-    names: each run's name, for errors.
-
-  Returns:
-    Rows in order of first appearance: ``SETTINGS``, ``COMPARISON_KEY``, ``seeds``,
-    ``num_runs``, then each metric and its ``_std``.
-
-  Raises:
-    ValueError: a row of a file the run's results.csv does not hold, or the same
-      seed of a row twice.
+  ``runs`` are the runs' results.csv rows (each file's settings), ``comparisons`` their
+  Table 1 (``io.results.read_tables``). ValueError for a row of a file results.csv lacks.
   """
   return _merge_table(
     runs, comparisons, names, "comparison", COMPARISON_KEY,
@@ -318,13 +263,8 @@ def merge_selective(
   *,
   names: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-  """The selective-prediction rows of merged runs: mean and std across runs.
-
-  As ``merge_comparison``, keyed by ``SELECTIVE_KEY``: ``SELECTIVE_METRICS`` as
-  mean and ``_std`` (and ``_num_runs`` for ``SELECTIVE_UNDEFINED``: the runs in
-  which some split selected something), ``SELECTIVE_COUNTS`` summed over runs.
-  Each run's ``per_split`` is left out.
-  """
+  """The selective rows of merged runs, as ``merge_comparison`` keyed by ``SELECTIVE_KEY``;
+  ``SELECTIVE_COUNTS`` are summed over runs, each run's ``per_split`` left out."""
   return _merge_table(
     runs, selective, names, "selective", SELECTIVE_KEY, metrics=SELECTIVE_METRICS,
     undefinable=SELECTIVE_UNDEFINED, summed=SELECTIVE_COUNTS,
@@ -337,8 +277,7 @@ def merge_tables(
   *,
   names: Sequence[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-  """``{"comparison": merge_comparison(...), "selective": merge_selective(...)}`` of each
-  run's tables (``io.results.read_tables``: a dict of both; a missing one is empty)."""
+  """``{"comparison": ..., "selective": ...}`` merged from each run's ``read_tables``."""
   return {
     name: merge(
       runs, [tables_of_run.get(name, []) for tables_of_run in tables_of_runs], names=names
@@ -351,8 +290,7 @@ def merge_tables(
 
 
 def _mean_std(row: Mapping[str, Any], name: str, digits: int | None, scale: float = 1.0) -> str:
-  """A merged cell (``tables.Value``): "mean ± std", "(k/n)" where k of n runs define it;
-  ``digits`` None: three significant digits."""
+  """A merged cell (``tables.Value``): "mean ± std", with "(k/n)" where k of n runs define it."""
   mean, std = row.get(name), row.get(f"{name}_std")
   if mean is None:
     return "–"
@@ -370,15 +308,13 @@ def _mean_std(row: Mapping[str, Any], name: str, digits: int | None, scale: floa
 
 
 def _varying(rows: Sequence[Mapping[str, Any]]) -> set[str]:
-  """The settings that differ between rows, and so must be named in a row's label."""
-  # Not the seed: merged rows are means over seeds.
+  """The settings a row's label must name (not the seed: merged rows are means over seeds)."""
   varying = tables.varying(rows, ("dataset", "model", "train_dropout_rate"))
   mc_rows = [r for r in rows if r["method"] == "mc_dropout"]
   return varying | tables.varying(mc_rows, ("num_samples",))
 
 
 def _labelled(rows: Sequence[Mapping[str, Any]], varying: set[str]) -> list[dict[str, Any]]:
-  """Merged Table-1 or selective rows with the ``label`` their tables show."""
   out = []
   for row in rows:
     label = tables.row_label(row, varying)
@@ -393,21 +329,11 @@ def markdown(
   comparison: Sequence[Mapping[str, Any]] = (),
   selective: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-  """Merged rows as Markdown: one table per (Top-k, bin count), Table 1, selective rows.
+  """Merged rows as Markdown: a table per (Top-k, bin count), then Table 1, selective rows
+  and prediction sets when given; "" for no rows.
 
-  Each cell is the mean ± std across runs (ddof=1; the mean alone for one
-  run), "–" where no run defines the metric, and "(k/n)" where k of the n runs
-  define it. ECE is in percent.
-
-  Args:
-    rows: ``merge_runs``.
-    comparison: ``merge_comparison`` (none: no Table 1).
-    selective: ``merge_selective`` (none: no selective table).
-
-  Returns:
-    The tables, each under a "### Top-k, n bins" heading, then "## Benchmark metrics
-    vs Top-1 binning" and "## Selective prediction with a guarantee" (as a run's
-    results.md, with a ``runs`` column); an empty string for no rows.
+  Cells are mean ± std across runs, "–" where no run defines the metric, "(k/n)" where k of
+  the n runs do; ECE in percent.
   """
   everything = [*rows, *comparison, *selective]
   varying = _varying(everything) if everything else set()
@@ -447,12 +373,10 @@ def markdown(
 
 
 def run(workdirs: list[str], out) -> str:
-  """The aggregate stage: the runs of ``workdirs`` (paths or globs) merged into ``out``:
-  aggregate.csv (one tidy row per sweep point: the key columns, seeds, num_runs, each
-  metric's mean and std across runs), aggregate_comparison.csv and aggregate_selective.csv
-  (Table 1 and the selective rows, where the runs hold them), aggregate.md, aggregate.json,
-  figures/dropout_rate_top<k>.png when MC dropout was swept, and index.html. Returns a
-  line saying what was merged into which files."""
+  """The aggregate stage: the runs of ``workdirs`` (paths or globs) merged into ``out``
+  (aggregate.{csv,md,json}, aggregate_<table>.csv, dropout-rate figures, index.html).
+
+  Returns a line saying what was merged into which files."""
   from absl import logging
 
   from top1_jax.io import files

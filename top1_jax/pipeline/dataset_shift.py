@@ -1,24 +1,9 @@
-"""Dataset shift (Ovadia et al. 2019): the shifted sets, their images, and the protocol's tables.
+"""Dataset shift (Ovadia et al. 2019): every method calibrated on clean data, tested shifted.
 
-The protocol: every method is calibrated on the clean calibration part of a split and
-applied unchanged to the test part of each shifted set, whose examples are the same
-ones transformed (``evaluation.shift``). A *set* is a shift and an intensity:
-
-* ``clean`` (severity 0): the first ``shift_examples`` test images as they are;
-* ``rotate`` (degrees) and ``translate`` (pixels): Ovadia et al.'s MNIST shifts
-  (``engine.shifts``);
-* a corruption of ``engine.corruptions`` at intensity 1-5 (CIFAR-10-C's parameters);
-* ``ood_<name>``: images from outside the label set (``io.ood_sets``), as many as
-  the clean set (fewer if the set is smaller); their labels are placeholders.
-
-The shift stage (``run``) reuses the training points' networks from the work dir (it
-trains them when missing), predicts each set with every prediction job of a training
-point into ``<workdir>/shift/predictions/<point>/<set>/<kind>.npz`` (meta ``shift``,
-``severity``, ``ood``), then evaluates: every method is fitted on the clean calibration
-part of each split and scored on the same examples shifted (``evaluation.protocol``), into
-``<workdir>/shift/``: results.{csv,md,json}, ood.csv, figures/ and index.html. The evaluate
-stage takes a user's own files with such meta the same way (``shift_inputs``,
-``evaluate_files``).
+A set is ``clean``, a rotation (degrees) or translation (pixels), a corruption at intensity
+1-5, or ``ood_<name>`` (images outside the label set; placeholder labels). ``run`` trains or
+reuses the networks, predicts every set into ``<workdir>/shift/predictions/`` and evaluates
+them into ``<workdir>/shift/`` (results.{csv,md,json}, ood.csv, figures/, index.html).
 """
 
 import dataclasses
@@ -114,12 +99,10 @@ def make_images(shift_set: ShiftSet, images: np.ndarray, seed: int) -> np.ndarra
   return np.asarray(corruptions.corrupt(shift_set.shift, images, key, int(shift_set.severity)))
 
 
-# The protocol over predictions files: a group is one method of one training point (or one
-# user's model), its clean file, its shifted files and its OOD files.
-
-
 @dataclasses.dataclass
 class Group:
+  """One method of one model: its clean file, shifted files and OOD files."""
+
   clean: sources.Source
   shifted: list = dataclasses.field(default_factory=list)
   ood: list = dataclasses.field(default_factory=list)
@@ -141,24 +124,23 @@ def group_sources(found: Sequence[sources.Source]) -> list[Group]:
   group with one clean file whose labels its shifted files share. A user's shifted file
   (named ``shifted/...``) must say in its meta what shift it holds."""
   groups: dict[tuple, Group] = {}
-  for source in found:
-    if _is_clean(source) and source.name.startswith(sources.SHIFTED):
+  for source in filter(_is_clean, found):
+    if source.name.startswith(sources.SHIFTED):
       raise SettingError(
         f"shift_inputs: {source.path} names no shift in its meta (a shifted file's meta holds "
         '"shift" and "severity", or "ood": true); without them it would read as a second clean '
         "set"
       )
-    if _is_clean(source):
-      if _key(source) in groups:
-        raise SettingError(
-          f"inputs: {source.name} and {groups[_key(source)].clean.name} are both clean files "
-          "of one model and method; give one clean file per model"
-        )
-      groups[_key(source)] = Group(source)
+    if _key(source) in groups:
+      raise SettingError(
+        f"inputs: {source.name} and {groups[_key(source)].clean.name} are both clean files "
+        "of one model and method; give one clean file per model"
+      )
+    groups[_key(source)] = Group(source)
   for source in found:
-    group = groups.get(_key(source))
     if _is_clean(source):
       continue
+    group = groups.get(_key(source))
     if group is None:
       raise SettingError(
         f"shift_inputs: {source.name} has no clean file of the same model and method "
@@ -178,8 +160,8 @@ def group_sources(found: Sequence[sources.Source]) -> list[Group]:
 
 
 def _score_names(settings: Settings, source: sources.Source) -> list[str]:
-  """The clean file's Top-1 scores that a model has on any input: not the oracle (it
-  reads the labels, meaningless on OOD inputs) nor human ones; ``settings.scores``'."""
+  """The clean file's scores of ``settings.scores`` that exist on any input (no oracle, no
+  human ones: they need labels)."""
   wanted = tuple(settings.scores)
   names = []
   for name in source.scores:
@@ -293,11 +275,9 @@ def _accuracy_rows(settings: Settings, group: Group, names: list[str]) -> list[d
 
 
 def evaluate(settings: Settings, found: Sequence[sources.Source], log: Callable = print) -> dict:
-  """Every group's rows under shift (``rows``: results.csv's, with ``label``), OOD rows
-  (``ood_rows``: ood.csv's), the OOD histograms' P(correct) (``histograms``: by OOD
-  row's source, score and estimator, the clean test part's and the OOD set's, both
-  from the first split's calibration), the rows after m labels (``recalibration_rows``)
-  and the label-free accuracy estimates (``accuracy_rows``)."""
+  """Every group's tables: ``rows`` (results.csv's, with ``label``), ``ood_rows``,
+  ``histograms`` (OOD and clean P(correct) of the first split, by OOD row's source, score
+  and estimator), ``recalibration_rows``, ``accuracy_rows`` and ``set_rows``."""
   estimators = settings.shift_estimators
   records, ood_rows, histograms = [], [], {}
   recalibrated, accuracies, set_rows = [], [], []
@@ -326,12 +306,10 @@ def evaluate(settings: Settings, found: Sequence[sources.Source], log: Callable 
 
 
 def _model(row: dict) -> tuple:
-  """The trained model a row belongs to: its dataset, model, train dropout rate and seed."""
-  return tuple(row[c] for c in tables.TRAINING)
+  return tuple(row[c] for c in tables.TRAINING)  # dataset, model, train dropout rate, seed
 
 
 def _models(rows: list[dict]) -> dict[tuple, list[dict]]:
-  """Rows by trained model (dataset, model, train dropout rate, seed)."""
   by_model: dict[tuple, list[dict]] = {}
   for row in rows:
     by_model.setdefault(_model(row), []).append(row)
@@ -381,7 +359,6 @@ def markdown(settings: Settings, evaluated: dict) -> str:
 
 
 def _sets_markdown(rows: list[dict]) -> list[str]:
-  """Coverage and size of the prediction sets at each set (clean, each shift)."""
   if not rows:
     return []
   lines = ["| method | set method | alpha | set | coverage | mean size |"]
@@ -400,7 +377,6 @@ def _sets_markdown(rows: list[dict]) -> list[str]:
 
 
 def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
-  """results.md's lines of one model's recalibration.csv rows (none without rows)."""
   text = []
   for label in dict.fromkeys(r["label"] for r in rows):
     mine = [r for r in rows if r["label"] == label]
@@ -421,7 +397,6 @@ def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
 
 
 def _accuracy_markdown(rows: list[dict]) -> list[str]:
-  """results.md's lines of one model's accuracy_estimates.csv rows (none without rows)."""
   text = []
   titles = {name: e.title for name, e in accuracy_estimates.ESTIMATORS.items()}
   for label in dict.fromkeys(r["label"] for r in rows):
@@ -432,9 +407,8 @@ def _accuracy_markdown(rows: list[dict]) -> list[str]:
 
 
 def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
-  """``plots.write_shift_figures``' panels: per model, its rows, the variants, the OOD
-  histograms' P(correct) (each variant's OOD predictions, and on the clean test parts),
-  and its recalibration and accuracy-estimate rows by method (label -> rows)."""
+  """``plots.write_shift_figures``' panels: per model, its rows, variants, OOD histograms'
+  P(correct) by variant, and its recalibration and accuracy rows by label."""
   by_model = _models(evaluated["rows"])
   panels = []
   for key, model_rows in by_model.items():
@@ -459,20 +433,14 @@ def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
 
 
 def write(folder, settings: Settings, evaluated: dict) -> None:
-  """results.{csv,json,md}, ood.csv, recalibration.csv and accuracy_estimates.csv into
-  ``folder`` (atomically)."""
-  both = evaluated["rows"] + evaluated["set_rows"]
-  files.write_csv(
-    folder / "results.csv", [{k: v for k, v in r.items() if k != "label"} for r in both]
-  )
+  """results.{csv,json,md}, ood.csv, recalibration.csv and accuracy_estimates.csv, atomically."""
+  unlabelled = lambda rows: [{k: v for k, v in r.items() if k != "label"} for r in rows]
+  files.write_csv(folder / "results.csv", unlabelled(evaluated["rows"] + evaluated["set_rows"]))
   files.write_csv(folder / "ood.csv", evaluated["ood_rows"])
-  summary = {
-    "results": evaluated["rows"],
-    "ood": evaluated["ood_rows"],
-    "sets": evaluated["set_rows"],
-  }
+  summary = {"results": evaluated["rows"], "ood": evaluated["ood_rows"]}
+  summary["sets"] = evaluated["set_rows"]
   for name, stem in CSV_NAMES.items():
-    written = [{k: v for k, v in r.items() if k != "label"} for r in evaluated[f"{name}_rows"]]
+    written = unlabelled(evaluated[f"{name}_rows"])
     files.write_csv(folder / f"{stem}.csv", written)
     summary[stem] = written
   files.write_json(folder / "results.json", summary)
@@ -480,8 +448,8 @@ def write(folder, settings: Settings, evaluated: dict) -> None:
 
 
 def evaluate_files(settings: Settings, asked, folder) -> dict:
-  """The protocol over the files ``asked`` ((name, path): clean, shifted and OOD files), its
-  tables, figures and index.html into ``folder``; returns the seconds of each step."""
+  """The protocol over ``asked`` ((name, path) of clean, shifted and OOD files) into
+  ``folder``; returns the seconds of each step."""
   timings: dict[str, float] = {}
   sources.check_present(asked)
   found = [sources.Source(name, path, settings, timings) for name, path in asked]
@@ -502,8 +470,7 @@ def evaluate_files(settings: Settings, asked, folder) -> dict:
     tic = time.perf_counter()
     with plots.rendering():
       written = plots.write_shift_figures(folder, figure_data(evaluated, settings.compare_bins))
-    timings["figures"] = time.perf_counter() - tic
-    seconds = timings["figures"]
+    seconds = timings["figures"] = time.perf_counter() - tic
     logging.info("shift: %d figures in %s (%.1f s)", len(written), folder / "figures", seconds)
     pages.write_shift_page(settings, folder, timings)
   return timings
@@ -538,7 +505,7 @@ def _predict_sets(settings, workdir, point, pool, out) -> list[tuple[str, object
 
 
 def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
-  """The shift stage: train (or reuse) the networks, predict every set, evaluate (above)."""
+  """The shift stage: train (or reuse) the networks, predict every set, evaluate."""
   from top1_jax.pipeline import training  # Flax
 
   start = time.perf_counter()

@@ -1,10 +1,8 @@
 """What a sweep asks for, as typed jobs made once: networks to train, predictions to write.
 
-A *training point* is one (model, train dropout rate, seed): a base network and a deep
-ensemble. Each point's *prediction jobs* are the plain network, MC dropout at every rate
-and the ensemble. A job carries its values (method, rate, samples, the key it draws
-from) to the stages that run it and to its file's meta; its file name is for people and
-is never parsed back. ``task_share`` is the part of a sweep one task of a job array runs.
+A *training point* (model, train dropout rate, seed) trains a base network and an ensemble;
+its *prediction jobs* are the plain network, MC dropout at every rate and the ensemble. A
+job's values go to its file's meta; its file name is for people, never parsed back.
 """
 
 import dataclasses
@@ -28,8 +26,8 @@ RECIPE_DEFAULTS = {
   "crop_padding": 4,
   "half_precision": "none",
 }
-"""The training recipe's fields at the values that train as before they existed: Adam at a
-constant rate, no weight decay, no augmentation, float32."""
+"""The recipe's fields at the values that train as before they existed (Adam, constant rate,
+float32, no weight decay or augmentation)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +48,8 @@ class PredictionJob:
   """One predictions file of a training point.
 
   Attributes:
-    point: the trained network (and ensemble) it samples.
     method: "deterministic" (one forward pass), "mc_dropout" or "ensemble".
-    dropout_rate: MC dropout's test-time rate (0 otherwise).
-    num_samples: MC dropout's samples (1 otherwise).
     key_index: which MC-dropout key it draws (the rate's position in ``dropout_rates``).
-    ensemble_size: the ensemble's members (0 otherwise).
   """
 
   point: TrainingPoint
@@ -67,8 +61,8 @@ class PredictionJob:
 
   @property
   def kind(self) -> str:
-    """The file's stem: ``deterministic``, ``dropout_0.05``, ``ensemble``. A rate is
-    written as Python's shortest repr of the float, so distinct rates never share one."""
+    """The file's stem: ``deterministic``, ``dropout_0.05`` (the rate's repr: distinct rates
+    never share one), ``ensemble``."""
     if self.method == "mc_dropout":
       return f"dropout_{self.dropout_rate!r}"
     return self.method
@@ -84,8 +78,7 @@ class PredictionJob:
     return "ensemble" if self.method == "ensemble" else "base"
 
   def meta(self, settings: Settings) -> dict:
-    """What its file records (its ``meta``): the tidy results' columns come from here, and
-    ``predict`` rewrites a file whose meta differs."""
+    """Its file's meta: the tidy results' columns, and what ``predict`` checks a file by."""
     meta = {
       "dataset": settings.dataset,
       "split": "test",
@@ -130,13 +123,10 @@ def all_jobs(settings: Settings) -> list[PredictionJob]:
 
 
 def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dict:
-  """What a trained stage (``base`` or ``ensemble``) depends on: training records it and
-  refuses to resume or reuse a stage trained with other settings.
+  """What a trained stage depends on: a stage trained with another is not resumed or reused.
 
-  The recipe's fields (``RECIPE_DEFAULTS``) are recorded only where they differ from
-  their defaults (SGD's ``momentum`` and ``nesterov`` with SGD, ``lr_boundaries`` and
-  ``lr_factor`` with the step schedule, ``crop_padding`` with crops), so a stage trained
-  before they existed keeps its record and is reused."""
+  Recipe fields are recorded only where used and not at their ``RECIPE_DEFAULTS``, so a
+  stage trained before they existed keeps its record."""
   config = {
     "dataset": settings.dataset,
     "limit_train": settings.limit_train,
@@ -162,15 +152,7 @@ def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dic
 
 
 def task_share(items: list, task: tuple[int, int]) -> list:
-  """This task's share of a sweep's units (training points or files) in a job array.
-
-  Args:
-    items: all of the sweep's units, in the same order in every task.
-    task: (task index, number of tasks), e.g. ``(SLURM_ARRAY_TASK_ID, 3)``.
-
-  Returns:
-    every ``number of tasks``-th unit, from the task's index: the tasks split ``items``
-    without overlap, and none is left out.
-  """
+  """This task's share of a sweep's ``items`` (the same order in every task) in a job
+  array: ``task`` is (task index, number of tasks), the shares disjoint and complete."""
   index, count = task
   return items[index::count]

@@ -1,17 +1,8 @@
 """What each stage's results page (``index.html``) shows, from the stage's results data.
 
-A page leads with the answer: each classifier's Top-1 Brier and ECE raw and binned
-(``answer_table``: Table 1's rows), the best row of the sweep by Brier (``best_line``)
-and the key figure; then, folded, every row of the sweep, Table 1, the selective rows,
-the figures, the config fields that apply to the run (``config_fields``) and the
-timings. ``plots.page`` renders it through its template; this module only picks and
-formats (cells as ``tables`` writes them). Every ECE is named by ``metrics.ece_name``.
-
-* ``write_run_page``: the evaluate stage (a user's files, or reproduce's predictions),
-  from the work dir's ``results.json``, ``config.json`` and the timings;
-* ``write_shift_page``: the shift protocol's folder (``results.json`` of its rows and
-  OOD rows);
-* ``write_aggregate_page``: merged runs (their rows, Table 1 and selective rows).
+A page leads with the answer (Table 1's raw -> binned Top-1 Brier and ECE, the sweep's best
+row, the key figure), then, folded, every table, the figures, the config fields the run
+used and the timings. ``plots.page`` renders it; this module only picks and formats.
 """
 
 import dataclasses
@@ -26,9 +17,6 @@ from top1_jax.io import files
 from top1_jax.io import results as results_io
 from top1_jax.pipeline import runs, shift_tables, tables
 from top1_jax.pipeline.settings import Settings
-
-# --------------------------------------------------------------------------- config
-
 
 _GROUP_STARTS = {
   "dataset": "data",
@@ -54,12 +42,8 @@ def _field_groups() -> dict[str, list[str]]:
 
 
 def config_fields(settings: Settings, stage: str) -> list[str]:
-  """The config fields a run of ``stage`` ("evaluate" or "shift") used, in config order.
-
-  A run that trains (reproduce, the shift job) used the data, training and prediction
-  fields and not ``inputs``; an evaluation of a user's files used ``inputs`` (with
-  ``labels`` for one array) and the first seed, and no training field.
-  """
+  """The config fields a run of ``stage`` ("evaluate" or "shift") used, in config order
+  (a user's files: ``inputs`` and the first seed, no training field)."""
   groups = _field_groups()
   if settings.inputs:
     names = ["dataset", "seeds", "inputs", "input_kind"]
@@ -78,15 +62,11 @@ def config_fields(settings: Settings, stage: str) -> list[str]:
 
 
 def _config(folder, settings: Settings, stage: str) -> dict[str, Any]:
-  """The command (config.json's; the shift folder of an evaluate run has none of its own,
-  its work dir's) and the config fields that apply to the run."""
+  """The command (config.json's, else the parent work dir's) and the run's config fields."""
   record = files.read_json(folder / "config.json") or files.read_json(folder.parent / "config.json")
   config = runs.config_json(settings)
   fields = {name: config[name] for name in config_fields(settings, stage) if name in config}
   return {"command": (record or {}).get("command", ""), **fields}
-
-
-# --------------------------------------------------------------------------- cells
 
 
 def _with_std(row: Mapping[str, Any], name: str, digits: int | None, scale: float = 1.0) -> str:
@@ -106,9 +86,6 @@ def _ece(n_bins: int | str, binning: str = "equal-mass", **kind) -> str:
   return metrics.ece_name(n_bins, binning, calibration=calibration, percent=True, **kind)
 
 
-# --------------------------------------------------------------------------- tables
-
-
 _FILE_SETTINGS = tuple(
   c
   for c in results_io.COLUMNS
@@ -117,8 +94,7 @@ _FILE_SETTINGS = tuple(
 
 
 def _file(row: Mapping[str, Any]) -> Any:
-  """Which predictions file a row is of: its ``source`` in a run; across merged runs
-  (which name no file) its settings."""
+  """A row's predictions file: its ``source``, or its settings across merged runs."""
   if row.get("source") is not None:
     return row["source"]
   return tuple(row.get(column) for column in _FILE_SETTINGS)
@@ -153,8 +129,7 @@ def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], val
 
 
 def _binned_ece(row: Mapping[str, Any], value) -> str:
-  """Table 1's binned ECE, "†" on top-label binning's: of equal-width bins (its own
-  bins are per class; ``_top_label_note``)."""
+  """Table 1's binned ECE, "†" on top-label binning's (equal-width: its bins are per class)."""
   cell = value(row, "top1_binned_ece", 2, 100.0)
   return cell + " †" if row.get("top1_estimator") == "toplabel" else cell
 
@@ -228,18 +203,13 @@ def comparison_table(comparison: Sequence[Mapping], value) -> Any:
   header = ["method", "binned score", "multiclass Brier (benchmark)", "Top-1 Brier: raw pmax"]
   header += ["Top-1 Brier: binned", f"{_ece(first['ece_bins'], 'equal-width')}: raw pmax"]
   header += [f"{_ece(first['top1_n_bins'])}: binned"]
-  body = [
-    [
-      _method(r, value),
-      scores.label(r["top1_score"]),
-      value(r, "multiclass_brier", 4, 1.0),
-      value(r, "raw_top1_brier", 4, 1.0),
-      value(r, "top1_binned_brier", 4, 1.0),
-      value(r, "confidence_ece", 2, 100.0),
-      _binned_ece(r, value),
-    ]  # fmt: skip
-    for r in comparison
-  ]
+  body = []
+  for r in comparison:
+    body.append([
+      _method(r, value), scores.label(r["top1_score"]), value(r, "multiclass_brier", 4, 1.0),
+      value(r, "raw_top1_brier", 4, 1.0), value(r, "top1_binned_brier", 4, 1.0),
+      value(r, "confidence_ece", 2, 100.0), _binned_ece(r, value),
+    ])  # fmt: skip
   note = tables.COMPARISON_NOTE.replace("*", "") + _top_label_note(comparison)  # no Markdown
   return page.Table("Benchmark metrics vs Top-1 binning (paper Table 1)", header, body, note)
 
@@ -252,19 +222,14 @@ def selective_table(selective: Sequence[Mapping], value) -> Any:
     return None
   header = ["method", "score", "target", "guaranteed accuracy", "test coverage (%)"]
   header += ["test accuracy", "splits: nothing selected", "splits: test accuracy < target"]
-  body = [
-    [
-      r["label"],
-      scores.label(r["score"]),
-      f"{r['target_accuracy']:g}",
-      value(r, "guaranteed_accuracy", 4, 1.0),
-      value(r, "test_coverage", 1, 100.0),
-      value(r, "test_accuracy", 4, 1.0),
-      f"{r['num_empty']}/{r['num_splits']}",
+  body = []
+  for r in selective:
+    body.append([
+      r["label"], scores.label(r["score"]), f"{r['target_accuracy']:g}",
+      value(r, "guaranteed_accuracy", 4, 1.0), value(r, "test_coverage", 1, 100.0),
+      value(r, "test_accuracy", 4, 1.0), f"{r['num_empty']}/{r['num_splits']}",
       f"{r['num_below_target']}/{r['num_splits']}",
-    ]  # fmt: skip
-    for r in selective
-  ]
+    ])  # fmt: skip
   note = (
     f"{selective[0]['n_bins']} bins of each file's headline score; the most confident bins "
     f"whose accuracy is at least the target with probability {1 - selective[0]['delta']:g}."
@@ -279,17 +244,12 @@ def sets_table(rows: Sequence[Mapping], value) -> Any:
   if not rows:
     return None
   header = ["method", "set method", "alpha", "coverage", "mean set size", "SSCV"]
-  body = [
-    [
-      r["label"],
-      r["estimator"],
-      f"{r['alpha']:g}",
-      value(r, "coverage", 3),
-      value(r, "mean_size", 2),
-      value(r, "sscv", 3),
-    ]  # fmt: skip
-    for r in rows
-  ]
+  body = []
+  for r in rows:
+    body.append([
+      r["label"], r["estimator"], f"{r['alpha']:g}", value(r, "coverage", 3),
+      value(r, "mean_size", 2), value(r, "sscv", 3),
+    ])  # fmt: skip
   note = (
     "Split conformal sets fitted on each calibration part, scored on its test part: the "
     "share of labels in their set (>= 1 - alpha by construction), the mean size, and the "
@@ -298,14 +258,22 @@ def sets_table(rows: Sequence[Mapping], value) -> Any:
   return page.Table("Prediction sets with a coverage guarantee", header, body, note)
 
 
-# --------------------------------------------------------------------------- pages
-
-
 _RUN_FILES = ("results.md", "results.csv", "results.json", "config.json", "timings.json")
 
 
 def _present(folder, names: Sequence[str]) -> list[str]:
   return [name for name in names if (folder / name).exists()]
+
+
+def _details(rows, comparison, selective, set_rows, value) -> list:
+  """Every table of the folded details, those with rows."""
+  found = [
+    *sweep_tables(rows, value),
+    comparison_table(comparison, value),
+    selective_table(selective, value),
+    sets_table(set_rows, value),
+  ]
+  return [t for t in found if t]
 
 
 def _accuracy(rows: Sequence[Mapping], value) -> dict[Any, str]:
@@ -332,19 +300,14 @@ def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
     "calibration part and scored on the test part; every number is a mean over the splits."
   )
   answer = answer_table(comparison, _accuracy(rows, tables.run_value), _with_std)
-  details = [
-    *sweep_tables(rows, _with_std),
-    comparison_table(comparison, _with_std),
-    selective_table(data.get("selective") or [], _with_std),
-    sets_table(data.get("sets") or [], _with_std),
-  ]
+  selective, set_rows = data.get("selective") or [], data.get("sets") or []
   return page.write_results_page(
     workdir,
     f"Calibrated Top-k bins: {dataset}",
     intro=intro,
-    answer=[t for t in (answer,) if t],
+    answer=[answer] if answer else [],
     findings=[best_line(rows, _with_std, comparison)],
-    details=[t for t in details if t],
+    details=_details(rows, comparison, selective, set_rows, _with_std),
     figures=None if settings.figures else [],
     config=_config(workdir, settings, "evaluate"),
     timings=timings,
@@ -361,20 +324,14 @@ def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs
   set_rows = [r for r in rows if r.get("alpha") is not None]  # prediction sets'
   rows = [r for r in rows if r.get("alpha") is None]
   answer = answer_table(comparison, _accuracy(rows, value), value)
-  details = [
-    *sweep_tables(rows, value),
-    comparison_table(comparison, value),
-    selective_table(merged.get("selective") or [], value),
-    sets_table(set_rows, value),
-  ]
   names = ("aggregate.md", "aggregate.csv", "aggregate.json")
   return page.write_results_page(
     out,
     title,
     intro=tables.ACROSS_RUNS,
-    answer=[t for t in (answer,) if t],
+    answer=[answer] if answer else [],
     findings=[best_line(rows, value, comparison)],
-    details=[t for t in details if t],
+    details=_details(rows, comparison, merged.get("selective") or [], set_rows, value),
     figures=figures,
     config={"inputs": inputs["inputs"], "num_runs": inputs["num_runs"]},
     links=_present(out, names),
@@ -398,8 +355,8 @@ def _clean(rows, selector, metric: str) -> float | None:
 
 
 def shift_answer(rows: Sequence[Mapping], n_bins: int, title: str) -> tuple[Any, str]:
-  """Per variant: accuracy, Brier and ECE on the clean set and their means over the shifted
-  sets; and which variant has the lowest mean Brier under shift."""
+  """Per variant: accuracy, Brier and ECE clean and their means over the shifted sets; and
+  the line naming the lowest mean Brier under shift."""
   from top1_jax.plots import page
 
   ece = _ece(n_bins)

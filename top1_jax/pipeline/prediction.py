@@ -1,10 +1,8 @@
 """The predict stage: each training point's predictions files, one per prediction job.
 
-``predictions/<point>/deterministic.npz`` (logits, S = 1), ``dropout_<rate>.npz`` (mean
-probabilities and the scores computed on device, or all S samples with
-``keep_samples``) and ``ensemble.npz`` (the members' logits). MC dropout is sharded over
-all processes' devices, chunked (``chunk_size``), so [S, N, K] never has to fit in
-memory. A file that exists and matches its job is skipped.
+``predictions/<point>/deterministic.npz`` (logits), ``dropout_<rate>.npz`` (mean probabilities
+and on-device scores, or all S samples with ``keep_samples``) and ``ensemble.npz``. MC dropout
+is sharded and chunked, so [S, N, K] never has to fit in memory. Current files are skipped.
 """
 
 import time
@@ -54,8 +52,8 @@ def predict_images(
 ) -> predictions_lib.Predictions:
   """One predictions file's contents for ``job`` on images ``x``.
 
-  ``states(stage)`` gives the trained state; ``key_index`` adds to MC dropout's keys (0:
-  the main job's; the shift job gives each set its own, so sets share no masks).
+  ``states(stage)`` gives the trained state; ``key_index`` (the shift job's set) is folded
+  into MC dropout's keys, so sets share no masks (0: the main job's keys).
   """
   state = states(job.stage)
   apply_fn = models.make_apply_fn(state.model)
@@ -74,12 +72,9 @@ def predict_images(
   )  # fmt: skip
   # Scores computed on device in log space keep the precision that a float32 mean
   # probability loses when it saturates at 1.
+  logits = result.logits if settings.keep_samples else None
   return predictions_lib.Predictions(
-    labels=labels,
-    logits=result.logits if settings.keep_samples else None,
-    mean_probs=result.mean_probs,
-    scores=result.scores,
-    meta=meta,
+    labels=labels, logits=logits, mean_probs=result.mean_probs, scores=result.scores, meta=meta
   )
 
 
@@ -97,22 +92,16 @@ def trained_states(settings: Settings, workdir, point: jobs.TrainingPoint, test_
   return states
 
 
-def path(workdir, job: jobs.PredictionJob):
-  """Where the job's file goes."""
-  return workdir / "predictions" / f"{job.name}.npz"
-
-
 def run(settings: Settings, workdir, tasks=(0, 1), test_split=None) -> None:
-  """The predict stage: every file of this task's training points that is missing or stale.
-
-  ``test_split``: the test split when already loaded; else read here."""
+  """The predict stage: every missing or stale file of this task's training points
+  (``test_split``: the test split if already loaded)."""
   if test_split is None:
     sweep_data.check(settings, ("test",))
     test_split = sweep_data.load(settings, "test")
   for point in jobs.task_share(jobs.training_points(settings), tasks):
     states = trained_states(settings, workdir, point, test_split)
     for job in jobs.prediction_jobs(settings, point):
-      target, meta = path(workdir, job), job.meta(settings)
+      target, meta = workdir / "predictions" / f"{job.name}.npz", job.meta(settings)
       if is_current(target, meta):
         logging.info("predict: %s done already, skipping", job.name)
         continue

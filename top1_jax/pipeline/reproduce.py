@@ -1,13 +1,8 @@
 """The main job: train, predict and evaluate, each stage skipped where its outputs exist.
 
-1. train each (model, train dropout rate, seed): a base network and a deep ensemble;
-2. predict: the plain network, MC dropout at every rate, the ensemble;
-3. evaluate: every score x bin count x Top-k over calibration/test splits, then
-   results.{json,csv,md}, figures/, timings.json and index.html.
-
-Every setting is checked, against the others and the test split's size, before stage 1
-(``check``). With several tasks (a job array), each runs its share of the training
-points; a final run with one task (or the evaluate stage) writes the tables.
+Every setting is checked before training. The evaluate stage writes results.{json,csv,md},
+figures/, timings.json and index.html; with several tasks (a job array) each runs its share
+of the training points, and a final run with one task writes the tables.
 """
 
 import time

@@ -17,8 +17,7 @@ from top1_jax.version import __version__
 
 
 class RunError(ValueError):
-  """A problem with the work dir the user can fix (another sweep's files, a missing stage):
-  printed as one line."""
+  """A work dir problem the user can fix (another sweep's files, a missing stage)."""
 
 
 def is_writer() -> bool:
@@ -52,11 +51,8 @@ def record(settings: Settings, command: str) -> dict:
 
 
 def record_sweep(settings: Settings, workdir, names: list[str], command: str, tasks) -> None:
-  """config.json and manifest.json: what this sweep asks for, and a word on what it replaces.
-
-  Files of an earlier sweep in the same work dir stay on disk but are never reported.
-  Tasks of one sweep (``--num_tasks``) must share its config.
-  """
+  """config.json and manifest.json: what this sweep asks for, and a warning on what it
+  replaces (left on disk, never reported); a sweep's tasks must share one config."""
   manifest = {"config": config_json(settings), "files": names}
   before = files.read_json(workdir / "manifest.json")
   if before is not None and before != manifest:

@@ -1,14 +1,8 @@
 """A run's settings: every field of a config, typed and checked once, with its rule beside it.
 
-``parse(config)`` turns an ``ml_collections`` config (``configs/default.py`` explains
-every field) into ``Settings``, a frozen dataclass whose every field is typed. Each field
-carries its constraint as data (``Rule``, in the spirit of scikit-learn's
-``_parameter_constraints``); rules that tie fields together are the functions of
-``_TOGETHER``. A value that breaks a rule is a ``SettingError`` of one line starting
-with the field's name. Everything downstream trusts a ``Settings``.
-
-``check_examples`` checks the settings against the test examples once they are known
-(their number and classes).
+``parse`` turns a config (``configs/default.py``) into a frozen ``Settings``; each field's
+constraint is data (``Rule``), rules tying fields together are ``_TOGETHER``'s functions.
+A broken rule is a one-line ``SettingError`` starting with the field's name.
 """
 
 import dataclasses
@@ -50,14 +44,10 @@ class Rule:
 
   Attributes:
     kind: the type of the value (of each item when ``many``): int, float, str or bool.
-    low, high: bounds of a number; ``low`` inclusive unless ``above``, ``high`` exclusive
-      unless ``up_to``.
+    low, high: bounds; ``low`` inclusive unless ``above``, ``high`` exclusive unless ``up_to``.
     names: the allowed strings, or a function giving them (a registry read at check time).
-    many: a tuple of values (a command line's ``(a,b)`` or ``a,b`` is split).
-    empty: ``many`` may be empty.
-    optional: None is allowed (an unset field).
-    every: ``many`` names may be ``("all",)``.
-    paths: paths or globs (``paths``).
+    many: a tuple of values (a command line's ``(a,b)`` or ``a,b`` is split); ``empty``: it
+      may be empty; ``every``: its names may be ``("all",)``.
     what: what a message calls the values ("splits": "expected 2 to 127 splits").
   """
 
@@ -155,9 +145,8 @@ def _number(value: float) -> str:
 
 
 def _items(field: str, value) -> tuple:
-  """A tuple field's items; ``(a,b)`` or ``a,b`` given on the command line arrives as one
-  string, split here. Parentheses that do not pair up are refused: ml_collections keeps
-  such an override as text, and ``(0.1`` would otherwise run as 0.1."""
+  """A tuple field's items, a command line's ``(a,b)`` split; unpaired parentheses are refused
+  (ml_collections keeps such an override as text: ``(0.1`` would run as 0.1)."""
   if isinstance(value, str):
     value = (value,)
   out = []
@@ -307,7 +296,7 @@ class Settings:
 
 
 def _corruptions():
-  from top1_jax.engine import corruptions  # jax only
+  from top1_jax.engine import corruptions  # jax: imported when a rule needs the names
 
   return corruptions
 
@@ -328,8 +317,7 @@ def parse(config: Any) -> Settings:
   """Every field of ``config`` parsed by its rule, then the rules that tie fields together.
 
   Args:
-    config: an ``ml_collections.ConfigDict`` of ``configs/default.py``'s fields (or
-      anything with the same fields by item access).
+    config: a ``ConfigDict`` of ``configs/default.py``'s fields (or any item-access mapping).
 
   Raises:
     SettingError: one line starting with the field's name.
@@ -375,14 +363,10 @@ def _recipe(s: Settings) -> Settings:
 
 
 def _models_exist(s: Settings) -> None:
-  """``models``: names of ``engine.models.MODELS``, looked up only for a config that trains.
-
-  Evaluating given files (``inputs``) trains nothing, and must run without Flax
-  (``pip install 'top1_jax[cli]'``), which ``engine.models`` imports.
-  """
+  """``models`` among ``engine.models.MODELS``, checked only for a config that trains."""
   if s.inputs:
     return
-  from top1_jax.engine import models  # Flax: only a config that trains needs it
+  from top1_jax.engine import models  # Flax: evaluating files ([cli] extra) runs without it
 
   if any(m not in models.MODELS for m in s.models):
     fail("models", f"expected names among {', '.join(sorted(models.MODELS))}, got {s.models}")
@@ -429,7 +413,6 @@ def _known_scores(s: Settings) -> None:
 
 
 def _inputs(s: Settings) -> None:
-  """``inputs``, ``input_kind`` and ``labels`` together (``configs/default.py``)."""
   kind = s.input_kind
   if kind == "predictions" or (kind == "auto" and not s.single_input):
     if s.labels:
@@ -485,7 +468,7 @@ def smallest_calibration(settings: Settings, num_examples: int) -> int:
 def check_examples(settings: Settings, num_examples: int, num_classes: int, what: str) -> int:
   """The bins, splits and events against N examples of K classes; returns the figures' bins.
 
-  ``what`` says where N comes from (e.g. ``test examples (limit_test=30)``).
+  ``what`` names the N examples in messages (``test examples (limit_test=30)``).
   """
   if settings.n_folds > num_examples:
     fail(

@@ -1,9 +1,7 @@
-"""The shift protocol's Markdown tables and the methods its tables and figures compare.
+"""The shift protocol's Markdown tables and the methods (*variants*) they compare.
 
-A *variant* is a display label and the column values that pick its rows from the tidy
-rows (``VARIANTS``): Ovadia et al.'s methods (Vanilla, temperature scaling, MC dropout
-and the ensemble, each its own probability as P(correct)) beside the paper's bins and
-the other estimators of the same scores.
+A variant is a display label and the column values that pick its tidy rows (``VARIANTS``):
+Ovadia et al.'s methods, each its own probability as P(correct), beside calibrated scores.
 """
 
 import math
@@ -55,8 +53,8 @@ FIGURE_VARIANTS = (
 def present_variants(
   rows: Sequence[Mapping], n_bins: int, labels: Sequence[str] = tuple(VARIANTS)
 ) -> dict[str, dict]:
-  """The ``VARIANTS`` of ``labels`` that have clean rows at ``n_bins``, each selector with
-  ``n_bins`` and (MC dropout) the smallest dropout rate added: one row per set."""
+  """The ``VARIANTS`` of ``labels`` with clean rows at ``n_bins``; each selector gets
+  ``n_bins`` and (MC dropout) the smallest dropout rate, so it picks one row per set."""
   chosen = {}
   for label in labels:
     selector = VARIANTS[label]
@@ -105,8 +103,8 @@ def _digits(metric: str) -> tuple[float, int]:
 
 
 def _shown(variants: dict, metric: str) -> dict:
-  """The variants a metric's table lists: for accuracy, one per method (a method's
-  accuracy is its own, whatever calibrates it)."""
+  """The variants a metric's table lists: for accuracy, one per method (calibration
+  leaves it unchanged)."""
   if metric != "accuracy":
     return variants
   return {k: v for k, v in variants.items() if v["estimator"] == "raw"} or variants
@@ -154,8 +152,8 @@ def corruption_table(rows, variants, metric: str) -> str:
 
 
 def ood_table(ood_rows, variants) -> str:
-  """Per variant and OOD set: the AUROC of in- vs out-of-distribution by its score, and
-  the mean predicted P(correct) on the OOD inputs beside the clean test inputs'."""
+  """Per variant and OOD set: the in- vs out-of-distribution AUROC of its score and the
+  mean P(correct) on the OOD inputs, beside the clean test inputs'."""
   sets = list(dict.fromkeys(r["shift"] for r in ood_rows))
   header = ["method", "score"]
   for name in sets:
@@ -197,11 +195,8 @@ def _mean_and_worst(values: list, metric: str) -> str:
 
 def labels_needed(rows: Sequence[Mapping], within: float = WITHIN) -> int | None:
   """The fewest labels m at which a method's mean ECE over the shifted sets is within
-  ``within`` of its clean ECE (m = 0 on the clean set); None if no m is.
-
-  Args:
-    rows: one method's recalibration rows (every m, the clean set and the shifted sets).
-  """
+  ``within`` of its clean ECE (m = 0 on the clean set), from its recalibration ``rows``;
+  None if no m is."""
   clean = [r["ece"] for r in rows if r["shift"] == results.CLEAN and r["num_labels"] == 0]
   if not clean or clean[0] is None:
     return None
@@ -214,9 +209,8 @@ def labels_needed(rows: Sequence[Mapping], within: float = WITHIN) -> int | None
 
 
 def recalibration_table(rows: Sequence[Mapping], metric: str) -> str:
-  """Per recalibration (and score) of one model: the metric (ECE in %; Brier, NLL) on the
-  clean set, and its mean (worst) over the shifted sets after each m labels; for the
-  ECE, the fewest m that bring the mean within ``WITHIN`` of the clean ECE."""
+  """Per recalibration and score of one model: ``metric`` on the clean set and its mean
+  (worst) over the shifted sets after each m labels; for the ECE, ``labels_needed``."""
   counts = sorted({r["num_labels"] for r in rows})
   header = ["recalibration", "score", "clean", *(f"m = {m}: mean (worst)" for m in counts)]
   if metric == "ece":
@@ -245,9 +239,9 @@ def _family(row: Mapping) -> str:
 
 
 def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
-  """Per estimator and score of one model: its error on the clean test parts, its mean
-  absolute error (percentage points) over the shifted sets, all and by family, and what
-  it predicts for each OOD set (whose true accuracy is 0)."""
+  """Per estimator and score of one model, in percentage points: its error on the clean
+  set, its mean absolute error over the shifted sets (all and by family), and what it
+  predicts on each OOD set (whose true accuracy is 0)."""
   families = [f for f in dict.fromkeys(map(_family, rows)) if f != results.CLEAN]
   shifted = [f for f in families if not f.startswith("ood_")]
   header = ["estimator", "score", "clean: error", "shifted: MAE", *(f"{f}: MAE" for f in shifted)]
@@ -259,11 +253,8 @@ def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
     clean = [r["error"] for r in mine if _family(r) == results.CLEAN]
     cells.append(tables.cell(100 * clean[0] if clean else None, 2))
     for family in [None, *shifted]:
-      errors = [
-        r["absolute_error"]
-        for r in mine
-        if _family(r) in (shifted if family is None else (family,))
-      ]
+      wanted = shifted if family is None else (family,)
+      errors = [r["absolute_error"] for r in mine if _family(r) in wanted]
       cells.append(tables.cell(100 * float(np.mean(errors)) if errors else None, 2))
     for family in families:
       if family.startswith("ood_"):

@@ -1,31 +1,9 @@
 """The sweep's tables as Markdown, and its tidy rows (formatting only: no files, no maths).
 
-* ``tidy_rows``: one row per (predictions file, score, k, estimator, bin count)
-  with the file's settings as columns (``COLUMNS``) and every metric's mean and
-  std over splits: what results.csv holds.
-* ``row_label``: a row's readable name (``deterministic``, ``dropout 0.05``, ...).
-* ``markdown``, ``comparison_table``, ``selective_table``: results.md's parts.
-
-Names of the methods (results.csv's ``method`` column, and what tables and figures
-show). A file's kind is stored once, as its ``method``, and shown under that name:
-
-* ``deterministic``: one network, one forward pass, no test-time dropout (predict's
-  ``<point>/deterministic.npz``). The same concept has had other names: ``plain``
-  (``io.predictions.from_arrays``' meta for one [N, K] array, and examples users
-  copied) is read as ``deterministic`` (``METHOD_ALIASES``), and tables no longer say
-  "model". Kept as ``deterministic`` so that old work dirs (file names, meta, sweep
-  records, results.csv) read the same.
-* ``mc_dropout``, ``ensemble``: S samples of one network with test-time dropout, or
-  S networks.
-* ``external``: a user's file whose meta names no method. Not the same concept: its
-  kind is unknown (an [N, K] file may be one network or an average of many, an
-  [S, N, K] one MC dropout or an ensemble), so it claims none. The sweep still treats
-  an [N, K] file as one classifier where only the shape matters (Table 1's
-  temperature scaling). ``samples`` (``from_arrays``' meta for [S, N, K] arrays) is
-  likewise a user's samples of unknown kind.
-
-Rows are labelled by their file: MC dropout and ensembles by their rate and size,
-every other file by its name, which for predict's one network is ``deterministic``.
+``tidy_rows`` are results.csv's rows: one per (file, score, k, estimator, bin count), the
+file's settings (``COLUMNS``), then each metric's mean and std over splits. A file's
+``method`` is ``deterministic`` (one network, one pass), ``mc_dropout``, ``ensemble``, or
+``external`` (a user's file whose meta names none: its kind is unknown).
 """
 
 import math
@@ -35,7 +13,7 @@ from top1_jax.core import metrics, scores
 from top1_jax.io import results
 
 COLUMNS = results.COLUMNS
-"""results.csv's settings columns, in order (defined where results.csv is read)."""
+"""results.csv's settings columns, in order."""
 
 DETERMINISTIC = "deterministic"
 """The method of one network without test-time sampling: stored and shown under this name."""
@@ -83,13 +61,8 @@ def _rate(value: float | None) -> str:
 
 
 def row_label(row: dict, varying: set[str] = frozenset()) -> str:
-  """A row's readable name: ``dropout 0.05``, ``ensemble (5)``, or its file's name
-  (``deterministic`` for predict's one network; the method without a ``source``).
-
-  Prefixed with the dataset, model, training dropout rate and seed that are in
-  ``varying`` (when a table mixes them); MC dropout names its sample count when
-  ``num_samples`` is.
-  """
+  """A row's readable name: ``dropout 0.05``, ``ensemble (5)``, or its file's name, prefixed
+  with the settings of ``varying`` (dataset, model, train dropout rate, seed) it names."""
   method = row["method"]
   if method == "mc_dropout":
     label = f"dropout {_rate(row['dropout_rate'])}"
@@ -117,8 +90,7 @@ def varying(columns: list[dict], among: tuple[str, ...] = TRAINING) -> set[str]:
 
 
 def tidy_rows(records: list[dict]) -> list[dict]:
-  """One row per (file, score, k, estimator, bin count): settings, then metrics; ``label``
-  (``row_label``) last, for the tables."""
+  """One row per (file, score, k, estimator, bin count): settings, metrics, then ``label``."""
   mixed = varying([record["columns"] for record in records])
   rows = []
   for record in records:
@@ -188,8 +160,7 @@ DEFAULT_ESTIMATOR = "bins"
 
 
 def estimator_suffix(estimator: str | None, form: str = " [{}]") -> str:
-  """What names an estimator beside a score: nothing for the bins, else ``form`` of it
-  (" [isotonic]" in a table, "__isotonic" in a record's file name)."""
+  """Nothing for the paper's bins, else ``form`` of the estimator (" [isotonic]")."""
   estimator = estimator or DEFAULT_ESTIMATOR
   return "" if estimator == DEFAULT_ESTIMATOR else form.format(estimator)
 
@@ -200,22 +171,14 @@ def score_cell(row: dict) -> str:
 
 
 def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, ...]) -> str:
-  keys = []
-  for r in rows:
-    key = (r["label"], r["score"], r.get("estimator", DEFAULT_ESTIMATOR))
-    if key not in keys:
-      keys.append(key)
+  key = lambda r: (r["label"], r["score"], r.get("estimator", DEFAULT_ESTIMATOR))
   header = "| method | score | " + " | ".join(f"Top-{k}" for k in topks) + " |"
   lines = [header, "|---|---|" + "---:|" * len(topks)]
-  for method, score, estimator in keys:
+  for method, score, estimator in dict.fromkeys(map(key, rows)):
     cells = []
     for k in topks:
-      match = [
-        r
-        for r in rows
-        if (r["label"], r["score"], r.get("estimator", DEFAULT_ESTIMATOR), r["topk"], r["n_bins"])
-        == (method, score, estimator, k, n_bins)
-      ]
+      wanted = (method, score, estimator)
+      match = [r for r in rows if key(r) == wanted and (r["topk"], r["n_bins"]) == (k, n_bins)]
       if not match:
         cells.append("–")
       elif metric == "eor":
@@ -257,8 +220,7 @@ def markdown(rows: list[dict], config: dict, topks: tuple[int, ...], title: str)
 
 
 def variant_label(label: str, variant: str) -> str:
-  """A Table-1 row's name: its file's label, and what was done to its softmax
-  ("deterministic + temperature scaling"); the raw softmax is the label alone."""
+  """A Table-1 row's name: "deterministic + temperature scaling"; raw is the label alone."""
   added = {"temperature": "temperature scaling", "toplabel": "top-label binning"}.get(variant)
   return label if added is None else f"{label} + {added}"
 
@@ -297,11 +259,8 @@ ACROSS_RUNS = (
 def comparison_table(
   comparison: list[dict], *, value: Value = run_value, across_runs: bool = False
 ) -> str:
-  """The paper's Table 1 (``sweep.runner.table1`` rows, each with its ``label``).
-
-  ``value`` formats a cell (``run_value``; merged runs' ``mean ± std``), and
-  ``across_runs`` adds a ``runs`` column (``num_runs``) and says what the cells are.
-  """
+  """The paper's Table 1 (``sweep.runner.table1`` rows with their ``label``); ``value``
+  formats a cell, ``across_runs`` adds a ``runs`` column for merged runs."""
   if not comparison:
     return ""
   n_bins, ece_bins = comparison[0]["top1_n_bins"], comparison[0]["ece_bins"]
@@ -350,8 +309,7 @@ def comparison_table(
 
 
 def _per_class(row: dict, value: Value) -> str:
-  """A top-label row's score suffix: how many classes got bins of their own (a row
-  written before the count was kept has none)."""
+  """A top-label row's score suffix: how many classes got bins of their own, when known."""
   own, num_classes = row.get("toplabel_classes_with_own_bins"), row.get("toplabel_num_classes")
   if own is None or num_classes is None:
     return ", per predicted class"
@@ -362,11 +320,8 @@ def _per_class(row: dict, value: Value) -> str:
 def selective_table(
   rows: list[dict], *, value: Value = run_value, across_runs: bool = False
 ) -> str:
-  """Selective prediction with a guarantee: one line per (file, target accuracy).
-
-  ``value`` and ``across_runs`` as ``comparison_table``; the splits' counts are
-  ``num_empty``, ``num_below_target`` of ``num_splits`` (merged runs: summed).
-  """
+  """Selective prediction with a guarantee: one line per (file, target accuracy);
+  ``value`` and ``across_runs`` as ``comparison_table``."""
   if not rows:
     return ""
   first = rows[0]
@@ -421,9 +376,9 @@ def sets_table(rows: list[dict], *, value: Value = pm_value) -> str:
     "| model | method | alpha | coverage | mean size | SSCV |",
     "|---|---|---:|---:|---:|---:|",
   ]
-  for r in rows:
-    lines.append(
-      f"| {r['label']} | {r['estimator']} | {r['alpha']:g} "
-      f"| {value(r, 'coverage', 3)} | {value(r, 'mean_size', 2)} | {value(r, 'sscv', 3)} |"
-    )
+  lines += [
+    f"| {r['label']} | {r['estimator']} | {r['alpha']:g} "
+    f"| {value(r, 'coverage', 3)} | {value(r, 'mean_size', 2)} | {value(r, 'sscv', 3)} |"
+    for r in rows
+  ]
   return "\n".join(lines)

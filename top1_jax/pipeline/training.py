@@ -1,15 +1,8 @@
 """The train stage: each training point's base network and deep ensemble, resumable.
 
-Training is data-parallel over all processes' devices. The ensemble's members train
-together (one vmapped step) on GPU/TPU and one after the other on CPU
-(``ensemble_strategy``). The optimizer, schedule, augmentation and precision are the
-settings' recipe (``engine.optimizers``, ``augment``, ``train_state``). Checkpoints go
-through orbax's CheckpointManager after every epoch (the last one kept): a killed run
-resumes from it; a finished stage (``train/<point>/<stage>.json``) is skipped, and one
-whose only change is more epochs (``num_epochs``) trains on from its last checkpoint.
-Curves (``engine.monitor``: loss, accuracy, learning rate and examples/s every
-``log_every_steps``, the epoch's means and the test split every ``eval_every_epochs``) go
-to TensorBoard event files in ``train/<point>/<stage>/tensorboard`` and the log.
+Data-parallel over all processes' devices; a checkpoint after every epoch, so a killed run
+resumes, a finished stage is skipped, and one whose only change is more epochs trains on.
+Curves go to ``train/<point>/<stage>/tensorboard`` and the log.
 """
 
 import time
@@ -30,26 +23,18 @@ from top1_jax.pipeline.settings import Settings
 def optimizer(settings: Settings, steps_per_epoch: int) -> optimizers.Optimizer:
   """The settings' optimizer; its schedule counts ``steps_per_epoch`` steps an epoch."""
   rate = optimizers.schedule(
-    settings.learning_rate,
-    settings.lr_schedule,
-    num_steps=settings.num_epochs * steps_per_epoch,
-    steps_per_epoch=steps_per_epoch,
-    lr_boundaries=settings.lr_boundaries,
-    lr_factor=settings.lr_factor,
-    warmup_epochs=settings.warmup_epochs,
-  )
+    settings.learning_rate, settings.lr_schedule, num_steps=settings.num_epochs * steps_per_epoch,
+    steps_per_epoch=steps_per_epoch, lr_boundaries=settings.lr_boundaries,
+    lr_factor=settings.lr_factor, warmup_epochs=settings.warmup_epochs,
+  )  # fmt: skip
   return optimizers.make(
-    settings.optimizer,
-    rate,
-    momentum=settings.momentum,
-    nesterov=settings.nesterov,
+    settings.optimizer, rate, momentum=settings.momentum, nesterov=settings.nesterov,
     weight_decay=settings.weight_decay,
-  )
+  )  # fmt: skip
 
 
 def _template(settings, point, stage, num_classes, sample, steps_per_epoch=1) -> train.TrainState:
-  """A fresh state of the right structure: the initial state, and the restore template
-  (whose schedule's values do not matter, only its structure: ``steps_per_epoch`` 1)."""
+  """A fresh state: the initial one, or a restore's template (only its structure matters)."""
   key = jax.random.fold_in(jax.random.key(point.seed), jobs.STAGES.index(stage))
   kwargs = {"num_classes": num_classes}
   if settings.half_precision != "none":  # the default module stays as it was (and hashes so)
@@ -93,8 +78,8 @@ def _refuse_other(where, saved: dict, wanted: dict, what: str):
 
 
 def is_done(settings, workdir, point, stage: str) -> bool:
-  """Whether the stage finished with these settings (one with fewer epochs is not, nor one
-  whose last checkpoint was found damaged: ``restore``)."""
+  """Whether the stage finished with these settings (not with fewer epochs, nor with a
+  damaged last checkpoint); other settings are refused."""
   done = files.read_json(folder(workdir, point) / f"{stage}.json")
   if not isinstance(done, dict) or done.get("retrain"):
     return False
@@ -133,8 +118,8 @@ def _evaluate(settings, stage: str, state, test_split) -> dict:
 
 
 def _curves(workdir, point, stage: str):
-  """The stage's metric writer (TensorBoard files from process 0; the log without
-  tensorboardX, said once)."""
+  """The stage's metric writer: TensorBoard files from process 0 (the log alone without
+  tensorboardX)."""
   logdir = folder(workdir, point) / stage / "tensorboard"
   try:
     return metric_writer.MetricWriter(logdir, enabled=is_writer())
@@ -144,10 +129,8 @@ def _curves(workdir, point, stage: str):
 
 
 def _train_epochs(settings, workdir, point, stage, state, data, writer):
-  """Resumes from the last checkpoint and trains the remaining epochs, saving each.
-
-  Returns the trained state, the test metrics of the last epoch (None when it was not
-  evaluated) and the seconds spent in evaluation."""
+  """Resumes from the last checkpoint and trains the remaining epochs, saving each; returns
+  the state, the last epoch's test metrics (None if none ran) and the evaluation's seconds."""
   train_split, test_split = data
   label, (images, labels) = f"train/{point.name}/{stage}", (train_split.images, train_split.labels)
   key = jax.random.fold_in(jax.random.key(point.seed), 10 + jobs.STAGES.index(stage))
@@ -254,9 +237,8 @@ def load_data(settings: Settings):
 
 
 def run(settings: Settings, workdir, tasks=(0, 1), data=None) -> None:
-  """The train stage: this task's share of the training points, each base and ensemble.
-
-  ``data``: the (train, test) splits when already loaded; else read here."""
+  """The train stage: this task's training points, each base and ensemble (``data``: the
+  (train, test) splits if already loaded)."""
   data = load_data(settings) if data is None else data
   for point in jobs.task_share(jobs.training_points(settings), tasks):
     for stage in jobs.STAGES:
