@@ -8,7 +8,7 @@ from matplotlib import offsetbox, ticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from top1_jax.core import binning
+from top1_jax.core import binning, validation
 from top1_jax.core import metrics as metrics_lib
 from top1_jax.plots import figures
 
@@ -21,12 +21,8 @@ _TEST_COLOR = "#e6550d"  # orange: test bins
 _INTERVAL_COLOR = "#08306b"  # dark blue: intervals and their annotation
 
 
-# --------------------------------------------------------------------------- checks
-
-
 def _check_bins(name: str, bins) -> None:
-  if not isinstance(bins, binning.Bins):
-    raise ValueError(f"{name}: expected binning.Bins, got {type(bins).__name__}")
+  validation.instance(name, bins, binning.Bins, "binning.Bins")
   counts = np.shape(bins.counts)
   if len(counts) != 1 or np.shape(bins.hits) != counts or np.shape(bins.prob) != counts:
     raise ValueError(
@@ -75,7 +71,6 @@ def _check_choice(name: str, value, choices: Sequence) -> None:
 def _check_options(
   accuracy: float | None, delta: float, bounds: str | None
 ) -> tuple[float | None, float]:
-  """Checks the options both figures share; returns (accuracy, delta) as floats."""
   if accuracy is not None:
     accuracy = _check_probability("accuracy", accuracy)
   delta = _check_probability("delta", delta, open_interval=True)
@@ -83,12 +78,7 @@ def _check_options(
   return accuracy, delta
 
 
-# --------------------------------------------------------------------------- layout
-
-
 class _Layout(NamedTuple):
-  """Where each drawn bin goes: the bins in plotting order, their x span."""
-
   index: np.ndarray  # [B] bin indices with calibration examples, in plotting order
   left: np.ndarray  # [B] left edge on the [0, 1] axis
   width: np.ndarray  # [B] calibration weight of the bin
@@ -114,13 +104,10 @@ def _confidence(delta: float) -> str:
   return f"{text}%"
 
 
-# --------------------------------------------------------------------------- drawing
-
-
 def _draw_intervals(
   ax: Axes, train_bins: binning.Bins, layout: _Layout, delta: float, bounds: str
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Draws the per-bin confidence intervals as error bars; returns (lower, upper)."""
+  """Draws the per-bin intervals as error bars; returns (lower, upper)."""
   prob = np.asarray(train_bins.prob, np.float64)[layout.index]
   lower, upper = (
     np.asarray(b, np.float64)[layout.index]
@@ -148,7 +135,6 @@ def _draw_bins(
   ax: Axes,
   train_bins: binning.Bins,
   test_bins: binning.Bins,
-  *,
   accuracy: float | None,
   delta: float,
   bounds: str | None,
@@ -156,14 +142,11 @@ def _draw_bins(
   annotate: bool,
   event: str,
 ) -> _Layout:
-  """Draws one calibration/test bin pair on ``ax``; returns the layout used."""
   layout = _layout(train_bins, order)
+  baseline = accuracy
   if accuracy is None:
-    baseline = float(np.sum(np.asarray(test_bins.hits))) / float(
-      np.sum(np.asarray(test_bins.counts))
-    )
-  else:
-    baseline = accuracy
+    hits, counts = np.sum(np.asarray(test_bins.hits)), np.sum(np.asarray(test_bins.counts))
+    baseline = float(hits) / float(counts)
   ece = metrics_lib.binned_ece(train_bins, test_bins)
   # The calibration split's equal-mass bins in use (not the benchmark's equal-width ones).
   bins = (train_bins.n_bins, "equal-mass", layout.index.size)
@@ -202,13 +185,8 @@ def _draw_bins(
   lower = upper = None
   if bounds is not None:
     lower, upper = _draw_intervals(ax, train_bins, layout, delta, bounds)
-  ax.axhline(
-    baseline,
-    color="0.15",
-    linestyle="--",
-    linewidth=1.0,
-    label=f"{event} {'test ' if accuracy is None else ''}accuracy {baseline:.1%}",
-  )
+  label = f"{event} {'test ' if accuracy is None else ''}accuracy {baseline:.1%}"
+  ax.axhline(baseline, color="0.15", linestyle="--", linewidth=1.0, label=label)
   if annotate:
     _annotate_ends(ax, prob, lower, upper, delta)
 
@@ -250,9 +228,6 @@ def _annotate_ends(ax: Axes, prob, lower, upper, delta: float) -> None:
   ax.add_artist(box)
 
 
-# --------------------------------------------------------------------------- figures
-
-
 def bin_figure(
   train_bins: binning.Bins,
   test_bins: binning.Bins,
@@ -268,37 +243,20 @@ def bin_figure(
 ) -> Figure:
   """Calibrated Top-1 bins of one score, calibration and test superimposed (paper Fig. 1).
 
-  Each bin with calibration examples is a bar from the baseline accuracy up (or
-  down) to its predicted probability ``train_bins.prob``; the test split's
-  observed accuracy in the same bin is a narrower bar in front, so the height gap
-  is that bin's calibration error. Bar widths are the bins' calibration weights
-  (equal-count bins have equal widths) and the x axis is the fraction of
-  calibration examples, most confident first. Error bars are the per-bin
-  ``1 - delta`` intervals of ``binning.confidence_bounds`` on the calibration
-  counts; the legend gives ``metrics.binned_ece(train_bins, test_bins)``.
+  Each bin is a bar from the baseline accuracy to its predicted probability, as wide as its
+  calibration weight; the test accuracy in the same bin (``test_bins``: ``binning.refit``) is
+  a narrower bar in front, so the height gap is that bin's calibration error. Error bars are
+  ``1 - delta`` intervals (``bounds``: one of ``BOUNDS``, or None) on the calibration counts.
 
   Args:
-    train_bins: bins fitted on the calibration split (``binning.fit``).
-    test_bins: the test split counted in the same bins (``binning.refit``).
-    accuracy: the baseline, in [0, 1]; default the test accuracy (the paper's choice).
-    delta: failure probability of the intervals, in (0, 1).
-    bounds: "clopper_pearson", "hoeffding", or None for no error bars.
-    order: "prob": by predicted probability, highest first; "bins": in bin order
-      (ascending score, i.e. most confident first for an uncertainty such as
-      -log pmax, least confident first for a confidence such as pmax).
-    annotate: write the first and last bins' predictions on the plot.
+    accuracy: the baseline; default the test accuracy (the paper's choice).
+    order: "prob": by predicted probability, highest first; "bins": ascending score.
     event: the predicted event, for labels ("Top-1", "Top-5").
-    title: axes title, where "{bins}" becomes the requested and effective bin
-      counts ("20 equal-mass bins", or "20 equal-mass bins requested, 17 after
-      ties") and "{event}" the event; default names both.
+    title: "{bins}" becomes the requested and effective bin counts, "{event}" the event.
     ax: draw into these axes instead of a new figure.
 
-  Returns:
-    The ``Figure`` (the one holding ``ax`` when given).
-
   Raises:
-    ValueError: bins that are not a matching pair, or an accuracy, delta, bounds
-      or order out of range.
+    ValueError: bins that are not a matching pair, or an option out of range.
   """
   _check_pair(train_bins, test_bins)
   accuracy, delta = _check_options(accuracy, delta, bounds)
@@ -308,17 +266,7 @@ def bin_figure(
     ax = fig.add_subplot()
   else:
     fig = ax.get_figure(root=True)
-  layout = _draw_bins(
-    ax,
-    train_bins,
-    test_bins,
-    accuracy=accuracy,
-    delta=delta,
-    bounds=bounds,
-    order=order,
-    annotate=annotate,
-    event=event,
-  )
+  layout = _draw_bins(ax, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event)
   if title is None:
     title = "Calibrated {event} bins ({bins})"
   bins = metrics_lib.bins_phrase(train_bins.n_bins, layout.index.size, "equal-mass")
@@ -339,29 +287,14 @@ def refinement_figure(
 ) -> Figure:
   """The same score with few and with many bins, side by side (paper Fig. 2).
 
-  Each panel is a ``bin_figure`` (bins ordered by predicted probability). With
-  ``overlay`` the fine panel also traces the coarse predictions as a step line,
-  so one sees the fine bins resolve the probability within each coarse bin. The
-  default title says what the panels show: the two bin counts, that more bins
-  resolve P(correct) more finely from fewer examples each, and both test ECEs
-  (which need not fall with more bins: each bin's estimate is noisier).
-
-  Args:
-    coarse: (train_bins, test_bins) with few bins, e.g. 10.
-    fine: (train_bins, test_bins) of the same score and splits with more bins, e.g. 100.
-    accuracy: the baseline of both panels, in [0, 1]; default each panel's test accuracy.
-    delta: failure probability of the intervals, in (0, 1).
-    bounds: "clopper_pearson", "hoeffding", or None for no error bars.
-    overlay: trace the coarse predictions on the fine panel.
-    event: the predicted event, for labels ("Top-1", "Top-5").
-    title: figure title; None: the default above; "" for none.
-
-  Returns:
-    A ``Figure`` with two axes sharing the y axis.
+  Each panel is a ``bin_figure``; with ``overlay`` the fine panel also traces the coarse
+  predictions as a step line. ``coarse`` and ``fine`` are (train_bins, test_bins) pairs of
+  the same score and splits; the other options are ``bin_figure``'s. ``title``: None names
+  the bin counts and both test ECEs; "" for none.
 
   Raises:
-    ValueError: an argument that is not a matching (train, test) pair of bins, or
-      an accuracy, delta or bounds out of range.
+    ValueError: an argument that is not a matching (train, test) pair of bins, or an option
+      out of range.
   """
   pairs = {"coarse": coarse, "fine": fine}
   for name, pair in pairs.items():
@@ -377,7 +310,17 @@ def refinement_figure(
     options = {"accuracy": accuracy, "delta": delta, "bounds": bounds, "event": event}
     bin_figure(train_bins, test_bins, **options, order="prob", title="{bins}", ax=ax)
   if overlay:
-    _trace_predictions(axes[1], coarse[0])
+    layout = _layout(coarse[0], "prob")
+    axes[1].stairs(
+      np.asarray(coarse[0].prob, np.float64)[layout.index],
+      np.append(layout.left, 1.0),
+      # No baseline: stairs would otherwise close the outline with vertical edges
+      # down to 0 at both ends, a stray line along the y axis.
+      baseline=None,
+      color="0.1",
+      linewidth=1.4,
+      label=f"{layout.index.size}-bin predictions",
+    )
   for ax in axes:  # one column: two columns of these labels are wider than a panel
     _legend_below(ax, columns=1)
   # Shared y: the limits of the panel drawn last would cut the other one.
@@ -392,27 +335,10 @@ def refinement_figure(
 
 
 def _refinement_title(coarse, fine) -> str:
-  """What the two panels show: their bin counts and their test ECEs, each named."""
   (few, few_test), (many, many_test) = coarse, fine
   ece = metrics_lib.ece_name("each panel's", "equal-mass", calibration=True)
   return (
     f"{few.n_bins} vs {many.n_bins} bins of one score: more bins resolve P(correct) more "
     f"finely, each from fewer examples\n{ece}: {metrics_lib.binned_ece(few, few_test):.2%} "
     f"with {few.n_bins}, {metrics_lib.binned_ece(many, many_test):.2%} with {many.n_bins}"
-  )
-
-
-def _trace_predictions(ax: Axes, train_bins: binning.Bins) -> None:
-  """Traces the predictions of ``train_bins`` (ordered by probability) as a step line."""
-  layout = _layout(train_bins, "prob")
-  edges = np.append(layout.left, 1.0)
-  ax.stairs(
-    np.asarray(train_bins.prob, np.float64)[layout.index],
-    edges,
-    # No baseline: stairs would otherwise close the outline with vertical edges
-    # down to 0 at both ends, a stray line along the y axis.
-    baseline=None,
-    color="0.1",
-    linewidth=1.4,
-    label=f"{layout.index.size}-bin predictions",
   )

@@ -1,7 +1,5 @@
-"""Figure creation and saving, shared by the figure modules of ``top1_jax.plots``.
-
-Under ``rendering()`` a saved figure is handed to worker processes: the caller goes on
-drawing the next one while they write the files (about half a figure's time)."""
+"""Figure creation and saving. Under ``rendering()`` a saved figure is handed to worker
+processes: the caller goes on drawing the next one while they write the files."""
 
 from __future__ import annotations
 
@@ -26,23 +24,14 @@ if TYPE_CHECKING:  # etils only for a URL (io.files): the plots extra is matplot
   from etils import epath
 
 
+# The widest figure, in inches: the results page shows a figure at most ~1,150 px wide, where
+# legend text of matplotlib's "small" size (8.3 pt) then stays 12 px.
 PAGE_WIDTH = 11.0
-"""The widest figure, in inches. The results page shows a figure at most ~1,150 px wide:
-at 11 in, legend text of matplotlib's "small" size (8.3 pt) stays 12 px there."""
 
 
 def new_figure(figsize: tuple[float, float]) -> Figure:
-  """A constrained-layout ``Figure`` with its own Agg canvas.
-
-  Made without pyplot, so drawing never switches the user's backend or opens a
-  window, and the figure is not kept alive by pyplot's registry.
-
-  Args:
-    figsize: (width, height) in inches.
-
-  Returns:
-    An empty ``Figure``.
-  """
+  """A constrained-layout ``Figure`` of ``figsize`` inches with its own Agg canvas (no pyplot:
+  the user's backend is never switched, and pyplot's registry keeps no figure alive)."""
   fig = Figure(figsize=figsize, layout="constrained")
   FigureCanvasAgg(fig)
   return fig
@@ -57,22 +46,11 @@ def legend_columns(labels: list[str], width: float = PAGE_WIDTH) -> int:
 
 
 def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib.Path | epath.Path:
-  """Writes ``fig`` atomically and closes it.
+  """Writes ``fig`` atomically (``io.files.atomic_write``) with a tight bounding box.
 
-  The bounding box is tight (legends placed outside axes are kept, also in figures
-  made elsewhere). The image is written through ``io.files.atomic_write``: a
-  reader never sees a partial file, and a failure leaves any existing file
-  untouched. Parent directories are created. ``path`` may be a URL (``gs://``).
-
-  Args:
-    fig: the figure.
-    path: destination; the suffix picks the format (.png, .pdf, .svg, ...).
-    dpi: resolution of raster formats.
-
-  Returns:
-    ``path`` as a ``pathlib.Path`` (local) or an ``epath.Path`` (URL). A figure
-    made through pyplot is closed (removed from pyplot's registry); the object
-    itself stays usable.
+  ``path`` may be a URL (``gs://``); its suffix picks the format. Parent directories are
+  created. A figure made through pyplot is closed there; the object stays usable. Returns
+  ``path`` as a ``pathlib.Path`` or ``epath.Path``.
 
   Raises:
     ValueError: not a Figure, or a suffix matplotlib cannot write.
@@ -101,9 +79,8 @@ def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib
 class _Renderers:
   """Worker processes that write pickled figures, started on the first figure.
 
-  Fresh interpreters (not ``multiprocessing``): a fork of a process that runs JAX's
-  threads is unsafe, and spawn would import the caller's main module (and JAX) again.
-  One feeder thread per worker sends a figure and waits for its one-line reply.
+  Fresh interpreters, not ``multiprocessing``: a fork of a process that runs JAX's threads
+  is unsafe, and spawn would import the caller's main module (and JAX) again.
   """
 
   def __init__(self, workers: int):
@@ -112,7 +89,7 @@ class _Renderers:
     self.threads: list[threading.Thread] = []
 
   def submit(self, fig: Figure, path, options: dict) -> bool:
-    """Queues ``fig``; False if it does not pickle (an unpicklable artist): save it here."""
+    """Queues ``fig``; False if it does not pickle: save it here."""
     try:
       payload = pickle.dumps((fig, str(path), options), protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):
@@ -168,11 +145,8 @@ _renderers: _Renderers | None = None
 @contextlib.contextmanager
 def rendering(workers: int | None = None) -> Iterator[None]:
   """Within it, ``save_figure`` hands figures to ``workers`` processes (default: the CPU
-  count, at most 8) and returns at once; on leaving it every figure has been written.
-
-  Raises:
-    RuntimeError: on leaving, if a figure could not be written (the first one named).
-  """
+  count, at most 8) and returns at once; on leaving, every figure has been written, or a
+  RuntimeError names the first that could not be."""
   global _renderers
   if _renderers is not None:  # nested: the outer pool serves
     yield
@@ -191,8 +165,8 @@ def rendering(workers: int | None = None) -> Iterator[None]:
 
 
 def serve() -> None:
-  """A worker's loop: read (length, pickled figure) frames from stdin, write each figure,
-  reply one line ("ok" or the error). The frames come from our own process only."""
+  """A worker's loop: (length, pickled figure) frames from stdin (from our own process only)
+  in, one line ("ok" or the error) per figure out."""
   stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
   while header := stdin.read(8):
     payload = stdin.read(int.from_bytes(header, "little"))

@@ -82,26 +82,16 @@ def image_grid(
 ) -> Figure:
   """Images titled with their given label, predicted label and a probability.
 
-  Made for the mislabelled-image finder (paper supplement): pass the most
-  confident wrong predictions, e.g. the incorrect examples of the most confident
-  bins, with ``probs`` their calibrated P(correct) (``binning.predict``) or pmax.
+  Made for the mislabelled-image finder (paper supplement): pass the most confident wrong
+  predictions with ``probs`` their calibrated P(correct) (``binning.predict``) or pmax.
 
   Args:
-    images: [N, H, W, C] float in [0, 1], N >= 1, C = 1 (shown in grayscale), 3 or 4.
-    given_labels: [N] int, the dataset's labels.
-    predicted_labels: [N] int, the model's Top-1 classes.
-    probs: [N] float in [0, 1], shown as "p=...".
-    class_names: one name per class; long names are shortened.
-    columns: tiles per row, >= 1 (fewer when N is smaller).
-    title: figure title (None for none).
-    max_name_chars: class names longer than this are cut with an ellipsis.
-
-  Returns:
-    A ``Figure`` with exactly N axes, one image each.
+    images: [N, H, W, C] float in [0, 1], C = 1 (shown in grayscale), 3 or 4.
+    given_labels: [N] int; ``predicted_labels`` and ``probs`` [N] likewise.
+    class_names: one name per class, cut to ``max_name_chars`` with an ellipsis.
 
   Raises:
-    ValueError: a shape, length, range or type of the images, labels, probs or
-      class names that does not fit.
+    ValueError: images, labels, probs or class names of the wrong shape, range or type.
   """
   images = _check_images(images)
   num, height, width, channels = images.shape
@@ -122,16 +112,12 @@ def image_grid(
     ax = fig.add_subplot(rows, columns, i + 1)
     image = images[i, ..., 0] if channels == 1 else images[i]
     ax.imshow(image, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     given = _shorten(class_names[given_labels[i]], max_name_chars)
     predicted = _shorten(class_names[predicted_labels[i]], max_name_chars)
-    ax.set_title(
-      f"given: {given}\npred: {predicted}\np={_format_prob(float(probs[i]))}",
-      fontsize=8,
-      linespacing=1.15,
-      color=_WRONG_COLOR if given_labels[i] != predicted_labels[i] else "black",
-    )
+    text = f"given: {given}\npred: {predicted}\np={_format_prob(float(probs[i]))}"
+    color = _WRONG_COLOR if given_labels[i] != predicted_labels[i] else "black"
+    ax.set_title(text, fontsize=8, linespacing=1.15, color=color)
   if title:
     fig.suptitle(title)
   return fig

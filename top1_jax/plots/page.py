@@ -1,14 +1,8 @@
 """A run's results page: one static ``index.html`` that opens from disk, no server.
 
-``results_page`` renders a page's content through the package's Jinja template
-(``templates/page.html``, autoescaped: every string from the run is escaped): the
-answer first (its tables, a line or two of findings, the key figure), then, folded
-in ``<details>``, the detail tables, the figures by kind, the config and the
-timings, and links to the run's files. The content is the caller's (the stages'
-``pipeline.pages`` build it from their results data); cells arrive as text.
-``write_results_page`` writes the page as ``index.html`` in the work dir through
-``io.files``. Figures are linked by relative paths, so the folder can be moved or
-copied as a whole and the page still shows them.
+Rendered through the package's autoescaped Jinja template (``templates/page.html``): the
+answer first, then the details folded. Figures are linked by relative paths, so the folder
+can be moved or copied as a whole and the page still shows them.
 """
 
 from __future__ import annotations
@@ -34,14 +28,8 @@ _NUMBER = re.compile(r"^[-−+]?(\d[\d,]*\.?\d*|\.\d+)(e[-+]?\d+)?(%|/\d+)?( ± 
 
 
 class Table(NamedTuple):
-  """A table of the page, its cells already text (the page escapes them).
-
-  Attributes:
-    title: its heading.
-    header: the column names.
-    rows: the cells, one list per row.
-    note: a sentence under the heading ("" for none).
-  """
+  """A table of the page, its cells already text (the page escapes them); ``note`` is a
+  sentence under the heading."""
 
   title: str
   header: Sequence[str]
@@ -122,24 +110,15 @@ def results_page(
   timings: Mapping[str, Any] | None = None,
   links: Sequence[str] = (),
 ) -> str:
-  """A static HTML page of a run: the answer first, the details folded.
+  """A static HTML page of a run (no scripts, no external resources): the answer first.
 
   Args:
-    title: the page's heading and title.
-    intro: a paragraph under the title: what was run.
-    answer: the tables that answer the run's question, shown open.
-    findings: sentences under them (the best row, ...), shown open.
-    key_figure: the figure shown with the answer (a path relative to the page); it is
-      also in its kind's group below.
-    details: every other table, each folded.
-    figures: image paths relative to the page, folded by kind
-      (``plots.results.figure_groups``), each linked to its full-size file.
-    config: the settings that apply to the run; nested dicts become dotted keys.
-    timings: seconds per stage (``timings.json``); nested dicts become dotted keys.
-    links: the run's files to link (paths relative to the page: ``results.csv``).
-
-  Returns:
-    The page's HTML text (UTF-8, no scripts, no external resources).
+    answer: the tables that answer the run's question, shown open with ``findings`` (sentences)
+      and ``key_figure``; ``details`` (the other tables) are folded.
+    figures: image paths relative to the page, folded by kind (``results.figure_groups``).
+    config: the settings of the run; nested dicts (here and in ``timings``, seconds per
+      stage) become dotted keys.
+    links: the run's files to link, relative to the page (``results.csv``).
 
   Raises:
     ValueError: a title that is not a string, a table that is not a ``Table``,
@@ -154,8 +133,8 @@ def results_page(
     key_figure=key_figure,
     details=list(details),
     groups=results.figure_groups([os.fspath(f) for f in figures]),
-    config=[(key, _text(value)) for key, value in _flatten(config or {})] if config else [],
-    timings=[(key, _seconds(value)) for key, value in _flatten(timings or {})] if timings else [],
+    config=[(key, _text(value)) for key, value in _flatten(config)] if config else [],
+    timings=[(key, _seconds(value)) for key, value in _flatten(timings)] if timings else [],
     links=list(links),
   )
 
@@ -188,16 +167,10 @@ def write_results_page(
 
   Args:
     out_dir: the work dir (local path or URL).
-    title: the page's title.
-    figures: paths of the images to show, inside ``out_dir`` or relative to it;
-      default every PNG under ``out_dir/figures``, sorted by name (a figure left
-      there by an earlier sweep of another config is shown too).
-    key_figure: the figure shown with the answer; default the first of ``figures``
-      that ``plots.results.key_figure`` picks.
-    **content: ``results_page``'s other arguments (``answer``, ``details``, ...).
-
-  Returns:
-    The page's path (``pathlib.Path`` or ``epath.Path``).
+    figures: images inside ``out_dir`` or relative to it; default every PNG under
+      ``out_dir/figures`` by name (one left by an earlier sweep is shown too).
+    key_figure: default ``results.key_figure(figures)``.
+    **content: ``results_page``'s other arguments.
 
   Raises:
     ValueError: as ``results_page``, or a figure outside ``out_dir``.

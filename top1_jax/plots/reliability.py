@@ -1,5 +1,5 @@
-"""The standard reliability diagram: confidence against accuracy in equal-mass or
-equal-width bins."""
+"""The standard reliability diagram: confidence against accuracy in equal-mass or equal-width
+bins."""
 
 from typing import NamedTuple
 
@@ -13,7 +13,6 @@ from top1_jax.core import accuracy_bounds, binning, equal_width, metrics, valida
 from top1_jax.plots import figures
 
 BINNINGS = ("equal-mass", "equal-width")
-"""How ``reliability_diagram`` cuts the confidences into bins."""
 
 _POINT_COLOR = "#08519c"  # dark blue: per-bin accuracy
 _GAP_COLOR = "#e6550d"  # orange: gap to the diagonal (as the test bars of bin_figure)
@@ -42,19 +41,14 @@ class _BinStats(NamedTuple):
     return metrics.ece_name(self.requested, self.binning, after_ties)
 
 
-def _equal_mass(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
-  """(bin of each example, [n_bins + 1] bounds): quantile edges, ties merged."""
-  bins = binning.fit(confidence, correct, n_bins)
-  # A bin spans (previous edge, edge]; the outer bins end at the observed extremes (the
-  # freed slots of merged ties have edges +inf, and hold no examples).
-  edges = np.asarray(bins.edges, np.float64)
-  bounds = np.concatenate([[confidence.min()], np.minimum(edges, confidence.max()), [1.0]])
-  return np.asarray(binning.assign(bins.edges, confidence)), bounds, bins.n_bins
-
-
 def _bin_statistics(confidence, correct, n_bins: int, kind: str) -> _BinStats:
-  if kind == "equal-mass":
-    index, bounds, num_slots = _equal_mass(confidence, correct, n_bins)
+  if kind == "equal-mass":  # quantile edges, ties merged
+    bins = binning.fit(confidence, correct, n_bins)
+    # A bin spans (previous edge, edge]; the outer bins end at the observed extremes (the
+    # freed slots of merged ties have edges +inf, and hold no examples).
+    edges = np.asarray(bins.edges, np.float64)
+    bounds = np.concatenate([[confidence.min()], np.minimum(edges, confidence.max()), [1.0]])
+    index, num_slots = np.asarray(binning.assign(bins.edges, confidence)), bins.n_bins
   else:  # the benchmark's right-closed bins (b / B, (b + 1) / B]
     num_slots = equal_width.checked_n_bins(n_bins)
     index = np.asarray(equal_width.equal_width_index(confidence, num_slots))
@@ -99,15 +93,8 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
       label=f"{100 * (1 - delta):g}% Clopper–Pearson interval",
     )
     lowest = min(lowest, lower.min())
-  ax.plot(
-    conf,
-    acc,
-    color=_POINT_COLOR,
-    marker="o",
-    markersize=4.5,
-    linewidth=1.2,
-    label=f"accuracy per bin; {stats.ece_name} = {ece:.2%}",
-  )
+  label = f"accuracy per bin; {stats.ece_name} = {ece:.2%}"
+  ax.plot(conf, acc, color=_POINT_COLOR, marker="o", markersize=4.5, linewidth=1.2, label=label)
   ax.set_ylabel("accuracy in bin")
   ax.grid(alpha=0.3)
   # Over- and underconfident models fill opposite sides of the diagonal.
@@ -117,32 +104,18 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
 
 def _draw_counts(ax: Axes, stats: _BinStats, span: float) -> None:
   """One bar per bin across its confidence range, as high as its number of examples."""
+  counts = stats.counts
   # Equal-mass bins are narrow where confidences crowd (often near 1); a floor on the
   # drawn width keeps such a bin visible.
   width = np.maximum(stats.upper - stats.lower, 0.004 * span)
-  ax.bar(
-    stats.lower,
-    stats.counts,
-    width,
-    align="edge",
-    color=_COUNT_COLOR,
-    edgecolor="white",
-    linewidth=0.5,
-  )
-  counts = stats.counts
+  ax.bar(stats.lower, counts, width, align="edge", color=_COUNT_COLOR, edgecolor="white", lw=0.5)
   spread = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}–{counts.max()}"
   if stats.binning == "equal-mass":
     bins = metrics.bins_phrase(stats.requested, counts.size)
   else:
     bins = f"{counts.size} of {stats.requested} bins hold examples"
-  ax.text(
-    0.02,
-    0.9,
-    f"{bins}; {spread} examples each (N = {counts.sum()})",
-    transform=ax.transAxes,
-    va="top",
-    fontsize="small",
-  )
+  text = f"{bins}; {spread} examples each (N = {counts.sum()})"
+  ax.text(0.02, 0.9, text, transform=ax.transAxes, va="top", fontsize="small")
   ax.set_ylim(0, 1.35 * counts.max())
   ax.set_ylabel("examples")
   ax.set_xlabel("confidence (points: bin mean; bars: bin range)")
@@ -160,37 +133,20 @@ def reliability_diagram(
 ) -> Figure:
   """Confidence against accuracy in equal-mass or equal-width bins, the counts below.
 
-  ``binning="equal-mass"`` cuts the confidences into equal-count bins (``binning.fit``,
-  ties merged): every point rests on as many examples, but where confidences crowd
-  (a saturated network's max-softmax near 1) the points crowd too.
-  ``binning="equal-width"`` cuts [0, 1] into ``n_bins`` intervals, the benchmark's
-  bins (``metrics.ece``): the points spread over the confidences, empty bins are left
-  out, and sparse ones have wide intervals. Each bin is a point at its mean
-  confidence and its accuracy, joined to the diagonal of perfect calibration by its
-  gap. The legend gives the ECE of these bins (sum over the bins of (count / N)
-  |accuracy - mean confidence|), named by ``metrics.ece_name`` ("ECE (15 equal-width
-  bins)", "ECE (15 equal-mass bins requested, 12 after ties)"). The lower panel has
-  one bar per bin across its confidence range, as high as its number of examples.
+  Equal-mass bins (``binning.fit``, ties merged) rest every point on as many examples, but
+  crowd where the confidences crowd (a saturated max-softmax near 1); equal-width bins, the
+  benchmark's (``metrics.ece``), spread the points, leaving out empty bins. The legend gives
+  the ECE of these bins.
 
   Args:
-    confidence: [N] predicted P(correct) in [0, 1]: the raw max-softmax, or a
-      calibrator's ``predict_confidence``.
-    correct: [N] bool, whether each prediction is correct.
-    n_bins: bins requested: 1 <= n_bins <= N equal-mass ones, or 1 <= n_bins <=
-      ``equal_width.MAX_EQUAL_WIDTH_BINS`` equal-width ones.
-    binning: "equal-mass" or "equal-width" (``BINNINGS``).
-    delta: draws per-bin ``1 - delta`` Clopper–Pearson intervals of the accuracy;
-      None for none.
-    title: axes title; "{bins}" in it becomes the binning and the bin counts ("15
-      equal-width bins", "15 equal-mass bins requested, 12 after ties"); None for none
-      (the lower panel still gives the bin counts).
-
-  Returns:
-    A ``Figure`` with two axes sharing the confidence axis: the diagram, the counts.
+    confidence: [N] predicted P(correct) in [0, 1], e.g. the raw max-softmax; ``correct``: [N].
+    n_bins: at most N equal-mass or ``equal_width.MAX_EQUAL_WIDTH_BINS`` equal-width bins.
+    delta: per-bin ``1 - delta`` Clopper–Pearson intervals of the accuracy; None for none.
+    title: "{bins}" becomes the binning and the bin counts; None for none.
 
   Raises:
-    ValueError: non-finite or out-of-range confidences, a length mismatch, no
-      examples, ``correct`` not 0/1, or ``n_bins``, ``binning`` or ``delta`` out of range.
+    ValueError: non-finite or out-of-range confidences, a length mismatch, no examples,
+      ``correct`` not 0/1, or ``n_bins``, ``binning`` or ``delta`` out of range.
   """
   confidence, correct = validation.score_and_event(
     "confidence", confidence, correct, probability=True

@@ -1,12 +1,6 @@
-"""The figures of a finished sweep, written next to its tables.
-
-``write_sweep_figures`` draws, from the sweep's loaded predictions (``sources``:
-objects with ``name``, ``label``, ``log_probs``, ``labels`` and ``scores``) and
-its records: each file's reliability diagram and bins (Fig. 1), the refinement
-(Fig. 2), the bin-count ablation, and the risk-coverage curves of selective
-prediction; ``write_dropout_rate_figures`` draws tidy rows (a run's or merged runs').
-Each function returns the paths it wrote.
-"""
+"""The figures of a finished sweep, written next to its tables; each ``write_*`` returns the
+paths it wrote. ``sources`` are the sweep's loaded prediction files (``name``, ``label``,
+``slug``, ``splits``, ``scores``, ``correct(k)``)."""
 
 import fnmatch
 import os
@@ -36,9 +30,9 @@ def _cv_from_record(record: dict) -> crossval.CrossValidation:
   return crossval.CrossValidation.from_per_fold(n_bins, record["per_fold"])
 
 
-RELIABILITY_BINS = 15
-"""Equal-width bins of the raw reliability diagrams: the benchmark's ECE bins by default."""
+RELIABILITY_BINS = 15  # equal-width bins of the raw reliability diagrams, as the benchmark's ECE
 
+# The file-name prefix of every figure written here -> what its group shows.
 FIGURE_GROUPS = {
   "bins_": "Calibrated bins of each file's headline score (paper Fig. 1)",
   "reliability_": "Reliability diagrams of the raw max-softmax",
@@ -48,24 +42,18 @@ FIGURE_GROUPS = {
   "risk_coverage_": "Selective prediction: risk against coverage",
   "shift_": "Calibration under dataset shift",
 }
-"""The figures' file-name prefixes (every figure written here), and what a group shows."""
 
+# The figure a results page leads with: the first name matching the first pattern that matches.
 KEY_FIGURES = (
   "bins_*_top1.png", "shift_rotate*.png", "shift_*.png", "dropout_rate_top1.png",
   "ablation_top1.png",
 )  # fmt: skip
-"""The figure a results page leads with: the first name matching the first pattern that
-matches any (the first file's calibrated Top-1 bins; under shift, the metrics against
-the rotation, one row of panels)."""
 
 
 def key_figure(names: list[str]) -> str | None:
-  """The figure of ``names`` (paths relative to the page) a page leads with, or None."""
-  for pattern in KEY_FIGURES:
-    found = [name for name in names if fnmatch.fnmatch(os.path.basename(name), pattern)]
-    if found:
-      return found[0]
-  return None
+  """The figure of ``names`` a page leads with (``KEY_FIGURES``), or None."""
+  found = (n for p in KEY_FIGURES for n in names if fnmatch.fnmatch(os.path.basename(n), p))
+  return next(found, None)
 
 
 def figure_groups(names: list[str]) -> list[tuple[str, list[str]]]:
@@ -86,7 +74,6 @@ def _reliability_figure(figures, source, test, n_bins: int):
   # bins (the benchmark's ECE) spread the points over the confidences, where equal-mass
   # ones crowd them near 1 on a saturated network.
   confidence = source.scores["pmax"][test]
-  # reliability_diagram fills in "{bins}": the binning and the count.
   title = f"{source.label}: raw max-softmax, Top-1\nfirst split's test part, {{bins}}"
   fig = reliability_diagram(confidence, correct, n_bins, binning="equal-width", title=title)
   return save_figure(fig, figures / f"reliability_{source.slug}_top1.png")
@@ -104,14 +91,11 @@ def _ablation_figure(figures, sources, results, k) -> list:
   # MC dropout and ensembles, the paper's measure (cov. of probs). Scores of one ranking
   # (pmax, -log pmax: scores.RANKING_TWINS) are one line only where their rows are equal
   # (ablation_figure merges equal curves): in float32 pmax ties where -log pmax does not.
+  sampled, measure = ("mc_dropout", "ensemble"), "covariance_norm_probs"
   chosen = [
     r
     for r in results
-    if r["topk"] == k
-    and (
-      r["columns"]["method"] not in ("mc_dropout", "ensemble")
-      or r["score"] == "covariance_norm_probs"
-    )
+    if r["topk"] == k and (r["columns"]["method"] not in sampled or r["score"] == measure)
   ]
   curves, oracles = {}, {}
   for r in chosen:
@@ -132,14 +116,17 @@ def _ablation_figure(figures, sources, results, k) -> list:
   return [save_figure(fig, figures / f"ablation_top{k}.png")]
 
 
+def _split_bins(correct, u, test, n_bins: int) -> tuple[binning.Bins, binning.Bins]:
+  """(bins fitted on the calibration part, the test part counted in them)."""
+  bins = binning.fit(u[~test], correct[~test], n_bins)
+  return bins, binning.refit(bins, u[test], correct[test])
+
+
 def write_figures(
   out_dir, sources, results, n_bins, topks, figure_bins, reliability_bins=RELIABILITY_BINS
 ) -> list:
-  """Per-bin figures (Fig. 1), reliability diagrams, the refinement (Fig. 2), the ablation.
-
-  Each source's figures use its first calibration/test split (``source.splits``); the
-  reliability diagrams have ``reliability_bins`` equal-width bins (the config's ``ece_bins``).
-  """
+  """Per-bin figures (Fig. 1), reliability diagrams, the refinement (Fig. 2), the ablation,
+  each on a source's first calibration/test split."""
   figures = out_dir / "figures"
   written = []
   for source in sources:
@@ -149,16 +136,9 @@ def write_figures(
     if score is None:
       continue
     for k in topks if source is sources[0] else topks[:1]:
-      correct = source.correct(k)
-      u = source.scores[score]
-      bins = binning.fit(u[~test], correct[~test], figure_bins)
-      test_bins = binning.refit(bins, u[test], correct[test])
-      fig = bin_figure(
-        bins,
-        test_bins,
-        event=f"Top-{k}",
-        title=f"{source.label}: {scores.label(score)}, Top-{k}, {{bins}}, first split",
-      )
+      bins, test_bins = _split_bins(source.correct(k), source.scores[score], test, figure_bins)
+      title = f"{source.label}: {scores.label(score)}, Top-{k}, {{bins}}, first split"
+      fig = bin_figure(bins, test_bins, event=f"Top-{k}", title=title)
       written.append(save_figure(fig, figures / f"bins_{source.slug}_{score}_top{k}.png"))
   source = sources[0]
   score = scores.headline(source.scores)
@@ -166,10 +146,7 @@ def write_figures(
   if score is not None and len(n_bins) > 1:
     correct = source.correct(topks[0])
     u = source.scores[score]
-    pairs = []
-    for n in (min(n_bins), max(n_bins)):
-      bins = binning.fit(u[~test], correct[~test], n)
-      pairs.append((bins, binning.refit(bins, u[test], correct[test])))
+    pairs = [_split_bins(correct, u, test, n) for n in (min(n_bins), max(n_bins))]
     fig = refinement_figure(*pairs, event=f"Top-{topks[0]}")
     written.append(save_figure(fig, figures / f"refinement_{source.slug}_{score}.png"))
   if len(n_bins) > 1:
@@ -209,8 +186,7 @@ def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
 
 
 def write_dropout_rate_figures(out_dir, rows, topks) -> list:
-  """``dropout_rate_figure`` of tidy ``rows`` (a run's or runs merged over seeds) for
-  each Top-k event of ``topks`` that has MC-dropout rows: none without MC dropout."""
+  """``dropout_rate_figure`` of tidy ``rows`` for each Top-k event with MC-dropout rows."""
   written = []
   for k in sorted(set(topks)):
     try:
@@ -222,15 +198,12 @@ def write_dropout_rate_figures(out_dir, rows, topks) -> list:
 
 
 def write_shift_figures(out_dir, panels) -> list:
-  """The shift protocol's figures into ``out_dir/figures`` (``sweep.shift.figure_data``).
+  """The shift protocol's figures into ``out_dir/figures``.
 
-  Args:
-    out_dir: the shift folder (``<workdir>/shift``).
-    panels: one ``(name, rows, variants, p_correct, recalibrated, estimated)`` per
-      trained model: a file-name suffix ("" for a run of one model), its tidy rows, the
-      variants to compare (label -> column filter), the OOD histograms' P(correct)
-      (variant -> set -> [N]; empty without OOD sets), and its recalibration and
-      accuracy-estimate rows by method (method label -> rows; empty without).
+  ``panels`` holds one ``(name, rows, variants, p_correct, recalibrated, estimated)`` per
+  trained model: a file-name suffix ("" for a run of one model), its tidy rows, the variants
+  to compare, ``ood_histograms``' P(correct) (empty without OOD sets), and its recalibration
+  and accuracy-estimate rows by method label (empty without).
   """
   written = []
   for name, rows, variants, p_correct, recalibrated, estimated in panels:

@@ -21,19 +21,12 @@ GUARANTEE_LABEL = "short bar at its coverage: guaranteed risk, 1 − bound"
 
 
 class OperatingPoint(NamedTuple):
-  """One selection's outcome on the examples of the curve.
+  """One selection's outcome on the examples of the curve."""
 
-  Attributes:
-    target: the accuracy the selection was asked to guarantee.
-    coverage: the fraction of the examples it answered.
-    accuracy: their accuracy (None when it answered none).
-    guaranteed_accuracy: the selection's lower bound (None when it selected no bin).
-  """
-
-  target: float
-  coverage: float
-  accuracy: float | None
-  guaranteed_accuracy: float | None
+  target: float  # the accuracy the selection was asked to guarantee
+  coverage: float  # the fraction of the examples it answered
+  accuracy: float | None  # theirs; None when it answered none
+  guaranteed_accuracy: float | None  # its lower bound; None when it selected no bin
 
 
 def _defined(value: float | None) -> bool:
@@ -46,23 +39,11 @@ def risk_coverage_figure(
   *,
   title: str | None = None,
 ) -> Figure:
-  """Risk (error rate) against coverage, with each guaranteed selection marked.
+  """Risk (error rate) against coverage (``selective.risk_coverage``), each selection marked.
 
-  The curve's entry n is the error rate among the n most confident examples
-  (``selective.risk_coverage``). Each operating point is drawn at its coverage and
-  risk 1 - accuracy, with a dashed line across the panel at its target risk
-  1 - target and a short thick bar at its coverage at its guaranteed risk 1 -
-  guaranteed accuracy: the two lie close (the bound is just above the target), so
-  they differ in style and in extent, and each has its own legend entry. A
-  selection that answered nothing is listed in the legend only.
-
-  Args:
-    curve: from ``selective.risk_coverage``.
-    points: the selections to mark (``OperatingPoint``).
-    title: axes title.
-
-  Returns:
-    A ``Figure`` with one axes.
+  A point is drawn at its coverage and risk, with a dashed line at its target risk and a
+  short thick bar at its guaranteed risk: the two lie close, so they differ in style and
+  extent. A selection that answered nothing is listed in the legend only.
   """
   validation.instance("curve", curve, selective.RiskCoverage, "selective.RiskCoverage")
   coverage, risk = np.asarray(curve.coverage), np.asarray(curve.risk)

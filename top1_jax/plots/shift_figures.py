@@ -1,13 +1,9 @@
-"""Calibration under dataset shift, in the manner of Ovadia et al. 2019 ("Can you trust your
-model's uncertainty?"): ``shift_curves`` (metrics against a shift's intensity, their Figs. 1-2),
-``corruption_boxes`` (box plots over a corruption suite per intensity, Figs. 2-3) and
-``ood_histograms`` (predicted P(correct) on out-of-distribution inputs, Fig. 5).
+"""Calibration under dataset shift, after Ovadia et al. 2019 ("Can you trust your model's
+uncertainty?"): metrics against a shift's intensity, boxes over corruptions, histograms OOD.
 
-A variant is a display label with a column filter over tidy results rows (``results.csv``
-with its ``shift`` and ``severity`` columns): ``{"Vanilla": {"method": "deterministic",
-"estimator": "raw", "score": "pmax"}, ...}``, selecting one row per (shift, severity). A variant
-whose rows need the labels (the oracle) is a grey reference that never sets the axis limits.
-"""
+A variant is a display label with a column filter over tidy results rows, selecting one row
+per (shift, severity); a variant whose rows need the labels (the oracle) is a grey reference
+that never sets the axis limits."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,14 +22,10 @@ from top1_jax.io import results
 from top1_jax.plots import figures
 from top1_jax.plots.sweeps import METRIC_LABELS, PERCENT_METRICS
 
-CLEAN = results.CLEAN
-"""The ``shift`` of the unshifted test rows (severity 0): the first point of every shift."""
-
-OOD_PREFIX = "ood_"
-"""The ``shift`` of an out-of-distribution set starts with it (``ood_digits``)."""
-
-AXIS_LABELS = results.GEOMETRIC_SHIFTS
-"""The x label of the geometric shifts; any other shift is a corruption ("<name> severity")."""
+CLEAN = results.CLEAN  # the unshifted test rows (severity 0): the first point of every shift
+OOD_PREFIX = "ood_"  # an out-of-distribution set's ``shift`` starts with it (``ood_digits``)
+AXIS_LABELS = results.GEOMETRIC_SHIFTS  # x labels; any other shift is a corruption
+CORRUPTIONS = "corruptions"  # a recalibration panel's shift: the mean over every corruption
 
 _METRIC_COLUMNS = set(results.METRIC_COLUMNS) | {f"{m}_num_runs" for m in crossval.METRICS}
 _REFERENCE_COLOR = "0.55"  # grey: the oracle (it needs the labels), never a compared variant
@@ -116,7 +108,6 @@ def _prepare(rows, variants, metrics, shifts: set, what: str):
     picked[label] = _pick(rows, label, conditions, shifts | {CLEAN})
     if not any(name != CLEAN for name, _ in picked[label]):
       raise ValueError(f"variants[{label!r}]: {conditions} matches no row of {what}")
-  # A score that needs the labels (the oracle) is a reference, never a compared variant.
   needs_labels = {name for name, score in scores.REGISTRY.items() if score.inputs == "labels"}
   references = [
     k for k, p in picked.items() if any(r.get("score") in needs_labels for r in p.values())
@@ -140,8 +131,8 @@ def _styles(labels: Sequence[str]) -> dict[str, dict]:
 
 
 def _bins_text(rows: Sequence[Mapping[str, Any]]) -> tuple[int | str, float | None]:
-  """The rows' bins for the ECE's name: (15, None), (15, 12.5) when the fewest after ties
-  were 12.5, or ("each variant's", None) when the rows ask for different counts."""
+  """(requested bins, fewest after ties or None) for the ECE's name; ("each variant's", None)
+  when the rows ask for different counts."""
   requested = {r.get("n_bins") for r in rows} - {None}
   if len(requested) != 1:
     return "each variant's", None
@@ -155,10 +146,9 @@ def _format_panel(ax, metric: str, ece_binning: str, bins: tuple) -> None:
   ax.set_title(f"{label} ({direction})" if direction else label)
   if metric == "ece":
     # The protocol's equal-mass bins are quantiles of the score on the clean calibration part.
-    calibration = ece_binning == "equal-mass"
     n_bins, effective = bins
     label = metrics_lib.ece_name(
-      n_bins, ece_binning, effective, calibration=calibration, percent=True
+      n_bins, ece_binning, effective, calibration=ece_binning == "equal-mass", percent=True
     )
   ax.set_ylabel(label)
   if metric in PERCENT_METRICS:
@@ -228,7 +218,6 @@ def _curve(picked, shift: str, metric: str):
 
 
 def _draw_reference_curves(ax, picked: Mapping[str, Mapping], shift: str, metric: str) -> None:
-  """The references' lines, grey and dashed, leaving the limits to the compared variants."""
   curves = {label: _curve(rows, shift, metric)[:2] for label, rows in picked.items()}
 
   def draw():
@@ -239,14 +228,6 @@ def _draw_reference_curves(ax, picked: Mapping[str, Mapping], shift: str, metric
   by_severity = {label: dict(zip(x, mean, strict=True)) for label, (x, mean) in curves.items()}
   names = {x: f"{x:g}" for x in sorted({x for points in by_severity.values() for x in points})}
   _note_off_scale(ax, by_severity, names)
-
-
-def _format_severity_axis(ax, shift: str, severities: list[float]) -> None:
-  ax.set_xlabel(AXIS_LABELS.get(shift, f"{shift} severity (0 = clean)"))
-  # Every severity when few (0-5, 0-14 px); every other one for 0-180° in 15° steps.
-  ticks = severities if len(severities) <= 8 else severities[:: -(-len(severities) // 8)]
-  ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
-  ax.xaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))  # picklable: drawn by workers
 
 
 def shift_curves(
@@ -262,25 +243,17 @@ def shift_curves(
 
   One panel per metric; x is ``severity`` (degrees for ``rotate``, pixels for ``translate``,
   1-5 for a corruption), the ``"clean"`` row at 0 unless the shift has its own. Each line
-  has a band of ± ``<metric>_std`` (over splits, or across runs); a missing value is a gap.
+  has a band of ± ``<metric>_std``; a missing value is a gap.
 
   Args:
     rows: tidy results rows with ``shift``, ``severity``, the filters' columns and the
       metrics (None where undefined), e.g. ``io.results.read_results(workdir)[0]``.
-    variants: display label -> column filter (``{"method": "ensemble", "estimator": "raw"}``)
-      selecting exactly one row per (shift, severity); the oracle's is a grey reference.
-    shift: the ``shift`` drawn (``"rotate"``, ``"translate"`` or a corruption's name).
-    metrics: names from ``crossval.METRICS``, one panel each.
-    ece_binning: which ECE the rows hold ("equal-mass", "equal-width"), for its y label; the
-      bins are the rows' ``n_bins`` (and ``num_effective_bins`` after ties).
-    title: figure title, ``{shift}`` filled in; None for none.
-
-  Returns:
-    A ``Figure`` with one axes per metric, one line and band per variant.
+    variants: display label -> column filter (``{"method": "ensemble", "estimator": "raw"}``).
+    ece_binning: which ECE the rows hold ("equal-mass", "equal-width"), for its y label.
 
   Raises:
-    ValueError: empty or malformed ``rows``, an unknown metric, a shift the rows do not hold,
-      a variant matching no row of the shift, or several rows at one severity.
+    ValueError: malformed rows, an unknown metric or shift, a variant matching no row of the
+      shift, or several rows at one severity.
   """
   shifts = list(dict.fromkeys(r["shift"] for r in _check_rows(rows) if r["shift"] != CLEAN))
   if shift not in shifts:
@@ -290,6 +263,8 @@ def shift_curves(
   fig = figures.new_figure((min(3.6 * len(metrics), figures.PAGE_WIDTH), 4.4))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   severities = sorted({s for label in picked for s in _points(picked[label], shift)})
+  # Every severity when few (0-5, 0-14 px); every other one for 0-180° in 15° steps.
+  ticks = severities if len(severities) <= 8 else severities[:: -(-len(severities) // 8)]
   for ax, metric in zip(axes, metrics, strict=True):
     for label in compared:
       x, mean, std = _curve(picked[label], shift, metric)
@@ -297,19 +272,21 @@ def shift_curves(
       ax.plot(x, mean, markersize=4, **styles[label])
     _draw_reference_curves(ax, {label: picked[label] for label in references}, shift, metric)
     _format_panel(ax, metric, ece_binning, bins)
-    _format_severity_axis(ax, shift, severities)
+    ax.set_xlabel(AXIS_LABELS.get(shift, f"{shift} severity (0 = clean)"))
+    ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))  # picklable: drawn by workers
   _legend(fig, compared, styles, references, lambda style: Line2D([], [], markersize=4, **style))
   if title:
     fig.suptitle(title.format(shift=shift))
   return fig
 
 
+def _is_corruption(shift: str) -> bool:
+  return shift != CLEAN and shift not in AXIS_LABELS and not shift.startswith(OOD_PREFIX)
+
+
 def _corruption_names(rows, corruptions) -> list[str]:
-  present = [
-    name
-    for name in dict.fromkeys(r["shift"] for r in rows)
-    if name != CLEAN and name not in AXIS_LABELS and not str(name).startswith(OOD_PREFIX)
-  ]
+  present = [name for name in dict.fromkeys(r["shift"] for r in rows) if _is_corruption(name)]
   if corruptions is None and not present:
     raise ValueError("rows: expected rows of at least one corruption, got none")
   if corruptions is None:
@@ -332,7 +309,6 @@ def _box_values(picked, corruptions: Sequence[str], metric: str) -> dict[float, 
 
 
 def _draw_boxes(ax, values, positions, width: float, color: str) -> None:
-  """A box per severity of ``values`` (severity -> the metric over corruptions) at ``positions``."""
   severities = [s for s in sorted(values) if values[s].size]
   if not severities:
     return
@@ -365,21 +341,10 @@ def corruption_boxes(
 ) -> Figure:
   """Box plots of metrics over the corruptions at each intensity (Ovadia et al., Figs. 2-3).
 
-  One panel per metric; at each intensity (the clean test set, then severities 1-5) a box
-  per variant, side by side in its colour, over every corruption at that intensity (the
-  clean row alone: a dot). The oracle's boxes are grey and do not set the axis limits.
-
-  Args:
-    rows: tidy results rows as for ``shift_curves``. Every ``shift`` but ``"clean"``, the
-      geometric ones (``AXIS_LABELS``) and the OOD sets (``"ood_*"``) is a corruption.
-    variants: display label -> column filter, one row per (shift, severity).
-    metrics: names from ``crossval.METRICS``, one panel each.
-    corruptions: the corruptions pooled in the boxes (None: every one the rows hold).
-    ece_binning: which ECE the rows hold, for its y label (bins from the rows).
-    title: figure title, ``{num_corruptions}`` filled in; None for none.
-
-  Returns:
-    A ``Figure`` with one axes per metric, a box per variant and intensity.
+  One panel per metric; at each intensity (clean, then severities 1-5) a box per variant over
+  every corruption there (the clean row alone: a dot). Arguments as ``shift_curves``; every
+  ``shift`` but ``"clean"``, ``AXIS_LABELS``' and ``"ood_*"`` is a corruption, and
+  ``corruptions`` picks those pooled (None: every one the rows hold).
 
   Raises:
     ValueError: as ``shift_curves``; also no corruption rows or an unknown corruption.
@@ -394,12 +359,8 @@ def corruption_boxes(
   slots = {
     label: (i - (len(picked) - 1) / 2) * width for i, label in enumerate(compared + references)
   }
-  fig = figures.new_figure(
-    (
-      min(max(6.0, 0.14 * len(severities) * len(picked) + 2.0), figures.PAGE_WIDTH),
-      2.9 * len(metrics) + 0.6,
-    )
-  )
+  fig_width = min(max(6.0, 0.14 * len(severities) * len(picked) + 2.0), figures.PAGE_WIDTH)
+  fig = figures.new_figure((fig_width, 2.9 * len(metrics) + 0.6))
   axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
   for ax, metric in zip(axes, metrics, strict=True):
     values = {label: _box_values(picked[label], corruptions, metric) for label in picked}
@@ -457,23 +418,16 @@ def ood_histograms(
 ) -> Figure:
   """Histograms of each variant's predicted P(correct) per input set (Ovadia et al., Fig. 5).
 
-  One panel per set, the clean test set (``"clean"``) first, then the OOD sets in order;
-  in each, every variant's density over ``bins`` equal-width bins of [0, 1] as an outline in
-  its colour, a dotted line at its mean, and the means noted below the panel. On inputs of
-  no class of the model every prediction is wrong: a good method puts that mass low.
+  One panel per set, ``"clean"`` first; each variant is an outline in its colour with a dotted
+  line at its mean. On inputs of no class of the model every prediction is wrong: a good
+  method puts that mass low.
 
-  Args:
-    p_correct: variant label -> set name -> ``[N] float`` predicted P(correct) in [0, 1]
-      (a calibrator's ``predict_confidence``, or the max-softmax); a variant may lack a set.
-    bins: equal-width bins of [0, 1] per histogram.
-    title: figure title; None for none.
-
-  Returns:
-    A ``Figure`` with one axes per set, one histogram per variant holding that set.
+  ``p_correct``: variant label -> set name -> ``[N]`` predicted P(correct); a variant may
+  lack a set. ``bins``: equal-width bins of [0, 1] per histogram.
 
   Raises:
     ValueError: an empty mapping, an array that is not a non-empty [N] of probabilities
-      in [0, 1] (NaN and inf included), or ``bins`` not a positive int.
+      in [0, 1], or ``bins`` not a positive int.
   """
   checked = _check_p_correct(p_correct)
   if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
@@ -511,13 +465,10 @@ def ood_histograms(
 
 # After m labels, and accuracy without labels (recalibration.csv, accuracy_estimates.csv).
 
-CORRUPTIONS = "corruptions"
-"""A recalibration panel's ``shift`` for the mean over every corruption at one intensity."""
-
 
 def recalibration_panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
-  """A few (shift, severity) panels: each geometric shift's middle and largest severity,
-  and the corruptions' (their mean) at the middle and largest intensity."""
+  """(shift, severity) panels: each geometric shift's and the corruptions' middle and
+  largest severity."""
   panels = []
   for family in [*AXIS_LABELS, CORRUPTIONS]:
     severities = sorted({r["severity"] for r in rows if _in_family(r, family)})
@@ -528,10 +479,7 @@ def recalibration_panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, f
 
 
 def _in_family(row: Mapping[str, Any], family: str) -> bool:
-  if family == CORRUPTIONS:
-    shift = row["shift"]
-    return shift != CLEAN and shift not in AXIS_LABELS and not shift.startswith(OOD_PREFIX)
-  return row["shift"] == family
+  return _is_corruption(row["shift"]) if family == CORRUPTIONS else row["shift"] == family
 
 
 def recalibration_curves(
@@ -543,17 +491,12 @@ def recalibration_curves(
 ) -> Figure:
   """Metrics against the labelled examples m, a line per recalibration (and score).
 
-  One column per panel (a shift and its severity; ``CORRUPTIONS``: the mean over the
-  corruptions at that intensity), one row per metric; the values of m are evenly spaced
-  (m = 0: the clean fit). Each method's clean value (m = 0 on the clean set) is a dotted
-  line in its colour.
+  One column per (shift, severity) panel (``CORRUPTIONS``: the mean over the corruptions at
+  that intensity), one row per metric; m is evenly spaced (m = 0: the clean fit). Each
+  method's clean value is a dotted line in its colour.
 
-  Args:
-    rows: one model's recalibration rows (``recalibration.csv``: ``recalibration``,
-      ``score``, ``num_labels``, ``shift``, ``severity`` and the metrics).
-    panels: the (shift, severity) columns; None: ``recalibration_panels(rows)``.
-    metrics: names of ``crossval.METRICS``, one row of panels each.
-    title: ``{label}`` filled in with the rows' ``label`` (if any); None for none.
+  ``rows`` are one model's ``recalibration.csv`` rows; ``panels`` None:
+  ``recalibration_panels(rows)``; ``{label}`` in ``title`` is the rows' ``label``.
   """
   rows = _check_rows(rows)
   metrics = _check_metrics(metrics, rows)
@@ -587,9 +530,9 @@ def recalibration_curves(
   names = list(styles)
   handles = [Line2D([], [], markersize=4, **styles[n]) for n in names]
   fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 4), fontsize="small")
-  label = rows[0].get("label")
   if title:
-    fig.suptitle(title.format(label=label or "model") + "; dotted: the clean fit on clean data")
+    label = rows[0].get("label") or "model"
+    fig.suptitle(title.format(label=label) + "; dotted: the clean fit on clean data")
   return fig
 
 
@@ -601,11 +544,9 @@ def accuracy_scatter(
 ) -> Figure:
   """Predicted against true accuracy, a point per set, a panel per estimator and score.
 
-  Args:
-    rows: one model's accuracy rows (``accuracy_estimates.csv``: ``estimator``,
-      ``score``, ``shift``, ``predicted_accuracy``, ``accuracy``, ``absolute_error``).
-    titles: estimator name -> its display name (None: ``accuracy_estimates.ESTIMATORS``').
-    title: ``{label}`` filled in with the rows' ``label`` (if any); None for none.
+  ``rows`` are one model's ``accuracy_estimates.csv`` rows; ``titles`` maps estimator names
+  to display names (None: ``accuracy_estimates.ESTIMATORS``'); ``{label}`` in ``title`` is
+  the rows' ``label``.
   """
   rows = _check_rows(rows)
   if titles is None:
@@ -649,8 +590,7 @@ def accuracy_scatter(
 
 
 def _family_of(row: Mapping[str, Any]) -> str:
-  """A set's family for the scatter's colours: clean, a geometric shift (by its axis's
-  name), corruption, OOD."""
+  """A set's family for the scatter's colours: clean, a geometric shift, corruption, OOD."""
   shift = row["shift"]
   if shift in AXIS_LABELS:
     return AXIS_LABELS[shift].split(" (")[0]

@@ -16,7 +16,8 @@ from top1_jax.core import scores
 from top1_jax.evaluation import crossval
 from top1_jax.plots import figures
 
-_METRIC_LABELS = {
+# Each metric's (label, which way is better), and those drawn as percentages: every figure's.
+METRIC_LABELS = {
   "accuracy": ("Accuracy", "higher is better"),
   "brier": ("Brier score", "lower is better"),
   "brier_uncertainty": ("Brier uncertainty", ""),
@@ -31,12 +32,9 @@ _METRIC_LABELS = {
   "auroc": (metrics_lib.BINNED_AUROC_NAME, "higher is better"),
   "num_effective_bins": ("Effective bins", ""),
 }
-_PERCENT_METRICS = ("ece", "accuracy")
-METRIC_LABELS, PERCENT_METRICS = _METRIC_LABELS, _PERCENT_METRICS
-"""Each metric's (label, which way is better), and those drawn as percentages: every figure's."""
+PERCENT_METRICS = ("ece", "accuracy")
 _NOTE_WIDTH = 50  # characters of an x-small note per line: a 3.6-inch panel's width
 _REFERENCE_COLOR = "0.55"  # grey: a reference row (the oracle), not one of the compared lines
-_REFERENCE_DASHES = ("-", "--", ":", "-.")
 # Once the colour cycle is used up, lines differ by dash pattern and marker too.
 _LINESTYLES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D")
@@ -69,12 +67,8 @@ def _check_metrics(metrics) -> None:
 def _merge_identical(
   results: Mapping[str, crossval.CrossValidation],
 ) -> dict[str, crossval.CrossValidation]:
-  """One entry per distinct curve, labelled with every name that gave it.
-
-  Scores that order the examples the same way (pmax and -log pmax) can give the
-  same bins and so the same per-split metrics; their lines would lie on top of
-  each other, and the one drawn last would hide the other.
-  """
+  """One entry per distinct curve, labelled with every name that gave it: scores that order
+  the examples alike (pmax, -log pmax) can give equal curves, the last drawn hiding the rest."""
   groups: list[tuple[list[str], crossval.CrossValidation]] = []
   for name, result in results.items():
     for names, first in groups:
@@ -114,18 +108,31 @@ def _line_styles(num_lines: int) -> list[dict]:
   ]
 
 
-def _ylabel(metric: str, bins: str) -> str:
-  """The y label; the ECE's says which ECE (``metrics.ece_name``, ``bins`` for the count)."""
+def _format_panel(ax, metric: str, bins: str) -> None:
+  """Title, y label (the ECE's names its bins: ``bins``) and y format of a metric's panel."""
+  label, direction = METRIC_LABELS.get(metric, (metric, ""))
+  ax.set_title(f"{label}\n({direction})" if direction else label)  # two lines fit a panel
   if metric == "ece":
     # The calibration split's quantile bins, as in results.csv; not Table 1's equal-width ECE.
-    return metrics_lib.ece_name(bins, "equal-mass", calibration=True, percent=True)
-  return _METRIC_LABELS.get(metric, (metric, ""))[0]
+    label = metrics_lib.ece_name(bins, "equal-mass", calibration=True, percent=True)
+  ax.set_ylabel(label)
+  if metric in PERCENT_METRICS:
+    ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
+  ax.grid(alpha=0.3)
+
+
+def _log_axis(ax, ticks: list, xlabel: str, fmt) -> None:
+  """A log x axis with a tick at, and only at, each of ``ticks``, labelled ``fmt(tick)``."""
+  ax.set_xlabel(xlabel)
+  ax.set_xscale("log")
+  ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
+  ax.xaxis.set_major_formatter(ticker.FixedFormatter([fmt(t) for t in ticks]))
+  ax.xaxis.set_minor_locator(ticker.NullLocator())
 
 
 def _dodge(num_lines: int, all_bins: list[int]) -> np.ndarray:
-  """Factors that shift each line's points along the log x axis, so that the error bars
-  of lines with close values stand side by side: together they span a fifth of the
-  narrowest gap between bin counts (at most ±15 %)."""
+  """Factors that shift each line's points along the log x axis, so that the error bars of
+  close lines stand side by side: a fifth of the narrowest gap between bin counts, <= ±15 %."""
   gaps = np.diff(np.log(all_bins))
   half = min(0.1 * float(gaps.min()) if gaps.size else 0.1, 0.14)
   return np.exp(np.linspace(-half, half, num_lines)) if num_lines > 1 else np.ones(1)
@@ -149,20 +156,16 @@ def _ties_note(result: crossval.CrossValidation) -> str:
 
 
 def _value_text(metric: str, value: float) -> str:
-  return f"{value:.2%}" if metric in _PERCENT_METRICS else f"{value:.3g}"
+  return f"{value:.2%}" if metric in PERCENT_METRICS else f"{value:.3g}"
 
 
 def _draw_references(ax, metric: str, references: Mapping[str, crossval.CrossValidation]) -> None:
-  """Thin grey lines that leave the axis limits to the compared lines.
-
-  A reference such as the oracle (which needs the labels) can lie far from every
-  real score; were it to set the limits, the lines a reader compares would
-  collapse into one band. Its values off the drawn range are written at that edge.
-  """
+  """Thin grey lines that leave the axis limits to the compared lines (the oracle can lie far
+  from every real score); values off the drawn range are written at that edge."""
   low, high = ax.get_ylim()  # autoscaled to the compared lines and their bands
   notes = {"below": [], "above": []}
   for index, (name, result) in enumerate(references.items()):
-    dashes = _REFERENCE_DASHES[index % len(_REFERENCE_DASHES)]
+    dashes = _LINESTYLES[index % len(_LINESTYLES)]
     x, mean, _ = _curve(result, metric)
     ax.plot(x, mean, color=_REFERENCE_COLOR, linewidth=1.0, linestyle=dashes, label=name)
     for side, off in (("below", mean < low), ("above", mean > high)):
@@ -184,20 +187,7 @@ def _draw_references(ax, metric: str, references: Mapping[str, crossval.CrossVal
 
 
 def _panels_size(num_panels: int) -> tuple[float, float]:
-  """A row of panels no wider than the page (``figures.PAGE_WIDTH``)."""
   return (min(3.6 * num_panels, figures.PAGE_WIDTH), 4.4)
-
-
-def _format_bin_axis(ax, all_bins: list[int]) -> None:
-  """A log x axis with a tick at, and only at, each bin count of the sweep."""
-  ax.set_xlabel("N: number of bins (requested)")
-  ax.set_xscale("log")
-  ax.xaxis.set_major_locator(ticker.FixedLocator(all_bins))
-  ax.xaxis.set_major_formatter(ticker.FixedFormatter([str(n) for n in all_bins]))
-  ax.xaxis.set_minor_locator(ticker.NullLocator())
-  if len(all_bins) == 1:
-    # A log axis around a single point would otherwise span decades of nothing.
-    ax.set_xlim(all_bins[0] / 1.5, all_bins[0] * 1.5)
 
 
 def ablation_figure(
@@ -209,31 +199,15 @@ def ablation_figure(
 ) -> Figure:
   """Cross-validated metrics against the number of bins, one line per score.
 
-  One panel per metric, log x axis at the requested bin counts; each score is a
-  line through the means with bars of ± one standard deviation over the splits.
-  Scores whose per-split metrics are exactly equal (the same bins, e.g. two
-  scores that order the examples identically) share one line, labelled
-  "a = b". Past the colour cycle, lines also differ by dash pattern and marker.
-  A score whose ties left fewer bins than requested says so in the legend
-  ("ties: 20→17.2 bins", the mean over splits). The ECE is the one over the
-  score's equal-mass calibration-split bins (its y label says so). The ± std bars
-  of the lines stand side by side, each line shifted by a few percent along x
-  (shaded bands would hide one another).
-
-  ``references`` (the oracle, which needs the labels: ``Score.inputs ==
-  "labels"``) are thin grey lines that do not set the axis limits, so the
-  compared scores keep the panel; a reference off that range is written at the
-  panel's edge.
+  One panel per metric (``crossval.METRICS``); each line runs through the means with bars of
+  ± one std over the splits, the lines shifted a few percent along x so that the bars stand
+  side by side. Scores with exactly equal per-split metrics share one line ("a = b"); ties
+  that left fewer bins than requested are noted in the legend.
 
   Args:
     results: score name -> ``crossval.cross_validate`` result.
-    references: label -> result of rows drawn for reference only (None for none).
-    metrics: names from ``crossval.METRICS``, one panel each.
-    title: figure title (None for none).
-
-  Returns:
-    A ``Figure`` with one axes per metric: one line per distinct curve, then one
-    per reference.
+    references: label -> result drawn as a thin grey line that does not set the axis
+      limits (the oracle, which needs the labels).
 
   Raises:
     ValueError: empty ``results``, a value that is not a ``CrossValidation``, or
@@ -254,13 +228,11 @@ def ablation_figure(
       ax.plot(shift * x, mean, markersize=4, label=name + _ties_note(result), **style)
     if references:
       _draw_references(ax, metric, references)
-    label, direction = _METRIC_LABELS.get(metric, (metric, ""))
-    ax.set_title(f"{label}\n({direction})" if direction else label)  # two lines fit a panel
-    ax.set_ylabel(_ylabel(metric, "N"))
-    _format_bin_axis(ax, all_bins)
-    if metric in _PERCENT_METRICS:
-      ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
-    ax.grid(alpha=0.3)
+    _format_panel(ax, metric, "N")
+    _log_axis(ax, all_bins, "N: number of bins (requested)", str)
+    if len(all_bins) == 1:
+      # A log axis around a single point would otherwise span decades of nothing.
+      ax.set_xlim(all_bins[0] / 1.5, all_bins[0] * 1.5)
   handles, labels = axes[0].get_legend_handles_labels()
   fig.legend(
     handles,
@@ -274,8 +246,6 @@ def ablation_figure(
     fig.suptitle(title)
   return fig
 
-
-# --------------------------------------------------------------------------- dropout rate
 
 # A sweep point's line: what else may differ between rows of one figure besides the rate.
 _LINE_COLUMNS = ("dataset", "model", "train_dropout_rate", "num_samples", "seed", "n_bins")
@@ -346,22 +316,7 @@ def _draw_rate_panel(ax, metric: str, lines: dict, references: dict, labels: lis
     reference = references.get(_reference_key(key))
     if reference is not None and reference.get(metric) is not None:
       ax.axhline(reference[metric], color=style["color"], linestyle=":", linewidth=1.2)
-  label, direction = _METRIC_LABELS.get(metric, (metric, ""))
-  ax.set_title(f"{label}\n({direction})" if direction else label)
-  ax.set_ylabel(_ylabel(metric, "each line's"))
-  if metric in _PERCENT_METRICS:
-    ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
-  ax.grid(alpha=0.3)
-
-
-def _format_rate_axis(ax, rates: list[float]) -> None:
-  """A log x axis with a tick at, and only at, each dropout rate of the sweep."""
-  ax.set_xlabel("test-time dropout rate")
-  ax.set_xscale("log")
-  ax.xaxis.set_major_locator(ticker.FixedLocator(rates))
-  ax.xaxis.set_major_formatter(ticker.FixedFormatter([f"{r:g}" for r in rates]))
-  ax.xaxis.set_minor_locator(ticker.NullLocator())
-  ax.set_xlim(min(rates) / 1.5, max(rates) * 1.5)
+  _format_panel(ax, metric, "each line's")
 
 
 def dropout_rate_figure(
@@ -375,29 +330,15 @@ def dropout_rate_figure(
 ) -> Figure:
   """Metrics of MC dropout against the test-time dropout rate, one line per bin count.
 
-  One panel per metric, log x axis at the swept rates; points are the rows'
-  ``<metric>`` with error bars of ``<metric>_std`` (over splits for a run's
-  ``results.csv``, across runs for ``aggregate.merge_runs`` rows). The
-  deterministic network each line's samples come from (same dataset, model,
-  training dropout rate, seed and bin count) is a dotted horizontal line in the
-  line's colour, so one sees at which rates sampling beats a single pass. When
-  rows mix models, training rates, sample counts or seeds, each mix is its own
-  line, named by what differs.
+  Points are the rows' ``<metric>`` with error bars of ``<metric>_std``. The deterministic
+  network each line's samples come from is a dotted line in the line's colour, so one sees
+  at which rates sampling beats a single pass. Rows that mix models, training rates, sample
+  counts or seeds give a line per mix, named by what differs.
 
   Args:
-    rows: tidy rows (``results.csv`` or ``aggregate.csv``): ``method``,
-      ``dropout_rate``, ``score``, ``topk``, ``n_bins`` and metric columns
-      (None where undefined).
-    topk: the Top-k event drawn.
-    score: the MC-dropout rows' score; default the paper's headline
-      (``scores.headline``: the covariance norm when present).
-    metrics: names from ``crossval.METRICS``, one panel each.
+    rows: tidy rows (``results.csv`` or ``aggregate.csv``), None where undefined.
+    score: the MC-dropout rows' score; default ``scores.headline``.
     estimator: the estimator of P(correct | U) drawn (``crossval.ESTIMATORS``).
-    title: figure title, where ``{score}`` and ``{topk}`` name the score drawn
-      and the event; None for none.
-
-  Returns:
-    A ``Figure`` with one axes per metric.
 
   Raises:
     ValueError: no MC-dropout rows with a rate > 0 for ``topk`` and ``estimator``
@@ -420,7 +361,8 @@ def dropout_rate_figure(
   rates = sorted({r["dropout_rate"] for r in mc})
   for ax, metric in zip(axes, metrics, strict=True):
     _draw_rate_panel(ax, metric, lines, references, labels)
-    _format_rate_axis(ax, rates)
+    _log_axis(ax, rates, "test-time dropout rate", "{:g}".format)
+    ax.set_xlim(min(rates) / 1.5, max(rates) * 1.5)
   handles, labels = axes[0].get_legend_handles_labels()
   if any(_reference_key(key) in references for key in lines):
     handles.append(Line2D([], [], color="grey", linestyle=":", linewidth=1.2))
