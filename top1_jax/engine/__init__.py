@@ -1,2 +1,1 @@
-"""The Monte Carlo engine: Flax models, MC dropout and ensembles (vmap, sharded),
-training, processes, streaming a predictions file through the devices."""
+"""The Monte Carlo engine: Flax models, MC dropout and ensembles, training, processes."""

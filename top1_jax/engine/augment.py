@@ -1,18 +1,7 @@
 """Data augmentation on device, inside the jitted training step, by key.
 
-An ``Augmentation`` names the transforms to apply, in ``AUGMENTATIONS``' order,
-and is called as ``augmentation(key, images)`` on a [B, H, W] or [B, H, W, C]
-batch: image i draws from ``fold_in(fold_in(key, t), i)`` for the transform t
-(its index in ``AUGMENTATIONS``), so a batch is augmented the same way for the
-same key on any backend and batch order. ``train.train_step`` applies the
-state's augmentation to every training batch with a key split from the step's
-key; evaluation and prediction never augment.
-
-* ``"crop"``: random crop with zero padding (Krizhevsky et al. 2012, He et al.
-  2016 on CIFAR with 4 pixels): the image is padded by ``crop_padding`` zeros on
-  every side and an H x W window is taken at a uniform offset in
-  [0, 2 * crop_padding] along each axis.
-* ``"flip"``: horizontal flip (of the W axis) with probability 1/2.
+Transform t (its index in ``AUGMENTATIONS``) draws image i's randomness from
+``fold_in(fold_in(key, t), i)``: the same for a key on any backend and batch order.
 """
 
 import dataclasses
@@ -21,23 +10,11 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-__all__ = [
-  "AUGMENTATIONS",
-  "NONE",
-  "NO_AUGMENTATION",
-  "Augmentation",
-  "random_crop",
-  "random_flip",
-  "make",
-]
-
-NONE = "none"
-"""The name that asks for no augmentation (``make(("none",))``)."""
+NONE = "none"  # the name that asks for no augmentation
 
 
 def random_crop(key: jax.Array, image: jax.Array, padding: int) -> jax.Array:
-  """One image [H, W, C] zero-padded by ``padding`` and cropped back to [H, W, C] at a
-  uniform random offset (the same for all channels)."""
+  """One image [H, W, C] zero-padded by ``padding`` and cropped back at a random offset."""
   height, width = image.shape[0], image.shape[1]
   padded = jnp.pad(image, ((padding, padding), (padding, padding), (0, 0)))
   offsets = jax.random.randint(key, (2,), 0, 2 * padding + 1)
@@ -45,7 +22,7 @@ def random_crop(key: jax.Array, image: jax.Array, padding: int) -> jax.Array:
 
 
 def random_flip(key: jax.Array, image: jax.Array, padding: int) -> jax.Array:
-  """One image [H, W, C] flipped left-right with probability 1/2 (``padding`` unused)."""
+  """One image [H, W, C] flipped left-right with probability 1/2."""
   del padding
   return jnp.where(jax.random.bernoulli(key), image[:, ::-1], image)
 
@@ -54,18 +31,12 @@ AUGMENTATIONS: dict[str, Callable[[jax.Array, jax.Array, int], jax.Array]] = {
   "crop": random_crop,
   "flip": random_flip,
 }
-"""Every augmentation by name: ``fn(key, image [H, W, C], crop_padding) -> image``,
-applied in this order."""
+"""Every augmentation by name, applied in this order."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
-  """The transforms of a training run (hashable: a static field of ``TrainState``).
-
-  Attributes:
-    names: transforms from ``AUGMENTATIONS``, applied in that registry's order.
-    crop_padding: zero pixels added on each side before ``"crop"``.
-  """
+  """The transforms of a training run (hashable: a static field of ``TrainState``)."""
 
   names: tuple[str, ...] = ()
   crop_padding: int = 0
@@ -74,42 +45,24 @@ class Augmentation:
     return bool(self.names)
 
   def __call__(self, key: jax.Array, images: jax.Array) -> jax.Array:
-    """Augments a batch (jittable; vmapped over the images).
-
-    Args:
-      key: PRNG key of this batch.
-      images: [B, H, W] or [B, H, W, C] float.
-
-    Returns:
-      The augmented batch, same shape and dtype.
-    """
+    """Augments a batch [B, H, W] or [B, H, W, C] (jittable)."""
     grayscale = images.ndim == 3
     batch = images[..., None] if grayscale else images
     per_image = jnp.arange(batch.shape[0])
     for index, (name, transform) in enumerate(AUGMENTATIONS.items()):
       if name not in self.names:
         continue
-      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-        jax.random.fold_in(key, index), per_image
-      )
+      transform_key = jax.random.fold_in(key, index)
+      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(transform_key, per_image)
       batch = jax.vmap(transform, in_axes=(0, 0, None))(keys, batch, self.crop_padding)
     return batch[..., 0] if grayscale else batch
 
 
 NO_AUGMENTATION = Augmentation()
-"""No augmentation: the batch as it is."""
 
 
 def make(names, crop_padding: int = 0) -> Augmentation:
-  """An ``Augmentation`` from names (``("crop", "flip")``; ``()`` or ``("none",)``: none).
-
-  Args:
-    names: a sequence of names from ``AUGMENTATIONS``, or ``"none"`` alone.
-    crop_padding: pixels of zero padding for ``"crop"``, >= 1 when it is asked for.
-
-  Raises:
-    ValueError: an unknown name, ``"none"`` beside others, or a crop without padding.
-  """
+  """An ``Augmentation`` from names (``("crop", "flip")``; ``()`` or ``("none",)``: none)."""
   names = (names,) if isinstance(names, str) else tuple(names)
   if names == (NONE,):
     names = ()

@@ -1,20 +1,7 @@
-"""Training data: host arrays checked once, placed on the devices or streamed, and each
-network's mini-batch order.
+"""Training data: checked once, on the devices or streamed, and each network's batch order.
 
-Step t of a network trained with shuffle key k takes the rows at position t of the
-epoch permutations ``permutation(fold_in(k, epoch), N)``; the last N mod B rows of
-each permutation are skipped.
-
-Where the data goes (``training_data``) is one rule, ``parallel.fits_on_devices``:
-
-* it fits: the images (in the model's computation dtype) and labels live on the
-  devices, split by rows, for the whole run; the permutations are drawn there too,
-  and every batch is gathered there (``parallel.gather_rows``): no host work and no
-  transfer per step;
-* it does not: each jitted call's batches (``streamed_steps``: at most
-  ``STREAMED_CALL_BYTES``) are gathered on the hosts and sent split over the devices
-  (``parallel.shard_rows``), ``IN_FLIGHT`` calls' batches ahead of the one that runs
-  (``prefetch``).
+Data that fits (``parallel.fits_on_devices``) lives on the devices for the whole run, its
+batches gathered there; else each jitted call's batches are gathered on the hosts and sent.
 """
 
 import collections
@@ -32,12 +19,10 @@ from jax.sharding import PartitionSpec as P
 from top1_jax.core import validation
 from top1_jax.engine import forward_passes, parallel, train_state
 
+# Streamed data: calls sent ahead of the one that runs, and the most bytes of a call's
+# batches (but one step), small beside the model.
 IN_FLIGHT = 2
-"""Streamed data: calls' batches sent to the devices ahead of the call that runs."""
-
 STREAMED_CALL_BYTES = 1 << 28
-"""Streamed data: a call's batches take at most this many bytes (256 MiB; a call takes at
-least one step), so that the calls in flight stay small beside the model."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -52,9 +37,7 @@ def _logits_classes(model: nn.Module, variables: Any, treedef: Any, example_shap
 
 
 def _num_classes(model: nn.Module, variables: Any, images: Any) -> int:
-  """K, the model's logits for one example of ``images`` (a host or device array) with
-  ``variables`` (None: the model's initial ones); only shapes are computed, once per model,
-  variables' shapes and example shape."""
+  """K, the model's logits with ``variables`` (None: initial ones); computed from shapes."""
   if variables is None:
     return _logits_classes(model, None, None, tuple(images.shape[1:]))
   leaves, treedef = jax.tree_util.tree_flatten(variables)
@@ -71,8 +54,7 @@ def _checked(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray, 
 
 
 def checked_dataset(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray]:
-  """Host float32 images [N, ...] and int32 labels [N] in [0, K) (K: the model's
-  logits), checked once for a whole run."""
+  """Host float32 images [N, ...] and int32 labels [N] in [0, K), K the model's logits."""
   return _checked(model, variables, images, labels)[:2]
 
 
@@ -86,25 +68,14 @@ def checked_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[in
 
 
 def input_dtype(model: nn.Module) -> Any:
-  """The dtype training images are kept in on the devices: the model's ``dtype`` for mixed
-  precision (its first layer computes in it, so the cast changes no number), else float32."""
+  """The dtype of training images on the devices: the model's ``dtype`` for mixed precision
+  (its first layer computes in it, so the cast changes no number), else float32."""
   dtype = getattr(model, "dtype", jnp.float32)
   return dtype if dtype in tuple(train_state.HALF_PRECISIONS.values()) else jnp.float32
 
 
 class TrainingData(NamedTuple):
-  """A training set checked once and placed for ``fit`` (``training_data``).
-
-  Attributes:
-    images: [N', ...] rows on the devices (N padded to a multiple of the mesh size, in
-      ``dtype``), or the host's float32 [N, ...] when they do not fit there.
-    labels: [N'] or [N] int32 in [0, ``num_classes``).
-    num_examples: N.
-    num_classes: K, the logits of the model it was checked for.
-    on_device: whether ``images`` and ``labels`` live on the devices.
-    dtype: the images' dtype in a training step (``input_dtype``).
-    mesh: the devices it is placed on (``mc.default_mesh()``).
-  """
+  """A training set checked once and placed for ``fit``; on the devices N is padded."""
 
   images: Any
   labels: Any
@@ -116,17 +87,7 @@ class TrainingData(NamedTuple):
 
 
 def training_data(model: nn.Module, images, labels, mesh: Mesh, variables=None) -> TrainingData:
-  """Checks host data once and places it for a run (the module docstring's rule).
-
-  Args:
-    model: the network it trains (its logits give K, its ``dtype`` the images' on the
-      devices).
-    images: [N, ...] float inputs (integers are cast to float32).
-    labels: [N] int labels in [0, K).
-    mesh: the devices to place it on.
-    variables: the network's variables, checked against the images (None: its initial
-      ones).
-  """
+  """Host data checked once against ``model`` (``variables`` None: initial) and placed."""
   images, labels, num_classes = _checked(model, variables, images, labels)
   dtype = input_dtype(model)
   num_bytes = images.shape[0] * (images[0].size * np.dtype(dtype).itemsize + 4)
@@ -138,8 +99,7 @@ def training_data(model: nn.Module, images, labels, mesh: Mesh, variables=None) 
 
 
 def for_fit(model: nn.Module, variables: Any, images, labels, mesh: Mesh) -> TrainingData:
-  """``fit``'s data: a ``TrainingData`` (``labels`` None) checked against the model, or host
-  arrays checked and placed (``training_data``)."""
+  """``fit``'s data: a ``TrainingData`` (``labels`` None) checked against the model, or placed."""
   if not isinstance(images, TrainingData):
     return training_data(model, images, labels, mesh, variables)
   if labels is not None:
@@ -151,11 +111,6 @@ def for_fit(model: nn.Module, variables: Any, images, labels, mesh: Mesh) -> Tra
       f" {num_classes}; make it with training_data(model, ...) for this model"
     )
   return images
-
-
-def epochs_spanned(num_steps: int, steps_per_epoch: int) -> int:
-  """The most epochs that ``num_steps`` consecutive steps touch."""
-  return (num_steps + steps_per_epoch - 2) // steps_per_epoch + 1
 
 
 @functools.cache
@@ -171,8 +126,10 @@ def _permutations(num_examples: int, mesh: Mesh, impl: Any):
 
 
 class EpochOrder:
-  """The mini-batch order of one network, or of M members at once (``shuffle_keys``
-  [M]): a fresh permutation every epoch, drawn on the devices."""
+  """The mini-batch order of one network, or of M members (``shuffle_keys`` [M]).
+
+  Step t takes position t of the permutations ``permutation(fold_in(key, epoch), N)``,
+  drawn on the devices; the last N mod B rows of each are skipped."""
 
   def __init__(self, shuffle_keys: jax.Array, data: TrainingData, batch_size: int):
     self._members = shuffle_keys.ndim == 1
@@ -186,19 +143,17 @@ class EpochOrder:
     self._on_host: dict[int, np.ndarray] = {}
 
   def _epoch(self, epoch: int) -> jax.Array:
-    """[M, N] (members) or [N] permutation of ``epoch``, replicated on the devices."""
     if epoch not in self._on_device:
       orders = self._draw(self._key_data, np.int32(epoch))
       self._on_device[epoch] = orders if self._members else orders[0]
     return self._on_device[epoch]
 
   def device_orders(self, first_step: int, num_steps: int) -> tuple[jax.Array, ...]:
-    """``epochs_spanned(num_steps)`` permutations from ``first_step``'s epoch on: those of
-    the epochs the steps touch, then copies of the last (never read; a fixed count keeps
-    one program per call length)."""
+    """The permutations of the epochs the steps touch, then copies of the last up to the
+    most epochs ``num_steps`` steps can touch (a fixed count: one program per length)."""
     first = first_step // self.steps_per_epoch
     last = (first_step + num_steps - 1) // self.steps_per_epoch
-    count = epochs_spanned(num_steps, self.steps_per_epoch)
+    count = (num_steps + self.steps_per_epoch - 2) // self.steps_per_epoch + 1
     self._on_device = {e: v for e, v in self._on_device.items() if e >= first}
     touched = tuple(self._epoch(epoch) for epoch in range(first, last + 1))
     return touched + touched[-1:] * (count - len(touched))
@@ -216,15 +171,14 @@ class EpochOrder:
 
 
 def streamed_steps(data: TrainingData, order: EpochOrder, steps_per_call: int) -> int:
-  """Steps per call of streamed data: ``steps_per_call``, fewer where their batches would
-  take more than ``STREAMED_CALL_BYTES``."""
+  """``steps_per_call``, fewer where their batches would exceed ``STREAMED_CALL_BYTES``."""
   step_bytes = order.rows_per_step * data.images[0].nbytes
   return max(1, min(steps_per_call, STREAMED_CALL_BYTES // step_bytes))
 
 
 def streamed(data: TrainingData, order: EpochOrder, calls: Iterable[tuple[int, int]]):
-  """Each call's ``(images [n, B, ...], labels [n, B])`` (with members [n, M, B, ...]),
-  gathered on the hosts and split over the mesh along B, ``IN_FLIGHT`` calls ahead."""
+  """Each call's ``(images [n, (M,) B, ...], labels [n, (M,) B])`` split over the mesh along
+  B, ``IN_FLIGHT`` calls ahead."""
 
   def batches(first: int, num_steps: int) -> tuple[jax.Array, jax.Array]:
     rows = order.host_rows(first, num_steps)
@@ -236,8 +190,7 @@ def streamed(data: TrainingData, order: EpochOrder, calls: Iterable[tuple[int, i
 
 
 def prefetch(iterator: Iterable[Any], size: int) -> Iterator[Any]:
-  """The items of ``iterator``, ``size`` of them made ahead of the one handed out (the
-  device transfers they start run while the caller computes)."""
+  """The items of ``iterator``, ``size`` of them made ahead of the one handed out."""
   iterator, ahead = iter(iterator), collections.deque()
   for item in iterator:
     ahead.append(item)

@@ -1,19 +1,7 @@
 """Forward passes of MC-dropout samples and ensemble members, and their arguments' checks.
 
-* ``mc_dropout_logits``: S forward passes of one network under dropout, by
-  ``jax.vmap`` over S split keys (and over the examples, each with its own key)
-  with the parameters broadcast -> [S, B, K].
-* ``ensemble_logits``: one forward pass per member of an ensemble whose
-  parameters are stacked on a leading axis -> [M, B, K].
-
-One key scheme: sample s of example i uses ``fold_in(split(key, S)[s], i)``, with
-i the example's index in ``x`` (``sample_logits``); ``mc.predict`` runs the same
-passes over a whole dataset, sharded, and gives the same samples.
-
-``apply_fn`` is ``apply_fn(params, x, key, rate) -> [B, K]`` logits in evaluation
-mode, as ``models.make_apply_fn(model)`` returns; ``ensemble_logits`` calls it as
-``apply_fn(params, x)``. It is a static argument of the jitted code: pass the same
-object (or an equal one) to avoid recompiling.
+``apply_fn(params, x, key, rate) -> [B, K]`` (``models.make_apply_fn``) is a static argument
+of the jitted code: pass the same (or an equal) object to avoid recompiling.
 """
 
 import functools
@@ -32,18 +20,7 @@ STRATEGIES = ("auto", "vmap", "loop")
 
 
 def as_prng_key(key: Any) -> jax.Array:
-  """Checks a PRNG key argument and returns it as a typed key.
-
-  Args:
-    key: a typed key from ``jax.random.key(seed)`` (shape ``()``), or a raw
-      uint32 [2] key from ``jax.random.PRNGKey(seed)``.
-
-  Returns:
-    A typed PRNG key of shape ().
-
-  Raises:
-    ValueError: naming ``key`` for anything else (an int, a batch of keys).
-  """
+  """A typed key of shape () from ``jax.random.key(seed)`` or a raw ``PRNGKey(seed)``."""
   if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     if key.shape != ():
       raise ValueError(f"key: expected a single PRNG key, got key shape {key.shape}")
@@ -56,19 +33,7 @@ def as_prng_key(key: Any) -> jax.Array:
 
 
 def ensemble_size(stacked_params: Any) -> int:
-  """M, the leading (member) axis that every leaf of stacked parameters shares.
-
-  Args:
-    stacked_params: a pytree of arrays, each with a leading [M] axis (as
-      ``jax.vmap(init)`` over M keys returns them).
-
-  Returns:
-    M >= 1.
-
-  Raises:
-    ValueError: naming ``stacked_params`` if it has no leaves, or leaves whose
-      leading sizes differ (or are 0, or scalars).
-  """
+  """M >= 1, the leading (member) axis that every leaf of stacked parameters shares."""
   leaves = jax.tree_util.tree_leaves(stacked_params)
   if not leaves:
     raise ValueError("stacked_params: expected a pytree of arrays, got no leaves")
@@ -82,21 +47,9 @@ def ensemble_size(stacked_params: Any) -> int:
 
 
 def pick_strategy(strategy: str = "auto", backend: str | None = None) -> str:
-  """How to vectorize over ensemble members: ``"vmap"`` or ``"loop"``.
+  """How to vectorize over ensemble members: ``"vmap"`` on gpu/tpu, else ``"loop"``.
 
-  ``jax.vmap`` over stacked parameters turns each convolution into a grouped
-  convolution; accelerators run that well, but on CPU it is several times slower
-  than plain convolutions (docs/performance.md), so an unrolled loop over members
-  wins there. Both strategies give the same numbers (up to float rounding).
-
-  Args:
-    strategy: ``"auto"`` (pick by backend), or ``"vmap"`` / ``"loop"`` to force.
-    backend: ``"cpu"``, ``"gpu"``, ``"tpu"``, ...; default
-      ``jax.default_backend()``.
-
-  Returns:
-    ``"vmap"`` on gpu/tpu, ``"loop"`` otherwise, unless forced.
-  """
+  vmap makes grouped convolutions, several times slower on CPU (docs/performance.md)."""
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
   if strategy != "auto":
@@ -130,12 +83,10 @@ def batch_inputs(name: str, x: ArrayLike) -> jax.Array:
 
 
 def host_inputs(name: str, x: ArrayLike) -> np.ndarray:
-  """A finite float32 host array [N, ...] with N >= 1 (integers are cast): ``mc.predict``'s
-  ``x``, and the images of training and evaluation."""
+  """A finite float32 host array [N, ...] with N >= 1 (integers are cast)."""
   x = np.asarray(x)
-  if x.dtype == np.bool_ or not (
-    np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)
-  ):
+  real = np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)
+  if x.dtype == np.bool_ or not real:
     raise ValueError(f"{name}: expected a real-valued array, got dtype {x.dtype}")
   if x.ndim < 2 or x.shape[0] == 0:
     raise ValueError(f"{name}: expected [N, ...] inputs with N >= 1, got shape {x.shape}")
@@ -155,20 +106,8 @@ def check_one_example(apply_fn, params, x, key, rate) -> None:
     raise ValueError(f"apply_fn: expected logits [B, K] for B = 1 inputs, got {out.shape}")
 
 
-def _check_logits(logits: jax.Array, batch: int) -> None:
-  if logits.ndim != 3 or logits.shape[1] != batch:
-    raise ValueError(
-      f"apply_fn: expected logits [B, K] with B = {batch} per call, got"
-      f" {logits.shape[1:]} (stacked: {logits.shape})"
-    )
-
-
 def sample_logits(apply_fn, params, x, example_ids, key, rate, num_samples):
-  """[S, B, K]: sample s of example b under ``fold_in(split(key, S)[s], example_ids[b])``.
-
-  Keying each example by its index in the dataset, not its place in a batch,
-  makes the samples independent of chunking, padding and devices.
-  """
+  """[S, B, K]: sample s of example b under ``fold_in(split(key, S)[s], example_ids[b])``."""
 
   def one_sample(sample_key):
     def one_example(example, example_id):
@@ -209,24 +148,9 @@ def mc_dropout_logits(
   num_samples: int,
   rate: ArrayLike,
 ) -> jax.Array:
-  """MC-dropout logits: S stochastic forward passes of one network.
+  """[S, B, K] MC-dropout logits of ``x`` [B, ...]: S stochastic passes of one network.
 
-  Sample s of example i uses the key ``fold_in(split(key, num_samples)[s], i)``,
-  i the example's index in ``x``, so the result equals ``mc.predict(apply_fn, params,
-  x, key=key, num_samples=S, rate=rate, keep_samples=True).logits`` and
-  ``apply_fn(params, x[i:i+1], that_key, rate)`` called on its own.
-
-  Args:
-    apply_fn: ``apply_fn(params, x, key, rate) -> [B, K]``; it must accept B = 1.
-    params: the network's variables (broadcast, not copied, across samples).
-    x: [B, ...] float inputs, B >= 1.
-    key: a PRNG key (``jax.random.key(seed)``).
-    num_samples: S >= 1.
-    rate: dropout rate in [0, 1); 0 gives S identical samples.
-
-  Returns:
-    [S, B, K] float logits.
-  """
+  Sample s of example i uses the key ``fold_in(split(key, S)[s], i)``, as ``mc.predict``."""
   num_samples = validation.positive_int("num_samples", num_samples)
   rate = dropout_rate(rate)
   key = as_prng_key(key)
@@ -235,32 +159,20 @@ def mc_dropout_logits(
   return _mc_dropout_logits(apply_fn, params, x, key, rate, num_samples)
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "strategy"))
-def _ensemble_logits(apply_fn, stacked_params, x, strategy):
-  return member_logits(apply_fn, stacked_params, x, strategy)
+_ensemble_logits = jax.jit(member_logits, static_argnames=("apply_fn", "strategy"))
 
 
 def ensemble_logits(
   apply_fn: ApplyFn, stacked_params: Any, x: ArrayLike, *, strategy: str = "vmap"
 ) -> jax.Array:
-  """Logits of every member of an ensemble with stacked parameters.
-
-  Args:
-    apply_fn: ``apply_fn(params, x) -> [B, K]`` (deterministic; ``models``'
-      apply functions default to no dropout).
-    stacked_params: the members' variables, each leaf with a leading [M] axis
-      (as ``jax.vmap(init)`` over M keys returns them).
-    x: [B, ...] float inputs, B >= 1.
-    strategy: ``"vmap"`` over the member axis (the accelerator path), ``"loop"``
-      (unrolled inside one jit; faster for convolutions on CPU) or ``"auto"``
-      (``pick_strategy``). Same numbers either way.
-
-  Returns:
-    [M, B, K] float logits, member m from ``stacked_params`` leaves ``[m]``.
-  """
+  """[M, B, K] logits ``apply_fn(params, x)`` of every member, leaves stacked on [M]."""
   strategy = pick_strategy(strategy)
   ensemble_size(stacked_params)
   x = batch_inputs("x", x)
   logits = _ensemble_logits(apply_fn, stacked_params, x, strategy)
-  _check_logits(logits, x.shape[0])
+  if logits.ndim != 3 or logits.shape[1] != x.shape[0]:
+    raise ValueError(
+      f"apply_fn: expected logits [B, K] with B = {x.shape[0]} per call, got"
+      f" {logits.shape[1:]} (stacked: {logits.shape})"
+    )
   return logits

@@ -1,20 +1,7 @@
 """MC-dropout samples and deep-ensemble members over a whole dataset, sharded.
 
-``predict`` runs ``forward_passes``' MC dropout or ensemble over a dataset, a
-chunk of examples at a time, sharded over the batch axis of a device mesh (all
-devices of all processes by default). The dataset is copied to the devices once
-where it fits (``parallel.fits_on_devices``, the training data's rule), each chunk
-taken there; else each chunk is sent from the host. The scores are computed on the
-devices (``scores.sample_summary``), so only ``[N, K]`` mean probabilities and
-``[N]`` scores reach the host unless the samples are asked for.
-
-One key scheme: sample s of example i uses ``fold_in(split(key, S)[s], i)``, with
-i the example's index in ``x``. ``mc_dropout_logits`` and ``predict`` give the same
-samples, and ``predict``'s do not depend on the chunk size or the devices.
-
-The single-batch passes and the checks of keys, strategies and ensembles
-(``mc_dropout_logits``, ``ensemble_logits``, ``as_prng_key``, ``ensemble_size``,
-``pick_strategy``) live in ``forward_passes`` and are re-exported here.
+``predict`` runs a chunk of examples at a time, sharded over a device mesh, and computes
+the scores there: only [N, K] mean probabilities and [N] scores reach the host.
 """
 
 import functools
@@ -58,12 +45,10 @@ __all__ = [
 
 Progress = Callable[[int, int], None]
 SAMPLE_PASSES_PER_STEP = {"cpu": 512, "default": 8192}
-"""``predict``'s default work per device and step (S x examples forward passes).
+"""``predict``'s default forward passes (S x examples) per device and step.
 
-Small on CPU, where larger steps ran slower and memory grows with the step;
-larger on accelerators, short of the steps where a ResNet-20 pays much memory for
-little speed. Measurements and the commands that repeat them: docs/performance.md.
-"""
+Small on CPU, where larger steps ran slower; on accelerators, short of the steps where a
+ResNet-20 pays much memory for little speed (docs/performance.md)."""
 
 
 def default_mesh() -> Mesh:
@@ -71,38 +56,18 @@ def default_mesh() -> Mesh:
   return Mesh(np.asarray(jax.devices()), ("batch",))
 
 
-def _default_chunk_size(num_samples: int, mesh: Mesh) -> int:
+def default_chunk_size(num_samples: int, mesh: Mesh | None = None) -> int:
+  """``predict``'s default ``chunk_size`` (examples per step) for S = ``num_samples``."""
+  num_samples = validation.positive_int("num_samples", num_samples)
+  mesh = default_mesh() if mesh is None else mesh
   platform = mesh.devices.flat[0].platform
   passes = SAMPLE_PASSES_PER_STEP.get(platform, SAMPLE_PASSES_PER_STEP["default"])
   return mesh.devices.size * max(1, passes // num_samples)
 
 
-def default_chunk_size(num_samples: int, mesh: Mesh | None = None) -> int:
-  """``predict``'s default ``chunk_size``: examples per step over all devices.
-
-  Args:
-    num_samples: S (samples or ensemble members per example).
-    mesh: the mesh ``predict`` runs on; default ``default_mesh()``.
-
-  Returns:
-    ``num_devices * max(1, SAMPLE_PASSES_PER_STEP[platform] // S)``.
-  """
-  num_samples = validation.positive_int("num_samples", num_samples)
-  return _default_chunk_size(num_samples, default_mesh() if mesh is None else mesh)
-
-
 class SampleSummary(NamedTuple):
-  """What ``predict`` returns (host numpy arrays).
-
-  Attributes:
-    mean_log_probs: [N, K] log of the sample-mean of the softmax probabilities,
-      ``logsumexp_s(log_softmax(logits_s)) - log S``.
-    scores: name -> [N] score computed on device (``scores.sample_summary``):
-      ``neg_log_pmax``, ``entropy`` and ``margin`` of the mean probabilities and,
-      when S >= 2, ``covariance_norm_probs`` / ``covariance_norm_logits``: the
-      covariance 2-norm of the S probability / logit vectors.
-    logits: [S, N, K] samples, or None unless ``keep_samples``.
-  """
+  """``predict``'s host arrays: [N, K] log of the sample-mean softmax probabilities, name ->
+  [N] score (``scores.sample_summary``), and [S, N, K] logits or None."""
 
   mean_log_probs: np.ndarray
   scores: dict[str, np.ndarray]
@@ -114,28 +79,12 @@ class SampleSummary(NamedTuple):
     return np.exp(self.mean_log_probs)
 
 
-_CHUNK_STATIC = ("apply_fn", "mode", "num_samples", "strategy", "keep_samples", "mesh", "impl")
+@functools.partial(jax.jit, static_argnames=("apply_fn", "static"))
+def _predict_chunk(apply_fn, params, chunks, slot, start, key_data, rate, static):
+  """The summary of chunk ``chunks[slot]`` [C, chunk, ...], whose first example is ``start``.
 
-
-@functools.partial(jax.jit, static_argnames=_CHUNK_STATIC)
-def _predict_chunk(
-  apply_fn,
-  params,
-  chunks,
-  slot,
-  start,
-  key_data,
-  rate,
-  *,
-  mode,
-  num_samples,
-  strategy,
-  keep_samples,
-  mesh,
-  impl,
-):
-  """Chunk ``chunks[slot]`` ([C, chunk, ...], each chunk split over the mesh), whose
-  examples are ``start``, ``start + 1``, ...: its summary, split over the mesh."""
+  ``static`` is ``(mode, num_samples, strategy, keep_samples, mesh, key impl)``."""
+  mode, num_samples, strategy, keep_samples, mesh, impl = static
   (axis,) = mesh.axis_names
   x = jax.lax.dynamic_index_in_dim(chunks, slot, keepdims=False)
   example_ids = start + jnp.arange(x.shape[0], dtype=jnp.int32)
@@ -168,8 +117,6 @@ def _predict_chunk(
 
 
 class _PredictArgs(NamedTuple):
-  """``predict``'s arguments, checked and completed: what its chunks run on."""
-
   x: np.ndarray  # [N, ...] float32, finite
   mode: str  # "mc_dropout" or "ensemble"
   num_samples: int  # S, or M for an ensemble
@@ -210,21 +157,18 @@ def _checked_args(
   one_network = forward_passes.member_params(params, 0) if ensemble else params
   forward_passes.check_one_example(apply_fn, one_network, x, key, rate)
   if chunk_size is None:
-    chunk_size = _default_chunk_size(num_samples, mesh)
+    chunk_size = default_chunk_size(num_samples, mesh)
   num_devices = mesh.devices.size
   chunk = -(-chunk_size // num_devices) * num_devices
   return _PredictArgs(x, mode, num_samples, strategy, key, rate, mesh, chunk)
 
 
 def _global(host_array: np.ndarray, sharding: NamedSharding) -> jax.Array:
-  """A global array from a host array that every process holds in full."""
   return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])
 
 
 def _chunks(x: np.ndarray, first: int, count: int, chunk: int, sharding) -> jax.Array:
-  """[count, chunk, ...]: chunks ``first`` to ``first + count - 1`` of ``x`` (the last one
-  padded with copies of the last example), each split over the mesh by examples; every
-  process copies only its own devices' examples."""
+  """[count, chunk, ...]: chunks ``first``... of ``x``, padded with its last example."""
 
   def block(index):
     rows = np.arange(first, first + count)[index[0], None] * chunk + np.arange(chunk)[index[1]]
@@ -234,26 +178,16 @@ def _chunks(x: np.ndarray, first: int, count: int, chunk: int, sharding) -> jax.
 
 
 def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
-  """Puts the replicated arguments on the mesh once, and ``x`` too where it fits there
-  (``parallel.fits_on_devices``); returns ``run(start)``, which dispatches the sharded
-  step of the chunk from example ``start`` without waiting for it (sending the chunk
-  from the host first where ``x`` does not fit on the devices)."""
+  """``run(start)`` dispatches the chunk from example ``start``; ``x`` is sent once if it fits."""
   (axis,) = args.mesh.axis_names
   replicated = NamedSharding(args.mesh, P())
   by_example = NamedSharding(args.mesh, P(None, axis))
   params_global = jax.tree_util.tree_map(lambda leaf: _global(np.asarray(leaf), replicated), params)
   key_global = _global(np.asarray(jax.random.key_data(args.key)), replicated)
   rate_global = _global(np.asarray(args.rate), replicated)
-  step = functools.partial(
-    _predict_chunk,
-    apply_fn,
-    mode=args.mode,
-    num_samples=args.num_samples,
-    strategy=args.strategy,
-    keep_samples=keep_samples,
-    mesh=args.mesh,
-    impl=jax.random.key_impl(args.key),
-  )
+  impl = jax.random.key_impl(args.key)
+  static = (args.mode, args.num_samples, args.strategy, keep_samples, args.mesh, impl)
+  step = functools.partial(_predict_chunk, apply_fn, static=static)
   num_chunks = -(-args.x.shape[0] // args.chunk)
   chunk_bytes = args.chunk * args.x[0].nbytes
   placed = None
@@ -262,23 +196,20 @@ def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
 
   def run(start: int) -> Any:
     index = start // args.chunk
-    chunks, slot = (placed, index) if placed is not None else (None, 0)
-    if chunks is None:
-      chunks = _chunks(args.x, index, 1, args.chunk, by_example)
+    if placed is not None:
+      chunks, slot = placed, index
+    else:
+      chunks, slot = _chunks(args.x, index, 1, args.chunk, by_example), 0
     return step(params_global, chunks, np.int32(slot), np.int32(start), key_global, rate_global)
 
   return run
 
 
-def _to_host(tree: Any) -> Any:
-  if jax.process_count() > 1:
-    return multihost_utils.process_allgather(tree, tiled=True)
-  return jax.tree_util.tree_map(np.asarray, tree)
-
-
 def _fetch(valid: int, out: Any) -> dict[str, Any]:
-  """The first ``valid`` examples of a chunk's outputs, on the host."""
-  host = _to_host(out)
+  if jax.process_count() > 1:
+    host = multihost_utils.process_allgather(out, tiled=True)
+  else:
+    host = jax.tree_util.tree_map(np.asarray, out)
   return {
     "mean_log_probs": host["mean_log_probs"][:valid],
     "scores": {name: value[:valid] for name, value in host["scores"].items()},
@@ -287,11 +218,7 @@ def _fetch(valid: int, out: Any) -> dict[str, Any]:
 
 
 def _stream(run, num_examples: int, chunk: int, progress: Progress | None) -> list[dict[str, Any]]:
-  """Runs every chunk (the last one padded); returns the host pieces.
-
-  The next chunk is dispatched before the previous one is fetched, so the
-  transfers overlap the compute.
-  """
+  """Every chunk's host outputs; the next chunk is dispatched before the previous is fetched."""
   pieces: list[dict[str, Any]] = []
 
   def collect(valid: int, out: Any, stop: int) -> None:
@@ -336,41 +263,9 @@ def predict(
 ) -> SampleSummary:
   """Streams a dataset through MC dropout or an ensemble; scores on device.
 
-  The dataset is cut into chunks of ``chunk_size`` examples (rounded up to a
-  multiple of the mesh size; the last chunk is padded and the padding dropped),
-  each sharded over the mesh's one axis (``jax.shard_map``, no communication).
-  The [S, chunk, K] samples are reduced to mean log-probabilities and scores on
-  the devices and only those come back (plus the samples with ``keep_samples``).
-
-  MC dropout keys sample s of example i by ``fold_in(split(key, S)[s], i)``, i
-  the index in ``x``, as ``mc_dropout_logits`` does; the result does not depend on
-  ``chunk_size``, the padding or the number of devices or processes.
-
-  Several processes (``jax.distributed.initialize``): call ``predict`` in every
-  process with the same arguments and the full ``x``; each process feeds its own
-  devices' slices of the default mesh, and every process gets the full result.
-
-  Args:
-    apply_fn: ``apply_fn(params, x, key, rate) -> [B, K]`` (e.g.
-      ``models.make_apply_fn(model)``); it must accept B = 1.
-    params: the variables of one network, or with ``ensemble`` those of M
-      members stacked on a leading axis.
-    x: [N, ...] inputs (a host array; integers are cast to float32), N >= 1.
-    key: PRNG key, required for MC dropout (``rate > 0`` or ``num_samples > 1``).
-    num_samples: S, MC-dropout samples per example (1 with ``ensemble``).
-    rate: dropout rate in [0, 1) (0 with ``ensemble``).
-    ensemble: treat ``params`` as stacked ensemble members; S = M.
-    chunk_size: examples per step, all devices together; peak memory grows with
-      ``chunk_size * S``. Default ``default_chunk_size(S, mesh)``.
-    keep_samples: also return the [S, N, K] logits.
-    mesh: a 1-D ``jax.sharding.Mesh``; default ``default_mesh()``.
-    strategy: ensembles only, see ``pick_strategy``.
-    progress: called as ``progress(examples_done, num_examples)`` after each chunk.
-
-  Returns:
-    ``SampleSummary``: [N, K] mean log-probabilities, [N] scores and optionally
-    [S, N, K] logits.
-  """
+  Sample s of example i uses the key ``fold_in(split(key, S)[s], i)``: the result does not
+  depend on ``chunk_size`` or the devices. With ``ensemble``, ``params`` are M members'
+  stacked (S = M). Memory grows with ``chunk_size`` (all devices) times S."""
   args = _checked_args(
     apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mesh, strategy
   )

@@ -1,26 +1,7 @@
 """What a training run reports: curves per logged step and per epoch, for a metric writer.
 
-``Monitor(writer, learning_rate)`` turns ``fit``'s progress reports (its
-``callback``) into scalars written by ``writer.write_scalars(step, scalars)`` (any
-object with that method, e.g. ``top1_jax.io.metric_writer.MetricWriter``), and sums
-each epoch's training loss and accuracy for ``end_epoch``. Steps are the global
-step counts of the run (``TrainState.step`` after the step), so a resumed run goes
-on where it stopped.
-
-Tags, for one network:
-
-* every ``log_every`` steps: ``train/loss``, ``train/accuracy`` (means over the
-  steps since the previous point), ``train/learning_rate`` (the rate of the last of
-  them) and ``train/examples_per_second``;
-* every epoch (``end_epoch``): ``epoch/train_loss``, ``epoch/train_accuracy``,
-  ``epoch/examples_per_second`` (training and evaluation, the epoch's wall time),
-  ``epoch/epoch``, and ``test/loss``, ``test/accuracy`` when the test split was
-  evaluated.
-
-For an ensemble the per-step tags are per member (``train/member_<m>/loss``...);
-the epoch's training loss and accuracy are the means over the members, and ``test/*``
-is the ensemble's (the mean of its members' probabilities).
-"""
+Steps are the run's global step counts, so a resumed run goes on where it stopped. An
+ensemble's per-step tags are per member (``train/member_<m>/loss``...)."""
 
 import time
 from collections.abc import Callable, Mapping
@@ -37,17 +18,14 @@ class ScalarWriter(Protocol):
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None: ...
 
 
-TEST_METRICS = ("loss", "accuracy", "brier", "ece")
-"""The test split's metrics a run's curves hold per evaluation epoch (``network_metrics``)."""
+TEST_METRICS = ("loss", "accuracy", "brier", "ece")  # the test split's, per evaluated epoch
 
 
 class Monitor:
-  """Writes a run's curves (see the module docstring).
+  """Turns ``fit``'s progress reports (``callback``) into ``train/*`` scalars for ``writer``,
+  and each epoch's (``end_epoch``) into ``epoch/*`` and ``test/*``.
 
-  Args:
-    writer: receives ``write_scalars(step, {tag: value})``.
-    learning_rate: ``learning_rate(step) -> float`` of 0-based update ``step``
-      (``optimizers.Optimizer.learning_rate``).
+  ``learning_rate(step)`` is the rate of 0-based update ``step``.
   """
 
   def __init__(self, writer: ScalarWriter, learning_rate: Callable[[int], float]):
@@ -56,14 +34,14 @@ class Monitor:
     self.start_epoch(0)
 
   def start_epoch(self, step: int) -> None:
-    """Starts an epoch at the run's step count ``step`` (its time and sums start now)."""
+    """Starts an epoch at the run's step count ``step``."""
     self._begin = step
     self._previous: dict[Any, int] = {}  # the last reported step, per member
     self._sums: dict[str, np.ndarray] = {}
     self._start = time.perf_counter()
 
   def callback(self, info: dict[str, Any]) -> None:
-    """``fit``'s / ``fit_ensemble``'s callback: writes the step's scalars."""
+    """``fit``'s / ``fit_ensemble``'s callback."""
     step, member = int(info["step"]), info.get("member")
     loss, accuracy = np.asarray(info["loss"]), np.asarray(info["accuracy"])
     steps = max(step - self._previous.get(member, self._begin), 1)
@@ -77,37 +55,17 @@ class Monitor:
       losses, accuracies = loss.reshape(-1), accuracy.reshape(-1)
       prefixes = {f"train/member_{m}": (losses[i], accuracies[i]) for i, m in enumerate(members)}
     scalars = {}
-    for prefix, (member_loss, member_accuracy) in prefixes.items():
-      scalars |= {
-        f"{prefix}/loss": float(member_loss),
-        f"{prefix}/accuracy": float(member_accuracy),
-      }
-      self._add(prefix, steps, member_loss, member_accuracy)
+    for prefix, (loss_i, accuracy_i) in prefixes.items():
+      scalars |= {f"{prefix}/loss": float(loss_i), f"{prefix}/accuracy": float(accuracy_i)}
+      totals = self._sums.setdefault(prefix, np.zeros(3))
+      totals += (steps, steps * float(loss_i), steps * float(accuracy_i))
     scalars |= {"train/learning_rate": rate, "train/examples_per_second": speed}
     self._writer.write_scalars(step, scalars)
 
-  def _add(self, prefix: str, steps: int, loss, accuracy) -> None:
-    totals = self._sums.setdefault(prefix, np.zeros(3))
-    totals += (steps, steps * float(loss), steps * float(accuracy))
-
   def end_epoch(
-    self,
-    epoch: int,
-    step: int,
-    num_examples: int,
-    test: Mapping[str, float] | None = None,
+    self, epoch: int, step: int, num_examples: int, test: Mapping[str, float] | None = None
   ) -> dict[str, float]:
-    """Writes the epoch's scalars at ``step`` (``start_epoch`` starts the next).
-
-    Args:
-      epoch: the finished epoch (1-based).
-      step: the run's step count after it.
-      num_examples: training examples the epoch processed (all members together).
-      test: ``evaluate``'s or ``evaluate_ensemble``'s dict, or None.
-
-    Returns:
-      The scalars written (tag -> value).
-    """
+    """Writes and returns the scalars of the finished (1-based) ``epoch`` at ``step``."""
     seconds = max(time.perf_counter() - self._start, 1e-9)
     totals = list(self._sums.values())
     scalars = {"epoch/epoch": float(epoch)}

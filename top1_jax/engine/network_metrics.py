@@ -1,9 +1,6 @@
 """Loss, accuracy, Brier and ECE of a trained network, or of an ensemble and its members.
 
-Brier and ECE are of the max-softmax used as P(the Top-1 prediction is correct): its
-binary Brier and the benchmark's confidence ECE (15 equal-width bins), the curves a run
-writes per evaluation epoch beside the NLL (``loss``) and accuracy.
-"""
+Brier and ECE (15 equal-width bins) are of the max-softmax as P(Top-1 correct)."""
 
 from typing import Any
 
@@ -22,15 +19,13 @@ from top1_jax.engine.train_state import TrainState
 def _eval_batch(state: TrainState, images, labels, mask):
   logits = state.model.apply(state.variables, images, train=False)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  return (
-    jnp.sum(jnp.where(mask, losses, 0.0)),
-    *_top1_sums(jax.nn.log_softmax(logits), labels, mask),
-  )
+  loss_sum = jnp.sum(jnp.where(mask, losses, 0.0))
+  return (loss_sum, *_top1_sums(jax.nn.log_softmax(logits), labels, mask))
 
 
 def _top1_sums(log_probs, labels, mask):
-  """Correct Top-1 predictions, the max-softmax's summed squared error as P(correct), and
-  its equal-width bins' (count, hits, confidence sum) [3, B]: sums over the unmasked rows."""
+  """Over the unmasked rows: correct count, max-softmax squared error, and [3, bins] of
+  (count, hits, confidence sum)."""
   pmax = jnp.exp(jnp.max(log_probs, axis=-1))
   correct = (jnp.argmax(log_probs, axis=-1) == labels) & mask
   index = equal_width.equal_width_index(pmax, equal_width.DEFAULT_ECE_BINS)
@@ -54,25 +49,13 @@ def _top1_metrics(correct, squares, bins, num_examples: int) -> dict[str, float]
 def evaluate(
   state: TrainState, images: ArrayLike, labels: ArrayLike, *, batch_size: int = 1000
 ) -> dict[str, float]:
-  """Mean cross-entropy and accuracy of one network (no dropout, BN averages).
-
-  Args:
-    state: a single-network ``TrainState``.
-    images: [N, ...] float inputs.
-    labels: [N] int labels.
-    batch_size: examples per jitted call (the last batch is padded).
-
-  Returns:
-    ``{"loss": float, "accuracy": float, "brier": float, "ece": float, "num_examples":
-    int}``: the mean NLL, Top-1 accuracy, and the max-softmax's Brier and ECE (above).
-  """
+  """One network's mean NLL (``"loss"``), accuracy, Brier and ECE (no dropout, BN averages)."""
   images, labels = batches.checked_dataset(state.model, state.variables, images, labels)
   batch_size = validation.positive_int("batch_size", batch_size)
   return _evaluate(parallel.to_local(state), images, labels, batch_size)
 
 
 def _evaluate(state: TrainState, images, labels, batch_size: int) -> dict[str, float]:
-  """``evaluate`` of checked host arrays."""
   num_examples = images.shape[0]
   batch_size = min(batch_size, num_examples)
   sums = None
@@ -97,29 +80,13 @@ def evaluate_ensemble(
   chunk_size: int = 1000,
   strategy: str = "auto",
 ) -> dict[str, Any]:
-  """The ensemble's accuracy and NLL (of the mean probabilities), and each member's.
-
-  Args:
-    states: an ensemble ``TrainState``.
-    images: [N, ...] float inputs.
-    labels: [N] int labels.
-    chunk_size: examples per device step.
-    strategy: see ``mc.pick_strategy``.
-
-  Returns:
-    ``{"loss": float, "accuracy": float, "brier": float, "ece": float,
-    "member_accuracy": [M] list, "num_examples": int}``: the mean probabilities' (above).
-  """
+  """``evaluate``'s metrics of the ensemble's mean probabilities, and ``"member_accuracy"``."""
   size, states = mc.ensemble_size(states.params), parallel.to_local(states)
   variables = train_state.member(states, 0).variables
   images, labels = batches.checked_dataset(states.model, variables, images, labels)
+  apply_fn = models.make_apply_fn(states.model)
   predictions = mc.predict(
-    models.make_apply_fn(states.model),
-    states.variables,
-    images,
-    ensemble=True,
-    chunk_size=chunk_size,
-    strategy=strategy,
+    apply_fn, states.variables, images, ensemble=True, chunk_size=chunk_size, strategy=strategy
   )
   log_probs = predictions.mean_log_probs
   nll = -np.take_along_axis(log_probs, labels[:, None], axis=1)[:, 0]

@@ -1,31 +1,8 @@
 """The optimizer and learning-rate schedule of a training run, from its settings (optax).
 
-``make(...)`` returns an ``Optimizer``: the optax transformation and the learning
-rate as a function of the step (the schedule the transformation follows, for
-logging). Steps count optimizer updates from 0; epochs are converted with
-``steps_per_epoch``.
-
-* ``optimizer``: ``"adam"`` (``optax.adam``) or ``"sgd"`` (``optax.sgd`` with
-  ``momentum``, Nesterov's when ``nesterov``).
-* ``lr_schedule``: ``"constant"``; ``"cosine"`` (Loshchilov & Hutter 2017): step t of
-  T = ``num_steps`` takes ``lr (1 + cos(pi t / T)) / 2``, from the peak rate at step 0
-  to 0 at step T, one step *after* the last, so the last update (t = T - 1) still
-  moves, at ``lr (1 + cos(pi (T - 1) / T)) / 2`` (about ``lr pi^2 / (4 T^2)``): optax's
-  ``cosine_decay_schedule`` over the run, as the Flax ImageNet example and He et al.
-  2019 ("Bag of Tricks") count it; ``"step"`` (multiplied by ``lr_factor`` at each
-  epoch of ``lr_boundaries``, He et al. 2016, Zagoruyko & Komodakis 2016).
-  ``warmup_epochs`` > 0 prepends a linear warmup from 0 (Goyal et al. 2017); the
-  schedule after it is then shifted by the warmup.
-* ``weight_decay``: L2 regularisation of the kernels (every parameter with 2 or
-  more axes: conv and dense weights, not biases nor BatchNorm scales), *coupled*:
-  ``weight_decay * w`` is added to the gradient before the optimizer, as in He et
-  al. and Zagoruyko & Komodakis (SGD's ``weight_decay`` in Torch and PyTorch);
-  it equals a loss term ``weight_decay / 2 * ||w||^2``. With Adam this is
-  L2-regularised Adam, not AdamW's decoupled decay.
-
-A constant rate without warmup or weight decay gives exactly ``optax.adam(lr)`` /
-``optax.sgd(lr, ...)`` (same optimizer state as before these settings existed, so
-older checkpoints restore).
+Steps count optimizer updates from 0; epochs are converted with ``steps_per_epoch``. A
+constant rate without warmup or weight decay gives exactly ``optax.adam(lr)`` /
+``optax.sgd(lr, ...)`` (the same optimizer state, so older checkpoints restore).
 """
 
 from collections.abc import Callable, Sequence
@@ -37,20 +14,11 @@ import optax
 __all__ = ["OPTIMIZERS", "SCHEDULES", "Optimizer", "make", "schedule", "kernel_mask"]
 
 OPTIMIZERS = ("adam", "sgd")
-"""The optimizers by name."""
-
 SCHEDULES = ("constant", "cosine", "step")
-"""The learning-rate schedules by name."""
 
 
 class Optimizer(NamedTuple):
-  """A run's optimizer.
-
-  Attributes:
-    tx: the optax transformation.
-    learning_rate: ``learning_rate(step) -> float``, the rate of update ``step``
-      (0-based), as the transformation applies it.
-  """
+  """A run's optax transformation and ``learning_rate(step)``, the rate it applies (logged)."""
 
   tx: optax.GradientTransformation
   learning_rate: Callable[[int], float]
@@ -72,16 +40,9 @@ def schedule(
 ) -> float | optax.Schedule:
   """The learning rate: a float when constant without warmup, else an optax schedule.
 
-  Args:
-    learning_rate: the peak rate, > 0.
-    lr_schedule: one of ``SCHEDULES``.
-    num_steps: the run's total number of steps, >= 1 (cosine reaches 0 at this step,
-      one after the last).
-    steps_per_epoch: steps of one epoch, >= 1.
-    lr_boundaries: epochs after which ``"step"`` multiplies the rate by ``lr_factor``,
-      increasing, each in (0, num_epochs).
-    lr_factor: the step schedule's factor, > 0.
-    warmup_epochs: epochs of linear warmup from 0, >= 0.
+  ``"cosine"`` reaches 0 at step ``num_steps``, one *after* the last, so the last update
+  still moves (as the Flax ImageNet example). ``"step"`` multiplies the rate by ``lr_factor``
+  after each epoch of ``lr_boundaries``. A warmup shifts the schedule after it.
   """
   if not learning_rate > 0:
     _fail("learning_rate", "a number > 0", learning_rate)
@@ -133,18 +94,10 @@ def make(
   nesterov: bool = False,
   weight_decay: float = 0.0,
 ) -> Optimizer:
-  """The optax transformation of ``optimizer`` at ``learning_rate`` (see the module).
+  """``optax.adam`` or ``optax.sgd`` (``momentum`` 0: plain) at ``learning_rate``.
 
-  Args:
-    optimizer: one of ``OPTIMIZERS``.
-    learning_rate: a float, or a schedule from ``schedule``.
-    momentum: SGD's momentum in [0, 1) (0: plain SGD); unused by Adam.
-    nesterov: Nesterov momentum for SGD.
-    weight_decay: coupled L2 on the kernels, >= 0 (0: none).
-
-  Returns:
-    The ``Optimizer`` (transformation and ``learning_rate(step)``).
-  """
+  ``weight_decay`` is *coupled* L2 on the kernels (``kernel_mask``), added to the gradient
+  before the optimizer, as PyTorch SGD's; with Adam that is not AdamW's decay."""
   if optimizer not in OPTIMIZERS:
     _fail("optimizer", f"one of {', '.join(OPTIMIZERS)}", optimizer)
   if not 0 <= momentum < 1:

@@ -1,24 +1,7 @@
 """Processes and devices: one process, or several joined by ``jax.distributed``.
 
-The one place for the rules of a multi-process run:
-
-* ``initialize``: joins the processes, from explicit launcher flags or from a
-  cluster's environment that JAX can read itself (SLURM, Open MPI, TPU pods).
-* ``is_writer``: only process 0 writes the files the processes share (results,
-  figures); orbax coordinates checkpoints by itself.
-* ``barrier``: every process waits here for all others, so that no process exits
-  (and tears down the coordinator) while process 0 still writes.
-* ``use_compilation_cache``, ``one_cpu_device_per_core``: a launcher's JAX, set
-  before it starts.
-* Data-parallel training over the devices of all processes: the state
-  replicated (``replicate``), each global batch split by rows
-  (``check_global_batch``): gathered on the devices from data split by rows
-  (``put_rows``, ``gather_rows``) where the data fits (``fits_on_devices``), else
-  gathered on the hosts (``shard_rows``); the final state handed back as every
-  process's local copy (``to_local``).
-
-Every process runs the same program on the same host data; each one feeds only
-the rows that live on its own devices.
+Every process runs the same program on the same host data and feeds only the rows that
+live on its own devices; only process 0 writes shared files (``is_writer``).
 """
 
 import functools
@@ -34,23 +17,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = [
-  "initialize",
-  "detected_cluster",
-  "is_writer",
-  "process_count",
-  "barrier",
-  "replicate",
-  "shard_rows",
-  "to_local",
-  "check_global_batch",
-  "fits_on_devices",
-  "put_rows",
-  "gather_rows",
-  "use_compilation_cache",
-  "one_cpu_device_per_core",
-]
-
 
 def _count(environ: Mapping[str, str], name: str) -> int:
   try:
@@ -60,18 +26,7 @@ def _count(environ: Mapping[str, str], name: str) -> int:
 
 
 def detected_cluster(environ: Mapping[str, str]) -> str | None:
-  """The multi-process cluster that ``environ`` describes, or None for one process.
-
-  These are the environments where ``jax.distributed.initialize()`` finds the
-  coordinator, process count and process id by itself. A one-task SLURM job or
-  a one-host TPU is a single process: joining it would only add a coordinator.
-
-  Args:
-    environ: the process environment (``os.environ``).
-
-  Returns:
-    ``"slurm"``, ``"openmpi"``, ``"tpu"`` or None.
-  """
+  """``"slurm"``, ``"openmpi"`` or ``"tpu"``: a multi-process cluster JAX joins; else None."""
   slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
   if all(name in environ for name in slurm) and _count(environ, "SLURM_NTASKS") > 1:
     return "slurm"
@@ -121,24 +76,10 @@ def initialize(
   *,
   environ: Mapping[str, str] | None = None,
 ) -> None:
-  """Joins this process to the others of its run, if there are others.
+  """Joins this process to the others of its run, if any; call it before using a device.
 
-  Call it first, before anything touches a device. With ``coordinator_address``
-  every process of the run calls it with the same address and
-  ``num_processes`` and its own ``process_id``. Without it the run is one
-  process, unless ``environ`` (pass ``os.environ``) describes a cluster that JAX
-  reads by itself (``detected_cluster``); the library reads no environment on
-  its own.
-
-  Args:
-    coordinator_address: ``host:port`` of process 0, or None.
-    num_processes: how many processes join (with ``coordinator_address``).
-    process_id: this process's rank in [0, num_processes).
-    environ: the environment to look for a cluster in; None looks nowhere.
-
-  Raises:
-    ValueError: for an incomplete or inconsistent topology, naming the flag.
-  """
+  Without ``coordinator_address`` (``host:port`` of process 0) the run is one process,
+  unless ``environ`` (pass ``os.environ``; None looks nowhere) describes a cluster."""
   _check_topology(coordinator_address, num_processes, process_id)
   if coordinator_address is None and (environ is None or detected_cluster(environ) is None):
     return
@@ -168,19 +109,14 @@ def barrier(name: str) -> None:
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
-  """The array leaves of ``tree`` as global arrays replicated over ``mesh``.
-
-  Every process passes the same values (host or local device arrays); each
-  copies them to its own devices only. Leaves already replicated over the mesh's
-  devices are kept as they are.
-  """
+  """The array leaves of ``tree`` (the same in every process) replicated over ``mesh``."""
   replicated = NamedSharding(mesh, P())
   devices = set(mesh.devices.flat)
 
   def put(leaf):
-    if isinstance(leaf, jax.Array) and leaf.sharding.device_set == devices:
-      if leaf.is_fully_replicated:  # e.g. on the one device of a one-device mesh
-        return leaf
+    on_mesh = isinstance(leaf, jax.Array) and leaf.sharding.device_set == devices
+    if on_mesh and leaf.is_fully_replicated:  # e.g. on the one device of a one-device mesh
+      return leaf
     copies = [jax.device_put(leaf, device) for device in mesh.local_devices]
     return jax.make_array_from_single_device_arrays(np.shape(leaf), replicated, copies)
 
@@ -188,21 +124,9 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
 
 
 def shard_rows(data: np.ndarray, indices: np.ndarray, mesh: Mesh, axis: int = 0) -> jax.Array:
-  """The global array ``data[indices]``, split along ``axis`` over the mesh's one axis.
+  """The global array ``data[indices]``, split along ``axis`` of ``indices`` over a 1-D mesh.
 
-  Every process holds all of ``data`` and the same ``indices``; each gathers
-  only the rows of its own devices.
-
-  Args:
-    data: [N, ...] host array.
-    indices: int array of any shape, entries in [0, N); ``indices.shape[axis]``
-      must be a multiple of the mesh size.
-    mesh: a 1-D mesh.
-    axis: the axis of ``indices`` to split.
-
-  Returns:
-    [*indices.shape, ...] global array.
-  """
+  Every process holds all of ``data`` [N, ...]; each gathers only its own devices' rows."""
   spec = P(*([None] * axis), mesh.axis_names[0])
   shape = indices.shape + data.shape[1:]
   return jax.make_array_from_callback(
@@ -211,11 +135,7 @@ def shard_rows(data: np.ndarray, indices: np.ndarray, mesh: Mesh, axis: int = 0)
 
 
 def to_local(tree: Any) -> Any:
-  """Replicated arrays as this process's copy on its first device (no transfer).
-
-  What a process keeps of a replicated state: it can be used, saved or fed to
-  another run like a state that never left one device.
-  """
+  """Replicated arrays as this process's copy on its first device (no transfer)."""
 
   def local(leaf):
     multi_device = isinstance(leaf, jax.Array) and len(leaf.sharding.device_set) > 1
@@ -235,22 +155,14 @@ def check_global_batch(name: str, size: int) -> None:
     )
 
 
+# A device's share of the training data: at most this fraction of its memory, or these
+# bytes where it reports no memory size (XLA:CPU).
 DEVICE_DATA_FRACTION = 0.25
-"""Training data lives on the devices when each device's share is at most this fraction
-of the device's memory (``fits_on_devices``); the rest is the model's, the optimizer's
-and the activations'."""
-
 HOST_DEVICE_DATA_BYTES = 2 << 30
-"""A device's share of the data may be this many bytes where the device reports no memory
-size (XLA:CPU: its memory is the host's, which holds the data already)."""
 
 
 def fits_on_devices(num_bytes: int, mesh: Mesh) -> bool:
-  """The one rule for data on the devices: each device's share of ``num_bytes`` (split by
-  rows over the mesh) is at most ``DEVICE_DATA_FRACTION`` of the smallest local device's
-  memory (``bytes_limit`` of ``device.memory_stats()``), or ``HOST_DEVICE_DATA_BYTES``
-  where a device reports none. Every process of a run must see the same devices, so that
-  all decide alike."""
+  """The one rule for data on the devices: whether each device's share of ``num_bytes`` fits."""
   share = -(-num_bytes // mesh.devices.size)
   limits = [(device.memory_stats() or {}).get("bytes_limit") for device in mesh.local_devices]
   if all(limits):
@@ -264,20 +176,8 @@ def _cast(dtype: Any, sharding: NamedSharding) -> Callable:
 
 
 def put_rows(data: np.ndarray, mesh: Mesh, dtype: Any = None) -> jax.Array:
-  """A host array [N, ...] on the mesh's devices, split by rows, cast there to ``dtype``.
-
-  Every process holds all of ``data``; each copies only its own devices' rows. N is
-  padded with zero rows to a multiple of the mesh size (``gather_rows`` never reads
-  them).
-
-  Args:
-    data: [N, ...] host array.
-    mesh: a 1-D mesh.
-    dtype: the dtype on the devices; None keeps ``data``'s.
-
-  Returns:
-    [ceil(N / D) * D, ...] global array, rows split over the mesh's axis.
-  """
+  """A host array [N, ...] split by rows over a 1-D mesh (N padded with zero rows to a
+  multiple of its size), cast there to ``dtype`` (None: kept)."""
   size, num_rows = mesh.devices.size, data.shape[0]
   padded = -(-num_rows // size) * size
   sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
@@ -296,8 +196,7 @@ def put_rows(data: np.ndarray, mesh: Mesh, dtype: Any = None) -> jax.Array:
 
 
 def _local_rows(shard, indices, axis_name: str):
-  """Inside ``shard_map``: this device's rows of ``indices`` (zeros for the others'),
-  summed over the devices and split along the batch axis (the last of ``indices``)."""
+  """Inside ``shard_map``: the device's rows of ``indices``, reduce-scattered over the batch."""
   rows = shard.shape[0]
   local = indices - jax.lax.axis_index(axis_name) * rows
   mine = (local >= 0) & (local < rows)
@@ -308,20 +207,9 @@ def _local_rows(shard, indices, axis_name: str):
 
 
 def gather_rows(data: Any, indices: jax.Array, mesh: Mesh) -> Any:
-  """``leaf[indices]`` of every leaf of ``data``, on the devices (traceable, in a jit over
-  ``mesh``).
+  """``leaf[indices]`` of every leaf of ``data`` (``put_rows``), split along B, in a jit.
 
-  Args:
-    data: arrays [N, ...] split by rows over the mesh (``put_rows``).
-    indices: [..., B] int rows in [0, N), the same on every device; B a multiple of the
-      mesh size.
-    mesh: a 1-D mesh.
-
-  Returns:
-    [..., B, ...] arrays split along the B axis over the mesh, as ``shard_rows`` splits
-    a batch: each device gathers the rows it holds, and one reduce-scatter over the mesh
-    (a batch's bytes) hands every device its part of the batch.
-  """
+  ``indices`` [..., B] is the same on every device, B a multiple of the mesh size."""
   if mesh.devices.size == 1:
     return jax.tree_util.tree_map(lambda leaf: jnp.take(leaf, indices, axis=0), data)
   (axis,) = mesh.axis_names
@@ -336,15 +224,7 @@ def gather_rows(data: Any, indices: jax.Array, mesh: Mesh) -> Any:
 
 
 def use_compilation_cache(cache_dir: str) -> None:
-  """JAX's persistent compilation cache for a launcher: a rerun skips most of its compiling.
-
-  An evaluate of 50,000 x 1,000 logits spends most of a cold run compiling on a
-  2-core CPU (about 5 of 8 s in one process).
-
-  Args:
-    cache_dir: the cache's folder (JAX_ENABLE_COMPILATION_CACHE=false, JAX's own
-      variable, turns the cache off).
-  """
+  """JAX's persistent compilation cache for a launcher: a rerun skips most of its compiling."""
   jax.config.update("jax_compilation_cache_dir", cache_dir)
   # Every program: most compile in 0.01-1 s (JAX caches only those >= 1 s by default).
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -353,23 +233,12 @@ def use_compilation_cache(cache_dir: str) -> None:
 
 
 MAX_CPU_DEVICES = 8
-"""At most this many JAX CPU devices from ``one_cpu_device_per_core`` (chunks in flight)."""
 
 
 def one_cpu_device_per_core(num_cores: int, xla_flags: str) -> bool:
-  """One JAX CPU device per core (at most ``MAX_CPU_DEVICES``), before JAX starts.
+  """One JAX CPU device per core (at most ``MAX_CPU_DEVICES``), so chunks score in parallel.
 
-  ``chunked.from_chunks`` scores a predictions file's chunks on all of them at once:
-  XLA runs parts of a chunk's scoring (the covariance norms' small matmuls) on one
-  core per device.
-
-  Args:
-    num_cores: the machine's cores (``os.cpu_count()``).
-    xla_flags: the XLA_FLAGS variable; one that sets the device count is left alone.
-
-  Returns:
-    False when JAX had already started (its devices stay as they are).
-  """
+  XLA_FLAGS that set the device count are left alone. False when JAX had already started."""
   if "xla_force_host_platform_device_count" in xla_flags:
     return True
   try:
@@ -380,9 +249,8 @@ def one_cpu_device_per_core(num_cores: int, xla_flags: str) -> bool:
 
 
 def in_garbage_collection(frame) -> bool:
-  """Whether ``frame`` (e.g. where a signal arrived) runs inside a garbage-collector
-  callback (JAX registers one). Python reports and drops an exception raised there, so a
-  signal handler that stops the run by raising must let the collection end first."""
+  """Whether ``frame`` runs inside a garbage-collector callback (JAX registers one), where
+  Python drops a raised exception: a signal handler must let it end first."""
   callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
   while frame is not None:
     if frame.f_code in callbacks:

@@ -1,35 +1,8 @@
 """Geometric shifts of an image batch: two rotations and two translations.
 
-Images are ``[B, H, W]`` or ``[B, H, W, C]`` floats in [0, 1] (Fashion-MNIST
-``[B, 28, 28, 1]``, CIFAR ``[B, 32, 32, 3]``); each function returns the same shape
-and dtype, computed on device in one program for every angle or shift (the angle's
-cosine and sine, or the shift, are arguments of the compiled program), and is exactly
-the identity at 0.
-
-Ovadia et al. (2019)'s own (``uq_benchmark_2019/mnist/data_lib.py``):
-
-* ``rotate_cubic(images, degrees)``: ``scipy.ndimage.rotate`` over the image plane
-  (cubic B-spline with its prefilter, ``mode="constant"``, ``reshape=True``), then
-  the centre crop back to H x W. Not clipped: the spline overshoots [0, 1] near
-  edges (-0.17 to 1.18 on uniform noise at 45 degrees), as theirs does.
-* ``roll(images, pixels)``: ``np.roll`` along x (the width axis): the columns
-  pushed out on the right come back on the left.
-
-Ours, kept beside them:
-
-* ``rotate(images, degrees)``: bilinear about the image centre
-  ``((H - 1) / 2, (W - 1) / 2)`` without reshape, pixels from outside the image = 0,
-  clipped to [0, 1].
-* ``translate(images, pixels)``: along x with the vacated columns filled with the
-  background 0 (``np.roll`` with zero fill).
-
-Both rotations turn counter-clockwise (as ``np.rot90``), and their cos and sin are
-taken in float64 on the host and snapped at multiples of 90 degrees, so those angles
-land on grid points. ``GEOMETRIC`` holds the four by name. Ovadia et al.'s grids are
-``ROTATION_DEGREES`` (15-180 degrees in steps of 15) and ``ROLL_PIXELS`` (2-26 px in
-steps of 2), each with the clean 0 first; ``TRANSLATION_PIXELS`` (0-14 px) is the
-zero-filled translation's. The corruption suite (noises, blurs, contrast, ...) is
-``engine.corruptions``. docs/shift.md says which shift the shift job uses.
+Images are [B, H, W] or [B, H, W, C] floats in [0, 1]; each shift keeps the shape and dtype,
+compiles once for all angles or shifts, and is exactly the identity at 0. Rotations turn
+counter-clockwise, as ``np.rot90``.
 """
 
 import functools
@@ -42,22 +15,13 @@ import numpy as np
 
 from top1_jax.core import validation
 
+# Ovadia et al.'s grids of rotations and of translations for ``roll``, with the clean 0.
 ROTATION_DEGREES = tuple(range(0, 181, 15))
-"""Ovadia et al.'s rotations (15-180 degrees by 15) and the clean 0."""
 ROLL_PIXELS = tuple(range(0, 27, 2))
-"""Ovadia et al.'s translations for ``roll`` (2-26 px by 2) and the clean 0."""
-TRANSLATION_PIXELS = tuple(range(0, 15))
-"""The zero-filled ``translate``'s grid (0-14 px: at 14 half of a 28 px image is gone)."""
 
 
 def check_images(name: str, images) -> jax.Array:
-  """``images`` as a ``[B, H, W, C]`` float array (a channel axis added to ``[B, H, W]``).
-
-  Values are not checked (that would wait for the device): the functions expect [0, 1].
-
-  Raises:
-    ValueError: not an array of floats of rank 3 or 4, or an empty image.
-  """
+  """``images`` as a [B, H, W, C] float array; values are not checked (no device wait)."""
   images = jnp.asarray(images)
   if not validation.is_floating(images.dtype):
     raise ValueError(f"{name}: expected float images in [0, 1], got dtype {images.dtype}")
@@ -78,14 +42,11 @@ def compute_dtype(dtype) -> jnp.dtype:
 def _cos_sin(degrees: float) -> tuple[float, float]:
   radians = math.radians(degrees)
   # Snap float64 rounding (cos 90° = 6e-17) so right angles are exact permutations.
-  cos, sin = (
-    round(v) if abs(v - round(v)) < 1e-12 else v for v in (math.cos(radians), math.sin(radians))
-  )
-  return float(cos), float(sin)
+  cos, sin = (math.cos(radians), math.sin(radians))
+  return tuple(float(round(v) if abs(v - round(v)) < 1e-12 else v) for v in (cos, sin))
 
 
 def _rotate_one(image: jax.Array, cos: float, sin: float) -> jax.Array:
-  """One ``[H, W, C]`` image rotated by the angle of (cos, sin), bilinear, zero outside."""
   height, width = image.shape[:2]
   centre_row, centre_col = (height - 1) / 2, (width - 1) / 2
   rows, cols = jnp.meshgrid(
@@ -97,7 +58,7 @@ def _rotate_one(image: jax.Array, cos: float, sin: float) -> jax.Array:
   sample = functools.partial(
     jax.scipy.ndimage.map_coordinates, coordinates=source, order=1, mode="constant", cval=0.0
   )
-  return jax.vmap(lambda channel: sample(channel), in_axes=2, out_axes=2)(image)
+  return jax.vmap(sample, in_axes=2, out_axes=2)(image)
 
 
 @jax.jit
@@ -124,15 +85,7 @@ def _checked_pixels(pixels) -> int:
 
 
 def rotate(images, degrees: float) -> jax.Array:
-  """Rotates every image by ``degrees`` counter-clockwise about its centre (ours).
-
-  Args:
-    images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
-    degrees: the angle, any finite number.
-
-  Returns:
-    ``images``' shape and dtype, bilinear, 0 where the source falls outside the image.
-  """
+  """Rotates every image by ``degrees`` about its centre, bilinear, 0 outside (ours)."""
   batch = check_images("images", images)
   degrees = _checked_degrees(degrees)
   dtype = compute_dtype(batch.dtype)
@@ -142,13 +95,9 @@ def rotate(images, degrees: float) -> jax.Array:
 
 @functools.cache
 def _spline_prefilter(size: int) -> np.ndarray:
-  """``[size, size]`` float64: samples -> cubic B-spline coefficients, mirror boundary.
+  """[size, size] float64: samples -> cubic B-spline coefficients, mirrored as SciPy's.
 
-  The coefficients c interpolate: ``(c[i-1] + 4 c[i] + c[i+1]) / 6 = x[i]``, with
-  ``c[-1] = c[1]`` and ``c[size] = c[size-2]`` (the whole-sample mirror that scipy's
-  prefilter assumes for ``mode="constant"``). Its recursive filter solves the same
-  system; here its inverse, once per size, is a matmul on device.
-  """
+  The inverse of the system SciPy's recursive filter solves: a matmul on device."""
   if size == 1:
     return np.ones((1, 1))
   system = (np.diag(np.full(size, 4.0)) + np.diag(np.ones(size - 1), 1)) / 6
@@ -158,9 +107,7 @@ def _spline_prefilter(size: int) -> np.ndarray:
 
 
 def _cubic_taps(below: jax.Array, fraction: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
-  """Along one axis of ``size`` samples: the 4 coefficient indices and B-spline weights
-  (``[..., 4]`` int32 and float) of each coordinate ``below + fraction``, mirrored at
-  the ends as scipy's."""
+  """The [..., 4] coefficient indices and B-spline weights of ``below + fraction``."""
   t, u = fraction, 1 - fraction
   weights = jnp.stack(
     [u**3 / 6, 2 / 3 + 0.5 * t * t * (t - 2), 2 / 3 + 0.5 * u * u * (u - 2), t**3 / 6], axis=-1
@@ -196,15 +143,9 @@ def _rotate_cubic(
 
 
 def _cubic_sources(degrees: float, height: int, width: int) -> tuple[np.ndarray, ...]:
-  """Where each pixel of the cropped output reads the input, in float64 as SciPy:
-  ``[2, H, W]`` whole part (int32) and fraction of the (row, col) coordinates, and
-  ``[H, W]`` whether it lies inside the image.
-
-  ``scipy.ndimage.rotate`` with ``reshape=True`` draws on a canvas just large enough
-  for the rotated image, centre on centre; the crop keeps its H x W pixels from
-  ``canvas // 2 - (H, W) // 2``. Where the canvas is odd and the image even, that crop
-  sits half a pixel off the image's own centre, as in Ovadia et al.'s sets.
-  """
+  """Where each cropped output pixel reads the input, in float64 as SciPy: [2, H, W] whole
+  part and fraction of (row, col), and [H, W] whether it lies inside the image (the crop is
+  half a pixel off centre where the canvas is odd and the image even, as Ovadia et al.'s)."""
   cos, sin = _cos_sin(degrees)
   matrix = np.array([[cos, sin], [-sin, cos]])  # output (row, col) -> input (row, col)
   shape = np.array([height, width])
@@ -221,23 +162,10 @@ def _cubic_sources(degrees: float, height: int, width: int) -> tuple[np.ndarray,
 
 
 def rotate_cubic(images, degrees: float) -> jax.Array:
-  """Rotates every image as Ovadia et al. do: ``scipy.ndimage.rotate``, then a centre crop.
+  """Rotates every image as Ovadia et al. (2019): ``scipy.ndimage.rotate``, then a centre crop.
 
-  ``scipy.ndimage.rotate(images, degrees, axes=(1, 2))`` (order 3 with the spline
-  prefilter, ``mode="constant"``, ``cval=0``, ``reshape=True``) cropped back to H x W
-  about the enlarged canvas' centre (``canvas // 2 - H // 2``, as their
-  ``_crop_center``), computed on device: agrees with SciPy to float32 rounding
-  (tests/test_shifts.py). Square images are what they rotate; other shapes follow
-  the same formula.
-
-  Args:
-    images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
-    degrees: the angle, counter-clockwise, any finite number (``ROTATION_DEGREES``).
-
-  Returns:
-    ``images``' shape and dtype: cubic, 0 where the source falls outside the image,
-    not clipped (the spline overshoots [0, 1] near edges, as theirs).
-  """
+  ``scipy.ndimage.rotate(images, degrees, axes=(1, 2), reshape=True)`` on device, to
+  float32 rounding. Not clipped: the spline overshoots [0, 1] near edges, as theirs does."""
   batch = check_images("images", images)
   degrees = _checked_degrees(degrees)
   if degrees % 360 == 0:
@@ -259,17 +187,7 @@ def _translate(images: jax.Array, pixels: jax.Array) -> jax.Array:
 
 
 def translate(images, pixels: int) -> jax.Array:
-  """Shifts every image ``pixels`` columns along x, filling with the background 0 (ours).
-
-  Args:
-    images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
-    pixels: an integer: right if positive, left if negative; ``|pixels| >= W`` gives
-      a blank image (``TRANSLATION_PIXELS``).
-
-  Returns:
-    ``images``' shape and dtype: ``out[:, :, j] = images[:, :, j - pixels]`` where that
-    column exists, else 0.
-  """
+  """Shifts every image ``pixels`` columns along x (right if positive), filling with 0 (ours)."""
   batch = check_images("images", images)
   pixels = _checked_pixels(pixels)
   pixels = max(-batch.shape[2], min(batch.shape[2], pixels))  # fits int32
@@ -282,16 +200,7 @@ def _roll(images: jax.Array, pixels: jax.Array) -> jax.Array:
 
 
 def roll(images, pixels: int) -> jax.Array:
-  """Shifts every image ``pixels`` columns along x with wrap-around, as Ovadia et al.
-  (``np.roll(images, pixels, axis=2)``).
-
-  Args:
-    images: ``[B, H, W]`` or ``[B, H, W, C]`` float in [0, 1].
-    pixels: an integer: right if positive, left if negative (``ROLL_PIXELS``).
-
-  Returns:
-    ``images``' shape and dtype: ``out[:, :, j] = images[:, :, (j - pixels) mod W]``.
-  """
+  """``np.roll(images, pixels, axis=2)``: a shift along x with wrap-around, as Ovadia et al."""
   batch = check_images("images", images)
   pixels = _checked_pixels(pixels) % batch.shape[2]  # fits int32
   return _roll(batch, jnp.int32(pixels)).reshape(jnp.shape(images))

@@ -1,43 +1,8 @@
 """Training with optax: one network, or a deep ensemble trained together.
 
-* ``train_step(state, batch, key)``: one jitted, pure SGD step (cross-entropy), with
-  the state's augmentation of the batch (``augment``; its key split from the step's
-  key) and float16's dynamic loss scaling (``train_state.loss_scale``) when set.
-* ``fit``: ``num_steps`` steps over shuffled mini-batches; deterministic for a
-  given key on CPU. Step t (counted from ``state.step``, so a restored run goes
-  on with fresh keys and the next batches) uses the batch at position t of the
-  epoch permutations ``permutation(fold_in(shuffle_key, epoch), N)`` and the
-  dropout key ``fold_in(dropout_key, t)``, where
-  ``shuffle_key, dropout_key = split(key)``.
-* Many steps per call: ``fit`` runs up to ``steps_per_call`` steps in one jitted
-  call (``lax.scan``; one step is a plain call). Inside it, on the devices, each
-  step's batch is gathered (from data kept on the devices, ``training_data``), its
-  key folded in and its loss and accuracy added to running sums; the host reads the
-  sums only at a report. A call ends at ``steps_per_call`` steps, at a report and at
-  the last step; ``pick_steps_per_call`` chooses per backend.
-* Deep ensembles: ``init_ensemble`` initialises M members with ``jax.vmap`` over
-  ``split(key, M)``; ``fit_ensemble`` trains member m exactly as
-  ``fit(member_m, ..., key=split(key, M)[m])`` would (its own shuffling and
-  dropout keys), either by one vmapped step for all members (``"vmap"``, the
-  accelerator path) or member after member (``"loop"``, faster on CPU where
-  convolutions under vmap are slow). ``mc.pick_strategy`` chooses per backend.
-* ``evaluate`` / ``evaluate_ensemble``: loss and accuracy (``network_metrics``).
-
-The state, its creation and the step (``TrainState``, ``create_train_state``,
-``init_ensemble``, ``member``, ``train_step``) live in ``train_state``, the checked
-data, where it lives and the batch order in ``batches``; all are re-exported here.
-
-With several devices or processes (``parallel.initialize``) each step is
-data-parallel over all of them (the state replicated, each batch split by rows,
-``parallel``): every process calls ``fit`` alike, with the whole host data, and gets
-the one-device result up to float rounding; ``batch_size`` must be a multiple of the
-device count.
-
-Checkpoints of a ``TrainState`` are in ``top1_jax.io.checkpoints``.
-
-Progress goes to an optional ``callback(info: dict)``; nothing here prints. A loss
-that is not finite or above ``MAX_LOSS`` stops training with ``DivergedError``,
-checked on the host once per report (every ``log_every`` steps), not in the step.
+``fit`` runs up to ``steps_per_call`` steps per jitted call (``lax.scan``), data-parallel
+over all devices; the host reads the summed loss only at a report. ``train_state`` and
+``batches`` names are re-exported here.
 """
 
 import functools
@@ -87,18 +52,11 @@ __all__ = [
 
 Callback = Callable[[dict[str, Any]], None]
 
-MAX_LOSS = 1e3
-"""A mean training loss (cross-entropy, nats; chance is log K) above this means training
-diverged: ``fit`` stops with ``DivergedError``."""
+MAX_LOSS = 1e3  # a mean training loss (nats; chance is log K) above it: diverged
 
 
 class DivergedError(ValueError):
-  """Training diverged: the loss is not finite, or above ``MAX_LOSS``.
-
-  Attributes:
-    step: the last step (1-based) of the steps whose loss was checked.
-    loss: their mean loss (the largest over an ensemble's members).
-  """
+  """The mean loss up to ``step`` (1-based) is not finite, or above ``MAX_LOSS``."""
 
   def __init__(self, step: int, loss: float, member: int | None):
     self.step, self.loss = step, loss
@@ -110,18 +68,12 @@ class DivergedError(ValueError):
 
 
 STEPS_PER_CALL = 100
-"""``fit``'s default steps per jitted call, but where XLA:CPU loops run slowly
-(``pick_steps_per_call``)."""
 
 
 @functools.lru_cache(maxsize=64)
 def slow_in_cpu_loops(model: nn.Module, example_shape: tuple[int, ...]) -> bool:
-  """Whether XLA:CPU runs this model's step slowly inside ``lax.scan``: its forward pass
-  (on inputs of ``example_shape``) has a convolution, or computes in a half precision.
-
-  On this project's CPU such steps ran several times slower inside a scan than in calls
-  of their own, and a float32 MLP's ran faster (docs/performance.md).
-  """
+  """Whether XLA:CPU runs this model's step several times slower inside ``lax.scan``:
+  with a convolution or a half-precision compute (docs/performance.md)."""
   sample = jax.ShapeDtypeStruct((1, *example_shape), jnp.float32)
   forward = jax.make_jaxpr(lambda x: model.init_with_output(jax.random.key(0), x)[0])(sample)
   half = batches.input_dtype(model) != jnp.float32
@@ -131,21 +83,9 @@ def slow_in_cpu_loops(model: nn.Module, example_shape: tuple[int, ...]) -> bool:
 def pick_steps_per_call(
   steps_per_call: int | None = None, backend: str | None = None, *, slow_in_loops: bool = False
 ) -> int:
-  """Training steps per jitted call: ``steps_per_call`` if given, else by backend.
+  """Training steps per jitted call: ``steps_per_call`` if not None, else by backend.
 
-  ``STEPS_PER_CALL``, where the host's work per call would otherwise leave the device
-  waiting; but 1 on a CPU for a step that is ``slow_in_loops`` there
-  (``slow_in_cpu_loops``), whose batch is still gathered on the device. Any value gives
-  the same numbers up to float rounding.
-
-  Args:
-    steps_per_call: a number >= 1 to force, or None to pick.
-    backend: ``"cpu"``, ``"gpu"``, ``"tpu"``...; default ``jax.default_backend()``.
-    slow_in_loops: whether the step runs slowly inside an XLA:CPU loop.
-
-  Returns:
-    Steps per call, >= 1.
-  """
+  Any value gives the same numbers up to float rounding."""
   if steps_per_call is not None:
     return validation.positive_int("steps_per_call", steps_per_call)
   backend = jax.default_backend() if backend is None else backend
@@ -153,9 +93,7 @@ def pick_steps_per_call(
 
 
 class _Progress:
-  """Every ``log_every`` steps and after the last, reads the loss and accuracy summed on
-  the devices, checks their mean loss on the host (``DivergedError``) and reports the
-  means to ``callback``."""
+  """Reads the device sums every ``log_every`` steps, checks the loss, calls ``callback``."""
 
   def __init__(self, callback, begin, end, log_every, examples_per_step, member_index):
     self._callback = callback
@@ -164,12 +102,10 @@ class _Progress:
     self._last, self._start = begin, time.perf_counter()
 
   def next_report(self, step: int) -> int:
-    """The first step count after ``step`` at which a report is due."""
     window = (step - self._begin) // self._log_every + 1
     return min(self._begin + window * self._log_every, self.end)
 
   def report(self, done: int, totals: dict[str, jax.Array]) -> None:
-    """Checks and reports the sums of the steps since the last report, ``done`` steps in."""
     count, self._last = done - self._last, done
     means = {name: np.asarray(parallel.to_local(total)) / count for name, total in totals.items()}
     losses = np.nan_to_num(np.reshape(means["loss"], -1), nan=np.inf)  # [M] for a vmapped ensemble
@@ -188,14 +124,8 @@ class _Progress:
 
 @functools.cache
 def _program(mesh, num_steps, steps_per_epoch, batch_size, ensemble, streamed, dtype, impl):
-  """``num_steps`` training steps as one jitted call (the module docstring):
-  ``call(state, totals, images, labels, orders, key_data, first) -> (state, totals)``.
-
-  Step t (``first`` + 0, 1, ...) takes rows ``[position * B, (position + 1) * B)`` of
-  its epoch's permutation in ``orders`` (one per epoch the call touches, from
-  ``first``'s on) from the device ``images`` and ``labels``; or, ``streamed``, the
-  call's own batches ``images [n, (M,) B, ...]``.
-  """
+  """``num_steps`` steps as one jitted call; ``orders`` holds a permutation per epoch it
+  touches, or, ``streamed``, ``images`` are the call's own batches [n, (M,) B, ...]."""
   step_fn = train_state.ensemble_step if ensemble else train_state.apply_step
   fold_in = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if ensemble else jax.random.fold_in
 
@@ -225,7 +155,7 @@ def _program(mesh, num_steps, steps_per_epoch, batch_size, ensemble, streamed, d
 
 
 def _calls(begin: int, progress: _Progress, steps_per_call: int) -> list[tuple[int, int]]:
-  """(first step, steps) of each call: ``steps_per_call`` steps, cut at every report."""
+  """(first step, steps) of each call, cut at every report."""
   calls, first = [], begin
   while first < progress.end:
     calls.append((first, min(steps_per_call, progress.next_report(first) - first)))
@@ -234,11 +164,7 @@ def _calls(begin: int, progress: _Progress, steps_per_call: int) -> list[tuple[i
 
 
 def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
-  """Steps ``begin`` to ``progress.end``, on one device or data-parallel over all.
-
-  Step t trains on the rows of position t of ``order`` with the dropout key
-  ``fold_in(dropout_key, t)`` (per member for [M] keys). The sums of a report are
-  read after the next call is dispatched, so the devices do not wait for the host."""
+  """Steps ``begin`` to ``progress.end``; step t's dropout key is ``fold_in(dropout_key, t)``."""
   mesh, shape, impl = data.mesh, dropout_key.shape, jax.random.key_impl(dropout_key)
   key_data = parallel.replicate(jax.random.key_data(dropout_key), mesh)
   zeros = {name: np.zeros(shape, np.float32) for name in ("loss", "accuracy")}
@@ -247,16 +173,14 @@ def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
     steps_per_call = batches.streamed_steps(data, order, steps_per_call)
   calls = _calls(begin, progress, steps_per_call)
   blocks = None if data.on_device else batches.streamed(data, order, calls)
+  static = (order.steps_per_epoch, order.batch_size, bool(shape), blocks is not None)
   state, totals, pending = parallel.replicate(state, mesh), zeros, None
   for first, num_steps in calls:
     if data.on_device:
       inputs = (data.images, data.labels, order.device_orders(first, num_steps))
     else:
       inputs = (*next(blocks), ())
-    spe, size = order.steps_per_epoch, order.batch_size
-    program = _program(
-      mesh, num_steps, spe, size, bool(shape), blocks is not None, data.dtype, impl
-    )
+    program = _program(mesh, num_steps, *static, data.dtype, impl)
     state, totals = program(state, totals, *inputs, key_data, np.int32(first))
     if pending is not None:
       progress.report(*pending)
@@ -269,23 +193,7 @@ def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
 
 
 def training_data(model: nn.Module, images: ArrayLike, labels: ArrayLike) -> TrainingData:
-  """A training set checked once and placed for many ``fit`` calls (e.g. one per epoch).
-
-  ``fit(state, images, labels, ...)`` checks and places host arrays on every call; a
-  run that calls it once per epoch pays that once with
-  ``fit(state, training_data(state.model, images, labels), None, ...)``. Where it goes
-  is one rule, ``parallel.fits_on_devices``: on the devices, split by rows over
-  ``mc.default_mesh()`` (images in the model's ``dtype`` for mixed precision), else on
-  the host, each call's batches sent from there.
-
-  Args:
-    model: the network to train (single or ensemble members alike).
-    images: [N, ...] float inputs (host arrays; integers are cast to float32).
-    labels: [N] int labels in [0, K), K the model's logits.
-
-  Returns:
-    A ``TrainingData`` for ``fit`` and ``fit_ensemble``.
-  """
+  """A training set checked and placed once, for many ``fit(state, data, None, ...)`` calls."""
   return batches.training_data(model, images, labels, mc.default_mesh())
 
 
@@ -303,32 +211,10 @@ def fit(
 ) -> TrainState:
   """Trains one network for ``num_steps`` mini-batch steps.
 
-  Epochs are fresh permutations of the N examples; the last N mod batch_size
-  examples of each permutation are skipped. See the module docstring for how
-  ``key`` determines the batches and dropout masks.
-
-  Args:
-    state: the ``TrainState`` to start from (step 0 or restored).
-    images: [N, ...] float inputs (host arrays; integers are cast to float32), or a
-      ``TrainingData`` (``training_data``).
-    labels: [N] int labels in [0, K); None with a ``TrainingData``.
-    key: PRNG key of this run.
-    num_steps: steps to take, >= 1.
-    batch_size: examples per step, 1 <= batch_size <= N, a multiple of the device count.
-    log_every: call ``callback`` every this many steps (and after the last).
-    callback: receives ``{"step", "num_steps", "loss", "accuracy",
-      "examples_per_second", "member"}`` (loss and accuracy averaged over the
-      steps since the previous call; ``member`` is None here).
-    steps_per_call: most steps in one jitted call; None: ``pick_steps_per_call``.
-      Any value gives the same numbers up to float rounding.
-
-  Returns:
-    The trained ``TrainState``.
-
-  Raises:
-    DivergedError: the mean loss of the steps since the last report is not finite
-      or above ``MAX_LOSS``.
-  """
+  With ``shuffle_key, dropout_key = split(key)``, step t (from ``state.step``) takes the
+  batch at position t of ``batches.EpochOrder(shuffle_key)`` and the dropout key
+  ``fold_in(dropout_key, t)``. Every ``log_every`` steps ``callback`` gets the loss and
+  accuracy averaged since its last call. ``batch_size``: a multiple of the device count."""
   key = mc.as_prng_key(key)
   data = batches.for_fit(state.model, state.variables, images, labels, mc.default_mesh())
   schedule = batches.checked_schedule(num_steps, batch_size, data.num_examples, log_every)
@@ -366,24 +252,8 @@ def fit_ensemble(
 ) -> TrainState:
   """Trains every member of an ensemble; member m as ``fit`` with ``split(key, M)[m]``.
 
-  Args:
-    states: an ensemble ``TrainState`` (from ``init_ensemble``), all members at
-      the same step.
-    images, labels, num_steps, batch_size, log_every, steps_per_call: as ``fit``.
-    key: PRNG key of this run, split into one key per member.
-    strategy: ``"vmap"`` (one vmapped step trains all members), ``"loop"``
-      (member after member) or ``"auto"`` (``mc.pick_strategy``: vmap on gpu/tpu,
-      loop on cpu). Both give the same members up to float rounding.
-    callback: as ``fit``; with ``"loop"`` ``member`` is the member's index and
-      loss/accuracy are floats, with ``"vmap"`` ``member`` is None and loss /
-      accuracy are [M] arrays.
-
-  Returns:
-    The trained ensemble ``TrainState``.
-
-  Raises:
-    DivergedError: as ``fit``, for any member.
-  """
+  ``strategy`` ``"vmap"`` and ``"loop"`` give the same members up to float rounding; the
+  ``callback`` gets each member's floats with ``"loop"``, [M] arrays with vmap."""
   size = mc.ensemble_size(states.params)
   strategy = mc.pick_strategy(strategy)
   member_keys = jax.random.split(mc.as_prng_key(key), size)

@@ -1,24 +1,7 @@
 """The state a training step reads and writes, for one network or a deep ensemble, and the step.
 
-``create_train_state`` initialises one network and its optimizer state;
-``init_ensemble`` initialises M members with ``jax.vmap`` over ``split(key, M)``,
-every array leaf with a leading [M] member axis; ``member`` and ``stack_members``
-go between the two.
-
-``apply_step(state, batch, key)`` is one pure SGD step (cross-entropy), with the
-state's augmentation of the batch (``augment``; its key split from the step's key)
-and float16's dynamic loss scaling when set; ``ensemble_step`` is the same for every
-member at once (``jax.vmap``). ``train_step`` and ``ensemble_train_step`` are those
-steps jitted, with their arguments checked.
-
-Mixed precision (``half_precision``, as in the Flax ImageNet example): the model
-computes in ``compute_dtype(half_precision)`` (its ``dtype``), the parameters and
-optimizer state stay float32, and ``"float16"`` adds dynamic loss scaling
-(``loss_scale``, flax's ``DynamicScale``): the loss is multiplied by the scale
-before differentiation, a step whose unscaled gradients are not all finite is
-skipped and halves the scale, and the scale doubles after ``growth_interval``
-finite steps in a row. The scale is not checkpointed: a resumed run starts again
-from the initial scale, which adapts within a few steps.
+Mixed precision as in the Flax ImageNet example: parameters stay float32; ``"float16"`` adds
+a dynamic loss scale, not checkpointed (a resumed run's adapts again within a few steps).
 """
 
 import functools
@@ -39,28 +22,14 @@ from top1_jax.engine import augment, forward_passes, models
 HALF_PRECISIONS = {"none": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 """The computation dtype of each ``half_precision`` setting (parameters stay float32)."""
 
-LOSS_SCALE_GROWTH_INTERVAL = 2000
-"""Finite steps in a row after which float16's loss scale doubles (flax's default)."""
+LOSS_SCALE_GROWTH_INTERVAL = 2000  # flax's default
 
 
 @struct.dataclass
 class TrainState:
-  """Everything a training step reads and writes (a pytree).
+  """Everything a training step reads and writes (a pytree; leaves [M, ...] for an ensemble).
 
-  For an ensemble every array leaf has a leading [M] member axis.
-
-  Attributes:
-    step: int32 scalar, steps taken so far.
-    params: the model's ``"params"`` collection.
-    model_state: the other mutable collections, ``{"batch_stats": ...}`` for
-      BatchNorm models, else ``{}``.
-    opt_state: the optimizer state.
-    model: the Flax module (static).
-    tx: the optax transformation (static).
-    dropout_rate: dropout rate used in training steps (static; 0 = none).
-    augmentation: what a training step does to its batch (static; ``augment``).
-    dynamic_scale: float16's loss scale (flax ``DynamicScale``), or None.
-  """
+  ``model_state``: the mutable collections (``{"batch_stats": ...}`` for BatchNorm, or {})."""
 
   step: jax.Array
   params: Any
@@ -76,7 +45,7 @@ class TrainState:
 
   @property
   def variables(self) -> dict[str, Any]:
-    """``{"params": ..., **model_state}``, what ``model.apply`` and ``mc`` take."""
+    """``{"params": ..., **model_state}``, for ``model.apply`` and ``mc``."""
     return {"params": self.params, **self.model_state}
 
 
@@ -88,7 +57,7 @@ def _train_dropout_rate(rate: Any) -> float:
 
 
 def compute_dtype(half_precision: str) -> Any:
-  """The model ``dtype`` of a ``half_precision`` setting (``HALF_PRECISIONS``)."""
+  """The model ``dtype`` of a ``half_precision`` setting."""
   if half_precision not in HALF_PRECISIONS:
     raise ValueError(
       f"half_precision: expected one of {', '.join(HALF_PRECISIONS)}, got {half_precision!r}"
@@ -99,11 +68,8 @@ def compute_dtype(half_precision: str) -> Any:
 def loss_scale(
   half_precision: str, growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
 ) -> dynamic_scale_lib.DynamicScale | None:
-  """The dynamic loss scale of a ``half_precision`` setting: float16's, else None.
-
-  The scale starts at 2^15 and is halved after a non-finite gradient, doubled after
-  ``growth_interval`` finite steps in a row.
-  """
+  """float16's dynamic loss scale, else None: from 2^15, halved by a skipped non-finite
+  step, doubled after ``growth_interval`` finite steps in a row."""
   compute_dtype(half_precision)
   if half_precision != "float16":
     return None
@@ -115,11 +81,21 @@ def loss_scale(
   )
 
 
-def _check_model_and_tx(model: Any, tx: Any) -> None:
+def _check_args(model: Any, tx: Any, augmentation: Any, dynamic_scale: Any) -> None:
   if not isinstance(model, nn.Module):
     raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
   if not hasattr(tx, "init") or not hasattr(tx, "update"):
     raise ValueError(f"tx: expected an optax GradientTransformation, got {type(tx).__name__}")
+  if not isinstance(augmentation, augment.Augmentation):
+    raise ValueError(
+      f"augmentation: expected an augment.Augmentation (augment.make), got "
+      f"{type(augmentation).__name__}"
+    )
+  if dynamic_scale is not None and not isinstance(dynamic_scale, dynamic_scale_lib.DynamicScale):
+    raise ValueError(
+      f"dynamic_scale: expected None or a flax DynamicScale (loss_scale), got "
+      f"{type(dynamic_scale).__name__}"
+    )
 
 
 def _create(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> TrainState:
@@ -146,19 +122,6 @@ def _create_ensemble(model, tx, keys, sample_input, dropout_rate, augmentation, 
   )(keys)
 
 
-def _check_extras(augmentation: Any, dynamic_scale: Any) -> None:
-  if not isinstance(augmentation, augment.Augmentation):
-    raise ValueError(
-      f"augmentation: expected an augment.Augmentation (augment.make), got "
-      f"{type(augmentation).__name__}"
-    )
-  if dynamic_scale is not None and not isinstance(dynamic_scale, dynamic_scale_lib.DynamicScale):
-    raise ValueError(
-      f"dynamic_scale: expected None or a flax DynamicScale (loss_scale), got "
-      f"{type(dynamic_scale).__name__}"
-    )
-
-
 def create_train_state(
   model: nn.Module,
   tx: optax.GradientTransformation,
@@ -169,23 +132,8 @@ def create_train_state(
   augmentation: augment.Augmentation = augment.NO_AUGMENTATION,
   dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
-  """Initialises one network and its optimizer state.
-
-  Args:
-    model: a Flax module from ``models`` (or with the same call signature); its
-      ``dtype`` is the computation's (``compute_dtype``).
-    tx: an optax transformation, e.g. ``optax.adam(1e-3)`` (``optimizers.make``).
-    key: PRNG key for the initial parameters.
-    sample_input: [B, ...] an example batch (only shape and dtype matter).
-    dropout_rate: dropout rate during training, in [0, 1).
-    augmentation: applied to every training batch (``augment.make``); none by default.
-    dynamic_scale: float16's loss scale (``loss_scale("float16")``), or None.
-
-  Returns:
-    A ``TrainState`` at step 0.
-  """
-  _check_model_and_tx(model, tx)
-  _check_extras(augmentation, dynamic_scale)
+  """A ``TrainState`` at step 0; only the shape and dtype of ``sample_input`` matter."""
+  _check_args(model, tx, augmentation, dynamic_scale)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
   key, rate = forward_passes.as_prng_key(key), _train_dropout_rate(dropout_rate)
   return _create_jit(model, tx, key, sample_input, rate, augmentation, dynamic_scale)
@@ -202,21 +150,8 @@ def init_ensemble(
   augmentation: augment.Augmentation = augment.NO_AUGMENTATION,
   dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
-  """Initialises M members by ``jax.vmap`` over ``jax.random.split(key, M)``.
-
-  Member m equals ``create_train_state(model, tx, split(key, M)[m], ...)``.
-
-  Args:
-    model, tx, sample_input, dropout_rate, augmentation, dynamic_scale: as
-      ``create_train_state`` (each member gets its own loss scale).
-    key: PRNG key, split into one key per member.
-    ensemble_size: M >= 1.
-
-  Returns:
-    A ``TrainState`` whose array leaves have a leading [M] axis.
-  """
-  _check_model_and_tx(model, tx)
-  _check_extras(augmentation, dynamic_scale)
+  """M members, leaves [M, ...]; member m is ``create_train_state`` with ``split(key, M)[m]``."""
+  _check_args(model, tx, augmentation, dynamic_scale)
   ensemble_size = validation.positive_int("ensemble_size", ensemble_size)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
   dropout_rate = _train_dropout_rate(dropout_rate)
@@ -224,34 +159,16 @@ def init_ensemble(
   return _create_ensemble(model, tx, keys, sample_input, dropout_rate, augmentation, dynamic_scale)
 
 
-def _member(states: TrainState, index: int) -> TrainState:
-  return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
-
-
 def member(states: TrainState, index: int) -> TrainState:
   """Member ``index`` of an ensemble ``TrainState`` (leaves ``[index]``)."""
   size = forward_passes.ensemble_size(states.params)
-  return _member(states, validation.positive_int("index", index, minimum=0, maximum=size - 1))
+  index = validation.positive_int("index", index, minimum=0, maximum=size - 1)
+  return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
 
 
 def stack_members(states: list[TrainState]) -> TrainState:
   """One ensemble ``TrainState`` of single-network states (leaves stacked on a new [M] axis)."""
   return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *states)
-
-
-def _loss_and_updates(state: TrainState, params, images, labels, key):
-  mutable = list(state.model_state)
-  outputs = state.model.apply(
-    {"params": params, **state.model_state},
-    images,
-    train=True,
-    dropout_rate=state.dropout_rate,
-    rngs={"dropout": key},
-    mutable=mutable or False,
-  )
-  logits, new_model_state = outputs if mutable else (outputs, {})
-  loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
-  return loss, (logits, dict(new_model_state))
 
 
 def apply_step(state: TrainState, batch, key) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -262,7 +179,14 @@ def apply_step(state: TrainState, batch, key) -> tuple[TrainState, dict[str, jax
     images = state.augmentation(augment_key, images)
 
   def loss_fn(params):
-    return _loss_and_updates(state, params, images, labels, key)
+    mutable = list(state.model_state) or False
+    variables, rngs = {"params": params, **state.model_state}, {"dropout": key}
+    outputs = state.model.apply(
+      variables, images, train=True, dropout_rate=state.dropout_rate, rngs=rngs, mutable=mutable
+    )
+    logits, new_model_state = outputs if mutable else (outputs, {})
+    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+    return loss, (logits, dict(new_model_state))
 
   if state.dynamic_scale is None:
     (loss, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -315,44 +239,22 @@ def _check_batch(batch: Any, member_axis: bool) -> tuple[jax.Array, jax.Array]:
 def train_step(
   state: TrainState, batch: tuple[ArrayLike, ArrayLike], key: jax.Array
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step on the mean softmax cross-entropy (jitted, pure).
+  """One optimizer step on the mean softmax cross-entropy (jitted, pure); metrics before it.
 
-  Label values are not range-checked here (that would sync with the device every
-  step); ``fit`` checks them once.
-
-  Args:
-    state: the current ``TrainState``.
-    batch: ``(images [B, ...] float, labels [B] int)``.
-    key: PRNG key for this step's dropout masks (use a fresh one every step).
-
-  Returns:
-    ``(new_state, {"loss": [], "accuracy": []})`` (metrics of this batch, before
-    the update).
-  """
+  Labels are not range-checked: that would sync every step."""
   return _train_step_jit(state, _check_batch(batch, False), forward_passes.as_prng_key(key))
 
 
 def ensemble_train_step(
   states: TrainState, batch: tuple[ArrayLike, ArrayLike], keys: jax.Array
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """``train_step`` of every member at once, by ``jax.vmap`` (jitted, pure).
-
-  Args:
-    states: an ensemble ``TrainState`` (leaves with a leading [M] axis).
-    batch: ``(images [M, B, ...], labels [M, B])``: one batch per member.
-    keys: [M] PRNG keys, one per member.
-
-  Returns:
-    ``(new_states, {"loss": [M], "accuracy": [M]})``.
-  """
+  """``train_step`` of every member at once: batch ``(images [M, B, ...], labels [M, B])``,
+  [M] ``keys``; metrics [M]."""
   size = forward_passes.ensemble_size(states.params)
   images, labels = _check_batch(batch, True)
   if images.shape[0] != size:
     raise ValueError(f"batch: expected {size} member batches, got {images.shape[0]}")
-  if (
-    not isinstance(keys, jax.Array)
-    or not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
-    or keys.shape != (size,)
-  ):
+  is_keys = isinstance(keys, jax.Array) and jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+  if not is_keys or keys.shape != (size,):
     raise ValueError(f"keys: expected [{size}] PRNG keys from jax.random.split")
   return _ensemble_train_step_jit(states, (images, labels), keys)
