@@ -1,31 +1,9 @@
 """``Calibrator``: fit a calibrated P(Top-k correct) on one model's outputs, save it, apply it.
 
-The practitioner's face of the paper::
-
-  cal = Calibrator(score="neg_log_pmax", n_bins=20, k=1).fit(x, labels)  # logits or probs
-  p = cal.predict_confidence(x_new)             # [N] P(the Top-k prediction is correct)
-  cal.predict_proba(x_new)                      # [N, 2]: (P(wrong), P(correct)), scikit-learn's
-  lo, hi = cal.predict_interval(x_new, delta=0.05)
-  cal.evaluate(x_test, labels_test)             # accuracy, brier, nll, ece, eor, auroc, ...
-  cal.save("cal.json"); cal = Calibrator.load("cal.json")
-
-``method`` picks the estimator by name from ``estimators.registry.REGISTRY``: the
-paper's equal-count bins of the score (the default), isotonic, kde, toplabel or
-temperature scaling, or any estimator registered there.
-
-``x`` is ``[N, K]`` logits or probabilities, or ``[S, N, K]`` MC-dropout samples or
-ensemble members (then the classifier is their mean in probability space, and the
-sample scores such as ``covariance_norm_probs`` become available). Anything with
-``__array__`` works: NumPy, JAX, a CPU torch tensor.
-
-Probabilities are turned into log-probabilities in float64 before scoring
-(``scores.log_probs_from_probs``): real networks give probabilities that underflow
-to 1e-37 or 0, and a score computed from the largest probability alone (1.0 for all
-of them) would tie; from the log of the others it stays distinct.
-
-It follows scikit-learn's conventions: ``__init__`` stores its arguments, ``fit``
-checks them and returns ``self``, fitted attributes end in ``_``, ``get_params`` /
-``set_params`` (so ``sklearn.base.clone`` works; scikit-learn is not needed).
+``x`` is ``[N, K]`` logits or probabilities, or ``[S, N, K]`` MC-dropout samples or ensemble
+members (their mean in probability space is the classifier), anything with ``__array__``.
+It follows scikit-learn's conventions (``get_params`` / ``set_params``, fitted attributes
+end in ``_``, ``fit`` returns ``self``) without needing scikit-learn.
 """
 
 import dataclasses
@@ -44,12 +22,9 @@ from top1_jax.evaluation import accuracy_estimates, protocol, recalibration
 
 FORMAT = "top1_jax.Calibrator"
 VERSION = 2
-"""Version 2 saves any method ("method", its "options" and its estimator's "state");
-version 1 (the bins alone, their fields at the top) is still read."""
+"""Version 2 saves any method; version 1 (the bins' fields at the top) is still read."""
 MAX_FILE_BYTES = 1 << 28
-"""``load`` refuses a file larger than this (256 MiB) before reading it: a saved
-calibrator is far smaller (top-label bins of 1000 classes with 20 bins each take
-about 2 MB), and a hostile multi-GB file must not fill the memory."""
+"""``load`` refuses a larger file (256 MiB) before reading it: a real one is a few MB."""
 INPUTS = scores.INPUTS
 
 
@@ -57,40 +32,24 @@ class Calibrator(base.OptionParams):
   """Calibrated P(Top-k prediction is correct) from one score (or the log-probabilities).
 
   Args:
-    method: a name of ``estimators.registry.REGISTRY``: "bins" (equal-count bins of
-      the score, the paper), "isotonic", "kde" (fitted on the score too), "toplabel"
-      (bins per predicted class), "temperature" (the Top-k mass of softmax(x / T)).
-    score: a registered score name (``scores.REGISTRY``; ``neg_log_topk_mass``
-      takes ``k``), or a callable ``score(x) -> [N]`` of the raw input (not saveable).
-    n_bins: the bin count of "bins", or ``"cv"``: the count of
-      ``bin_count.DEFAULT_GRID`` with the lowest held-out NLL in nested
-      cross-validation on the calibration data (seed 0). For the other methods
-      ("toplabel" sizes its bins by ``points_per_bin``), the bins ``evaluate`` scores
-      their predictions in.
+    method: a name of ``estimators.registry.REGISTRY``; "bins" is the paper's.
+    score: a name of ``scores.REGISTRY``, or a callable ``score(x) -> [N]`` (not saveable).
+    n_bins: the bin count of "bins", or ``"cv"``: chosen from ``bin_count.DEFAULT_GRID`` by
+      nested cross-validation (seed 0). Other methods are evaluated in that many bins.
     k: the event is "the true label is among the k top classes".
-    inputs: what ``x`` holds: ``"auto"`` (the default: probabilities when every row lies
-      in [0, 1] and sums to 1, logits when none does; ``scores.input_kind``), ``"logits"``
-      or ``"probs"``. ``fit`` decides once (``inputs_``); later calls read ``x`` so. An
-      array that cannot be told apart (some rows probabilities, others not; sums off by
-      rounding) is refused with the fix named, as logits that look like probabilities
-      are: they would run and give other numbers, silently.
-    **options: the method's own options (``isotonic``: ``increasing``, ``prior``;
-      ``kde``: ``bandwidth``; ``toplabel``: ``points_per_bin``, ``prior``).
-      ``increasing`` defaults to the score's direction (True for a confidence such
-      as ``pmax``).
+    inputs: ``"auto"`` (probabilities when every row lies in [0, 1] and sums to 1, logits
+      when none does; a mix is refused), ``"logits"`` or ``"probs"``; decided at ``fit``.
+      Probabilities are logged in float64, so underflowing tails keep distinct scores.
+    **options: the method's own options (e.g. kde's ``bandwidth``; isotonic's
+      ``increasing`` defaults to the score's direction).
 
   Fitted attributes:
-    state_: the estimator's fitted state (``binning.Bins`` for "bins").
-    bins_: the ``binning.Bins`` when the state is one, else None.
-    n_bins_: the bin count used (chosen, for ``n_bins="cv"``).
-    num_classes_: K of the calibration data.
-    calibration_accuracy_: the calibration data's Top-k accuracy.
-    estimator_: the registry entry that was fitted.
-    inputs_: "logits" or "probs": what the calibration data held (``inputs`` resolved).
+    state_: the estimator's fitted state; bins_: it when it is ``binning.Bins``, else None.
+    n_bins_, num_classes_, inputs_, calibration_accuracy_, estimator_: the fit's bin count,
+      K, input kind, Top-k accuracy and registry entry.
   """
 
   PARAMS = ("method", "score", "n_bins", "k", "inputs")
-  """The constructor's named arguments (``get_params``); other keywords are options."""
 
   def __init__(
     self,
@@ -114,8 +73,6 @@ class Calibrator(base.OptionParams):
     settings = ", ".join(f"{name}={value!r}" for name, value in params.items())
     return f"Calibrator({settings}; {'fitted' if hasattr(self, 'state_') else 'unfitted'})"
 
-  # The settings, checked when fitting (scikit-learn's convention), and the input, scored.
-
   def _checked(self) -> tuple[base.Estimator, dict[str, Any]]:
     """The registry entry and the options its ``fit`` gets; a ValueError for a bad setting."""
     if self.method not in registry.names():
@@ -126,14 +83,14 @@ class Calibrator(base.OptionParams):
     if self.inputs not in INPUTS:
       raise ValueError(f"inputs: expected one of {INPUTS}, got {self.inputs!r}")
     if not callable(self.score):
-      if not isinstance(self.score, str) or scores.lookup(self.score) is None:
+      found = scores.lookup(self.score) if isinstance(self.score, str) else None
+      if found is None:
         raise ValueError(
           f"score: expected a callable or one of {', '.join(scores.REGISTRY)}, got {self.score!r}"
         )
-      if scores.lookup(self.score).inputs in ("human_probs", "labels"):
+      if found.inputs in ("human_probs", "labels"):
         raise ValueError(
-          f"score: {self.score!r} needs {scores.lookup(self.score).inputs}, which a Calibrator"
-          " is not given"
+          f"score: {self.score!r} needs {found.inputs}, which a Calibrator is not given"
         )
     if isinstance(self.n_bins, str) and self.n_bins != "cv":
       raise ValueError(f'n_bins: expected an integer or "cv", got {self.n_bins!r}')
@@ -151,9 +108,8 @@ class Calibrator(base.OptionParams):
       )
     return entry, entry.check_options(options)
 
-  def _log_space(self, x: ArrayLike, num_classes: int | None) -> np.ndarray:
-    """``x`` as logits / log-probabilities, [N, K] or [S, N, K] float32, checked, read as
-    the calibration data was (``inputs_``), or before fitting as ``inputs`` says."""
+  def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None):
+    """([N] host scores, [N, K] log-probabilities) of ``x``, read as ``inputs_`` says."""
     arr = scores.as_log_probs(x, getattr(self, "inputs_", self.inputs), name="x")
     validation.check_nonempty("x", arr, axis=-2)
     if arr.ndim == 3:
@@ -162,11 +118,6 @@ class Calibrator(base.OptionParams):
       raise ValueError(
         f"x: expected {num_classes} classes like the calibration data, got shape {arr.shape}"
       )
-    return arr
-
-  def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None):
-    """([N] host scores, [N, K] log-probabilities) of ``x``."""
-    arr = self._log_space(x, num_classes)
     log_probs = scores.mean_log_probs(arr) if arr.ndim == 3 else jnp.asarray(arr)
     if callable(self.score):
       u = validation.float_array("score(x)", self.score(np.asarray(x)), 1, host=True)
@@ -179,8 +130,7 @@ class Calibrator(base.OptionParams):
     return np.asarray(scores.compute_one(name, log_probs, samples)), log_probs
 
   def _evidence(self, x: ArrayLike, labels: ArrayLike | None = None, *, fitting=False):
-    """The ``base.Evidence`` of ``x``: scores, log-probabilities and (with labels) the
-    events, checked; K must be the fitted one unless ``fitting``."""
+    """The checked ``base.Evidence`` of ``x``; K must be the fitted one unless ``fitting``."""
     num_classes = None if fitting else getattr(self, "num_classes_", None)
     u, log_probs = self._score_and_log_probs(x, num_classes)
     if labels is None:
@@ -201,37 +151,25 @@ class Calibrator(base.OptionParams):
     self.n_bins_, self.num_classes_ = n_bins, num_classes
     self.calibration_accuracy_ = accuracy
 
-  # The interface.
-
   def fit(self, x: ArrayLike, labels: ArrayLike) -> "Calibrator":
-    """Fits the method on calibration data; returns ``self``. A refused fit (a bad
-    setting or input: a one-line ValueError) leaves the calibrator as it was.
-
-    Args:
-      x: [N, K] logits or probabilities (``inputs``), or [S, N, K] samples.
-      labels: [N] int true classes.
-    """
+    """Fits the method on [N, K] (or [S, N, K]) ``x`` and [N] int ``labels``; returns
+    ``self``. A refused fit leaves the calibrator as it was."""
     entry, options = self._checked()
     if labels is None:
       raise ValueError("labels: expected [N] integer classes of x's examples, got None")
     kind = self.inputs
-    if kind == "auto":  # what the calibration data holds, decided once
+    if kind == "auto":
       kind = scores.input_kind("x", validation.float_array("x", x, (2, 3), host=True))
-    evidence = self._resolved(kind)._evidence(x, labels, fitting=True)  # any K anew
+    view = Calibrator(**self.get_params())  # unfitted, reading x as ``kind``
+    view.inputs_ = kind
+    evidence = view._evidence(x, labels, fitting=True)
     state = entry.fit(evidence, **options)
     n_bins = state.n_bins if isinstance(state, binning.Bins) else int(self.n_bins)
-    correct = evidence.correct
-    accuracy = float(np.float32(np.sum(correct)) / np.float32(correct.shape[0]))
+    accuracy = _accuracy(evidence.correct)
     self._set_fitted(entry, state, n_bins, int(evidence.log_probs.shape[-1]), accuracy)
     self.inputs_ = kind
     self._fitted_on_clean(evidence)
     return self
-
-  def _resolved(self, kind: str) -> "Calibrator":
-    """A view of this calibrator reading its inputs as ``kind`` (before fitting)."""
-    view = Calibrator(**self.get_params())
-    view.inputs_ = kind
-    return view
 
   def scores_of(self, x: ArrayLike) -> np.ndarray:
     """[N] the uncertainty score of each example of ``x`` (what the bins cut)."""
@@ -243,29 +181,21 @@ class Calibrator(base.OptionParams):
     return np.asarray(entry.predict(self.state_, self._evidence(x)), np.float32)
 
   def predict_proba(self, x: ArrayLike) -> np.ndarray:
-    """[N, 2] float32: (P(wrong), P(correct)) of the Top-k prediction of each example.
+    """[N, 2] float32: (P(wrong), P(correct)) of each example's Top-k prediction.
 
-    The two columns of the binary target "the Top-k prediction is correct", in
-    scikit-learn's ``classes_`` order (``classes_ = [False, True]``), so its calibration
-    tools take it as they take any binary classifier's. ``predict_confidence`` gives
-    the second column, [N]. (Before 0.2 this returned [N]: the library's metrics and
-    figures still take such an [N, 2] array, with a DeprecationWarning.)
+    scikit-learn's binary layout (``classes_ = [False, True]``), so its calibration tools
+    take it; ``predict_confidence`` gives the second column.
     """
     p = self.predict_confidence(x)
     return np.stack([1.0 - p, p], axis=-1)
 
   classes_ = np.array([False, True])
-  """The binary target's classes, in ``predict_proba``'s column order (scikit-learn's)."""
 
   def predict_interval(self, x: ArrayLike, delta: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-    """A 1 - delta interval of each example's P(correct), where the method gives one.
+    """(lower, upper), each [N] float32: a 1 - delta interval of each example's P(correct).
 
-    "bins": the exact (Clopper–Pearson) interval of the example's bin accuracy;
-    "kde": Wilson's pointwise band (``kde.predict_interval``). Other methods give none
-    (a ValueError).
-
-    Returns:
-      (lower, upper), each [N] float32 in [0, 1].
+    "bins": the exact (Clopper–Pearson) interval of the bin accuracy; "kde": Wilson's
+    pointwise band. Other methods give none (a ValueError).
     """
     entry = self._fitted()
     if entry.predict_interval is None:
@@ -278,20 +208,11 @@ class Calibrator(base.OptionParams):
     return np.asarray(lower, np.float32), np.asarray(upper, np.float32)
 
   def evaluate(self, x: ArrayLike, labels: ArrayLike) -> dict[str, float | int | None]:
-    """The calibrated predictions scored on held-out data, by the evaluation protocol's
-    scoring steps (``evaluation.protocol``), as a split's test part is scored.
+    """The metrics of ``evaluation.protocol`` on held-out data, plus accuracy and num_examples.
 
-    A method whose state is ``binning.Bins`` (the bins) is scored in its own bins, as
-    the paper does. Any other is scored in ``n_bins_`` equal-count bins of its test
-    predictions: Brier and NLL per example, ECE, EOR, AUROC and the decompositions'
-    terms over those bins, each bin predicting its mean.
-
-    Returns:
-      accuracy (of the Top-k event), brier, nll, ece, eor, auroc, and the Brier and
-      NLL decompositions (``*_uncertainty``, ``*_resolution``, ``*_calibration``),
-      plus ``num_examples`` and ``num_effective_bins``. AUROC is None when the data
-      holds only correct or only wrong predictions, EOR when the calibration data
-      did (they are undefined there).
+    The bins are scored in their own bins (the paper), other methods in ``n_bins_`` equal-count
+    bins of their predictions. An undefined metric is None (AUROC when the data holds only
+    correct or only wrong predictions, EOR when the calibration data did).
     """
     entry = self._fitted()
     if labels is None:
@@ -314,23 +235,14 @@ class Calibrator(base.OptionParams):
     out["num_effective_bins"] = int(out["num_effective_bins"])
     return out
 
-  # Under dataset shift: accuracy without labels, and an update with a few.
-
   def estimate_accuracy(self, x: ArrayLike, method: str = "atc", score: str | None = None) -> float:
-    """The accuracy to expect on unlabelled inputs (``evaluation.accuracy_estimates``).
+    """The Top-k accuracy to expect on unlabelled inputs (``evaluation.accuracy_estimates``).
 
     Args:
       x: [N, K] (or [S, N, K]) unlabelled inputs, as ``fit`` takes.
-      method: "atc" (Garg et al. 2022: the fraction of inputs above the score's
-        threshold that the calibration data exceeds as often as it is right), "doc"
-        (Guillory et al. 2021: the calibration accuracy minus the drop in average
-        confidence), "average_confidence", or "calibrated" (the mean of
-        ``predict_confidence``: the paper's estimate).
-      score: ATC's score: None (this calibrator's own), or one of ``ATC_SCORES``
-        (max confidence as ``neg_log_pmax``, negative entropy as ``entropy``).
-
-    Returns:
-      The predicted accuracy of the Top-k event, in [0, 1].
+      method: "atc" (Garg et al. 2022), "doc" (Guillory et al. 2021),
+        "average_confidence", or "calibrated" (the mean of ``predict_confidence``).
+      score: ATC's score: None (this calibrator's own), or one of ``ATC_SCORES``.
     """
     entry = self._fitted()
     chosen = accuracy_estimates.lookup(method)
@@ -363,21 +275,12 @@ class Calibrator(base.OptionParams):
   def update(
     self, x: ArrayLike, labels: ArrayLike, prior_strength: float | None = None
   ) -> "Calibrator":
-    """Takes a few labelled examples of shifted data in; returns ``self``.
+    """Takes labelled examples of shifted data ``x``, ``labels`` in; returns ``self``.
 
-    The bins keep their edges, and each bin's probability becomes
-    ``(s p_b + h_b) / (s + n_b)``: the clean fit's p_b as a prior worth s pseudo-counts,
-    and the h_b correct of the n_b new examples that fall in the bin
-    (``evaluation.recalibration``); ``predict_interval`` then gives that Beta
-    posterior's interval. Any other method is refitted on the new examples alone. An
-    update replaces an earlier one (the clean bins stay the prior); the reference of
-    ``estimate_accuracy`` stays the clean calibration data.
-
-    Args:
-      x: [M, K] (or [S, M, K]) inputs of the shifted data, as ``fit`` takes.
-      labels: [M] int their true classes.
-      prior_strength: the bins' s, or None: chosen by the leave-one-out likelihood of
-        the new examples (``recalibration.choose_prior_strength``).
+    Each bin's probability becomes ``(s p_b + h_b) / (s + n_b)``: the clean fit's p_b worth
+    ``prior_strength`` s pseudo-counts (None: chosen by leave-one-out likelihood) plus the
+    bin's h_b hits of n_b new examples. Other methods are refitted on the new examples alone.
+    An update replaces an earlier one; ``estimate_accuracy`` keeps the clean reference.
     """
     entry = self._fitted()
     if prior_strength is not None and (
@@ -394,14 +297,11 @@ class Calibrator(base.OptionParams):
       return self
     _, options = self._checked()
     state = entry.fit(evidence, **options)
-    correct = evidence.correct
-    accuracy = float(np.float32(np.sum(correct)) / np.float32(correct.shape[0]))
     n_bins = state.n_bins if isinstance(state, binning.Bins) else self.n_bins_
-    self._set_fitted(entry, state, n_bins, self.num_classes_, accuracy)
+    self._set_fitted(entry, state, n_bins, self.num_classes_, _accuracy(evidence.correct))
     return self
 
   def _apply_update(self, clean: binning.Bins, update: "recalibration.BinUpdate") -> None:
-    """The bins ``clean`` updated (``state_``), the update kept (``update_``)."""
     self.clean_bins_, self.update_ = clean, update
     self.state_ = self.bins_ = recalibration.applied(clean, update)
     self.estimator_ = dataclasses.replace(
@@ -412,8 +312,7 @@ class Calibrator(base.OptionParams):
     )
 
   def _fitted_on_clean(self, evidence: base.Evidence) -> None:
-    """What ``estimate_accuracy`` needs of the calibration data (``reference_``); an
-    earlier ``update`` is forgotten."""
+    """Keeps what ``estimate_accuracy`` needs (``reference_``); forgets an earlier update."""
     for name in ("clean_bins_", "update_"):
       self.__dict__.pop(name, None)
     own = self.score if isinstance(self.score, str) else OWN_SCORE
@@ -421,8 +320,6 @@ class Calibrator(base.OptionParams):
     for name in ATC_SCORES:
       u.setdefault(name, _score_of(name, evidence))
     self.reference_ = accuracy_estimates.reference(evidence.correct, _confidence(evidence), u)
-
-  # Saving and loading.
 
   def to_dict(self) -> dict[str, Any]:
     """The fitted calibrator as plain JSON-able values (``from_dict`` reads it back)."""
@@ -453,7 +350,53 @@ class Calibrator(base.OptionParams):
   @classmethod
   def from_dict(cls, state: Any, source: str = "state") -> "Calibrator":
     """A fitted calibrator from ``to_dict``'s values (version 2, or 1), each checked."""
-    return _from_dict(cls, state, source)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+      raise ValueError(f'{source}: not a top1_jax calibrator (no "format": "{FORMAT}")')
+    version = state.get("version")
+    if type(version) is not int or version not in (1, VERSION):  # true == 1 == 1.0 in Python
+      raise ValueError(
+        f"{source}: calibrator version {version!r}, this top1_jax reads 1 and {VERSION}"
+      )
+    if version == 1:  # the bins' fields at the top, into version 2's layout
+      fields = ("edges", "counts", "hits", "prior", "prob")
+      bins = {"n_bins": state.get("n_bins"), **{f: state[f] for f in fields if f in state}}
+      state = {**state, "method": "bins", "options": {}, "state": bins}
+    try:
+      options = state["options"]
+      if not isinstance(options, dict):
+        raise ValueError(f"options: expected an object, got {options!r}")
+      requested = "cv" if state.get("n_bins_requested") == "cv" else state["n_bins"]
+      settings = {name: state[name] for name in ("method", "score", "k", "inputs")}
+      cal = cls(**settings, n_bins=requested, **options)
+      entry, _ = cal._checked()
+      _check_option_types(entry, options)
+      n_bins = validation.positive_int("n_bins", state["n_bins"], maximum=_INT32_MAX)
+      num_classes = validation.positive_int(
+        "num_classes", state["num_classes"], minimum=2, maximum=_INT32_MAX
+      )
+      validation.positive_int("k", cal.k, maximum=num_classes)
+    except KeyError as e:
+      raise ValueError(f"{source}: calibrator field {e} is missing") from None
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{source}: bad calibrator field ({e})") from None
+    fitted = entry.from_dict(base.field(state, "state", source), source)
+    base.check_classes(fitted, num_classes, source)
+    if isinstance(fitted, binning.Bins) and fitted.n_bins != n_bins:
+      raise ValueError(f"{source}: n_bins is {n_bins}, the saved bins have {fitted.n_bins}")
+    examples = _calibration_examples(fitted)
+    if "n_bins" in entry.options and examples is not None and n_bins > examples:
+      raise ValueError(
+        f"{source}: field 'n_bins' is {n_bins}, more than the {examples} calibration examples"
+        " the saved counts add up to (fit makes at most one bin per example)"
+      )
+    if version == 1:  # the bins' prior is the calibration accuracy
+      accuracy = float(fitted.prior)
+    else:
+      accuracy = base.read_number(state, "calibration_accuracy", source, 0.0, 1.0)
+    cal._set_fitted(entry, fitted, n_bins, num_classes, accuracy)
+    cal.inputs_ = cal.inputs
+    _read_reference(cal, state, source)
+    return cal
 
   def save(self, path) -> None:
     """Writes the fitted calibrator as versioned JSON (atomically; local or a URL)."""
@@ -463,77 +406,23 @@ class Calibrator(base.OptionParams):
 
   @classmethod
   def load(cls, path) -> "Calibrator":
-    """Reads a calibrator written by ``save``. A corrupt, foreign or hostile file (over
-    ``MAX_FILE_BYTES``, not UTF-8, nested too deeply, a key given twice, a NaN, a value
-    its stored dtype cannot hold) is a one-line ValueError naming the file and field."""
+    """Reads a calibrator written by ``save``; a corrupt or hostile file is a one-line
+    ValueError naming the file and field."""
     from top1_jax.io import files  # the I/O layer, imported only when a file is read
 
     state = files.read_strict_json(path, MAX_FILE_BYTES, "a top1_jax calibrator")
     return cls.from_dict(state, str(path))
 
 
-def _version_1(state: dict) -> dict:
-  """A version-1 file (the bins, their fields at the top) in version 2's layout."""
-  fields = ("edges", "counts", "hits", "prior", "prob")
-  bins = {"n_bins": state.get("n_bins"), **{name: state[name] for name in fields if name in state}}
-  return {**state, "method": "bins", "options": {}, "state": bins}
-
-
-def _from_dict(cls, state: Any, source: str) -> Calibrator:
-  if not isinstance(state, dict) or state.get("format") != FORMAT:
-    raise ValueError(f'{source}: not a top1_jax calibrator (no "format": "{FORMAT}")')
-  version = state.get("version")
-  if type(version) is not int or version not in (1, VERSION):  # true == 1 == 1.0 in Python
-    raise ValueError(
-      f"{source}: calibrator version {version!r}, this top1_jax reads 1 and {VERSION}"
-    )
-  if version == 1:
-    state = _version_1(state)
-  try:
-    options = state["options"]
-    if not isinstance(options, dict):
-      raise ValueError(f"options: expected an object, got {options!r}")
-    requested = "cv" if state.get("n_bins_requested") == "cv" else state["n_bins"]
-    settings = {name: state[name] for name in ("method", "score", "k", "inputs")}
-    cal = cls(**settings, n_bins=requested, **options)
-    entry, _ = cal._checked()
-    _check_option_types(entry, options)
-    n_bins = validation.positive_int("n_bins", state["n_bins"], maximum=_INT32_MAX)
-    num_classes = validation.positive_int(
-      "num_classes", state["num_classes"], minimum=2, maximum=_INT32_MAX
-    )
-    validation.positive_int("k", cal.k, maximum=num_classes)
-  except KeyError as e:
-    raise ValueError(f"{source}: calibrator field {e} is missing") from None
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{source}: bad calibrator field ({e})") from None
-  fitted = entry.from_dict(base.field(state, "state", source), source)
-  base.check_classes(fitted, num_classes, source)
-  if isinstance(fitted, binning.Bins) and fitted.n_bins != n_bins:
-    raise ValueError(f"{source}: n_bins is {n_bins}, the saved bins have {fitted.n_bins}")
-  examples = _calibration_examples(fitted)
-  if "n_bins" in entry.options and examples is not None and n_bins > examples:
-    raise ValueError(
-      f"{source}: field 'n_bins' is {n_bins}, more than the {examples} calibration examples"
-      " the saved counts add up to (fit makes at most one bin per example)"
-    )
-  if version == 1:  # the bins' prior is the calibration accuracy
-    accuracy = float(fitted.prior)
-  else:
-    accuracy = base.read_number(state, "calibration_accuracy", source, 0.0, 1.0)
-  cal._set_fitted(entry, fitted, n_bins, num_classes, accuracy)
-  cal.inputs_ = cal.inputs
-  _read_reference(cal, state, source)
-  return cal
+def _accuracy(correct: np.ndarray) -> float:
+  return float(np.float32(np.sum(correct)) / np.float32(correct.shape[0]))
 
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 ATC_SCORES = ("neg_log_pmax", "entropy")
-"""The scores whose ATC threshold ``fit`` keeps beside its own: max confidence (as its
-tie-free twin ``neg_log_pmax``) and negative entropy, Garg et al.'s two."""
-OWN_SCORE = "score"
-"""How ``reference_`` names a callable score's threshold."""
+"""The scores whose ATC threshold ``fit`` keeps beside its own (Garg et al.'s two)."""
+OWN_SCORE = "score"  # how ``reference_`` names a callable score's threshold
 
 
 def _confidence(evidence: base.Evidence) -> np.ndarray:
@@ -546,7 +435,7 @@ def _score_of(name: str, evidence: base.Evidence) -> np.ndarray:
 
 
 def _reference_dict(cal: Calibrator) -> dict:
-  """``to_dict``'s fields of the reference and of an update (none where there are none)."""
+  """``to_dict``'s fields of the reference and of an update, where there are any."""
   out = {}
   reference = getattr(cal, "reference_", None)
   if reference is not None:
@@ -578,9 +467,9 @@ def _read_reference(cal: Calibrator, state: dict, source: str) -> None:
       if not isinstance(value, list) or len(value) != 2:
         raise ValueError(f"{source}: threshold {name!r} must be [value, tie weight]")
       pair = dict(zip(("value", "tie_weight"), value, strict=True))
-      t = base.read_number(pair, "value", source, -np.inf, np.inf)
       kept[name] = accuracy_estimates.Threshold(
-        t, base.read_number(pair, "tie_weight", source, 0, 1)
+        base.read_number(pair, "value", source, -np.inf, np.inf),
+        base.read_number(pair, "tie_weight", source, 0, 1),
       )
     cal.reference_ = accuracy_estimates.Reference(
       base.read_number(saved, "accuracy", source, 0.0, 1.0),
@@ -597,18 +486,16 @@ def _read_reference(cal: Calibrator, state: dict, source: str) -> None:
       raise ValueError(f"{source}: the update's counts and hits must be {cal.state_.n_bins} each")
     if np.any(hits < 0) or np.any(hits > counts):
       raise ValueError(f"{source}: the update needs 0 <= hits <= counts in every bin")
-    strength = base.field(saved, "prior_strength", source)  # null: infinite
-    if strength is not None:
+    strength = np.inf  # saved as null
+    if base.field(saved, "prior_strength", source) is not None:
       strength = base.read_number(saved, "prior_strength", source, 0.0, np.inf)
       if strength == 0:
         raise ValueError(f"{source}: field 'prior_strength' must be > 0 or null, got 0")
-    strength = np.inf if strength is None else strength
     cal._apply_update(cal.state_, recalibration.BinUpdate(counts, hits, strength))
 
 
 def _check_option_types(entry: base.Estimator, options: dict) -> None:
-  """Each saved option of the JSON type of ``fit``'s default for it (a bool for a bool,
-  an integer for an int, a number for a float); ``fit`` checks the values when refitting."""
+  """Each saved option must have the JSON type of ``fit``'s default for it."""
   parameters = inspect.signature(entry.fit).parameters
   for name, value in options.items():
     default = parameters[name].default if name in parameters else None
@@ -629,7 +516,6 @@ def _check_option_types(entry: base.Estimator, options: dict) -> None:
 
 
 def _calibration_examples(fitted: Any) -> int | None:
-  """How many calibration examples a fitted state's counts add up to (bins, top-label bins'
-  pooled ones, isotonic steps); None for a state that keeps no counts."""
+  """How many calibration examples a fitted state's counts add up to; None if it has none."""
   counts = getattr(getattr(fitted, "pooled", fitted), "counts", None)
   return None if counts is None else int(np.sum(np.asarray(counts), dtype=np.int64))

@@ -1,25 +1,9 @@
 """``SetPredictor``: sets of labels that hold the true one with probability >= 1 - alpha.
 
-The practitioner's face of ``evaluation.sets``::
-
-  sp = SetPredictor(method="aps").fit(x_cal, labels_cal)  # logits or probabilities
-  mask = sp.predict_set(x_new, alpha=0.1)       # [N, K] bool: P(label in set) >= 0.9
-  sp.predict_set(x_new, alpha=0.05)             # any alpha: the calibration scores are kept
-  sp.evaluate(x_test, labels_test, alpha=0.1)   # coverage, mean size, sscv, ...
-  sp.save("sets.json"); sp = SetPredictor.load("sets.json")
-
-``method`` picks a method of ``evaluation.sets.METHODS`` by name: "lac" (threshold on the
-label's probability), "aps" (adaptive sets), "raps" (regularised adaptive sets) or "topk"
-(the paper's calibrated P(label in Top-k)). The guarantee is split conformal's: it holds
-on average over the calibration data and a new example drawn from the same distribution
-(exchangeable with them), not for each example; docs/sets.md has the maths and numbers.
-
-``x`` is ``[N, K]`` logits or probabilities (``inputs``). Anything with ``__array__``
-works: NumPy, JAX, a CPU torch tensor. Probabilities are logged in float64 first
-(``scores.log_probs_from_probs``), so their underflowing tails keep their order.
-
-It follows scikit-learn's conventions: ``__init__`` stores its arguments, ``fit`` checks
-them and returns ``self``, fitted attributes end in ``_``, ``get_params`` / ``set_params``.
+``method`` is one of ``evaluation.sets.METHODS``: "lac", "aps", "raps" or "topk" (the
+paper's calibrated P(label in Top-k)). The guarantee is split conformal's: on average over
+exchangeable calibration and new examples, not per example (docs/sets.md). scikit-learn's
+conventions, as ``Calibrator``.
 """
 
 import math
@@ -35,8 +19,7 @@ from top1_jax.evaluation import conformal, sets
 FORMAT = "top1_jax.SetPredictor"
 VERSION = 1
 MAX_FILE_BYTES = 1 << 28
-"""``load`` refuses a file larger than this (256 MiB) before reading it: a saved predictor
-holds its calibration scores (about 20 bytes each) and, for topk, the bins of every k."""
+"""``load`` refuses a larger file (256 MiB) before reading it."""
 INPUTS = scores.INPUTS
 _INT32_MAX = 2**31 - 1
 
@@ -45,30 +28,25 @@ class SetPredictor(base.OptionParams):
   """Prediction sets with a split-conformal coverage guarantee.
 
   Args:
-    method: a name of ``evaluation.sets.METHODS``: "lac", "aps", "raps" or "topk".
-    inputs: what ``x`` holds: ``"auto"`` (the default: decided once at ``fit`` by the
-      rule of ``Calibrator``'s, ``scores.input_kind``), ``"logits"`` or ``"probs"``.
-    seed: of the random draws: u for the randomized methods (one per example, at fit and
-      at predict) and the tuning part of raps and topk. The same inputs get the same sets.
-    **options: the method's options. ``randomized`` (aps, raps: True by default, as their
-      papers; topk: False): True reaches 1 - alpha exactly, and a set may be empty; False
-      always includes the top label and covers at least 1 - alpha. raps: ``k_reg``,
-      ``lam`` (None: its paper's rule, on a random ``tune_fraction`` = 0.3 of the
-      calibration data, for ``tune_alpha`` = 0.1; any alpha keeps the guarantee). topk:
-      ``n_bins`` (20, for each k) and ``tune_fraction`` (0.5: the bins' share of the data).
+    method: a name of ``evaluation.sets.METHODS``.
+    inputs: what ``x`` [N, K] holds: ``"auto"`` (decided once at ``fit``, as
+      ``Calibrator`` does), ``"logits"`` or ``"probs"``.
+    seed: of the random draws (the randomized methods' u, raps' and topk's tuning part):
+      the same inputs get the same sets.
+    **options: the method's options. ``randomized`` (aps, raps: True; topk: False): True
+      reaches 1 - alpha exactly and a set may be empty; False always includes the top
+      label. raps: ``k_reg``, ``lam`` (None: its paper's rule on a random
+      ``tune_fraction`` = 0.3, for ``tune_alpha`` = 0.1). topk: ``n_bins`` (20, for each k)
+      and ``tune_fraction`` (0.5: the bins' share of the data).
 
   Fitted attributes:
-    method_: the ``evaluation.sets.SetMethod`` that was fitted.
-    options_: its options, checked, defaults included.
-    params_: its parameters: None (lac, aps), ``(k_reg, lam)`` (raps), the stacked
-      ``binning.Bins`` of every k (topk).
+    method_: the fitted ``evaluation.sets.SetMethod``; options_: its checked options.
+    params_: None (lac, aps), ``(k_reg, lam)`` (raps), the stacked ``Bins`` of every k (topk).
     calibration_scores_: [n] float32, ascending, the conformal part's scores.
-    num_classes_: K of the calibration data.
-    seed_: the seed of the fit, which predictions use too.
+    num_classes_: K of the calibration data; seed_: the fit's seed, used by predictions too.
   """
 
   PARAMS = ("method", "inputs", "seed")
-  """The constructor's named arguments (``get_params``); other keywords are options."""
 
   def __init__(self, method: str = "aps", inputs: str = "auto", seed: int = 0, **options):
     self.method = method
@@ -90,8 +68,7 @@ class SetPredictor(base.OptionParams):
     return method, sets.checked_options(method, self.options), seed
 
   def _logits(self, x: ArrayLike, num_classes: int | None, kind: str | None = None):
-    """``x`` as host [N, K] float32 logits (log-probabilities of probabilities), checked,
-    read as ``kind`` says, by default as the calibration data was (``inputs_``)."""
+    """``x`` as checked host [N, K] float32 logits, read as ``kind`` (default ``inputs_``)."""
     kind = kind or getattr(self, "inputs_", self.inputs)
     arr = scores.as_log_probs(x, kind, name="x", ndim=2)
     validation.check_nonempty("x", arr)
@@ -114,16 +91,11 @@ class SetPredictor(base.OptionParams):
     self.num_classes_ = num_classes
 
   def fit(self, x: ArrayLike, labels: ArrayLike) -> "SetPredictor":
-    """Fits the method on calibration data; returns ``self``. A refused fit (a one-line
-    ValueError) leaves the predictor as it was.
-
-    Args:
-      x: [N, K] logits or probabilities (``inputs``).
-      labels: [N] int true classes.
-    """
+    """Fits the method on [N, K] ``x`` and [N] int ``labels``; returns ``self``. A refused
+    fit leaves the predictor as it was."""
     method, options, seed = self._checked()
     kind = self.inputs
-    if kind == "auto":  # what the calibration data holds, decided once
+    if kind == "auto":
       kind = scores.input_kind("x", validation.float_array("x", x, 2, host=True))
     logits = self._logits(x, None, kind)
     labels = validation.labels_array("labels", labels, logits.shape[-1], host=True)
@@ -135,22 +107,19 @@ class SetPredictor(base.OptionParams):
     return self
 
   def threshold(self, alpha: float = 0.1) -> float:
-    """The conformal threshold at level ``alpha``: the ceil((n + 1)(1 - alpha))-th smallest
-    calibration score, +inf when alpha < 1 / (n + 1) (then every set is full)."""
+    """The ceil((n + 1)(1 - alpha))-th smallest calibration score; +inf (every set full)
+    when alpha < 1 / (n + 1)."""
     self._fitted()
     return conformal.threshold(self.calibration_scores_, validation.probability("alpha", alpha))
 
   def _sizes(self, data: conformal.Ranked, alpha: float) -> np.ndarray:
-    """[N] the set sizes of ``data`` at a checked ``alpha``."""
     fitted = sets.Calibrated(self.params_, self.calibration_scores_)
     return sets.predict_sizes(self.method_, fitted, data, [alpha], self.seed_, self.options_)[0]
 
   def predict_set(self, x: ArrayLike, alpha: float = 0.1) -> np.ndarray:
     """[N, K] bool: each example's set of labels at miscoverage level ``alpha`` in (0, 1).
 
-    Sets grow as alpha falls (they are nested). An alpha below 1 / (n + 1), for n the
-    conformal part's size, gives every example the full set: no smaller set has the
-    guarantee with so few calibration examples.
+    Sets are nested in alpha; below 1 / (n + 1), for n calibration scores, every set is full.
     """
     self._fitted()
     alpha = validation.probability("alpha", alpha)
@@ -162,10 +131,8 @@ class SetPredictor(base.OptionParams):
     return np.asarray(mask)[: data.num]
 
   def evaluate(self, x: ArrayLike, labels: ArrayLike, alpha: float = 0.1) -> dict[str, Any]:
-    """The sets of held-out data at level ``alpha``, scored: ``conformal.set_metrics``
-    (coverage, mean_size, median_size, empty_fraction, sscv, and per stratum of set size
-    and of difficulty the fraction, size and coverage; None for an empty stratum), plus
-    num_examples."""
+    """The sets of held-out data at level ``alpha`` scored by ``conformal.set_metrics``
+    (None for an empty stratum), plus num_examples."""
     self._fitted()
     alpha = validation.probability("alpha", alpha)
     logits = self._logits(x, self.num_classes_)
@@ -175,8 +142,6 @@ class SetPredictor(base.OptionParams):
     metrics = conformal.set_metrics(self._sizes(data, alpha), data.rank[: data.num], alpha)
     defined = {name: None if math.isnan(value) else value for name, value in metrics.items()}
     return {"num_examples": int(labels.shape[0]), **defined}
-
-  # Saving and loading.
 
   def to_dict(self) -> dict[str, Any]:
     """The fitted predictor as plain JSON-able values (``from_dict`` reads it back)."""
@@ -233,9 +198,8 @@ class SetPredictor(base.OptionParams):
 
   @classmethod
   def load(cls, path) -> "SetPredictor":
-    """Reads a predictor written by ``save``. A corrupt, foreign or hostile file (over
-    ``MAX_FILE_BYTES``, not UTF-8, nested too deeply, a key given twice, a NaN, a value its
-    stored dtype cannot hold) is a one-line ValueError naming the file and field."""
+    """Reads a predictor written by ``save``; a corrupt or hostile file is a one-line
+    ValueError naming the file and field."""
     from top1_jax.io import files  # the I/O layer, imported only when a file is read
 
     state = files.read_strict_json(path, MAX_FILE_BYTES, "a top1_jax set predictor")

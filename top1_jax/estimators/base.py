@@ -1,16 +1,8 @@
 """The one protocol every estimator of P(correct) follows, and the evidence it is fitted on.
 
-An ``Estimator`` is a frozen dataclass of a name and plain functions, not a base class
-or a ``typing.Protocol`` that each estimator subclasses or implements:
-
-* an entry is a value: ``registry.REGISTRY`` maps names to such values, and a new
-  estimator (or a test's toy) is one constructor call, with no class to write;
-* the checks every caller needs (which options an estimator accepts, whether the
-  evidence holds the inputs it needs) are written once, here, as its methods;
-* frozen, so a registered entry cannot be changed in place by accident.
-
-The maths stay in the estimator's module as ordinary functions (``isotonic.fit``,
-``kde.predict``, ...); an entry only adapts them to ``Evidence``.
+An ``Estimator`` is a frozen dataclass of a name and plain functions rather than a base
+class: a new estimator (or a test's toy) is one constructor call, the shared checks live
+here once, and a registered entry cannot be changed in place.
 """
 
 import dataclasses
@@ -20,23 +12,17 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-NEEDS = ("scores", "log_probs")
-"""What an estimator is fitted on: the scores U alone, or the model's log-probabilities."""
-
 
 class Evidence(NamedTuple):
   """What an estimator is fitted on, or predicts for (checked by its caller).
 
   Attributes:
-    u: [N] float, the uncertainty score of each example (host array).
-    correct: [N] bool, whether each example's Top-k prediction is correct; None when
-      predicting.
-    log_probs: [N, K] float, the model's log-probabilities (or logits: every
-      estimator here is shift-invariant per row); None where only the scores are
-      known (cross-validation of a score).
+    u: [N] float host scores.
+    correct: [N] bool Top-k events; None when predicting.
+    log_probs: [N, K] log-probabilities (or logits: every estimator is shift-invariant
+      per row); None where only the scores are known.
     k: the event is "the true label is among the k top classes".
-    labels: [N] int true classes, when fitting with the log-probabilities (temperature
-      scaling minimises the multiclass NLL); None otherwise.
+    labels: [N] int true classes when fitting on the log-probabilities, else None.
   """
 
   u: np.ndarray
@@ -50,11 +36,9 @@ class SplitFit(NamedTuple):
   """Every split's fit at once (``Estimator.fit_splits``).
 
   Attributes:
-    p: [F, N] (or [N], the same for every split) P(correct) of every example under
-      split f's fit.
-    extras: what else the fits give, by name: [F] per split (temperature's T), or
-      [F, N] per example (a full distribution's multiclass Brier), which the protocol
-      averages over each split's test part.
+    p: [F, N] (or [N], the same for every split) P(correct) under split f's fit.
+    extras: more results by name: [F] per split, or [F, N] per example (averaged over
+      each split's test part).
   """
 
   p: Any
@@ -66,28 +50,24 @@ class Estimator:
   """An estimator of P(correct) by name: its functions and what it needs.
 
   Attributes:
-    name: the registry key (``Calibrator(method=name)``, ``cross_validate(estimator=name)``).
-    needs: "scores" (fitted on (U, correct) alone: cross-validation of a score can run
-      it) or "log_probs" (also needs ``Evidence.log_probs``, e.g. the predicted class).
+    name: the registry key.
+    needs: "scores" (fitted on (U, correct) alone) or "log_probs" (also needs
+      ``Evidence.log_probs``).
     fit: ``fit(evidence, **options) -> state``, a pytree or NamedTuple of arrays.
     predict: ``predict(state, evidence) -> [N]`` P(correct) in [0, 1].
-    to_dict: ``to_dict(state) -> dict`` of JSON values (lists, numbers, strings).
+    to_dict: ``to_dict(state) -> dict`` of JSON values.
     from_dict: ``from_dict(d, source) -> state``, every value checked; a bad one is a
-      one-line ValueError starting with ``source`` (the file) and naming the field.
-    options: the keyword options ``fit`` accepts (their defaults are ``fit``'s own).
-    option_checks: option name -> the check ``fit`` runs on its value (a one-line
-      ValueError naming the option): ``check_options`` runs them, so an option that
-      fit would refuse is refused before fitting and when a saved calibrator is read.
-    predict_interval: ``predict_interval(state, evidence, delta) -> (lower, upper)``,
-      each [N], a pointwise 1 - delta interval; None when the estimator gives none.
-    cross_validate: a fast path of ``evaluation.protocol`` when an estimator fitted on U
-      is scored on its own data's test parts: ``cross_validate(u, correct, n_bins, splits,
-      **options) -> splits.CrossValidation`` for checked host arrays, bin counts and
-      ``splits.Splits`` made for N (the bins: every split and bin count from one sort).
-    fit_splits: a fast path of the protocol for the same case, for an estimator on the
-      log-probabilities: ``fit_splits(evidence, calibration, **options) -> SplitFit`` or
-      None where it has none (e.g. for this k), with ``calibration`` [F, N] bool. Either
-      path gives the generic fit/predict loop's numbers up to rounding.
+      one-line ValueError starting with ``source`` and naming the field.
+    options: the keyword options ``fit`` accepts.
+    option_checks: option name -> a check of its value, so an option ``fit`` would refuse
+      is refused before fitting and when a saved calibrator is read.
+    predict_interval: ``(state, evidence, delta) -> (lower, upper)``, pointwise
+      1 - delta intervals; None when the estimator gives none.
+    cross_validate: optional fast path of ``evaluation.protocol`` for a scores-only
+      estimator: ``(u, correct, n_bins, splits, **options) -> CrossValidation``.
+    fit_splits: optional fast path for a log-probabilities estimator:
+      ``(evidence, calibration [F, N] bool, **options) -> SplitFit``, or None where it has
+      none. Either path gives the generic loop's numbers up to rounding.
   """
 
   name: str
@@ -104,12 +84,10 @@ class Estimator:
 
   @property
   def scores_only(self) -> bool:
-    """Whether it is fitted on (U, correct) alone."""
     return self.needs == "scores"
 
   def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` as a dict, if ``fit`` accepts every name and ``option_checks`` every
-    value (a one-line ValueError naming the first that is not)."""
+    """``options`` as a dict, if ``fit`` accepts every name and value (else a ValueError)."""
     unknown = sorted(set(options) - set(self.options))
     if unknown:
       accepted = ", ".join(self.options) or "none"
@@ -131,9 +109,6 @@ class Estimator:
     return evidence
 
 
-# Reading a saved state: one checked value per field, each failure one line naming it.
-
-
 class OptionParams:
   """scikit-learn's ``get_params``/``set_params`` for a class whose constructor takes the
   names in ``PARAMS`` and any other keyword as a method option (kept in ``self.options``)."""
@@ -146,13 +121,16 @@ class OptionParams:
     return {**{name: getattr(self, name) for name in self.PARAMS}, **self.options}
 
   def set_params(self, **params):
-    """Sets constructor arguments (any other name is a method option); returns ``self``."""
+    """Sets constructor arguments or method options; returns ``self``."""
     for name, value in params.items():
       if name in self.PARAMS:
         setattr(self, name, value)
       else:
         self.options[name] = value
     return self
+
+
+# Reading a saved state: one checked value per field, each failure one line naming it.
 
 
 def field(d: Mapping, name: str, source: str) -> Any:
@@ -181,8 +159,8 @@ _NONE_FOUND = object()
 
 
 def _first_not(value: Any, kinds: tuple[type, ...]) -> Any:
-  """The first value of a JSON list (of lists) that is not one of ``kinds`` (a boolean
-  never is), or ``_NONE_FOUND``."""
+  """The first value of a JSON list (of lists) not of ``kinds`` (a bool never is), or
+  ``_NONE_FOUND``."""
   for item in value if isinstance(value, list) else [value]:
     if isinstance(item, list):
       bad = _first_not(item, kinds)
@@ -206,8 +184,7 @@ def _not_held(value: Any, kind: str) -> str:
 
 
 def _check_float32(values: np.ndarray, what: str) -> None:
-  """Refuses finite float64 ``values`` that float32 (their stored dtype) turns into an
-  infinity or into 0: a bin edge of 1e300 or 1e-50 would move the predictions."""
+  """Refuses values that float32, their stored dtype, turns into an infinity or into 0."""
   big = np.abs(values) > _FLOAT32.max
   tiny = (values != 0) & (np.abs(values) < _FLOAT32.smallest_subnormal)
   for bad, problem in ((big, "overflows float32"), (tiny, "float32 rounds to 0")):
@@ -222,10 +199,9 @@ def _check_float32(values: np.ndarray, what: str) -> None:
 def read_array(
   d: Mapping, name: str, source: str, kind: str, ndim: int | Sequence[int] = 1
 ) -> np.ndarray:
-  """A saved array field, checked: ``kind`` "f" (finite numbers that float32 holds, as
-  float64) or "i" (integers that int32 holds, as int64), of rank ``ndim``. Values are
-  JSON numbers: a string, a boolean or a value its stored dtype cannot hold is refused,
-  never converted, wrapped or rounded to an infinity or 0."""
+  """A saved array field of rank ``ndim``: ``kind`` "f" (finite numbers float32 holds, as
+  float64) or "i" (integers int32 holds, as int64). Anything else (a string, a boolean, a
+  value out of range) is refused, never converted, wrapped or rounded."""
   value = field(d, name, source)
   what = f"{source}: field {name!r}"
   try:
@@ -270,8 +246,7 @@ def read_number(d: Mapping, name: str, source: str, low: float, high: float) -> 
 def read_int(
   d: Mapping, name: str, source: str, minimum: int = 1, maximum: int = int(_INT32.max)
 ) -> int:
-  """A saved integer in [``minimum``, ``maximum``] (int32's by default), or a one-line
-  ValueError naming the field."""
+  """A saved integer in [``minimum``, ``maximum``], or a one-line ValueError naming it."""
   value = field(d, name, source)
   if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
     raise ValueError(
@@ -281,8 +256,8 @@ def read_int(
 
 
 def read_accuracy(d: Mapping, source: str, counts: np.ndarray, hits: np.ndarray) -> float:
-  """The saved ``prior``: the accuracy float32(total hits) / float32(total count) of the
-  saved counts (as fit computes it), to float32 rounding; else a one-line ValueError."""
+  """The saved ``prior``, which must be the counts' accuracy as fit computes it (in
+  float32) to float32 rounding."""
   prior = read_number(d, "prior", source, 0.0, 1.0)
   accuracy = np.float32(np.sum(hits)) / np.float32(np.sum(counts))
   if not abs(prior - accuracy) <= _ACCURACY_ROUNDING:
@@ -297,9 +272,7 @@ _ACCURACY_ROUNDING = 2.0**-20  # float32 rounding of an accuracy, written out an
 
 
 def check_classes(state: Any, num_classes: int, source: str) -> None:
-  """A saved state kept per class (its ``num_classes``, e.g. ``toplabel.TopLabelBins``)
-  must have the calibrator's ``num_classes``; else a one-line ValueError naming the file.
-  States kept for all classes together (bins, isotonic, kde, temperature) pass."""
+  """A saved state kept per class (with a ``num_classes``) must have the calibrator's."""
   saved = getattr(state, "num_classes", num_classes)
   if saved != num_classes:
     raise ValueError(
@@ -309,20 +282,12 @@ def check_classes(state: Any, num_classes: int, source: str) -> None:
 
 
 def counts_problem(counts: np.ndarray, num_edges: int, ranks: np.ndarray) -> str | None:
-  """Why saved ``counts`` cannot be the bin counts of the data whose edges were cut at
-  ``ranks``, or None: the rule of a saved table (``binning.fit``'s, or top-label bins').
+  """Why saved ``counts`` [n_bins] cannot be the bin counts of data whose ``num_edges``
+  distinct edges were cut at the 1-based ``ranks`` [n_bins - 1]; None if they can.
 
-  The edges were the scores of the points of (1-based, ascending) ``ranks`` [n_bins - 1]
-  among the data sorted, equal ones merged into ``num_edges`` distinct edges, bins
-  right-closed. So the points up to distinct edge j are those up to its last rank and
-  fewer than the next rank: the cumulative count C_j has r_b <= C_j < r_(b+1) for the
-  last rank b of edge j. Those b rise with j, the last is the last rank, and the bins
-  after bin ``num_edges`` are empty (with no edges, only the first bin holds data).
-
-  Args:
-    counts: [n_bins] int, examples per bin (their sum is the data's size).
-    num_edges: the finite (distinct) edges saved.
-    ranks: [n_bins - 1] int, e.g. ``binning.quantile_edge_ranks(counts.sum(), n_bins)``.
+  The points up to distinct edge j are those up to its last rank b and fewer than the next
+  rank: the cumulative count C_j has r_b <= C_j < r_(b+1). Those b rise with j, the last is
+  the last rank, and the bins after bin ``num_edges`` are empty.
   """
   beyond = np.flatnonzero(counts[num_edges + 1 :])
   if beyond.size:
@@ -340,12 +305,8 @@ def counts_problem(counts: np.ndarray, num_edges: int, ranks: np.ndarray) -> str
 
 
 def read_bin_table(d: Mapping, source: str, num_bins: int):
-  """A saved table of ``num_bins`` equal-count bins: (edges, counts, hits), checked.
-
-  Returns:
-    edges: at most num_bins - 1 strictly ascending floats (the finite ones saved);
-    counts, hits: [num_bins] ints with 0 <= hits <= counts.
-  """
+  """A saved table of ``num_bins`` equal-count bins, checked: (edges, counts, hits), with
+  at most num_bins - 1 strictly ascending edges and 0 <= hits <= counts."""
   edges = read_array(d, "edges", source, "f")
   counts = read_array(d, "counts", source, "i")
   hits = read_array(d, "hits", source, "i")

@@ -1,10 +1,7 @@
-"""The bin count chosen by cross-validation inside the calibration data.
+"""The bin count chosen by nested cross-validation inside the calibration data.
 
-``choose_n_bins`` splits the calibration data itself (nested: the test data is
-never seen) into random halves, scores every bin count of a grid by its mean
-held-out NLL with the bins' cross-validation (``bins_crossval``: all counts from
-one sort), and returns the count with the lowest mean NLL; ties go to fewer bins.
-``fit_cv`` then fits ``binning.fit`` on all the calibration data with that count.
+``choose_n_bins`` scores every count of a grid by its mean held-out NLL over random halves
+of the calibration data (the test data is never seen); ties go to fewer bins.
 """
 
 from collections.abc import Sequence
@@ -18,12 +15,8 @@ from top1_jax.estimators import bins_crossval
 DEFAULT_GRID = (5, 10, 15, 20, 30, 50, 100)
 """The bin counts tried when no grid is given (clipped to the calibration size)."""
 
-SCHEME = "halves"
-"""The nested splits: calibrate on a random half, score the other half."""
-
 
 def _grid(grid: Sequence[int] | None, cap: int) -> tuple[int, ...]:
-  """The ascending, de-duplicated grid; the default one is clipped to ``cap``."""
   if grid is None:
     return tuple(sorted({min(n, cap) for n in DEFAULT_GRID}))
   if isinstance(grid, (str, bytes)) or not hasattr(grid, "__iter__"):
@@ -51,16 +44,9 @@ def choose_n_bins(
 ) -> tuple[int, splits.CrossValidation]:
   """The bin count of ``grid`` with the lowest held-out NLL on the calibration data.
 
-  Args:
-    u: [M] float scores of the calibration data.
-    correct: [M] bool events.
-    grid: the bin counts to try, each in [1, M // 2] (the smallest half); None:
-      ``DEFAULT_GRID`` with each count clipped to M // 2.
-    n_folds: nested splits (random halves, each used both ways); at most M.
-    seed: seed of the nested splits.
-
-  Returns:
-    (the chosen count, the ``CrossValidation`` of the whole grid, ascending).
+  Returns (the count, the ``CrossValidation`` of the whole grid, ascending) for [M] ``u``
+  and ``correct``. ``grid``: counts in [1, M // 2], or None: ``DEFAULT_GRID`` clipped.
+  ``n_folds``: nested splits (random halves, each used both ways), at most M.
   """
   u, correct = validation.score_and_event("u", u, correct, host=True)
   num = int(u.shape[0])
@@ -71,7 +57,7 @@ def choose_n_bins(
       f"u: choosing n_bins by cross-validation needs at least n_folds={n_folds} examples, got {num}"
     )
   grid = _grid(grid, num // 2)
-  nested = splits.make_splits(num, n_folds, seed, SCHEME)
+  nested = splits.make_splits(num, n_folds, seed, "halves")
   cv = bins_crossval.cross_validate(u, correct, grid, nested)
   nll = np.asarray(cv.mean["nll"], np.float64)
   # argmin takes the first of equal minima: the grid is ascending, so fewer bins win.
@@ -85,10 +71,6 @@ def fit_cv(
   n_folds: int = 10,
   seed: int = 0,
 ) -> tuple[binning.Bins, int]:
-  """``binning.fit`` on all of (u, correct) with the count ``choose_n_bins`` picks.
-
-  Returns:
-    (the ``Bins``, the chosen bin count).
-  """
+  """(``binning.fit`` on all of (u, correct) with the count ``choose_n_bins`` picks, it)."""
   n_bins, _ = choose_n_bins(u, correct, grid, n_folds, seed)
   return binning.fit(u, correct, n_bins), n_bins

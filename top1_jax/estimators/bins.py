@@ -1,11 +1,7 @@
 """The paper's estimator as a registry entry: equal-count bins of U (``core.binning``).
 
-``fit`` is ``binning.fit`` with ``n_bins`` bins, or with the count chosen by nested
-cross-validation on the calibration data when ``n_bins="cv"`` (``bin_count.fit_cv``);
-``predict`` is ``binning.predict``; each bin has its exact (Clopper–Pearson) interval;
-cross-validation takes the one-sort path of ``bins_crossval``. ``to_dict`` and
-``from_dict`` (the fields of a version-1 calibrator file) also serve ``toplabel``,
-whose per-class bins are ``Bins`` too.
+``to_dict`` and ``from_dict`` (a version-1 calibrator file's fields) also serve
+``toplabel``, whose per-class bins are ``Bins`` too.
 """
 
 from collections.abc import Mapping
@@ -21,13 +17,8 @@ def fit(evidence: base.Evidence, *, n_bins: int | str = 20) -> binning.Bins:
   """Equal-count bins of ``evidence.u``.
 
   Args:
-    evidence: ``u`` [N] and ``correct`` [N].
-    n_bins: the bin count, in [1, N], or ``"cv"``: the count of
-      ``bin_count.DEFAULT_GRID`` with the lowest held-out NLL in nested
-      cross-validation on this data (seed 0).
-
-  Returns:
-    ``binning.Bins``.
+    n_bins: the bin count, in [1, N], or ``"cv"``: the count of ``bin_count.DEFAULT_GRID``
+      with the lowest held-out NLL in nested cross-validation on this data (seed 0).
   """
   if isinstance(n_bins, str):
     if n_bins != "cv":
@@ -39,18 +30,15 @@ def fit(evidence: base.Evidence, *, n_bins: int | str = 20) -> binning.Bins:
 
 
 def predict_interval(bins: binning.Bins, evidence: base.Evidence, delta: float = 0.05):
-  """The exact (Clopper–Pearson) 1 - delta interval of each example's bin accuracy.
-
-  Returns:
-    (lower, upper), each [N] float32 in [0, 1].
-  """
+  """(lower, upper), each [N] float32: the exact (Clopper–Pearson) 1 - delta interval of
+  each example's bin accuracy."""
   lower, upper = binning.clopper_pearson(bins.hits, bins.counts, delta)
   index = np.asarray(binning.assign(bins.edges, evidence.u))
   return np.asarray(lower)[index], np.asarray(upper)[index]
 
 
 def to_dict(bins: binning.Bins) -> dict:
-  """The bins as JSON values: the finite edges, counts, hits, prior and prob."""
+  """The bins as JSON values (only the finite edges)."""
   edges = np.asarray(bins.edges, np.float64)
   return {
     "n_bins": int(bins.counts.shape[-1]),
@@ -63,18 +51,15 @@ def to_dict(bins: binning.Bins) -> dict:
 
 
 def from_dict(d: Mapping, source: str) -> binning.Bins:
-  """``Bins`` from ``to_dict``'s values, each checked; the probabilities are recomputed
-  from the counts, hits and prior (so a file cannot hold inconsistent ones)."""
+  """``Bins`` from ``to_dict``'s values, each checked (``host_from_dict``), on the device."""
   return binning.Bins(*jax.device_put(tuple(host_from_dict(d, source))))
 
 
 def host_from_dict(d: Mapping, source: str) -> binning.Bins:
-  """``from_dict``'s ``Bins`` as host (NumPy) arrays, e.g. to stack several first.
+  """``from_dict``'s ``Bins`` as host arrays, e.g. to stack several first.
 
-  The table must be one ``binning.fit`` makes: at least one example per bin counted,
-  the counts split at the saved edges by the quantile rule (``base.counts_problem``:
-  an edge removed or moved, or counts shifted, is refused), and the prior the accuracy
-  of the hits and counts.
+  The table must be one ``binning.fit`` makes (counts split at the edges by the quantile
+  rule, the prior their accuracy); the probabilities are recomputed, never read.
   """
   n = base.read_int(d, "n_bins", source, maximum=binning.MAX_BINS)
   edges, counts, hits = base.read_bin_table(d, source, n)
@@ -109,4 +94,3 @@ ESTIMATOR = base.Estimator(
   predict_interval=predict_interval,
   cross_validate=bins_crossval.cross_validate,
 )
-"""Equal-count bins of U with the one-pseudo-count prior (the paper)."""

@@ -1,26 +1,9 @@
 """Cross-validation of the equal-count bins, every split and bin count from one sort (§5.1).
 
-For each split, bins are fitted on the calibration part and the held-out part is
-scored. Every split and every bin count is computed together from **one** sort
-of the scores:
-
-* With the N examples in sorted order, a split is the set of sorted positions of
-  its test examples; the calibration points are the rest. All splits' test
-  positions go into one flat sorted array (split f offset by f (N + 1)), so
-  "test points of split f below position p" is one binary search.
-* The quantile edges are the scores of the calibration points of rank
-  floor(i M / n); each such point's position is found by bisection on
-  p + 1 - (test points up to p), a batched binary search per halving.
-* An edge's tie group ends at a known position, so every bin of every split and
-  bin count is a contiguous range of sorted positions, and its calibration and
-  test counts and hits are differences of cumulative counts at the range ends.
-
-So the O(N) work is one argsort plus O(N) index bookkeeping per repetition of
-the splits (one for k-fold, n_folds / 2 for halves), and the per-bin work is a
-few thousand binary searches; the metrics are then computed by one jitted
-function over arrays [bin counts, splits, bins]. Sorting and the index work run
-in NumPy: XLA's CPU sort is much slower than NumPy's (docs/performance.md), and
-these steps are integer bookkeeping with no maths to accelerate.
+In sorted order every bin of every split and bin count is a contiguous range of positions,
+so its calibration and test counts and hits are differences of cumulative counts; the edges
+are found by batched binary searches. Sorting and index work run in NumPy (XLA's CPU sort
+is much slower, docs/performance.md); the metrics are one jitted function.
 """
 
 from collections.abc import Sequence
@@ -39,20 +22,8 @@ def cross_validate(
 ) -> CrossValidation:
   """The bins' cross-validation (the fast path of ``evaluation.protocol``).
 
-  Each split fits equal-count bins on its calibration part (probabilities with the
-  one-pseudo-count prior at the calibration accuracy) and scores the held-out part:
-  Brier and NLL with their decompositions, ECE against the test accuracy per bin,
-  EOR of the predicted bin probabilities (test weights, base rate the calibration
-  accuracy), and AUROC of the predictions (ties within a bin count one half).
-
-  Args:
-    u: [N] float scores, checked, on the host.
-    correct: [N] bool events, checked, on the host.
-    n_bins: the bin counts, each in [1, the smallest calibration part].
-    splits: ``Splits`` made for N examples, each with test examples.
-
-  Returns:
-    ``CrossValidation`` with per-split values, mean and std of ``splits.METRICS``.
+  ``u`` [N] and ``correct`` [N] are checked host arrays, each of ``n_bins`` in [1, the
+  smallest calibration part], and ``splits`` made for N, each with test examples.
   """
   order = np.argsort(u)  # the one sort
   sorted_u = u[order]
@@ -64,12 +35,8 @@ def cross_validate(
 
 
 class _SortedSplits(NamedTuple):
-  """Every split's test positions in sorted order, flattened into one array.
-
-  Split f's positions are offset by ``f * (N + 1)``, so the flat array is sorted
-  and one ``searchsorted`` answers "how many test points of split f lie below
-  position p" for all splits and positions at once.
-  """
+  """Every split's test positions in sorted order, split f's offset by ``f * (N + 1)``, so
+  one ``searchsorted`` counts the test points of every split below any position."""
 
   keys: np.ndarray  # test position + f * (N + 1), ascending
   hit_keys: np.ndarray  # the keys of the correct test examples
@@ -77,11 +44,8 @@ class _SortedSplits(NamedTuple):
 
 
 def _gather_folds(fold: np.ndarray, order: np.ndarray) -> np.ndarray:
-  """fold[:, order] as [R, N] uint8, gathering one packed word per example.
-
-  A random gather costs ~5 ns per element here, and halves have R = n_folds / 2
-  rows of one bit each: packing them into a single word makes it one gather.
-  """
+  """fold[:, order] as [R, N] uint8, packing the R rows into one word per example first:
+  one random gather (~5 ns per element) instead of R."""
   num_reps = fold.shape[0]
   bits = max(1, int(fold.max()).bit_length())
   if num_reps * bits > 64:
@@ -101,9 +65,8 @@ def _group_by_fold(fold: np.ndarray, per_rep: int) -> tuple[np.ndarray, np.ndarr
   if per_rep == 2:  # two boolean scans beat a stable sort
     is_one = fold.view(bool)
     ones = np.flatnonzero(is_one)
-    return np.concatenate([np.flatnonzero(~is_one), ones]), np.array(
-      [fold.shape[0] - ones.shape[0], ones.shape[0]]
-    )
+    sizes = np.array([fold.shape[0] - ones.shape[0], ones.shape[0]])
+    return np.concatenate([np.flatnonzero(~is_one), ones]), sizes
   return np.argsort(fold, kind="stable"), np.bincount(fold, minlength=per_rep)
 
 
@@ -128,15 +91,11 @@ def _sorted_splits(splits: Splits, order: np.ndarray, sorted_correct: np.ndarray
 def _bin_ranges(
   sorted_u: np.ndarray, hits_before: np.ndarray, ss: _SortedSplits, n_bins: Sequence[int]
 ):
-  """Calibration and test counts/hits of every (bin count, split, bin).
-
-  Returns:
-    cal_counts, cal_hits, test_counts, test_hits: [B, F, max(n_bins)] int64.
-  """
+  """Calibration and test counts and hits, each [B, F, max(n_bins)] int64."""
   num = sorted_u.shape[0]
   num_splits = ss.size.shape[0]
   offset = np.arange(num_splits, dtype=np.int64)[:, None] * (num + 1)  # [F, 1]
-  count_below = lambda keys, query: np.searchsorted(keys, query.astype(keys.dtype))  # noqa: E731
+  count_below = lambda keys, query: np.searchsorted(keys, query.astype(keys.dtype))
   start = count_below(ss.keys, offset)  # [F, 1]: where each split begins
   cal_size = num - ss.size  # [F]
   bounds = np.full((len(n_bins), num_splits, max(n_bins) + 1), num, np.int64)
@@ -150,17 +109,13 @@ def _bin_ranges(
   test_hits_below = count_below(ss.hit_keys, bounds + offset) - count_below(ss.hit_keys, offset)
   cal_below = bounds - tests_below
   cal_hits_below = hits_before[bounds] - test_hits_below
-  diff = lambda x: np.diff(x, axis=-1)  # noqa: E731
+  diff = lambda x: np.diff(x, axis=-1)
   return diff(cal_below), diff(cal_hits_below), diff(tests_below), diff(test_hits_below)
 
 
 def _rank_position(ranks: np.ndarray, tests_below, num: int) -> np.ndarray:
-  """Sorted position of each split's rank-th calibration point, by bisection.
-
-  The calibration points in positions [0, p] number p + 1 - tests_below(p + 1),
-  which is non-decreasing in p; find the smallest p where it reaches the rank.
-  Each of the ~log2(N) halvings is one batched binary search: no O(N) pass.
-  """
+  """Sorted position of each split's rank-th calibration point: the smallest p where
+  p + 1 - tests_below(p + 1) reaches the rank, by batched bisection (no O(N) pass)."""
   lo = ranks - 1  # at least rank - 1 positions precede the rank-th point
   hi = np.full_like(ranks, num - 1)
   while np.any(lo < hi):

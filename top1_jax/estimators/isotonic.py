@@ -1,42 +1,9 @@
 """Isotonic estimate of P(correct | U): pool-adjacent-violators with the bins' prior.
 
-The fitted probability is a monotone function of the score, non-increasing in U
-by default (U is an uncertainty; ``increasing=True`` is for confidences):
-
-* **Blocks.** The calibration points, sorted by U and with tied scores pooled into
-  one weighted point (as scikit-learn pools them), are cut into contiguous blocks
-  whose accuracies ``hits / count`` form the least-squares monotone fit (isotonic
-  regression, found by pool-adjacent-violators).
-* **Prior.** Each block then predicts ``binning.calibrated_prob(hits, count, p_A)``
-  = ``(hits + p_A) / (count + 1)``, the bins' one-pseudo-count prior at the
-  calibration accuracy p_A, so no block predicts exactly 0 or 1. The prior pulls a
-  small block further than a large one and can put two neighbours out of order;
-  such neighbours are pooled again (repeatedly, until the probabilities are
-  monotone). ``prior=False`` keeps the plain accuracies: scikit-learn's
-  ``IsotonicRegression`` fit.
-* **Prediction** interpolates linearly in U between the first and last distinct
-  score of each block (flat inside a block, a ramp between blocks) and is constant
-  beyond the calibration range: scikit-learn's
-  ``IsotonicRegression(out_of_bounds="clip").predict``.
-
-How the blocks are found after one sort, without a Python loop over the points:
-the isotonic fit is the slope of the least concave majorant (for increasing: the
-greatest convex minorant) of the cumulative sum diagram (cumulative count,
-cumulative hits) taken at the ends of the tie groups. That hull is computed by
-repeatedly deleting, all at once with NumPy, every point that is not a strict
-corner between its current neighbours (such a point is on or under the chord of two
-points of the set, so it is never a hull corner). The diagram's coordinates are
-integers, so the corner test is exact in int64. Each pass is one vectorised sweep
-that removes every such point at once; random data needs a few dozen passes over a
-set that shrinks fast. A pass removes at least one point, so the worst case is
-quadratic in the points left after the first pass; the long cascades that need
-many passes peel a concave chain of distinct accuracies, which (the accuracies
-being fractions of whole counts) has at most ~N^(2/3) corners.
-docs/performance.md times random data and such a chain.
-
-``fit`` runs on the host (NumPy) and needs concrete arrays; ``predict`` is one
-jitted interpolation (``table.interpolate``, shared with kde) and works under ``jit``.
-``ESTIMATOR`` is its entry in ``registry.REGISTRY``.
+Tied scores are pooled, the least-squares monotone fit (non-increasing in U by default)
+cuts the points into blocks, and each block predicts the bins' ``(hits + p_A) / (count + 1)``
+(neighbours the prior puts out of order are pooled again); ``prior=False`` is scikit-learn's
+``IsotonicRegression(out_of_bounds="clip")``. ``fit`` runs on the host.
 """
 
 import functools
@@ -55,11 +22,9 @@ class IsotonicModel(NamedTuple):
   """A fitted isotonic estimate (a pytree of jax arrays).
 
   Attributes:
-    knots: [K] float32, ascending scores at which the estimate is tabulated: the
-      first and last distinct calibration score of each block, then the last one
-      repeated (to a power-of-two length, so that predicting with models of
-      different sizes reuses one compiled program).
-    prob: [K] float32, P(correct) at the knots (the value of each knot's block).
+    knots: [K] float32, the first and last distinct calibration score of each block,
+      ascending, padded (``table.pad``).
+    prob: [K] float32, P(correct) at the knots.
     counts: [B] int32, calibration examples per block, in ascending U.
     hits: [B] int32, correct examples per block.
     prior: [] float32, the calibration accuracy p_A.
@@ -77,14 +42,12 @@ class IsotonicModel(NamedTuple):
 
 
 def _hull_corners(count_below: np.ndarray, hits_below: np.ndarray, sign: int):
-  """The corners of the concave (sign 1) or convex (sign -1) majorant/minorant.
+  """The corners of the concave (sign 1) or convex (sign -1) hull of the cumulative diagram.
 
-  Args:
-    count_below, hits_below: [P] int64, the cumulative diagram; x strictly increasing.
-    sign: 1 keeps corners where the slope strictly decreases, -1 where it increases.
-
-  Returns:
-    (count_below, hits_below) of the corners, [C] each, first and last point included.
+  The isotonic fit is the slope of that hull. Each pass deletes, at once, every point that
+  is not a strict corner between its current neighbours; the int64 corner test is exact.
+  Random data needs a few dozen passes over a set that shrinks fast; the worst case, a
+  concave chain of distinct accuracies, has at most ~N^(2/3) corners (docs/performance.md).
   """
   x, y = count_below, hits_below
   while x.shape[0] > 2:
@@ -121,13 +84,6 @@ def _knot_table(first, last, values):
   return table.pad(knots[distinct], prob[distinct])
 
 
-def _concrete(name: str, value):
-  if validation.is_traced(value):
-    raise ValueError(
-      f"{name}: isotonic.fit needs concrete arrays (it runs on the host), got a tracer"
-    )
-
-
 def _checked_bool(name: str, value) -> bool:
   if not isinstance(value, (bool, np.bool_)):
     raise ValueError(f"{name}: expected a bool, got {value!r}")
@@ -137,24 +93,18 @@ def _checked_bool(name: str, value) -> bool:
 def fit(
   u: ArrayLike, correct: ArrayLike, *, increasing: bool = False, prior: bool = True
 ) -> IsotonicModel:
-  """Fits a monotone P(correct | U) by pool-adjacent-violators on a calibration split.
+  """Fits a monotone P(correct | U) on [N] scores ``u`` and events ``correct``.
 
   Args:
-    u: [N] float scores (N >= 1).
-    correct: [N] bool, whether each prediction is correct.
-    increasing: False (default) for an uncertainty, whose P(correct) does not
-      increase with U; True for a confidence.
-    prior: True (default) gives each block ``(hits + p_A) / (count + 1)`` (the
-      bins' prior, then neighbours put out of order by it pooled); False gives the
-      plain block accuracies, i.e. scikit-learn's isotonic regression.
-
-  Returns:
-    ``IsotonicModel``. With the prior every probability lies strictly inside
-    (0, 1) unless the calibration split is all correct or all wrong (p_A = 1 or 0),
-    as for the bins.
+    increasing: False for an uncertainty, True for a confidence.
+    prior: True gives each block ``(hits + p_A) / (count + 1)``, strictly inside (0, 1)
+      unless 0 or 1 = p_A; False the plain block accuracies.
   """
-  _concrete("u", u)
-  _concrete("correct", correct)
+  for name, value in (("u", u), ("correct", correct)):
+    if validation.is_traced(value):
+      raise ValueError(
+        f"{name}: isotonic.fit needs concrete arrays (it runs on the host), got a tracer"
+      )
   increasing, prior = _checked_bool("increasing", increasing), _checked_bool("prior", prior)
   u, correct = validation.score_and_event("u", u, correct, host=True)
   # The scores as predict sees them (float64 becomes float32 without x64).
@@ -186,15 +136,7 @@ def fit(
 
 
 def predict(model: IsotonicModel, u: ArrayLike) -> jax.Array:
-  """P(correct) for new scores: linear between block ends, clipped beyond the data.
-
-  Args:
-    model: from ``fit``.
-    u: [N] float scores of the same kind as the calibration scores.
-
-  Returns:
-    [N] float32 (inside (0, 1) when fitted with the prior and 0 < p_A < 1).
-  """
+  """[N] float32 P(correct) of scores ``u``: linear between block ends, clipped beyond."""
   validation.instance("model", model, IsotonicModel, "isotonic.IsotonicModel from isotonic.fit")
   u = validation.float_array("u", u, 1)
   return table.interpolate(u, model.knots, model.prob)
@@ -212,7 +154,7 @@ def to_dict(model: IsotonicModel) -> dict:
 
 
 def from_dict(d, source: str) -> IsotonicModel:
-  """An ``IsotonicModel`` from ``to_dict``'s values, each checked (one-line ValueError)."""
+  """An ``IsotonicModel`` from ``to_dict``'s values, each checked."""
   knots, prob = table.read_knots(d, source, "prob")
   counts = base.read_array(d, "counts", source, "i")
   hits = base.read_array(d, "hits", source, "i")
@@ -246,4 +188,3 @@ ESTIMATOR = base.Estimator(
   options=("increasing", "prior"),
   option_checks={name: functools.partial(_checked_bool, name) for name in ("increasing", "prior")},
 )
-"""Pool-adjacent-violators with the bins' prior; ``increasing=True`` for a confidence."""

@@ -1,33 +1,14 @@
-"""Kernel estimate of P(correct | U): the bins' rule with a smooth window on ranks.
-
-The estimate at a score u is a Nadaraya-Watson average of the calibration events
-with the bins' one-pseudo-count prior (``binning.calibrated_prob``):
+"""Kernel estimate of P(correct | U): the bins' rule with a Gaussian window on ranks.
 
     p(u) = (sum_i w_i(u) correct_i + p_A) / (sum_i w_i(u) + 1),
     w_i(u) = exp(-(r(u) - r_i)^2 / (2 h^2)),
 
-where r is the rank scale: the empirical CDF of U on the calibration split (tied
-scores share their mid-rank), so r_i are evenly spread on (0, 1) and the bandwidth
-h is a fraction of the calibration points, as a bin's width is. Each point weighs
-at most 1, so a box window of n points would give exactly a bin's
-(hits + p_A) / (n + 1), and p(u) lies strictly inside (0, 1) when 0 < p_A < 1.
-Ranks make the window adaptive in U (narrow where scores are dense), need no offset
-for U = 0 and suit any score; docs/performance.md compares them with raw U and
-log U, and the Gaussian with the Epanechnikov window, on held-out NLL and Brier.
-
-Fast, with no N x N matrix: after one sort, the points are counted into 4096
-equal-width cells of rank (``NUM_CELLS``; at N = 1e6 about 244 points each), the
-cells' counts and hits are convolved with the window by FFT (O(G log G) per
-bandwidth), and the estimate is tabulated at 4096 evenly spaced calibration scores
-(at their mid-ranks); ``predict`` interpolates that table linearly in U and is
-constant beyond the calibration range. The bandwidth, when not given, minimises the
-leave-one-out binary NLL of the cell-level estimate over ``BANDWIDTHS``: leaving a
-point out of its own cell subtracts its weight 1 (and its event) from the window
-sums there, so the whole curve costs a few FFTs.
-
-``fit`` runs on the host (NumPy) and needs concrete arrays; ``predict`` and
-``predict_interval`` are jitted interpolations (``table.interpolate``, shared with
-isotonic) and work under ``jit``. ``ESTIMATOR`` is its entry in ``registry.REGISTRY``.
+with r the empirical CDF of U on the calibration split (ties share their mid-rank), so the
+bandwidth h is a fraction of the calibration points, as a bin's width is, and a box window
+of n points gives exactly a bin's (hits + p_A) / (n + 1). With no N x N matrix: points are
+counted into ``NUM_CELLS`` rank cells, smoothed by FFT, and the estimate tabulated at up to
+``NUM_CELLS`` knots that ``predict`` interpolates (constant beyond them). An unset bandwidth
+minimises the leave-one-out NLL over ``BANDWIDTHS``. ``fit`` runs on the host.
 """
 
 import math
@@ -42,9 +23,7 @@ from jax.typing import ArrayLike
 from top1_jax.core import binning, validation
 from top1_jax.estimators import base, table
 
-NUM_CELLS = 4096
-"""Equal-width cells of rank the calibration points are counted into before smoothing."""
-
+NUM_CELLS = 4096  # equal-width rank cells: at N = 1e6 about 244 points each
 BANDWIDTHS = tuple(float(h) for h in np.geomspace(1 / NUM_CELLS, 0.5, 40))
 """The bandwidths (Gaussian standard deviations, in rank units) ``fit`` chooses from."""
 
@@ -53,12 +32,10 @@ class KernelModel(NamedTuple):
   """A fitted kernel estimate (a pytree of jax arrays).
 
   Attributes:
-    knots: [K] float32, ascending distinct calibration scores at which the
-      estimate is tabulated, the last one repeated to a power-of-two length (so
-      predicting with models of different sizes reuses one compiled program).
+    knots: [K] float32, ascending distinct calibration scores, padded (``table.pad``).
     prob: [K] float32, P(correct) at the knots.
-    effective_count: [K] float32, (sum w + 1)^2 / (sum w^2 + 1): the number of
-      independent events the estimate is worth, the prior counting as one.
+    effective_count: [K] float32, (sum w + 1)^2 / (sum w^2 + 1): the independent events
+      the estimate is worth, the prior counting as one.
     prior: [] float32, the calibration accuracy p_A.
     bandwidth: [] float32, h in rank units.
   """
@@ -75,20 +52,16 @@ class _Cells(NamedTuple):
 
   counts: np.ndarray  # [G] float64
   hits: np.ndarray  # [G] float64
-  sorted_u: np.ndarray  # [N] the calibration scores, ascending
+  sorted_u: np.ndarray  # [N]
   group_start: np.ndarray  # [T] first sorted position of each distinct score
   group_rank: np.ndarray  # [T] mid-rank of each distinct score, in (0, 1]
   prior: np.float32
 
 
-def _concrete(name: str, value):
-  if validation.is_traced(value):
-    raise ValueError(f"{name}: kde.fit needs concrete arrays (it runs on the host), got a tracer")
-
-
 def _checked(u: ArrayLike, correct: ArrayLike):
-  _concrete("u", u)
-  _concrete("correct", correct)
+  for name, value in (("u", u), ("correct", correct)):
+    if validation.is_traced(value):
+      raise ValueError(f"{name}: kde.fit needs concrete arrays (it runs on the host), got a tracer")
   u, correct = validation.score_and_event("u", u, correct, host=True)
   # The scores as predict sees them (float64 becomes float32 without x64).
   return validation.in_device_dtype(u), correct
@@ -110,16 +83,8 @@ def _cells(u: np.ndarray, correct: np.ndarray) -> _Cells:
 
 
 def _window_sums(values: np.ndarray, bandwidths: np.ndarray, power: int = 1) -> np.ndarray:
-  """sum over cells of K(distance)^power * values, at every cell centre, by FFT.
-
-  Args:
-    values: [V, G] per-cell sums.
-    bandwidths: [H] h in rank units.
-    power: 1 for the weights, 2 for the squared weights.
-
-  Returns:
-    [H, V, G] float64.
-  """
+  """[H, V, G]: sum over cells of K(distance)^power * values [V, G] at every cell centre,
+  for each of ``bandwidths`` [H], by FFT."""
   size = 2 * NUM_CELLS  # zero padding: a linear, not circular, convolution
   lag = np.fft.fftfreq(size, 1.0 / size) / NUM_CELLS  # signed cell distances in rank units
   window = np.exp(-0.5 * power * (lag / bandwidths[:, None]) ** 2)
@@ -140,34 +105,18 @@ def _loo_nll(cells: _Cells, bandwidths: np.ndarray) -> np.ndarray:
   return loss.sum(axis=1) / cells.counts.sum()
 
 
-def _bandwidth_grid(bandwidths) -> np.ndarray:
+def leave_one_out_nll(u: ArrayLike, correct: ArrayLike, bandwidths=BANDWIDTHS) -> np.ndarray:
+  """[H] leave-one-out binary NLL (nats per example) at each of ``bandwidths`` [H]: the
+  criterion ``fit`` minimises, of the cell-level estimate."""
+  u, correct = _checked(u, correct)
   grid = validation.float_array("bandwidths", bandwidths, 1, host=True).astype(np.float64)
   if grid.shape[0] == 0 or not np.all(grid > 0):
     raise ValueError(f"bandwidths: expected one or more positive values, got {bandwidths!r}")
-  return grid
-
-
-def leave_one_out_nll(u: ArrayLike, correct: ArrayLike, bandwidths=BANDWIDTHS) -> np.ndarray:
-  """Leave-one-out binary NLL (nats per example) of the estimate at each bandwidth.
-
-  The criterion ``fit`` minimises, of the cell-level estimate (each point at its
-  cell's centre rank).
-
-  Args:
-    u: [N] float scores.
-    correct: [N] bool.
-    bandwidths: [H] positive bandwidths in rank units.
-
-  Returns:
-    [H] float64 NumPy array.
-  """
-  u, correct = _checked(u, correct)
-  return _loo_nll(_cells(u, correct), _bandwidth_grid(bandwidths))
+  return _loo_nll(_cells(u, correct), grid)
 
 
 def _table(cells: _Cells, bandwidth: float):
-  """Knots at NUM_CELLS evenly spaced calibration scores (the first and the last
-  included), padded to a power of two."""
+  """Knots at NUM_CELLS evenly spaced calibration scores, first and last included."""
   num = cells.sorted_u.shape[0]
   centre = (np.arange(NUM_CELLS) + 0.5) / NUM_CELLS
   position = np.round(np.linspace(0, num - 1, min(num, NUM_CELLS))).astype(np.int64)
@@ -187,7 +136,6 @@ def _table(cells: _Cells, bandwidth: float):
 
 
 def _checked_bandwidth(bandwidth) -> float | None:
-  """``bandwidth`` as a positive float, or None; else a one-line ValueError naming it."""
   if bandwidth is None:
     return None
   try:
@@ -200,17 +148,11 @@ def _checked_bandwidth(bandwidth) -> float | None:
 
 
 def fit(u: ArrayLike, correct: ArrayLike, bandwidth: float | None = None) -> KernelModel:
-  """Fits the kernel estimate of P(correct | U) on a calibration split.
+  """Fits the kernel estimate of P(correct | U) on [N] scores ``u`` and events ``correct``.
 
   Args:
-    u: [N] float scores (N >= 1).
-    correct: [N] bool, whether each prediction is correct.
-    bandwidth: the Gaussian window's standard deviation in rank units (a fraction
-      of the calibration points, e.g. 0.02). None (default): the value of
-      ``BANDWIDTHS`` with the smallest leave-one-out NLL (the first on ties).
-
-  Returns:
-    ``KernelModel``.
+    bandwidth: the window's standard deviation in rank units (e.g. 0.02), or None: the
+      value of ``BANDWIDTHS`` with the smallest leave-one-out NLL (the first on ties).
   """
   bandwidth = _checked_bandwidth(bandwidth)
   u, correct = _checked(u, correct)
@@ -218,27 +160,18 @@ def fit(u: ArrayLike, correct: ArrayLike, bandwidth: float | None = None) -> Ker
   if bandwidth is None:
     grid = np.asarray(BANDWIDTHS)
     bandwidth = float(grid[np.argmin(_loo_nll(cells, grid))])
-  knots, prob, effective = _table(cells, bandwidth)
+  return _on_device(*_table(cells, bandwidth), cells.prior, bandwidth)
+
+
+def _on_device(*fields) -> KernelModel:
   # Host values moved as they are: jnp conversions would compile a small program each.
-  fields = (knots, prob, effective, cells.prior, bandwidth)
   return KernelModel(*jax.device_put([np.asarray(x, np.float32) for x in fields]))
 
 
-def _check_model(model) -> KernelModel:
-  return validation.instance("model", model, KernelModel, "kde.KernelModel from kde.fit")
-
-
 def predict(model: KernelModel, u: ArrayLike) -> jax.Array:
-  """P(correct) for new scores: the tabulated estimate, linear in U between knots.
-
-  Args:
-    model: from ``fit``.
-    u: [N] float scores of the same kind as the calibration scores.
-
-  Returns:
-    [N] float32, inside (0, 1) when 0 < p_A < 1.
-  """
-  _check_model(model)
+  """[N] float32 P(correct) of scores ``u``: linear between knots, inside (0, 1) when
+  0 < p_A < 1."""
+  validation.instance("model", model, KernelModel, "kde.KernelModel from kde.fit")
   return table.interpolate(validation.float_array("u", u, 1), model.knots, model.prob)
 
 
@@ -249,9 +182,8 @@ def _interval(model: KernelModel, u: jax.Array, z: jax.Array):
   shrink = 1 + z**2 / n
   centre = (p + z**2 / (2 * n)) / shrink
   half = z / shrink * jnp.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
-  # Wilson's interval holds p; taken in explicitly as rounding can leave it just out
-  # (at p = 1 the upper end is 1 exactly, computed as 0.99999994 when compiled at XLA's
-  # backend level 0).
+  # Wilson's interval holds p, but rounding can leave it just out (at p = 1 the upper end
+  # is 0.99999994 when compiled at XLA's backend level 0).
   lower, upper = jnp.minimum(centre - half, p), jnp.maximum(centre + half, p)
   return jnp.clip(lower, 0.0, 1.0), jnp.clip(upper, 0.0, 1.0)
 
@@ -259,23 +191,12 @@ def _interval(model: KernelModel, u: jax.Array, z: jax.Array):
 def predict_interval(
   model: KernelModel, u: ArrayLike, delta: float = 0.05
 ) -> tuple[jax.Array, jax.Array]:
-  """Pointwise 1 - delta band for P(correct | u): Wilson's interval, asymptotic.
+  """(lower, upper), each [N] float32: Wilson's pointwise 1 - delta band for P(correct | u).
 
-  The estimate is a weighted mean of independent events, so its variance is
-  p (1 - p) sum w^2 / (sum w + 1)^2; Wilson's score interval with the
-  ``effective_count`` (sum w + 1)^2 / (sum w^2 + 1) in place of n covers the
-  window-averaged truth with probability about 1 - delta at each u. The
-  smoothing bias (the truth's curvature over the window) is not included.
-
-  Args:
-    model: from ``fit``.
-    u: [N] float scores.
-    delta: failure probability in (0, 1).
-
-  Returns:
-    (lower, upper), each [N] float32 in [0, 1].
+  Wilson's interval with ``effective_count`` in place of n covers the window-averaged truth
+  with probability about 1 - delta at each u; the smoothing bias is not included.
   """
-  _check_model(model)
+  validation.instance("model", model, KernelModel, "kde.KernelModel from kde.fit")
   u = validation.float_array("u", u, 1)
   delta = validation.probability("delta", delta)
   # From the lower tail: 1 - delta / 2 rounds to 1 below delta = 1e-16, where the normal's
@@ -287,7 +208,7 @@ def predict_interval(
 
 def to_dict(model: KernelModel) -> dict:
   """The fitted model as JSON values (``from_dict`` reads it back exactly)."""
-  listed = lambda x: np.asarray(x, np.float64).tolist()  # noqa: E731
+  listed = lambda x: np.asarray(x, np.float64).tolist()
   return {
     "knots": listed(model.knots),
     "prob": listed(model.prob),
@@ -298,7 +219,7 @@ def to_dict(model: KernelModel) -> dict:
 
 
 def from_dict(d, source: str) -> KernelModel:
-  """A ``KernelModel`` from ``to_dict``'s values, each checked (one-line ValueError)."""
+  """A ``KernelModel`` from ``to_dict``'s values, each checked."""
   knots, prob, effective = table.read_knots(d, source, "prob", "effective_count")
   if np.any((prob < 0) | (prob > 1)):
     raise ValueError(f"{source}: field 'prob' must lie in [0, 1]")
@@ -308,8 +229,7 @@ def from_dict(d, source: str) -> KernelModel:
   bandwidth = base.read_number(d, "bandwidth", source, 0.0, np.inf)
   if bandwidth == 0:
     raise ValueError(f"{source}: field 'bandwidth' must be positive, got 0")
-  fields = (knots, prob, effective, prior, bandwidth)
-  return KernelModel(*jax.device_put([np.asarray(x, np.float32) for x in fields]))
+  return _on_device(knots, prob, effective, prior, bandwidth)
 
 
 def _fit_evidence(evidence: base.Evidence, *, bandwidth: float | None = None) -> KernelModel:
@@ -327,4 +247,3 @@ ESTIMATOR = base.Estimator(
   option_checks={"bandwidth": _checked_bandwidth},
   predict_interval=lambda model, evidence, delta: predict_interval(model, evidence.u, delta),
 )
-"""The kernel estimate on the rank scale of U; ``bandwidth=None`` chooses it by LOO NLL."""

@@ -1,9 +1,7 @@
 """The model's own probability as P(correct), nothing fitted: a method like the others.
 
-Ovadia et al.'s "Vanilla" (of one network), "Dropout" and "Ensemble" (of the mean of
-MC-dropout samples or ensemble members): the Top-k mass of the log-probabilities,
-``exp(-neg_log_topk_mass)``. Registered so that every protocol, table and calibrator
-finds it by name like any estimator; its state is empty.
+Ovadia et al.'s "Vanilla", "Dropout" and "Ensemble": the Top-k mass of the (mean)
+log-probabilities, registered so every protocol finds it by name; its state is empty.
 """
 
 import numpy as np
@@ -19,7 +17,7 @@ def _predict(_, evidence: base.Evidence) -> np.ndarray:
 
 def _fit_splits(evidence: base.Evidence, calibration: np.ndarray) -> base.SplitFit:
   """The same prediction for every split; with labels, each example's multiclass Brier."""
-  extras = {}  # nothing is fitted: the calibration parts do not matter
+  extras = {}
   if evidence.labels is not None:
     terms = events.label_terms(evidence.log_probs, evidence.labels)
     extras["multiclass_brier"] = np.broadcast_to(terms.multiclass_brier, calibration.shape)
@@ -35,4 +33,3 @@ ESTIMATOR = base.Estimator(
   from_dict=lambda d, source: None,
   fit_splits=_fit_splits,
 )
-"""The Top-k mass of the model's own softmax (or of the mean of its samples)."""

@@ -1,10 +1,5 @@
-"""Every estimator of P(correct) by name: the one list that the Calibrator, the config
-check and cross-validation read.
-
-Adding an estimator is one module (its maths and a ``base.Estimator`` entry) and one
-line in ``REGISTRY`` below; nothing else names estimators. Callers look entries up at
-call time, so an entry added to ``REGISTRY`` (a test's toy, a plug-in) is found by
-``Calibrator(method=...)`` and ``crossval.cross_validate(estimator=...)`` alike.
+"""Every estimator of P(correct) by name: the one list the Calibrator, the config check and
+cross-validation read, at call time (so an entry added later, e.g. a test's toy, is found).
 """
 
 from top1_jax.estimators import base, bins, isotonic, kde, raw, temperature, toplabel
@@ -24,8 +19,7 @@ REGISTRY: dict[str, base.Estimator] = {
 
 
 def names(*, scores_only: bool = False) -> tuple[str, ...]:
-  """The registered names, in order; ``scores_only``: those fitted on (U, correct) alone,
-  which cross-validation of a score can run (no log-probabilities needed)."""
+  """The registered names, in order; ``scores_only``: those fitted on (U, correct) alone."""
   return tuple(name for name, entry in REGISTRY.items() if entry.scores_only or not scores_only)
 
 

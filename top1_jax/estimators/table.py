@@ -1,9 +1,7 @@
 """A curve tabulated at knots of U and interpolated linearly: how isotonic and kde predict.
 
-Both estimators fit on the host and store P(correct) at ascending knots; predicting
-is one jitted ``jnp.interp``, constant beyond the first and last knot. The tables are
-padded to a power-of-two length by repeating the last knot, so that predicting with
-tables of different sizes reuses one compiled program.
+Tables are padded to a power-of-two length by repeating the last knot, so that predicting
+with tables of different sizes reuses one compiled program.
 """
 
 from collections.abc import Mapping
@@ -17,16 +15,8 @@ from top1_jax.estimators import base
 
 @jax.jit
 def interpolate(u: jax.Array, knots: jax.Array, values: jax.Array) -> jax.Array:
-  """``values`` at ``u``, linear between ``knots`` and constant beyond them.
-
-  Args:
-    u: [N] float scores.
-    knots: [T] float, ascending (repeats allowed at the end: the padding).
-    values: [T] float, the curve at the knots.
-
-  Returns:
-    [N] float.
-  """
+  """[N] ``values`` [T] at ``u`` [N], linear between ascending ``knots`` [T], constant
+  beyond them."""
   return jnp.interp(u, knots, values)
 
 
@@ -42,11 +32,7 @@ def pad(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def read_knots(d: Mapping, source: str, *value_fields: str) -> tuple[np.ndarray, ...]:
-  """A saved table: "knots" (ascending) and the value fields, each as long, as float64.
-
-  Raises:
-    ValueError: one line naming the source and the field that is wrong.
-  """
+  """A saved table: "knots" (ascending) and the value fields, each as long, as float64."""
   knots = base.read_array(d, "knots", source, "f")
   if knots.shape[0] == 0 or np.any(np.diff(knots) < 0):
     raise ValueError(f"{source}: field 'knots' must be one or more ascending numbers")
