@@ -1,8 +1,6 @@
 """Confidence intervals for a bin's accuracy from its example counts (paper eq. 3).
 
-``hoeffding_halfwidth`` (the paper's bound) and ``clopper_pearson`` (exact) take
-per-bin ``hits`` and ``count`` arrays; ``binning.confidence_bounds`` applies either
-to fitted ``Bins``.
+``binning.confidence_bounds`` applies them to fitted ``Bins``.
 """
 
 import jax
@@ -15,17 +13,9 @@ from top1_jax.core import validation
 
 
 def hoeffding_halfwidth(count: ArrayLike, delta: float = 0.05) -> jax.Array:
-  """Half-width of the Hoeffding interval for a bin's accuracy (paper eq. 3).
-
-  With probability >= 1 - delta, |p_true - p_empirical| <= sqrt(log(2/delta) / (2 count)).
-
-  Args:
-    count: int array, examples per bin (0 gives +inf).
-    delta: failure probability in (0, 1).
-
-  Returns:
-    float array shaped like ``count``.
-  """
+  """Half-width sqrt(log(2/delta) / (2 count)) of the Hoeffding interval (paper eq. 3).
+  With probability >= 1 - delta it holds |p_true - p_empirical|; a ``count`` of 0
+  gives +inf."""
   delta = validation.probability("delta", delta)
   count = _counts("count", count)
   return jnp.sqrt(jnp.log(2.0 / delta) / (2.0 * count.astype(jnp.float32)))
@@ -72,22 +62,14 @@ def _clopper_pearson(hits: jax.Array, count: jax.Array, delta: jax.Array):
 def clopper_pearson(
   hits: ArrayLike, count: ArrayLike, delta: float = 0.05
 ) -> tuple[jax.Array, jax.Array]:
-  """Exact (Clopper–Pearson) two-sided 1 - delta interval for a bin's accuracy.
-
-  Args:
-    hits: int array, correct examples per bin.
-    count: int array (broadcastable with hits), examples per bin; 0 gives [0, 1].
-    delta: failure probability in (0, 1).
-
-  Returns:
-    (lower, upper) float arrays.
-  """
+  """Exact (Clopper–Pearson) two-sided 1 - delta (lower, upper) interval of an accuracy.
+  ``hits`` and ``count`` broadcast together; a ``count`` of 0 gives [0, 1]."""
   delta = validation.probability("delta", delta)
   hits = _counts("hits", hits)
   count = _counts("count", count)
   if validation.is_traced(hits) or validation.is_traced(count):
     return _clopper_pearson(hits, count, jnp.float32(delta))
-  if np.any(hits < 0) or np.any(hits > count):
+  if np.any(hits > count):  # _counts refused negative ones
     raise ValueError("hits: expected 0 <= hits <= count in every bin")
   # Concrete counts (a few hundred bins at most): SciPy's float64 Beta quantiles on the
   # host. The jitted bisection of betainc is slow to compile, and on a GPU each of its

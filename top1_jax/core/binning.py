@@ -1,28 +1,8 @@
-"""Equal-count (quantile) bins of an uncertainty score and their Top-k accuracy.
+"""Equal-count (quantile) bins of an uncertainty score and their Top-k accuracy (§3, §5.1).
 
-A fitted ``Bins`` maps a score value to a bin and each bin to a calibrated
-probability that the prediction is correct (paper §3, §5.1):
-
-* Interior edges are quantiles of the calibration scores: with M calibration
-  points sorted ascending, edge i (i = 1..n-1) is the score of the
-  ``floor(i M / n)``-th point, so each bin holds M/n points up to rounding.
-* Bins are right-closed: a score u falls in bin ``#{edges < u}``, i.e. bin i is
-  ``(e_i, e_{i+1}]``; scores beyond the calibration range go to the end bins.
-* Ties in the score make equal edges. Equal edges are merged, so no bin is empty
-  by construction; the unused slots at the end (edges = +inf) hold no data and
-  ``num_effective_bins`` counts the bins that received calibration points.
-* Scores are compared as XLA compares them: subnormal floats equal 0 (flushed), and
-  an edge at zero is stored as +0.0.
-* Probabilities carry a one-pseudo-count prior at the calibration accuracy
-  p_A: ``p = (hits + p_A) / (count + 1)``, so an empty bin predicts p_A and no
-  bin predicts exactly 0 or 1.
-
-Where ``fit`` runs: the edges are n - 1 order statistics. Scores in host memory
-on a CPU backend have them taken by NumPy on the host (its vectorised sort, or a
-selection for a single edge), because XLA's CPU sort is many times slower than
-NumPy's; scores on an accelerator (or traced under ``jit``) are sorted there in
-one jitted program. Both paths share the jitted counting, and give bit-identical
-``Bins`` (``implementation=`` forces one; docs/performance.md has the numbers).
+Bins are right-closed, ``(e_i, e_{i+1}]``; tied edges merge, leaving +inf slots at the end.
+A bin predicts ``(hits + p_A) / (count + 1)``, a pseudo-count at the calibration accuracy
+p_A. Scores compare as in XLA: subnormals equal 0 (an edge at zero is stored as +0.0).
 """
 
 import functools
@@ -37,8 +17,7 @@ from top1_jax.core import validation
 from top1_jax.core.accuracy_bounds import clopper_pearson, hoeffding_halfwidth
 
 MAX_BINS = 2**20
-"""The most equal-count bins taken here: past a million (a calibration point each at most) the
-per-bin arrays grow without telling more, and 10**9 bins took gigabytes."""
+"""The most bins taken: past a million the per-bin arrays grow without telling more."""
 
 
 class Bins(NamedTuple):
@@ -49,8 +28,7 @@ class Bins(NamedTuple):
     counts: [n_bins] int32, examples per bin.
     hits: [n_bins] int32, correct examples per bin.
     prob: [n_bins] float32, (hits + prior) / (counts + 1).
-    prior: [] float32, the accuracy of the data the bins were counted on,
-      float32(total hits) / float32(total count).
+    prior: [] float32, float32(total hits) / float32(total count).
     num_effective_bins: [] int32, bins with at least one example.
   """
 
@@ -88,10 +66,7 @@ def _runs_on_cpu(x) -> bool:
 
 
 def checked_bins(bins, name: str = "bins") -> Bins:
-  """``bins`` if it is a ``Bins`` that ``fit`` or ``refit`` could have made: ascending
-  edges (+inf padding, ties allowed), counts, hits and prob of one value per bin, with
-  0 <= hits <= counts and every prob in [0, 1]; else a one-line ValueError: for bins a
-  user built. Values are checked only when concrete (not under ``jit``)."""
+  """``bins`` if ``fit`` or ``refit`` could have made it (values checked when concrete)."""
   validation.instance(name, bins, Bins, "binning.Bins from binning.fit")
   edges = bins.edges
   shape = (jnp.shape(edges)[0] + 1,) if jnp.ndim(edges) == 1 else None
@@ -123,21 +98,8 @@ _COMPARE_ALL_MAX_EDGES = 32
 
 
 def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array | np.ndarray:
-  """The bin of each score: how many edges lie strictly below it (right-closed bins).
-
-  The one bin-assignment rule: ``predict``, ``refit``, the mislabelled finder and
-  the launchers use it. Concrete edges must be ascending (ties and +inf padding
-  allowed), without NaN: else a one-line ValueError; under ``jit`` they are trusted.
-  NumPy scores are binned on the host, by NumPy, to the same indices (no device
-  round trip, no program).
-
-  Args:
-    edges: [n_bins - 1] ascending interior edges (``Bins.edges``).
-    u: [N] scores.
-
-  Returns:
-    [N] int32 in [0, n_bins), a NumPy array for NumPy scores.
-  """
+  """The one bin rule: the [N] int32 count of ``edges`` strictly below each score.
+  NumPy scores are binned by NumPy (to the same indices). Edges are trusted under ``jit``."""
   if not validation.is_traced(edges):
     validation.ascending_edges("edges", np.asarray(edges))
   if isinstance(u, np.ndarray) and not validation.is_traced(edges):
@@ -151,13 +113,7 @@ def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array | np.ndarray:
 
 
 def calibrated_prob(hits, counts, prior):
-  """The bins' probability with a one-pseudo-count prior: (hits + prior) / (counts + 1).
-
-  The one place the paper's prior is written. Works on arrays of any shape
-  (broadcasting) and on exact ``fractions.Fraction`` values alike. Concrete values
-  need 0 <= hits <= counts and a prior in [0, 1] (NaN: no data), else a one-line
-  ValueError, not a number outside [0, 1]; traced ones (under ``jit``) are trusted.
-  """
+  """The paper's prior, in one place: (hits + prior) / (counts + 1); arrays or Fractions."""
   if not any(validation.is_traced(x) for x in (hits, counts, prior)):
     validation.hits_within_counts("hits", hits, counts)
     if np.any((np.asarray(prior) < 0) | (np.asarray(prior) > 1)):
@@ -190,7 +146,6 @@ def _count(edges: jax.Array, u: jax.Array, correct: jax.Array) -> Bins:
 
 @jax.jit
 def _count_padded(edges, u, correct, num_skipped) -> Bins:
-  """``_count`` of host scores padded in front: one program, where most host calls go."""
   return _bins(edges, _count_by_outcome(edges, u, correct, num_skipped))
 
 
@@ -205,20 +160,15 @@ _CHUNK = 2**20
 
 
 def _chunks(num: int):
-  """(slice, num_skipped) covering [0, num) in _CHUNK-sized pieces (num > _CHUNK).
-
-  Every piece has the one compiled shape: the last ends at ``num`` and overlaps
-  the one before, whose examples it skips.
-  """
+  """(slice, num_skipped) covering [0, num) in pieces of the one compiled shape, _CHUNK;
+  the last ends at ``num``, skipping its overlap with the one before."""
   for start in range(0, num, _CHUNK):
     begin = min(start, num - _CHUNK)
     yield slice(begin, begin + _CHUNK), start - begin
 
 
-# Host scores are padded to a power of two (at least this many), in front, and the
-# padding left out of the counts (``num_skipped``): a jitted program compiles once per
-# size bucket instead of once per new example count (a compile costs far more than
-# counting the padding).
+# Host scores are padded in front to a power of two (at least this many), the padding
+# left out of the counts: a program compiles once per size bucket, not per example count.
 _MIN_BUCKET = 256
 
 
@@ -244,18 +194,8 @@ def _count_host(edges: np.ndarray, u: np.ndarray, correct: np.ndarray) -> Bins:
 
 
 def quantile_edge_ranks(num_points, n_bins: int) -> np.ndarray:
-  """1-based ranks of the calibration points whose scores are the interior edges.
-
-  The one quantile rule (paper §5.1). NumPy int64, so ``M * i`` cannot overflow
-  for any realistic M; a static shape, so it serves jitted code too.
-
-  Args:
-    num_points: M, int or int array [...] (vectorises over folds), each >= n_bins.
-    n_bins: number of bins n, in [1, ``MAX_BINS``].
-
-  Returns:
-    [..., n_bins - 1] int64: floor(i M / n) for i = 1..n-1.
-  """
+  """The one quantile rule: [..., n_bins - 1] int64 1-based ranks floor(i M / n) of the
+  edges, for M = ``num_points`` >= n_bins (an int, or an int array [...] of folds)."""
   n_bins = validation.positive_int("n_bins", n_bins, maximum=MAX_BINS)
   points = np.asarray(num_points)
   if points.dtype.kind not in "iu" or (points.size and points.min() < n_bins):
@@ -280,7 +220,7 @@ def _zeros_as_positive_zero(raw_edges, xp):
 
 
 def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
-  """``Bins.edges`` of host scores: the quantile order statistics, ties merged, +inf padded."""
+  """``Bins.edges`` of host scores: the quantile order statistics, ties merged."""
   ranks = _edge_ranks(u.shape[0], n_bins) - 1  # 0-based positions in sorted order
   if ranks.shape[0] == 0:
     raw = u[:0]
@@ -291,12 +231,16 @@ def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
     # Several: NumPy's many-kth partition is a scalar introselect per kth, slower than
     # its vectorised sort; the values at the ranks are the same either way.
     raw = np.sort(u)[ranks]
-  raw = _zeros_as_positive_zero(raw, np)
+  return _merged_ties(_zeros_as_positive_zero(raw, np)[None])[0]
+
+
+def _merged_ties(raw: np.ndarray) -> np.ndarray:
+  """[G, n_bins - 1] ascending edges with each run of ties kept once, +inf padded."""
   first_of_run = np.ones(raw.shape, bool)
-  first_of_run[1:] = raw[1:] != raw[:-1]
-  edges = np.full(n_bins - 1, np.inf, raw.dtype)
-  distinct = raw[first_of_run]
-  edges[: distinct.shape[0]] = distinct
+  first_of_run[:, 1:] = raw[:, 1:] != raw[:, :-1]
+  edges = np.full(raw.shape, np.inf, raw.dtype)
+  rows = np.broadcast_to(np.arange(raw.shape[0])[:, None], raw.shape)
+  edges[rows[first_of_run], (np.cumsum(first_of_run, axis=1) - 1)[first_of_run]] = raw[first_of_run]
   return edges
 
 
@@ -323,20 +267,11 @@ def _fits_on_host(u, correct, implementation: str | None) -> bool:
 def fit(
   u: ArrayLike, correct: ArrayLike, n_bins: int = 20, *, implementation: str | None = None
 ) -> Bins:
-  """Fits equal-count bins of ``u`` and their accuracy on a calibration split.
+  """Fits 1 <= ``n_bins`` <= N equal-count bins of ``u: [N]`` and their accuracy.
 
-  Args:
-    u: [N] float scores.
-    correct: [N] bool, whether each prediction is correct (see ``events``).
-    n_bins: 1 <= n_bins <= min(N, ``MAX_BINS``).
-    implementation: where the edges are selected, with bit-identical results.
-      None (default): on the host with NumPy when ``u`` is a jax array on CPU,
-      or host data and the default backend is CPU; otherwise (an accelerator,
-      or traced under ``jit``) in one jitted program. "host" or "jit" forces one.
-
-  Returns:
-    ``Bins`` of jax arrays, with probabilities regularised towards the
-    calibration accuracy.
+  ``implementation``: where the edges are selected, with bit-identical results. None: by
+  NumPy where the work would run on a CPU (XLA's CPU sort is many times slower), else in
+  one jitted program; "host" or "jit" forces one.
   """
   on_host = _fits_on_host(u, correct, implementation)
   u, correct = _check_scores(u, correct)
@@ -350,12 +285,6 @@ def fit(
   return _count_host(_host_edges(u, n_bins), u, np.asarray(correct))
 
 
-def _group_edges(u: np.ndarray, group: np.ndarray, n_bins: int, num_groups: int) -> np.ndarray:
-  """[G, n_bins - 1] ``_host_edges`` of every group's scores, from one sort (+inf if too few)."""
-  order = np.lexsort((u, group))  # by group, then by score
-  return _edges_of_sorted(u[order], np.bincount(group, minlength=num_groups), n_bins)
-
-
 def _edges_of_sorted(ordered: np.ndarray, sizes: np.ndarray, n_bins: int) -> np.ndarray:
   """[G, n_bins - 1] edges of scores sorted by group, then value; ``sizes``: [G] per group."""
   num_groups = sizes.shape[0]
@@ -365,17 +294,12 @@ def _edges_of_sorted(ordered: np.ndarray, sizes: np.ndarray, n_bins: int) -> np.
   ranks = _edge_ranks(sizes, n_bins) - 1
   raw = ordered[np.clip(starts[:, None] + ranks, 0, ordered.shape[0] - 1)]
   raw = np.where((sizes >= n_bins)[:, None], _zeros_as_positive_zero(raw, np), np.inf)
-  first_of_run = np.ones(raw.shape, bool)
-  first_of_run[:, 1:] = raw[:, 1:] != raw[:, :-1]
-  edges = np.full(raw.shape, np.inf, raw.dtype)
-  rows = np.broadcast_to(np.arange(num_groups)[:, None], raw.shape)
-  edges[rows[first_of_run], (np.cumsum(first_of_run, axis=1) - 1)[first_of_run]] = raw[first_of_run]
-  return edges
+  return _merged_ties(raw)
 
 
-def counted_groups(edges, u, group, correct, weight, num_groups: int) -> Bins:
-  """Each group's ``Bins`` on its own edges ([G, n_bins - 1]), example i counted
-  ``weight[i]`` (int32 0 or 1) times. Unchecked; works under ``jit`` and ``vmap``."""
+@functools.partial(jax.jit, static_argnames=("num_groups",))
+def _count_groups(edges, u, group, correct, num_skipped, num_groups: int) -> Bins:
+  weight = (jnp.arange(u.shape[0]) >= num_skipped).astype(jnp.int32)
   n_bins = edges.shape[-1] + 1
   which = jax.vmap(assign)(edges[group], u)
   slots = 2 * (group * n_bins + which) + correct.astype(jnp.int32)
@@ -383,40 +307,20 @@ def counted_groups(edges, u, group, correct, weight, num_groups: int) -> Bins:
   return jax.vmap(_bins)(edges, by_outcome.reshape(num_groups, n_bins, 2))
 
 
-@functools.partial(jax.jit, static_argnames=("num_groups",))
-def _count_groups(edges, u, group, correct, num_skipped, num_groups: int) -> Bins:
-  weight = (jnp.arange(u.shape[0]) >= num_skipped).astype(jnp.int32)
-  return counted_groups(edges, u, group, correct, weight, num_groups)
-
-
 def fit_groups(
   u: ArrayLike, group: ArrayLike, correct: ArrayLike, n_bins: int, num_groups: int
 ) -> Bins:
-  """``fit`` of each group's examples, all groups at once (on the host).
-
-  Group g's bins equal ``fit(u[group == g], correct[group == g], n_bins)`` bit for
-  bit, from one sort and one jitted count for all groups, where a loop of ``fit``
-  costs a sort, a dispatch and a stack per group (1,000 for ImageNet's classes).
-  A group with fewer than ``n_bins`` examples, where ``fit`` refuses, gets no edges
-  (all its examples in its first bin).
-
-  Args:
-    u: [N] float scores.
-    group: [N] int in [0, num_groups).
-    correct: [N] bool.
-    n_bins: bins per group, >= 1.
-    num_groups: G.
-
-  Returns:
-    ``Bins`` whose fields have a leading [G] axis.
-  """
+  """``fit`` of each group's examples (``group``: [N] int), from one sort: [G, ...] fields.
+  Group g's bins equal ``fit(u[group == g], correct[group == g], n_bins)`` bit for bit;
+  a group with fewer than ``n_bins`` examples gets no edges."""
   u, correct = validation.score_and_event("u", u, correct, host=True)
   num_groups = validation.positive_int("num_groups", num_groups)
   group = validation.labels_array("group", group, num_groups, host=True)
   validation.same_length(u=u, group=group)
   n_bins = validation.positive_int("n_bins", n_bins, maximum=MAX_BINS)
   u = validation.in_device_dtype(u)
-  edges = _group_edges(u, group, n_bins, num_groups)
+  order = np.lexsort((u, group))  # by group, then by score
+  edges = _edges_of_sorted(u[order], np.bincount(group, minlength=num_groups), n_bins)
   size = bucket_size(u.shape[0])
   padded = [_pad_front(np.asarray(x), size) for x in (u, group, correct)]
   return _count_groups(edges, *padded, size - u.shape[0], num_groups)
@@ -435,21 +339,13 @@ def _predict_into(out: jax.Array, begin, bins: Bins, u: jax.Array) -> jax.Array:
 
 
 def predict(bins: Bins, u: ArrayLike) -> jax.Array:
-  """Calibrated P(correct) for new scores: the probability of each score's bin.
-
-  Args:
-    bins: from ``fit``.
-    u: [N] float scores of the same kind as the calibration scores.
-
-  Returns:
-    [N] float in (0, 1).
-  """
+  """[N] calibrated P(correct) of new scores ``u: [N]``: the probability of each one's bin."""
   on_cpu = _runs_on_cpu(u)
   checked_bins(bins)
   u = validation.float_array("u", u, 1, host=_in_host_memory(u))
   if not on_cpu:
     return _predict(bins, u)
-  if u.shape[0] <= _CHUNK:  # padded to a size bucket (compiled once per bucket)
+  if u.shape[0] <= _CHUNK:
     size = min(bucket_size(u.shape[0]), _CHUNK)
     return _predict(bins, _pad_front(np.asarray(u), size))[size - u.shape[0] :]
   out = jnp.empty(u.shape, bins.prob.dtype)
@@ -459,16 +355,7 @@ def predict(bins: Bins, u: ArrayLike) -> jax.Array:
 
 
 def refit(bins: Bins, u: ArrayLike, correct: ArrayLike) -> Bins:
-  """Counts new data in the same bins (e.g. the test split for ECE).
-
-  Args:
-    bins: fitted bins whose edges are kept.
-    u: [N] float scores.
-    correct: [N] bool.
-
-  Returns:
-    ``Bins`` with the same edges and counts, hits and prior from the new data.
-  """
+  """Counts new data (e.g. the test split, for ECE) in the same edges."""
   checked_bins(bins)
   on_cpu = _runs_on_cpu(u)
   u, correct = _check_scores(u, correct)
@@ -480,16 +367,7 @@ def refit(bins: Bins, u: ArrayLike, correct: ArrayLike) -> Bins:
 def confidence_bounds(
   bins: Bins, delta: float = 0.05, method: str = "clopper_pearson"
 ) -> tuple[jax.Array, jax.Array]:
-  """Per-bin 1 - delta interval for the true accuracy, around hits / counts.
-
-  Args:
-    bins: fitted (or refitted) bins.
-    delta: failure probability in (0, 1).
-    method: "clopper_pearson" (exact) or "hoeffding" (paper eq. 3).
-
-  Returns:
-    (lower, upper), each [n_bins] float in [0, 1]; empty bins give [0, 1].
-  """
+  """Per-bin 1 - delta (lower, upper) accuracy interval, "clopper_pearson" or "hoeffding"."""
   validation.instance("bins", bins, Bins, "binning.Bins from binning.fit")
   if method == "clopper_pearson":
     return clopper_pearson(bins.hits, bins.counts, delta)

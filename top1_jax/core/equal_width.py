@@ -1,10 +1,7 @@
 """Equal-width bins of a P(correct) prediction in [0, 1], and their ECE (the benchmark's).
 
 Bins are right-closed, ``((b-1)/B, b/B]``, with 0 in the first bin (Guo et al.'s
-``I_m``; the benchmark's ``np.digitize(..., right=True)``). ``equal_width_index`` is
-the one bin rule of every equal-width statistic: these bins, ``metrics.ece``,
-histogram binning (``evaluation.baselines``) and Table 1's ECE; ``EqualWidthBins.ece``
-the one ECE of such bins.
+``I_m``; the benchmark's ``np.digitize(..., right=True)``).
 """
 
 import functools
@@ -21,9 +18,8 @@ DEFAULT_ECE_BINS = 15
 """The benchmark's (and Guo et al.'s) number of equal-width ECE bins."""
 
 MAX_EQUAL_WIDTH_BINS = 2**16
-"""The most equal-width bins of [0, 1] any function here takes (bins 1.5e-5 wide): their
-per-bin arrays (K of them in histogram binning) stay bounded in memory, where 10**9
-bins took 13.6 GB and more; finer bins would only split the predictions into empty ones."""
+"""The most equal-width bins taken (1.5e-5 wide): finer ones would only be empty, and
+their per-bin arrays (K of them in histogram binning) must stay bounded in memory."""
 
 
 def checked_n_bins(n_bins, name: str = "n_bins") -> int:
@@ -33,8 +29,6 @@ def checked_n_bins(n_bins, name: str = "n_bins") -> int:
 
 class EqualWidthBins(NamedTuple):
   """Per-bin sufficient statistics of P(correct) predictions in equal-width bins.
-
-  Bin b (0-based) is ``(b / B, (b + 1) / B]``; bin 0 also holds 0.
 
   Attributes:
     counts: [B] int32, predictions per bin.
@@ -77,20 +71,15 @@ def _ece(hits, confidence_sum, counts):
 
 
 def equal_width_edges(n_bins: int, dtype) -> np.ndarray:
-  """The B - 1 interior edges b / B of equal-width bins of [0, 1], each rounded once
-  to ``dtype`` (as ``np.linspace(0, 1, B + 1)`` cast to it; float32 ``jnp.linspace``
-  is an ulp off for most B): the host and the device bin alike."""
+  """The B - 1 interior edges b / B, each rounded once to ``dtype`` so that the host and
+  the device bin alike (float32 ``jnp.linspace`` is an ulp off for most B)."""
   return (np.arange(1, n_bins) / n_bins).astype(dtype)
 
 
 def equal_width_index(values: jax.Array | np.ndarray, n_bins: int) -> jax.Array | np.ndarray:
-  """Right-closed equal-width bin of each value in [0, 1]: #{interior edges < value}.
-
-  The one bin rule of every equal-width statistic here (``EqualWidthBins``,
-  histogram binning, Table 1's ECE); ``values`` of any shape, traceable,
-  ``n_bins`` static. A NumPy array is binned on the host, by NumPy, to the same
-  int32 indices (in the dtype the device would bin it in: float32 unless x64 is on).
-  """
+  """Right-closed int32 equal-width bin of each value in [0, 1]: #{interior edges < value}.
+  The one bin rule of every equal-width statistic (``metrics.ece``, histogram binning,
+  Table 1). Any shape, traceable; a NumPy array is binned by NumPy to the same indices."""
   on_host = isinstance(values, np.ndarray)
   if on_host:
     values = validation.in_device_dtype(values)
@@ -111,17 +100,8 @@ def count_equal_width(confidence: jax.Array, correct: jax.Array, n_bins: int) ->
 def equal_width_bins(
   confidence: ArrayLike, correct: ArrayLike, n_bins: int = DEFAULT_ECE_BINS
 ) -> EqualWidthBins:
-  """Counts P(correct) predictions in equal-width bins of [0, 1] (reliability diagram).
-
-  Args:
-    confidence: [N] float in [0, 1], predicted probability that each prediction is
-      correct (e.g. the max softmax probability).
-    correct: [N] bool, whether it was.
-    n_bins: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS``.
-
-  Returns:
-    ``EqualWidthBins`` with counts, hits and the sum of the predictions per bin.
-  """
+  """Counts [N] P(correct) predictions in ``n_bins`` equal-width bins (reliability diagram).
+  ``n_bins``: 1 <= B <= ``MAX_EQUAL_WIDTH_BINS``."""
   confidence, correct = validation.score_and_event(
     "confidence", confidence, correct, probability=True
   )

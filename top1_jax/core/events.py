@@ -12,11 +12,8 @@ from top1_jax.kernels import row_blocks, top_entries
 
 @jax.jit
 def block_softmax_terms(logits, row_max, labels, temperature=None):
-  """Each row's multiclass Brier and pmax of softmax(logits / T) (None: T = 1).
-
-  Unchecked and traceable, for the body of a blocked pass (``row_blocks``);
-  ``row_max`` [rows] is max(logits) of each row.
-  """
+  """Each row's multiclass Brier and pmax of softmax(logits / T) (None: T = 1), unchecked;
+  ``row_max``: [rows] max(logits) of each row."""
   shifted = logits - row_max[:, None]
   weights = jnp.exp(shifted if temperature is None else shifted / temperature)  # top's is 1
   total = jnp.sum(weights, axis=-1)
@@ -39,49 +36,36 @@ def _label_rank_int(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return _label_rank(logits, labels).astype(jnp.int32)
 
 
+def _checked(logits: ArrayLike, labels: ArrayLike) -> tuple[jax.Array, jax.Array]:
+  logits = validation.float_array("logits", logits, 2)
+  labels = validation.labels_array("labels", labels, logits.shape[-1])
+  validation.same_length(logits=logits, labels=labels)
+  return logits, labels
+
+
 @jax.jit
 def _topk_correct(logits: jax.Array, labels: jax.Array, k: jax.Array) -> jax.Array:
   return _label_rank(logits, labels) < k  # k traced: one program for every k
 
 
 def topk_correct(logits: ArrayLike, labels: ArrayLike, k: int = 1) -> jax.Array:
-  """Whether the true label is among the k largest scores.
-
-  Ties are broken towards the lower class index (``argmax`` / ``lax.top_k``), the
-  same rule the scores use for the top class.
-
-  Args:
-    logits: [N, K] float, logits or probabilities (only the order matters).
-    labels: [N] int in [0, K).
-    k: 1 <= k <= K.
-
-  Returns:
-    [N] bool.
-  """
-  logits = validation.float_array("logits", logits, 2)
-  labels = validation.labels_array("labels", labels, logits.shape[-1])
-  validation.same_length(logits=logits, labels=labels)
+  """[N] bool: whether the true label is among the k <= K largest of ``logits: [N, K]``.
+  Only the order matters (logits or probabilities). Ties go to the lower class index,
+  as ``argmax`` and the scores break them."""
+  logits, labels = _checked(logits, labels)
   k = validation.positive_int("k", k, maximum=logits.shape[-1])
   return _topk_correct(logits, labels, k)
 
 
 def label_rank(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
-  """[N] int: how many classes rank ahead of each label (``topk_correct`` is rank < k).
-
-  One pass for every k: ``label_rank(l, y) < k`` for each k of a sweep.
-
-  Args:
-    logits: [N, K] float, logits or probabilities (only the order matters).
-    labels: [N] int in [0, K).
-  """
-  logits = validation.float_array("logits", logits, 2)
-  labels = validation.labels_array("labels", labels, logits.shape[-1])
-  validation.same_length(logits=logits, labels=labels)
+  """[N] int: how many classes rank ahead of each label; ``topk_correct`` is rank < k.
+  One pass serves every k of a sweep."""
+  logits, labels = _checked(logits, labels)
   return _label_rank_int(logits, labels)
 
 
 class LabelTerms(NamedTuple):
-  """What the labels say of each example's prediction, from one pass over [N, K].
+  """What the labels say of each example's prediction.
 
   Attributes:
     rank: [N] int32, ``label_rank``: the Top-k event is ``rank < k``.
@@ -97,8 +81,7 @@ class LabelTerms(NamedTuple):
 
 
 def block_label_terms(logits: jax.Array, labels: jax.Array) -> LabelTerms:
-  """``LabelTerms`` of a block of rows, unchecked: for the body of a blocked pass that
-  computes more (the scores' chunk program), so the block is read once from cache."""
+  """``LabelTerms`` of a block of rows, unchecked, for the body of a larger blocked pass."""
   row_max = jnp.max(logits, axis=-1)
   brier, pmax = block_softmax_terms(logits, row_max, labels)
   rank = top_entries.label_rank(logits, labels).astype(jnp.int32)
@@ -114,13 +97,6 @@ def _label_terms(logits: jax.Array, labels: jax.Array) -> LabelTerms:
 
 
 def label_terms(logits: ArrayLike, labels: ArrayLike) -> LabelTerms:
-  """Each example's label rank, Top-1 class, multiclass Brier and pmax: one pass.
-
-  Args:
-    logits: [N, K] float, logits or log-probabilities (softmax(logits) is the model's).
-    labels: [N] int in [0, K).
-  """
-  logits = validation.float_array("logits", logits, 2)
-  labels = validation.labels_array("labels", labels, logits.shape[-1])
-  validation.same_length(logits=logits, labels=labels)
+  """Each example's ``LabelTerms`` of [N, K] logits (or log-probabilities), in one pass."""
+  logits, labels = _checked(logits, labels)
   return _label_terms(logits, labels)

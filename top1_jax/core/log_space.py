@@ -1,15 +1,9 @@
 """The scores' arithmetic in log space: unchecked, jittable array functions.
 
-Every score is computed from logits in log space. A float32 softmax saturates at
-exactly 1.0 once the top logit leads by ~17, and even ``logsumexp(l) - max(l)``
-rounds ``20 + log1p(1e-8)`` to 20; both create ties that collapse quantile bins.
-So each score is written in terms of ``s = sum_{j != argmax} exp(l_j - l_max)``
-(and similar tail sums), which keeps full relative precision when it is tiny;
-``top_entries`` computes them without an arg-max or a sort.
-
-These are the functions ``scores.REGISTRY`` calls, inside ``jit`` and ``shard_map``
-too: they trust their inputs. The checked ones a user calls are in
-``score_functions`` (re-exported by ``scores``).
+A float32 softmax saturates at 1.0 once the top logit leads by ~17, and even
+``logsumexp(l) - max(l)`` rounds ``20 + log1p(1e-8)`` to 20: ties that collapse quantile
+bins. So each score is written in tail sums such as ``sum_{j != argmax} exp(l_j - l_max)``,
+which keep full relative precision when tiny. The checked versions: ``score_functions``.
 """
 
 import functools
@@ -97,15 +91,7 @@ LOG_ZERO = -1000.0
 
 
 def log_probs_from_probs(probs: ArrayLike) -> np.ndarray:
-  """Log-probabilities of probabilities [..., K], safe for real networks' underflow.
-
-  Taken in float64 on the host, so the 1e-37 tails of real networks' softmax keep
-  their values (and the scores computed from them stay tie-free); an exact 0 gives
-  ``LOG_ZERO``. No checks: pass probabilities.
-
-  Returns:
-    float32 array shaped like ``probs``, usable wherever logits are.
-  """
+  """Float32 log of probabilities [..., K], taken in float64 (``LOG_ZERO`` for 0); unchecked."""
   with np.errstate(divide="ignore"):
     log_probs = np.log(np.asarray(probs, np.float64))
   return np.maximum(log_probs, LOG_ZERO).astype(np.float32)

@@ -1,32 +1,9 @@
-"""Scores for P(correct) predictions: Brier, NLL, ECE, EOR, AUROC, decompositions.
+"""Scores of P(correct) predictions: Brier, NLL, ECE, EOR, AUROC and decompositions (§4).
 
-Per-example metrics take predictions first (``p: [N]`` in [0, 1], or a score), then
-``correct: [N]`` events, as every public metric here and in ``baselines`` does.
-``ece(confidence, correct, n_bins=15)`` is the equal-width ECE of arrays;
-``binned_ece(train_bins, test_bins)`` the paper's, of fitted bins on test counts.
-The two differ on the same predictions, so every table and figure names an ECE by its
-binning through one function, ``ece_name``.
-
-Return types: a public metric returns a Python ``float`` (the decompositions a
-``Decomposition`` of floats): no library code traces them. Curves (``selective_risk``)
-and the functions for use inside ``jit`` (``*_from_counts``, ``binned_metrics``) give
-``jax.Array`` values.
-
-Binned metrics work on per-bin sufficient statistics (counts and hits):
-the Brier and NLL of a binned predictor on a test split, their decompositions
-(paper §4) and the ECE all follow from the calibration bins' probabilities and
-the test split's counts and hits in the same bins, so the array-level functions
-(``*_from_counts``) also serve the vectorised cross-validation.
-
-Conventions for a binned predictor evaluated on test data, with test weights
-w_i = n_i / n, test accuracy per bin a_i = h_i / n_i, test accuracy a = sum w_i a_i
-and predicted (calibration) probabilities p_i:
-
-* Brier = a(1-a) - sum w_i (a_i - a)^2 + sum w_i (p_i - a_i)^2
-  (uncertainty - resolution + calibration), exactly.
-* NLL = H(a) - sum w_i KL(a_i || a) + sum w_i KL(a_i || p_i), exactly.
-* ECE = sum w_i |a_i - p_i| (paper eq. CE).
-* EOR = sum w_i OR(p_i, base rate) (Definition EOR).
+Public metrics take predictions, then ``correct: [N]``, and return a float; the
+``*_from_counts`` ones take per-bin counts and hits, for ``jit``. With test weights w_i,
+bin accuracies a_i, accuracy a and predictions p_i, Brier = a(1-a) - sum w_i (a_i - a)^2
++ sum w_i (p_i - a_i)^2 (NLL: entropy and KL), ECE = sum w_i |a_i - p_i|.
 """
 
 from typing import NamedTuple
@@ -46,9 +23,8 @@ _PROB_EPS = 2.0**-23
 
 
 class Decomposition(NamedTuple):
-  """uncertainty - resolution + calibration == total (the score; float rounding below 0
-  stops at 0, so a total is never negative). Floats from ``brier_decomposition`` and
-  ``nll_decomposition``, [...] arrays from the ``*_from_counts`` functions."""
+  """uncertainty - resolution + calibration == total (>= 0): floats, or [...] arrays from
+  the ``*_from_counts`` functions."""
 
   uncertainty: float | jax.Array
   resolution: float | jax.Array
@@ -71,58 +47,30 @@ def _binary_entropy(a: jax.Array) -> jax.Array:
 
 
 def _kl_binary(a: jax.Array, p: jax.Array) -> jax.Array:
-  """KL(Bernoulli(a) || Bernoulli(p))."""
   return _xlogy_binary(a, p) - _binary_entropy(a)
 
 
 def brier_terms(p: jax.Array, correct: jax.Array) -> jax.Array:
-  """Each example's (p - correct)^2, whose mean is ``brier``: unchecked, for jitted code.
-
-  Args:
-    p: [...] float in [0, 1]; correct: [...] bool.
-  """
+  """Each example's (p - correct)^2, whose mean is ``brier``: unchecked, for jitted code."""
   return (p - correct) ** 2
 
 
 def nll_terms(p: jax.Array, correct: jax.Array) -> jax.Array:
-  """Each example's binary NLL (p clipped as ``nll`` clips it), whose mean is ``nll``:
-  unchecked, for jitted code. Same arguments as ``brier_terms``."""
+  """Each example's clipped binary NLL, whose mean is ``nll``: unchecked, for jitted code."""
   return _xlogy_binary(correct.astype(p.dtype), p)
 
 
-@jax.jit
-def _brier(p, correct):
-  return jnp.mean(brier_terms(p, correct))
+_brier = jax.jit(lambda p, correct: jnp.mean(brier_terms(p, correct)))
+_nll = jax.jit(lambda p, correct: jnp.mean(nll_terms(p, correct)))
 
 
 def brier(p: ArrayLike, correct: ArrayLike) -> float:
-  """Binary Brier score mean((p - correct)^2) of P(correct) predictions.
-
-  Args:
-    p: [N] float in [0, 1].
-    correct: [N] bool.
-
-  Returns:
-    float in [0, 1] (smaller is better).
-  """
+  """Binary Brier score mean((p - correct)^2) of ``p: [N]`` in [0, 1]; smaller is better."""
   return float(_brier(*validation.score_and_event("p", p, correct, probability=True)))
 
 
-@jax.jit
-def _nll(p, correct):
-  return jnp.mean(nll_terms(p, correct))
-
-
 def nll(p: ArrayLike, correct: ArrayLike) -> float:
-  """Binary negative log-likelihood (nats), p clipped to [2^-23, 1 - 2^-23].
-
-  Args:
-    p: [N] float in [0, 1].
-    correct: [N] bool.
-
-  Returns:
-    float >= 0 (smaller is better).
-  """
+  """Binary negative log-likelihood (nats) of ``p: [N]``, clipped to [2^-23, 1 - 2^-23]."""
   return float(_nll(*validation.score_and_event("p", p, correct, probability=True)))
 
 
@@ -143,19 +91,8 @@ def _auroc(score, correct):
 
 
 def auroc(score: ArrayLike, correct: ArrayLike) -> float:
-  """Area under the ROC curve for separating correct from incorrect by ``score``.
-
-  P(score of a random correct example > that of a random incorrect one), ties
-  counting one half. Larger scores must mean "more likely correct": pass a
-  probability or a confidence, or negate an uncertainty.
-
-  Args:
-    score: [N] float.
-    correct: [N] bool with both classes present.
-
-  Returns:
-    float in [0, 1].
-  """
+  """P(score of a random correct example > a random incorrect one's), ties one half.
+  Larger must mean "more likely correct" (negate an uncertainty); both classes needed."""
   score = validation.float_array("score", score, 1)
   correct = validation.bool_array("correct", correct)
   num = validation.same_length(score=score, correct=correct)
@@ -169,15 +106,7 @@ def auroc(score: ArrayLike, correct: ArrayLike) -> float:
 
 
 def auroc_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.Array:
-  """AUROC of a binned predictor: bins scored by ``prob``, ties between bins one half.
-
-  Args:
-    prob: [..., B] float, the prediction of each bin.
-    counts: [..., B] examples per bin; hits: [..., B] correct ones.
-
-  Returns:
-    [...] float (NaN when only one class is present).
-  """
+  """AUROC of a binned predictor, [..., B] bins scored by ``prob`` (NaN for one class)."""
   pos = hits.astype(jnp.float32)
   neg = (counts - hits).astype(jnp.float32)
   diff = prob[..., :, None] - prob[..., None, :]
@@ -195,19 +124,10 @@ def eor_from_probs(prob: jax.Array, weight: jax.Array, base_rate: jax.Array) -> 
 
 
 def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> float:
-  """Expected odds ratio sum_i w_i max(O(p_i)/O(a), O(a)/O(p_i)), O(p) = p/(1-p).
-
-  The paper's coin example (p = [1/2, 1/2, 15/16, 1/16], equal weights, a = 1/2)
-  gives 8. Weights are normalised to sum to one.
-
-  Args:
-    prob: [B] float in (0, 1), probability of each bin.
-    weight: [B] float >= 0, bin weights (e.g. counts).
-    base_rate: [] float in (0, 1), e.g. the model's accuracy.
-
-  Returns:
-    float >= 1 (larger = more resolution).
-  """
+  """Expected odds ratio sum_i w_i max(O(p_i)/O(a), O(a)/O(p_i)) >= 1, O(p) = p/(1-p).
+  ``prob``: [B] in (0, 1); ``weight``: [B] >= 0 (e.g. counts), normalised; ``base_rate``
+  a, e.g. the accuracy. The paper's coin example (p = [1/2, 1/2, 15/16, 1/16], equal
+  weights, a = 1/2) gives 8."""
   prob = validation.probability_array("prob", prob, 1)
   weight = validation.float_array("weight", weight, 1)
   validation.same_length(prob=prob, weight=weight)
@@ -241,21 +161,13 @@ def _test_terms(counts, hits):
 
 
 def _decomposition(uncertainty, resolution, calibration) -> Decomposition:
-  # The total of an all-correct (or perfectly resolved) split is 0 up to rounding: a
-  # Brier or NLL is never negative, so the rounding stops at 0.
+  # A Brier or NLL is never negative: rounding of a zero total stops at 0.
   total = jnp.maximum(uncertainty - resolution + calibration, 0.0)
   return Decomposition(uncertainty, resolution, calibration, total)
 
 
 def brier_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> Decomposition:
-  """Brier decomposition of predictions ``prob`` on a split with ``counts``/``hits``.
-
-  Args:
-    prob: [..., B] float, prediction per bin; counts, hits: [..., B] of the split.
-
-  Returns:
-    ``Decomposition`` of [...] arrays.
-  """
+  """Brier decomposition of per-bin predictions ``prob`` on a split's [..., B] counts, hits."""
   weight, acc_bin, acc = _test_terms(counts, hits)
   uncertainty = (acc * (1 - acc))[..., 0]
   resolution = jnp.sum(weight * (acc_bin - acc) ** 2, axis=-1)
@@ -278,58 +190,14 @@ def ece_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.
   return jnp.sum(weight * jnp.abs(acc_bin - prob), axis=-1)
 
 
-def binned_metrics(prob, prior, cal_counts, test_counts, test_hits) -> dict[str, jax.Array]:
-  """ECE, EOR, AUROC and the bins in use, from each bin's prediction and test counts.
-
-  The metrics of cross-validation that every estimator's path computes the same way
-  (the bins' one-sort path and the generic fit/predict loop); unchecked, for use
-  inside jitted code. EOR and AUROC are NaN where undefined: the base rate ``prior``
-  at 0 or 1, or a test part that holds one class.
-
-  Args:
-    prob: [..., B] float, each bin's prediction.
-    prior: [...] float, the calibration accuracy (EOR's base rate).
-    cal_counts: [..., B] calibration examples per bin.
-    test_counts: [..., B] float, test examples per bin.
-    test_hits: [..., B] float, correct test examples per bin.
-
-  Returns:
-    "ece", "eor", "auroc", "num_effective_bins" (float32) -> [...] arrays.
-  """
-  return {
-    "ece": ece_from_counts(prob, test_counts, test_hits),
-    "eor": jnp.where((prior > 0) & (prior < 1), eor_from_probs(prob, test_counts, prior), jnp.nan),
-    "auroc": jnp.where(
-      (jnp.sum(test_hits, -1) > 0) & (jnp.sum(test_counts - test_hits, -1) > 0),
-      auroc_from_counts(prob, test_counts, test_hits),
-      jnp.nan,
-    ),
-    "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
-  }
-
-
 def split_metrics(
   prob, prior, cal_counts, test_counts, test_hits, brier=None, nll=None
 ) -> dict[str, jax.Array]:
-  """``splits.METRICS`` of one prediction per bin on test counts: the one metrics builder.
-
-  Every evaluation scores this way (``evaluation.protocol``; the bins' one-sort path);
-  unchecked, for use inside jitted code.
-
-  Args:
-    prob: [..., B] float, each bin's prediction (empty bins: anything finite).
-    prior: [...] float, the calibration accuracy (EOR's base rate).
-    cal_counts: [..., B] calibration examples per bin.
-    test_counts: [..., B] float, test examples per bin.
-    test_hits: [..., B] float, correct test examples per bin.
-    brier: [...] per-example mean of the test predictions, or None: the binned
-      predictor's own (``brier_from_counts``' totals).
-    nll: [...] per-example mean of the test predictions, or None: the binned
-      predictor's own (``nll_from_counts``' totals).
-
-  Returns:
-    metric name -> [...] float32 array.
-  """
+  """``splits.METRICS`` -> [...] float32, of one prediction per bin on test counts.
+  The one metrics builder; unchecked, for jitted code. ``prob``: [..., B] (empty bins:
+  anything finite); ``prior``: [...] calibration accuracy (EOR's base rate); counts and
+  hits: [..., B]. ``brier`` and ``nll``: [...] means of per-example predictions, or
+  None for the binned predictor's own. EOR and AUROC are NaN where undefined."""
   brier_bins = brier_from_counts(prob, test_counts, test_hits)
   nll_bins = nll_from_counts(prob, test_counts, test_hits)
   return {
@@ -342,12 +210,18 @@ def split_metrics(
     "nll_uncertainty": nll_bins.uncertainty,
     "nll_resolution": nll_bins.resolution,
     "nll_calibration": nll_bins.calibration,
-    **binned_metrics(prob, prior, cal_counts, test_counts, test_hits),
+    "ece": ece_from_counts(prob, test_counts, test_hits),
+    "eor": jnp.where((prior > 0) & (prior < 1), eor_from_probs(prob, test_counts, prior), jnp.nan),
+    "auroc": jnp.where(
+      (jnp.sum(test_hits, -1) > 0) & (jnp.sum(test_counts - test_hits, -1) > 0),
+      auroc_from_counts(prob, test_counts, test_hits),
+      jnp.nan,
+    ),
+    "num_effective_bins": jnp.sum(cal_counts > 0, -1).astype(jnp.float32),
   }
 
 
-# The binned metrics of concrete bins, each one program: run eagerly, their jnp ops
-# compiled a program apiece (the figures of one evaluate compiled 36 of them).
+# Jitted once for concrete bins: run eagerly, each jnp op compiled a program of its own.
 _ece_of_counts = jax.jit(ece_from_counts)
 _brier_of_counts = jax.jit(brier_from_counts)
 _nll_of_counts = jax.jit(nll_from_counts)
@@ -355,7 +229,7 @@ _eor_from_probs = jax.jit(eor_from_probs)
 
 
 def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
-  binning.checked_bins(train_bins, "train_bins")  # counts, hits and prob a fit could make
+  binning.checked_bins(train_bins, "train_bins")
   binning.checked_bins(test_bins, "test_bins")
   if train_bins.n_bins != test_bins.n_bins:
     raise ValueError(
@@ -369,36 +243,16 @@ def ece(
   confidence: ArrayLike, correct: ArrayLike, n_bins: int = equal_width.DEFAULT_ECE_BINS
 ) -> float:
   """ECE of P(correct) predictions in equal-width bins (Guo et al. 2017; the benchmark's).
-
-  ``sum_b (n_b / N) |acc_b - conf_b|`` over B right-closed equal-width bins of [0, 1],
-  acc_b the fraction correct and conf_b the mean prediction in bin b; empty bins add
-  nothing. Of ``pmax`` and the Top-1 event it is ``baselines.confidence_ece``. Unlike
-  ``binned_ece`` (quantile bins fitted on a calibration split), the bins are fixed
-  intervals of the prediction itself.
-
-  Args:
-    confidence: [N] float in [0, 1].
-    correct: [N] bool.
-    n_bins: 1 <= B <= ``equal_width.MAX_EQUAL_WIDTH_BINS`` (15 in the benchmark).
-
-  Returns:
-    float in [0, 1] (smaller is better).
-  """
+  ``sum_b (n_b / N) |acc_b - conf_b|`` over ``n_bins`` fixed intervals of [0, 1], unlike
+  ``binned_ece``'s fitted bins."""
   if isinstance(confidence, Bins):  # the bins-based ECE was named ece before binned_ece
     raise ValueError("confidence: got binning.Bins; for fitted bins call binned_ece(train, test)")
   return float(equal_width.equal_width_bins(confidence, correct, n_bins).ece)
 
 
 def binned_ece(train_bins: Bins, test_bins: Bins) -> float:
-  """Expected calibration error sum_i w_i^test |p_i^test - p_i^train| (paper eq. CE).
-
-  p^train is the predicted (regularised) probability of ``train_bins``; p^test and
-  w^test are the empirical accuracy and weight of each bin on the test data, e.g.
-  ``binning.refit(train_bins, u_test, correct_test)``.
-
-  Returns:
-    float in [0, 1].
-  """
+  """ECE sum_i w_i^test |p_i^test - p_i^train| (paper eq. CE) of fitted bins on test bins,
+  e.g. ``binning.refit(train_bins, u, c)``."""
   _check_bin_pair(train_bins, test_bins)
   return float(_ece_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
 
@@ -408,25 +262,15 @@ def _floats(parts: Decomposition) -> Decomposition:
 
 
 def brier_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
-  """Brier score of ``train_bins``' predictions on the test data, decomposed (§4).
-
-  ``total`` equals ``brier(binning.predict(train_bins, u_test), correct_test)``.
-  """
+  """Brier score of ``train_bins``' predictions on the test bins, decomposed (§4)."""
   _check_bin_pair(train_bins, test_bins)
   return _floats(_brier_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
 
 
 def nll_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
-  """NLL of ``train_bins``' predictions on the test data, decomposed (§4).
-
-  ``total`` equals ``nll(binning.predict(train_bins, u_test), correct_test)``.
-  """
+  """NLL of ``train_bins``' predictions on the test bins, decomposed (§4)."""
   _check_bin_pair(train_bins, test_bins)
   return _floats(_nll_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
-
-
-# Binning-free metrics: the area under the risk-coverage curve (and ``smooth_ece``,
-# imported above from its own module).
 
 
 @jax.jit
@@ -445,57 +289,20 @@ def _selective_risk(confidence, correct):
 
 
 def selective_risk(confidence: ArrayLike, correct: ArrayLike) -> jax.Array:
-  """Error rate among the n most confident examples, for n = 1..N.
-
-  Ties in ``confidence`` are averaged over every order of the tied examples (in
-  expectation over a uniformly random tie-break), so the curve depends only on
-  the multiset of (confidence, correct) pairs, not on the input order.
-
-  Args:
-    confidence: [N] float, larger = more likely correct (negate an uncertainty).
-    correct: [N] bool.
-
-  Returns:
-    [N] float in [0, 1]: entry n - 1 is the (expected) risk at coverage n / N.
-  """
+  """[N] error rates among the n most confident examples, n = 1..N (coverage n / N).
+  Ties in ``confidence`` are averaged over every order, so the input order does not count."""
   confidence, correct = validation.score_and_event("confidence", confidence, correct)
   return _selective_risk(confidence, correct)
 
 
 def aurc(confidence: ArrayLike, correct: ArrayLike) -> float:
-  """Area under the risk-coverage curve: the mean of ``selective_risk`` over n = 1..N.
-
-  Ties as in ``selective_risk`` (averaged over orders, so independent of the input
-  order). A perfect ranking of N examples with E errors scores the minimum
-  sum_{n > N - E} (n - N + E) / n / N; a random one about the error rate.
-
-  Args:
-    confidence: [N] float, larger = more likely correct.
-    correct: [N] bool.
-
-  Returns:
-    float in [0, 1] (smaller is better).
-  """
+  """Area under the risk-coverage curve: the mean of ``selective_risk``; smaller is better."""
   return float(jnp.mean(selective_risk(confidence, correct)))
 
 
 def bins_phrase(requested: int, effective: float | None = None, binning: str = "") -> str:
-  """How many bins: requested, and after tied edges merged when fewer.
-
-  ``bins_phrase(15, 15, "equal-mass")`` is "15 equal-mass bins";
-  ``bins_phrase(15, 12, "equal-mass")`` is "15 equal-mass bins requested, 12 after ties".
-  A mean over splits (a float) is written with up to three digits.
-
-  Args:
-    requested: the bin count asked for.
-    effective: bins that hold examples (``Bins.num_effective_bins``, or its mean);
-      None: as requested.
-    binning: the binning's name ("equal-mass", "equal-width", "equal-mass
-      calibration-split"), or "" for none.
-
-  Returns:
-    The phrase.
-  """
+  """How many bins: "15 equal-mass bins", or "15 equal-mass bins requested, 12 after ties"
+  where ``effective`` (bins holding examples, or a mean) is below ``requested``."""
   kind = f"{binning} " if binning else ""
   if effective is None or float(effective) >= requested:
     return f"{requested} {kind}bins"
@@ -503,9 +310,8 @@ def bins_phrase(requested: int, effective: float | None = None, binning: str = "
 
 
 BINNED_AUROC_NAME = "AUROC (binned predictions)"
-"""What tables and figures call the AUROC of a binned predictor (``auroc_from_counts``):
-of each example's bin prediction, a bin's examples tied, not of the raw score
-(``auroc``); docs/limits.md."""
+"""The AUROC of a binned predictor's per-example predictions (a bin's examples tied),
+not of the raw score (``auroc``); docs/limits.md."""
 
 
 def ece_name(
@@ -516,29 +322,12 @@ def ece_name(
   calibration: bool = False,
   percent: bool = False,
 ) -> str:
-  """The one name of an ECE wherever it is shown: its binning and its bin count.
-
-  ``ece(..., 15)`` is "ECE (15 equal-width bins)"; the paper's ``binned_ece`` over 20
-  bins fitted on a calibration split is "ECE (20 equal-mass calibration-split bins)".
-  The same predictions give different values under the two, so no table or figure
-  says "ECE" alone.
-
-  Args:
-    n_bins: the bins requested, or a word in place of the count ("N" named on the
-      x axis, "each line's").
-    binning: "equal-width" or "equal-mass".
-    effective: bins left after ties merged (``bins_phrase``); None: as requested.
-    calibration: the bins were fitted on a calibration split (quantiles of the
-      score), not on the predictions they score.
-    percent: "ECE %": the values are percentages.
-
-  Returns:
-    e.g. "ECE (15 equal-width bins)", "ECE % (20 equal-mass calibration-split bins
-    requested, 17 after ties)", "ECE (N equal-mass calibration-split bins)".
-  """
+  """The one name of an ECE wherever shown, e.g. "ECE (15 equal-width bins)".
+  Binnings give different ECEs, so none is called "ECE" alone. ``n_bins`` may be a word
+  ("N"); ``effective`` as in ``bins_phrase``; ``calibration``: fitted on a calibration
+  split; ``percent``: "ECE %"."""
   kind = f"{binning} calibration-split" if calibration else binning
-  if isinstance(n_bins, str):
-    bins = f"{n_bins} {kind} bins"
-  else:
-    bins = bins_phrase(n_bins, effective, kind)
+  bins = (
+    f"{n_bins} {kind} bins" if isinstance(n_bins, str) else bins_phrase(n_bins, effective, kind)
+  )
   return f"ECE{' %' if percent else ''} ({bins})"

@@ -1,8 +1,7 @@
 """The scalar uncertainty scores U(x) a user calls, each checking its input.
 
-Each takes a batch, ``logits: [N, K]`` (or ``samples: [S, N, K]``), checks it once
-and returns ``[N]``, computed in log space by ``log_space`` (why: its docstring).
-``scores`` re-exports them beside the registry that names them.
+Each takes ``logits: [N, K]`` (or ``samples: [S, N, K]``) and returns ``[N]``, computed
+in log space by ``log_space``; ``scores`` re-exports them beside their registry.
 """
 
 import jax
@@ -23,95 +22,45 @@ def checked_logits(logits: ArrayLike) -> jax.Array:
 
 
 def neg_log_pmax(logits: ArrayLike) -> jax.Array:
-  """-log max_k softmax(l)_k = log1p(sum_{j != argmax} exp(l_j - l_max)).
-
-  Args:
-    logits: [N, K] float.
-
-  Returns:
-    [N] float, >= 0; distinct for logits [20, 0, ...] and [26, 0, ...] in float32.
-  """
+  """-log max_k softmax(l)_k = log1p(sum_{j != argmax} exp(l_j - l_max)), >= 0.
+  Distinct for logits [20, 0, ...] and [26, 0, ...] in float32, where pmax ties."""
   return log_space.neg_log_pmax(checked_logits(logits))
 
 
 def pmax(logits: ArrayLike) -> jax.Array:
-  """Max softmax probability ("Vanilla", Hendrycks & Gimpel).
-
-  Saturates at 1.0 in float32 for confident examples (a top logit ~17 ahead), where
-  ``neg_log_pmax`` still ranks them: the same ordering without those ties, so on a
-  saturated network the two give different bins and metrics (docs/numerics.md).
-
-  Args:
-    logits: [N, K] float.
-
-  Returns:
-    [N] float in (0, 1].
-  """
+  """Max softmax probability ("Vanilla", Hendrycks & Gimpel), in (0, 1].
+  Saturates at 1.0 in float32 once the top logit leads by ~17, where ``neg_log_pmax``
+  still ranks the examples, so the two bin differently (docs/numerics.md)."""
   return jnp.exp(-neg_log_pmax(logits))
 
 
 def entropy(logits: ArrayLike) -> jax.Array:
-  """Entropy of softmax(logits) in nats, accurate when the softmax saturates.
-
-  Args:
-    logits: [N, K] float.
-
-  Returns:
-    [N] float in [0, log K].
-  """
+  """Entropy of softmax(logits) in nats, in [0, log K], accurate when it saturates."""
   return log_space.entropy(checked_logits(logits))
 
 
 def neg_log_topk_mass(logits: ArrayLike, k: int = 5) -> jax.Array:
-  """-log of the softmax mass of the k largest logits (the Top-k analogue of -log pmax).
-
-  Args:
-    logits: [N, K] float.
-    k: how many top classes, 1 <= k <= K; k = 1 equals ``neg_log_pmax``.
-
-  Returns:
-    [N] float, >= 0.
-  """
+  """-log of the softmax mass of the k <= K largest logits (k = 1: ``neg_log_pmax``)."""
   arr = checked_logits(logits)
   k = validation.positive_int("k", k, maximum=arr.shape[-1])
   return log_space.neg_log_topk_mass(arr, k)
 
 
 def margin(logits: ArrayLike) -> jax.Array:
-  """Gap between the two largest logits, l_(1) - l_(2) (a confidence).
-
-  This is log(p_(1) / p_(2)): the probability ratio of the top two classes, which
-  unlike the probability difference does not saturate.
-
-  Args:
-    logits: [N, K] float.
-
-  Returns:
-    [N] float, >= 0.
-  """
+  """Gap l_(1) - l_(2) >= 0 between the two largest logits (a confidence).
+  It is log(p_(1) / p_(2)), which unlike the probability difference does not saturate."""
   return log_space.margin(checked_logits(logits))
 
 
 def covariance_norm(samples: ArrayLike) -> jax.Array:
-  """Matrix 2-norm of the sample covariance of each example's S vectors.
+  """``||Cov_s(v_s)||_2`` of each example's S >= 2 vectors, unbiased as ``np.cov``.
 
-  ``||Cov_s(v_s)||_2`` with the unbiased (S-1) normalisation, as ``np.cov``. A pure
-  function of the vectors as given: pass logits, probabilities or log-probabilities.
-  Computed through the S x S Gram matrix of the centred samples when S < K, with a
-  batched eigenvalue step (``covariance.covariance_norm``).
-
-  Args:
-    samples: [S, N, K] float, S >= 2 MC-dropout samples or ensemble members.
-
-  Returns:
-    [N] float, >= 0 (larger = the samples disagree more); 0 exactly where an
-    example's samples are identical.
+  Of the vectors as given: logits, probabilities or log-probabilities ([S, N, K]
+  MC-dropout samples or ensemble members). 0 exactly where the samples are identical.
 
   Raises:
-    ValueError: a norm outside the float range of the samples' dtype: above it
-      (a spread beyond ~1e19 in float32), or below its smallest normal number,
-      where it would read as 0 (a spread below ~1e-19 in float32; float64 samples
-      with ``jax_enable_x64`` reach ~1e-154).
+    ValueError: a norm outside the dtype's normal range, which would read as inf or 0
+      (a spread beyond ~1e19 or below ~1e-19 in float32).
   """
   arr = validation.as_array("samples", samples, 3)
   if arr.dtype.kind != "f" or arr.dtype.itemsize < 4:
@@ -150,21 +99,9 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
 
 
 def oracle_loss(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
-  """The true class's cross-entropy, logsumexp(l) - l_label: a reference, not a method.
-
-  The paper's "Loss" row (its supplement's Brier table, 100 equal-count bins). It uses
-  the labels, so it is not available at prediction time. It is not a bound on what
-  a score or an estimator can reach: other scores that use the labels bin better
-  (the true label's rank separates the Top-k event exactly; docs/estimators.md has
-  the numbers).
-
-  Args:
-    logits: [N, K] float.
-    labels: [N] int in [0, K).
-
-  Returns:
-    [N] float, >= 0.
-  """
+  """The true class's cross-entropy logsumexp(l) - l_label: a reference, not a method.
+  The paper's "Loss" row. It needs ``labels: [N]``, so it is unavailable at prediction
+  time, and it is no bound: other label-using scores bin better (docs/estimators.md)."""
   logits = checked_logits(logits)
   labels = validation.labels_array("labels", labels, logits.shape[-1])
   validation.same_length(logits=logits, labels=labels)
@@ -172,33 +109,17 @@ def oracle_loss(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
 
 
 def human_entropy(probs: ArrayLike) -> jax.Array:
-  """Entropy of per-example label distributions (e.g. CIFAR-10H), 0 log 0 = 0.
-
-  Args:
-    probs: [N, K] float, rows in [0, 1] summing to 1.
-
-  Returns:
-    [N] float in [0, log K]; many exact ties (unanimous annotators give 0).
-  """
+  """Entropy of [N, K] per-example label distributions (e.g. CIFAR-10H), 0 log 0 = 0.
+  Many exact ties: unanimous annotators give 0."""
   checked = validation.probability_array("probs", probs, 2, sums_to_one=True)
   return log_space.human_entropy(checked)
 
 
 def log_probs_from_probs(probs: ArrayLike, *, name: str = "probs") -> np.ndarray:
-  """Log-probabilities of probability vectors [..., K], safe for real networks' underflow.
-
-  Taken in float64 on the host, so the 1e-37 tails of real networks' softmax keep
-  their values (and the scores computed from them stay tie-free); an exact 0 gives
-  ``log_space.LOG_ZERO``.
-
-  Args:
-    probs: [N, K] (or [S, N, K], or [K]) probabilities, each row in [0, 1] summing
-      to 1 (the tolerance of ``validation.probability_array``, as ``Calibrator``'s).
-    name: the argument's name in error messages.
-
-  Returns:
-    float32 NumPy array shaped like ``probs``, usable wherever logits are.
-  """
+  """Float32 NumPy log-probabilities of probability rows [..., K], usable as logits.
+  Taken in float64 on the host, so the 1e-37 tails of real networks' softmax keep their
+  values (and the scores stay tie-free); an exact 0 gives ``log_space.LOG_ZERO``.
+  ``probs`` is [K], [N, K] or [S, N, K]; ``name`` names it in error messages."""
   checked = validation.probability_array(name, probs, (1, 2, 3), sums_to_one=True, host=True)
   return log_space.log_probs_from_probs(checked)
 
@@ -209,12 +130,9 @@ INPUTS = ("auto", "logits", "probs")
 
 def input_kind(name: str, values: np.ndarray, dtype=None) -> str:
   """ "probs" or "logits": what an array of classifier outputs [..., K] holds.
-
-  Probabilities when every row lies in [0, 1] and sums to 1 within float error
-  (``validation.sum_tolerance``), logits when no row does. Refused in one line where it
-  cannot be told: some rows do and others do not, every row sums to 1 only within the
-  rounding of a few saved digits, or one class per row.
-  """
+  Probabilities when every row lies in [0, 1] and sums to 1 within float error, logits
+  when no row does; a ValueError where it cannot be told (a mix, sums off by rounding
+  to a few saved digits, or one class per row)."""
   num_classes = values.shape[-1]
   if num_classes < 2:
     raise ValueError(
@@ -244,17 +162,13 @@ def input_kind(name: str, values: np.ndarray, dtype=None) -> str:
 
 
 def as_log_probs(x: ArrayLike, inputs: str = "auto", *, name: str = "x", ndim=(2, 3)):
-  """A classifier's outputs as host float32 logits or log-probabilities, checked.
+  """A classifier's outputs as a checked float32 NumPy array of logits or log-probabilities.
 
   Args:
     x: [N, K] (or [S, N, K] samples) outputs, K >= 2; anything with ``__array__``.
-    inputs: "logits" (refused when every row looks like probabilities: they would run
-      and give other numbers), "probs" (logged in float64: ``log_probs_from_probs``) or
-      "auto" (``input_kind`` decides).
+    inputs: "logits" (refused when every row looks like probabilities), "probs"
+      (``log_probs_from_probs``) or "auto" (``input_kind`` decides).
     name: the argument's name in error messages.
-
-  Returns:
-    float32 NumPy array shaped like ``x``.
   """
   if inputs not in INPUTS:
     raise ValueError(f"inputs: expected one of {', '.join(INPUTS)}, got {inputs!r}")
@@ -274,14 +188,7 @@ def as_log_probs(x: ArrayLike, inputs: str = "auto", *, name: str = "x", ndim=(2
 
 
 def mean_log_probs(samples: ArrayLike) -> jax.Array:
-  """Log of the sample-mean softmax, in log space: logsumexp_s(log_softmax) - log S.
-
-  Args:
-    samples: [S, N, K] logits (S = 1 for a plain model).
-
-  Returns:
-    [N, K] log-probabilities (valid logits for every score here).
-  """
+  """[N, K] log of the mean softmax of [S, N, K] logits: logsumexp_s(log_softmax) - log S."""
   samples = validation.float_array("samples", samples, 3)
   validation.check_samples("samples", samples)
   return log_space.mean_log_probs(samples)

@@ -1,14 +1,7 @@
 """The one registry of scalar uncertainty scores U(x), and every score of a batch at once.
 
-``REGISTRY`` lists every score once: its name, label, inputs (log-probabilities,
-samples or human labels), which direction is confident, and whether ``mc.predict``
-computes it on the devices. Evaluation, MC prediction, the demo, the report and the
-mislabelled finder all read it; adding a score is one entry (its arithmetic in
-``log_space``, its checked public function in ``score_functions``).
-
-``compute`` and ``from_predictions`` give every score the given predictions support;
-the single scores (``neg_log_pmax``, ``entropy``, ...) are re-exported from
-``score_functions``, so ``scores.<name>`` is where a user finds each.
+Adding a score is one ``REGISTRY`` entry (its arithmetic in ``log_space``, its checked
+public function in ``score_functions``, re-exported here as ``scores.<name>``).
 """
 
 import functools
@@ -76,18 +69,17 @@ __all__ = [
 
 
 class Score(NamedTuple):
-  """One uncertainty score of the registry.
+  """One uncertainty score of ``REGISTRY``.
 
   Attributes:
     name: the key in ``REGISTRY``, in predictions files (``score_<name>``) and tables.
     label: how tables and figures name it.
-    inputs: what ``fn`` takes: ``"log_probs"`` ([N, K] logits or log-probabilities),
-      ``"samples"`` ([S, N, K] logits, S >= 2), ``"human_probs"`` ([N, K]) or
-      ``"labels"`` (log-probs and the [N] true labels: a reference row such as the
-      paper's "Loss", never a method and no bound on one).
-    confident_when_high: True for confidences (larger = more likely correct),
-      False for uncertainties. Binning does not care; a raw-score AUROC does.
-    fn: the unchecked array function, ``fn(x)`` (``fn(x, k)`` when ``per_k``); jittable.
+    inputs: what ``fn`` takes: ``"log_probs"`` ([N, K]), ``"samples"`` ([S, N, K]
+      logits, S >= 2), ``"human_probs"`` ([N, K]) or ``"labels"`` (log-probs and the
+      [N] true labels: a reference row such as the paper's "Loss", never a method).
+    confident_when_high: True for confidences, False for uncertainties (binning does
+      not care; a raw-score AUROC does).
+    fn: the unchecked, jittable array function, ``fn(x)`` (``fn(x, k)`` when ``per_k``).
     on_device: ``mc.predict`` computes it on the devices and stores it in its files.
     per_k: takes the Top-k event's k; its name for one k is ``topk_name(k)``.
   """
@@ -136,16 +128,14 @@ REGISTRY: dict[str, Score] = {
     Score("oracle_loss", "oracle: true-class loss", "labels", False, log_space.oracle_loss),
   )
 }
-"""Every score by name, in the order sweeps and tables list them. Adding a score is one entry."""
+"""Every score by name, in the order sweeps and tables list them."""
 
 RANKING_TWINS = (("pmax", "neg_log_pmax"),)
-"""Scores of one ranking in exact arithmetic (one a monotone function of the other), as
-(the one that ties in float32, the tie-free one). Not one ranking in float32: pmax rounds
-to 1.0 once the top logit leads by ~17, where -log pmax still resolves the examples, so
-on a saturated network pmax's tied edges merge bins and its bins, EOR and effective bin
-counts differ (docs/numerics.md). Without ties the right-closed bins still put each edge
-example on opposite sides. So a pair is never merged by name: tables list both, and a
-figure draws one line only for rows that are numerically equal (``plots.sweeps``)."""
+"""(tie-prone, tie-free) scores of one ranking in exact arithmetic, but not in float32.
+
+pmax rounds to 1.0 once the top logit leads by ~17, where -log pmax still resolves the
+examples, so their bins differ on a saturated network (docs/numerics.md): tables list
+both, and a figure draws one line only for numerically equal rows."""
 
 HEADLINE = ("covariance_norm_probs", "pmax", "human_entropy")
 """The score the paper bins for a classifier (Table 1, the figures): the first one available."""
@@ -181,10 +171,7 @@ def label(name: str) -> str:
 
 def same_order_as(name: str) -> str | None:
   """The other score of ``name``'s ``RANKING_TWINS`` pair, or None."""
-  for pair in RANKING_TWINS:
-    if name in pair:
-      return pair[1 - pair.index(name)]
-  return None
+  return next((pair[1 - pair.index(name)] for pair in RANKING_TWINS if name in pair), None)
 
 
 def is_tied_twin(name: str) -> bool:
@@ -199,17 +186,10 @@ def headline(available: Iterable[str]) -> str | None:
 
 
 def compute_one(
-  name: str,
-  log_probs: jax.Array,
-  samples: jax.Array | None = None,
-  human_probs=None,
-  labels=None,
+  name: str, log_probs: jax.Array, samples: jax.Array | None = None, human_probs=None, labels=None
 ) -> jax.Array:
   """One score by name (``neg_log_top<k>_mass`` included), from checked arrays.
-
-  Raises:
-    ValueError: an unknown name, or a score whose input was not given.
-  """
+  A ValueError for an unknown name or a score whose input was not given."""
   score = lookup(name)
   if score is None:
     raise ValueError(f"score: unknown {name!r}; known: {', '.join(REGISTRY)}")
@@ -226,7 +206,7 @@ def compute_one(
 
 
 def _arguments(score: Score, log_probs, samples, human_probs, labels) -> tuple | None:
-  """What ``score.fn`` takes, by its input kind; None when that input was not given."""
+  """What ``score.fn`` takes; None when that input was not given."""
   if score.inputs == "log_probs":
     return (log_probs,)
   if score.inputs == "samples":
@@ -238,13 +218,8 @@ def _arguments(score: Score, log_probs, samples, human_probs, labels) -> tuple |
 
 @functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
 def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool = False):
-  """Every score of the log-probabilities (each k's top-k mass too, and with ``labels``
-  the oracle's), one program; with ``label_terms`` also ``events.LabelTerms`` (else None).
-
-  By cache-sized blocks of examples (``row_blocks``): each score's pass over a
-  block reads it from cache, not the whole [N, K] array from memory once per score
-  (docs/performance.md).
-  """
+  """Every score of the log-probabilities (and ``events.LabelTerms``), by cache-sized
+  blocks of rows: not the whole [N, K] array from memory once per score."""
   names = [s.name for s in REGISTRY.values() if s.inputs == "log_probs" and not s.per_k]
   oracles = [s.name for s in REGISTRY.values() if s.inputs == "labels"]
   with_labels = [] if labels is None else oracles
@@ -291,18 +266,15 @@ def compute(
   topk: Sequence[int] = (),
   labels: ArrayLike | None = None,
 ) -> dict[str, jax.Array]:
-  """Every registered score that the given predictions support, by name.
+  """Every registered score the given predictions support: name -> [N], in registry order.
 
   Args:
     log_probs: [N, K] (mean) log-probabilities or logits of the classifier.
-    samples: optional [S, N, K] logits of MC-dropout samples or ensemble members;
-      with S >= 2 adds the covariance norms of their probabilities and logits.
-    human_probs: optional [N, K] annotator label frequencies: ``human_entropy``.
+    samples: [S, N, K] logits of MC-dropout samples or ensemble members; S >= 2 adds
+      the covariance norms.
+    human_probs: [N, K] annotator label frequencies: ``human_entropy``.
     topk: adds ``neg_log_top{k}_mass`` for each k >= 2 (k = 1 is ``neg_log_pmax``).
-    labels: optional [N] true labels: adds the oracle ``oracle_loss``.
-
-  Returns:
-    name -> [N] float, in registry order.
+    labels: [N] true labels: adds ``oracle_loss``.
   """
   log_probs = checked_logits(log_probs)
   if samples is not None:
@@ -312,7 +284,7 @@ def compute(
 
 
 def _checked_extras(log_probs, topk, human_probs, labels) -> tuple:
-  """``compute``'s topk, human_probs and labels, checked against the [N, K] log_probs."""
+  """``compute``'s topk, human_probs and labels, checked against log_probs."""
   num_classes = log_probs.shape[-1]
   topk = tuple(validation.positive_int("topk", k, maximum=num_classes) for k in topk)
   if human_probs is not None:
@@ -324,13 +296,8 @@ def _checked_extras(log_probs, topk, human_probs, labels) -> tuple:
 
 
 class ScoredPredictions(NamedTuple):
-  """What ``from_predictions`` returns: a classifier's log-probabilities and its scores.
-
-  Attributes:
-    log_probs: [N, K] float32 (mean) log-probabilities, a JAX array.
-    scores: name -> [N] score (NumPy arrays unless ``as_numpy=False``).
-    label_terms: each example's ``events.LabelTerms`` when asked for, else None.
-  """
+  """A classifier's [N, K] float32 (mean) log-probabilities and its name -> [N] scores.
+  ``label_terms``: each example's ``events.LabelTerms`` when asked for, else None."""
 
   log_probs: jax.Array
   scores: dict[str, jax.Array | np.ndarray]
@@ -339,9 +306,8 @@ class ScoredPredictions(NamedTuple):
 
 @functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
 def of_samples(samples, human_probs, labels, topk: tuple, label_terms: bool) -> ScoredPredictions:
-  """[S, N, K] logits -> ``ScoredPredictions`` of their mean, one program: XLA fuses the
-  log-softmax into the scores' passes, and it compiles once. ``label_terms`` None unless
-  asked for. Unchecked (``from_predictions`` checks, then runs it); traceable."""
+  """[S, N, K] logits -> ``ScoredPredictions`` of their mean, unchecked, in one program
+  (XLA fuses the log-softmax into the scores' passes)."""
   log_probs = log_space.mean_log_probs(samples)
   with_samples = samples if samples.shape[0] >= 2 else None
   values, terms = _compute(log_probs, with_samples, human_probs, topk, labels, label_terms)
@@ -349,11 +315,8 @@ def of_samples(samples, human_probs, labels, topk: tuple, label_terms: bool) -> 
 
 
 def sample_summary(samples: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """[S, B, K] logits -> ([B, K] mean log-probs, the ``on_device`` scores), unchecked.
-
-  What ``mc.predict`` computes on the devices (inside ``jit`` and ``shard_map``):
-  the scores of the mean probabilities and, with S >= 2, of the samples.
-  """
+  """[S, B, K] logits -> ([B, K] mean log-probs, the ``on_device`` scores), unchecked:
+  what ``mc.predict`` computes on the devices."""
   log_probs = log_space.mean_log_probs(samples)
   values, _ = _compute(log_probs, samples, None, ())
   return log_probs, {name: values[name] for name in values if REGISTRY[name].on_device}
@@ -381,22 +344,16 @@ def from_predictions(
   """The classifier's log-probabilities and every score, from a predictions file's fields.
 
   Args:
-    logits: [S, N, K] samples (S = 1 for a plain model), or None; refused if every
-      row lies in [0, 1] and sums to 1 (probabilities: pass ``mean_probs``).
+    logits: [S, N, K] samples (S = 1 for a plain model), or None; refused if they look
+      like probabilities (pass ``mean_probs``).
     mean_probs: [N, K] mean probabilities, used when ``logits`` is None.
-    stored_scores: precomputed name -> [N] scores, which replace recomputed ones
-      (``stored_values``; ``mc.predict`` computes them on device in log space, more
-      precisely than float32 ``mean_probs`` allow).
-    human_probs: optional [N, K] annotator frequencies.
-    topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
-    labels: optional [N] true labels, for the oracle row ``oracle_loss``.
+    stored_scores: name -> [N] scores that replace recomputed ones (``mc.predict``'s,
+      computed in log space, are more precise than float32 ``mean_probs`` allow).
+    human_probs: [N, K] annotator frequencies, as in ``compute``.
+    topk: as in ``compute``.
+    labels: [N] true labels, for ``oracle_loss``.
     as_numpy: False leaves the recomputed scores as JAX arrays, maybe still running.
-    label_terms: also give each example's ``events.LabelTerms`` (JAX arrays; needs
-      ``labels``), from the scores' own pass over the log-probabilities.
-
-  Returns:
-    ``ScoredPredictions``: [N, K] log-probabilities, name -> [N] NumPy scores, and
-    the label terms (None unless ``label_terms``).
+    label_terms: also each example's ``events.LabelTerms`` (needs ``labels``).
   """
   if label_terms and labels is None:
     raise ValueError("labels: label_terms=True needs the labels, got None")

@@ -1,7 +1,6 @@
 """The smooth ECE (Błasiok & Nakkiran 2023): a calibration error without bins.
 
-Re-exported as ``metrics.smooth_ece``, where a user finds it; its grid and FFT live
-here, apart from the binned metrics.
+Re-exported as ``metrics.smooth_ece``.
 """
 
 import jax
@@ -19,12 +18,8 @@ _SMOOTH_STEPS = 24  # bisection halvings: the final bracket is 6e-8 wide
 
 
 def _grid_density(values: jax.Array, prob: jax.Array) -> jax.Array:
-  """[G + 1] density on the grid of point masses ``values`` placed at ``prob``.
-
-  Each mass is split linearly between its two nearest grid points and divided by
-  the trapezoid weight there, so the trapezoid rule integrates it back exactly: a
-  point at 0 or 1 keeps its whole mass (its reflection is itself).
-  """
+  """[G + 1] density of masses ``values`` at ``prob``, split linearly between grid points
+  and divided by the trapezoid weight there, so the trapezoid rule integrates it back."""
   position = prob * _SMOOTH_GRID
   left = jnp.clip(jnp.floor(position).astype(jnp.int32), 0, _SMOOTH_GRID - 1)
   frac = position - left
@@ -42,12 +37,8 @@ def _trapezoid_weights() -> jax.Array:
 
 
 def _reflected_smooth(spectrum: jax.Array, sigma: jax.Array) -> jax.Array:
-  """Densities convolved with the Gaussian reflected at 0 and 1 (all images).
-
-  Reflecting at both ends is the same as smoothing the even extension of the
-  density, a function of period 2, with the periodic Gaussian; in Fourier space
-  that is the factor exp(-2 pi^2 sigma^2 xi^2) on frequency xi = k / 2.
-  """
+  """Densities convolved with the Gaussian reflected at 0 and 1: on the period-2 even
+  extension, the Fourier factor exp(-2 pi^2 sigma^2 xi^2) at frequency xi = k / 2."""
   xi = jnp.arange(spectrum.shape[0]) / 2.0
   smoothed = jnp.fft.irfft(spectrum * jnp.exp(-2 * (jnp.pi * sigma * xi) ** 2), 2 * _SMOOTH_GRID)
   return smoothed[: _SMOOTH_GRID + 1]
@@ -75,27 +66,11 @@ def _smooth_ece(prob, correct):
 
 
 def smooth_ece(prob: ArrayLike, correct: ArrayLike) -> float:
-  """Smooth ECE (Błasiok & Nakkiran 2023) of P(correct) predictions, no bins.
-
+  """Smooth ECE (Błasiok & Nakkiran 2023) of [N] P(correct) predictions, no bins.
   smECE_sigma = integral over t in [0, 1] of |sum_i K_sigma(t, p_i) (correct_i - p_i)| / N,
-  with K_sigma the Gaussian kernel reflected at 0 and 1 (so each example's kernel
-  integrates to one on [0, 1]), at the bandwidth where smECE_sigma = sigma, found by
-  bisection on [1e-3, 1] (below 1e-3 the floor is returned, as in relplot).
-  Computed on a grid of 2^13 + 1 points (a linear splat, then an FFT per
-  bandwidth): O(N + grid log grid).
-
-  The authors' ``relplot.smECE`` approximates the same quantity with two
-  departures (tests/test_metrics_smooth.py compares both ways): it truncates the
-  kernel at |t - p| = 1/2, felt at bandwidths above ~0.15, and its grid gives the
-  points in its last cell [0.999, 1] (and first) only part of their weight, felt
-  when many predictions saturate near 1. Elsewhere the two agree within 2e-3.
-
-  Args:
-    prob: [N] float in [0, 1], predicted P(correct) (e.g. the max softmax).
-    correct: [N] bool.
-
-  Returns:
-    float in [0, 1] (smaller is better).
-  """
+  with K_sigma the Gaussian kernel reflected at 0 and 1, at the bandwidth where
+  smECE_sigma = sigma (bisection on [1e-3, 1], relplot's floor), on a grid of 2^13 + 1
+  points. The authors' ``relplot.smECE`` truncates the kernel at |t - p| = 1/2 and
+  under-weights its end cells; elsewhere the two agree within 2e-3."""
   prob, correct = validation.score_and_event("prob", prob, correct, probability=True)
   return float(_smooth_ece(prob.astype(jnp.float32), correct))

@@ -1,10 +1,6 @@
 """Calibration/test splits and the record of a cross-validation (paper §5.1).
 
-The splits (``make_splits``), the metrics every cross-validation reports (``METRICS``)
-and their statistics over splits (``CrossValidation``) are shared by every estimator's
-cross-validation: the bins' one-sort path (``estimators.bins_crossval``), the generic
-fit/predict loop (``evaluation.crossval``) and the bin count chosen by nested
-cross-validation (``estimators.bin_count``). ``evaluation.crossval`` re-exports them.
+Shared by every estimator's cross-validation; ``evaluation.crossval`` re-exports them.
 """
 
 from collections.abc import Sequence
@@ -35,10 +31,7 @@ METRICS = (
 
 
 class Splits(NamedTuple):
-  """Test folds of each split, as a fold id per example and repetition.
-
-  Split ``f`` tests on the examples with ``fold[f // per_rep] == f % per_rep``
-  and calibrates on the others.
+  """Split ``f`` tests on the examples with ``fold[f // per_rep] == f % per_rep``.
 
   Attributes:
     fold: [R, N] int8, the fold of each example in each repetition.
@@ -56,21 +49,10 @@ class Splits(NamedTuple):
 
 
 def make_splits(num_examples: int, n_folds: int, seed: int = 0, scheme: str = "halves") -> Splits:
-  """Random calibration/test splits of ``num_examples`` examples.
-
-  Args:
-    num_examples: N.
-    n_folds: number of splits.
-    seed: NumPy seed.
-    scheme: "halves": calibrate on a uniformly random half, test on the other
-      half (the paper's protocol), n_folds times, as repeated 2-fold
-      cross-validation (ceil(n_folds / 2) random halvings, each used both ways;
-      5x2 CV for n_folds = 10). "kfold": k-fold, calibrate on n_folds - 1 folds,
-      test on the remaining one.
-
-  Returns:
-    ``Splits``.
-  """
+  """``n_folds`` random calibration/test splits of ``num_examples`` examples.
+  ``scheme`` "halves" (the paper's protocol) calibrates on a uniformly random half and
+  tests on the other, as repeated 2-fold cross-validation (ceil(n_folds / 2) halvings,
+  each used both ways: 5x2 CV for n_folds = 10); "kfold" is k-fold."""
   if scheme not in SCHEMES:
     raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
   num_examples = validation.positive_int("num_examples", num_examples, minimum=2)
@@ -89,12 +71,8 @@ def make_splits(num_examples: int, n_folds: int, seed: int = 0, scheme: str = "h
 
 
 def _random_half(rng: np.random.Generator, num_examples: int) -> np.ndarray:
-  """A uniformly random subset of exactly N // 2 examples, as int8 0/1.
-
-  Fair coin flips, then a uniformly random choice of the surplus members flipped
-  back: exchangeable and of fixed size, hence uniform over subsets. (Avoids a
-  full permutation, which costs more than the rest of cross-validation.)
-  """
+  """Exactly N // 2 examples as int8 0/1, uniform: coin flips, a random surplus flipped
+  back (a permutation would cost more than the rest of cross-validation)."""
   bits = rng.integers(0, 2, num_examples, dtype=np.int8)
   surplus = int(bits.sum()) - num_examples // 2
   if surplus:
@@ -105,9 +83,8 @@ def _random_half(rng: np.random.Generator, num_examples: int) -> np.ndarray:
 
 
 UNDEFINABLE = ("auroc", "eor")
-"""Metrics undefined on some splits: AUROC when the test part holds one class only,
-EOR when the calibration accuracy (the base rate) is 0 or 1. They are NaN in
-``per_fold`` there, and means and stds use the splits where they are defined."""
+"""Metrics NaN on some splits (AUROC on a one-class test part, EOR at a base rate of 0
+or 1); their means and stds use the splits where they are defined."""
 
 
 class CrossValidation(NamedTuple):
@@ -116,10 +93,8 @@ class CrossValidation(NamedTuple):
   Attributes:
     n_bins: the bin counts, in order.
     per_fold: metric name -> [len(n_bins), n_folds] array (NaN where undefined).
-    mean: metric name -> [len(n_bins)] mean over the splits where it is defined
-      (NaN when it is defined on none).
-    std: metric name -> [len(n_bins)] sample standard deviation over those splits
-      (0 for one split).
+    mean: metric name -> [len(n_bins)] mean over the splits where it is defined.
+    std: metric name -> [len(n_bins)] sample std over those splits (0 for one).
     num_defined: metric name -> [len(n_bins)] int, the splits it is defined on.
   """
 
@@ -133,11 +108,7 @@ class CrossValidation(NamedTuple):
   def from_per_fold(
     cls, n_bins: Sequence[int], per_fold: dict[str, np.ndarray]
   ) -> "CrossValidation":
-    """Mean and sample std over the splits axis, over the splits where each value is defined.
-
-    The one place the statistics over splits are computed (None in JSON-read
-    ``per_fold`` lists counts as undefined).
-    """
+    """The one place the statistics over splits are computed (None counts as undefined)."""
     per_fold = {name: np.asarray(value, np.float64) for name, value in per_fold.items()}
     mean, std, num_defined = {}, {}, {}
     for name, value in per_fold.items():
@@ -153,8 +124,8 @@ class CrossValidation(NamedTuple):
     return cls(tuple(n_bins), per_fold, mean, std, num_defined)
 
   def rows(self) -> list[dict[str, float | int | None]]:
-    """One flat dict per bin count: n_bins, <metric>, <metric>_std, and for the
-    metrics that can be undefined <metric>_num_splits; None where undefined."""
+    """One flat dict per bin count: n_bins, <metric>, <metric>_std and, for
+    ``UNDEFINABLE`` metrics, <metric>_num_splits; None where undefined."""
     out = []
     for i, n in enumerate(self.n_bins):
       row: dict[str, float | int | None] = {"n_bins": n}

@@ -1,9 +1,7 @@
 """Input checks shared by the public entry points.
 
-Each check raises ``ValueError`` naming the argument, what was expected and what
-was given. Value checks (finite, range) need concrete arrays: under ``jit`` the
-arguments are tracers and only shapes can be checked, so value checks are skipped
-there (call the public function outside ``jit`` to get them).
+Each raises a ``ValueError`` naming the argument, what was expected and what was given.
+Under ``jit`` only shapes are checked: value checks (finite, range) need concrete arrays.
 """
 
 import warnings
@@ -16,8 +14,8 @@ from jax.typing import ArrayLike
 
 
 class SettingError(ValueError):
-  """A setting that does not fit the data (a launcher's config field or flag): the message
-  starts with the setting's name, which a launcher spells as its own flag."""
+  """A setting (config field or flag) that does not fit the data; the message starts with
+  the setting's name, which a launcher spells as its own flag."""
 
 
 def is_traced(x) -> bool:
@@ -45,12 +43,7 @@ def _hint(error: Exception) -> str:
 def as_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
 ) -> jax.Array | np.ndarray:
-  """Converts ``x`` to an array and checks its rank.
-
-  With ``host=True`` the result is a NumPy array (for code that runs on the host,
-  where a round trip through the device would only cost time); the value checks
-  below then run in NumPy too.
-  """
+  """``x`` as an array of rank ``ndim`` (one of them); a NumPy array with ``host``."""
   if x is None:
     raise ValueError(f"{name}: expected an array, got None")
   if isinstance(x, jax.Array) and (not host or is_traced(x)):
@@ -70,50 +63,42 @@ def as_array(
   return arr
 
 
+# XLA:CPU's ``device_put`` keeps a host buffer aligned to this many bytes, and copies any
+# other one at about half the speed of a NumPy copy.
 _CPU_ALIGNMENT = 64
-"""XLA:CPU's ``device_put`` keeps a host buffer aligned to this many bytes (no copy), and
-copies any other one, at about half the speed of a NumPy copy."""
 
 
 def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-  """An uninitialised host array that XLA:CPU's ``device_put`` keeps rather than copies
-  (fill it, then move it; every shard of a leading-axis sharding whose slices are
-  multiples of 64 bytes is kept too)."""
+  """An uninitialised host array (to fill) that XLA:CPU's ``device_put`` keeps, not copies
+  (as it keeps leading-axis shards whose slices are multiples of 64 bytes)."""
   nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
   raw = np.empty(nbytes + _CPU_ALIGNMENT, np.uint8)
   start = -raw.ctypes.data % _CPU_ALIGNMENT
   return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def _aligned_copy(arr: np.ndarray) -> np.ndarray:
-  out = aligned_empty(arr.shape, arr.dtype)
-  np.copyto(out, arr)
-  return out
-
-
 def _to_device(arr: np.ndarray, given) -> jax.Array:
-  """``arr``, checked from the caller's ``given``, on the default device, without
-  compiling anything (as ``jnp.asarray`` would). ``device_put`` may keep the very
-  buffer, so never one the caller holds: that gets one private copy, aligned so that
-  it is kept, not copied again (``device_put`` copies an unaligned buffer once more)."""
+  """``arr`` on the device without a compile; copied (aligned) if ``device_put`` could keep
+  a buffer shared with the caller's ``given``."""
   shared = np.may_share_memory(arr, given)
   if shared or (arr.ctypes.data % _CPU_ALIGNMENT and arr.nbytes >= 1 << 20):
-    arr = _aligned_copy(arr)
+    aligned = aligned_empty(arr.shape, arr.dtype)
+    np.copyto(aligned, arr)
+    arr = aligned
   return jax.device_put(arr)
 
 
 def in_device_dtype(arr: np.ndarray) -> np.ndarray:
-  """A host array in the dtype JAX would hold it in (float64 -> float32 unless x64 is
-  on), so host arithmetic on it rounds as the device's would; no copy if it already is."""
+  """A host array in the dtype JAX would hold it in (float64 -> float32 unless x64 is on),
+  so host arithmetic rounds as the device's would; no copy if it already is."""
   return arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False)
 
 
 def float_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
 ) -> jax.Array | np.ndarray:
-  """A finite floating array of the given rank: integers are promoted, and float16 and
-  bfloat16 computed in float32 (their range and precision are too small for the
-  scores' logs and sums); booleans are refused (real numbers are expected)."""
+  """A finite floating array of rank ``ndim`` (not bool); integers, float16 and bfloat16
+  become float32 (too small for the scores' logs and sums)."""
   # A host array is checked on the host, then moved: no device program per shape.
   on_device = isinstance(x, jax.Array)
   arr = as_array(name, x, ndim, host=host or not on_device)
@@ -126,9 +111,7 @@ def float_array(
   if not (host or on_device):
     arr = in_device_dtype(arr)  # as it will be
   check_finite(name, arr)
-  if host or on_device:
-    return arr
-  return _to_device(arr, x)
+  return arr if host or on_device else _to_device(arr, x)
 
 
 @jax.jit
@@ -138,15 +121,13 @@ def _all_finite(arr: jax.Array) -> jax.Array:
   return jnp.isfinite(jnp.sum(arr * 0))
 
 
+# A device array up to this size is checked from a host copy (microseconds), not by a
+# program compiled for its shape (far slower; per-bin arrays come in many shapes).
 _HOST_CHECKED_ELEMENTS = 1 << 16
-"""A device array up to this size is checked from a host copy (microseconds), not by a
-program compiled for its shape (a compile costs far more than the copy, and per-bin arrays
-come in many shapes)."""
 
 
 def _checked_where(arr: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
-  """``arr`` itself, or a host copy of a small device array, for value checks (not of
-  an array spread over several processes: this one cannot read all of it)."""
+  """``arr``, or a host copy of a small device array that this process can read whole."""
   if isinstance(arr, np.ndarray) or arr.size > _HOST_CHECKED_ELEMENTS:
     return arr
   return np.asarray(arr) if arr.is_fully_addressable else arr
@@ -192,20 +173,14 @@ def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) ->
       bad = arr.reshape(-1)[xp.argmax((arr != 0) & (arr != 1))]
       raise ValueError(f"{name}: expected bool or 0/1 values, got {bad}")
     arr = arr.astype(bool)
-  if host or on_device:
-    return arr
-  return _to_device(arr, x)
+  return arr if host or on_device else _to_device(arr, x)
 
 
 def labels_array(
   name: str, x: ArrayLike, num_classes: int, *, host: bool = False
 ) -> jax.Array | np.ndarray:
-  """Integer class labels in [0, num_classes), as int32 (NumPy with ``host``).
-
-  The range is checked before the conversion to int32 (on the host, in the
-  input's own dtype), so a label of 2**32 + 3 or a uint64 2**63 is an error, not
-  a class that wrapped around.
-  """
+  """Int32 class labels in [0, num_classes), range-checked in the input's own dtype (so
+  that 2**32 + 3 is an error, not a class that wrapped around)."""
   if x is None:
     raise ValueError(f"{name}: expected an array, got None")
   if isinstance(x, jax.Array) and is_traced(x):
@@ -233,14 +208,12 @@ def _min_max(arr: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 SUM_TOLERANCE = 1e-3
-"""How far a row of probabilities may sum from 1 (float32 softmax outputs, saved with a few
-digits, sum within it); bfloat16 rows get their own epsilon, 2^-7, as their rounding alone
-moves a sum by up to 2^-8."""
+"""How far a row of probabilities may sum from 1 (saved float32 softmax outputs do)."""
 
 
 def sum_tolerance(dtype) -> float:
-  """The one tolerance of a probability row's sum: ``SUM_TOLERANCE``, or the epsilon of a
-  floating ``dtype`` coarser than that (bfloat16)."""
+  """``SUM_TOLERANCE``, or the epsilon of a coarser floating ``dtype`` (bfloat16's 2^-7:
+  its rounding alone moves a row's sum by up to 2^-8)."""
   try:
     floating = dtype is not None and is_floating(dtype)
   except TypeError:  # not a NumPy dtype (a torch tensor's): its array is converted to one
@@ -251,15 +224,13 @@ def sum_tolerance(dtype) -> float:
 
 
 ROUNDING = 5e-4
-"""Half a unit in the third decimal: how far each value of a row of probabilities saved
-with three decimals (a CSV or a printout) may lie from the value it stands for, so a row
-of K of them sums to 1 within K times this."""
+"""Half a unit in the third decimal: the error of each probability saved with three
+decimals, so a row of K of them sums to 1 within K times this."""
 
 
 def rounding_tolerance(dtype, num_classes: int) -> float:
-  """How far from 1 a row of ``num_classes`` probabilities may sum and still be taken for
-  probabilities passed as logits: ``sum_tolerance(dtype)``, or the rounding of each value
-  to three decimals (``ROUNDING``) where that is wider (K > 2)."""
+  """How far from 1 a row of ``num_classes`` values may sum and still be probabilities
+  passed as logits: ``sum_tolerance(dtype)`` or K * ``ROUNDING``, the wider."""
   return max(sum_tolerance(dtype), num_classes * ROUNDING)
 
 
@@ -271,8 +242,7 @@ def probability_array(
   sums_to_one: bool = False,
   host: bool = False,
 ) -> jax.Array | np.ndarray:
-  """Values in [0, 1]; with ``sums_to_one`` the last axis sums to 1 within
-  ``sum_tolerance`` of the given dtype. With ``host`` a NumPy array, as ``float_array``'s."""
+  """Values in [0, 1]; with ``sums_to_one`` rows sum to 1 within ``sum_tolerance``."""
   tolerance = sum_tolerance(getattr(x, "dtype", None))
   on_device = isinstance(x, jax.Array) and not host
   arr = float_array(name, x, ndim, host=not on_device)  # a host array checked on the host
@@ -307,16 +277,10 @@ def _rows_are_probabilities(arr: jax.Array, tolerance: jax.Array) -> jax.Array:
 
 
 def looks_like_probabilities(arr: jax.Array | np.ndarray, dtype=None) -> bool:
-  """Whether every row (the last axis) of ``arr`` lies in [0, 1] and sums to 1 within
-  ``rounding_tolerance(dtype, K)`` (``arr``'s dtype by default; pass the caller's own dtype
-  where ``arr`` was converted from bfloat16): probabilities, also when a user's file
-  rounded them to three decimals (a K = 100 row then sums to 1 within 0.05).
+  """Whether every row of ``arr`` lies in [0, 1] and sums to 1 within
+  ``rounding_tolerance(dtype, K)``, as real logits never all do (False if traced or empty).
 
-  Real logits never all do (that would take every row in [0, 1] summing to about 1), so
-  the entry points that take logits refuse arrays that do: probabilities passed as logits
-  run and give other numbers, silently. False for a traced or empty array. A host
-  array's first row decides for real logits; only when it looks like probabilities is
-  the whole array read. A large device array costs a pass of its own.
+  A host array's first row decides for real logits before the whole array is read.
   """
   if is_traced(arr) or arr.size == 0:
     return False
@@ -330,14 +294,11 @@ def looks_like_probabilities(arr: jax.Array | np.ndarray, dtype=None) -> bool:
 
 
 def refuse_probabilities(name: str, arr: jax.Array | np.ndarray, fix: str, given=None) -> None:
-  """A one-line ValueError if logits ``arr`` look like probabilities
-  (``looks_like_probabilities``); ``fix`` says how to pass them as probabilities, and rows
-  that sum to 1 only within rounding are told to be divided by their sums first.
+  """A ValueError ending with ``fix`` if logits ``arr`` look like probabilities (they would
+  silently give other numbers).
 
-  ``given`` is the caller's own input that ``arr`` was checked from: its dtype sets the
-  tolerance (a bfloat16 row's sum gets bfloat16's), and a NumPy ``given`` of ``arr``'s
-  shape is read instead of a device ``arr`` (its first row decides for real logits, where
-  a device pass cost a tenth of scoring ImageNet-sized logits).
+  ``given``, the caller's input, sets the dtype's tolerance and, when NumPy of ``arr``'s
+  shape, is read instead of a device ``arr`` (a pass costing a tenth of scoring).
   """
   host = isinstance(given, np.ndarray) and given.shape == arr.shape
   values = given if host else arr
@@ -355,8 +316,7 @@ def refuse_probabilities(name: str, arr: jax.Array | np.ndarray, fix: str, given
 
 
 def ascending_edges(name: str, edges: np.ndarray) -> None:
-  """Bin edges in ascending order (ties allowed, +inf padding), no NaN; else a one-line
-  ValueError naming the first out of place."""
+  """Bin edges ascending (ties and +inf padding allowed) without NaN, else a ValueError."""
   # NaN compares false either way: a NaN edge is out of order too.
   out_of_order = ~(edges[1:] >= edges[:-1]) | np.isnan(edges[1:])
   if edges.size and (np.isnan(edges[0]) or out_of_order.any()):
@@ -368,8 +328,7 @@ def ascending_edges(name: str, edges: np.ndarray) -> None:
 
 
 def hits_within_counts(name: str, hits, counts) -> None:
-  """0 <= hits <= counts (concrete, broadcast together; ``Fraction`` values too), else a
-  one-line ValueError naming the first pair that is not."""
+  """0 <= hits <= counts (broadcast together; ``Fraction`` values too), else a ValueError."""
   hits, counts = (x.reshape(-1) for x in np.broadcast_arrays(np.asarray(hits), np.asarray(counts)))
   bad = (hits < 0) | (hits > counts)
   if np.any(bad):
@@ -401,8 +360,8 @@ def probability(name: str, value) -> float:
   try:
     number = float(value)
   except (TypeError, ValueError):
-    raise ValueError(f"{name}: expected a probability in (0, 1), got {value!r}") from None
-  if not 0.0 < number < 1.0:
+    number = np.nan
+  if not 0.0 < number < 1.0:  # NaN too
     raise ValueError(f"{name}: expected a probability in (0, 1), got {value!r}")
   return number
 
@@ -430,9 +389,7 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = No
 
 
 def _p_correct(name: str, values):
-  """[N] P(correct) of an [N, 2] array of (P(wrong), P(correct)) rows, as
-  ``Calibrator.predict_proba`` returns since it became scikit-learn's shape (its [N] was
-  taken here before): the second column, with a DeprecationWarning saying so."""
+  """The P(correct) column of ``Calibrator.predict_proba``'s [N, 2] rows, deprecated."""
   shape = getattr(values, "shape", None)
   if shape is None or len(shape) != 2 or shape[-1] != 2:
     return values
@@ -449,11 +406,7 @@ def _p_correct(name: str, values):
 def score_and_event(
   name: str, values: ArrayLike, correct: ArrayLike, *, probability: bool = False, host: bool = False
 ) -> tuple[jax.Array | np.ndarray, jax.Array | np.ndarray]:
-  """A finite [N] score (in [0, 1] with ``probability``) and its [N] events, N >= 1.
-
-  The check every per-example metric and estimator starts with; ``correct`` is
-  named ``correct`` in its messages.
-  """
+  """A finite [N] score (in [0, 1] with ``probability``) and its [N] events, N >= 1."""
   if probability:
     values = probability_array(name, _p_correct(name, values), 1)
   else:

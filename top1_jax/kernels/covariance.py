@@ -1,49 +1,23 @@
-"""The covariance 2-norm of many small sample sets, without a solver call per example.
+"""The covariance 2-norm ``||Cov_s(x_s)||_2`` of many small [S, K] sample sets at once.
 
-The score of MC dropout and deep ensembles is ``||Cov_s(x_s)||_2``, the largest
-eigenvalue of the covariance of each example's S vectors of length K. Two things
-make it cheap:
-
-* With X the centred [S, K] samples, the K x K covariance ``X^T X / (S-1)`` and the
-  S x S Gram matrix ``X X^T / (S-1)`` share their nonzero eigenvalues, so only the
-  m x m one with ``m = min(S, K)`` is formed: O(m^2 max(S, K)) per example.
-* The top eigenvalue of a batch of small symmetric PSD matrices comes from m steps
-  of Lanczos run on the whole batch at once (batched matrix-vector products) and
-  bisection on the resulting tridiagonal matrices. In exact arithmetic m steps
-  span the whole space, so there is no convergence test to tune and no eigenvalue
-  gap to wait for; in floating point, Lanczos without reorthogonalisation only
-  repeats Ritz values that have converged, which leaves the largest one intact.
-  Where the sequence stops early with trace left unaccounted for (a start vector
-  orthogonal to the top eigenvector), a restarting, fully reorthogonalised Lanczos
-  runs on that chunk instead.
-  That is the CPU path: there one LAPACK ``eigh`` per matrix is serial per example,
-  and jaxlib's batched CPU ``eigh`` blocked its thread pool when two calls
-  overlapped. GPUs take one batched ``eigvalsh`` call, faster there.
-
-Any scale works up to the float limits: matrices far from 1 are scaled by an exact
-power of two before the eigenvalue step, and samples whose products over- or
-underflow are rescaled per example (norms past the float range are inf, norms
-below the smallest normal float 0, as XLA on the CPU flushes subnormals: the
-checked ``scores.covariance_norm`` raises for both rather than return them).
-
-On the CPU the Gram matrices are formed one example at a time, each one plain
-[S, K] x [K, S] matmul sliced straight out of the ``[S, N, K]`` samples: XLA runs
-those faster than a batched matmul over examples (``benchmarks/bench_covariance.py``),
-and no transposed copy of the samples is made. Eigenvalues are taken a chunk of
-examples at a time, so the memory beyond the input stays O(chunk * m^2) whatever N.
+Only the m x m of the covariance and the Gram matrix, m = min(S, K), is formed (they
+share their nonzero eigenvalues). On the CPU its top eigenvalue comes from m steps of
+batched Lanczos and bisection (a LAPACK ``eigh`` per matrix is serial, and jaxlib's
+batched CPU ``eigh`` blocked its thread pool when two calls overlapped); GPUs take one
+batched ``eigvalsh``. Exact powers of two keep any scale in the float range.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+# Sample values per product step: on the CPU one example at S = 32, K = 1000, as a plain
+# [S, K] x [K, S] matmul is faster there than a batched one; elsewhere 1 GiB of float32.
 _BLOCK_ELEMENTS = {"cpu": 1 << 15, "other": 1 << 28}
-"""Sample values per product step: one example at S = 32, K = 1000 on the CPU (a
-plain matmul); on accelerators, one large batched matmul (1 GiB of float32)."""
 
+# Matrix entries per eigenvalue step (memory stays O(chunk * m^2) whatever N): 256
+# examples at m = 32 on the CPU amortise the Lanczos loop's steps and fit in cache.
 _CHUNK_MATRIX_ELEMENTS = {"cpu": 1 << 18, "other": 1 << 26}
-"""Matrix entries per eigenvalue step: 256 examples at m = 32 on the CPU, enough
-to amortise the per-step cost of the batched Lanczos loop, small enough for cache."""
 
 
 def _on_cpu() -> bool:
@@ -62,18 +36,17 @@ def _at_least_float32(values: jax.Array) -> jax.Array:
 
 
 def start_vector(size: int) -> np.ndarray:
-  """The fixed unit start vector of the CPU route's Lanczos iteration: [size] float64.
-
-  Not the all-ones vector: centred samples (and centred probabilities, whose
-  entries sum to one) have it in their null space. Public so that a test can build
-  the matrix whose top eigenvector is orthogonal to it (the restart handles that).
-  """
+  """The fixed [size] float64 unit start vector of Lanczos: not all ones, which centred
+  samples have in their null space. Public for a test of the restart."""
   vector = np.random.default_rng(0).normal(size=size)
   return vector / np.linalg.norm(vector)
 
 
 def _lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """[B, m, m] symmetric -> Lanczos tridiagonals: [B, m] diagonal, [B, m-1] off-diagonal."""
+  """[B, m, m] symmetric -> Lanczos tridiagonals: [B, m] diagonal, [B, m-1] off-diagonal.
+
+  m steps span the space, so no convergence test; rounding only repeats converged Ritz
+  values, which leaves the largest intact."""
   size = matrices.shape[-1]
   # Carries start from the data's own shapes (``*_like``), as shard_map requires.
   start = jnp.zeros_like(matrices[:, 0]) + jnp.asarray(start_vector(size), matrices.dtype)
@@ -97,14 +70,8 @@ def _lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _restarting_lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``_lanczos`` that cannot miss an eigenvalue: the same tridiagonals, each vector
-  orthogonalised against all before it and, where the Krylov space closes, a restart.
-
-  The restart vector is the unit vector with the largest part outside the span so
-  far, projected out of it. m orthonormal vectors then span the whole space, so the
-  tridiagonal holds every eigenvalue whatever the start vector. Each step costs a
-  few m x m products more than ``_lanczos``'s: the fallback where it may have missed.
-  """
+  """``_lanczos`` reorthogonalised and restarted where the Krylov space closes, so that
+  the tridiagonal holds every eigenvalue: the costlier fallback where it may miss one."""
   size = matrices.shape[-1]
   start = jnp.zeros_like(matrices[:, 0]) + jnp.asarray(start_vector(size), matrices.dtype)
   breakdown = size * jnp.finfo(matrices.dtype).eps * jnp.trace(matrices, axis1=1, axis2=2)
@@ -138,11 +105,8 @@ def _restarting_lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _top_of_tridiagonal(diagonal: jax.Array, off_diagonal: jax.Array) -> jax.Array:
-  """[B, m] diagonal, [B, m-1] off-diagonal -> [B] largest eigenvalue, by bisection.
-
-  The top eigenvalue lies in [max diagonal, max Gershgorin bound]; x is below it
-  iff some pivot of the LDL^T factorisation of T - x I is positive (Sturm).
-  """
+  """[B, m] diagonal, [B, m-1] off-diagonal -> [B] largest eigenvalue, by bisection in
+  [max diagonal, Gershgorin bound]: x is below it iff a pivot of LDL^T(T - x I) is > 0."""
   squares = jnp.square(off_diagonal)
   magnitude = jnp.abs(off_diagonal)
   edge = jnp.zeros(diagonal.shape[:1] + (1,), diagonal.dtype)
@@ -194,8 +158,7 @@ def _binary_exponent(matrices: jax.Array) -> jax.Array:
 
 
 def _times_power_of_two(values: jax.Array, exponent: jax.Array) -> jax.Array:
-  """``values * 2^exponent`` (exact but for overflow and underflow), in two factors so
-  that each is a normal float for exponents up to 2 x 126."""
+  """``values * 2^exponent``, exact but for overflow; two factors stay normal floats."""
   half = exponent // 2
   factors = (_power_of_two(half, values.dtype), _power_of_two(exponent - half, values.dtype))
   expand = (slice(None),) + (None,) * (values.ndim - 1)
@@ -206,11 +169,9 @@ def _lanczos_top(normalised: jax.Array) -> jax.Array:
   """[B, m, m] PSD with trace 1 (or 0) -> [B] top eigenvalue, by Lanczos and bisection."""
   diagonal, off_diagonal = _lanczos(normalised)
   top = _top_of_tridiagonal(diagonal, off_diagonal)
-  # Where the sequence stopped early (an invariant subspace), the start vector's
-  # Krylov space holds sum(diagonal) of the trace and the rest belongs to eigenvectors
-  # it never reached (a top eigenvector orthogonal to the start). Where that rest could
-  # hold an eigenvalue above the one found, Lanczos restarts. (Without a stop, the
-  # diagonal's sum drifts from the trace as orthogonality is lost: no test there.)
+  # Where the sequence stopped early, the trace beyond sum(diagonal) belongs to
+  # eigenvectors the start vector never reached; where it could hold a larger eigenvalue,
+  # Lanczos restarts. (Without a stop, that sum drifts as orthogonality is lost.)
   size = normalised.shape[-1]
   slack = 4 * size * jnp.finfo(normalised.dtype).eps
   stopped = jnp.any(off_diagonal == 0, axis=1)
@@ -224,18 +185,16 @@ def _lanczos_top(normalised: jax.Array) -> jax.Array:
 
 
 def _scaled_top_eigenvalue(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """[B, m, m] PSD -> [B] top eigenvalues as ``top * 2^exponent``, so that a caller can
-  divide ``top`` before the power of two takes it past the float range."""
+  """[B, m, m] PSD -> [B] top eigenvalues as ``top * 2^exponent`` (a caller may divide
+  ``top`` before the power of two takes it past the float range)."""
   # Matrices far from 1 are first scaled by an exact power of two: the trace of
   # entries near the float limit overflows, and 1 / trace past 2^126 underflows.
   exponent = _binary_exponent(matrices)
   matrices = _times_power_of_two(matrices, -exponent)
   if not _on_cpu():
-    # GPUs solve a batch of small eigenproblems in one call (cuSOLVER's batched
-    # Jacobi), faster there than Lanczos' m sequential steps and the bisection.
+    # cuSOLVER's batched Jacobi beats Lanczos' m sequential steps on a GPU.
     return jnp.maximum(jnp.linalg.eigvalsh(matrices)[:, -1], 0.0), exponent
-  # Divided by the trace (>= the top eigenvalue) so that the squares inside
-  # Lanczos and the bisection stay in range whatever the scale of the matrices.
+  # Divided by the trace (>= the top eigenvalue): the squares inside stay in range.
   trace = jnp.trace(matrices, axis1=1, axis2=2)
   trace = jnp.where(trace > 0, trace, 1.0)
   normalised = matrices / trace[:, None, None]
@@ -244,19 +203,8 @@ def _scaled_top_eigenvalue(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 @jax.jit
 def top_eigenvalue(matrices: jax.Array) -> jax.Array:
-  """Largest eigenvalue of each symmetric positive semi-definite matrix.
-
-  On the CPU, batched Lanczos (m steps, the whole batch at once) and bisection
-  on the tridiagonals: no per-matrix solver call. Elsewhere one batched
-  ``eigvalsh``. Values are not checked. float16 and bfloat16 are computed in
-  float32.
-
-  Args:
-    matrices: [B, m, m] float, symmetric PSD, entries anywhere in the float range.
-
-  Returns:
-    [B] float (at least float32), >= 0.
-  """
+  """[B] largest eigenvalue (>= 0, at least float32) of [B, m, m] symmetric PSD matrices,
+  unchecked; entries may lie anywhere in the float range."""
   if matrices.ndim != 3 or matrices.shape[1] != matrices.shape[2] or matrices.shape[1] == 0:
     raise ValueError(f"matrices: expected shape [B, m, m] with m >= 1, got {matrices.shape}")
   num_matrices, size, _ = matrices.shape
@@ -284,14 +232,13 @@ def _products(centred: jax.Array) -> jax.Array:
 
 
 def _centred(samples: jax.Array) -> jax.Array:
-  # Centred explicitly, before any product: the spread of tiny dropout rates can
-  # be 1e-4 of the logits' mean, and centring the Gram afterwards cancels it away.
+  # Centred before any product: the spread of tiny dropout rates can be 1e-4 of the
+  # logits' mean, and centring the Gram afterwards cancels it away.
   centred = samples - jnp.mean(samples, axis=0)
-  # A second pass takes out the rounding error of the mean, which is as large as the
-  # spread of saturated probabilities (errors of 6e-2 to 3x in float32 without it).
+  # A second pass takes out the mean's rounding error, as large as the spread of
+  # saturated probabilities (errors of 6e-2 to 3x in float32 without it).
   centred = centred - jnp.mean(centred, axis=0)
-  # Identical samples centre to exactly 0 (a float mean of S equal values need not
-  # equal them, and the norm would be rounding noise where it is 0).
+  # Identical samples centre to exactly 0 (a float mean of equal values need not equal them).
   largest = jnp.max(samples, axis=0)
   same = (largest == jnp.min(samples, axis=0)) & jnp.isfinite(largest)
   return jnp.where(same, 0.0, centred)
@@ -314,11 +261,9 @@ def _chunk_products(samples: jax.Array, start: jax.Array, chunk: int, block: int
 def _rescaled_chunk_products(
   samples: jax.Array, start: jax.Array, chunk: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """The same with the samples divided by each example's largest deviation first.
-
-  Returns the [chunk, m, m] products, and per example the scale and the binary
-  exponent e that the norm is multiplied back by (scale^2 4^e).
-  """
+  """[chunk, m, m] products of samples divided by each example's largest deviation, and
+  per example that scale and the exponent e that the norm is multiplied back by
+  (scale^2 4^e)."""
   examples = jax.lax.dynamic_slice_in_dim(samples, start, chunk, axis=1)
   # Near the float limit the sum behind the mean and the deviations overflow: such
   # examples are first scaled down by an exact 2^64 (at that magnitude the float
@@ -334,10 +279,9 @@ def _rescaled_chunk_products(
 def _chunk_norms(samples: jax.Array, start: jax.Array, chunk: int, block: int) -> jax.Array:
   """[S, N, K] -> [chunk] covariance norms of examples [start, start + chunk)."""
   products = _chunk_products(samples, start, chunk, block)
-  # Products of the raw deviations are accurate unless they overflow (deviations
-  # beyond ~1e19 / sqrt(K)) or sink towards the subnormals (flushed to 0 below them,
-  # as identical samples give too); only those examples are recomputed from rescaled
-  # samples (an extra pass over the chunk, which the common case skips).
+  # Raw products are accurate unless they overflow (deviations beyond ~1e19 / sqrt(K))
+  # or near the subnormals (flushed to 0): only those examples are recomputed from
+  # rescaled samples, an extra pass the common case skips.
   largest = jnp.max(jnp.diagonal(products, axis1=1, axis2=2), axis=1)
   smallest_safe = np.sqrt(jnp.finfo(samples.dtype).tiny)
   rescale = ~jnp.all(jnp.isfinite(products), axis=(1, 2)) | (largest < smallest_safe)
@@ -394,22 +338,9 @@ def _over_chunks(chunk_fn, num_examples: int, chunk: int, num_chunks: int) -> ja
 
 @jax.jit
 def covariance_norm(samples: jax.Array) -> jax.Array:
-  """Largest eigenvalue of each example's unbiased sample covariance, as ``np.cov``.
-
-  Values are not checked (``scores.covariance_norm`` is the checked entry point);
-  safe under ``jit`` and ``shard_map``. float16 and bfloat16 are computed in float32.
-
-  Args:
-    samples: [S, N, K] float, S >= 2 samples (or ensemble members) of N examples.
-
-  Returns:
-    [N] float (at least float32), >= 0: exactly 0 where an example's samples are
-    identical, and 0 too where the norm lies below the smallest normal float (a
-    spread below ~1e-19 in float32: such examples tie at 0; the checked
-    ``scores.covariance_norm`` refuses them); inf where the norm exceeds the float
-    range, NaN where the example's samples are not all finite. The same with
-    ``jax_enable_x64`` on.
-  """
+  """[N] largest eigenvalue of each example's unbiased covariance (``np.cov``) of [S, N, K].
+  Unchecked, at least float32, safe under ``shard_map``. 0 for identical samples and
+  below the smallest normal float; inf past the float range; NaN for non-finite samples."""
   if samples.ndim != 3 or samples.shape[0] < 2 or samples.shape[2] == 0:
     raise ValueError(f"samples: expected shape [S >= 2, N, K >= 1], got {samples.shape}")
   num_samples, num_examples, num_classes = samples.shape

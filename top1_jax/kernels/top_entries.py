@@ -1,9 +1,7 @@
 """Each row's top entries and a label's rank, by max and count passes: no sort, no arg-max.
 
-Why: on the CPU, XLA reduces a float max or sum over classes many times faster
-than an arg-max (a variadic reduction it does not vectorise) and faster than an
-integer count (docs/performance.md), and ``lax.top_k`` sorts. At ImageNet size every score and event
-is a pass over [N, K] = [50000, 1000], so these forms are what make them cheap.
+On the CPU, XLA reduces a float max or sum many times faster than an arg-max (which it
+does not vectorise) or an integer count, and ``lax.top_k`` sorts (docs/performance.md).
 Ties are broken as ``argmax`` and ``lax.top_k`` break them: towards the lower class.
 """
 
@@ -20,11 +18,8 @@ def count(mask: jax.Array) -> jax.Array:
 
 
 def shifted(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``z = l - max(l)`` (each row's top entry is 0) and the tail ``sum_{j != top} exp(z_j)``.
-
-  The entries below the top add their exponentials and the top's ties beyond the
-  first add 1 each: the sum over all but the arg-max, without one.
-  """
+  """``z = l - max(l)`` and the tail ``sum_{j != top} exp(z_j)``, found without an arg-max
+  (the top's ties beyond the first add 1 each)."""
   z = logits - jnp.max(logits, axis=-1, keepdims=True)
   tail = jnp.sum(jnp.where(z < 0, jnp.exp(z), 0.0), axis=-1) + (count(z == 0) - 1)
   return z, tail
@@ -50,11 +45,8 @@ def top_class(logits: jax.Array) -> jax.Array:
 
 
 def label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """[N] float: how many classes rank ahead of each label (0 for the Top-1 prediction).
-
-  Ahead are the larger entries and, at a tie, the lower class indices, so
-  ``rank < k`` is the label being among ``lax.top_k``'s k, ``rank == 0`` its argmax.
-  """
+  """[N] float: how many classes rank ahead of each label (ties: lower indices ahead),
+  so ``rank < k`` is the label being among ``lax.top_k``'s k."""
   own = jnp.take_along_axis(logits, labels[:, None], axis=-1)
   lower = jnp.arange(logits.shape[-1]) < labels[:, None]
   return count((logits > own) | ((logits == own) & lower))
