@@ -1,20 +1,8 @@
 """Checkpoints of a ``train.TrainState`` (one network or a stacked ensemble), by orbax.
 
-* ``RunCheckpoints``: a training run's checkpoints through orbax's
-  ``CheckpointManager``: ``save(epoch, state)`` keeps the last epoch only,
-  ``latest(template)`` resumes from it. Every process of a run calls both alike;
-  orbax writes from process 0 and makes each checkpoint appear whole or not at all.
-* ``save_checkpoint`` / ``restore_checkpoint``: one checkpoint in one folder.
-
-Both store, beside the arrays, the architecture (``models.architecture``), every
-parameter's shape and every array's CRC-32, and refuse to restore into a template of
-another architecture, ensemble size or parameter shapes with a ``ValueError`` that says
-what differs. A checkpoint that cannot be read back as it was saved (a file flipped,
-truncated, emptied or deleted; metadata that does not parse; an array whose CRC-32
-differs or that holds NaN or an infinity) is damaged: ``restore_checkpoint`` says so in
-one line, and ``RunCheckpoints.latest`` sets it aside (renamed ``<epoch>.damaged``, one
-warning line) and falls back to the checkpoint before it, or to a fresh start, so that
-its epoch is trained again.
+Each stores the architecture, every parameter's shape and every array's CRC-32, so that
+restoring into another architecture is refused, saying what differs, and a damaged
+checkpoint is found (``RunCheckpoints.latest`` then sets it aside and trains its epoch again).
 """
 
 import contextlib
@@ -47,17 +35,14 @@ __all__ = [
 # Written into every checkpoint and checked on restore. A fixed name, not where
 # TrainState is defined: changing it would make existing checkpoints unreadable.
 _FORMAT = "top1_jax.engine.train.TrainState/1"
-# The folders ``save_checkpoint`` writes, one per epoch: ``epoch_<N>``.
-_LEGACY_PREFIX = "epoch_"
-# How orbax names the folder of a save in progress (``<step>.orbax-checkpoint-tmp...``).
+_LEGACY_PREFIX = "epoch_"  # an older layout of one ``save_checkpoint`` folder per epoch
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"
 DAMAGED_SUFFIX = ".damaged"
 """A damaged checkpoint ``<epoch>`` is set aside as ``<epoch>.damaged`` (orbax ignores it)."""
 
 
 class DamagedCheckpointError(ValueError):
-  """A checkpoint that cannot be read back as it was saved (``RunCheckpoints`` sets it
-  aside and trains its epoch again); ``why`` says what is wrong."""
+  """A checkpoint that cannot be read back as it was saved; ``why`` says what is wrong."""
 
   def __init__(self, path, why: str):
     super().__init__(f"directory: the checkpoint at {path} is damaged ({why})")
@@ -65,8 +50,8 @@ class DamagedCheckpointError(ValueError):
 
 
 def _save_error(path, error: Exception) -> Exception:
-  """A failed save as one error: an ``OSError`` naming ``path`` when the system said why
-  (tensorstore reports a full disk as ``ValueError: ... [os_error_code='28']``)."""
+  """An ``OSError`` naming ``path`` when the system said why (tensorstore reports a full
+  disk as ``ValueError: ... [os_error_code='28']``), else a one-line ValueError."""
   text = " ".join(str(error).split())
   if isinstance(error, OSError) and error.errno is not None:
     return OSError(error.errno, error.strerror, os.fspath(error.filename or path))
@@ -127,16 +112,8 @@ def _local_path(directory: epath.PathLike) -> pathlib.Path | epath.Path:
 def save_checkpoint(
   directory: epath.PathLike, state: TrainState, *, overwrite: bool = False
 ) -> pathlib.Path | epath.Path:
-  """Saves a (single or ensemble) ``TrainState`` with orbax into ``directory``.
-
-  Args:
-    directory: where to write (created; must not exist unless ``overwrite``).
-    state: the state to save.
-    overwrite: replace an existing checkpoint at ``directory``.
-
-  Returns:
-    The absolute checkpoint path (an ``epath.Path`` for a URL).
-  """
+  """Saves a ``TrainState`` into ``directory``, which must not exist unless ``overwrite``;
+  returns its absolute path (an ``epath.Path`` for a URL)."""
   path = _local_path(directory)
   if path.exists() and not overwrite:
     raise ValueError(f"directory: {path} exists; pass overwrite=True to replace it")
@@ -146,7 +123,7 @@ def save_checkpoint(
 
 
 def _shape_mismatch(path, saved: dict, wanted: dict) -> str:
-  """The error message for parameter shapes that differ, naming the likely cause."""
+  """The message for parameter shapes that differ, naming the likely cause."""
   names = sorted(n for n in saved.keys() | wanted.keys() if saved.get(n) != wanted.get(n))
   detail = "; ".join(f"{n}: saved {saved.get(n)}, template {wanted.get(n)}" for n in names[:5])
   if saved.keys() == wanted.keys():
@@ -162,8 +139,8 @@ def _shape_mismatch(path, saved: dict, wanted: dict) -> str:
 
 
 def _check_metadata(path, metadata: Any, template: TrainState) -> None:
-  """The one rule for what a checkpoint may be restored into. Metadata that is not a
-  checkpoint's is damage; another format, architecture or shapes, a mismatch."""
+  """Metadata that is not a checkpoint's is damage; another format, architecture or
+  shapes, a mismatch."""
   fields = {"format": str, "architecture": dict, "shapes": dict, "crc32": (dict, type(None))}
   if not isinstance(metadata, dict) or any(
     not isinstance(metadata.get(k), kinds) for k, kinds in fields.items()
@@ -183,11 +160,8 @@ def _check_metadata(path, metadata: Any, template: TrainState) -> None:
 
 
 def _check_files(path) -> None:
-  """Refuses a checkpoint folder that lacks its parts, before orbax opens it.
-
-  With an OCDBT manifest missing, orbax's reader fails from worker threads and
-  prints a traceback per array besides its error.
-  """
+  """Refuses a folder that lacks its parts before orbax opens it: with an OCDBT manifest
+  missing, orbax's reader prints a traceback per array from worker threads."""
   if not (path / "metadata").is_dir() or not (path / "state").is_dir():
     raise DamagedCheckpointError(path, "no metadata/ and state/ folders")
   if isinstance(path, pathlib.Path):  # a FIFO would hang orbax's reader, a device fill memory
@@ -208,9 +182,8 @@ def _host_copy(leaf) -> np.ndarray | None:
 
 
 def _check_arrays(path, arrays, crc32s: dict | None) -> None:
-  """Every restored array as saved: its CRC-32 (when the checkpoint has them: not those
-  written before they were) and, for floats, no NaN or infinity (training stops before
-  saving a diverged state)."""
+  """Each array's CRC-32 (``crc32s`` None: an old checkpoint without them) and, for floats,
+  no NaN or infinity (training stops before saving a diverged state)."""
   flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
   for key_path, leaf in flat:
     host, name = _host_copy(leaf), jax.tree_util.keystr(key_path)
@@ -227,10 +200,8 @@ def _check_arrays(path, arrays, crc32s: dict | None) -> None:
 def _read(path, restore, template: TrainState) -> TrainState:
   """Checks the metadata, then reads the arrays in the structure of ``template``.
 
-  ``restore(args)`` is the orbax restore of the checkpoint at ``path``. A killed
-  write or a disk error leaves files orbax cannot parse; it raises bare
-  ``Exception``s (and tensorstore errors) then, turned here into one
-  ``DamagedCheckpointError``, so the caller can set the checkpoint aside and retrain.
+  ``restore(args)`` is orbax's restore. Files orbax cannot parse (a killed write, a disk
+  error) raise bare ``Exception``s, turned here into one ``DamagedCheckpointError``.
   """
 
   def read(**args):
@@ -249,35 +220,19 @@ def _read(path, restore, template: TrainState) -> TrainState:
 
 
 def _quiet_about(path) -> None:
-  """Drops asyncio's "exception was never retrieved" reports about ``path``: a failed
-  restore leaves tensorstore futures whose errors (200 lines of JSON specs each) are
-  already told, in one line, by the ``DamagedCheckpointError``."""
+  """Drops asyncio's "exception was never retrieved" reports about ``path``: tensorstore
+  futures of a failed restore, already told by the ``DamagedCheckpointError``."""
   text = os.fspath(path)
-
-  def other(record: logging.LogRecord) -> bool:
-    return text not in record.getMessage()
-
-  logging.getLogger("asyncio").addFilter(other)
+  logging.getLogger("asyncio").addFilter(lambda record: text not in record.getMessage())
 
 
 def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> TrainState:
-  """Restores a checkpoint into the structure of ``template``.
-
-  Args:
-    directory: a path written by ``save_checkpoint``.
-    template: a ``TrainState`` of the same architecture, ensemble size and
-      optimizer (e.g. fresh from ``train.create_train_state`` /
-      ``train.init_ensemble``); its static fields (model, tx, dropout_rate) are
-      kept.
-
-  Returns:
-    The restored ``TrainState``.
+  """Restores a ``save_checkpoint`` folder into ``template``, a ``TrainState`` of the same
+  architecture, ensemble size and optimizer whose static fields are kept.
 
   Raises:
-    DamagedCheckpointError: (a ValueError) no checkpoint at ``directory``, or one that
-      cannot be read back as it was saved.
-    ValueError: it was saved from another architecture or with other parameter
-      shapes (e.g. another ensemble size).
+    DamagedCheckpointError: (a ValueError) no checkpoint at ``directory``, or a damaged one.
+    ValueError: saved from another architecture or parameter shapes (ensemble size).
   """
   path = _local_path(directory)
   _check_files(path)
@@ -288,22 +243,17 @@ def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> Train
 class RunCheckpoints:
   """The checkpoint of a training run's last finished epoch, by orbax's ``CheckpointManager``.
 
-  Every process of the run creates it with the same ``directory`` (local, or a
-  URL such as ``gs://bucket/run``) and calls ``latest`` and ``save`` alike:
-  process 0 writes, all read. A save is atomic: a run killed while saving
-  resumes from the previous epoch. Use it as a context manager, or ``close`` it.
-
-  A folder of ``save_checkpoint``'s layout (``epoch_N/`` folders) is read while
-  the manager holds no checkpoint of its own: its newest one resumes as epoch N.
-  The next ``save`` goes beside it.
+  Every process creates it with the same ``directory`` (local or a URL) and calls
+  ``latest`` and ``save`` alike: process 0 writes, all read. A save is atomic. Use it as a
+  context manager, or ``close`` it. Older ``epoch_N/`` folders are read while the manager
+  holds no checkpoint of its own.
   """
 
   def __init__(self, directory: epath.PathLike):
     files.check_usable(directory, "directory")
     self.directory = _local_path(directory)
     self._discard_unfinished()  # orbax's own cleanup runs in a thread: this one has ended
-    # Synchronous: a save has ended when ``save`` returns. The cleanup removes the
-    # temporary folder of a save that was killed.
+    # Synchronous: a save has ended when ``save`` returns.
     options = ocp.CheckpointManagerOptions(
       max_to_keep=1, enable_async_checkpointing=False, cleanup_tmp_directories=True
     )
@@ -313,21 +263,13 @@ class RunCheckpoints:
     self._failed = False
 
   def latest(self, template: TrainState) -> tuple[int, TrainState]:
-    """The last saved epoch and its state, in the structure of ``template``.
+    """``(epoch, state)`` of the last saved epoch, or ``(0, template)`` when none is readable.
 
-    A damaged checkpoint (``DamagedCheckpointError``) is set aside, renamed
-    ``<epoch>.damaged`` with one warning line naming it, and the one before it is
-    read instead (none: a fresh start), so the caller trains its epoch again.
-
-    Args:
-      template: a ``TrainState`` as ``restore_checkpoint`` takes.
-
-    Returns:
-      ``(epoch, state)``, or ``(0, template)`` when nothing (readable) was saved.
+    A damaged checkpoint is set aside as ``<epoch>.damaged`` with one warning, and the one
+    before it is read instead, so the caller trains its epoch again.
 
     Raises:
-      ValueError: the checkpoint is of another architecture, ensemble size or
-        parameter shapes (the message says what differs).
+      ValueError: the checkpoint is of another architecture or parameter shapes.
     """
     while (epoch := self._manager.latest_step()) is not None:
       path = self.directory / str(epoch)
@@ -371,16 +313,12 @@ class RunCheckpoints:
     )  # fmt: skip
 
   def save(self, epoch: int, state: TrainState) -> None:
-    """Saves ``state`` as epoch ``epoch`` and then deletes the previous epoch's checkpoint.
-
-    Args:
-      epoch: the finished epoch, after the latest saved one.
-      state: the state to save (the same in every process).
+    """Saves ``state`` (the same in every process) as ``epoch``, after the latest saved one,
+    then deletes the previous epoch's checkpoint.
 
     Raises:
-      OSError: the system refused the write (``errno.ENOSPC`` for a full disk),
-        naming the checkpoint's folder. The unfinished save's temporary folders
-        are removed first; the previous epoch's checkpoint is kept.
+      OSError: the system refused the write (``errno.ENOSPC``: a full disk), naming the
+        folder; the unfinished save is removed and the previous checkpoint kept.
       ValueError: any other failure of the save, in one line.
     """
     latest = self._manager.latest_step() or 0
@@ -398,11 +336,8 @@ class RunCheckpoints:
       raise _save_error(self.directory / str(epoch), e) from e
 
   def _discard_unfinished(self) -> None:
-    """Removes the temporary folders of a save that failed (a full disk, most often).
-
-    Done after the failure, again at ``close`` (tensorstore's threads may still write
-    there in between) and when the next ``RunCheckpoints`` opens the folder.
-    """
+    """Removes a failed save's temporary folders: again at ``close``, since tensorstore's
+    threads may still write there in between."""
     if jax.process_index() != 0 or not isinstance(self.directory, pathlib.Path):
       return
     for partial in self.directory.glob(f"*{_TMP_SUFFIX}*"):

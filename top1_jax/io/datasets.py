@@ -1,23 +1,8 @@
-"""Datasets as numpy arrays: one registry of loaders, IDX files and TFDS.
+"""Datasets as numpy arrays: the names in ``REGISTRY`` from IDX files, any other (or
+these when no IDX files are found) through TFDS.
 
-``load_dataset(name, split)`` returns a ``DatasetSplit``: images
-``[N, H, W, C]`` float32 in [0, 1] and labels ``[N]`` int32. Sources, in order:
-
-* A name in ``REGISTRY`` (``fashion_mnist``, ``mnist``) as IDX files
-  (``train-images-idx3-ubyte.gz``, ``t10k-labels-idx1-ubyte.gz``, ...; gzipped or
-  not) in ``data_dir``, then in its system copy: Fashion-MNIST's in
-  ``/usr/share/datasets/fashion-mnist`` (Debian package ``dataset-fashion-mnist``),
-  the offline default (``top1_jax.io.idx``). With ``fallback=False`` an explicit
-  ``data_dir`` is the only place read. A directory with only one of a split's two
-  IDX files is refused, never skipped.
-* Any TFDS name (``cifar10``, ``cifar100``, ``imagenet2012``, ...) prepared in
-  ``data_dir`` (or TFDS's default directory), or built by TFDS when TensorFlow
-  and the network are there (``top1_jax.io.tfds``); otherwise one clear
-  ``DataUnavailableError``.
-
-The training split trains; the held-out (test) split is what cross-validation
-divides into calibration and evaluation folds. ``split_info`` says where a split
-would be read from, and its size for IDX files, from the file headers alone.
+The held-out (test) split is what cross-validation divides into calibration and
+evaluation folds.
 """
 
 from collections.abc import Callable, Iterator
@@ -37,7 +22,7 @@ from top1_jax.io.splits import (
 
 
 class IdxDataset(NamedTuple):
-  """A dataset read from IDX files (``top1_jax.io.idx``) before TFDS is tried.
+  """A dataset read from IDX files before TFDS is tried.
 
   Attributes:
     class_names: the K class names, in label order.
@@ -58,8 +43,7 @@ REGISTRY: dict[str, IdxDataset] = {
   ),
   "mnist": IdxDataset(tuple(str(digit) for digit in range(10))),
 }
-"""Datasets with a loader of their own, by name; every other name is TFDS's (its own
-registry). Adding an IDX dataset is one entry here."""
+"""Datasets read from IDX files, by name; every other name is TFDS's."""
 
 
 def _no_idx_error(
@@ -91,8 +75,7 @@ def _no_idx_error(
 
 
 def _idx_dataset(name, split, source: str) -> IdxDataset | None:
-  """Checks load_dataset's arguments; the registry entry whose IDX files are looked
-  for, or None when the name goes to TFDS alone."""
+  """Checks load_dataset's arguments; the registry entry, or None for TFDS alone."""
   if source not in ("auto", "idx", "tfds"):
     raise ValueError(f"source: expected 'auto', 'idx' or 'tfds', got {source!r}")
   if not isinstance(name, str) or not name:
@@ -144,31 +127,20 @@ def load_dataset(
 ) -> DatasetSplit:
   """Loads one split of a dataset into memory.
 
-  The names in ``REGISTRY`` (``fashion_mnist``, ``mnist``) are read from IDX files in
-  ``data_dir`` (and from their system copy, Fashion-MNIST's in
-  ``/usr/share/datasets/fashion-mnist``) when present; any other name, or these
-  when no IDX files are found, goes through TFDS (``tfds.load_tfds``).
-
   Args:
     name: ``"fashion_mnist"``, ``"mnist"`` or any TFDS name.
     split: ``"train"`` or ``"test"`` (TFDS: any TFDS split string).
     data_dir: directory with IDX files or a TFDS data directory.
     limit: keep the first ``limit`` examples (all when None).
     source: ``"auto"``, ``"idx"`` (IDX files only) or ``"tfds"`` (TFDS only).
-    image_size: (height, width) for TFDS images of varying size (see
-      ``tfds.load_tfds``).
-    fallback: when ``data_dir`` is given but lacks the split's IDX files, look
-      in the system copy of Fashion-MNIST before TFDS. False makes ``data_dir``
-      the only place read (its IDX files, else TFDS data in it), so an explicit
-      directory is used or refused, never silently replaced.
-
-  Returns:
-    A ``DatasetSplit``: images [N, H, W, C] float32 in [0, 1], labels [N] int32.
+    image_size: (height, width) for TFDS images of varying size.
+    fallback: when ``data_dir`` lacks the split's IDX files, look in the system copy
+      (Fashion-MNIST's) before TFDS. False: an explicit ``data_dir`` is used or
+      refused, never silently replaced.
 
   Raises:
-    DataUnavailableError: no local copy and no way to fetch one (one line saying
-      what to install or where to put the files), or a directory with only one
-      of a split's two IDX files.
+    DataUnavailableError: no local copy and no way to fetch one (saying what to install
+      or where to put the files), or a directory with half of a split's IDX pair.
     ValueError: bad arguments or corrupt files.
   """
   dataset = _idx_dataset(name, split, source)
@@ -196,10 +168,8 @@ class SplitInfo(NamedTuple):
   """Where ``load_dataset`` would read a split from, and its size when that is cheap.
 
   Attributes:
-    source: ``"idx:<dir>"`` (as ``DatasetSplit.source``) or ``"tfds:<data_dir>"``
-      (``"tfds:default"`` for TFDS's own directory).
-    num_examples: N after ``limit``, from the IDX headers; None for TFDS (known
-      once the dataset is opened).
+    source: ``"idx:<dir>"`` or ``"tfds:<data_dir>"`` (``"tfds:default"``: TFDS's own).
+    num_examples: N after ``limit``, from the IDX headers; None for TFDS.
     num_classes: K of an IDX dataset; None for TFDS.
   """
 
@@ -217,10 +187,8 @@ def split_info(
   source: str = "auto",
   fallback: bool = True,
 ) -> SplitInfo:
-  """What ``load_dataset`` with the same arguments would read, without reading it.
-
-  For IDX files only the headers are read (milliseconds), so a launcher can
-  check its settings against N and K before any work; TFDS is not imported.
+  """What ``load_dataset`` with the same arguments would read, from the IDX headers alone
+  (TFDS is not imported), so a launcher can check N and K before any work.
 
   Raises:
     DataUnavailableError, ValueError: as ``load_dataset`` would for a missing
@@ -247,16 +215,9 @@ def iterate_batches(
   seed: int | None = None,
   drop_remainder: bool = False,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """Yields (images [B, H, W, C], labels [B]) batches covering the split once.
+  """Yields numpy (images [B, H, W, C], labels [B]) batches covering the split once.
 
-  Args:
-    dataset: the split.
-    batch_size: B.
-    seed: shuffle with this seed (one permutation per call); None keeps order.
-    drop_remainder: drop the last batch when it is smaller than B.
-
-  Yields:
-    numpy batches.
+  ``seed`` shuffles (one permutation per call); None keeps the order.
   """
   batch_size = validation.positive_int("batch_size", batch_size)
   count = len(dataset.labels)

@@ -1,12 +1,7 @@
 """Example data inside the package: two real networks' softmax outputs on CIFAR test sets.
 
-``load_example(name)`` reads one through ``importlib.resources``, so it works from any
-folder and from an installed wheel, with the core install (numpy) alone. The files are
-``top1_jax/io/example_data/<name>.npz``; their README there says where they come from and
-their licence (Apache License 2.0, from the netcal project's example records)::
-
-  from top1_jax import load_example
-  probs, labels, num_classes, description = load_example("densenet-bc-100-cifar-100")
+The files are ``top1_jax/io/example_data/<name>.npz``; the README there gives their source
+and licence (Apache License 2.0, from the netcal project's example records).
 """
 
 import importlib.resources
@@ -43,7 +38,7 @@ class Example(NamedTuple):
 
 
 def load_example(name: str) -> Example:
-  """Loads the example data set ``name`` (one of ``EXAMPLES``).
+  """Loads the example data set ``name``, from any folder or an installed wheel.
 
   Args:
     name: ``"densenet-bc-100-cifar-100"`` (CIFAR-100, ``[10000, 100]``) or

@@ -1,17 +1,8 @@
 """Writing files atomically, on a local disk or in a bucket (``gs://``, ``s3://``).
 
-Paths go through ``etils.epath``, so any of these functions takes a local path
-(``str`` or ``os.PathLike``) or a URL whose file system is installed (``gs://``
-needs ``gcsfs`` or TensorFlow, ``s3://`` needs ``s3fs``).
-
-Readers see the old file or the new one, never a part: on a local disk the
-file is written under a temp name in the same folder and renamed; in an object
-store a single object write is already atomic, so the object is written
-directly (from a local staging file, so a writer that fails uploads nothing).
-
-Readers open regular files only (``open_regular``): a FIFO would wait for a writer, a
-device such as ``/dev/zero`` never ends, and a link to either is no better; each is
-refused in one line naming the path before anything is read.
+Readers see the old file or the new one, never a part: a local file is written under a
+temp name and renamed; an object is written in one go from a local staging file. Readers
+open regular files only (``open_regular``): a FIFO or device would block or never end.
 """
 
 from __future__ import annotations
@@ -37,11 +28,8 @@ if TYPE_CHECKING:  # etils is imported only for a URL: the core installs without
 
 
 def is_local(path: epath.PathLike) -> bool:
-  """Whether ``path`` names a file on this machine (no ``scheme://`` prefix).
-
-  Raises:
-    ValueError: ``path`` is not a path (``str`` or ``os.PathLike``), e.g. None.
-  """
+  """Whether ``path`` names a file on this machine (no ``scheme://`` prefix); a ValueError
+  when it is not a ``str`` or ``os.PathLike`` (e.g. None)."""
   if not isinstance(path, (str, os.PathLike)):
     raise ValueError(
       f"path: expected a file path (str or os.PathLike), got {type(path).__name__} {path!r:.80}"
@@ -78,12 +66,10 @@ def _refuse_unless_regular(path, mode: int) -> None:
 def open_regular(path: epath.PathLike) -> BinaryIO:
   """``path`` open for binary reading, if it is a regular file (or a link to one).
 
-  A FIFO would block the open until a writer comes, a device (``/dev/zero``) reads
-  without end and a socket cannot be read: each is refused before anything is read. A
-  URL is opened as it is (an object store holds objects only).
+  A URL is opened as it is (an object store holds objects only).
 
   Raises:
-    FileNotFoundError: no such file (naming it).
+    FileNotFoundError: no such file.
     ValueError: not a regular file, in one line naming it and what it is.
   """
   where = as_path(path)
@@ -105,8 +91,7 @@ REACH_SECONDS = 20.0
 """How long ``check_usable`` waits for a URL's first answer (gcsfs retries for ~50 s)."""
 
 CLOUD_LOGGERS = ("gcsfs", "google", "urllib3", "aiohttp", "fsspec", "s3fs", "botocore")
-"""The file-system libraries' loggers, quiet while ``check_usable`` probes: each retry
-of an unreachable bucket is a logged traceback (105 lines from gcsfs without network)."""
+"""Loggers silenced while ``check_usable`` probes: each retry logs a full traceback."""
 
 
 def _probe(path: epath.PathLike, timeout: float) -> BaseException | None:
@@ -127,12 +112,8 @@ def _probe(path: epath.PathLike, timeout: float) -> BaseException | None:
 
 
 def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS) -> None:
-  """Refuses, in one line and before anything is written, a URL that cannot be used.
-
-  epath reaches ``gs://`` through gcsfs (or TensorFlow), ``s3://`` through s3fs;
-  without them the first write would fail half-way into a run. A bucket that does
-  not answer within ``timeout`` seconds (no network, no credentials) is refused
-  too, without the libraries' retry tracebacks.
+  """Refuses, before anything is written, a URL whose file system is not installed or
+  that does not answer within ``timeout`` seconds (no network, no credentials).
 
   Raises:
     ValueError: naming ``what`` (the flag), the URL and what is wrong.
@@ -175,11 +156,8 @@ def split_paths(text: str) -> tuple[str, ...]:
 
 
 def expand(patterns: Sequence[str]) -> list[pathlib.Path | epath.Path]:
-  """Paths and globs (local ones expanded, ``~`` too), each as a path, in the given order.
-
-  Raises:
-    FileNotFoundError: a pattern that names no file ("no such file: <pattern>").
-  """
+  """Paths and globs (local ones expanded, ``~`` too), each as a path, in the given order;
+  FileNotFoundError for a pattern that names no file."""
   found = []
   for pattern in patterns:
     matches = sorted(glob.glob(os.path.expanduser(pattern))) if is_local(pattern) else []
@@ -190,11 +168,9 @@ def expand(patterns: Sequence[str]) -> list[pathlib.Path | epath.Path]:
 
 
 def not_text(path: str) -> str | None:
-  """Why the local ``path`` is not a text file (a source file), in words, or None if it is.
+  """Why the local ``path`` is not a text file, in words, or None if it is.
 
-  Returns:
-    "no such file", "a directory", "binary data, not text" (a null byte in its
-    first 64 KiB: a ``.npy``, ``.npz`` or pickle), or None.
+  A null byte in the first 64 KiB (a ``.npy``, ``.npz`` or pickle) means binary.
   """
   if not os.path.isfile(path):
     return "a directory" if os.path.isdir(path) else "no such file"
@@ -203,13 +179,9 @@ def not_text(path: str) -> str | None:
 
 
 def disk_full(error: BaseException, root: str) -> str | None:
-  """A full disk (or quota) under the local folder ``root``, in words, or None.
-
-  Returns:
-    ``"<root>: no space left on device (writing <file>)"`` when ``error`` is
-    ENOSPC or EDQUOT and names no file outside ``root`` (another disk's file,
-    such as a cache, is left to its own message); None otherwise.
-  """
+  """``"<root>: no space left on device (writing <file>)"`` when ``error`` is ENOSPC or
+  EDQUOT on a file under ``root`` (another disk's file, such as a cache, is left to its
+  own message), else None."""
   if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
     return None
   root, name = os.path.abspath(os.path.expanduser(root)), error.filename
@@ -258,18 +230,10 @@ def _write_remote(path: epath.Path, write: Callable[[BinaryIO], Any]) -> None:
 def atomic_write(
   path: epath.PathLike, write: Callable[[BinaryIO], Any]
 ) -> pathlib.Path | epath.Path:
-  """Writes a file so that readers see the old file or the new one, never a part.
+  """Calls ``write(file)`` once on a binary file that replaces ``path`` only when it
+  returns; on any failure (KeyboardInterrupt too) ``path`` is left as it was.
 
-  On a local disk, calls ``write(file)`` on a temp file in ``path``'s directory
-  (created if needed), syncs it, makes it world-readable and renames it over
-  ``path``. On any failure, including KeyboardInterrupt, the temp file is
-  removed and ``path`` is left as it was. For a URL (``gs://...``), ``write``
-  fills a local staging file that is then written as one object; when
-  ``write`` raises, nothing is written.
-
-  Args:
-    path: destination file, local or a URL.
-    write: called once with a binary file object open for writing.
+  A local file is made world-readable and its directory created if needed.
 
   Returns:
     ``path`` as a ``pathlib.Path`` (local) or an ``epath.Path`` (URL).
@@ -288,23 +252,21 @@ def atomic_write(
 
 
 def write_bytes(path: epath.PathLike, payload: bytes) -> pathlib.Path | epath.Path:
-  """Writes ``payload`` to ``path`` atomically (``atomic_write``); returns the path."""
+  """Writes ``payload`` to ``path`` atomically; returns the path."""
   return atomic_write(path, lambda file: file.write(payload))
 
 
 def write_json(path: epath.PathLike, value: Any) -> pathlib.Path | epath.Path:
-  """Writes ``value`` as strict, indented JSON with sorted keys, atomically; returns the path.
+  """Writes ``value`` as indented JSON with sorted keys, atomically; returns the path.
 
-  Raises:
-    ValueError: ``value`` holds a NaN or an infinity (strict JSON has neither).
+  A NaN or infinity is a ValueError: a bug upstream (undefined values are None).
   """
-  # Strict JSON: a NaN or Inf is a bug upstream (undefined values are None), not a token.
   text = json.dumps(value, indent=2, sort_keys=True, allow_nan=False)
   return write_bytes(path, (text + "\n").encode())
 
 
 def read_text(path: epath.PathLike) -> str:
-  """The UTF-8 text of a local regular file (``open_regular``) or a URL."""
+  """The UTF-8 text of a local regular file or a URL."""
   with open_regular(path) as file:
     return file.read().decode()
 
@@ -313,11 +275,9 @@ _log = logging.getLogger(__name__)
 
 
 def read_json(path: epath.PathLike) -> Any | None:
-  """The JSON at ``path``, or None when it is missing, then the work is redone.
+  """The strict JSON at ``path``, or None when it is missing or unusable (with a warning).
 
-  A file that is there but cannot be used (not a regular file, not UTF-8, not strict
-  JSON: ``parse_json``) is None too, with one warning line naming it and why: a damaged
-  marker of finished work means the work is done again, not a traceback.
+  A damaged marker of finished work means the work is done again, not a traceback.
   """
   try:
     with open_regular(path) as file:
@@ -374,15 +334,13 @@ def parse_json(data: bytes | str) -> Any:
 
 
 def read_strict_json(path: epath.PathLike, max_bytes: int, what: str) -> Any:
-  """The strict JSON (``parse_json``) of a regular file that must be ``what`` (e.g. "a
-  top1_jax calibrator").
+  """The strict JSON of a regular file that must be ``what`` (e.g. "a top1_jax calibrator").
 
-  Refused in one line naming the file: not a regular file (``open_regular``), more than
-  ``max_bytes`` (checked before reading a local file; at most ``max_bytes + 1`` bytes
-  are read of any other), or not strict JSON.
+  At most ``max_bytes + 1`` bytes are read (a local file's size is checked first).
 
   Raises:
-    ValueError: any of these; OSError: the file cannot be read (its message names it).
+    ValueError: not a regular file, over ``max_bytes``, or not strict JSON, naming the file.
+    OSError: the file cannot be read.
   """
   with open_regular(path) as file:
     size = os.fstat(file.fileno()).st_size if is_local(path) else None
@@ -401,27 +359,17 @@ def read_strict_json(path: epath.PathLike, max_bytes: int, what: str) -> Any:
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 """A text cell starting with one of these is a formula to a spreadsheet (OWASP's "CSV
-injection"): ``write_csv`` writes it after a single quote, which spreadsheets take as
-"text" and hide."""
+injection"): ``write_csv`` writes it after a single quote, which spreadsheets hide."""
 
 
 def _cell(value: Any) -> Any:
-  """``value`` as ``write_csv`` writes it: text that a spreadsheet would run as a formula
-  escaped with a leading quote (numbers are data, never escaped)."""
   return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 
 def write_csv(path: epath.PathLike, rows: Sequence[dict[str, Any]]) -> pathlib.Path | epath.Path:
-  """Writes dict rows as CSV, atomically; returns the path.
+  """Writes dict rows as CSV, atomically, text cells escaped (``FORMULA_STARTS``).
 
-  A text cell (or column name) that starts with ``FORMULA_STARTS`` (``=``, ``+``, ``-``,
-  ``@``, tab, carriage return) gets a leading ``'``, as OWASP's CSV-injection guidance
-  says: a ``meta`` value such as ``=HYPERLINK(...)`` is shown as text, not run.
-
-  Args:
-    path: destination file.
-    rows: one dict per row; the columns are every key, in order of first
-      appearance (a row without a key leaves that cell empty).
+  The columns are every key in order of first appearance; a missing key is an empty cell.
   """
   columns: list[str] = []
   for row in rows:

@@ -1,9 +1,5 @@
-"""IDX files: MNIST and Fashion-MNIST, read offline.
-
-``fashion_mnist`` and ``mnist`` ship as four IDX files
-(``{train,t10k}-{images-idx3,labels-idx1}-ubyte``, gzipped or not). A folder with
-both a ``.gz`` file and its gunzipped twin uses either when their data agree and
-refuses them when not. The Debian package ``dataset-fashion-mnist`` installs
+"""IDX files: MNIST and Fashion-MNIST (``{train,t10k}-{images-idx3,labels-idx1}-ubyte``,
+gzipped or not), read offline. The Debian package ``dataset-fashion-mnist`` installs
 Fashion-MNIST in ``FASHION_MNIST_DIR``, which makes it the offline default dataset.
 """
 
@@ -38,7 +34,6 @@ FASHION_MNIST_CLASSES = (
   "Ankle boot",
 )
 
-# Split -> file name prefix.
 IDX_SPLIT_PREFIX = {"train": "train", "test": "t10k"}
 
 _IDX_DTYPES = {
@@ -55,9 +50,8 @@ _COMPARE_BLOCK = 1 << 20  # bytes per read when comparing a .gz file with its ra
 
 
 MAX_IDX_BYTES = 1 << 30
-"""The most data bytes an IDX file's header may declare (1 GiB; MNIST's training images
-hold 47 MB, EMNIST's largest split 0.64 GB): a larger header is refused before anything
-is allocated, and a gzip stream is inflated no further than its header declares."""
+"""The most data bytes an IDX file's header may declare (MNIST's training images hold
+47 MB, EMNIST's largest split 0.64 GB): a larger one is refused before any allocation."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error)
@@ -66,7 +60,7 @@ _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error)
 @contextlib.contextmanager
 def _opened(path: pathlib.Path | epath.Path) -> Iterator[BinaryIO]:
   """The file's bytes as a stream, gunzipped when it starts with the gzip magic; errors
-  name the file (a FIFO or a device is refused by ``files.open_regular``)."""
+  name the file."""
   try:
     file = files.open_regular(path)
   except FileNotFoundError:
@@ -87,8 +81,11 @@ def _gzip_error(path, error: BaseException) -> ValueError:
   return ValueError(f"{path}: corrupt or truncated gzip data ({error})")
 
 
-def _parse_header(path, raw: bytes) -> tuple[int, np.dtype, tuple[int, ...], int]:
-  """(magic, dtype, shape, header size) of the IDX header at the start of ``raw``."""
+def _header(path, stream: BinaryIO) -> tuple[int, np.dtype, tuple[int, ...]]:
+  """(magic, dtype, shape) from the stream's first bytes, which it leaves at the data."""
+  raw = stream.read(4)
+  if len(raw) == 4:
+    raw += stream.read(4 * raw[3])
   if len(raw) < 4:
     raise ValueError(f"{path}: truncated IDX header ({len(raw)} bytes)")
   (magic,) = struct.unpack(">I", raw[:4])
@@ -105,16 +102,12 @@ def _parse_header(path, raw: bytes) -> tuple[int, np.dtype, tuple[int, ...], int
       f" bytes, file has {len(raw)}"
     )
   shape = struct.unpack(f">{ndim}I", raw[4:header_size])
-  return magic, _IDX_DTYPES[type_code], shape, header_size
+  return magic, _IDX_DTYPES[type_code], shape
 
 
-def _header(path, stream: BinaryIO) -> tuple[int, np.dtype, tuple[int, ...]]:
-  """(magic, dtype, shape) from the stream's first bytes, which it leaves at the data."""
-  raw = stream.read(4)
-  if len(raw) == 4:
-    raw += stream.read(4 * raw[3])
-  magic, dtype, shape, _ = _parse_header(path, raw)
-  return magic, dtype, shape
+def _check_magic(path, found: int, magic: int, what: str) -> None:
+  if found != magic:
+    raise ValueError(f"{path}: bad magic number 0x{found:08x} for {what}: expected 0x{magic:08x}")
 
 
 def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
@@ -126,8 +119,8 @@ def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
         f"{path}: header says shape {shape} ({expected} data bytes), over the"
         f" {MAX_IDX_BYTES} an IDX file may hold (idx.MAX_IDX_BYTES); not read"
       )
-    # Into one buffer of the declared size, then one byte more: a gzip stream that
-    # inflates further (a bomb) is refused after the bytes the header declared.
+    # Into one buffer of the declared size, then one byte more: a gzip bomb is refused
+    # after the bytes the header declared.
     data = bytearray(expected)
     view, got = memoryview(data), 0
     while got < expected and (count := stream.readinto(view[got:])):
@@ -147,23 +140,15 @@ def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
 
 
 def _read_header(path: pathlib.Path | epath.Path) -> tuple[int, tuple[int, ...]]:
-  """(magic, shape) from the first bytes of the file alone (a gzip stream is only begun)."""
+  """(magic, shape) from the first bytes of the file alone."""
   with _opened(path) as stream:
     magic, _, shape = _header(path, stream)
   return magic, shape
 
 
 def read_idx_shape(path: epath.PathLike) -> tuple[int, ...]:
-  """The shape an IDX file's header declares, without reading the data.
-
-  Cheap even for a large gzipped file: only the first bytes are decompressed.
-  The data itself is not checked (``read_idx`` does that).
-
-  Args:
-    path: the file, local or a URL (``files.as_path``).
-
-  Returns:
-    The shape, e.g. ``(60000, 28, 28)``.
+  """The shape an IDX file's header declares, e.g. ``(60000, 28, 28)``, without reading
+  (or checking) the data.
 
   Raises:
     ValueError: bad magic number or truncated header; the message names the file.
@@ -172,34 +157,22 @@ def read_idx_shape(path: epath.PathLike) -> tuple[int, ...]:
 
 
 def read_idx(path: epath.PathLike) -> np.ndarray:
-  """Reads an IDX file (gzipped or not) as a numpy array.
-
-  The header is two zero bytes, a type code, the number of dimensions D and D
-  big-endian uint32 sizes; the data that follows must have exactly that size.
-
-  Args:
-    path: the file, local or a URL (``files.as_path``).
-
-  Returns:
-    The array, shape given by the header, native byte order.
+  """An IDX file (gzipped or not, local or a URL) as an array in native byte order.
 
   Raises:
-    ValueError: bad magic number, truncated file or trailing bytes; the message
-      names the file.
+    ValueError: bad magic number, truncated file or trailing bytes, naming the file.
   """
   return _read_idx(files.as_path(path))[1]
 
 
 def _read_idx_with_magic(path: pathlib.Path | epath.Path, magic: int, what: str) -> np.ndarray:
   found, array = _read_idx(path)
-  if found != magic:
-    raise ValueError(f"{path}: bad magic number 0x{found:08x} for {what}: expected 0x{magic:08x}")
+  _check_magic(path, found, magic, what)
   return array
 
 
 def _same_data(first: pathlib.Path | epath.Path, second: pathlib.Path | epath.Path) -> bool:
-  """Whether two IDX files hold the same bytes once gunzipped: read a block at a time, side
-  by side, up to the first difference (a size difference shows at the end of the shorter)."""
+  """Whether two IDX files hold the same bytes once gunzipped, read a block at a time."""
   with _opened(first) as stream_a, _opened(second) as stream_b:
     while True:
       blocks = []
@@ -219,8 +192,8 @@ def _idx_pair(
 ) -> list[tuple[str, pathlib.Path | epath.Path | None]]:
   """[(file name pattern, the file or None)] for a split's images and labels files.
 
-  With both ``<stem>.gz`` and ``<stem>``, either is used when they hold the same data;
-  when they differ, which one is meant is not known, so it is refused.
+  With both ``<stem>.gz`` and ``<stem>``, either is used when they hold the same data,
+  and both are refused when they differ: which one is meant is not known.
   """
   if split not in IDX_SPLIT_PREFIX:
     raise ValueError(f"split: expected one of {sorted(IDX_SPLIT_PREFIX)}, got {split!r}")
@@ -242,19 +215,8 @@ def _idx_pair(
 def find_idx_files(
   directory: epath.PathLike, split: str
 ) -> tuple[pathlib.Path | epath.Path, pathlib.Path | epath.Path] | None:
-  """The (images, labels) IDX files of a split in a directory, if both exist.
-
-  Looks for ``{train,t10k}-images-idx3-ubyte[.gz]`` and
-  ``{train,t10k}-labels-idx1-ubyte[.gz]``, the names MNIST and Fashion-MNIST use.
-
-  Args:
-    directory: where to look.
-    split: ``"train"`` or ``"test"``.
-
-  Returns:
-    The two paths, or None when either is missing (``incomplete_idx_pair`` says
-    whether one of them is there).
-  """
+  """The (images, labels) IDX files of a split (``"train"`` or ``"test"``) in a directory,
+  or None when either is missing."""
   (_, images), (_, labels) = _idx_pair(directory, split)
   return None if images is None or labels is None else (images, labels)
 
@@ -262,9 +224,8 @@ def find_idx_files(
 def incomplete_idx_pair(directory: epath.PathLike, split: str) -> str | None:
   """Why a directory holds half of a split's IDX pair (one file, not the other), else None.
 
-  A split's images and labels must come from one place: with only one of them
-  here, a loader that looked elsewhere for the pair would silently read another
-  copy of the data, so callers refuse this instead.
+  Callers refuse this: a loader that looked elsewhere for the pair would silently read
+  another copy of the data.
   """
   (image_name, images), (label_name, labels) = _idx_pair(directory, split)
   if (images is None) == (labels is None):
@@ -274,10 +235,8 @@ def incomplete_idx_pair(directory: epath.PathLike, split: str) -> str | None:
 
 
 def count_idx_examples(images_path: epath.PathLike, labels_path: epath.PathLike) -> int:
-  """The number of examples of an images/labels pair, from the two headers alone.
-
-  What ``load_idx`` would find for N before reading anything else: the same
-  magic-number and count checks, without the cost of reading the data.
+  """The number of examples of an images/labels pair, from the two headers alone (the
+  checks ``load_idx`` makes of them, without reading the data).
 
   Raises:
     ValueError: a bad header, the wrong kind of file, or different counts.
@@ -289,8 +248,7 @@ def count_idx_examples(images_path: epath.PathLike, labels_path: epath.PathLike)
   ):
     path = files.as_path(path)
     found, shape = _read_header(path)
-    if found != magic:
-      raise ValueError(f"{path}: bad magic number 0x{found:08x} for {what}: expected 0x{magic:08x}")
+    _check_magic(path, found, magic, what)
     counts.append(shape[0])
   if counts[0] != counts[1]:
     raise ValueError(
@@ -309,23 +267,12 @@ def load_idx(
   limit: int | None = None,
   class_names: tuple[str, ...] | None = None,
 ) -> DatasetSplit:
-  """Reads an MNIST-style pair of IDX files.
-
-  Args:
-    images_path: IDX3 ubyte images file (magic 0x00000803), [N, H, W].
-    labels_path: IDX1 ubyte labels file (magic 0x00000801), [N].
-    num_classes: K; every label must be in [0, K).
-    name: dataset name to record.
-    split: split name to record.
-    limit: keep the first ``limit`` examples (all when None).
-    class_names: K names (default ``"0"``, ``"1"``, ...).
-
-  Returns:
-    A ``DatasetSplit`` with images [N, H, W, 1] float32 in [0, 1].
+  """A ``DatasetSplit`` (images [N, H, W, 1] float32 in [0, 1]) from an MNIST-style pair of
+  IDX files, the first ``limit`` examples (None: all). ``class_names`` None: "0", "1", ...
 
   Raises:
-    ValueError: corrupt, truncated or mismatched files, or labels out of range;
-      the message names the file.
+    ValueError: corrupt, truncated or mismatched files, or labels out of [0, K), naming
+      the file.
   """
   num_classes = validation.positive_int("num_classes", num_classes, minimum=2)
   if limit is not None:

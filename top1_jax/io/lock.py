@@ -1,17 +1,8 @@
 """One run per work dir: a lock file naming its owner, and stale locks of killed runs.
 
-``hold(workdir)`` creates ``workdir/.lock`` atomically (``O_EXCL``) with the
-owner's host, pid, process start time and command. A second run on the same
-work dir is refused with one line naming the owner, before it writes anything;
-so are a work dir that is a file or cannot be written to, and a directory where
-the lock file goes.
-A lock left by a run that was killed (same host, and that pid is gone or is now
-another process) is taken over with a note. The lock is removed when the run
-ends, however it ends short of ``kill -9``.
-
-A work dir that is a URL (``gs://...``) has no atomic create: there the lock is
-written after checking that none is held, which guards against the usual
-mistake (a second run started on a busy work dir), not against a race.
+A work dir that is a URL (``gs://...``) has no atomic create: there the lock is written
+after checking that none is held, which guards against a second run started on a busy
+work dir, not against a race.
 """
 
 from __future__ import annotations
@@ -102,7 +93,7 @@ def _usable(workdir) -> None:
 
 
 def _take(path, owner: dict) -> bool:
-  """``_create`` with a lock that cannot be made (not a file, not writable) in one line."""
+  """``_create``, refusing in one line a lock that cannot be made."""
   if isinstance(path, pathlib.Path) and path.is_dir():
     raise ValueError(
       f"--workdir: {path} is a directory where the lock file goes; remove it (rm -r {path})"
@@ -118,9 +109,7 @@ def _take(path, owner: dict) -> bool:
 
 
 def _read_owner(path) -> dict:
-  """The owner a lock file names, or {} when it names none: half-written by a run killed
-  mid-write, or not a lock at all (a FIFO or a device is not read, JSON nested too
-  deeply is not parsed)."""
+  """The owner a lock file names, or {} when it names none (half-written, or not a lock)."""
   try:
     with files.open_regular(path) as file:
       owner = files.parse_json(file.read(_MAX_LOCK_BYTES))
@@ -138,17 +127,19 @@ def release(path, pid: int | None = None) -> None:
 
 @contextlib.contextmanager
 def hold(workdir, say=print, name: str = LOCK_NAME) -> Iterator[pathlib.Path]:
-  """Holds ``workdir``'s lock for the duration of the block.
+  """Holds ``workdir``'s lock (host, pid, start time, command) for the duration of the block.
 
-  Args:
-    workdir: a local directory (created if missing), or a URL as ``epath.Path``.
-    say: where the note about a taken-over stale lock goes.
-    name: the lock file's name (tasks of one sweep each hold their own).
+  A lock of a killed run (same host, and its pid gone or now another process) is taken
+  over with a note. The lock is removed however the block ends short of ``kill -9``.
+
+  ``workdir`` is a local directory (created if missing) or a URL as ``epath.Path``;
+  ``say`` takes the note about a stale lock; tasks of one sweep each hold their own
+  ``name``.
 
   Raises:
     WorkdirBusyError: a live run holds it (the message names it and how to clear it).
-    ValueError: the work dir is a file, or cannot be created or written to, or the
-      lock's name is taken by a directory (one line naming --workdir and the path).
+    ValueError: the work dir is a file or cannot be created or written to, or a
+      directory has the lock's name.
   """
   workdir = workdir if hasattr(workdir, "exists") else pathlib.Path(workdir)
   _usable(workdir)

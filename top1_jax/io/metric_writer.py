@@ -1,32 +1,7 @@
 """Training curves as TensorBoard event files (through tensorboardX), and a reader.
 
-``MetricWriter(logdir)`` writes each ``write_scalars(step, scalars)`` call as one
-``Event`` (one ``simple_value`` per tag, float32 as TensorBoard stores scalars) to its
-own event file in ``logdir``, and logs one absl line ``step 100: accuracy=0.91,
-loss=0.3``. Writes are synchronous through tensorboardX's ``EventsWriter`` (its
-TFRecord framing, masked CRC32C and compiled protos), so ``flush()`` means on disk,
-not "queued for a thread"; the file is also flushed every ``FLUSH_SECONDS`` of
-writes, so a killed run loses at most that much. Each writer names its file with the
-time, host, process id and a random token, so two writers (a resumed run, another
-process) in the same ``logdir`` never overwrite each other. ``enabled=False`` (every
-process but the writer, ``engine.parallel.is_writer()``) writes no file and creates no
-folder, and still logs.
-
-``read_scalars(logdir)`` reads every event file in ``logdir`` (not its subfolders,
-which TensorBoard shows as other runs) as TFRecords: the length and its masked CRC32C,
-the data and its masked CRC32C, both checked; a truncated last record (a run killed
-mid-write, or a file still being written) ends that file quietly; a bad CRC or a
-record longer than ``MAX_RECORD_BYTES`` is a one-line ``ValueError`` (nothing is read
-into memory before its length is checked). Scalars are ``simple_value``s and
-``scalars``-plugin tensors (TensorFlow 2's ``tf.summary.scalar``); images and
-histograms are skipped. Where several events give one tag the same step (a resumed
-run repeating the steps after its last checkpoint), the latest written wins (by wall
-time, then file name, then place in the file).
-
-``logdir``: a local folder. Reading takes any ``etils.epath`` URL whose file system
-is installed; writing to a URL goes to tensorboardX's own ``gs://`` and ``s3://``
-writers (google-cloud-storage, boto3: not tested here), other URLs are refused.
-Needs tensorboardX: ``pip install 'top1_jax[nn]'`` (imported only when used).
+Needs tensorboardX: ``pip install 'top1_jax[nn]'`` (imported only when used). Writing
+takes a local folder, ``gs://`` or ``s3://``; reading any ``etils.epath`` URL.
 """
 
 import os
@@ -35,7 +10,6 @@ import secrets
 import struct
 import time
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 
 import numpy as np
 from absl import logging
@@ -107,11 +81,15 @@ def _check_scalars(step, scalars) -> tuple[int, dict[str, float]]:
 class MetricWriter:
   """Scalars per step to a TensorBoard event file and the absl log.
 
+  Writes are synchronous, so ``flush()`` means on disk; the file is also flushed every
+  ``FLUSH_SECONDS``. Each writer's file name has the time, host, process id and a random
+  token, so two writers in one ``logdir`` never overwrite each other. Use as a context
+  manager, or call ``close()``.
+
   Args:
     logdir: the folder of the event files (created when missing).
-    enabled: False writes no file (processes other than the writer); still logs.
-
-  Use as a context manager, or call ``close()``: it flushes the last events.
+    enabled: False writes no file and creates no folder (processes other than the
+      writer); still logs.
 
   Raises:
     ValueError: ``logdir`` is not a path, or a URL other than gs:// and s3://.
@@ -139,10 +117,8 @@ class MetricWriter:
     return self._events._file_name if self._events is not None else None
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-    """Writes ``scalars`` (tag -> a real number) at ``step`` and logs them in one line.
-
-    An empty mapping writes and logs nothing. Values may be Python or NumPy numbers or
-    one-element arrays (a JAX array is fetched from its device).
+    """Writes ``scalars`` (tag -> a number or one-element array) at ``step`` as float32,
+    and logs them in one line; an empty mapping writes and logs nothing.
 
     Raises:
       ValueError: ``step`` not an int >= 0, a tag TensorBoard would rename, a value
@@ -180,12 +156,7 @@ class MetricWriter:
   def __enter__(self) -> "MetricWriter":
     return self
 
-  def __exit__(
-    self,
-    exc_type: type[BaseException] | None,
-    exc: BaseException | None,
-    traceback: TracebackType | None,
-  ) -> None:
+  def __exit__(self, *exc_info) -> None:
     self.close()
 
 
@@ -235,9 +206,13 @@ def _scalar_value(value) -> float | None:
 def read_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
   """Every scalar tag of the event files in ``logdir``, as ``(step, value)`` in step order.
 
+  Subfolders (other runs to TensorBoard) are not read. Scalars are ``simple_value``s and
+  ``scalars``-plugin tensors; a truncated last record (a run killed mid-write) ends its
+  file quietly. Where events give one tag the same step (a resumed run), the latest
+  written wins (by wall time, then file name, then place in the file).
+
   Returns:
-    ``{tag: [(step, value), ...]}``, steps increasing, one value per step (the latest
-    written); tags sorted. An empty dict for a folder without event files.
+    ``{tag: [(step, value), ...]}``, tags sorted; {} for a folder without event files.
 
   Raises:
     ValueError: ``logdir`` is not a folder, a CRC mismatch, an oversized record, or a

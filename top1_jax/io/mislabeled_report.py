@@ -1,17 +1,7 @@
 """The mislabelled-image finder's files: a predictions file's score and images in, the report out.
 
-``mislabeled.report`` turns scores into rows; this module joins it to files:
-
-  inputs = mislabeled_report.load_inputs(path, score="pmax", topk=1, n_bins=20)
-  found = mislabeled.report(inputs.u, inputs.correct, inputs.predicted,
-                            inputs.predictions.labels, inputs.images.class_names)
-  mislabeled_report.write_report(out_dir, found, summary)
-
-The images are checked label for label against the predictions before any is
-shown: a file of another dataset or example order would otherwise caption the
-wrong pictures without an error. A setting that does not fit the file raises
-``SettingError``, whose message starts with the setting's name (a launcher
-shows it as its flag).
+``mislabeled.report`` turns scores into rows. A setting that does not fit the file raises
+``SettingError``, whose message starts with the setting's name (a launcher's flag).
 """
 
 import csv
@@ -56,18 +46,10 @@ class Inputs(NamedTuple):
 def file_score(
   predictions: predictions_lib.Predictions, score: str, k: int
 ) -> tuple[jax.Array, np.ndarray]:
-  """The classifier's log-probabilities and one score for the Top-k event.
+  """([N, K] log-probabilities, [N] float32 scores) for the Top-k event.
 
-  Stored scores (``score_<name>`` fields) take precedence over recomputed ones
-  (``scores.from_predictions``); ``neg_log_topk_mass`` takes the event's k.
-
-  Args:
-    predictions: a loaded predictions file.
-    score: a ``scores.REGISTRY`` name or a stored score's name.
-    k: the Top-k event, 1 <= k <= K.
-
-  Returns:
-    ([N, K] log-probabilities, [N] float32 NumPy scores).
+  ``score`` is a ``scores.REGISTRY`` name or a stored score's name (stored scores take
+  precedence); ``neg_log_topk_mass`` takes the event's k.
 
   Raises:
     SettingError: the score cannot be had from this file; says what it needs
@@ -94,16 +76,8 @@ def file_score(
 def check_images(
   images: DatasetSplit, predictions: predictions_lib.Predictions, file_name: str = "the file"
 ) -> DatasetSplit:
-  """``images`` if they are the examples the predictions were made on, in order.
-
-  Args:
-    images: a loaded split.
-    predictions: predictions whose count, class count and labels must equal
-      the split's.
-    file_name: the predictions file, as errors name it.
-
-  Returns:
-    ``images``, unchanged.
+  """``images`` if they are the examples the predictions were made on, in order: a file of
+  another dataset or order would otherwise caption the wrong pictures without an error.
 
   Raises:
     SettingError (``predictions: ...``): the first way the two differ (count,
@@ -140,15 +114,13 @@ def load_inputs(
   ``limit_test`` examples (default: as many as it predicts).
 
   Args:
-    path: a predictions file (``io.predictions``).
+    path: a predictions file.
     score: the score to bin (``file_score``).
     topk: the event, 1 <= topk <= K.
-    n_bins: the bins to be fitted, at most N (checked here, before the images
-      are read).
+    n_bins: the bins to be fitted, at most N (checked before the images are read).
     dataset: the images' dataset; needed when the file's meta names none, and
       must agree with it otherwise.
-    data_dir: IDX files or a TFDS data dir. When given it is the only place
-      read: the system copy of Fashion-MNIST never stands in for it.
+    data_dir: IDX files or a TFDS data dir; when given, the only place read.
 
   Raises:
     SettingError: a setting that does not fit the file (named first).
@@ -186,14 +158,8 @@ def load_inputs(
 def write_report(
   out_dir: epath.PathLike, report: mislabeled.Report, summary: dict
 ) -> tuple[epath.Path, epath.Path]:
-  """Writes ``mislabeled.csv`` (the rows) and ``mislabeled.json`` (``summary``), atomically.
-
-  The CSV has its header (``mislabeled.COLUMNS``) even without rows, so an
-  empty search still reads as a table.
-
-  Returns:
-    The CSV's and the JSON's paths.
-  """
+  """Writes ``mislabeled.csv`` (the rows, with a header even when empty) and
+  ``mislabeled.json`` (``summary``), atomically; returns their paths."""
   out_dir = files.as_path(out_dir)
   buffer = io.StringIO()
   writer = csv.DictWriter(buffer, fieldnames=mislabeled.COLUMNS)

@@ -1,16 +1,8 @@
 """Out-of-distribution image sets by name, shaped like a model's inputs, offline, by seed.
 
-``load(name, shape, num, seed=0)`` returns ``[num, H, W, C]`` float32 in [0, 1] on
-device, the same array for the same arguments. ``OOD_SETS`` holds one entry per set:
-
-* ``digits``: scikit-learn's bundled 8x8 handwritten digits (``load_digits``: 1,797
-  images, values 0-16, shipped inside the scikit-learn wheel, so offline), divided by
-  16, then bilinearly resized and grey replicated (``engine.ood.resize``). ``seed``
-  picks which digits and their order (a ``jax.random.permutation`` of the 1,797);
-  ``num`` above 1,797 is refused rather than repeating images. Needs scikit-learn
-  (``pip install scikit-learn``, or the ``data`` extra), imported only here.
-* ``uniform_noise``: i.i.d. uniform [0, 1) pixels keyed by ``jax.random.key(seed)``
-  (``engine.ood.uniform_noise``); any ``num``.
+``digits`` is scikit-learn's bundled 8x8 handwritten digits (in its wheel, so offline),
+resized; ``seed`` picks which and their order, and more than its 1,797 images is refused
+rather than repeating them. ``uniform_noise`` is i.i.d. uniform [0, 1) pixels.
 """
 
 from collections.abc import Callable
@@ -37,7 +29,7 @@ class OodSet(NamedTuple):
 
   Attributes:
     make: ``(shape, num, seed) -> [num, H, W, C]`` float32 in [0, 1], for checked
-      arguments (``shape`` a tuple of three positive ints, ``num`` >= 1).
+      arguments.
     max_num: the most images the set has (None: unbounded).
     description: one line for tables and help.
   """
@@ -91,16 +83,9 @@ def names() -> tuple[str, ...]:
 
 
 def load(name: str, shape, num: int, seed: int = 0) -> jax.Array:
-  """``num`` images of the OOD set ``name``, shaped like the model's inputs.
-
-  Args:
-    name: one of ``names()``.
-    shape: ``(H, W, C)`` of the in-distribution images, e.g. ``(28, 28, 1)``.
-    num: how many images, >= 1 (at most the set's ``max_num``).
-    seed: an int >= 0; the same seed gives the same array.
-
-  Returns:
-    ``[num, H, W, C]`` float32 in [0, 1], on the default device.
+  """``[num, H, W, C]`` float32 images in [0, 1] of the OOD set ``name``, on the default
+  device; ``shape`` is the in-distribution images' ``(H, W, C)``. The same seed gives the
+  same array.
 
   Raises:
     ValueError: an unknown name, a bad shape, ``num`` or ``seed``, or ``num`` above

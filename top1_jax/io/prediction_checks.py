@@ -1,15 +1,6 @@
-"""The checks of a predictions file's fields, one function per field.
-
-Each checks dtype, shape, agreement with N (from the labels) and K, finite values,
-and for probabilities rows summing to 1, and names the field in its error.
-``predictions.Predictions`` runs them on construction; ``stream.PredictionsReader``
-checks its field names and meta with the same rules.
-
-The archive itself is checked before any array is read (``archive_members``,
-``member_header``, ``check_inflation``): each field stored once, each member a
-``.npy`` array whose header declares the bytes it holds (a header declaring 2e9
-int32 in a few bytes is refused, not allocated), and, for ``load_predictions``
-which holds the arrays whole, no zip bomb.
+"""The checks of a predictions file's fields, one function per field, each naming the
+field in its error; and of its archive, before any array is read (each field stored
+once, each ``.npy`` header declaring the bytes it holds, no zip bomb).
 """
 
 import json
@@ -32,10 +23,9 @@ SCORE_PREFIX = "score_"
 _SCORE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_]+$")
 MAX_INFLATED_BYTES = 1 << 30
 """``load_predictions`` refuses a zip-compressed member declared to inflate to more than
-this (1 GiB) and to more than ``MAX_INFLATION`` times its compressed size, before
-inflating it: a zip bomb (2.5 MB of zeros declaring 2.56 GB) would fill the memory.
-Compressed logits and probabilities shrink by less than 2x; ``stream.PredictionsReader``
-(``top1-evaluate``) reads any member a block at a time."""
+this and to more than ``MAX_INFLATION`` times its compressed size (real logits shrink by
+less than 2x): a zip bomb would fill the memory. ``stream.PredictionsReader`` reads any
+member a block at a time."""
 MAX_INFLATION = 20
 """The compression ratio above which a member over ``MAX_INFLATED_BYTES`` is refused."""
 READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
@@ -54,11 +44,8 @@ _META_TYPES = {
   "ood": (bool,),
 }
 
-# The local checks below differ from validation.as_array/float_array on purpose:
-# a field of this file has one dtype kind, so an int array where floats belong
-# (labels saved as logits) or a str array is "expected a float dtype" (or
-# "an integer dtype"), not promoted or called "not real-valued"; and the NaN/Inf
-# scan runs in chunks, as [S, N, K] logits can be gigabytes.
+# Not validation.float_array: a field of this file has one dtype kind, so an int array
+# where floats belong (labels saved as logits) is refused, not promoted.
 
 
 def _numpy(name: str, value: Any) -> np.ndarray:
@@ -195,12 +182,8 @@ def scores_fields(scores: Any, num_examples: int) -> dict[str, np.ndarray]:
 
 
 def check_agreement(logits: np.ndarray, mean_probs: np.ndarray) -> None:
-  """With both fields, ``mean_probs`` must be the mean softmax of ``logits``.
-
-  Evaluation uses the logits; a ``mean_probs`` that says otherwise would be
-  silently ignored, so a file that holds both must be consistent (atol 1e-3, the
-  tolerance of the row sums).
-  """
+  """``mean_probs`` must be the mean softmax of ``logits`` (atol 1e-3, as the row sums):
+  evaluation uses the logits and would silently ignore a ``mean_probs`` that disagrees."""
   z = logits.astype(np.float64)
   z = np.exp(z - z.max(axis=-1, keepdims=True))
   expected = (z / z.sum(axis=-1, keepdims=True)).mean(axis=0)
@@ -214,13 +197,12 @@ def check_agreement(logits: np.ndarray, mean_probs: np.ndarray) -> None:
 
 
 def read_meta(value: np.ndarray) -> dict:
-  """The ``meta`` field (a 0-d JSON string array) as a dict, parsed strictly
-  (``files.parse_json``); a one-line ValueError naming ``meta``."""
+  """The ``meta`` field (a 0-d JSON string array) as a dict, parsed strictly."""
   if value.ndim != 0 or value.dtype.kind not in "US":
     raise ValueError(
       f"meta: expected a JSON string (0-d str array), got shape {value.shape} dtype {value.dtype}"
     )
-  try:  # strict: a key given twice (plain JSON lets the last win), NaN, or nested too deep
+  try:
     meta = files.parse_json(value.item())
   except ValueError as e:
     raise ValueError(f"meta: {e}") from None
@@ -236,10 +218,6 @@ def check_field_name(key: str) -> None:
       f"{key}: unexpected field; allowed: labels, logits, mean_probs,"
       " score_<name>, human_probs, meta"
     )
-
-
-# ----------------------------------------------------------------------------
-# The archive's members, before any array is read
 
 
 def archive_members(path: Any, archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
@@ -260,7 +238,7 @@ def archive_members(path: Any, archive: zipfile.ZipFile) -> dict[str, zipfile.Zi
 
 def npy_header(file) -> tuple[tuple[int, ...], bool, np.dtype]:
   """(shape, Fortran order, dtype) of the ``.npy`` header at ``file``'s position, which it
-  leaves at the data; ValueError for what is not a ``.npy`` array."""
+  leaves at the data."""
   version = np.lib.format.read_magic(file)
   if version == (1, 0):
     return np.lib.format.read_array_header_1_0(file)
@@ -272,13 +250,8 @@ def npy_header(file) -> tuple[tuple[int, ...], bool, np.dtype]:
 def member_header(
   path: Any, key: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo
 ) -> tuple[tuple[int, ...], bool, np.dtype, int]:
-  """The ``.npy`` header of a member: (shape, Fortran order, dtype, header bytes), checked
-  to declare exactly the data bytes the member holds, before anything is allocated.
-
-  Raises:
-    ValueError: not a ``.npy`` array, Python objects, or a header that declares more or
-      fewer bytes than the member holds; naming the file, field, shape and sizes.
-  """
+  """A member's ``.npy`` (shape, Fortran order, dtype, header bytes), checked to declare
+  exactly the data bytes the member holds before anything is allocated, and no objects."""
   try:
     with archive.open(info) as file:
       shape, fortran_order, dtype = npy_header(file)
@@ -303,7 +276,7 @@ def member_header(
 
 def check_inflation(path: Any, key: str, info: zipfile.ZipInfo) -> None:
   """Refuses a zip bomb: a compressed member over ``MAX_INFLATED_BYTES`` and
-  ``MAX_INFLATION`` times its compressed size (what ``load_predictions`` would hold)."""
+  ``MAX_INFLATION`` times its compressed size."""
   inflated, compressed = info.file_size, max(info.compress_size, 1)
   if (
     info.compress_type != zipfile.ZIP_STORED

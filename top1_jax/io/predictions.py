@@ -1,25 +1,7 @@
-"""The predictions file that any model can write, and human label frequencies.
+"""The predictions file (``.npz``) that any model can write, and human label frequencies.
 
-Predictions file (``.npz``, written atomically):
-
-* ``labels``: int ``[N]``;
-* ``logits``: float ``[S, N, K]`` (S = 1 for a plain model; samples from MC
-  dropout or ensemble members otherwise) and/or ``mean_probs``: float ``[N, K]``,
-  rows summing to 1, when the samples are not kept;
-* ``score_<name>``: float ``[N]``, one per precomputed uncertainty score;
-* ``human_probs``: float ``[N, K]``, optional per-image human label frequencies
-  (CIFAR-10H), rows summing to 1;
-* ``meta``: a JSON object as a string (dataset, split, model, method,
-  dropout_rate, ensemble_size, seed, version, and anything else). A file of a
-  shifted test set names the shift and its intensity: ``shift`` (``rotate``,
-  ``translate``, a corruption such as ``gaussian_noise``, or the name of an
-  out-of-distribution set) and ``severity`` (degrees, pixels, 1-5; >= 0).
-  ``ood: true`` marks inputs from outside the label set (digits shown to a
-  Fashion-MNIST model, noise): their ``labels`` are placeholders, never scored.
-
-Loading checks every field (dtype, shape, agreement of N and K, finite values,
-label range, rows summing to 1) and the error names the file and the field.
-Paths may be local or URLs (``top1_jax.io.files``).
+Its fields are ``Predictions``' attributes (``score_<name>`` for each score, ``meta`` as
+a JSON string); loading checks each one and errors name the file and the field.
 """
 
 import dataclasses
@@ -42,22 +24,23 @@ from top1_jax.version import __version__
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Predictions:
-  """A model's outputs on one split; validated on construction.
+  """A model's outputs on one split; validated on construction (and by ``dataclasses.replace``).
 
-  Build one directly (``Predictions(labels=y, logits=l)``), read one with
-  ``load_predictions``, change one with ``dataclasses.replace`` (revalidated).
   Arrays are stored as numpy: labels int32, the rest float32.
 
   Attributes:
     labels: [N] int, in [0, K).
-    logits: [S, N, K] float (a [N, K] array is taken as S = 1), or None.
+    logits: [S, N, K] float (S samples: MC dropout or ensemble members; a [N, K] array is
+      taken as S = 1), or None.
     mean_probs: [N, K] float, rows summing to 1, or None. At least one of
       ``logits`` and ``mean_probs`` is required; with both, N and K agree.
-    scores: name -> [N] float precomputed uncertainty scores (file fields
-      ``score_<name>``; names are letters, digits and underscores).
+    scores: name -> [N] float precomputed uncertainty scores (names are letters, digits
+      and underscores).
     human_probs: [N, K] float human label frequencies (CIFAR-10H), or None.
-    meta: JSON-serializable dict (dataset, split, model, method, dropout_rate,
-      ensemble_size, seed, version, ...).
+    meta: JSON-serializable dict (dataset, split, model, method, seed, version, ...). A
+      shifted test set adds ``shift`` (``rotate``, a corruption, an OOD set's name) and
+      ``severity`` (>= 0); ``ood: true`` marks inputs outside the label set, whose
+      ``labels`` are placeholders, never scored.
   """
 
   labels: np.ndarray
@@ -74,11 +57,10 @@ class Predictions:
       raise ValueError(
         "logits/mean_probs: expected logits [S, N, K] or mean_probs [N, K], got neither"
       )
-    num_classes = None
     logits = None
     if self.logits is not None:
       logits = prediction_checks.logits_field(self.logits, num_examples)
-      num_classes = logits.shape[2]
+    num_classes = None if logits is None else logits.shape[2]
     mean_probs = None
     if self.mean_probs is not None:
       mean_probs = prediction_checks.probs_field("mean_probs", self.mean_probs, num_examples)
@@ -133,26 +115,17 @@ class Predictions:
 def save_predictions(
   path: epath.PathLike, predictions: Predictions, *, compress: bool = False
 ) -> pathlib.Path | epath.Path:
-  """Writes a predictions file atomically (``files.atomic_write``).
+  """Writes a predictions file atomically; returns the path written.
 
-  ``meta["version"]`` is set to this library's version when absent. Logits that look
-  like probabilities (``validation.refuse_probabilities``) are refused: a reader would
-  take them for logits.
-
-  Args:
-    path: destination, used as given (conventionally ``*.npz``), local or a URL.
-    predictions: a ``Predictions`` (validated on construction).
-    compress: zip-compress the arrays (smaller, slower).
-
-  Returns:
-    The path written (a ``pathlib.Path`` when local).
+  ``meta["version"]`` defaults to this library's version. Logits that look like
+  probabilities are refused: a reader would take them for logits.
   """
   if not isinstance(predictions, Predictions):
     raise ValueError(
       "predictions: expected a top1_jax.io.predictions.Predictions, got"
       f" {type(predictions).__name__}"
     )
-  if predictions.logits is not None:  # read back, they would be scored as logits: other numbers
+  if predictions.logits is not None:
     fix = "store them as mean_probs (or their logarithms as logits)"
     validation.refuse_probabilities("logits", predictions.logits, fix)
   meta = {"version": __version__, **predictions.meta}
@@ -175,7 +148,7 @@ _MAGIC = {
 
 
 def _what(head: bytes) -> str:
-  """What a file starting with ``head`` is, in words (for a file NumPy cannot load)."""
+  """What a file starting with ``head`` is, in words."""
   for magic, kind in _MAGIC.items():
     if head.startswith(magic):
       return kind
@@ -185,10 +158,8 @@ def _what(head: bytes) -> str:
 
 
 def _np_load(path: pathlib.Path | epath.Path, kind: str, expected: str):
-  """``np.load`` of a regular file (``files.open_regular``), without pickles: an array or
-  an ``NpzFile`` (the caller closes it). A file NumPy cannot read is a ValueError naming
-  it, ``kind`` ("an .npy array"), what the file is and ``expected``; never NumPy's hint
-  to allow pickles, which would run a file's code."""
+  """``np.load`` of a regular file without pickles: an array or an ``NpzFile`` (the caller
+  closes it). Never NumPy's hint to allow pickles, which would run a file's code."""
   with files.open_regular(path) as file:
     head = file.read(64)
   # np.load wants a seekable file: a local path as is, an object read into memory.
@@ -202,7 +173,6 @@ def _np_load(path: pathlib.Path | epath.Path, kind: str, expected: str):
 
 
 def _read_member(path, key: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
-  """One member's array, after the archive checks (``prediction_checks.member_header``)."""
   prediction_checks.check_inflation(path, key, info)
   prediction_checks.member_header(path, key, archive, info)
   try:
@@ -233,22 +203,13 @@ def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
 
 
 def load_predictions(path: epath.PathLike) -> Predictions:
-  """Reads and validates a predictions file (schema in the module docstring).
-
-  Args:
-    path: the ``.npz`` file, local or a URL.
-
-  Returns:
-    ``Predictions`` with labels [N] int32, logits [S, N, K] and/or mean_probs
-    [N, K] float32, scores {name: [N]}, human_probs [N, K] or None, meta dict.
+  """Reads and validates a predictions file, local or a URL.
 
   Raises:
     FileNotFoundError: no such file.
-    ValueError: not an ``.npz`` file, an unknown, missing or repeated field, a field
-      with a wrong dtype, shape or value, a corrupt member (bad CRC-32, a header that
-      declares other than the bytes stored), or a zip bomb (over
-      ``prediction_checks.MAX_INFLATED_BYTES``: ``stream.PredictionsReader`` reads such a
-      file a block at a time); the message names the file and field.
+    ValueError: not an ``.npz``, a bad, missing or repeated field, a corrupt member, or a
+      zip bomb (over ``prediction_checks.MAX_INFLATED_BYTES``: ``stream.PredictionsReader``
+      reads such a file a block at a time); naming the file and field.
   """
   path = files.as_path(path)
   if not path.exists():
@@ -269,8 +230,7 @@ def load_predictions(path: epath.PathLike) -> Predictions:
 
 
 def _load_npy(name: str, path: epath.PathLike, expected: str) -> np.ndarray:
-  """One ``.npy`` array of ``expected`` (e.g. "int [N] labels"); errors start with
-  ``name`` (the argument or flag it came from) and name the file."""
+  """One ``.npy`` array of ``expected``; errors start with ``name`` (the argument or flag)."""
   path = files.as_path(path)
   if not path.exists():
     raise FileNotFoundError(f"{name}: no such file: {path}")
@@ -294,20 +254,16 @@ def from_arrays(
 ) -> Predictions:
   """``Predictions`` from plain ``.npy`` files, the way any framework can save them.
 
+  Exactly one of ``logits``, ``probs`` and ``array`` is given; errors name it and its file.
+
   Args:
     labels: path of an int [N] array.
-    logits: path of [N, K] logits or [S, N, K] samples (MC dropout, ensembles);
-      refused if every row lies in [0, 1] and sums to 1 (probabilities: pass ``probs``).
-    probs: path of [N, K] probabilities or [S, N, K] sample probabilities (instead
-      of ``logits``); stored as log-probabilities (``scores.log_probs_from_probs``)
-      when there are samples, as ``mean_probs`` otherwise.
-    array: path of either, told apart by its rows (``scores.input_kind``: in [0, 1]
-      summing to 1, probabilities; none so, logits; an array it cannot tell is refused).
-    meta: the file's ``meta``; ``method`` defaults to "plain" (one model) or
-      "samples".
-
-  Returns:
-    validated ``Predictions``; errors name the flag-like field (``logits``, ...).
+    logits: path of [N, K] logits or [S, N, K] samples; refused if they look like
+      probabilities.
+    probs: path of [N, K] or [S, N, K] probabilities; [S, N, K] are stored as
+      log-probabilities, [N, K] as ``mean_probs``.
+    array: path of either, told apart by its rows (``scores.input_kind``).
+    meta: the file's ``meta``; ``method`` defaults to "plain" or "samples".
   """
   if sum(x is not None for x in (logits, probs, array)) != 1:
     raise ValueError("logits/probs/array: expected exactly one of them")
@@ -348,29 +304,17 @@ def from_arrays(
   return predictions
 
 
-# ----------------------------------------------------------------------------
-# Human labels
-
-
 def load_human_probs(
   path: epath.PathLike,
   *,
   num_examples: int | None = None,
   num_classes: int | None = None,
 ) -> np.ndarray:
-  """Reads per-image human label probabilities (CIFAR-10H ``cifar10h-probs.npy``).
+  """[N, K] float32 human label probabilities from a ``.npy`` (CIFAR-10H ``cifar10h-probs.npy``).
 
-  Rows must be in the same example order as the predictions they go with
-  (CIFAR-10H: the original CIFAR-10 test order; TFDS ``cifar10`` examples sorted
-  by their ``id``).
-
-  Args:
-    path: ``.npy`` file holding [N, K] floats, rows summing to 1.
-    num_examples: expected N, when known.
-    num_classes: expected K, when known.
-
-  Returns:
-    [N, K] float32.
+  Rows are in the predictions' example order (CIFAR-10H: the original CIFAR-10 test
+  order; TFDS ``cifar10`` examples sorted by their ``id``). ``num_examples`` and
+  ``num_classes``, when given, are checked.
   """
   path = files.as_path(path)
   array = _load_npy("human_probs", path, "float [N, K] human label probabilities")
@@ -400,18 +344,8 @@ def attach_human_probs(
   *,
   output_path: epath.PathLike | None = None,
 ) -> pathlib.Path | epath.Path:
-  """Adds human label probabilities to a predictions file (for ``human_entropy``).
-
-  Args:
-    predictions_path: an existing predictions file.
-    human_probs: [N, K] array or a ``.npy`` path (``load_human_probs``), rows in
-      the predictions' example order.
-    output_path: where to write (default: replace ``predictions_path``,
-      atomically).
-
-  Returns:
-    The path written.
-  """
+  """Adds [N, K] human label probabilities (an array or a ``.npy`` path) to a predictions
+  file, written to ``output_path`` (None: replaces ``predictions_path``); returns the path."""
   predictions = load_predictions(predictions_path)
   if isinstance(human_probs, (str, os.PathLike)):
     human_probs = load_human_probs(

@@ -1,8 +1,5 @@
-"""Reading a work dir's results (``results.csv`` and ``results.json``) back into rows.
-
-``top1_jax.launch.evaluate`` writes them; ``top1_jax.launch.aggregate`` reads several
-work dirs' to merge runs of one sweep (``top1_jax.pipeline.aggregation``). Work dirs may be
-local paths or URLs (``gs://...``, through ``io.files``).
+"""Reading a work dir's results (``results.csv`` and ``results.json``, which
+``launch.evaluate`` writes) back into rows; work dirs may be local paths or URLs.
 """
 
 from __future__ import annotations
@@ -40,24 +37,20 @@ COLUMNS = (
 )
 """results.csv's settings columns, in order; the metrics' columns follow (``METRIC_COLUMNS``).
 
-``shift`` and ``severity`` say what the test part was: ``clean``
-and 0 for the predictions a model was tested on as they are; otherwise a dataset
-shift (``rotate``, ``translate``, a corruption) and its intensity (degrees, pixels,
-1-5), whose rows were calibrated on the clean calibration part (``launch.shift``)."""
+``shift`` and ``severity``: ``clean`` and 0 for an unshifted test part, else a dataset
+shift and its intensity (degrees, pixels, 1-5), calibrated on the clean calibration part."""
 
 CLEAN = "clean"
 """The ``shift`` of an unshifted test part (with severity 0)."""
 
 UNSHIFTED = {"shift": CLEAN, "severity": 0, "alpha": None}
-"""The columns a row written before they existed lacks: its test part was clean, and it was
-no prediction set's (``alpha``)."""
+"""The values of the columns an older results.csv lacks: a clean test part, no set."""
 
 SET_SCORE = "prediction_set"
 """The ``score`` of a prediction-set row (its ``estimator`` is the set method)."""
 SET_METRICS = ("coverage", "mean_size", "median_size", "empty_fraction", "sscv")
-"""A prediction-set row's metrics (``evaluation.sets``): each a mean over the splits, with
-its ``_std`` where the sets have one; the row's ``estimator`` is the set method, its
-``score`` "prediction_set" and its ``alpha`` the miscoverage level."""
+"""A prediction-set row's metrics (``evaluation.sets``), means over the splits, with their
+``_std``; the row's ``alpha`` is the miscoverage level."""
 
 GEOMETRIC_SHIFTS = {
   "rotate_cubic": "rotation (degrees; Ovadia et al.'s cubic spline)",
@@ -72,8 +65,8 @@ table or figure names; any other shifted set is a corruption (intensity 1-5) or 
 METRIC_COLUMNS = tuple(
   f"{name}{suffix}" for name in crossval.METRICS for suffix in ("", "_std", "_num_splits")
 )
-"""results.csv's metric columns, in order: each metric of ``crossval.METRICS`` (its mean
-over splits), its ``_std`` and, for a metric that can be undefined, its ``_num_splits``."""
+"""results.csv's metric columns, in order: each metric's mean over splits, ``_std`` and
+``_num_splits`` (the splits where it is defined)."""
 
 STRING_COLUMNS = (
   *("dataset", "model", "method", "source", "shift", "score", "estimator", "seeds", "label"),
@@ -91,12 +84,9 @@ FLOAT_COLUMNS = ("train_dropout_rate", "dropout_rate", "severity", "alpha") + tu
 
 
 def in_column_order(row: dict[str, Any]) -> dict[str, Any]:
-  """``row`` with its cells in results.csv's order: ``COLUMNS``, then ``METRIC_COLUMNS``,
-  then any other key in the row's own order.
-
-  One order whatever the row's keys were built from: a sweep point's record saved as JSON
-  comes back with its keys sorted, and a rerun must write the same file.
-  """
+  """``row`` with its cells in results.csv's order: ``COLUMNS``, ``METRIC_COLUMNS``, then
+  the rest in the row's own order (a record read back from JSON has its keys sorted, and a
+  rerun must write the same file)."""
   known = [c for c in (*COLUMNS, *METRIC_COLUMNS) if c in row]
   return {**{c: row[c] for c in known}, **{k: v for k, v in row.items() if k not in known}}
 
@@ -130,11 +120,8 @@ def _cell(column: str, text: str) -> Any:
 
 
 def parse_csv(text: str, name: str) -> list[dict[str, Any]]:
-  """Rows of a tidy results CSV, numbers back to int/float and empty cells to None.
-
-  Args:
-    text: the CSV, with a header line.
-    name: the file's name, for error messages.
+  """Rows of a results CSV (``text``, with a header line), numbers back to int/float and
+  empty cells to None; ``name`` is the file's, for errors.
 
   Raises:
     ValueError: a cell that should be a number is not.
@@ -148,29 +135,25 @@ def parse_csv(text: str, name: str) -> list[dict[str, Any]]:
   return rows
 
 
+def _not_evaluated(workdir, name: str) -> FileNotFoundError:
+  return FileNotFoundError(
+    f"{workdir}: no {name} (run top1_jax.launch.evaluate with --workdir={workdir} first)"
+  )
+
+
 def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-  """A work dir's tidy ``results.csv`` rows and its ``results.json`` config.
-
-  Args:
-    workdir: a run's work dir (local path or URL) after ``top1_jax.launch.evaluate``.
-
-  Returns:
-    (rows, config): one dict per CSV row (None for empty cells, ints and floats
-    for numbers) and the ``"config"`` entry of ``results.json``.
+  """A work dir's ``results.csv`` rows (``parse_csv``) and its ``results.json`` config.
 
   Raises:
     FileNotFoundError: no such work dir, or no ``results.csv`` / ``results.json`` in it.
-    ValueError: a file that does not parse, or a CSV without the columns of
-      ``COLUMNS`` (one written before the tidy format).
+    ValueError: a file that does not parse, or a CSV without the ``COLUMNS``.
   """
   root = files.as_path(workdir)
   if not root.is_dir():
     raise FileNotFoundError(f"{workdir}: no such work dir")
   csv_path = root / "results.csv"
   if not csv_path.exists():
-    raise FileNotFoundError(
-      f"{workdir}: no results.csv (run top1_jax.launch.evaluate with --workdir={workdir} first)"
-    )
+    raise _not_evaluated(workdir, "results.csv")
   text = files.read_text(csv_path)
   header = next(csv.reader(io.StringIO(text)), [])
   missing = [column for column in COLUMNS if column not in header and column not in UNSHIFTED]
@@ -182,9 +165,7 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
   rows = [{**UNSHIFTED, **row} for row in parse_csv(text, str(csv_path))]
   json_path = root / "results.json"
   if not json_path.exists():
-    raise FileNotFoundError(
-      f"{workdir}: no results.json (run top1_jax.launch.evaluate with --workdir={workdir} first)"
-    )
+    raise _not_evaluated(workdir, "results.json")
   results = files.read_json(json_path)
   if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
     raise ValueError(f"{json_path}: expected a JSON object with a 'config' object")
@@ -192,20 +173,15 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
 
 
 TABLES = ("comparison", "selective")
-"""results.json's lists of table rows besides the sweep's: Table 1 and selective prediction."""
+"""results.json's lists of table rows besides the sweep's."""
 
 
 def read_tables(workdir: epath.PathLike) -> dict[str, list[dict[str, Any]]]:
   """A work dir's Table 1 and selective-prediction rows, from its ``results.json``.
 
-  Args:
-    workdir: a run's work dir (local path or URL) after ``top1_jax.launch.evaluate``.
-
   Returns:
-    ``{"comparison": [...], "selective": [...]}`` (``TABLES``): each a list of the
-    rows ``sweep.runner.table1`` / ``selective_rows`` wrote, each naming its file
-    (``source``); an empty list where results.json holds none (no Top-1 event swept,
-    or a file without them).
+    ``{"comparison": [...], "selective": [...]}``: lists of rows, each naming its file
+    (``source``); empty where results.json holds none.
 
   Raises:
     FileNotFoundError: no ``results.json`` in the work dir.
@@ -213,9 +189,7 @@ def read_tables(workdir: epath.PathLike) -> dict[str, list[dict[str, Any]]]:
   """
   path = files.as_path(workdir) / "results.json"
   if not path.exists():
-    raise FileNotFoundError(
-      f"{workdir}: no results.json (run top1_jax.launch.evaluate with --workdir={workdir} first)"
-    )
+    raise _not_evaluated(workdir, "results.json")
   saved = files.read_json(path)
   if not isinstance(saved, dict):
     raise ValueError(f"{path}: expected a JSON object, got {type(saved).__name__}")
@@ -234,17 +208,11 @@ def read_tables(workdir: epath.PathLike) -> dict[str, list[dict[str, Any]]]:
 
 
 def expand_workdirs(patterns: Sequence[str], *, exclude: epath.PathLike | None = None) -> list[str]:
-  """Work dirs named by ``patterns``: local globs expanded and sorted, URLs as given.
+  """Work dirs named by ``patterns``, in order and without repeats: local globs expanded to
+  the directories they match (sorted), other patterns kept even when they do not exist.
 
-  Args:
-    patterns: paths, local globs (``runs/seed*``) or URLs; a pattern without
-      glob characters is kept even when it does not exist (reading it says so).
-    exclude: a directory left out of glob matches (the output work dir, which
-      ``runs/*`` also matches).
-
-  Returns:
-    The work dirs in the order of ``patterns`` (each glob's matches sorted),
-    without repeats; only directories are taken from globs.
+  ``exclude``: a directory left out of glob matches (the output work dir, which ``runs/*``
+  also matches).
   """
   skip = os.path.abspath(os.fspath(exclude)) if exclude and files.is_local(exclude) else None
   found: list[str] = []

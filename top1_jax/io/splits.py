@@ -1,8 +1,6 @@
 """What every dataset loader returns (``DatasetSplit``) or raises (``DataUnavailableError``).
 
-Its own small module because ``idx``, ``tfds`` and ``datasets`` all need these,
-and ``datasets`` imports the other two: keeping the types here keeps the
-imports one-way (datasets -> idx, tfds -> splits).
+A module of its own, so that ``datasets`` -> ``idx``, ``tfds`` -> ``splits`` stay one-way.
 """
 
 from typing import NamedTuple
@@ -10,7 +8,6 @@ from typing import NamedTuple
 import numpy as np
 
 # Advice that loaders append to their errors.
-# From a clone the extra is '.[tf]'; 'top1_jax[tf]' is for an install from a package index.
 INSTALL_TENSORFLOW = (
   "pip install '.[tf]' in a top1_jax clone (or pip install 'top1_jax[tf]' from an index)"
 )
@@ -55,19 +52,8 @@ class DatasetSplit(NamedTuple):
 
 
 def scale_images(images: np.ndarray, what: str) -> np.ndarray:
-  """Images as float32 in [0, 1].
-
-  Args:
-    images: [N, H, W, C] uint8 or uint16 (divided by the dtype's maximum) or
-      float (kept as is, cast to float32).
-    what: the file or dataset, named in the error.
-
-  Returns:
-    [N, H, W, C] float32.
-
-  Raises:
-    ValueError: any other dtype.
-  """
+  """Images as float32 in [0, 1]: uint8 and uint16 divided by the dtype's maximum, floats
+  kept as they are; any other dtype is a ValueError naming ``what``."""
   if images.dtype == np.uint8 or images.dtype == np.uint16:
     scaled = images.astype(np.float32)
     scaled /= np.float32(np.iinfo(images.dtype).max)

@@ -26,11 +26,10 @@ def _limit(s: Settings, split: str) -> int | None:
 
 
 def check(s: Settings, splits=SPLITS) -> dict[str, datasets.SplitInfo]:
-  """Where each split will be read from, and its size when the file headers tell it.
+  """Where each split will be read from, and its size when the IDX headers tell it.
 
-  Reads no data (IDX headers at most). An explicit data_dir must exist and is the
-  only place read (never replaced by the system copy); both splits must come from
-  one copy of the dataset.
+  An explicit data_dir must exist and is the only place read; both splits must come
+  from one copy of the dataset.
   """
   data_dir = _data_dir(s)
   if data_dir and files.is_local(data_dir) and not os.path.isdir(data_dir):

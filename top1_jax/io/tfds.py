@@ -1,11 +1,8 @@
 """TFDS datasets, and what this machine can do to get them.
 
-Prepared ArrayRecord data is read with ``tfds`` data sources, which need no
-TensorFlow; TFRecord data needs it. Building (download and prepare) needs
-TensorFlow and the network (or, for ImageNet-style datasets, the manual
-download). Both are checked first (the network probe has a short ``timeout``), so
-a machine without them gets one clear ``DataUnavailableError`` at once instead of
-TFDS's download retries, which last minutes offline (docs/performance.md).
+What building a dataset needs is checked first, so a machine without it gets one clear
+``DataUnavailableError`` at once instead of TFDS's download retries, which last minutes
+offline (docs/performance.md).
 """
 
 import importlib.util
@@ -33,10 +30,6 @@ from top1_jax.io.splits import (
 _NETWORK_PROBE = ("storage.googleapis.com", 443)
 
 
-# ----------------------------------------------------------------------------
-# What this machine can do
-
-
 def tensorflow_available() -> bool:
   """Whether TensorFlow is installed (checked without importing it)."""
   return importlib.util.find_spec("tensorflow") is not None
@@ -55,17 +48,8 @@ def network_available(
 ) -> bool:
   """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds.
 
-  The default target is the TFDS download host (or the HTTPS proxy when one is
-  set). Name resolution and connecting run in a daemon thread, so a resolver
-  that hangs cannot stall the caller beyond ``timeout``.
-
-  Args:
-    host: host name or address; default ``storage.googleapis.com`` or the proxy.
-    port: TCP port; default 443 or the proxy's.
-    timeout: seconds to wait.
-
-  Returns:
-    True when the connection opened.
+  ``host`` None: the TFDS download host, or the HTTPS proxy when one is set. This runs
+  in a daemon thread, so a resolver that hangs cannot stall the caller beyond ``timeout``.
   """
   default_port = 443
   if host is None:
@@ -84,10 +68,6 @@ def network_available(
   thread.start()
   thread.join(timeout)
   return bool(result and result[0])
-
-
-# ----------------------------------------------------------------------------
-# Opening and building a dataset
 
 
 def _import_tfds():
@@ -121,19 +101,13 @@ def _tfds_builder(tfds, name: str, data_dir: epath.PathLike | None):
     ) from None
 
 
-def _manual_dir(builder) -> pathlib.Path | None:
-  if not getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
-    return None
-  return pathlib.Path(os.fspath(builder.data_dir_root)) / "downloads" / "manual"
-
-
 def _build_blockers(builder) -> list[str]:
-  """Why TFDS cannot build (download and prepare) this dataset here; [] if it can."""
+  """Why TFDS cannot download and prepare this dataset here; [] if it can."""
   blockers = []
   if not tensorflow_available():
     blockers.append(f"TensorFlow is not installed (building needs it: {INSTALL_TENSORFLOW})")
-  manual_dir = _manual_dir(builder)
-  if manual_dir is not None:
+  if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
+    manual_dir = pathlib.Path(os.fspath(builder.data_dir_root)) / "downloads" / "manual"
     if not (manual_dir.is_dir() and any(manual_dir.iterdir())):
       blockers.append(
         f"{builder.name} needs a manual download into {manual_dir}:"
@@ -169,10 +143,6 @@ def _feature_keys(builder) -> tuple[str, str]:
   return keys
 
 
-# ----------------------------------------------------------------------------
-# Reading examples
-
-
 def _resize_center_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
   """Resizes the shorter side to cover ``size`` (bilinear), then crops the centre."""
   from PIL import Image  # Pillow comes with matplotlib; only resizing needs it.
@@ -189,7 +159,7 @@ def _resize_center_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 
 def _collect(examples, keys, what: str, image_size) -> tuple:
-  """Stacks examples (dicts of numpy arrays) into images, labels and ids."""
+  """Stacks examples (dicts of numpy arrays) into images, labels and ids (or None)."""
   image_key, label_key = keys
   images, labels, ids = [], [], []
   for index, example in enumerate(examples):
@@ -252,23 +222,20 @@ def load_tfds(
 ) -> DatasetSplit:
   """Reads a TFDS dataset into memory, building it first only when possible.
 
-  Prepared ArrayRecord data is read with TFDS data sources (no TensorFlow).
-  Prepared TFRecord data needs TensorFlow. Unprepared data is built (as
-  ArrayRecord) only when TensorFlow is installed and the network (or, for
-  ImageNet-style datasets, the manual download) is there; otherwise this raises
-  ``DataUnavailableError`` at once, saying which is missing.
+  Prepared ArrayRecord data needs no TensorFlow, TFRecord data does. Unprepared data is
+  built (as ArrayRecord) only with TensorFlow and the network (or, for ImageNet-style
+  datasets, the manual download); else ``DataUnavailableError`` says which is missing.
 
   Args:
     name: TFDS name, optionally with config and version (``"cifar10:3.0.2"``).
     split: TFDS split, slicing allowed (``"test"``, ``"train[:10%]"``).
-    data_dir: TFDS data directory (default: TFDS's, ``~/tensorflow_datasets``).
+    data_dir: TFDS data directory (None: TFDS's, ``~/tensorflow_datasets``).
     limit: keep the first ``limit`` examples (all when None).
     image_size: (height, width) to resize (shorter side) and centre-crop uint8
       images to; needed when images differ in size (ImageNet).
 
   Returns:
-    A ``DatasetSplit``: images [N, H, W, C] float32 in [0, 1], labels [N]
-    int32; ``ids`` holds the ``id`` feature when there is one.
+    A ``DatasetSplit``; ``ids`` holds the ``id`` feature when there is one.
   """
   if limit is not None:
     limit = validation.positive_int("limit", limit)

@@ -1,12 +1,9 @@
 """The CRC-32 of a zip member read in pieces out of byte order (``stream.PredictionsReader``).
 
-A chunk of examples of a [S, N, K] member is S byte ranges, one per sample, so the
-member's bytes do not come in order. Each sample's rows do: a CRC-32 runs per sample
-(``zlib.crc32``, a block at a time) and the S of them are joined, after the ``.npy``
-header's, as zlib's ``crc32_combine`` joins the CRCs of consecutive byte ranges
-(Python's zlib does not expose it): crc32(a + b) is crc32(a) run over len(b) zero
-bytes, XOR crc32(b), and running over n zero bytes is a 32 x 32 matrix over GF(2),
-built by O(log n) squarings.
+A chunk of a [S, N, K] member is S byte ranges, so a CRC-32 runs per sample and the S are
+joined as zlib's ``crc32_combine`` does (Python does not expose it): crc32(a + b) is
+crc32(a) run over len(b) zero bytes, XOR crc32(b); running over n zero bytes is a 32 x 32
+matrix over GF(2), built by O(log n) squarings.
 """
 
 import zlib
@@ -48,9 +45,9 @@ class RunningCrc:
 
   Attributes:
     expected: the zip directory's CRC-32 of the member.
-    header_crc: the CRC-32 of its ``.npy`` header (the bytes before the data).
+    header_crc: the CRC-32 of its ``.npy`` header.
     running: one CRC-32 per sample of what was read of it; None when the examples were
-      not read in order (then nothing can be said).
+      not read in order.
     next_row: the example the next read must start at to keep the order.
   """
 
@@ -74,9 +71,10 @@ class RunningCrc:
 
 
 def update(queued: list) -> None:
-  """Runs queued updates ``(running, index, bytes)``: running[index] = crc32(bytes,
-  running[index]), in order. zlib lets go of the GIL over large buffers, so a thread can
-  run them beside the reading and its consumer."""
+  """Runs queued ``(running, index, bytes)``: running[index] = crc32(bytes, running[index]).
+
+  zlib lets go of the GIL over large buffers, so a thread can run them beside the reading.
+  """
   for running, index, data in queued:
     running[index] = zlib.crc32(data, running[index])
 
