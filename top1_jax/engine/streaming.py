@@ -114,10 +114,10 @@ def _collect(out: dict, sizes: list[int], stored: list[dict], scored: tuple) -> 
   log_probs = np.asarray(log_probs).reshape(count, -1, log_probs.shape[-1])
   values = {name: np.asarray(value).reshape(count, -1) for name, value in values.items()}
   terms = None if terms is None else [np.asarray(value).reshape(count, -1) for value in terms]
+  if out["log_probs"] is None:  # filled in place: the file's [N, K] is held once
+    shape = (out["num_examples"], log_probs.shape[-1])
+    out["log_probs"] = validation.aligned_empty(shape, log_probs.dtype)
   for index, size in enumerate(sizes):
-    if out["log_probs"] is None:  # filled in place: the file's [N, K] is held once
-      shape = (out["num_examples"], log_probs.shape[-1])
-      out["log_probs"] = validation.aligned_empty(shape, log_probs.dtype)
     start = out["filled"]
     out["log_probs"][start : start + size] = log_probs[index, :size]
     out["filled"] += size
