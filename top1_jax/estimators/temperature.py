@@ -118,15 +118,11 @@ def _newton(logits, row_max, label_logit, weights, log_min, log_max, log_start):
 
 
 def _example_cumulants(logits, row_max, beta, *, twice: bool = True):
-  """Per example, the Taylor coefficients of log sum_k exp(b z_k) in b, at beta and at 2 beta.
-
-  With z the centred logits: ([5, N] at beta, [5, N] at 2 beta or None without
-  ``twice``), each holding log sum_k exp(b z_k) and the first four cumulants of z
-  under softmax(b z) (its derivatives in b). One pass: exp(2 beta z) is the
-  square of exp(beta z). From
-  raw moments (no second sweep for the mean): the cancellation costs the third
-  and fourth cumulants a few digits, which their small Taylor terms do not show.
-  """
+  """Per example, the Taylor coefficients of log sum_k exp(b z_k) in b (z the centred
+  logits): [5, N] at beta and at 2 beta (None without ``twice``): the log sum and the
+  first four cumulants of z under softmax(b z), in one pass (exp(2 beta z) is the square
+  of exp(beta z)). From raw moments: the cancellation costs the third and fourth cumulants
+  a few digits, which their small Taylor terms do not show."""
 
   def cumulants(block, block_max):
     z = block - block_max[:, None]
@@ -340,17 +336,14 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
   """T fitted on each row of ``weights`` (a split's calibration part), and every
   example's multiclass Brier and pmax under each split's softmax(logits / T).
 
-  What the paper's Table 1 needs of temperature scaling, at ImageNet size in about
-  two passes over the logits rather than a few per split: a fit of the pooled
-  weights on a subsample, then one pass of per-example cumulants at its T, from
-  which each split's NLL near that T, its Newton fit, and each example's terms at
-  that fit follow (fourth-order Taylor series in 1/T). A split whose 1/T lies more
-  than 2 % from the expansion point gets a second pass at the pooled fit's T; if
-  one still does (small or unusual splits), or anything is not finite, every split
-  takes the exact route: ``fit_temperature`` with [F, N] weights, then one pass
-  per split. So do all below 2^22 logits (N x K), where passes are cheap. The
-  routes agree to float32 rounding (T within ~1e-7 relative, each example's terms
-  within ~1e-6, on 50,000 x 1,000 logits).
+  Table 1's temperature scaling in about two passes over the logits rather than a few
+  per split: a fit of the pooled weights on a subsample, then one pass of per-example
+  cumulants at its T, from which each split's Newton fit and each example's terms at it
+  follow (fourth-order Taylor series in 1/T). A split more than 2 % from the expansion
+  point gets a second pass at the pooled fit's T; if one still is, or anything is not
+  finite, every split takes the exact route (``fit_temperature``, then one pass per
+  split), as do all inputs below 2^22 logits. The routes agree to float32 rounding (T
+  within ~1e-7 relative, terms within ~1e-6, on 50,000 x 1,000 logits).
 
   Args:
     logits: [N, K] float (N >= 1, K >= 2).
@@ -384,36 +377,23 @@ def fit_temperature(
 ) -> jax.Array:
   """Maximum-likelihood temperature T of softmax(logits / T) on a calibration split.
 
-  Minimises the multiclass NLL ``mean_n [logsumexp(l_n / T) - l_n,y_n / T]`` over
-  ``log T`` in ``[log min_temperature, log max_temperature]`` (the benchmark's
-  bracket, 1e-5 to 1e5, by default).
-
-  Solver: Newton's method on log T with exact first and second derivatives (one
-  pass over the logits per iteration, under ``jit``), safeguarded by a bracket:
-  the NLL is convex in beta = 1/T, so its slope changes sign at most once, each
-  iteration narrows the bracket on that sign, and a Newton step that would leave
-  the bracket (or meets a non-positive curvature) is replaced by bisection. So it
-  finds the same global minimum in the bracket as the benchmark's own bisection
-  of the gradient (``scipy.optimize.bisect``), in a few passes instead of ~48.
-
-  Edge cases: when the NLL keeps falling to the end of the bracket (e.g. every
-  calibration example is classified correctly, so sharper is always better) the
-  end is returned; when it does not depend on T at all (all logits of each
-  example equal) ``max_temperature`` is returned.
+  Minimises the multiclass NLL over log T in [log min_temperature, log max_temperature]
+  (the benchmark's bracket by default) by Newton's method safeguarded by bisection (the
+  NLL is convex in 1/T): the benchmark's bisection's global minimum, in a few passes.
+  Where the NLL keeps falling to an end of the bracket (every example correct) that end
+  is returned; where it does not depend on T (equal logits), ``max_temperature``.
 
   Args:
     logits: [N, K] float, calibration-split logits (N >= 1, K >= 2).
     labels: [N] int in [0, K).
     min_temperature: the bracket's low end, 0 < min_temperature < max_temperature.
     max_temperature: the bracket's high end.
-    weights: optional [N] example weights >= 0 (e.g. a split's calibration
-      mask): the NLL is their weighted mean. Or [F, N], one row per split: the
-      F temperatures come from one compiled program over the one [N, K] array
-      (no copy of any split's rows): one fit of the pooled weights, then each
-      split's Newton from a second-order guess made in one shared pass.
-    initial_temperature: where Newton starts (e.g. another split's T, close
-      to this one's: fewer passes); the result does not depend on it beyond the
-      tolerance of 1e-6 in log T.
+    weights: optional [N] example weights >= 0 (e.g. a split's calibration mask): the
+      NLL is their weighted mean. Or [F, N], one row per split: F temperatures from one
+      program over the one [N, K] array (a pooled fit, then each split's Newton from a
+      second-order guess).
+    initial_temperature: where Newton starts; the result does not depend on it beyond
+      the tolerance of 1e-6 in log T.
 
   Returns:
     [] float, T > 0 (or [F] with [F, N] weights). Apply it with ``apply_temperature``.
@@ -440,12 +420,8 @@ def _apply_temperature(logits, temperature):
 
 
 def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
-  """Temperature-scaled logits ``logits / T``.
-
-  Returns logits, not probabilities, so downstream code stays in log space:
-  pass them as ``logits=`` to the metrics in ``baselines``, to
-  ``scores.neg_log_pmax`` (the ranking, hence Top-1 binning, is unchanged by T),
-  or take ``jax.nn.softmax`` for the calibrated probabilities.
+  """Temperature-scaled logits ``logits / T`` (logits, to stay in log space: the ranking,
+  hence Top-1 binning, is unchanged by T; ``jax.nn.softmax`` gives the probabilities).
 
   Args:
     logits: [N, K] or [S, N, K] float.

@@ -238,11 +238,8 @@ def evaluate(
   ece_bins: int | None = None,
   refit_on: ArrayLike | None = None,
 ) -> list[Result]:
-  """``METRICS`` of each method fitted on ``clean``'s calibration parts, on test parts.
-
-  Brier and NLL are per-example means of the test predictions; ECE, EOR, AUROC and the
-  decompositions use the calibration part's equal-count bins of U, each bin predicting its
-  mean test prediction (the paper's definitions for the bins, constant in a bin).
+  """``METRICS`` of each method fitted on ``clean``'s calibration parts, on test parts
+  (the module's docstring says how each is taken).
 
   Args:
     clean: N labelled examples (also the test set when ``test_sets`` is None).
@@ -392,14 +389,20 @@ def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins)
   fits = entry.fit_splits(everything, ~masks, **method.options)
   if fits is None:
     return None
-  p = np.broadcast_to(np.asarray(fits.p, np.float64), masks.shape)
   per_split, extras = [], []
   for f, test in enumerate(masks):
-    correct_test = clean.correct[test][None]
+    correct_test, p = clean.correct[test][None], _split_rows(fits.p, f, test)
     held = held_out_bins(u[~test], clean.correct[~test], u[test][None], correct_test, n_bins)
-    per_split.append(binned_predictions(held, p[f, test]))
-    extras.append(_extras(p[f, test][None], correct_test, ece_bins, fits.extras, f, test))
+    per_split.append(binned_predictions(held, p))
+    extras.append(_extras(p[None], correct_test, ece_bins, fits.extras, f, test))
   return _per_set(split_metrics(per_split), n_bins)[0], _stacked(extras)[0]
+
+
+def _split_rows(p, f: int, rows) -> np.ndarray:
+  """Split f's ``rows`` of a ``SplitFit.p`` ([N], the same for every split, or [F, N]), as
+  float64: one split at a time, never an [F, N] float64 copy."""
+  p = np.asarray(p)
+  return np.asarray((p if p.ndim == 1 else p[f])[rows], np.float64)
 
 
 def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece_bins, refit_on):
@@ -444,9 +447,8 @@ def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_b
     everything = _evidence(data, method, slice(None), k)
     fits = method.entry.fit_splits(everything, refit_on, **method.options) if fast else None
     if fits is not None:
-      p = np.broadcast_to(np.asarray(fits.p, np.float64), refit_on.shape)
       for f, test in enumerate(tests):
-        parts[f].append(p[f, test])
+        parts[f].append(_split_rows(fits.p, f, test))
       continue
     for f, test in enumerate(tests):
       target = _evidence(data, method, test, k)
@@ -500,25 +502,16 @@ def _per_set(per_fold: dict[str, np.ndarray], n_bins) -> list[CrossValidation]:
 
 
 class HeldOutBins(NamedTuple):
-  """One split: the calibration part's equal-count bins of U and where the test examples
-  of S test sets fall in them.
-
-  Attributes:
-    n_bins: the bin counts B, in order; W = max(n_bins) slots per bin count.
-    cal_counts: [B, W] float32, calibration examples per bin (zero beyond n).
-    prior: float, the calibration accuracy.
-    slots: [B, S * T] int, bin + W * set of each test example, the sets one after another.
-    correct: [S * T] bool, the test events in that order.
-    test_counts, test_hits: [S, B, W] float32, test examples and correct ones per bin.
-  """
+  """One split: the calibration part's equal-count bins of U (B bin counts, W = max(n_bins)
+  slots each), and where the test examples of S test sets fall in them."""
 
   n_bins: tuple[int, ...]
-  cal_counts: np.ndarray
-  prior: float
-  slots: np.ndarray
-  correct: np.ndarray
-  test_counts: np.ndarray
-  test_hits: np.ndarray
+  cal_counts: np.ndarray  # [B, W] float32, calibration examples per bin (zero beyond n)
+  prior: float  # the calibration accuracy
+  slots: np.ndarray  # [B, S * T] int, bin + W * set of each test example, set after set
+  correct: np.ndarray  # [S * T] bool, the test events in that order
+  test_counts: np.ndarray  # [S, B, W] float32, test examples per bin
+  test_hits: np.ndarray  # [S, B, W] float32, correct ones
 
 
 def held_out_bins(u_cal, correct_cal, u_test, correct_test, n_bins) -> HeldOutBins:
@@ -552,14 +545,10 @@ def counted_in(fitted: Sequence[binning.Bins], u_test, correct_test, prior=None)
 
 
 class BinnedPredictions(NamedTuple):
-  """One split's sufficient statistics of a method's test predictions, per test set.
-
-  Attributes:
-    test_counts, test_hits, prediction_means: [S, B, W] float32: test examples, correct
-      ones and their mean predicted P(correct) (0 where none), per calibration bin. The
-      mean is taken in float64 so that a bin of equal predictions gets exactly that value.
-    brier, nll: [S, B] float, each set's per-example mean Brier and NLL.
-  """
+  """One split's sufficient statistics of a method's test predictions, per test set (fields
+  named as ``HeldOutBins``' are its). ``prediction_means``: [S, B, W] float32, the mean
+  predicted P(correct) per calibration bin (0 where none), taken in float64 so that a bin
+  of equal predictions gets exactly that value; ``brier``, ``nll``: [S, B] per-example means."""
 
   n_bins: tuple[int, ...]
   cal_counts: np.ndarray
