@@ -129,12 +129,10 @@ def guaranteed_coverage(
   selected = np.zeros(bins.n_bins, bool)
   selected[ranked[:size]] = True
   total = pooled_counts[-1]
+  threshold, kept, accuracy, bound = np.inf, 0, np.nan, np.nan
   if size:
-    threshold = np.min(np.asarray(bins.prob)[ranked[:size]])
-    kept, hits, bound = pooled_counts[size - 1], pooled_hits[size - 1], lower[size - 1]
-    accuracy = hits / kept
-  else:
-    threshold, kept, accuracy, bound = np.inf, 0, np.nan, np.nan
+    threshold, bound = np.min(np.asarray(bins.prob)[ranked[:size]]), lower[size - 1]
+    kept, accuracy = pooled_counts[size - 1], pooled_hits[size - 1] / pooled_counts[size - 1]
   # Host values moved as they are: jnp.float32(x) would compile a conversion program.
   floats = [jax.device_put(np.float32(x)) for x in (kept / total, threshold, accuracy, bound)]
   num_tests = jax.device_put(np.int32(num_tests))
@@ -155,8 +153,7 @@ def select(selection: Selection, u: ArrayLike) -> jax.Array:
 
 def _split_outcome(selection: Selection, chosen: np.ndarray, correct: np.ndarray) -> dict:
   """One split's selection: its bound, and its coverage and accuracy on the test part."""
-  bound = float(selection.guaranteed_accuracy)
-  kept = int(chosen.sum())
+  bound, kept = float(selection.guaranteed_accuracy), int(chosen.sum())
   return {
     "guaranteed_accuracy": bound if np.isfinite(bound) else None,
     "calibration_coverage": float(selection.coverage),
@@ -167,17 +164,12 @@ def _split_outcome(selection: Selection, chosen: np.ndarray, correct: np.ndarray
 
 def _means(per_split: list[dict]) -> dict:
   """Means over splits, each over the splits where it is defined (None if none is)."""
-
-  def mean(key):
+  out = {}
+  for key in per_split[0]:
     values = [p[key] for p in per_split if p[key] is not None]
-    return float(np.mean(values)) if values else None
-
-  keys = ("guaranteed_accuracy", "calibration_coverage", "test_coverage", "test_accuracy")
-  return {
-    **{key: mean(key) for key in keys},
-    "num_splits": len(per_split),
-    "num_empty": sum(p["guaranteed_accuracy"] is None for p in per_split),
-  }
+    out[key] = float(np.mean(values)) if values else None
+  empty = sum(p["guaranteed_accuracy"] is None for p in per_split)
+  return out | {"num_splits": len(per_split), "num_empty": empty}
 
 
 def validate_over_splits(
