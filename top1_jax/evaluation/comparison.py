@@ -97,33 +97,21 @@ def baseline_rows(
   chosen = [protocol.method(name, "pmax", options.get(name, {})) for name in variants]
   found = protocol.evaluate_checked(data, splits, chosen, None, (1,), 1, ece_bins)
   means = [
-    {"brier": float(r.metrics.mean["brier"][0])}
+    {"raw_top1_brier": float(r.metrics.mean["brier"][0]), "temperature": 1.0}
     | {name: float(np.mean(values)) for name, values in r.extras.items()}
     for r in found
   ]
-  raw = {
-    "variant": "raw",
-    "multiclass_brier": means[0]["multiclass_brier"],
-    "confidence_ece": means[0]["confidence_ece"],
-    "raw_top1_brier": means[0]["brier"],
-    "temperature": 1.0,
-  }
-  rows = [raw]
+  keys = ("multiclass_brier", "confidence_ece", "raw_top1_brier", "temperature")
+  rows = [{"variant": v} | {key: means[i][key] for key in keys} for i, v in enumerate(variants[:2])]
   if single_model:
-    scaled = {name: means[1][key] for name, key in zip(_SCALED, _SCALED_FROM, strict=True)}
-    rows.append({"variant": "temperature", **scaled})
     binned = means[2]
     rows.append({
-      **raw, "variant": "toplabel", "toplabel_brier": binned["brier"],
+      **rows[0], "variant": "toplabel", "toplabel_brier": binned["raw_top1_brier"],
       "toplabel_ece": binned["confidence_ece"],
       "toplabel_classes_with_own_bins": binned["classes_with_own_bins"],
       "toplabel_num_classes": data.log_probs.shape[-1], "toplabel_points_per_bin": points_per_bin,
     })  # fmt: skip
   return rows
-
-
-_SCALED = ("multiclass_brier", "confidence_ece", "raw_top1_brier", "temperature")
-_SCALED_FROM = ("multiclass_brier", "confidence_ece", "brier", "temperature")
 
 
 def table_row(row: Mapping[str, str | float], top1_bins: Mapping[str, float | None]) -> dict:
