@@ -210,19 +210,16 @@ def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, 
     "median_size": float(np.median(sizes)),
     "empty_fraction": np.mean(sizes == 0),
   }
-  violations = []
   for name, (low, high) in zip(STRATUM_NAMES, STRATA, strict=True):
     high = math.inf if high is None else high
     for kind, members in (("size", sizes), ("difficulty", rank + 1)):
       where = (members >= low) & (members <= high)
-      coverage = covered[where].mean() if where.any() else math.nan
       if kind == "size":
         out[f"fraction_size_{name}"] = where.mean()
-        violations += [abs(coverage - (1 - alpha))] if where.any() else []
       else:
         out[f"size_difficulty_{name}"] = sizes[where].mean() if where.any() else math.nan
-      out[f"coverage_{kind}_{name}"] = coverage
-  out["sscv"] = max(violations)
+      out[f"coverage_{kind}_{name}"] = covered[where].mean() if where.any() else math.nan
+  out["sscv"] = np.nanmax([abs(out[f"coverage_size_{n}"] - (1 - alpha)) for n in STRATUM_NAMES])
   return {name: float(value) for name, value in out.items()}
 
 
