@@ -105,10 +105,8 @@ def applied(bins: binning.Bins, update: BinUpdate) -> binning.Bins:
 def update_bins(
   bins: binning.Bins, evidence: base.Evidence, prior_strength: float | None = None
 ) -> binning.Bins:
-  """The clean bins updated by new labelled examples: the ``update`` of ``bins_from_clean``.
-
-  ``prior_strength``: s, or None to choose it on these examples.
-  """
+  """The clean bins updated by new labelled examples (``bins_from_clean``'s ``update``),
+  with prior strength s ``prior_strength``, or None to choose it on these examples."""
   return applied(bins, bin_update(bins, evidence, prior_strength))
 
 

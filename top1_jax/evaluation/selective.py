@@ -49,14 +49,6 @@ class RiskCoverage(NamedTuple):
   risk: jax.Array
 
 
-def _candidate_order(bins: binning.Bins, order: str) -> np.ndarray:
-  """Indices of the non-empty bins, most confident first (ties: lower bin index first)."""
-  nonempty = np.flatnonzero(np.asarray(bins.counts) > 0)
-  if order == "prob":
-    return nonempty[np.argsort(-np.asarray(bins.prob)[nonempty], kind="stable")]
-  return nonempty if order == "ascending" else nonempty[::-1]
-
-
 def _largest_passing_prefix(passes: np.ndarray) -> int:
   """SGR's binary search for the largest j in [0, m] with ``passes[j - 1]`` (j = 0 passes)."""
   low, high = 0, passes.shape[0] + 1  # low passes; high stands for "fails"
@@ -116,7 +108,12 @@ def guaranteed_coverage(
   binning.checked_bins(bins)
   target_accuracy = _check_target("target_accuracy", target_accuracy)
   _check_delta_and_order(delta, order)
-  ranked = _candidate_order(bins, order)
+  # The non-empty bins, most confident first (ties: lower bin index first).
+  ranked = np.flatnonzero(np.asarray(bins.counts) > 0)
+  if order == "prob":
+    ranked = ranked[np.argsort(-np.asarray(bins.prob)[ranked], kind="stable")]
+  elif order == "descending":
+    ranked = ranked[::-1]
   if ranked.shape[0] == 0:
     raise ValueError("bins: no examples were counted")
   num_tests = math.ceil(math.log2(ranked.shape[0] + 1))

@@ -150,10 +150,6 @@ def _topk_tuning(part: tuple[conformal.Ranked, np.ndarray], options: dict) -> bi
   return jax.tree.map(lambda *fields: jnp.stack(fields), *fits)
 
 
-def _raps_to_dict(params) -> dict:
-  return {"k_reg": int(params[0]), "lam": float(params[1])}
-
-
 def _raps_from_dict(d, source: str, num_classes: int):
   del num_classes  # a k_reg beyond K penalises nothing
   return base.read_int(d, "k_reg", source), base.read_number(d, "lam", source, 0.0, 1e30)
@@ -233,7 +229,7 @@ METHODS: dict[str, SetMethod] = {
     _raps_scores,
     _raps_tuning,
     lambda options: None in (options["k_reg"], options["lam"]),
-    _raps_to_dict,
+    lambda params: {"k_reg": int(params[0]), "lam": float(params[1])},
     _raps_from_dict,
   ),
   "topk": SetMethod(
