@@ -300,7 +300,7 @@ def _by_rows(program, data: conformal.Ranked, rows: np.ndarray, *per_row, out: n
   size = conformal.bucket(num) if num <= ROWS else ROWS
   for start in range(0, num, size):
     block = [conformal.pad_rows(a[start : start + size], size) for a in per_row]
-    sorted_logits = conformal.gathered(data.sorted, rows[start : start + size], size)
+    sorted_logits = conformal.pad_rows(data.sorted, size, rows[start : start + size])
     out[..., start : start + size] = np.asarray(program(sorted_logits, *block))[..., : num - start]
   return out
 
