@@ -76,9 +76,8 @@ def reference(correct: ArrayLike, confidence: ArrayLike, u: Mapping[str, ArrayLi
   """The ``Reference`` of clean labelled data: [N] events, confidences and scores by name."""
   correct = np.asarray(correct, bool)
   thresholds = {name: atc_threshold(oriented(name, values), correct) for name, values in u.items()}
-  return Reference(
-    float(np.mean(correct)), float(np.mean(np.asarray(confidence, np.float64))), thresholds
-  )
+  confidence = float(np.mean(np.asarray(confidence, np.float64)))
+  return Reference(float(np.mean(correct)), confidence, thresholds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,15 +170,15 @@ def estimate(
   names = [(e.name, s) for e in ESTIMATORS.values() for s in (scores if e.on_score else (None,))]
   predicted = np.empty((len(names), len(sets), splits.num_splits))
   accuracy = np.zeros((len(sets), splits.num_splits))
+  datas = [data for _, data, _ in sets]
   for f in range(splits.num_splits):
     cal = ~splits.test_mask(f)
     rows = [~cal if labelled else slice(None) for _, _, labelled in sets]
-    datas = [data for _, data, _ in sets]
     sizes = [len(data.log_probs[r]) for data, r in zip(datas, rows, strict=True)]
     parts = [slice(end - n, end) for end, n in zip(np.cumsum(sizes), sizes, strict=True)]
 
     def fitted(method, datas=datas, rows=rows, cal=cal):
-      target = _stacked(datas, rows, method, k)
+      target = stacked(datas, rows, method, k)
       return protocol.fit_predict(method, clean_data, cal, target, (n_bins,))
 
     confidence, p_correct = fitted(confidence_method), {s: fitted(m) for s, m in bins.items()}
@@ -189,11 +188,8 @@ def estimate(
       if labelled:
         accuracy[s, f] = np.mean(data.correct[rows[s]])
       for e, (name, score) in enumerate(names):
-        views = Views(confidence[part])
-        if score is not None:
-          u = data.scores[score][rows[s]]
-          views = Views(confidence[part], score, u, p_correct[score][part])
-        predicted[e, s, f] = predicted_accuracy(name, ref, views)
+        on = () if score is None else (score, data.scores[score][rows[s]], p_correct[score][part])
+        predicted[e, s, f] = predicted_accuracy(name, ref, Views(confidence[part], *on))
   return [
     Estimate(name, score or confidence_name(k), key, predicted[e, s], accuracy[s])
     for e, (name, score) in enumerate(names)
@@ -208,8 +204,8 @@ def _sets(name, sets, needed, k, clean, labelled=True) -> list:
   return protocol.checked_sets(name, sets, needed, k, clean, labelled)
 
 
-def _stacked(datas, rows, method: protocol.Method, k: int) -> base.Evidence:
-  """What ``method`` predicts: every set's rows, one after another."""
+def stacked(datas, rows, method: protocol.Method, k: int) -> base.Evidence:
+  """What ``method`` predicts: the ``rows`` of each of ``datas``, one after another."""
   u = np.concatenate([data.scores[method.score][r] for data, r in zip(datas, rows, strict=True)])
   if method.entry.scores_only:
     return base.Evidence(u, k=k)

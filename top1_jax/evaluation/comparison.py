@@ -45,8 +45,7 @@ def _check(log_probs, labels, splits, points_per_bin, ece_bins, label_terms):
   if label_terms is None:
     label_terms = events.label_terms(log_probs, labels)
   validation.instance("label_terms", label_terms, events.LabelTerms, "events.LabelTerms")
-  pmax = np.asarray(label_terms.pmax)
-  rank = np.asarray(label_terms.rank)
+  pmax, rank = np.asarray(label_terms.pmax), np.asarray(label_terms.rank)
   if pmax.shape != (num,) or rank.shape != (num,):
     raise ValueError(f"label_terms: expected [{num}] arrays, got shapes {[rank.shape, pmax.shape]}")
   points_per_bin = validation.positive_int("points_per_bin", points_per_bin)
@@ -73,21 +72,16 @@ def baseline_rows(
     single_model: one network (no MC samples, no ensemble): temperature scaling
       and top-label binning apply, and add their rows.
     ece_bins: equal-width bins of the confidence ECE (15 in the benchmark).
-    points_per_bin: top-label binning's calibration examples per bin: class c gets
-      floor(n_c / points_per_bin) bins (50, the reference's).
-    label_terms: ``events.label_terms(log_probs, labels)`` when already computed
-      (``pipeline`` has them from its scoring pass); None computes them.
+    points_per_bin: top-label binning's calibration examples per bin (50, the reference's).
+    label_terms: ``events.label_terms(log_probs, labels)`` if already computed, or None.
 
   Returns:
-    One dict per variant, in ``VARIANTS`` order ("raw" only unless
-    ``single_model``), with ``variant`` and the means over splits of
-    ``multiclass_brier``, ``confidence_ece``, ``raw_top1_brier`` (of the variant's
-    own pmax) and ``temperature`` (1.0 but for "temperature", the mean fitted T).
+    One dict per variant (``VARIANTS``; "raw" only unless ``single_model``): ``variant``
+    and the means over splits of ``multiclass_brier``, ``confidence_ece``,
+    ``raw_top1_brier`` (of its own pmax) and ``temperature`` (1.0 but for "temperature").
     "toplabel" repeats the raw metrics (it leaves the softmax alone) and adds
-    ``toplabel_brier``, ``toplabel_ece`` (equal-width, ``ece_bins``),
-    ``toplabel_classes_with_own_bins`` (mean over splits of the classes predicted at
-    least ``points_per_bin`` times in the calibration part; the others keep pmax),
-    ``toplabel_num_classes`` (K) and ``toplabel_points_per_bin``.
+    ``toplabel_brier``, ``toplabel_ece``, ``toplabel_classes_with_own_bins`` (classes with
+    bins of their own), ``toplabel_num_classes`` (K) and ``toplabel_points_per_bin``.
   """
   data, points_per_bin, ece_bins = _check(
     log_probs, labels, splits, points_per_bin, ece_bins, label_terms
@@ -97,24 +91,16 @@ def baseline_rows(
   chosen = [protocol.method(name, "pmax", options.get(name, {})) for name in variants]
   found = protocol.evaluate_checked(data, splits, chosen, None, (1,), 1, ece_bins)
   means = [
-    {"brier": float(r.metrics.mean["brier"][0])}
+    {"raw_top1_brier": float(r.metrics.mean["brier"][0]), "temperature": 1.0}
     | {name: float(np.mean(values)) for name, values in r.extras.items()}
     for r in found
   ]
-  raw = {
-    "variant": "raw",
-    "multiclass_brier": means[0]["multiclass_brier"],
-    "confidence_ece": means[0]["confidence_ece"],
-    "raw_top1_brier": means[0]["brier"],
-    "temperature": 1.0,
-  }
-  rows = [raw]
+  keys = ("multiclass_brier", "confidence_ece", "raw_top1_brier", "temperature")
+  rows = [{"variant": v} | {key: means[i][key] for key in keys} for i, v in enumerate(variants[:2])]
   if single_model:
-    scaled = {name: means[1][key] for name, key in zip(_SCALED, _SCALED_FROM, strict=True)}
-    rows.append({"variant": "temperature", **scaled})
     binned = means[2]
     rows.append({
-      **raw, "variant": "toplabel", "toplabel_brier": binned["brier"],
+      **rows[0], "variant": "toplabel", "toplabel_brier": binned["raw_top1_brier"],
       "toplabel_ece": binned["confidence_ece"],
       "toplabel_classes_with_own_bins": binned["classes_with_own_bins"],
       "toplabel_num_classes": data.log_probs.shape[-1], "toplabel_points_per_bin": points_per_bin,
@@ -122,27 +108,15 @@ def baseline_rows(
   return rows
 
 
-_SCALED = ("multiclass_brier", "confidence_ece", "raw_top1_brier", "temperature")
-_SCALED_FROM = ("multiclass_brier", "confidence_ece", "brier", "temperature")
-
-
 def table_row(row: Mapping[str, str | float], top1_bins: Mapping[str, float | None]) -> dict:
-  """A Table-1 row: a variant's benchmark metrics beside Top-1 binning's Brier and ECE.
+  """A Table-1 row: ``row`` (one of ``baseline_rows``) with ``top1_estimator``,
+  ``top1_binned_brier`` and ``top1_binned_ece``.
 
-  Temperature scaling keeps the order of pmax, so "raw" and "temperature" share the
-  Top-1 bins of the classifier's score. Top-label binning is itself a binning of
-  pmax: its own Brier and ECE fill the binned cells, and as it predicts P(correct)
-  only, it has no multiclass Brier (None).
-
-  Args:
-    row: one of ``baseline_rows``.
-    top1_bins: the Top-1 bins' cross-validated means at ``compare_bins`` bins,
-      with keys "brier" and "ece" (a row of ``crossval.CrossValidation.rows()``).
-
-  Returns:
-    ``row`` with ``top1_estimator`` ("bins" or "toplabel"), ``top1_binned_brier``
-    and ``top1_binned_ece``; for "toplabel" without ``toplabel_brier`` /
-    ``toplabel_ece`` (moved to the binned cells) and ``multiclass_brier`` None.
+  "raw" and "temperature" (which keeps the order of pmax) share the Top-1 bins'
+  cross-validated ``top1_bins["brier"]`` and ``["ece"]`` (a row of
+  ``CrossValidation.rows()``). Top-label binning is itself a binning of pmax: its own Brier
+  and ECE move to the binned cells, and as it predicts P(correct) only, its
+  ``multiclass_brier`` is None.
   """
   row = dict(row)
   variant = row.get("variant")

@@ -60,13 +60,18 @@ def bucket(num: int) -> int:
   return -(-num // _MAX_DOUBLING) * _MAX_DOUBLING
 
 
-def pad_rows(values, size: int):
-  """``values`` (NumPy or jax) with zero rows appended up to ``size`` rows."""
-  if isinstance(values, np.ndarray):
-    out = np.zeros((size, *values.shape[1:]), values.dtype)
+def pad_rows(values, size: int, index: np.ndarray | None = None):
+  """``values`` (NumPy or jax), or its rows ``index``, with zero rows appended up to ``size``
+  rows; NumPy rows are gathered straight into the padded copy (one copy, not two)."""
+  if not isinstance(values, np.ndarray):
+    values = values if index is None else values[index]
+    return jnp.pad(values, [(0, size - values.shape[0])] + [(0, 0)] * (values.ndim - 1))
+  out = np.zeros((size, *values.shape[1:]), values.dtype)
+  if index is None:
     out[: values.shape[0]] = values
-    return out
-  return jnp.pad(values, [(0, size - values.shape[0])] + [(0, 0)] * (values.ndim - 1))
+  else:
+    np.take(values, index, axis=0, out=out[: index.shape[0]])
+  return out
 
 
 def uniform_draws(key: jax.Array, num: int, randomized: bool = True) -> np.ndarray:
@@ -183,18 +188,8 @@ def prefix_mask(logits: jax.Array, sorted_logits: jax.Array, lengths: jax.Array)
 def part(data: Ranked, u: np.ndarray, index: np.ndarray) -> tuple[Ranked, np.ndarray]:
   """The rows ``index`` of ``data`` (padded to their own bucket) and of its [N] draws ``u``."""
   size = bucket(index.shape[0])
-  rank = None if data.rank is None else gathered(data.rank, index, size)
-  return Ranked(gathered(data.sorted, index, size), rank, index.shape[0]), u[index]
-
-
-def gathered(values, index: np.ndarray, size: int):
-  """The rows ``index`` of ``values`` (NumPy or jax) with zero rows up to ``size``: one
-  copy (``pad_rows`` of the rows would be two)."""
-  if not isinstance(values, np.ndarray):
-    return pad_rows(values[index], size)
-  out = np.zeros((size, *values.shape[1:]), values.dtype)
-  np.take(values, index, axis=0, out=out[: index.shape[0]])
-  return out
+  rank = None if data.rank is None else pad_rows(data.rank, size, index)
+  return Ranked(pad_rows(data.sorted, size, index), rank, index.shape[0]), u[index]
 
 
 def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, float]:
@@ -210,19 +205,16 @@ def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, 
     "median_size": float(np.median(sizes)),
     "empty_fraction": np.mean(sizes == 0),
   }
-  violations = []
   for name, (low, high) in zip(STRATUM_NAMES, STRATA, strict=True):
     high = math.inf if high is None else high
     for kind, members in (("size", sizes), ("difficulty", rank + 1)):
       where = (members >= low) & (members <= high)
-      coverage = covered[where].mean() if where.any() else math.nan
       if kind == "size":
         out[f"fraction_size_{name}"] = where.mean()
-        violations += [abs(coverage - (1 - alpha))] if where.any() else []
       else:
         out[f"size_difficulty_{name}"] = sizes[where].mean() if where.any() else math.nan
-      out[f"coverage_{kind}_{name}"] = coverage
-  out["sscv"] = max(violations)
+      out[f"coverage_{kind}_{name}"] = covered[where].mean() if where.any() else math.nan
+  out["sscv"] = np.nanmax([abs(out[f"coverage_size_{n}"] - (1 - alpha)) for n in STRATUM_NAMES])
   return {name: float(value) for name, value in out.items()}
 
 

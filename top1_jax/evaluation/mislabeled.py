@@ -42,14 +42,6 @@ class ConfidentErrors(NamedTuple):
   bins: binning.Bins
 
 
-def _twice_average_ranks(values: np.ndarray) -> np.ndarray:
-  """2 x the 1-based average ranks of ``values`` (ties share their mean rank); exact ints."""
-  _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-  ends = np.cumsum(counts)  # 1-based rank of the last member of each tie group
-  starts = ends - counts + 1
-  return (starts + ends)[inverse.reshape(-1)].astype(np.int64)
-
-
 def confidence_direction(prob: ArrayLike) -> int:
   """+1, -1 or 0 (also for B < 2): the sign of Spearman's correlation of the bins'
   probabilities ``prob`` [B] (in ascending score order) with their position, exact
@@ -58,21 +50,12 @@ def confidence_direction(prob: ArrayLike) -> int:
   num = prob.shape[0]
   if num < 2:
     return 0
+  # Twice the 1-based ranks, ties at their mean rank (first + last): exact integers.
+  _, inverse, counts = np.unique(prob, return_inverse=True, return_counts=True)
+  last = np.cumsum(counts)
+  rank = (last - counts + 1 + last)[inverse.reshape(-1)].astype(np.int64) - (num + 1)
   position = 2 * np.arange(1, num + 1, dtype=np.int64) - (num + 1)
-  rank = _twice_average_ranks(prob) - (num + 1)
   return int(np.sign(np.sum(position * rank)))
-
-
-def _exact_prob_rank(hits: np.ndarray, counts: np.ndarray, num_hits: int, num: int) -> np.ndarray:
-  """Dense ranks (0 = lowest) of the bins' (hits + prior) / (counts + 1) as exact fractions,
-  so that float32 rounding never splits a tie or makes one."""
-  prior = fractions.Fraction(num_hits, num)
-  exact = [
-    binning.calibrated_prob(fractions.Fraction(int(h)), int(c), prior)
-    for h, c in zip(hits, counts, strict=True)
-  ]
-  levels = {value: rank for rank, value in enumerate(sorted(set(exact)))}
-  return np.array([levels[value] for value in exact], np.int64)
 
 
 def confident_errors(
@@ -108,11 +91,16 @@ def confident_errors(
   u_device = jnp.asarray(u, jnp.float32)
   bins = binning.fit(u_device[calibration], correct[calibration], n_bins=n_bins)
   example_bin = np.asarray(binning.assign(bins.edges, u_device))
-  prob = np.asarray(bins.prob)
-  counts = np.asarray(bins.counts)
-  level = _exact_prob_rank(
-    np.asarray(bins.hits), counts, int(correct[calibration].sum()), num_calibration
-  )
+  prob, counts, hits = np.asarray(bins.prob), np.asarray(bins.counts), np.asarray(bins.hits)
+  # The bins' dense ranks (0 = lowest) by (hits + prior) / (counts + 1) as exact fractions,
+  # so that float32 rounding never splits a tie or makes one.
+  prior = fractions.Fraction(int(correct[calibration].sum()), num_calibration)
+  exact = [
+    binning.calibrated_prob(fractions.Fraction(int(h)), int(c), prior)
+    for h, c in zip(hits, counts, strict=True)
+  ]
+  levels = {value: rank for rank, value in enumerate(sorted(set(exact)))}
+  level = np.array([levels[value] for value in exact], np.int64)
   filled = np.flatnonzero(counts > 0)
   direction = confidence_direction(level[filled])
   # lexsort: the last key is the primary one.

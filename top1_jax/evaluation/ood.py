@@ -9,8 +9,7 @@ from jax.typing import ArrayLike
 from top1_jax.core import metrics
 from top1_jax.core import scores as score_registry
 from top1_jax.core.splits import Splits
-from top1_jax.estimators import base
-from top1_jax.evaluation import protocol
+from top1_jax.evaluation import accuracy_estimates, protocol
 
 SUMMARY = ("mean", "quantile_0.1", "quantile_0.5", "quantile_0.9")
 SUMMARY += ("fraction_at_least_0.5", "fraction_at_least_0.9")
@@ -53,13 +52,6 @@ def probability_summary(p: ArrayLike) -> dict[str, float]:
   return {key: float(value) for key, value in zip(SUMMARY, values, strict=True)}
 
 
-def _score_auroc(score: str, clean: protocol.Data, ood: protocol.Data) -> float:
-  """AUROC of ``ood`` (positive) against all of ``clean`` by U, uncertain meaning out (an
-  unknown stored score is an uncertainty, as the predictions files' scores are)."""
-  sign = -1.0 if getattr(score_registry.lookup(score), "confident_when_high", False) else 1.0
-  return _separation(sign * clean.scores[score], sign * ood.scores[score])
-
-
 def _separation(in_values: np.ndarray, out_values: np.ndarray) -> float:
   is_out = np.concatenate([np.zeros(in_values.shape[0], bool), np.ones(out_values.shape[0], bool)])
   return metrics.auroc(np.concatenate([in_values, out_values]), is_out)
@@ -95,10 +87,12 @@ def ood_report(
   methods = [method._replace(per_bin_count=False) for method in chosen]
   masks = [splits.test_mask(f) for f in range(splits.num_splits)]
   hosts = [host for _, host in sets]
-  by_score = {  # nothing fitted: one AUROC per score and set
-    score: [_score_auroc(score, clean_host, host) for host in hosts]
-    for score in dict.fromkeys(method.score for method in methods)
-  }
+  by_score = {}  # nothing fitted: one AUROC per score and set, by U (uncertain meaning out)
+  for score in dict.fromkeys(method.score for method in methods):
+    # An unknown stored score is an uncertainty, as the predictions files' scores are.
+    sign = -1.0 if getattr(score_registry.lookup(score), "confident_when_high", False) else 1.0
+    u = [sign * data.scores[score] for data in (clean_host, *hosts)]
+    by_score[score] = [_separation(u[0], out) for out in u[1:]]
   results = []
   for method in methods:
     ood_prob, clean_prob = _ood_predictions(method, clean_host, hosts, masks, k)
@@ -115,16 +109,12 @@ def ood_report(
 def _ood_predictions(method: protocol.Method, clean: protocol.Data, sets: list, masks, k: int):
   """([O] arrays [F, N_o] of the OOD sets' P(correct), [F] arrays [T_f] of the clean test
   parts'): per split one fit and one prediction of them all."""
-  needs_log_probs = not method.entry.scores_only
-  u_sets = [host.scores[method.score] for host in sets]
-  lp_sets = [host.log_probs for host in sets] if needs_log_probs else []
-  sizes = np.cumsum([0] + [u.shape[0] for u in u_sets])
-  ood_prob = [np.empty((len(masks), u.shape[0])) for u in u_sets]
+  sizes = np.cumsum([0] + [host.log_probs.shape[0] for host in sets])
+  ood_prob = [np.empty((len(masks), host.log_probs.shape[0])) for host in sets]
   clean_prob = []
   for split, test in enumerate(masks):
-    target = base.Evidence(np.concatenate([clean.scores[method.score][test], *u_sets]), k=k)
-    if needs_log_probs:
-      target = target._replace(log_probs=np.concatenate([clean.log_probs[test], *lp_sets]))
+    rows = [test] + [slice(None)] * len(sets)
+    target = accuracy_estimates.stacked([clean, *sets], rows, method, k)
     p = protocol.fit_predict(method, clean, ~test, target, None)
     num_test = int(np.count_nonzero(test))
     clean_prob.append(p[:num_test])

@@ -42,23 +42,6 @@ class Recalibrated(NamedTuple):
   metrics: CrossValidation
 
 
-def _loo_log_likelihood(prob, counts, hits, strength):
-  """[..., G] log-likelihood of each example's outcome, predicted from the others."""
-  prob, counts, hits = (np.asarray(x, np.float64)[..., None, :] for x in (prob, counts, hits))
-  s = np.asarray(strength, np.float64)[:, None]
-  finite = np.isfinite(s)
-  s_ = np.where(finite, s, 0.0)
-  # Left out: a correct example (hits - 1) or a wrong one; s = inf keeps the clean prob.
-  denominator = np.maximum(s_ + counts - 1, 1e-300)
-  if_correct = np.where(finite, (s_ * prob + hits - 1) / denominator, prob)
-  if_wrong = np.where(finite, (s_ * prob + hits) / denominator, prob)
-  tiny = 1e-12  # a clean prob of 0 or 1 (all wrong or all right) stays finite
-  terms = hits * np.log(np.clip(if_correct, tiny, 1)) + (counts - hits) * np.log(
-    np.clip(1 - if_wrong, tiny, 1)
-  )
-  return np.where(counts > 0, terms, 0.0).sum(-1)
-
-
 def choose_prior_strength(
   prob: ArrayLike, counts: ArrayLike, hits: ArrayLike, grid: Sequence[float] = PRIOR_STRENGTHS
 ) -> np.ndarray:
@@ -69,7 +52,18 @@ def choose_prior_strength(
   examples and correct ones per bin. Ties go to the stronger prior.
   """
   grid = np.asarray(grid, np.float64)
-  likelihood = _loo_log_likelihood(prob, counts, hits, grid)
+  prob, counts, hits = (np.asarray(x, np.float64)[..., None, :] for x in (prob, counts, hits))
+  finite = np.isfinite(grid)[:, None]
+  s_ = np.where(finite, grid[:, None], 0.0)
+  # Left out: a correct example (hits - 1) or a wrong one; s = inf keeps the clean prob.
+  denominator = np.maximum(s_ + counts - 1, 1e-300)
+  if_correct = np.where(finite, (s_ * prob + hits - 1) / denominator, prob)
+  if_wrong = np.where(finite, (s_ * prob + hits) / denominator, prob)
+  tiny = 1e-12  # a clean prob of 0 or 1 (all wrong or all right) stays finite
+  terms = hits * np.log(np.clip(if_correct, tiny, 1)) + (counts - hits) * np.log(
+    np.clip(1 - if_wrong, tiny, 1)
+  )
+  likelihood = np.where(counts > 0, terms, 0.0).sum(-1)  # [..., G]
   # argmax takes the first of equal maxima: over the grid reversed, the strongest prior.
   order = np.argsort(-grid, kind="stable")
   return grid[order][np.argmax(likelihood[..., order], axis=-1)]
@@ -111,10 +105,8 @@ def applied(bins: binning.Bins, update: BinUpdate) -> binning.Bins:
 def update_bins(
   bins: binning.Bins, evidence: base.Evidence, prior_strength: float | None = None
 ) -> binning.Bins:
-  """The clean bins updated by new labelled examples: the ``update`` of ``bins_from_clean``.
-
-  ``prior_strength``: s, or None to choose it on these examples.
-  """
+  """The clean bins updated by new labelled examples (``bins_from_clean``'s ``update``),
+  with prior strength s ``prior_strength``, or None to choose it on these examples."""
   return applied(bins, bin_update(bins, evidence, prior_strength))
 
 
@@ -210,11 +202,8 @@ def recalibrate(
   """
   smallest = min(int(np.count_nonzero(~splits.test_mask(f))) for f in range(splits.num_splits))
   num_labels = checked_num_labels(num_labels, smallest)
-  if prior_strength is not None and (
-    isinstance(prior_strength, bool)
-    or not isinstance(prior_strength, (int, float))
-    or not prior_strength > 0
-  ):
+  number = isinstance(prior_strength, (int, float)) and not isinstance(prior_strength, bool)
+  if prior_strength is not None and not (number and prior_strength > 0):
     raise ValueError(f"prior_strength: expected a number > 0 or None, got {prior_strength!r}")
   names = [("temperature", log_probs_score)]
   names += [(name, score) for score in scores for name in RECALIBRATIONS if name != "temperature"]
@@ -222,7 +211,7 @@ def recalibrate(
   for m in num_labels:
     chosen = [method(name, score, n_bins, m, prior_strength) for name, score in names]
     # At m = 0 both bins are the clean bins: each distinct method is evaluated once.
-    keys = [_key(c) for c in chosen]
+    keys = [(c.estimator, c.score, tuple(c.options.items()), c.update is None) for c in chosen]
     distinct = list(dict.fromkeys(keys))
     methods_ = [chosen[keys.index(key)] for key in distinct]
     draws, refit_on = (splits, None) if not m else label_draws(splits, m, num_draws, seed)
@@ -254,7 +243,3 @@ def checked_num_labels(num_labels, smallest: int) -> tuple[int, ...]:
         f"count is cross-validated on them), got {m}"
       )
   return tuple(int(m) for m in num_labels)
-
-
-def _key(chosen: protocol.Method) -> tuple:
-  return (chosen.estimator, chosen.score, tuple(chosen.options.items()), chosen.update is None)

@@ -49,14 +49,6 @@ class RiskCoverage(NamedTuple):
   risk: jax.Array
 
 
-def _candidate_order(bins: binning.Bins, order: str) -> np.ndarray:
-  """Indices of the non-empty bins, most confident first (ties: lower bin index first)."""
-  nonempty = np.flatnonzero(np.asarray(bins.counts) > 0)
-  if order == "prob":
-    return nonempty[np.argsort(-np.asarray(bins.prob)[nonempty], kind="stable")]
-  return nonempty if order == "ascending" else nonempty[::-1]
-
-
 def _largest_passing_prefix(passes: np.ndarray) -> int:
   """SGR's binary search for the largest j in [0, m] with ``passes[j - 1]`` (j = 0 passes)."""
   low, high = 0, passes.shape[0] + 1  # low passes; high stands for "fails"
@@ -116,7 +108,12 @@ def guaranteed_coverage(
   binning.checked_bins(bins)
   target_accuracy = _check_target("target_accuracy", target_accuracy)
   _check_delta_and_order(delta, order)
-  ranked = _candidate_order(bins, order)
+  # The non-empty bins, most confident first (ties: lower bin index first).
+  ranked = np.flatnonzero(np.asarray(bins.counts) > 0)
+  if order == "prob":
+    ranked = ranked[np.argsort(-np.asarray(bins.prob)[ranked], kind="stable")]
+  elif order == "descending":
+    ranked = ranked[::-1]
   if ranked.shape[0] == 0:
     raise ValueError("bins: no examples were counted")
   num_tests = math.ceil(math.log2(ranked.shape[0] + 1))
@@ -129,12 +126,10 @@ def guaranteed_coverage(
   selected = np.zeros(bins.n_bins, bool)
   selected[ranked[:size]] = True
   total = pooled_counts[-1]
+  threshold, kept, accuracy, bound = np.inf, 0, np.nan, np.nan
   if size:
-    threshold = np.min(np.asarray(bins.prob)[ranked[:size]])
-    kept, hits, bound = pooled_counts[size - 1], pooled_hits[size - 1], lower[size - 1]
-    accuracy = hits / kept
-  else:
-    threshold, kept, accuracy, bound = np.inf, 0, np.nan, np.nan
+    threshold, bound = np.min(np.asarray(bins.prob)[ranked[:size]]), lower[size - 1]
+    kept, accuracy = pooled_counts[size - 1], pooled_hits[size - 1] / pooled_counts[size - 1]
   # Host values moved as they are: jnp.float32(x) would compile a conversion program.
   floats = [jax.device_put(np.float32(x)) for x in (kept / total, threshold, accuracy, bound)]
   num_tests = jax.device_put(np.int32(num_tests))
@@ -155,8 +150,7 @@ def select(selection: Selection, u: ArrayLike) -> jax.Array:
 
 def _split_outcome(selection: Selection, chosen: np.ndarray, correct: np.ndarray) -> dict:
   """One split's selection: its bound, and its coverage and accuracy on the test part."""
-  bound = float(selection.guaranteed_accuracy)
-  kept = int(chosen.sum())
+  bound, kept = float(selection.guaranteed_accuracy), int(chosen.sum())
   return {
     "guaranteed_accuracy": bound if np.isfinite(bound) else None,
     "calibration_coverage": float(selection.coverage),
@@ -167,17 +161,12 @@ def _split_outcome(selection: Selection, chosen: np.ndarray, correct: np.ndarray
 
 def _means(per_split: list[dict]) -> dict:
   """Means over splits, each over the splits where it is defined (None if none is)."""
-
-  def mean(key):
+  out = {}
+  for key in per_split[0]:
     values = [p[key] for p in per_split if p[key] is not None]
-    return float(np.mean(values)) if values else None
-
-  keys = ("guaranteed_accuracy", "calibration_coverage", "test_coverage", "test_accuracy")
-  return {
-    **{key: mean(key) for key in keys},
-    "num_splits": len(per_split),
-    "num_empty": sum(p["guaranteed_accuracy"] is None for p in per_split),
-  }
+    out[key] = float(np.mean(values)) if values else None
+  empty = sum(p["guaranteed_accuracy"] is None for p in per_split)
+  return out | {"num_splits": len(per_split), "num_empty": empty}
 
 
 def validate_over_splits(

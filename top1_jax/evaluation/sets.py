@@ -133,7 +133,7 @@ def _raps_tuning(part, options: dict) -> tuple[int, float]:
   if k_reg is None:
     k_reg = int(np.quantile(data.rank[: data.num], 1 - alpha, method="higher")) + 1
   if lam is None:
-    aps_scores = _scores_of(METHODS["aps"], None, data, u)
+    aps_scores = _aps_scores(None, data.sorted, conformal.pad_rows(u, data.sorted.shape[0]))
     sizes = _mean_sizes(aps_scores, data, k_reg, conformal.quantile_rank(data.num, alpha))
     lam = LAMBDA_GRID[int(np.argmin(np.asarray(sizes)))]
   return k_reg, float(lam)
@@ -143,17 +143,11 @@ def _topk_tuning(part: tuple[conformal.Ranked, np.ndarray], options: dict) -> bi
   """The paper's equal-count bins of -log top-k mass for the event "label in Top-k", for
   each k, on the tuning part; stacked on a leading [K] axis."""
   data, _ = part
-  rank, step = data.rank[: data.num], min(data.sorted.shape[0], ROWS)
   masses = np.empty((data.sorted.shape[1], data.num), np.float32)
-  for start in range(0, data.num, step):  # a block of rows at a time: bounded temporaries
-    block = _masses_by_k(conformal.pad_rows(data.sorted[start : start + step], step))
-    masses[:, start : start + step] = np.asarray(block)[:, : data.num - start]
+  _by_rows(_masses_by_k, data, np.arange(data.num), out=masses)
+  rank = data.rank[: data.num]
   fits = [binning.fit(m, rank < k, options["n_bins"]) for k, m in enumerate(masses, 1)]
   return jax.tree.map(lambda *fields: jnp.stack(fields), *fits)
-
-
-def _raps_to_dict(params) -> dict:
-  return {"k_reg": int(params[0]), "lam": float(params[1])}
 
 
 def _raps_from_dict(d, source: str, num_classes: int):
@@ -235,7 +229,7 @@ METHODS: dict[str, SetMethod] = {
     _raps_scores,
     _raps_tuning,
     lambda options: None in (options["k_reg"], options["lam"]),
-    _raps_to_dict,
+    lambda params: {"k_reg": int(params[0]), "lam": float(params[1])},
     _raps_from_dict,
   ),
   "topk": SetMethod(
@@ -287,19 +281,9 @@ def check_sizes(method: SetMethod, options: dict[str, Any], num: int, name: str)
 # Fitting and predicting.
 
 
-def _scores_of(method: SetMethod, params, data: conformal.Ranked, u: np.ndarray) -> jax.Array:
-  """[B, K] the scores S_r of ``data``'s padded rows, with the [N] draws ``u``."""
-  return method.scores(params, data.sorted, conformal.pad_rows(u, data.sorted.shape[0]))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _at_ranks(scores_of, params, order, u, rank) -> jax.Array:
-  return conformal.at_rank(scores_of(params, order, u), rank)  # S is never stored
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _sizes(scores_of, params, order, u, thresholds) -> jax.Array:
-  return conformal.sizes(scores_of(params, order, u), thresholds)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _of_scores(scores_of, then, params, order, u, *args) -> jax.Array:
+  return then(scores_of(params, order, u), *args)  # S is never stored
 
 
 ROWS = 1 << 15
@@ -307,19 +291,18 @@ ROWS = 1 << 15
 sums, scores) stay bounded however many examples a part holds."""
 
 
-def _by_rows(program, data: conformal.Ranked, rows: np.ndarray, u, *per_row, axis: int):
-  """``program(sorted logits, u, *per_row)`` of the ``rows`` of ``data`` (``u`` and
-  ``per_row`` given for those rows), a block of at most ``ROWS`` rows gathered at a time
-  (the last padded, so that one program serves them all; a part is never copied whole),
-  joined along ``axis`` of its output."""
+def _by_rows(program, data: conformal.Ranked, rows: np.ndarray, *per_row, out: np.ndarray):
+  """``out`` [..., R] filled with ``program(sorted logits, *per_row)`` of the R ``rows`` of
+  ``data`` (``per_row`` given for those rows), a block of at most ``ROWS`` rows gathered at
+  a time (the last padded, so that one program serves them all; a part is never copied
+  whole)."""
   num = rows.shape[0]
   size = conformal.bucket(num) if num <= ROWS else ROWS
-  parts = []
-  for start in range(0, max(num, 1), size):
-    block = [conformal.pad_rows(a[start : start + size], size) for a in (u, *per_row)]
-    sorted_logits = conformal.gathered(data.sorted, rows[start : start + size], size)
-    parts.append(np.asarray(program(sorted_logits, *block)))
-  return np.concatenate(parts, axis=axis)
+  for start in range(0, num, size):
+    block = [conformal.pad_rows(a[start : start + size], size) for a in per_row]
+    sorted_logits = conformal.pad_rows(data.sorted, size, rows[start : start + size])
+    out[..., start : start + size] = np.asarray(program(sorted_logits, *block))[..., : num - start]
+  return out
 
 
 def calibrate(
@@ -337,8 +320,9 @@ def calibrate(
   part = conformal.part(data, u, rows[tuning]) if method.tunes(options) else None
   params = method.tune(part, options)
   rest = rows[~tuning]
-  at_ranks = functools.partial(_at_ranks, method.scores, params)
-  scores = _by_rows(at_ranks, data, rest, u[rest], data.rank[rest], axis=0)[: rest.shape[0]]
+  at_ranks = functools.partial(_of_scores, method.scores, conformal.at_rank, params)
+  scores = np.empty(rest.shape[0], np.float32)
+  _by_rows(at_ranks, data, rest, u[rest], data.rank[rest], out=scores)
   return Calibrated(params, np.sort(scores))
 
 
@@ -347,21 +331,19 @@ def set_sizes(method: SetMethod, params, data: conformal.Ranked, u, thresholds, 
   with ``u`` the [N] draws of ``data``'s examples."""
   rows = np.arange(data.num) if rows is None else rows
   thresholds = jnp.asarray(thresholds, jnp.float32)
-  sizes = functools.partial(_sizes, method.scores, params)
-  program = lambda o, d: sizes(o, d, thresholds)
-  return _by_rows(program, data, rows, u[rows], axis=1)[:, : rows.shape[0]]
+  program = lambda o, d: _of_scores(method.scores, conformal.sizes, params, o, d, thresholds)
+  out = np.empty((thresholds.shape[0], rows.shape[0]), np.int32)
+  return _by_rows(program, data, rows, u[rows], out=out)
 
 
 def fit_draws(method: SetMethod, seed: int, num: int, options) -> tuple[np.ndarray, np.ndarray]:
   """``fit``'s draws from ``seed`` for ``num`` calibration examples: [num] u (zeros when not
   randomized) and the [num] bool tuning part (all False when the method does not tune)."""
-  key = jax.random.key(seed)
-  randomized = options.get("randomized", False)
+  key, randomized = jax.random.key(seed), options.get("randomized", False)
   u = conformal.uniform_draws(jax.random.fold_in(key, _CALIBRATION), num, randomized)
   if not method.tunes(options):
     return u, np.zeros(num, bool)
-  key = jax.random.fold_in(key, _TUNING)
-  return u, conformal.tuning_mask(key, num, options["tune_fraction"])
+  return u, conformal.tuning_mask(jax.random.fold_in(key, _TUNING), num, options["tune_fraction"])
 
 
 def predict_draws(seed: int, num: int, options: dict[str, Any]) -> np.ndarray:
@@ -421,20 +403,13 @@ def _evaluate_method(method, options, data, u, splits, alphas, key, tune_per_alp
   for (name, alpha), per_split in results.items():
     metrics, params, num_conformal, num_test = zip(*per_split, strict=True)
     raps = method.name == "raps"
-    rows.append(
-      {
-        "method": method.name,
-        "randomized": bool(options.get("randomized", False)),
-        "set": name,
-        "alpha": alpha,
-        "num_splits": splits.num_splits,
-        "num_conformal": float(np.mean(num_conformal)),
-        "num_test": float(np.mean(num_test)),
-        "k_reg": float(np.median([p[0] for p in params])) if raps else None,
-        "lam": float(np.median([p[1] for p in params])) if raps else None,
-        **conformal.summary(list(metrics)),
-      }
-    )
+    k_reg, lam = (float(np.median(p)) for p in zip(*params, strict=True)) if raps else (None, None)
+    rows.append({
+      "method": method.name, "randomized": bool(options.get("randomized", False)), "set": name,
+      "alpha": alpha, "num_splits": splits.num_splits,
+      "num_conformal": float(np.mean(num_conformal)), "num_test": float(np.mean(num_test)),
+      "k_reg": k_reg, "lam": lam, **conformal.summary(list(metrics)),
+    })  # fmt: skip
   return sorted(rows, key=lambda row: (list(data).index(row["set"]), alphas.index(row["alpha"])))
 
 
@@ -504,10 +479,10 @@ def evaluate_sets(
   if unused:
     raise ValueError(f"options: no method of {[m.name for m in chosen]} takes {sorted(unused)}")
   key = jax.random.key(validation.positive_int("seed", seed, minimum=0, maximum=2**32 - 1))
+  smallest = int(num - max(np.sum(splits.test_mask(f)) for f in range(splits.num_splits)))
   settings = []
   for method in chosen:
     given = checked_options(method, {k: v for k, v in options.items() if k in method.options})
-    smallest = int(num - max(np.sum(splits.test_mask(f)) for f in range(splits.num_splits)))
     check_sizes(method, given, smallest, "splits")
     settings.append((method, given))
   data = {name: conformal.ranked(*arrays) for name, arrays in sets.items()}
