@@ -130,15 +130,7 @@ def predict(model: IsotonicModel, u: ArrayLike) -> jax.Array:
   return table.interpolate(u, model.knots, model.prob)
 
 
-def to_dict(model: IsotonicModel) -> dict:
-  """The fitted model as JSON values (``from_dict`` reads it back exactly)."""
-  return {
-    "knots": np.asarray(model.knots, np.float64).tolist(),
-    "prob": np.asarray(model.prob, np.float64).tolist(),
-    "counts": np.asarray(model.counts).tolist(),
-    "hits": np.asarray(model.hits).tolist(),
-    "prior": float(model.prior),
-  }
+to_dict = table.to_json  # the fitted model as JSON values (``from_dict`` reads it back exactly)
 
 
 def from_dict(d, source: str) -> IsotonicModel:

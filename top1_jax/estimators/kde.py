@@ -197,16 +197,7 @@ def predict_interval(
   return _interval(model, u, z)
 
 
-def to_dict(model: KernelModel) -> dict:
-  """The fitted model as JSON values (``from_dict`` reads it back exactly)."""
-  listed = lambda x: np.asarray(x, np.float64).tolist()
-  return {
-    "knots": listed(model.knots),
-    "prob": listed(model.prob),
-    "effective_count": listed(model.effective_count),
-    "prior": float(model.prior),
-    "bandwidth": float(model.bandwidth),
-  }
+to_dict = table.to_json  # the fitted model as JSON values (``from_dict`` reads it back exactly)
 
 
 def from_dict(d, source: str) -> KernelModel:
