@@ -433,11 +433,8 @@ def _reference_dict(cal: Calibrator) -> dict:
   out = {}
   reference = getattr(cal, "reference_", None)
   if reference is not None:
-    out["reference"] = {
-      "accuracy": reference.accuracy,
-      "confidence": reference.confidence,
-      "thresholds": {k: list(v) for k, v in reference.thresholds.items()},
-    }
+    thresholds = {k: list(v) for k, v in reference.thresholds.items()}
+    out["reference"] = {**reference._asdict(), "thresholds": thresholds}
   update = getattr(cal, "update_", None)
   if update is not None:
     strength = update.prior_strength
