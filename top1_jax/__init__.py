@@ -36,8 +36,7 @@ _EXPORTS = {
   # modules of the maths
   **_names("top1_jax.core", "binning", "events", "metrics", "scores"),
   **_names("top1_jax.estimators", "bin_count", "isotonic", "kde", "temperature", "toplabel"),
-  **_names("top1_jax.evaluation", "baselines", "comparison", "crossval", "mislabeled"),
-  **_names("top1_jax.evaluation", "selective"),
+  **_names("top1_jax.evaluation", "baselines", "comparison", "crossval", "mislabeled", "selective"),
   # scores: U(x) from logits or samples, and their registry
   **_names("top1_jax.core.scores", "REGISTRY", "Score", "covariance_norm", "entropy"),
   **_names("top1_jax.core.scores", "human_entropy", "margin", "mean_log_probs"),
@@ -52,9 +51,8 @@ _EXPORTS = {
   "predict_bins": ("top1_jax.core.binning", "predict"),
   "refit_bins": ("top1_jax.core.binning", "refit"),
   # metrics
-  **_names("top1_jax.core.metrics", "Decomposition", "auroc", "binned_ece", "brier"),
-  **_names("top1_jax.core.metrics", "brier_decomposition", "ece", "eor", "nll"),
-  **_names("top1_jax.core.metrics", "nll_decomposition"),
+  **_names("top1_jax.core.metrics", "Decomposition", "auroc", "binned_ece", "brier", "ece"),
+  **_names("top1_jax.core.metrics", "brier_decomposition", "eor", "nll", "nll_decomposition"),
   # cross-validation
   **_names("top1_jax.evaluation.crossval", "METRICS", "CrossValidation", "Splits"),
   **_names("top1_jax.evaluation.crossval", "cross_validate", "make_splits"),

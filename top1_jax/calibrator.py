@@ -146,14 +146,15 @@ class Calibrator(base.OptionParams):
     return self.estimator_
 
   def _set_fitted(self, entry, state, n_bins: int, num_classes: int, accuracy: float) -> None:
+    """``n_bins``: the bin count of a state that is not ``binning.Bins`` (bins have theirs)."""
     self.estimator_, self.state_ = entry, state
     self.bins_ = state if isinstance(state, binning.Bins) else None
-    self.n_bins_, self.num_classes_ = n_bins, num_classes
+    self.n_bins_ = int(n_bins) if self.bins_ is None else self.bins_.n_bins
+    self.num_classes_ = num_classes
     self.calibration_accuracy_ = accuracy
 
   def fit(self, x: ArrayLike, labels: ArrayLike) -> "Calibrator":
-    """Fits the method on [N, K] (or [S, N, K]) ``x`` and [N] int ``labels``; returns
-    ``self``. A refused fit leaves the calibrator as it was."""
+    """Fits on ``x`` and [N] int ``labels``; a refused fit leaves the calibrator as it was."""
     entry, options = self._checked()
     if labels is None:
       raise ValueError("labels: expected [N] integer classes of x's examples, got None")
@@ -164,9 +165,8 @@ class Calibrator(base.OptionParams):
     view.inputs_ = kind
     evidence = view._evidence(x, labels, fitting=True)
     state = entry.fit(evidence, **options)
-    n_bins = state.n_bins if isinstance(state, binning.Bins) else int(self.n_bins)
-    accuracy = _accuracy(evidence.correct)
-    self._set_fitted(entry, state, n_bins, int(evidence.log_probs.shape[-1]), accuracy)
+    num_classes = int(evidence.log_probs.shape[-1])
+    self._set_fitted(entry, state, self.n_bins, num_classes, _accuracy(evidence.correct))
     self.inputs_ = kind
     self._fitted_on_clean(evidence)
     return self
@@ -297,8 +297,7 @@ class Calibrator(base.OptionParams):
       return self
     _, options = self._checked()
     state = entry.fit(evidence, **options)
-    n_bins = state.n_bins if isinstance(state, binning.Bins) else self.n_bins_
-    self._set_fitted(entry, state, n_bins, self.num_classes_, _accuracy(evidence.correct))
+    self._set_fitted(entry, state, self.n_bins_, self.num_classes_, _accuracy(evidence.correct))
     return self
 
   def _apply_update(self, clean: binning.Bins, update: "recalibration.BinUpdate") -> None:
@@ -381,14 +380,9 @@ class Calibrator(base.OptionParams):
       raise ValueError(f"{source}: bad calibrator field ({e})") from None
     fitted = entry.from_dict(base.field(state, "state", source), source)
     base.check_classes(fitted, num_classes, source)
+    # (The saved bins themselves have at most one bin per calibration example.)
     if isinstance(fitted, binning.Bins) and fitted.n_bins != n_bins:
       raise ValueError(f"{source}: n_bins is {n_bins}, the saved bins have {fitted.n_bins}")
-    examples = _calibration_examples(fitted)
-    if "n_bins" in entry.options and examples is not None and n_bins > examples:
-      raise ValueError(
-        f"{source}: field 'n_bins' is {n_bins}, more than the {examples} calibration examples"
-        " the saved counts add up to (fit makes at most one bin per example)"
-      )
     if version == 1:  # the bins' prior is the calibration accuracy
       accuracy = float(fitted.prior)
     else:
@@ -439,11 +433,8 @@ def _reference_dict(cal: Calibrator) -> dict:
   out = {}
   reference = getattr(cal, "reference_", None)
   if reference is not None:
-    out["reference"] = {
-      "accuracy": reference.accuracy,
-      "confidence": reference.confidence,
-      "thresholds": {k: list(v) for k, v in reference.thresholds.items()},
-    }
+    thresholds = {k: list(v) for k, v in reference.thresholds.items()}
+    out["reference"] = {**reference._asdict(), "thresholds": thresholds}
   update = getattr(cal, "update_", None)
   if update is not None:
     strength = update.prior_strength
@@ -513,9 +504,3 @@ def _check_option_types(entry: base.Estimator, options: dict) -> None:
       raise ValueError(
         f"options: {name} must be a {want} (like its default {default!r}), got {value!r}"
       )
-
-
-def _calibration_examples(fitted: Any) -> int | None:
-  """How many calibration examples a fitted state's counts add up to; None if it has none."""
-  counts = getattr(getattr(fitted, "pooled", fitted), "counts", None)
-  return None if counts is None else int(np.sum(np.asarray(counts), dtype=np.int64))

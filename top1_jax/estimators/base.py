@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from top1_jax.core import validation
+
 
 class Evidence(NamedTuple):
   """What an estimator is fitted on, or predicts for (checked by its caller).
@@ -107,6 +109,25 @@ class Estimator:
         " U (use it through Calibrator, or pick a scores-only estimator)"
       )
     return evidence
+
+
+def checked_bool(name: str, value) -> bool:
+  """An option that must be a bool (NumPy's included), else a one-line ValueError."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name}: expected a bool, got {value!r}")
+  return bool(value)
+
+
+def host_scores(fitter: str, u, correct) -> tuple[np.ndarray, np.ndarray]:
+  """Checked host [N] (u, correct) for ``fitter`` (e.g. "kde.fit"), which runs on the host;
+  u in the dtype predict sees (float64 becomes float32 without x64)."""
+  for name, value in (("u", u), ("correct", correct)):
+    if validation.is_traced(value):
+      raise ValueError(
+        f"{name}: {fitter} needs concrete arrays (it runs on the host), got a tracer"
+      )
+  u, correct = validation.score_and_event("u", u, correct, host=True)
+  return validation.in_device_dtype(u), correct
 
 
 class OptionParams:

@@ -1,7 +1,7 @@
 """The paper's estimator as a registry entry: equal-count bins of U (``core.binning``).
 
-``to_dict`` and ``from_dict`` (a version-1 calibrator file's fields) also serve
-``toplabel``, whose per-class bins are ``Bins`` too.
+``to_dict``'s fields are a version-1 calibrator file's too; ``to_dict`` and ``host_from_dict``
+also save and read the topk set method's bins of every k (``evaluation.sets``).
 """
 
 from collections.abc import Mapping

@@ -84,12 +84,6 @@ def _knot_table(first, last, values):
   return table.pad(knots[distinct], prob[distinct])
 
 
-def _checked_bool(name: str, value) -> bool:
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{name}: expected a bool, got {value!r}")
-  return bool(value)
-
-
 def fit(
   u: ArrayLike, correct: ArrayLike, *, increasing: bool = False, prior: bool = True
 ) -> IsotonicModel:
@@ -100,15 +94,9 @@ def fit(
     prior: True gives each block ``(hits + p_A) / (count + 1)``, strictly inside (0, 1)
       unless 0 or 1 = p_A; False the plain block accuracies.
   """
-  for name, value in (("u", u), ("correct", correct)):
-    if validation.is_traced(value):
-      raise ValueError(
-        f"{name}: isotonic.fit needs concrete arrays (it runs on the host), got a tracer"
-      )
-  increasing, prior = _checked_bool("increasing", increasing), _checked_bool("prior", prior)
-  u, correct = validation.score_and_event("u", u, correct, host=True)
-  # The scores as predict sees them (float64 becomes float32 without x64).
-  u = validation.in_device_dtype(u)
+  u, correct = base.host_scores("isotonic.fit", u, correct)
+  increasing = base.checked_bool("increasing", increasing)
+  prior = base.checked_bool("prior", prior)
   order = np.argsort(u)
   sorted_u = u[order]
   # Tie groups are pooled: the diagram has one point per distinct score.
@@ -142,15 +130,7 @@ def predict(model: IsotonicModel, u: ArrayLike) -> jax.Array:
   return table.interpolate(u, model.knots, model.prob)
 
 
-def to_dict(model: IsotonicModel) -> dict:
-  """The fitted model as JSON values (``from_dict`` reads it back exactly)."""
-  return {
-    "knots": np.asarray(model.knots, np.float64).tolist(),
-    "prob": np.asarray(model.prob, np.float64).tolist(),
-    "counts": np.asarray(model.counts).tolist(),
-    "hits": np.asarray(model.hits).tolist(),
-    "prior": float(model.prior),
-  }
+to_dict = table.to_json  # the fitted model as JSON values (``from_dict`` reads it back exactly)
 
 
 def from_dict(d, source: str) -> IsotonicModel:
@@ -186,5 +166,5 @@ ESTIMATOR = base.Estimator(
   to_dict=to_dict,
   from_dict=from_dict,
   options=("increasing", "prior"),
-  option_checks={name: functools.partial(_checked_bool, name) for name in ("increasing", "prior")},
+  option_checks={n: functools.partial(base.checked_bool, n) for n in ("increasing", "prior")},
 )

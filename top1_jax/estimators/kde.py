@@ -58,15 +58,6 @@ class _Cells(NamedTuple):
   prior: np.float32
 
 
-def _checked(u: ArrayLike, correct: ArrayLike):
-  for name, value in (("u", u), ("correct", correct)):
-    if validation.is_traced(value):
-      raise ValueError(f"{name}: kde.fit needs concrete arrays (it runs on the host), got a tracer")
-  u, correct = validation.score_and_event("u", u, correct, host=True)
-  # The scores as predict sees them (float64 becomes float32 without x64).
-  return validation.in_device_dtype(u), correct
-
-
 def _cells(u: np.ndarray, correct: np.ndarray) -> _Cells:
   num = u.shape[0]
   order = np.argsort(u)
@@ -108,7 +99,7 @@ def _loo_nll(cells: _Cells, bandwidths: np.ndarray) -> np.ndarray:
 def leave_one_out_nll(u: ArrayLike, correct: ArrayLike, bandwidths=BANDWIDTHS) -> np.ndarray:
   """[H] leave-one-out binary NLL (nats per example) at each of ``bandwidths`` [H]: the
   criterion ``fit`` minimises, of the cell-level estimate."""
-  u, correct = _checked(u, correct)
+  u, correct = base.host_scores("kde.fit", u, correct)
   grid = validation.float_array("bandwidths", bandwidths, 1, host=True).astype(np.float64)
   if grid.shape[0] == 0 or not np.all(grid > 0):
     raise ValueError(f"bandwidths: expected one or more positive values, got {bandwidths!r}")
@@ -155,7 +146,7 @@ def fit(u: ArrayLike, correct: ArrayLike, bandwidth: float | None = None) -> Ker
       value of ``BANDWIDTHS`` with the smallest leave-one-out NLL (the first on ties).
   """
   bandwidth = _checked_bandwidth(bandwidth)
-  u, correct = _checked(u, correct)
+  u, correct = base.host_scores("kde.fit", u, correct)
   cells = _cells(u, correct)
   if bandwidth is None:
     grid = np.asarray(BANDWIDTHS)
@@ -206,16 +197,7 @@ def predict_interval(
   return _interval(model, u, z)
 
 
-def to_dict(model: KernelModel) -> dict:
-  """The fitted model as JSON values (``from_dict`` reads it back exactly)."""
-  listed = lambda x: np.asarray(x, np.float64).tolist()
-  return {
-    "knots": listed(model.knots),
-    "prob": listed(model.prob),
-    "effective_count": listed(model.effective_count),
-    "prior": float(model.prior),
-    "bandwidth": float(model.bandwidth),
-  }
+to_dict = table.to_json  # the fitted model as JSON values (``from_dict`` reads it back exactly)
 
 
 def from_dict(d, source: str) -> KernelModel:

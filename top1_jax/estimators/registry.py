@@ -5,15 +5,8 @@ cross-validation read, at call time (so an entry added later, e.g. a test's toy,
 from top1_jax.estimators import base, bins, isotonic, kde, raw, temperature, toplabel
 
 REGISTRY: dict[str, base.Estimator] = {
-  entry.name: entry
-  for entry in (
-    bins.ESTIMATOR,
-    isotonic.ESTIMATOR,
-    kde.ESTIMATOR,
-    toplabel.ESTIMATOR,
-    temperature.ESTIMATOR,
-    raw.ESTIMATOR,
-  )
+  module.ESTIMATOR.name: module.ESTIMATOR
+  for module in (bins, isotonic, kde, toplabel, temperature, raw)
 }
 """Every estimator by name, in the order tables list them."""
 

@@ -20,15 +20,16 @@ def interpolate(u: jax.Array, knots: jax.Array, values: jax.Array) -> jax.Array:
   return jnp.interp(u, knots, values)
 
 
-def padded_size(num_knots: int) -> int:
-  """The power of two (at least 2) that ``num_knots`` knots are padded to."""
-  return 1 << max(1, int(num_knots - 1).bit_length())
-
-
 def pad(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-  """Each [T] array padded to ``padded_size(T)`` by repeating its last value."""
-  size = padded_size(arrays[0].shape[0])
+  """Each [T] array padded to a power of two (at least 2) by repeating its last value."""
+  size = 1 << max(1, int(arrays[0].shape[0] - 1).bit_length())
   return tuple(np.pad(x, (0, size - x.shape[0]), mode="edge") for x in arrays)
+
+
+def to_json(model: tuple) -> dict:
+  """A NamedTuple model's arrays as JSON values: floats exactly (as float64), integers."""
+  host = {name: np.asarray(x) for name, x in model._asdict().items()}
+  return {k: (x.astype(np.float64) if x.dtype.kind == "f" else x).tolist() for k, x in host.items()}
 
 
 def read_knots(d: Mapping, source: str, *value_fields: str) -> tuple[np.ndarray, ...]:

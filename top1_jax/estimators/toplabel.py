@@ -1,41 +1,36 @@
 """Top-label histogram binning (Gupta & Ramdas 2022): equal-mass bins per predicted class.
 
-A baseline for the paper's single set of bins, after Gupta & Ramdas, "Top-label
-calibration and multiclass-to-binary reductions" (ICLR 2022), as their reference
-code (AIgen/df-posthoc-calibration, ``HB_toplabel`` over ``HB_binary``) does it:
+A baseline for the paper's single set of bins, as the reference code of "Top-label
+calibration and multiclass-to-binary reductions" (ICLR 2022; AIgen/df-posthoc-calibration,
+``HB_toplabel`` over ``HB_binary``) does it:
 
 * Class c, predicted for n_c calibration examples, gets ``floor(n_c / points_per_bin)``
-  bins of its top-label confidence (``points_per_bin`` = 50 by default, the
-  reference's): the class's scores sorted and cut as ``np.array_split`` cuts them
-  (``get_uniform_mass_bins``: the first ``n_c mod bins`` groups one point larger),
-  each bin's upper edge the largest score of its group, the last bin open above.
-* Bins are right-closed (``bin_points``: a score's bin is the number of edges
-  strictly below it).
-* Each bin predicts the plain fraction of its calibration examples that are correct
-  (no prior); ``prior=True`` gives the paper's one-pseudo-count prior instead,
-  ``(hits + p_c) / (count + 1)`` at the class's calibration accuracy p_c.
-* A class predicted fewer than ``points_per_bin`` times (0 bins) is left
-  uncalibrated: its examples get their confidence back unchanged (the reference's
-  ``identity``), or ``uncalibrated`` where ``predict`` is given one.
+  bins (50 points by default, the reference's) of its top-label confidence: the class's
+  sorted scores cut as ``np.array_split`` cuts them (``get_uniform_mass_bins``), each bin's
+  upper edge the largest score of its group, the last bin open above. Bins are
+  right-closed (``bin_points``: a score's bin is the number of edges strictly below it).
+* Each bin predicts the plain fraction of its calibration examples that are correct;
+  ``prior=True`` gives the paper's ``(hits + p_c) / (count + 1)`` at the class's
+  calibration accuracy p_c instead.
+* A class predicted fewer than ``points_per_bin`` times (0 bins) is left uncalibrated:
+  its examples get their confidence back (the reference's ``identity``), or
+  ``uncalibrated`` where ``predict`` is given one.
 
 Where this may differ from the reference:
 
-* Ties. The reference first adds uniform noise in [0, 1e-10) to every calibration
-  and test score ("delta-randomisation", ``nudge``), which splits tied scores
-  between neighbouring bins at random. Here nothing is random: tied calibration
-  scores stay in one bin (equal edges are merged, as ``core.binning`` merges
-  them), and a test score equal to an edge falls in the lower bin. This is the
-  reference with the noise set to 0; without ties (or with one bin per class)
-  the two agree up to the noise (~1e-10). The bin means are not nudged either.
-* An empty bin predicts 0.5, as the reference's; only the top bin of a class can be
-  empty and still be reached (its largest calibration scores tie with the last
-  edge and a test score lies above them).
+* Ties. The reference adds uniform noise in [0, 1e-10) to every score ("delta-
+  randomisation", ``nudge``), splitting tied scores between neighbouring bins at random.
+  Here tied calibration scores stay in one bin (equal edges merged, as ``core.binning``
+  merges them) and a test score equal to an edge falls in the lower bin: the reference
+  with the noise set to 0 (the bin means are not nudged either). Without ties (or with one
+  bin per class) the two agree up to the noise (~1e-10).
+* An empty bin predicts 0.5, as the reference's; only a class's top bin can be empty and
+  still be reached (its largest scores tie with the last edge, a test score lies above).
 * Arithmetic in float32 (the reference: float64), so a mean may differ by an ulp.
-* ``ESTIMATOR`` (``Calibrator(method="toplabel")``) bins the log of the top-k mass
-  (log pmax for Top-1: pmax's order, without pmax's float32 ties at 1.0) and
-  returns the top-k mass for a class without bins; for k > 1 this extends the
-  reference (Top-1 only) to the Top-k event. Table 1 (``sweep.comparison``) bins
-  pmax itself, as the reference does.
+* ``ESTIMATOR`` (``Calibrator(method="toplabel")``) bins the log of the top-k mass (pmax's
+  order for Top-1, without pmax's float32 ties at 1.0) and returns the top-k mass for a
+  class without bins, extending the reference (Top-1 only) to the Top-k event. Table 1
+  (``sweep.comparison``) bins pmax itself, as the reference does.
 """
 
 import functools
@@ -63,12 +58,11 @@ class TopLabelBins(NamedTuple):
   """Bins per predicted class (a pytree of jax arrays).
 
   Attributes:
-    per_class: ``binning.Bins`` whose fields have a leading [C] axis, padded to B
-      slots (B - 1 a power of two, at least the most bins any class has, less one):
-      edges [C, B - 1] (+inf padded), counts, hits and
-      prob [C, B], prior [C] (the class's calibration accuracy, NaN for a class
-      never predicted) and num_effective_bins [C]. A class without bins of its own
-      has all its calibration examples counted in its first bin, unused.
+    per_class: ``binning.Bins`` whose fields have a leading [C] axis, padded to B slots
+      (B - 1 a power of two, at least the most bins any class has, less one): edges
+      [C, B - 1] (+inf padded), counts, hits and prob [C, B], prior [C] (the class's
+      calibration accuracy, NaN for a class never predicted) and num_effective_bins [C].
+      A class without bins has all its calibration examples counted in its first bin, unused.
     num_bins: [C] int32, floor(n_c / points_per_bin): class c's own bins (0: none).
     with_prior: [] bool, whether ``prob`` carries the one-pseudo-count prior.
 
@@ -91,25 +85,12 @@ class TopLabelBins(NamedTuple):
 
 def _classes(predicted_class: ArrayLike, num_classes: int | None) -> tuple[np.ndarray, int]:
   """Host int32 class ids and the number of classes (max + 1 when not given)."""
+  labels = functools.partial(validation.labels_array, "predicted_class", predicted_class, host=True)
   if num_classes is None:
-    ids = validation.labels_array(
-      "predicted_class", predicted_class, np.iinfo(np.int32).max, host=True
-    )
+    ids = labels(np.iinfo(np.int32).max)
     num_classes = int(np.max(ids)) + 1 if ids.shape[0] else 1
   num_classes = validation.positive_int("num_classes", num_classes)
-  return validation.labels_array("predicted_class", predicted_class, num_classes, host=True), (
-    num_classes
-  )
-
-
-def _checked_points_per_bin(points_per_bin) -> int:
-  return validation.positive_int("points_per_bin", points_per_bin)
-
-
-def _check_prior(prior) -> bool:
-  if not isinstance(prior, (bool, np.bool_)):
-    raise ValueError(f"prior: expected a bool, got {prior!r}")
-  return bool(prior)
+  return labels(num_classes), num_classes
 
 
 def fit(
@@ -133,9 +114,6 @@ def fit(
     prior: False (default, the reference): each bin predicts its plain accuracy;
       True: ``(hits + p_c) / (count + 1)`` at the class's accuracy p_c.
     num_classes: the number of classes (default: max(predicted_class) + 1).
-
-  Returns:
-    ``TopLabelBins``.
   """
   num = validation.float_array("confidence", confidence, 1, host=True).shape[0]
   model = fit_splits(
@@ -153,11 +131,9 @@ def _class_edges(ordered: np.ndarray, sizes: np.ndarray, num_bins: np.ndarray, w
   """
   raw = np.full((sizes.shape[0], width), np.inf, ordered.dtype)
   if ordered.size and width:
-    groups = np.maximum(num_bins, 1)
-    size, extra = sizes // groups, sizes % groups
+    groups = np.maximum(num_bins, 1)[:, None]
     j = np.arange(1, width + 1)
-    # The end of group j: np.array_split gives the first `extra` groups one point more.
-    ends = j * size[:, None] + np.minimum(j, extra[:, None])
+    ends = _group_ends(sizes[:, None], groups, j)
     starts = (np.cumsum(sizes) - sizes)[:, None]
     picked = ordered[np.clip(starts + ends - 1, 0, ordered.shape[0] - 1)]
     raw = np.where(j < num_bins[:, None], picked, np.inf)
@@ -180,24 +156,13 @@ def fit_splits(
   points_per_bin: int = DEFAULT_POINTS_PER_BIN,
   prior: bool = False,
 ) -> TopLabelBins:
-  """``fit`` on each split's calibration part, every split at once.
+  """``fit`` on each split's calibration part (``calibration`` [F, N] bool), every split at
+  once; the other arguments as for ``fit``.
 
   Split f's bins equal ``fit(confidence[c], predicted_class[c], correct[c], ...)``
   for c = ``calibration[f]``, bit for bit (``fit`` is this with one split): the
   edges from one sort of all examples, then one compiled program counts every
-  split's bins.
-
-  Args:
-    confidence: [N], as for ``fit``.
-    predicted_class: [N], as for ``fit``.
-    correct: [N], as for ``fit``.
-    calibration: [F, N] bool, each split's calibration examples.
-    num_classes: as for ``fit``.
-    points_per_bin: as for ``fit``.
-    prior: as for ``fit``.
-
-  Returns:
-    ``TopLabelBins`` whose fields have a leading [F] axis (``predict`` takes it).
+  split's bins. Returns ``TopLabelBins`` with a leading [F] axis (``predict`` takes it).
   """
   confidence, correct = validation.score_and_event("confidence", confidence, correct, host=True)
   classes, num_classes = _classes(predicted_class, num_classes)
@@ -208,8 +173,8 @@ def fit_splits(
       f"calibration: expected [F, {confidence.shape[0]}] (one row per split), "
       f"got shape {calibration.shape}"
     )
-  points_per_bin = _checked_points_per_bin(points_per_bin)
-  prior = _check_prior(prior)
+  points_per_bin = validation.positive_int("points_per_bin", points_per_bin)
+  prior = base.checked_bool("prior", prior)
   u = validation.in_device_dtype(confidence)
   sizes = np.stack([np.bincount(classes[cal], minlength=num_classes) for cal in calibration])
   num_bins = sizes // points_per_bin
@@ -362,11 +327,10 @@ def to_dict(model: TopLabelBins) -> dict:
   return {"prior": bool(model.with_prior), "classes": classes}
 
 
-def _group_ends(num: int, num_bins: int) -> np.ndarray:
-  """[num_bins - 1] 1-based ranks of the scores that are a class's raw edges: the ends of
-  ``np.array_split``'s groups (the first ``num % num_bins`` one point larger)."""
-  j = np.arange(1, num_bins, dtype=np.int64)
-  return j * (num // num_bins) + np.minimum(j, num % num_bins)
+def _group_ends(num, groups, j: np.ndarray) -> np.ndarray:
+  """The 1-based rank of the end of group j of ``num`` points cut into ``groups`` as
+  ``np.array_split`` cuts them (the first ``num % groups`` one point larger)."""
+  return j * (num // groups) + np.minimum(j, num % groups)
 
 
 def _read_class(d, source: str) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
@@ -376,7 +340,7 @@ def _read_class(d, source: str) -> tuple[int, np.ndarray, np.ndarray, np.ndarray
   total = int(np.sum(counts))
   if total < num_bins:
     raise ValueError(f"{source}: {num_bins} bins of {total} examples (fit makes fewer)")
-  ranks = _group_ends(total, num_bins) if num_bins else np.zeros(0, np.int64)
+  ranks = _group_ends(total, max(num_bins, 1), np.arange(1, num_bins, dtype=np.int64))
   problem = base.counts_problem(counts, edges.shape[0], ranks)
   if problem is not None:
     raise ValueError(f"{source}: not bins toplabel.fit makes: {problem}; fit them again")
@@ -489,6 +453,9 @@ ESTIMATOR = base.Estimator(
   from_dict=from_dict,
   options=("points_per_bin", "prior"),
   fit_splits=_fit_splits_evidence,
-  option_checks={"points_per_bin": _checked_points_per_bin, "prior": _check_prior},
+  option_checks={
+    "points_per_bin": functools.partial(validation.positive_int, "points_per_bin"),
+    "prior": functools.partial(base.checked_bool, "prior"),
+  },
 )
 """Equal-mass bins of the top-k mass per predicted class (Gupta & Ramdas 2022)."""
