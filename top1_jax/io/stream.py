@@ -167,21 +167,12 @@ def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Me
       return _Member(value.shape, value.dtype, array=value)
     advice = ", or write the file with np.savez"
     file = _temporary_copy(data, info.file_size, spill, "inflating it", advice)
-  member = _npy_member(file)
-  if member is None:  # e.g. Fortran order: not readable by rows, so into memory after all
-    file.seek(0)
-    value = np.lib.format.read_array(file, allow_pickle=False)
-    return _Member(value.shape, value.dtype, array=value)
-  member.file = file
-  return member
-
-
-def _npy_member(file) -> _Member | None:
-  """The ``.npy`` array whose header starts at ``file``'s position; None if unusual."""
   shape, fortran_order, dtype = prediction_checks.npy_header(file)
   if fortran_order or dtype.hasobject or len(shape) not in (1, 2, 3):
-    return None
-  return _Member(shape, dtype, offset=file.tell())
+    file.seek(0)  # not readable by rows, so into memory after all
+    value = np.lib.format.read_array(file, allow_pickle=False)
+    return _Member(value.shape, value.dtype, array=value)
+  return _Member(shape, dtype, offset=file.tell(), file=file)
 
 
 def file_sha1(path: epath.PathLike) -> str:
@@ -255,13 +246,8 @@ class PredictionsReader:
     if members is None:
       # Not a zip archive: a full load, checked as a whole (its error names the problem).
       predictions = predictions_lib.load_predictions(self.path)
-      members = {
-        "labels": predictions.labels,
-        "logits": predictions.logits,
-        "mean_probs": predictions.mean_probs,
-        "human_probs": predictions.human_probs,
-        **{f"{SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()},
-      }
+      members = {k: getattr(predictions, k) for k in prediction_checks.ARRAY_FIELDS}
+      members |= {f"{SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()}
       members = {k: _Member(v.shape, v.dtype, array=v) for k, v in members.items() if v is not None}
       self.meta, self._members_by_name = dict(predictions.meta), members
       self.read_whole = tuple(k for k in members if k != "labels")
@@ -370,12 +356,9 @@ class PredictionsReader:
   ) -> predictions_lib.Predictions:
     arrays = {"labels": self.labels[start:stop], "scores": {}}
     for key, member in self._members_by_name.items():
-      if key.startswith(SCORE_PREFIX):
-        arrays["scores"][key.removeprefix(SCORE_PREFIX)] = self._rows(
-          key, member, start, stop, queue
-        )
-      elif key != "labels":
-        arrays[key] = self._rows(key, member, start, stop, queue)
+      if key != "labels":
+        into = arrays["scores"] if key.startswith(SCORE_PREFIX) else arrays
+        into[key.removeprefix(SCORE_PREFIX)] = self._rows(key, member, start, stop, queue)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
     return self._validate(where, **arrays)
