@@ -209,11 +209,7 @@ def split_info(
 
 
 def iterate_batches(
-  dataset: DatasetSplit,
-  batch_size: int,
-  *,
-  seed: int | None = None,
-  drop_remainder: bool = False,
+  dataset: DatasetSplit, batch_size: int, *, seed: int | None = None, drop_remainder: bool = False
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """Yields numpy (images [B, H, W, C], labels [B]) batches covering the split once.
 

@@ -305,10 +305,7 @@ def from_arrays(
 
 
 def load_human_probs(
-  path: epath.PathLike,
-  *,
-  num_examples: int | None = None,
-  num_classes: int | None = None,
+  path: epath.PathLike, *, num_examples: int | None = None, num_classes: int | None = None
 ) -> np.ndarray:
   """[N, K] float32 human label probabilities from a ``.npy`` (CIFAR-10H ``cifar10h-probs.npy``).
 
@@ -349,9 +346,7 @@ def attach_human_probs(
   predictions = load_predictions(predictions_path)
   if isinstance(human_probs, (str, os.PathLike)):
     human_probs = load_human_probs(
-      human_probs,
-      num_examples=predictions.num_examples,
-      num_classes=predictions.num_classes,
+      human_probs, num_examples=predictions.num_examples, num_classes=predictions.num_classes
     )
   updated = dataclasses.replace(predictions, human_probs=human_probs)
   target = predictions_path if output_path is None else output_path
