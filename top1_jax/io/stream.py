@@ -1,31 +1,23 @@
 """A predictions file read a chunk of examples at a time, so [S, N, K] is never held whole.
 
-``np.savez`` stores each array as an uncompressed ``.npy`` member of a zip
-archive, so the bytes of examples [a, b) of each sample lie at a known offset:
-``PredictionsReader`` finds it (the zip entry's local header, then the ``.npy``
-header) and reads only those bytes. A file in an object store (``gs://``, ``s3://``,
-through ``epath``) is first downloaded, in one sequential read, into a temporary
-file (its SHA-1 taken on the way): a chunk of examples is S separate byte ranges,
-one request each, thousands for an ImageNet MC-dropout file. A zip-compressed
-member (``np.savez_compressed``) has no offsets to read at: it is inflated once,
-as a stream, into a temporary file (larger than ``IN_MEMORY_BYTES``) or into
-memory, and read from there. A stored member in an unusual layout (Fortran-
-ordered) is read whole. Both kinds are named in ``PredictionsReader.read_whole``.
-Temporary files go to ``tempfile.gettempdir()`` ($TMPDIR) and are deleted when
-the reader closes.
+``np.savez`` stores each array as an uncompressed ``.npy`` member of a zip archive, so
+examples [a, b) of each sample lie at a known offset (past the zip entry's local header and
+the ``.npy`` header): ``PredictionsReader`` reads only those bytes. A file in an object store
+(``gs://``, ``s3://``, through ``epath``) is first downloaded in one sequential read (its
+SHA-1 taken on the way) into a temporary file: else a chunk would be S byte-range requests,
+thousands for an ImageNet MC-dropout file. A zip-compressed member (``np.savez_compressed``)
+is inflated once, as a stream, into memory or (over ``IN_MEMORY_BYTES``) a temporary file; a
+stored member in an unusual layout (Fortran order) is read whole; ``read_whole`` names both
+kinds. Temporary files go to ``tempfile.gettempdir()`` ($TMPDIR), deleted at ``close``.
 
-Every chunk is a validated ``predictions.Predictions`` of its examples, so a
-file's values get the same checks (finite, label range, rows summing to 1) as a
-full load, one chunk at a time; the checks of the file as a whole (fields,
-shapes, agreement of N and K, meta) run when the reader opens, after those of the
-archive (``prediction_checks.archive_members``: each field once, each ``.npy``
-header declaring the bytes its member holds).
+Each chunk is a validated ``predictions.Predictions`` (finite values, label range, rows
+summing to 1); the checks of the file as a whole (fields, shapes, N and K, meta) run when
+the reader opens, after those of the archive (``prediction_checks.archive_members``).
 
-Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; the
-members read at their offsets get theirs taken as their bytes are read, in order,
-and compared when the last example is read (``PredictionsReader.chunks``), so a
-corrupt file is refused as ``load_predictions`` refuses it, and the reader still
-never holds the file.
+Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; a member read at
+its offsets has its CRC-32 taken as its bytes are read, in order, and compared once the
+last example is read (``PredictionsReader.chunks``): a corrupt file is refused as
+``load_predictions`` refuses it, without the reader ever holding the file.
 """
 
 import concurrent.futures
