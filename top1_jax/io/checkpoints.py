@@ -70,12 +70,7 @@ def _shapes(state: TrainState) -> dict[str, list[int]]:
 
 
 def _arrays(state: TrainState) -> dict[str, Any]:
-  return {
-    "step": state.step,
-    "params": state.params,
-    "model_state": state.model_state,
-    "opt_state": state.opt_state,
-  }
+  return {key: getattr(state, key) for key in ("step", "params", "model_state", "opt_state")}
 
 
 def _crc32s(arrays) -> dict[str, list]:

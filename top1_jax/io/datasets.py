@@ -47,11 +47,7 @@ REGISTRY: dict[str, IdxDataset] = {
 
 
 def _no_idx_error(
-  name: str,
-  split: str,
-  dataset: IdxDataset,
-  directories: list,
-  tfds_error: DataUnavailableError | None,
+  name: str, split: str, dataset: IdxDataset, directories: list, tfds_error=None
 ) -> DataUnavailableError:
   """No IDX files in ``directories`` (and, with ``tfds_error``, no TFDS data either)."""
   prefix = idx.IDX_SPLIT_PREFIX[split]
@@ -157,7 +153,7 @@ def load_dataset(
       class_names=dataset.class_names,
     )
   if source == "idx":
-    raise _no_idx_error(name, split, dataset, directories, None)
+    raise _no_idx_error(name, split, dataset, directories)
   try:
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
   except DataUnavailableError as e:
@@ -204,7 +200,7 @@ def split_info(
       count = count if limit is None else min(count, limit)
       return SplitInfo(f"idx:{found[0].parent}", count, len(dataset.class_names))
     if source == "idx":
-      raise _no_idx_error(name, split, dataset, directories, None)
+      raise _no_idx_error(name, split, dataset, directories)
   return SplitInfo(f"tfds:{'default' if data_dir is None else data_dir}", None, None)
 
 

@@ -29,7 +29,7 @@ WRITER_SCHEMES = ("gs", "s3")
 
 _HEADER = struct.Struct("<QI")  # length, masked CRC32C of the length's 8 bytes
 _FOOTER = struct.Struct("<I")  # masked CRC32C of the data
-_DT_FLOAT, _DT_DOUBLE = 1, 2  # tensorflow/core/framework/types.proto
+_FLOAT_TYPES = {1: np.float32, 2: np.float64}  # DT_FLOAT, DT_DOUBLE: tensorflow's types.proto
 
 
 def _import_tensorboardx():
@@ -49,13 +49,6 @@ def _check_path(logdir) -> str:
   if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
     raise ValueError(f"logdir: expected a folder (str or os.PathLike), got {logdir!r:.80}")
   return os.fspath(logdir)
-
-
-def _check_logdir(logdir) -> str:
-  text = _check_path(logdir)
-  if not files.is_local(text) and text.split("://", 1)[0] not in WRITER_SCHEMES:
-    raise ValueError(f"logdir: expected a local folder, gs:// or s3://, got {text!r}")
-  return text
 
 
 def _check_scalars(step, scalars) -> tuple[int, dict[str, float]]:
@@ -97,7 +90,9 @@ class MetricWriter:
   """
 
   def __init__(self, logdir, *, enabled: bool = True):
-    self.logdir = _check_logdir(logdir)
+    self.logdir = _check_path(logdir)
+    if not files.is_local(self.logdir) and self.logdir.split("://", 1)[0] not in WRITER_SCHEMES:
+      raise ValueError(f"logdir: expected a local folder, gs:// or s3://, got {self.logdir!r}")
     self.enabled = bool(enabled)
     self._events = None
     self._closed = False
@@ -193,7 +188,7 @@ def _scalar_value(value) -> float | None:
   if kind != "tensor" or value.metadata.plugin_data.plugin_name != "scalars":
     return None
   tensor = value.tensor
-  dtype = {_DT_FLOAT: np.float32, _DT_DOUBLE: np.float64}.get(tensor.dtype)
+  dtype = _FLOAT_TYPES.get(tensor.dtype)
   if dtype is None:
     return None
   if tensor.tensor_content:
