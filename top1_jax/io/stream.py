@@ -283,16 +283,12 @@ class PredictionsReader:
         raise ValueError(f"{self.path}: {e}") from None
     if "labels" not in members:
       raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
-    labels = members["labels"]
-    if labels.array is None:  # read whole: its CRC-32 is checked now
-      if labels.crc is not None:
-        labels.crc.restart(labels.outer)
-      queued = []
-      labels = self._rows("labels", labels, 0, labels.num, queued)
-      zip_crc.update(queued)
-      self._check_crc(["labels"])
-    else:
-      labels = labels.array
+    labels, queued = members["labels"], []
+    if labels.crc is not None:  # read whole now, so its CRC-32 is checked now
+      labels.crc.restart(labels.outer)
+    labels = self._rows("labels", labels, 0, labels.num, queued)
+    zip_crc.update(queued)
+    self._check_crc(["labels"])
     if labels.ndim != 1 or labels.shape[0] == 0 or labels.dtype.kind not in "iu":
       # Predictions checks the labels before any other field: its message names the problem.
       self._validate(None, labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
