@@ -7,6 +7,7 @@ open regular files only (``open_regular``): a FIFO or device would block or neve
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import glob
@@ -20,11 +21,21 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:  # etils is imported only for a URL: the core installs without it
   from etils import epath
+
+
+@contextlib.contextmanager
+def named(prefix: Any, suffix: str = "") -> Iterator[None]:
+  """A ValueError of the block raised again as ``<prefix>: <message><suffix>``, in one line
+  (``prefix``: the file or argument it is about)."""
+  try:
+    yield
+  except ValueError as e:
+    raise ValueError(f"{prefix}: {e}{suffix}") from None
 
 
 def is_local(path: epath.PathLike) -> bool:
@@ -120,9 +131,8 @@ def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS
   """
   if is_local(path):
     return
-  loggers = [logging.getLogger(name) for name in CLOUD_LOGGERS]
-  levels = [logger.level for logger in loggers]
-  for logger in loggers:
+  levels = {logger: logger.level for logger in map(logging.getLogger, CLOUD_LOGGERS)}
+  for logger in levels:
     logger.setLevel(logging.CRITICAL)
   error = _probe(path, timeout)
   scheme = os.fspath(path).split("://", 1)[0]
@@ -137,7 +147,7 @@ def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS
       f"{what}: {path}: cannot be reached ({text}); check the network, the bucket's name "
       "and your credentials, or use a local directory. Nothing was written"
     ) from None
-  for logger, level in zip(loggers, levels, strict=True):
+  for logger, level in levels.items():
     logger.setLevel(level)
 
 
@@ -386,6 +396,7 @@ __all__ = [
   "as_path",
   "atomic_write",
   "is_local",
+  "named",
   "open_regular",
   "parse_json",
   "read_json",

@@ -189,7 +189,7 @@ def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
   fields: dict[str, Any] = {"scores": {}}
   for key, info in prediction_checks.archive_members(path, archive.zip).items():
     value = _read_member(path, key, archive.zip, info)
-    try:
+    with files.named(path):
       if key == "meta":
         fields["meta"] = prediction_checks.read_meta(value)
       elif key.startswith(prediction_checks.SCORE_PREFIX):
@@ -197,8 +197,6 @@ def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
       else:
         prediction_checks.check_field_name(key)
         fields[key] = value
-    except ValueError as e:
-      raise ValueError(f"{path}: {e}") from None
   return fields
 
 
@@ -223,10 +221,8 @@ def load_predictions(path: epath.PathLike) -> Predictions:
     fields = _read_fields(path, archive)
   if "labels" not in fields:
     raise ValueError(f"{path}: labels: missing field (int [N] class labels)")
-  try:
+  with files.named(path):
     return Predictions(**fields)
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
 
 
 def _load_npy(name: str, path: epath.PathLike, expected: str) -> np.ndarray:
@@ -234,10 +230,8 @@ def _load_npy(name: str, path: epath.PathLike, expected: str) -> np.ndarray:
   path = files.as_path(path)
   if not path.exists():
     raise FileNotFoundError(f"{name}: no such file: {path}")
-  try:
+  with files.named(name):
     value = _np_load(path, ".npy array", f"a .npy array of {expected}, as np.save writes")
-  except ValueError as e:
-    raise ValueError(f"{name}: {e}") from None
   if not isinstance(value, np.ndarray):
     value.close()
     raise ValueError(f"{name}: {path} is an .npz archive; expected one .npy array of {expected}")
@@ -322,7 +316,7 @@ def load_human_probs(
         f"{path}: human_probs: looks like annotator counts (row sums up to"
         f" {sums.max():g}); divide each row by its sum to get probabilities"
       )
-  try:
+  with files.named(path):
     probs = prediction_checks.float_field("human_probs", array, (2,))
     for name, want, got in (
       ("num_examples", num_examples, probs.shape[0]),
@@ -331,8 +325,6 @@ def load_human_probs(
       if want is not None and want != got:
         raise ValueError(f"human_probs: expected {name}={want}, got shape {probs.shape}")
     return prediction_checks.probs_field("human_probs", probs, probs.shape[0])
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
 
 
 def attach_human_probs(

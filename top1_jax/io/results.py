@@ -115,10 +115,8 @@ def parse_csv(text: str, name: str) -> list[dict[str, Any]]:
   """
   rows = []
   for line, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
-    try:
+    with files.named(f"{name}, line {line}"):
       rows.append({column: _cell(column, value or "") for column, value in row.items()})
-    except ValueError as e:
-      raise ValueError(f"{name}, line {line}: {e}") from None
   return rows
 
 

@@ -263,10 +263,8 @@ class PredictionsReader:
         except _READ_ERRORS as e:
           raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
         if key == "meta":
-          try:
+          with files.named(self.path):
             self.meta = prediction_checks.read_meta(member.array)
-          except ValueError as e:
-            raise ValueError(f"{self.path}: {e}") from None
           continue
         members[key] = member
     self._members_by_name = members
@@ -276,11 +274,9 @@ class PredictionsReader:
   def _check_fields(self) -> None:
     """The file as a whole: known fields, labels, and N and K agreeing across fields."""
     members = self._members_by_name
-    for key in members:
-      try:
+    with files.named(self.path):
+      for key in members:
         prediction_checks.check_field_name(key)
-      except ValueError as e:
-        raise ValueError(f"{self.path}: {e}") from None
     if "labels" not in members:
       raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
     labels, queued = members["labels"], []
@@ -303,20 +299,16 @@ class PredictionsReader:
     # The first example checks each field's dtype, rank and K, and the meta.
     self.labels = labels
     first = self._chunk(0, 1, where="")
-    try:
+    with files.named(self.path):
       self.labels = validation.labels_array("labels", labels, first.num_classes, host=True)
-    except ValueError as e:
-      raise ValueError(f"{self.path}: {e}") from None
     self.num_examples, self.num_classes = num, first.num_classes
     self.num_samples, self.score_names = first.num_samples, tuple(first.scores)
     arrays = prediction_checks.ARRAY_FIELDS[1:]  # all but the labels
     self.fields = tuple(k for k in arrays if getattr(first, k) is not None)
 
   def _validate(self, where: str | None, **fields: Any) -> predictions_lib.Predictions:
-    try:
+    with files.named(self.path, where or ""):
       return predictions_lib.Predictions(meta=self.meta, **fields)
-    except ValueError as e:
-      raise ValueError(f"{self.path}: {e}{where or ''}") from None
 
   def _check_crc(self, keys, read: bool = False) -> None:
     """Refuses the file when a member of ``keys`` read whole and in order (or, with
