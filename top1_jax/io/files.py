@@ -105,21 +105,22 @@ CLOUD_LOGGERS = ("gcsfs", "google", "urllib3", "aiohttp", "fsspec", "s3fs", "bot
 """Loggers silenced while ``check_usable`` probes: each retry logs a full traceback."""
 
 
-def _probe(path: epath.PathLike, timeout: float) -> BaseException | None:
-  """``exists()`` on the URL in a daemon thread: its error, or TimeoutError after ``timeout``."""
-  outcome: list[BaseException | None] = []
+def in_daemon_thread(function: Callable[[], Any], timeout: float, name: str) -> tuple:
+  """``function()`` in a daemon thread ``name``, so that a library that keeps retrying or a
+  resolver that hangs holds up neither the caller beyond ``timeout`` seconds nor the exit:
+  (its result, None), (None, its error), or (None, TimeoutError) after ``timeout``."""
+  outcome: list[tuple[Any, BaseException | None]] = []
 
-  def probe():
+  def run():
     try:
-      as_path(path).exists()
-      outcome.append(None)
+      outcome.append((function(), None))
     except BaseException as e:  # noqa: BLE001 -- handed to the caller
-      outcome.append(e)
+      outcome.append((None, e))
 
-  thread = threading.Thread(target=probe, name="top1_jax: check_usable", daemon=True)
-  thread.start()  # a daemon: a library that keeps retrying does not hold up the exit
+  thread = threading.Thread(target=run, name=name, daemon=True)
+  thread.start()
   thread.join(timeout)
-  return outcome[0] if outcome else TimeoutError(f"no answer within {timeout:g} s")
+  return outcome[0] if outcome else (None, TimeoutError(f"no answer within {timeout:g} s"))
 
 
 def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS) -> None:
@@ -134,7 +135,7 @@ def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS
   levels = {logger: logger.level for logger in map(logging.getLogger, CLOUD_LOGGERS)}
   for logger in levels:
     logger.setLevel(logging.CRITICAL)
-  error = _probe(path, timeout)
+  _, error = in_daemon_thread(lambda: as_path(path).exists(), timeout, "top1_jax: check_usable")
   scheme = os.fspath(path).split("://", 1)[0]
   if isinstance(error, ImportError):
     raise ValueError(
@@ -395,6 +396,7 @@ __all__ = [
   "FORMULA_STARTS",
   "as_path",
   "atomic_write",
+  "in_daemon_thread",
   "is_local",
   "named",
   "open_regular",

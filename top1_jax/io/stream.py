@@ -131,8 +131,8 @@ def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", dige
 
 
 def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
-  """An uncompressed member read at its offset in the archive, its CRC-32 checked as it
-  is read (``_Crc``); None if unusual. ``header``: ``prediction_checks.member_header``'s."""
+  """An uncompressed member read at its offset in the archive, its CRC-32 taken as it is
+  read (``zip_crc.RunningCrc``); None if unusual. ``header``: ``member_header``'s."""
   shape, fortran_order, dtype, header_bytes = header
   if info.compress_type != zipfile.ZIP_STORED or fortran_order or len(shape) not in (1, 2, 3):
     return None
