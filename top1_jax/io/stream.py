@@ -30,7 +30,6 @@ import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 from etils import epath
@@ -287,7 +286,8 @@ class PredictionsReader:
     self._check_crc(["labels"])
     if labels.ndim != 1 or labels.shape[0] == 0 or labels.dtype.kind not in "iu":
       # Predictions checks the labels before any other field: its message names the problem.
-      self._validate(None, labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
+      with files.named(self.path):
+        predictions_lib.Predictions(labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
     num = labels.shape[0]
     for key, member in members.items():
       axis = 1 if len(member.shape) == 3 else 0
@@ -305,10 +305,6 @@ class PredictionsReader:
     self.num_samples, self.score_names = first.num_samples, tuple(first.scores)
     arrays = prediction_checks.ARRAY_FIELDS[1:]  # all but the labels
     self.fields = tuple(k for k in arrays if getattr(first, k) is not None)
-
-  def _validate(self, where: str | None, **fields: Any) -> predictions_lib.Predictions:
-    with files.named(self.path, where or ""):
-      return predictions_lib.Predictions(meta=self.meta, **fields)
 
   def _check_crc(self, keys, read: bool = False) -> None:
     """Refuses the file when a member of ``keys`` read whole and in order (or, with
@@ -341,7 +337,8 @@ class PredictionsReader:
         into[key.removeprefix(SCORE_PREFIX)] = self._rows(key, member, start, stop, queue)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
-    return self._validate(where, **arrays)
+    with files.named(self.path, where):
+      return predictions_lib.Predictions(meta=self.meta, **arrays)
 
   def chunks(self, chunk_size: int) -> Iterator[tuple[int, predictions_lib.Predictions]]:
     """(start, ``Predictions`` of examples [start, start + chunk_size)), in order; the
