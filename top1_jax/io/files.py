@@ -215,27 +215,12 @@ def _write_local(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
     os.chmod(temp_name, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
     os.replace(temp_name, path)
   except BaseException as e:
-    try:
+    with contextlib.suppress(FileNotFoundError):
       os.unlink(temp_name)
-    except FileNotFoundError:
-      pass
     if isinstance(e, OSError) and e.errno is not None and e.filename is None:
       # A full disk fails in write or fsync, whose errors name no file: name it.
       raise OSError(e.errno, e.strerror, os.fspath(path)) from e
     raise
-
-
-def _write_remote(path: epath.Path, write: Callable[[BinaryIO], Any]) -> None:
-  # Staged locally first: an object store commits whatever was written when the
-  # file is closed, so writing straight into it would publish half a file when
-  # `write` raises. A disk file, not memory, since predictions can be gigabytes.
-  with tempfile.TemporaryFile() as staging:
-    write(staging)
-    staging.seek(0)
-    # No parent.mkdir(): an object store has no folders, and s3fs would take
-    # one at the bucket level as a request to create the bucket.
-    with path.open("wb") as file:
-      shutil.copyfileobj(staging, file)
 
 
 def atomic_write(
@@ -257,8 +242,17 @@ def atomic_write(
     if path.is_dir():  # else the rename would fail naming the temporary file
       raise ValueError(f"{path}: is a directory; give the path of a file to write there")
     _write_local(path, write)
-  else:
-    _write_remote(path, write)
+    return path
+  # Staged locally first: an object store commits whatever was written when the
+  # file is closed, so writing straight into it would publish half a file when
+  # `write` raises. A disk file, not memory, since predictions can be gigabytes.
+  with tempfile.TemporaryFile() as staging:
+    write(staging)
+    staging.seek(0)
+    # No parent.mkdir(): an object store has no folders, and s3fs would take
+    # one at the bucket level as a request to create the bucket.
+    with path.open("wb") as file:
+      shutil.copyfileobj(staging, file)
   return path
 
 
