@@ -57,11 +57,10 @@ class Predictions:
       raise ValueError(
         "logits/mean_probs: expected logits [S, N, K] or mean_probs [N, K], got neither"
       )
-    logits = None
+    logits = mean_probs = human_probs = num_classes = None
     if self.logits is not None:
       logits = prediction_checks.logits_field(self.logits, num_examples)
-    num_classes = None if logits is None else logits.shape[2]
-    mean_probs = None
+      num_classes = logits.shape[2]
     if self.mean_probs is not None:
       mean_probs = prediction_checks.probs_field("mean_probs", self.mean_probs, num_examples)
       if num_classes is not None and mean_probs.shape[1] != num_classes:
@@ -77,7 +76,6 @@ class Predictions:
       raise ValueError(f"{field}: expected at least 2 classes, got K={num_classes}")
     labels = validation.labels_array("labels", labels, num_classes, host=True)
     scores = prediction_checks.scores_fields(self.scores, num_examples)
-    human_probs = None
     if self.human_probs is not None:
       human_probs = prediction_checks.probs_field("human_probs", self.human_probs, num_examples)
       if human_probs.shape[1] != num_classes:
