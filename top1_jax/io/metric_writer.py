@@ -4,6 +4,7 @@ Needs tensorboardX: ``pip install 'top1_jax[nn]'`` (imported only when used). Wr
 takes a local folder, ``gs://`` or ``s3://``; reading any ``etils.epath`` URL.
 """
 
+import itertools
 import os
 import re
 import secrets
@@ -94,9 +95,7 @@ class MetricWriter:
     if not files.is_local(self.logdir) and self.logdir.split("://", 1)[0] not in WRITER_SCHEMES:
       raise ValueError(f"logdir: expected a local folder, gs:// or s3://, got {self.logdir!r}")
     self.enabled = bool(enabled)
-    self._events = None
-    self._closed = False
-    self._last_flush = time.monotonic()
+    self._events, self._closed, self._last_flush = None, False, time.monotonic()
     if self.enabled:
       event_file_writer, record_writer, self._event_pb2, self._summary_pb2 = _import_tensorboardx()
       record_writer.directory_check(self.logdir)
@@ -158,8 +157,7 @@ class MetricWriter:
 def _records(path, masked_crc32c) -> Iterator[bytes]:
   """The data of each whole TFRecord of ``path``; a truncated last record ends it."""
   with files.open_regular(path) as stream:  # not a FIFO or a device
-    index = 0
-    while True:
+    for index in itertools.count():
       header = stream.read(_HEADER.size)
       if len(header) < _HEADER.size:
         return
@@ -177,7 +175,6 @@ def _records(path, masked_crc32c) -> Iterator[bytes]:
       if masked_crc32c(data) != _FOOTER.unpack(footer)[0]:
         raise ValueError(f"{path}: record {index}: corrupt data (CRC32C mismatch)")
       yield data
-      index += 1
 
 
 def _scalar_value(value) -> float | None:
