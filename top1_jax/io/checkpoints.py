@@ -70,12 +70,7 @@ def _shapes(state: TrainState) -> dict[str, list[int]]:
 
 
 def _arrays(state: TrainState) -> dict[str, Any]:
-  return {
-    "step": state.step,
-    "params": state.params,
-    "model_state": state.model_state,
-    "opt_state": state.opt_state,
-  }
+  return {key: getattr(state, key) for key in ("step", "params", "model_state", "opt_state")}
 
 
 def _crc32s(arrays) -> dict[str, list]:
@@ -219,13 +214,6 @@ def _read(path, restore, template: TrainState) -> TrainState:
   return template.replace(**arrays)
 
 
-def _quiet_about(path) -> None:
-  """Drops asyncio's "exception was never retrieved" reports about ``path``: tensorstore
-  futures of a failed restore, already told by the ``DamagedCheckpointError``."""
-  text = os.fspath(path)
-  logging.getLogger("asyncio").addFilter(lambda record: text not in record.getMessage())
-
-
 def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> TrainState:
   """Restores a ``save_checkpoint`` folder into ``template``, a ``TrainState`` of the same
   architecture, ensemble size and optimizer whose static fields are kept.
@@ -304,7 +292,9 @@ class RunCheckpoints:
       aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}.{number}")
     if jax.process_index() == 0:
       path.rename(aside)
-    _quiet_about(path)
+    # asyncio's "exception was never retrieved" reports of tensorstore futures of a failed
+    # restore would tell the damage again.
+    logging.getLogger("asyncio").addFilter(lambda log: os.fspath(path) not in log.getMessage())
     ocp.multihost.sync_global_processes(f"top1_jax: set aside {path}")
     self._manager.reload()  # its list of saved epochs no longer holds this one
     absl_logging.warning(

@@ -47,11 +47,7 @@ REGISTRY: dict[str, IdxDataset] = {
 
 
 def _no_idx_error(
-  name: str,
-  split: str,
-  dataset: IdxDataset,
-  directories: list,
-  tfds_error: DataUnavailableError | None,
+  name: str, split: str, dataset: IdxDataset, directories: list, tfds_error=None
 ) -> DataUnavailableError:
   """No IDX files in ``directories`` (and, with ``tfds_error``, no TFDS data either)."""
   prefix = idx.IDX_SPLIT_PREFIX[split]
@@ -95,9 +91,10 @@ def _idx_dataset(name, split, source: str) -> IdxDataset | None:
 
 
 def _find_idx(
-  name: str, split: str, dataset: IdxDataset, data_dir, fallback: bool
+  name: str, split: str, dataset: IdxDataset, data_dir, fallback: bool, source: str
 ) -> tuple[list, tuple | None]:
-  """(the directories searched, the split's IDX pair found in the first that has it)."""
+  """(the directories searched, the split's IDX pair found in the first that has it); with
+  ``source="idx"``, no pair is an error."""
   directories = [files.as_path(data_dir)] if data_dir is not None else []
   if dataset.system_dir is not None and (data_dir is None or fallback):
     directories.append(files.as_path(dataset.system_dir()))
@@ -112,6 +109,8 @@ def _find_idx(
     found = idx.find_idx_files(directory, split)
     if found is not None:
       return directories, found
+  if source == "idx":
+    raise _no_idx_error(name, split, dataset, directories)
   return directories, None
 
 
@@ -146,7 +145,7 @@ def load_dataset(
   dataset = _idx_dataset(name, split, source)
   if dataset is None:
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
-  directories, found = _find_idx(name, split, dataset, data_dir, fallback)
+  directories, found = _find_idx(name, split, dataset, data_dir, fallback, source)
   if found is not None:
     return idx.load_idx(
       *found,
@@ -156,8 +155,6 @@ def load_dataset(
       limit=limit,
       class_names=dataset.class_names,
     )
-  if source == "idx":
-    raise _no_idx_error(name, split, dataset, directories, None)
   try:
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
   except DataUnavailableError as e:
@@ -198,22 +195,16 @@ def split_info(
     limit = validation.positive_int("limit", limit)
   dataset = _idx_dataset(name, split, source)
   if dataset is not None:
-    directories, found = _find_idx(name, split, dataset, data_dir, fallback)
+    _, found = _find_idx(name, split, dataset, data_dir, fallback, source)
     if found is not None:
       count = idx.count_idx_examples(*found)
       count = count if limit is None else min(count, limit)
       return SplitInfo(f"idx:{found[0].parent}", count, len(dataset.class_names))
-    if source == "idx":
-      raise _no_idx_error(name, split, dataset, directories, None)
   return SplitInfo(f"tfds:{'default' if data_dir is None else data_dir}", None, None)
 
 
 def iterate_batches(
-  dataset: DatasetSplit,
-  batch_size: int,
-  *,
-  seed: int | None = None,
-  drop_remainder: bool = False,
+  dataset: DatasetSplit, batch_size: int, *, seed: int | None = None, drop_remainder: bool = False
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """Yields numpy (images [B, H, W, C], labels [B]) batches covering the split once.
 

@@ -44,10 +44,6 @@ def load_example(name: str) -> Example:
     name: ``"densenet-bc-100-cifar-100"`` (CIFAR-100, ``[10000, 100]``) or
       ``"lenet-5-cifar-10"`` (CIFAR-10, ``[10000, 10]``).
 
-  Returns:
-    An ``Example``: ``probs`` ``[N, K]`` float32, ``labels`` ``[N]`` int64,
-    ``num_classes`` K and a one-line ``description``.
-
   Raises:
     ValueError: ``name`` is not one of ``EXAMPLES``.
   """

@@ -7,6 +7,7 @@ open regular files only (``open_regular``): a FIFO or device would block or neve
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import glob
@@ -20,11 +21,21 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:  # etils is imported only for a URL: the core installs without it
   from etils import epath
+
+
+@contextlib.contextmanager
+def named(prefix: Any, suffix: str = "") -> Iterator[None]:
+  """A ValueError of the block raised again as ``<prefix>: <message><suffix>``, in one line
+  (``prefix``: the file or argument it is about)."""
+  try:
+    yield
+  except ValueError as e:
+    raise ValueError(f"{prefix}: {e}{suffix}") from None
 
 
 def is_local(path: epath.PathLike) -> bool:
@@ -94,21 +105,22 @@ CLOUD_LOGGERS = ("gcsfs", "google", "urllib3", "aiohttp", "fsspec", "s3fs", "bot
 """Loggers silenced while ``check_usable`` probes: each retry logs a full traceback."""
 
 
-def _probe(path: epath.PathLike, timeout: float) -> BaseException | None:
-  """``exists()`` on the URL in a daemon thread: its error, or TimeoutError after ``timeout``."""
-  outcome: list[BaseException | None] = []
+def in_daemon_thread(function: Callable[[], Any], timeout: float, name: str) -> tuple:
+  """``function()`` in a daemon thread ``name``, so that a library that keeps retrying or a
+  resolver that hangs holds up neither the caller beyond ``timeout`` seconds nor the exit:
+  (its result, None), (None, its error), or (None, TimeoutError) after ``timeout``."""
+  outcome: list[tuple[Any, BaseException | None]] = []
 
-  def probe():
+  def run():
     try:
-      as_path(path).exists()
-      outcome.append(None)
+      outcome.append((function(), None))
     except BaseException as e:  # noqa: BLE001 -- handed to the caller
-      outcome.append(e)
+      outcome.append((None, e))
 
-  thread = threading.Thread(target=probe, name="top1_jax: check_usable", daemon=True)
-  thread.start()  # a daemon: a library that keeps retrying does not hold up the exit
+  thread = threading.Thread(target=run, name=name, daemon=True)
+  thread.start()
   thread.join(timeout)
-  return outcome[0] if outcome else TimeoutError(f"no answer within {timeout:g} s")
+  return outcome[0] if outcome else (None, TimeoutError(f"no answer within {timeout:g} s"))
 
 
 def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS) -> None:
@@ -120,11 +132,10 @@ def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS
   """
   if is_local(path):
     return
-  loggers = [logging.getLogger(name) for name in CLOUD_LOGGERS]
-  levels = [logger.level for logger in loggers]
-  for logger in loggers:
+  levels = {logger: logger.level for logger in map(logging.getLogger, CLOUD_LOGGERS)}
+  for logger in levels:
     logger.setLevel(logging.CRITICAL)
-  error = _probe(path, timeout)
+  _, error = in_daemon_thread(lambda: as_path(path).exists(), timeout, "top1_jax: check_usable")
   scheme = os.fspath(path).split("://", 1)[0]
   if isinstance(error, ImportError):
     raise ValueError(
@@ -137,7 +148,7 @@ def check_usable(path: epath.PathLike, what: str, timeout: float = REACH_SECONDS
       f"{what}: {path}: cannot be reached ({text}); check the network, the bucket's name "
       "and your credentials, or use a local directory. Nothing was written"
     ) from None
-  for logger, level in zip(loggers, levels, strict=True):
+  for logger, level in levels.items():
     logger.setLevel(level)
 
 
@@ -204,27 +215,12 @@ def _write_local(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
     os.chmod(temp_name, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
     os.replace(temp_name, path)
   except BaseException as e:
-    try:
+    with contextlib.suppress(FileNotFoundError):
       os.unlink(temp_name)
-    except FileNotFoundError:
-      pass
     if isinstance(e, OSError) and e.errno is not None and e.filename is None:
       # A full disk fails in write or fsync, whose errors name no file: name it.
       raise OSError(e.errno, e.strerror, os.fspath(path)) from e
     raise
-
-
-def _write_remote(path: epath.Path, write: Callable[[BinaryIO], Any]) -> None:
-  # Staged locally first: an object store commits whatever was written when the
-  # file is closed, so writing straight into it would publish half a file when
-  # `write` raises. A disk file, not memory, since predictions can be gigabytes.
-  with tempfile.TemporaryFile() as staging:
-    write(staging)
-    staging.seek(0)
-    # No parent.mkdir(): an object store has no folders, and s3fs would take
-    # one at the bucket level as a request to create the bucket.
-    with path.open("wb") as file:
-      shutil.copyfileobj(staging, file)
 
 
 def atomic_write(
@@ -246,8 +242,17 @@ def atomic_write(
     if path.is_dir():  # else the rename would fail naming the temporary file
       raise ValueError(f"{path}: is a directory; give the path of a file to write there")
     _write_local(path, write)
-  else:
-    _write_remote(path, write)
+    return path
+  # Staged locally first: an object store commits whatever was written when the
+  # file is closed, so writing straight into it would publish half a file when
+  # `write` raises. A disk file, not memory, since predictions can be gigabytes.
+  with tempfile.TemporaryFile() as staging:
+    write(staging)
+    staging.seek(0)
+    # No parent.mkdir(): an object store has no folders, and s3fs would take
+    # one at the bucket level as a request to create the bucket.
+    with path.open("wb") as file:
+      shutil.copyfileobj(staging, file)
   return path
 
 
@@ -385,7 +390,9 @@ __all__ = [
   "FORMULA_STARTS",
   "as_path",
   "atomic_write",
+  "in_daemon_thread",
   "is_local",
+  "named",
   "open_regular",
   "parse_json",
   "read_json",

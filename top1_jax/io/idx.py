@@ -22,30 +22,15 @@ from top1_jax.io.splits import DatasetSplit, scale_images
 FASHION_MNIST_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
 
 FASHION_MNIST_CLASSES = (
-  "T-shirt/top",
-  "Trouser",
-  "Pullover",
-  "Dress",
-  "Coat",
-  "Sandal",
-  "Shirt",
-  "Sneaker",
-  "Bag",
-  "Ankle boot",
+  *("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"),
+  *("Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
 )
 
 IDX_SPLIT_PREFIX = {"train": "train", "test": "t10k"}
 
-_IDX_DTYPES = {
-  0x08: np.dtype(np.uint8),
-  0x09: np.dtype(np.int8),
-  0x0B: np.dtype(">i2"),
-  0x0C: np.dtype(">i4"),
-  0x0D: np.dtype(">f4"),
-  0x0E: np.dtype(">f8"),
-}
-_IDX_IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dims: [N, rows, cols]
-_IDX_LABELS_MAGIC = 0x00000801  # unsigned bytes, 1 dim: [N]
+_IDX_DTYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IMAGES = (0x00000803, "IDX3 ubyte images")  # (magic, what): unsigned bytes, [N, rows, cols]
+_LABELS = (0x00000801, "IDX1 ubyte labels")  # unsigned bytes, [N]
 _COMPARE_BLOCK = 1 << 20  # bytes per read when comparing a .gz file with its raw twin
 
 
@@ -102,15 +87,22 @@ def _header(path, stream: BinaryIO) -> tuple[int, np.dtype, tuple[int, ...]]:
       f" bytes, file has {len(raw)}"
     )
   shape = struct.unpack(f">{ndim}I", raw[4:header_size])
-  return magic, _IDX_DTYPES[type_code], shape
+  return magic, np.dtype(_IDX_DTYPES[type_code]), shape
 
 
-def _check_magic(path, found: int, magic: int, what: str) -> None:
+def _check_magic(path, found: int, kind: tuple[int, str]) -> None:
+  magic, what = kind
   if found != magic:
     raise ValueError(f"{path}: bad magic number 0x{found:08x} for {what}: expected 0x{magic:08x}")
 
 
-def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
+def _check_counts(images_path, labels_path, images: int, labels: int) -> None:
+  if images != labels:
+    raise ValueError(f"{images_path} has {images} images but {labels_path} has {labels} labels")
+
+
+def _read_idx(path: pathlib.Path | epath.Path, kind: tuple[int, str] | None = None) -> np.ndarray:
+  """The file's array; ``kind``: the (magic, what) it must have, checked once it is read."""
   with _opened(path) as stream:
     magic, dtype, shape = _header(path, stream)
     expected = math.prod(shape) * dtype.itemsize
@@ -135,8 +127,10 @@ def _read_idx(path: pathlib.Path | epath.Path) -> tuple[int, np.ndarray]:
         f"{path}: has trailing bytes: header says shape {shape} ({expected} data bytes),"
         " the file holds more"
       )
+  if kind is not None:
+    _check_magic(path, magic, kind)
   array = np.frombuffer(data, dtype, count=math.prod(shape))
-  return magic, array.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
+  return array.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
 
 
 def _read_header(path: pathlib.Path | epath.Path) -> tuple[int, tuple[int, ...]]:
@@ -162,13 +156,7 @@ def read_idx(path: epath.PathLike) -> np.ndarray:
   Raises:
     ValueError: bad magic number, truncated file or trailing bytes, naming the file.
   """
-  return _read_idx(files.as_path(path))[1]
-
-
-def _read_idx_with_magic(path: pathlib.Path | epath.Path, magic: int, what: str) -> np.ndarray:
-  found, array = _read_idx(path)
-  _check_magic(path, found, magic, what)
-  return array
+  return _read_idx(files.as_path(path))
 
 
 def _same_data(first: pathlib.Path | epath.Path, second: pathlib.Path | epath.Path) -> bool:
@@ -242,18 +230,12 @@ def count_idx_examples(images_path: epath.PathLike, labels_path: epath.PathLike)
     ValueError: a bad header, the wrong kind of file, or different counts.
   """
   counts = []
-  for path, magic, what in (
-    (images_path, _IDX_IMAGES_MAGIC, "IDX3 ubyte images"),
-    (labels_path, _IDX_LABELS_MAGIC, "IDX1 ubyte labels"),
-  ):
+  for path, kind in ((images_path, _IMAGES), (labels_path, _LABELS)):
     path = files.as_path(path)
     found, shape = _read_header(path)
-    _check_magic(path, found, magic, what)
+    _check_magic(path, found, kind)
     counts.append(shape[0])
-  if counts[0] != counts[1]:
-    raise ValueError(
-      f"{images_path} has {counts[0]} images but {labels_path} has {counts[1]} labels"
-    )
+  _check_counts(images_path, labels_path, *counts)
   return counts[0]
 
 
@@ -278,12 +260,8 @@ def load_idx(
   if limit is not None:
     limit = validation.positive_int("limit", limit)
   images_path, labels_path = files.as_path(images_path), files.as_path(labels_path)
-  images = _read_idx_with_magic(images_path, _IDX_IMAGES_MAGIC, "IDX3 ubyte images")
-  labels = _read_idx_with_magic(labels_path, _IDX_LABELS_MAGIC, "IDX1 ubyte labels")
-  if len(images) != len(labels):
-    raise ValueError(
-      f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels"
-    )
+  images, labels = _read_idx(images_path, _IMAGES), _read_idx(labels_path, _LABELS)
+  _check_counts(images_path, labels_path, len(images), len(labels))
   if len(images) == 0:
     raise ValueError(f"{images_path}: expected at least one image, got 0")
   labels = validation.labels_array(str(labels_path), labels, num_classes, host=True)

@@ -62,21 +62,6 @@ def _owner() -> dict:
   }
 
 
-def _create(path, owner: dict) -> bool:
-  if not isinstance(path, pathlib.Path):  # a URL: check, then write
-    if path.exists():
-      return False
-    path.write_text(json.dumps(owner))
-    return True
-  try:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-  except FileExistsError:
-    return False
-  with os.fdopen(fd, "w") as file:
-    json.dump(owner, file)
-  return True
-
-
 def _usable(workdir) -> None:
   """The work dir exists (created if missing) and is a directory: else one line naming it."""
   if isinstance(workdir, pathlib.Path):  # it, or the folder it would be made in
@@ -93,14 +78,25 @@ def _usable(workdir) -> None:
 
 
 def _take(path, owner: dict) -> bool:
-  """``_create``, refusing in one line a lock that cannot be made."""
-  if isinstance(path, pathlib.Path) and path.is_dir():
+  """Creates the lock file naming ``owner``: False when one exists; a lock that cannot be
+  made is refused in one line."""
+  local = isinstance(path, pathlib.Path)
+  if local and path.is_dir():
     raise ValueError(
       f"--workdir: {path} is a directory where the lock file goes; remove it (rm -r {path})"
       " if no run of this work dir is going on"
     )
   try:
-    return _create(path, owner)
+    if not local:  # a URL: check, then write
+      if path.exists():
+        return False
+      path.write_text(json.dumps(owner))
+      return True
+    with os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as file:
+      json.dump(owner, file)
+    return True
+  except FileExistsError:
+    return False
   except OSError as e:
     raise ValueError(
       f"--workdir: cannot write in {path.parent} ({e.strerror or e}); give a directory you can"

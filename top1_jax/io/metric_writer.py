@@ -4,6 +4,7 @@ Needs tensorboardX: ``pip install 'top1_jax[nn]'`` (imported only when used). Wr
 takes a local folder, ``gs://`` or ``s3://``; reading any ``etils.epath`` URL.
 """
 
+import itertools
 import os
 import re
 import secrets
@@ -29,7 +30,7 @@ WRITER_SCHEMES = ("gs", "s3")
 
 _HEADER = struct.Struct("<QI")  # length, masked CRC32C of the length's 8 bytes
 _FOOTER = struct.Struct("<I")  # masked CRC32C of the data
-_DT_FLOAT, _DT_DOUBLE = 1, 2  # tensorflow/core/framework/types.proto
+_FLOAT_TYPES = {1: np.float32, 2: np.float64}  # DT_FLOAT, DT_DOUBLE: tensorflow's types.proto
 
 
 def _import_tensorboardx():
@@ -49,13 +50,6 @@ def _check_path(logdir) -> str:
   if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
     raise ValueError(f"logdir: expected a folder (str or os.PathLike), got {logdir!r:.80}")
   return os.fspath(logdir)
-
-
-def _check_logdir(logdir) -> str:
-  text = _check_path(logdir)
-  if not files.is_local(text) and text.split("://", 1)[0] not in WRITER_SCHEMES:
-    raise ValueError(f"logdir: expected a local folder, gs:// or s3://, got {text!r}")
-  return text
 
 
 def _check_scalars(step, scalars) -> tuple[int, dict[str, float]]:
@@ -97,11 +91,11 @@ class MetricWriter:
   """
 
   def __init__(self, logdir, *, enabled: bool = True):
-    self.logdir = _check_logdir(logdir)
+    self.logdir = _check_path(logdir)
+    if not files.is_local(self.logdir) and self.logdir.split("://", 1)[0] not in WRITER_SCHEMES:
+      raise ValueError(f"logdir: expected a local folder, gs:// or s3://, got {self.logdir!r}")
     self.enabled = bool(enabled)
-    self._events = None
-    self._closed = False
-    self._last_flush = time.monotonic()
+    self._events, self._closed, self._last_flush = None, False, time.monotonic()
     if self.enabled:
       event_file_writer, record_writer, self._event_pb2, self._summary_pb2 = _import_tensorboardx()
       record_writer.directory_check(self.logdir)
@@ -163,8 +157,7 @@ class MetricWriter:
 def _records(path, masked_crc32c) -> Iterator[bytes]:
   """The data of each whole TFRecord of ``path``; a truncated last record ends it."""
   with files.open_regular(path) as stream:  # not a FIFO or a device
-    index = 0
-    while True:
+    for index in itertools.count():
       header = stream.read(_HEADER.size)
       if len(header) < _HEADER.size:
         return
@@ -182,7 +175,6 @@ def _records(path, masked_crc32c) -> Iterator[bytes]:
       if masked_crc32c(data) != _FOOTER.unpack(footer)[0]:
         raise ValueError(f"{path}: record {index}: corrupt data (CRC32C mismatch)")
       yield data
-      index += 1
 
 
 def _scalar_value(value) -> float | None:
@@ -193,7 +185,7 @@ def _scalar_value(value) -> float | None:
   if kind != "tensor" or value.metadata.plugin_data.plugin_name != "scalars":
     return None
   tensor = value.tensor
-  dtype = {_DT_FLOAT: np.float32, _DT_DOUBLE: np.float64}.get(tensor.dtype)
+  dtype = _FLOAT_TYPES.get(tensor.dtype)
   if dtype is None:
     return None
   if tensor.tensor_content:

@@ -31,14 +31,9 @@ MAX_INFLATION = 20
 READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
 """What reading a member of a corrupt archive may raise."""
 _META_TYPES = {
-  "dataset": (str,),
-  "split": (str,),
-  "model": (str,),
-  "method": (str,),
-  "version": (str,),
+  **dict.fromkeys(("dataset", "split", "model", "method", "version"), (str,)),
   "dropout_rate": (int, float),
-  "ensemble_size": (int,),
-  "seed": (int,),
+  **dict.fromkeys(("ensemble_size", "seed"), (int,)),
   "shift": (str,),
   "severity": (int, float),
   "ood": (bool,),

@@ -57,11 +57,10 @@ class Predictions:
       raise ValueError(
         "logits/mean_probs: expected logits [S, N, K] or mean_probs [N, K], got neither"
       )
-    logits = None
+    logits = mean_probs = human_probs = num_classes = None
     if self.logits is not None:
       logits = prediction_checks.logits_field(self.logits, num_examples)
-    num_classes = None if logits is None else logits.shape[2]
-    mean_probs = None
+      num_classes = logits.shape[2]
     if self.mean_probs is not None:
       mean_probs = prediction_checks.probs_field("mean_probs", self.mean_probs, num_examples)
       if num_classes is not None and mean_probs.shape[1] != num_classes:
@@ -77,7 +76,6 @@ class Predictions:
       raise ValueError(f"{field}: expected at least 2 classes, got K={num_classes}")
     labels = validation.labels_array("labels", labels, num_classes, host=True)
     scores = prediction_checks.scores_fields(self.scores, num_examples)
-    human_probs = None
     if self.human_probs is not None:
       human_probs = prediction_checks.probs_field("human_probs", self.human_probs, num_examples)
       if human_probs.shape[1] != num_classes:
@@ -189,7 +187,7 @@ def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
   fields: dict[str, Any] = {"scores": {}}
   for key, info in prediction_checks.archive_members(path, archive.zip).items():
     value = _read_member(path, key, archive.zip, info)
-    try:
+    with files.named(path):
       if key == "meta":
         fields["meta"] = prediction_checks.read_meta(value)
       elif key.startswith(prediction_checks.SCORE_PREFIX):
@@ -197,8 +195,6 @@ def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
       else:
         prediction_checks.check_field_name(key)
         fields[key] = value
-    except ValueError as e:
-      raise ValueError(f"{path}: {e}") from None
   return fields
 
 
@@ -223,10 +219,8 @@ def load_predictions(path: epath.PathLike) -> Predictions:
     fields = _read_fields(path, archive)
   if "labels" not in fields:
     raise ValueError(f"{path}: labels: missing field (int [N] class labels)")
-  try:
+  with files.named(path):
     return Predictions(**fields)
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
 
 
 def _load_npy(name: str, path: epath.PathLike, expected: str) -> np.ndarray:
@@ -234,10 +228,8 @@ def _load_npy(name: str, path: epath.PathLike, expected: str) -> np.ndarray:
   path = files.as_path(path)
   if not path.exists():
     raise FileNotFoundError(f"{name}: no such file: {path}")
-  try:
+  with files.named(name):
     value = _np_load(path, ".npy array", f"a .npy array of {expected}, as np.save writes")
-  except ValueError as e:
-    raise ValueError(f"{name}: {e}") from None
   if not isinstance(value, np.ndarray):
     value.close()
     raise ValueError(f"{name}: {path} is an .npz archive; expected one .npy array of {expected}")
@@ -305,10 +297,7 @@ def from_arrays(
 
 
 def load_human_probs(
-  path: epath.PathLike,
-  *,
-  num_examples: int | None = None,
-  num_classes: int | None = None,
+  path: epath.PathLike, *, num_examples: int | None = None, num_classes: int | None = None
 ) -> np.ndarray:
   """[N, K] float32 human label probabilities from a ``.npy`` (CIFAR-10H ``cifar10h-probs.npy``).
 
@@ -325,7 +314,7 @@ def load_human_probs(
         f"{path}: human_probs: looks like annotator counts (row sums up to"
         f" {sums.max():g}); divide each row by its sum to get probabilities"
       )
-  try:
+  with files.named(path):
     probs = prediction_checks.float_field("human_probs", array, (2,))
     for name, want, got in (
       ("num_examples", num_examples, probs.shape[0]),
@@ -334,8 +323,6 @@ def load_human_probs(
       if want is not None and want != got:
         raise ValueError(f"human_probs: expected {name}={want}, got shape {probs.shape}")
     return prediction_checks.probs_field("human_probs", probs, probs.shape[0])
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
 
 
 def attach_human_probs(
@@ -349,9 +336,7 @@ def attach_human_probs(
   predictions = load_predictions(predictions_path)
   if isinstance(human_probs, (str, os.PathLike)):
     human_probs = load_human_probs(
-      human_probs,
-      num_examples=predictions.num_examples,
-      num_classes=predictions.num_classes,
+      human_probs, num_examples=predictions.num_examples, num_classes=predictions.num_classes
     )
   updated = dataclasses.replace(predictions, human_probs=human_probs)
   target = predictions_path if output_path is None else output_path

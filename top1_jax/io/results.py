@@ -18,22 +18,9 @@ if TYPE_CHECKING:  # etils is imported only for a URL (see io.files)
   from etils import epath
 
 COLUMNS = (
-  "dataset",
-  "model",
-  "method",
-  "train_dropout_rate",
-  "dropout_rate",
-  "num_samples",
-  "ensemble_size",
-  "seed",
-  "source",
-  "shift",
-  "severity",
-  "score",
-  "topk",
-  "estimator",
-  "n_bins",
-  "alpha",
+  *("dataset", "model", "method", "train_dropout_rate", "dropout_rate", "num_samples"),
+  *("ensemble_size", "seed", "source", "shift", "severity", "score", "topk", "estimator"),
+  *("n_bins", "alpha"),
 )
 """results.csv's settings columns, in order; the metrics' columns follow (``METRIC_COLUMNS``).
 
@@ -128,17 +115,19 @@ def parse_csv(text: str, name: str) -> list[dict[str, Any]]:
   """
   rows = []
   for line, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
-    try:
+    with files.named(f"{name}, line {line}"):
       rows.append({column: _cell(column, value or "") for column, value in row.items()})
-    except ValueError as e:
-      raise ValueError(f"{name}, line {line}: {e}") from None
   return rows
 
 
-def _not_evaluated(workdir, name: str) -> FileNotFoundError:
-  return FileNotFoundError(
-    f"{workdir}: no {name} (run top1_jax.launch.evaluate with --workdir={workdir} first)"
-  )
+def _evaluated(workdir, name: str) -> epath.Path:
+  """The work dir's file ``name``, which ``launch.evaluate`` writes: FileNotFoundError if none."""
+  path = files.as_path(workdir) / name
+  if not path.exists():
+    raise FileNotFoundError(
+      f"{workdir}: no {name} (run top1_jax.launch.evaluate with --workdir={workdir} first)"
+    )
+  return path
 
 
 def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -148,12 +137,9 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
     FileNotFoundError: no such work dir, or no ``results.csv`` / ``results.json`` in it.
     ValueError: a file that does not parse, or a CSV without the ``COLUMNS``.
   """
-  root = files.as_path(workdir)
-  if not root.is_dir():
+  if not files.as_path(workdir).is_dir():
     raise FileNotFoundError(f"{workdir}: no such work dir")
-  csv_path = root / "results.csv"
-  if not csv_path.exists():
-    raise _not_evaluated(workdir, "results.csv")
+  csv_path = _evaluated(workdir, "results.csv")
   text = files.read_text(csv_path)
   header = next(csv.reader(io.StringIO(text)), [])
   missing = [column for column in COLUMNS if column not in header and column not in UNSHIFTED]
@@ -163,9 +149,7 @@ def read_results(workdir: epath.PathLike) -> tuple[list[dict[str, Any]], dict[st
       "top1_jax.launch.evaluate? run it again there)"
     )
   rows = [{**UNSHIFTED, **row} for row in parse_csv(text, str(csv_path))]
-  json_path = root / "results.json"
-  if not json_path.exists():
-    raise _not_evaluated(workdir, "results.json")
+  json_path = _evaluated(workdir, "results.json")
   results = files.read_json(json_path)
   if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
     raise ValueError(f"{json_path}: expected a JSON object with a 'config' object")
@@ -187,9 +171,7 @@ def read_tables(workdir: epath.PathLike) -> dict[str, list[dict[str, Any]]]:
     FileNotFoundError: no ``results.json`` in the work dir.
     ValueError: one of ``TABLES`` that is not a list of JSON objects with a ``source``.
   """
-  path = files.as_path(workdir) / "results.json"
-  if not path.exists():
-    raise _not_evaluated(workdir, "results.json")
+  path = _evaluated(workdir, "results.json")
   saved = files.read_json(path)
   if not isinstance(saved, dict):
     raise ValueError(f"{path}: expected a JSON object, got {type(saved).__name__}")

@@ -1,31 +1,23 @@
 """A predictions file read a chunk of examples at a time, so [S, N, K] is never held whole.
 
-``np.savez`` stores each array as an uncompressed ``.npy`` member of a zip
-archive, so the bytes of examples [a, b) of each sample lie at a known offset:
-``PredictionsReader`` finds it (the zip entry's local header, then the ``.npy``
-header) and reads only those bytes. A file in an object store (``gs://``, ``s3://``,
-through ``epath``) is first downloaded, in one sequential read, into a temporary
-file (its SHA-1 taken on the way): a chunk of examples is S separate byte ranges,
-one request each, thousands for an ImageNet MC-dropout file. A zip-compressed
-member (``np.savez_compressed``) has no offsets to read at: it is inflated once,
-as a stream, into a temporary file (larger than ``IN_MEMORY_BYTES``) or into
-memory, and read from there. A stored member in an unusual layout (Fortran-
-ordered) is read whole. Both kinds are named in ``PredictionsReader.read_whole``.
-Temporary files go to ``tempfile.gettempdir()`` ($TMPDIR) and are deleted when
-the reader closes.
+``np.savez`` stores each array as an uncompressed ``.npy`` member of a zip archive, so
+examples [a, b) of each sample lie at a known offset (past the zip entry's local header and
+the ``.npy`` header): ``PredictionsReader`` reads only those bytes. A file in an object store
+(``gs://``, ``s3://``, through ``epath``) is first downloaded in one sequential read (its
+SHA-1 taken on the way) into a temporary file: else a chunk would be S byte-range requests,
+thousands for an ImageNet MC-dropout file. A zip-compressed member (``np.savez_compressed``)
+is inflated once, as a stream, into memory or (over ``IN_MEMORY_BYTES``) a temporary file; a
+stored member in an unusual layout (Fortran order) is read whole; ``read_whole`` names both
+kinds. Temporary files go to ``tempfile.gettempdir()`` ($TMPDIR), deleted at ``close``.
 
-Every chunk is a validated ``predictions.Predictions`` of its examples, so a
-file's values get the same checks (finite, label range, rows summing to 1) as a
-full load, one chunk at a time; the checks of the file as a whole (fields,
-shapes, agreement of N and K, meta) run when the reader opens, after those of the
-archive (``prediction_checks.archive_members``: each field once, each ``.npy``
-header declaring the bytes its member holds).
+Each chunk is a validated ``predictions.Predictions`` (finite values, label range, rows
+summing to 1); the checks of the file as a whole (fields, shapes, N and K, meta) run when
+the reader opens, after those of the archive (``prediction_checks.archive_members``).
 
-Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; the
-members read at their offsets get theirs taken as their bytes are read, in order,
-and compared when the last example is read (``PredictionsReader.chunks``), so a
-corrupt file is refused as ``load_predictions`` refuses it, and the reader still
-never holds the file.
+Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; a member read at
+its offsets has its CRC-32 taken as its bytes are read, in order, and compared once the
+last example is read (``PredictionsReader.chunks``): a corrupt file is refused as
+``load_predictions`` refuses it, without the reader ever holding the file.
 """
 
 import concurrent.futures
@@ -38,7 +30,6 @@ import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 from etils import epath
@@ -139,8 +130,8 @@ def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", dige
 
 
 def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
-  """An uncompressed member read at its offset in the archive, its CRC-32 checked as it
-  is read (``_Crc``); None if unusual. ``header``: ``prediction_checks.member_header``'s."""
+  """An uncompressed member read at its offset in the archive, its CRC-32 taken as it is
+  read (``zip_crc.RunningCrc``); None if unusual. ``header``: ``member_header``'s."""
   shape, fortran_order, dtype, header_bytes = header
   if info.compress_type != zipfile.ZIP_STORED or fortran_order or len(shape) not in (1, 2, 3):
     return None
@@ -167,21 +158,12 @@ def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Me
       return _Member(value.shape, value.dtype, array=value)
     advice = ", or write the file with np.savez"
     file = _temporary_copy(data, info.file_size, spill, "inflating it", advice)
-  member = _npy_member(file)
-  if member is None:  # e.g. Fortran order: not readable by rows, so into memory after all
-    file.seek(0)
-    value = np.lib.format.read_array(file, allow_pickle=False)
-    return _Member(value.shape, value.dtype, array=value)
-  member.file = file
-  return member
-
-
-def _npy_member(file) -> _Member | None:
-  """The ``.npy`` array whose header starts at ``file``'s position; None if unusual."""
   shape, fortran_order, dtype = prediction_checks.npy_header(file)
   if fortran_order or dtype.hasobject or len(shape) not in (1, 2, 3):
-    return None
-  return _Member(shape, dtype, offset=file.tell())
+    file.seek(0)  # not readable by rows, so into memory after all
+    value = np.lib.format.read_array(file, allow_pickle=False)
+    return _Member(value.shape, value.dtype, array=value)
+  return _Member(shape, dtype, offset=file.tell(), file=file)
 
 
 def file_sha1(path: epath.PathLike) -> str:
@@ -255,13 +237,8 @@ class PredictionsReader:
     if members is None:
       # Not a zip archive: a full load, checked as a whole (its error names the problem).
       predictions = predictions_lib.load_predictions(self.path)
-      members = {
-        "labels": predictions.labels,
-        "logits": predictions.logits,
-        "mean_probs": predictions.mean_probs,
-        "human_probs": predictions.human_probs,
-        **{f"{SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()},
-      }
+      members = {k: getattr(predictions, k) for k in prediction_checks.ARRAY_FIELDS}
+      members |= {f"{SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()}
       members = {k: _Member(v.shape, v.dtype, array=v) for k, v in members.items() if v is not None}
       self.meta, self._members_by_name = dict(predictions.meta), members
       self.read_whole = tuple(k for k in members if k != "labels")
@@ -285,10 +262,8 @@ class PredictionsReader:
         except _READ_ERRORS as e:
           raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
         if key == "meta":
-          try:
+          with files.named(self.path):
             self.meta = prediction_checks.read_meta(member.array)
-          except ValueError as e:
-            raise ValueError(f"{self.path}: {e}") from None
           continue
         members[key] = member
     self._members_by_name = members
@@ -298,26 +273,21 @@ class PredictionsReader:
   def _check_fields(self) -> None:
     """The file as a whole: known fields, labels, and N and K agreeing across fields."""
     members = self._members_by_name
-    for key in members:
-      try:
+    with files.named(self.path):
+      for key in members:
         prediction_checks.check_field_name(key)
-      except ValueError as e:
-        raise ValueError(f"{self.path}: {e}") from None
     if "labels" not in members:
       raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
-    labels = members["labels"]
-    if labels.array is None:  # read whole: its CRC-32 is checked now
-      if labels.crc is not None:
-        labels.crc.restart(labels.outer)
-      queued = []
-      labels = self._rows("labels", labels, 0, labels.num, queued)
-      zip_crc.update(queued)
-      self._check_crc(["labels"])
-    else:
-      labels = labels.array
+    labels, queued = members["labels"], []
+    if labels.crc is not None:  # read whole now, so its CRC-32 is checked now
+      labels.crc.restart(labels.outer)
+    labels = self._rows("labels", labels, 0, labels.num, queued)
+    zip_crc.update(queued)
+    self._check_crc(["labels"])
     if labels.ndim != 1 or labels.shape[0] == 0 or labels.dtype.kind not in "iu":
       # Predictions checks the labels before any other field: its message names the problem.
-      self._validate(None, labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
+      with files.named(self.path):
+        predictions_lib.Predictions(labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
     num = labels.shape[0]
     for key, member in members.items():
       axis = 1 if len(member.shape) == 3 else 0
@@ -329,20 +299,12 @@ class PredictionsReader:
     # The first example checks each field's dtype, rank and K, and the meta.
     self.labels = labels
     first = self._chunk(0, 1, where="")
-    try:
+    with files.named(self.path):
       self.labels = validation.labels_array("labels", labels, first.num_classes, host=True)
-    except ValueError as e:
-      raise ValueError(f"{self.path}: {e}") from None
     self.num_examples, self.num_classes = num, first.num_classes
     self.num_samples, self.score_names = first.num_samples, tuple(first.scores)
     arrays = prediction_checks.ARRAY_FIELDS[1:]  # all but the labels
     self.fields = tuple(k for k in arrays if getattr(first, k) is not None)
-
-  def _validate(self, where: str | None, **fields: Any) -> predictions_lib.Predictions:
-    try:
-      return predictions_lib.Predictions(meta=self.meta, **fields)
-    except ValueError as e:
-      raise ValueError(f"{self.path}: {e}{where or ''}") from None
 
   def _check_crc(self, keys, read: bool = False) -> None:
     """Refuses the file when a member of ``keys`` read whole and in order (or, with
@@ -370,15 +332,13 @@ class PredictionsReader:
   ) -> predictions_lib.Predictions:
     arrays = {"labels": self.labels[start:stop], "scores": {}}
     for key, member in self._members_by_name.items():
-      if key.startswith(SCORE_PREFIX):
-        arrays["scores"][key.removeprefix(SCORE_PREFIX)] = self._rows(
-          key, member, start, stop, queue
-        )
-      elif key != "labels":
-        arrays[key] = self._rows(key, member, start, stop, queue)
+      if key != "labels":
+        into = arrays["scores"] if key.startswith(SCORE_PREFIX) else arrays
+        into[key.removeprefix(SCORE_PREFIX)] = self._rows(key, member, start, stop, queue)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
-    return self._validate(where, **arrays)
+    with files.named(self.path, where):
+      return predictions_lib.Predictions(meta=self.meta, **arrays)
 
   def chunks(self, chunk_size: int) -> Iterator[tuple[int, predictions_lib.Predictions]]:
     """(start, ``Predictions`` of examples [start, start + chunk_size)), in order; the

@@ -11,12 +11,12 @@ import os
 import pathlib
 import re
 import socket
-import threading
 
 import numpy as np
 from etils import epath
 
 from top1_jax.core import validation
+from top1_jax.io import files
 from top1_jax.io.splits import (
   INSTALL_FASHION_MNIST,
   INSTALL_TENSORFLOW,
@@ -55,19 +55,12 @@ def network_available(
   if host is None:
     host, default_port = _proxy_address() or _NETWORK_PROBE
   port = default_port if port is None else port
-  result: list[bool] = []
 
-  def probe() -> None:
-    try:
-      with socket.create_connection((host, port), timeout=timeout):
-        result.append(True)
-    except OSError:
-      result.append(False)
+  def probe() -> bool:
+    with socket.create_connection((host, port), timeout=timeout):
+      return True
 
-  thread = threading.Thread(target=probe, name="top1_jax-network-probe", daemon=True)
-  thread.start()
-  thread.join(timeout)
-  return bool(result and result[0])
+  return files.in_daemon_thread(probe, timeout, "top1_jax-network-probe")[0] is True
 
 
 def _import_tfds():
