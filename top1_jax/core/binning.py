@@ -140,16 +140,11 @@ def _bins(edges: jax.Array, by_outcome: jax.Array) -> Bins:
   return Bins(edges, counts, hits, prob, prior, jnp.sum(counts > 0).astype(jnp.int32))
 
 
-def _count(edges: jax.Array, u: jax.Array, correct: jax.Array) -> Bins:
-  return _bins(edges, _count_by_outcome(edges, u, correct))
-
-
 @jax.jit
-def _count_padded(edges, u, correct, num_skipped) -> Bins:
+def _count(edges, u, correct, num_skipped=0) -> Bins:
   return _bins(edges, _count_by_outcome(edges, u, correct, num_skipped))
 
 
-_count_jit = jax.jit(_count)
 _count_by_outcome_jit = jax.jit(_count_by_outcome)
 _bins_jit = jax.jit(_bins)
 
@@ -184,8 +179,8 @@ def _pad_front(values: np.ndarray, size: int) -> np.ndarray:
 def _count_host(edges: np.ndarray, u: np.ndarray, correct: np.ndarray) -> Bins:
   num = u.shape[0]
   if num <= _CHUNK:
-    size = min(bucket_size(num), _CHUNK)
-    return _count_padded(edges, _pad_front(u, size), _pad_front(correct, size), size - num)
+    size = bucket_size(num)  # at most _CHUNK, a power of two
+    return _count(edges, _pad_front(u, size), _pad_front(correct, size), size - num)
   parts = [
     _count_by_outcome_jit(edges, u[piece], correct[piece], skipped)
     for piece, skipped in _chunks(num)
@@ -346,7 +341,7 @@ def predict(bins: Bins, u: ArrayLike) -> jax.Array:
   if not on_cpu:
     return _predict(bins, u)
   if u.shape[0] <= _CHUNK:
-    size = min(bucket_size(u.shape[0]), _CHUNK)
+    size = bucket_size(u.shape[0])
     return _predict(bins, _pad_front(np.asarray(u), size))[size - u.shape[0] :]
   out = jnp.empty(u.shape, bins.prob.dtype)
   for piece, _ in _chunks(u.shape[0]):  # the overlap is written twice, with the same values
@@ -361,7 +356,7 @@ def refit(bins: Bins, u: ArrayLike, correct: ArrayLike) -> Bins:
   u, correct = _check_scores(u, correct)
   if on_cpu:
     return _count_host(bins.edges, np.asarray(u), np.asarray(correct))
-  return _count_jit(bins.edges, u, correct)
+  return _count(bins.edges, u, correct)
 
 
 def confidence_bounds(

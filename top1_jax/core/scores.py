@@ -235,9 +235,8 @@ def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool
       + terms
     )
 
-  rows = row_blocks.block_rows(log_probs.shape[-1])
   arrays = (log_probs,) if labels is None else (log_probs, labels)
-  values = row_blocks.map_row_blocks(block_scores, arrays, rows)
+  values = row_blocks.map_row_blocks(block_scores, arrays)
   keys = names + [topk_name(k) for k in ks] + with_labels
   terms = events.LabelTerms(*values[len(keys) :]) if label_terms else None
   return dict(zip(keys, values[: len(keys)], strict=True)), terms

@@ -31,15 +31,6 @@ def is_floating(dtype) -> bool:
   return jnp.issubdtype(dtype, jnp.floating)
 
 
-def _first_line(error: Exception) -> str:
-  return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def _hint(error: Exception) -> str:
-  # torch refuses to convert a tensor that requires grad (a RuntimeError).
-  return "; call .detach() on the tensor first" if "requires grad" in str(error) else ""
-
-
 def as_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
 ) -> jax.Array | np.ndarray:
@@ -52,7 +43,10 @@ def as_array(
     try:
       converted = np.asarray(x)
     except (TypeError, ValueError, RuntimeError) as e:
-      raise ValueError(f"{name}: cannot convert to an array ({_first_line(e)}){_hint(e)}") from None
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      # torch refuses to convert a tensor that requires grad (a RuntimeError).
+      hint = "; call .detach() on the tensor first" if "requires grad" in str(e) else ""
+      raise ValueError(f"{name}: cannot convert to an array ({first}){hint}") from None
     if not (converted.dtype.kind in "biu" or is_floating(converted.dtype)):
       raise ValueError(f"{name}: expected a real-valued array, got dtype {converted.dtype}")
     arr = converted if host else jnp.asarray(converted)
