@@ -216,17 +216,14 @@ def _zeros_as_positive_zero(raw_edges, xp):
 
 def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
   """``Bins.edges`` of host scores: the quantile order statistics, ties merged."""
-  ranks = _edge_ranks(u.shape[0], n_bins) - 1  # 0-based positions in sorted order
-  if ranks.shape[0] == 0:
-    raw = u[:0]
-  elif ranks.shape[0] == 1:
-    # One order statistic: NumPy's vectorised quickselect costs a fraction of a sort.
-    raw = np.partition(u, ranks)[ranks]
-  else:
-    # Several: NumPy's many-kth partition is a scalar introselect per kth, slower than
-    # its vectorised sort; the values at the ranks are the same either way.
-    raw = np.sort(u)[ranks]
-  return _merged_ties(_zeros_as_positive_zero(raw, np)[None])[0]
+  if n_bins > 2:
+    # NumPy's many-kth partition is a scalar introselect per kth, slower than its
+    # vectorised sort; the values at the ranks are the same either way.
+    return _edges_of_sorted(np.sort(u), np.array([u.shape[0]]), n_bins)[0]
+  # At most one order statistic (no ties to merge): NumPy's vectorised quickselect
+  # costs a fraction of a sort.
+  ranks = _edge_ranks(u.shape[0], n_bins) - 1
+  return _zeros_as_positive_zero(np.partition(u, ranks)[ranks] if n_bins == 2 else u[:0], np)
 
 
 def _merged_ties(raw: np.ndarray) -> np.ndarray:
@@ -275,8 +272,7 @@ def fit(
     return _fit(u, correct, n_bins)
   # The scores as the jitted path sees them (e.g. float64 becomes float32 without
   # x64), so both select the same order statistics and merge the same ties.
-  u = np.asarray(u)
-  u = validation.in_device_dtype(u)
+  u = validation.in_device_dtype(np.asarray(u))
   return _count_host(_host_edges(u, n_bins), u, np.asarray(correct))
 
 

@@ -221,8 +221,7 @@ def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool
   """Every score of the log-probabilities (and ``events.LabelTerms``), by cache-sized
   blocks of rows: not the whole [N, K] array from memory once per score."""
   names = [s.name for s in REGISTRY.values() if s.inputs == "log_probs" and not s.per_k]
-  oracles = [s.name for s in REGISTRY.values() if s.inputs == "labels"]
-  with_labels = [] if labels is None else oracles
+  with_labels = [] if labels is None else [n for n, s in REGISTRY.items() if s.inputs == "labels"]
   ks = [k for k in topk if k >= 2]
 
   def block_scores(block, *block_labels):

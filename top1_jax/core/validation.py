@@ -175,9 +175,7 @@ def labels_array(
 ) -> jax.Array | np.ndarray:
   """Int32 class labels in [0, num_classes), range-checked in the input's own dtype (so
   that 2**32 + 3 is an error, not a class that wrapped around)."""
-  if x is None:
-    raise ValueError(f"{name}: expected an array, got None")
-  if isinstance(x, jax.Array) and is_traced(x):
+  if is_traced(x):
     arr = as_array(name, x, 1)
     if not jnp.issubdtype(arr.dtype, jnp.integer):
       raise ValueError(f"{name}: expected integer class labels, got dtype {arr.dtype}")
