@@ -60,9 +60,7 @@ def _in_host_memory(x) -> bool:
 
 def _runs_on_cpu(x) -> bool:
   """Whether jitted work on ``x`` runs on the CPU (host data goes to the default backend)."""
-  if isinstance(x, jax.Array) or validation.is_traced(x):
-    return _in_host_memory(x)
-  return jax.default_backend() == "cpu"
+  return _in_host_memory(x) and (isinstance(x, jax.Array) or jax.default_backend() == "cpu")
 
 
 def checked_bins(bins, name: str = "bins") -> Bins:

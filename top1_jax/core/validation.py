@@ -207,12 +207,11 @@ def sum_tolerance(dtype) -> float:
   """``SUM_TOLERANCE``, or the epsilon of a coarser floating ``dtype`` (bfloat16's 2^-7:
   its rounding alone moves a row's sum by up to 2^-8)."""
   try:
-    floating = dtype is not None and is_floating(dtype)
+    if dtype is not None and is_floating(dtype):
+      return max(SUM_TOLERANCE, float(jnp.finfo(dtype).eps))
   except TypeError:  # not a NumPy dtype (a torch tensor's): its array is converted to one
-    floating = False
-  if not floating:
-    return SUM_TOLERANCE
-  return max(SUM_TOLERANCE, float(jnp.finfo(dtype).eps))
+    pass
+  return SUM_TOLERANCE
 
 
 ROUNDING = 5e-4
