@@ -6,10 +6,8 @@ run in milliseconds; compile time is much of a first evaluate's (docs/performanc
 
 import jax
 
-SMALL_PROGRAM_OPTIONS = {"xla_backend_optimization_level": 0}
-
 
 def jit_small(fun):
-  """``jax.jit`` with ``SMALL_PROGRAM_OPTIONS``, a decorator; only outside ``jit`` (JAX
-  refuses compiler options on a nested one)."""
-  return jax.jit(fun, compiler_options=SMALL_PROGRAM_OPTIONS)
+  """``jax.jit`` at XLA backend optimisation level 0, a decorator; only outside ``jit``
+  (JAX refuses compiler options on a nested one)."""
+  return jax.jit(fun, compiler_options={"xla_backend_optimization_level": 0})
