@@ -87,9 +87,8 @@ def block_label_terms(logits: jax.Array, labels: jax.Array) -> LabelTerms:
 
 @jax.jit
 def _label_terms(logits: jax.Array, labels: jax.Array) -> LabelTerms:
-  return LabelTerms(
-    *row_blocks.map_row_blocks(lambda *b: tuple(block_label_terms(*b)), (logits, labels))
-  )
+  terms = row_blocks.map_row_blocks(lambda *b: tuple(block_label_terms(*b)), (logits, labels))
+  return LabelTerms(*terms)
 
 
 def label_terms(logits: ArrayLike, labels: ArrayLike) -> LabelTerms:

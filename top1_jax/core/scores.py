@@ -361,12 +361,8 @@ def from_predictions(
     log_probs = jax.ShapeDtypeStruct(samples.shape[1:], samples.dtype)
     if samples.shape[-1] < 2:
       raise ValueError(f"logits: expected at least 2 classes, got shape {log_probs.shape}")
-    validation.refuse_probabilities(
-      "logits",
-      samples,
-      "pass mean_probs=probs, or logits=log(probs) for [S, N, K] samples",
-      given=logits,
-    )
+    fix = "pass mean_probs=probs, or logits=log(probs) for [S, N, K] samples"
+    validation.refuse_probabilities("logits", samples, fix, given=logits)
     topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
     log_probs, values, terms = of_samples(samples, human_probs, labels, topk, label_terms)
   elif mean_probs is not None:
