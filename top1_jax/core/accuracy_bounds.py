@@ -28,7 +28,7 @@ def _counts(name: str, value: ArrayLike) -> jax.Array:
     whole = np.isfinite(arr) & (arr == np.round(arr)) if arr.dtype.kind == "f" else True
     if not np.all(whole) or arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
       raise ValueError(f"{name}: expected whole counts in [0, 2**31), got {value!r}")
-  return arr.astype(jnp.int32) if validation.is_traced(arr) else np.asarray(arr).astype(np.int32)
+  return arr.astype(np.int32)  # a NumPy array unless traced
 
 
 def _beta_quantile(q: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:

@@ -60,9 +60,7 @@ def _in_host_memory(x) -> bool:
 
 def _runs_on_cpu(x) -> bool:
   """Whether jitted work on ``x`` runs on the CPU (host data goes to the default backend)."""
-  if isinstance(x, jax.Array) or validation.is_traced(x):
-    return _in_host_memory(x)
-  return jax.default_backend() == "cpu"
+  return _in_host_memory(x) and (isinstance(x, jax.Array) or jax.default_backend() == "cpu")
 
 
 def checked_bins(bins, name: str = "bins") -> Bins:
@@ -140,16 +138,11 @@ def _bins(edges: jax.Array, by_outcome: jax.Array) -> Bins:
   return Bins(edges, counts, hits, prob, prior, jnp.sum(counts > 0).astype(jnp.int32))
 
 
-def _count(edges: jax.Array, u: jax.Array, correct: jax.Array) -> Bins:
-  return _bins(edges, _count_by_outcome(edges, u, correct))
-
-
 @jax.jit
-def _count_padded(edges, u, correct, num_skipped) -> Bins:
+def _count(edges, u, correct, num_skipped=0) -> Bins:
   return _bins(edges, _count_by_outcome(edges, u, correct, num_skipped))
 
 
-_count_jit = jax.jit(_count)
 _count_by_outcome_jit = jax.jit(_count_by_outcome)
 _bins_jit = jax.jit(_bins)
 
@@ -184,8 +177,8 @@ def _pad_front(values: np.ndarray, size: int) -> np.ndarray:
 def _count_host(edges: np.ndarray, u: np.ndarray, correct: np.ndarray) -> Bins:
   num = u.shape[0]
   if num <= _CHUNK:
-    size = min(bucket_size(num), _CHUNK)
-    return _count_padded(edges, _pad_front(u, size), _pad_front(correct, size), size - num)
+    size = bucket_size(num)  # at most _CHUNK, a power of two
+    return _count(edges, _pad_front(u, size), _pad_front(correct, size), size - num)
   parts = [
     _count_by_outcome_jit(edges, u[piece], correct[piece], skipped)
     for piece, skipped in _chunks(num)
@@ -221,17 +214,14 @@ def _zeros_as_positive_zero(raw_edges, xp):
 
 def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
   """``Bins.edges`` of host scores: the quantile order statistics, ties merged."""
-  ranks = _edge_ranks(u.shape[0], n_bins) - 1  # 0-based positions in sorted order
-  if ranks.shape[0] == 0:
-    raw = u[:0]
-  elif ranks.shape[0] == 1:
-    # One order statistic: NumPy's vectorised quickselect costs a fraction of a sort.
-    raw = np.partition(u, ranks)[ranks]
-  else:
-    # Several: NumPy's many-kth partition is a scalar introselect per kth, slower than
-    # its vectorised sort; the values at the ranks are the same either way.
-    raw = np.sort(u)[ranks]
-  return _merged_ties(_zeros_as_positive_zero(raw, np)[None])[0]
+  if n_bins > 2:
+    # NumPy's many-kth partition is a scalar introselect per kth, slower than its
+    # vectorised sort; the values at the ranks are the same either way.
+    return _edges_of_sorted(np.sort(u), np.array([u.shape[0]]), n_bins)[0]
+  # At most one order statistic (no ties to merge): NumPy's vectorised quickselect
+  # costs a fraction of a sort.
+  ranks = _edge_ranks(u.shape[0], n_bins) - 1
+  return _zeros_as_positive_zero(np.partition(u, ranks)[ranks] if n_bins == 2 else u[:0], np)
 
 
 def _merged_ties(raw: np.ndarray) -> np.ndarray:
@@ -280,8 +270,7 @@ def fit(
     return _fit(u, correct, n_bins)
   # The scores as the jitted path sees them (e.g. float64 becomes float32 without
   # x64), so both select the same order statistics and merge the same ties.
-  u = np.asarray(u)
-  u = validation.in_device_dtype(u)
+  u = validation.in_device_dtype(np.asarray(u))
   return _count_host(_host_edges(u, n_bins), u, np.asarray(correct))
 
 
@@ -346,7 +335,7 @@ def predict(bins: Bins, u: ArrayLike) -> jax.Array:
   if not on_cpu:
     return _predict(bins, u)
   if u.shape[0] <= _CHUNK:
-    size = min(bucket_size(u.shape[0]), _CHUNK)
+    size = bucket_size(u.shape[0])
     return _predict(bins, _pad_front(np.asarray(u), size))[size - u.shape[0] :]
   out = jnp.empty(u.shape, bins.prob.dtype)
   for piece, _ in _chunks(u.shape[0]):  # the overlap is written twice, with the same values
@@ -361,7 +350,7 @@ def refit(bins: Bins, u: ArrayLike, correct: ArrayLike) -> Bins:
   u, correct = _check_scores(u, correct)
   if on_cpu:
     return _count_host(bins.edges, np.asarray(u), np.asarray(correct))
-  return _count_jit(bins.edges, u, correct)
+  return _count(bins.edges, u, correct)
 
 
 def confidence_bounds(

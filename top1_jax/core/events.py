@@ -25,10 +25,7 @@ def block_softmax_terms(logits, row_max, labels, temperature=None):
 
 def _label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
   # By cache-sized blocks: its compare-and-count pass reads each block once from cache.
-  rows = row_blocks.block_rows(logits.shape[-1])
-  return row_blocks.map_row_blocks(
-    lambda *b: (top_entries.label_rank(*b),), (logits, labels), rows
-  )[0]
+  return row_blocks.map_row_blocks(lambda *b: (top_entries.label_rank(*b),), (logits, labels))[0]
 
 
 @jax.jit
@@ -90,10 +87,8 @@ def block_label_terms(logits: jax.Array, labels: jax.Array) -> LabelTerms:
 
 @jax.jit
 def _label_terms(logits: jax.Array, labels: jax.Array) -> LabelTerms:
-  rows = row_blocks.block_rows(logits.shape[-1])
-  return LabelTerms(
-    *row_blocks.map_row_blocks(lambda *b: tuple(block_label_terms(*b)), (logits, labels), rows)
-  )
+  terms = row_blocks.map_row_blocks(lambda *b: tuple(block_label_terms(*b)), (logits, labels))
+  return LabelTerms(*terms)
 
 
 def label_terms(logits: ArrayLike, labels: ArrayLike) -> LabelTerms:

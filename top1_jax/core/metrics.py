@@ -228,7 +228,8 @@ _nll_of_counts = jax.jit(nll_from_counts)
 _eor_from_probs = jax.jit(eor_from_probs)
 
 
-def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
+def _of_bin_pair(of_counts, train_bins: Bins, test_bins: Bins):
+  """``of_counts`` of ``train_bins``' predictions on the test bins' counts, both checked."""
   binning.checked_bins(train_bins, "train_bins")
   binning.checked_bins(test_bins, "test_bins")
   if train_bins.n_bins != test_bins.n_bins:
@@ -237,6 +238,7 @@ def _check_bin_pair(train_bins: Bins, test_bins: Bins) -> None:
     )
   if not validation.is_traced(test_bins.counts) and not np.sum(np.asarray(test_bins.counts)) > 0:
     raise ValueError("test_bins: no examples were counted")
+  return of_counts(train_bins.prob, test_bins.counts, test_bins.hits)
 
 
 def ece(
@@ -253,24 +255,17 @@ def ece(
 def binned_ece(train_bins: Bins, test_bins: Bins) -> float:
   """ECE sum_i w_i^test |p_i^test - p_i^train| (paper eq. CE) of fitted bins on test bins,
   e.g. ``binning.refit(train_bins, u, c)``."""
-  _check_bin_pair(train_bins, test_bins)
-  return float(_ece_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
-
-
-def _floats(parts: Decomposition) -> Decomposition:
-  return Decomposition(*(float(part) for part in parts))
+  return float(_of_bin_pair(_ece_of_counts, train_bins, test_bins))
 
 
 def brier_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
   """Brier score of ``train_bins``' predictions on the test bins, decomposed (§4)."""
-  _check_bin_pair(train_bins, test_bins)
-  return _floats(_brier_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
+  return Decomposition(*map(float, _of_bin_pair(_brier_of_counts, train_bins, test_bins)))
 
 
 def nll_decomposition(train_bins: Bins, test_bins: Bins) -> Decomposition:
   """NLL of ``train_bins``' predictions on the test bins, decomposed (§4)."""
-  _check_bin_pair(train_bins, test_bins)
-  return _floats(_nll_of_counts(train_bins.prob, test_bins.counts, test_bins.hits))
+  return Decomposition(*map(float, _of_bin_pair(_nll_of_counts, train_bins, test_bins)))
 
 
 @jax.jit

@@ -172,14 +172,13 @@ def as_log_probs(x: ArrayLike, inputs: str = "auto", *, name: str = "x", ndim=(2
   """
   if inputs not in INPUTS:
     raise ValueError(f"inputs: expected one of {', '.join(INPUTS)}, got {inputs!r}")
-  if inputs == "auto":
+  if inputs != "probs":
     arr = validation.float_array(name, x, ndim, host=True)
+  if inputs == "auto":
     inputs = input_kind(name, arr, getattr(x, "dtype", None))
   if inputs == "probs":
     # Checked once, in x's own dtype (a bfloat16 row's sum gets bfloat16's tolerance).
     arr = log_probs_from_probs(validation.as_array(name, x, ndim, host=True), name=name)
-  else:
-    arr = validation.float_array(name, x, ndim, host=True)
   if arr.shape[-1] < 2:
     raise ValueError(f"{name}: expected at least 2 classes on the last axis, got shape {arr.shape}")
   if inputs == "logits":  # probabilities run as logits give other numbers, silently

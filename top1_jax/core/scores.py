@@ -221,8 +221,7 @@ def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool
   """Every score of the log-probabilities (and ``events.LabelTerms``), by cache-sized
   blocks of rows: not the whole [N, K] array from memory once per score."""
   names = [s.name for s in REGISTRY.values() if s.inputs == "log_probs" and not s.per_k]
-  oracles = [s.name for s in REGISTRY.values() if s.inputs == "labels"]
-  with_labels = [] if labels is None else oracles
+  with_labels = [] if labels is None else [n for n, s in REGISTRY.items() if s.inputs == "labels"]
   ks = [k for k in topk if k >= 2]
 
   def block_scores(block, *block_labels):
@@ -235,9 +234,8 @@ def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool
       + terms
     )
 
-  rows = row_blocks.block_rows(log_probs.shape[-1])
   arrays = (log_probs,) if labels is None else (log_probs, labels)
-  values = row_blocks.map_row_blocks(block_scores, arrays, rows)
+  values = row_blocks.map_row_blocks(block_scores, arrays)
   keys = names + [topk_name(k) for k in ks] + with_labels
   terms = events.LabelTerms(*values[len(keys) :]) if label_terms else None
   return dict(zip(keys, values[: len(keys)], strict=True)), terms
@@ -363,12 +361,8 @@ def from_predictions(
     log_probs = jax.ShapeDtypeStruct(samples.shape[1:], samples.dtype)
     if samples.shape[-1] < 2:
       raise ValueError(f"logits: expected at least 2 classes, got shape {log_probs.shape}")
-    validation.refuse_probabilities(
-      "logits",
-      samples,
-      "pass mean_probs=probs, or logits=log(probs) for [S, N, K] samples",
-      given=logits,
-    )
+    fix = "pass mean_probs=probs, or logits=log(probs) for [S, N, K] samples"
+    validation.refuse_probabilities("logits", samples, fix, given=logits)
     topk, human_probs, labels = _checked_extras(log_probs, topk, human_probs, labels)
     log_probs, values, terms = of_samples(samples, human_probs, labels, topk, label_terms)
   elif mean_probs is not None:

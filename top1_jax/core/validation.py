@@ -31,15 +31,6 @@ def is_floating(dtype) -> bool:
   return jnp.issubdtype(dtype, jnp.floating)
 
 
-def _first_line(error: Exception) -> str:
-  return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def _hint(error: Exception) -> str:
-  # torch refuses to convert a tensor that requires grad (a RuntimeError).
-  return "; call .detach() on the tensor first" if "requires grad" in str(error) else ""
-
-
 def as_array(
   name: str, x: ArrayLike, ndim: int | Sequence[int], *, host: bool = False
 ) -> jax.Array | np.ndarray:
@@ -52,7 +43,10 @@ def as_array(
     try:
       converted = np.asarray(x)
     except (TypeError, ValueError, RuntimeError) as e:
-      raise ValueError(f"{name}: cannot convert to an array ({_first_line(e)}){_hint(e)}") from None
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      # torch refuses to convert a tensor that requires grad (a RuntimeError).
+      hint = "; call .detach() on the tensor first" if "requires grad" in str(e) else ""
+      raise ValueError(f"{name}: cannot convert to an array ({first}){hint}") from None
     if not (converted.dtype.kind in "biu" or is_floating(converted.dtype)):
       raise ValueError(f"{name}: expected a real-valued array, got dtype {converted.dtype}")
     arr = converted if host else jnp.asarray(converted)
@@ -181,9 +175,7 @@ def labels_array(
 ) -> jax.Array | np.ndarray:
   """Int32 class labels in [0, num_classes), range-checked in the input's own dtype (so
   that 2**32 + 3 is an error, not a class that wrapped around)."""
-  if x is None:
-    raise ValueError(f"{name}: expected an array, got None")
-  if isinstance(x, jax.Array) and is_traced(x):
+  if is_traced(x):
     arr = as_array(name, x, 1)
     if not jnp.issubdtype(arr.dtype, jnp.integer):
       raise ValueError(f"{name}: expected integer class labels, got dtype {arr.dtype}")
@@ -215,12 +207,11 @@ def sum_tolerance(dtype) -> float:
   """``SUM_TOLERANCE``, or the epsilon of a coarser floating ``dtype`` (bfloat16's 2^-7:
   its rounding alone moves a row's sum by up to 2^-8)."""
   try:
-    floating = dtype is not None and is_floating(dtype)
+    if dtype is not None and is_floating(dtype):
+      return max(SUM_TOLERANCE, float(jnp.finfo(dtype).eps))
   except TypeError:  # not a NumPy dtype (a torch tensor's): its array is converted to one
-    floating = False
-  if not floating:
-    return SUM_TOLERANCE
-  return max(SUM_TOLERANCE, float(jnp.finfo(dtype).eps))
+    pass
+  return SUM_TOLERANCE
 
 
 ROUNDING = 5e-4

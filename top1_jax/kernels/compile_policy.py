@@ -4,16 +4,10 @@ XLA's backend at optimisation level 0 compiles them several times faster and the
 run in milliseconds; compile time is much of a first evaluate's (docs/performance.md).
 """
 
-import functools
-
 import jax
 
-SMALL_PROGRAM_OPTIONS = {"xla_backend_optimization_level": 0}
 
-
-def jit_small(fun=None, **jit_kwargs):
-  """``jax.jit`` with ``SMALL_PROGRAM_OPTIONS``, also as a decorator; only outside ``jit``
+def jit_small(fun):
+  """``jax.jit`` at XLA backend optimisation level 0, a decorator; only outside ``jit``
   (JAX refuses compiler options on a nested one)."""
-  if fun is None:
-    return functools.partial(jit_small, **jit_kwargs)
-  return jax.jit(fun, compiler_options=SMALL_PROGRAM_OPTIONS, **jit_kwargs)
+  return jax.jit(fun, compiler_options={"xla_backend_optimization_level": 0})

@@ -23,12 +23,13 @@ def block_rows(num_classes: int) -> int:
   return max(1, BLOCK_ELEMENTS // max(1, num_classes))
 
 
-def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array], rows: int) -> tuple:
-  """The tuple of ``fn(*blocks)``'s per-row outputs over blocks of ``rows`` rows, for all N.
-  ``fn`` must treat rows independently; ``arrays`` share their leading N >= 1. The last
-  block is shifted back to end at N, overlapping the one before, so nothing is padded."""
+def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array], rows: int | None = None) -> tuple:
+  """The tuple of ``fn(*blocks)``'s per-row outputs over blocks of ``rows`` rows, for all N
+  (None: ``block_rows`` of the first array's last axis). ``fn`` must treat rows
+  independently; ``arrays`` share their leading N >= 1. The last block is shifted back to
+  end at N, overlapping the one before, so nothing is padded."""
   num = arrays[0].shape[0]
-  rows = min(rows, num)
+  rows = min(block_rows(arrays[0].shape[-1]) if rows is None else rows, num)
   count = -(-num // rows)
   if count == 1:
     return tuple(fn(*arrays))
