@@ -45,6 +45,20 @@ def legend_columns(labels: list[str], width: float = PAGE_WIDTH) -> int:
   return max(1, min(len(labels), 5, fit))
 
 
+def panel_row(num_panels: int) -> tuple[Figure, list]:
+  """A figure of ``num_panels`` axes side by side, 3.6 inches each up to the page's width."""
+  fig = new_figure((min(3.6 * num_panels, PAGE_WIDTH), 4.4))
+  return fig, fig.subplots(1, num_panels, squeeze=False)[0]
+
+
+def legend_below(fig: Figure, handles: list, labels: list[str], **options) -> None:
+  """A figure legend under the panels in "small" text, as many columns as fit the page."""
+  columns = legend_columns(labels)
+  fig.legend(
+    handles, labels, loc="outside lower center", ncols=columns, fontsize="small", **options
+  )
+
+
 def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib.Path | epath.Path:
   """Writes ``fig`` atomically (``io.files.atomic_write``) with a tight bounding box.
 
