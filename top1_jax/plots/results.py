@@ -167,14 +167,9 @@ def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
     u = np.asarray(source.scores[score])[test]
     correct = source.correct(1)[test]
     curve = selective.risk_coverage(-u if rows[0]["order"] == "descending" else u, correct)
+    outcome = ("test_coverage", "test_accuracy", "guaranteed_accuracy")  # on the first split
     points = [
-      OperatingPoint(
-        r["target_accuracy"],
-        r["per_split"][0]["test_coverage"],
-        r["per_split"][0]["test_accuracy"],
-        r["per_split"][0]["guaranteed_accuracy"],
-      )
-      for r in rows
+      OperatingPoint(r["target_accuracy"], *(r["per_split"][0][c] for c in outcome)) for r in rows
     ]
     title = (
       f"{source.label}: {scores.label(score)}, Top-1\nfirst split's test part "
