@@ -20,7 +20,7 @@ from top1_jax.core import scores
 from top1_jax.evaluation import accuracy_estimates, crossval
 from top1_jax.io import results
 from top1_jax.plots import figures
-from top1_jax.plots.sweeps import METRIC_LABELS, PERCENT_METRICS, format_panel
+from top1_jax.plots.sweeps import format_panel
 
 CLEAN = results.CLEAN  # the unshifted test rows (severity 0): the first point of every shift
 OOD_PREFIX = "ood_"  # an out-of-distribution set's ``shift`` starts with it (``ood_digits``)
@@ -299,17 +299,12 @@ def _draw_boxes(ax, values, positions, width: float, color: str) -> None:
   if not severities:
     return
   ax.boxplot(
-    [values[s] for s in severities],
-    positions=[positions[s] for s in severities],
-    widths=width,
-    patch_artist=True,
-    manage_ticks=False,
-    boxprops={"facecolor": color, "alpha": 0.6, "linewidth": 0.8},
-    medianprops={"color": "black", "linewidth": 1.0},
-    whiskerprops={"color": color},
+    [values[s] for s in severities], positions=[positions[s] for s in severities], widths=width,
+    patch_artist=True, manage_ticks=False, medianprops={"color": "black", "linewidth": 1.0},
+    boxprops={"facecolor": color, "alpha": 0.6, "linewidth": 0.8}, whiskerprops={"color": color},
     capprops={"color": color},
     flierprops={"marker": ".", "markersize": 3, "markeredgecolor": color, "color": color},
-  )
+  )  # fmt: skip
   single = [s for s in severities if values[s].size == 1]  # the clean row: a flat box
   if single:
     x, y = [positions[s] for s in single], [values[s][0] for s in single]
@@ -504,14 +499,11 @@ def recalibration_curves(
         clean = [r for r in mine if r["shift"] == CLEAN and r["num_labels"] == 0]
         if clean:
           ax.axhline(_value(clean[0], metric), color=style["color"], linestyle=":", linewidth=1)
-      label, _ = METRIC_LABELS.get(metric, (metric, ""))
+      format_panel(ax, metric, ece_label="ECE")  # its title then names the panel
       ax.set_xticks(range(len(counts)), [f"{m}" for m in counts])  # one step per m given
-      ax.set(xlabel="labelled shifted examples m", ylabel=label)
-      if metric in PERCENT_METRICS:
-        ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
+      ax.set_xlabel("labelled shifted examples m")
       name = "corruptions (mean)" if shift == CORRUPTIONS else AXIS_LABELS[shift].split(" (")[0]
       ax.set_title(f"{name} {severity:g}", fontsize="medium")
-      ax.grid(alpha=0.3)
   names = list(styles)
   handles = [Line2D([], [], markersize=4, **styles[n]) for n in names]
   fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 4), fontsize="small")
