@@ -153,12 +153,10 @@ def reliability_diagram(
   # a few low outliers would squeeze the rest against 100%); the same range on both
   # axes keeps the diagonal at 45 degrees.
   low = max(0.0, np.floor(10 * lowest - 1e-9) / 10 - 0.02)
-  diagram_ax.set_xlim(low, 1.01)
-  diagram_ax.set_ylim(low, 1.01)
+  diagram_ax.set(xlim=(low, 1.01), ylim=(low, 1.01))
   _draw_counts(counts_ax, stats, 1.01 - low)
-  for ax in (diagram_ax, counts_ax):
-    ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
-  diagram_ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
+  for axis in (diagram_ax.xaxis, counts_ax.xaxis, diagram_ax.yaxis):
+    axis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
   if title is not None:
     after_ties = stats.counts.size if binning == "equal-mass" else None
     bins = metrics.bins_phrase(n_bins, after_ties, binning)
