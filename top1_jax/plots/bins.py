@@ -185,8 +185,7 @@ def _annotate_ends(ax: Axes, prob, lower, upper, delta: float) -> None:
   box = offsetbox.AnchoredText(
     "\n".join(lines), loc=loc, prop={"size": "small", "color": _INTERVAL_COLOR}, frameon=True
   )
-  box.patch.set_alpha(0.9)
-  box.patch.set_edgecolor("0.8")
+  box.patch.set(alpha=0.9, edgecolor="0.8")
   ax.add_artist(box)
 
 
