@@ -1,6 +1,5 @@
 """Per-bin figures: calibration and test bins of one score (paper Figs. 1 and 2)."""
 
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -35,46 +34,35 @@ def _check_bins(name: str, bins) -> None:
 
 def _check_pair(train_bins, test_bins, name: str = "") -> None:
   """Checks a (calibration, test) pair; ``name`` prefixes messages for tuple arguments."""
-  train_name = f"{name}[0]" if name else "train_bins"
-  test_name = f"{name}[1]" if name else "test_bins"
+  train_name, test_name = (f"{name}[0]", f"{name}[1]") if name else ("train_bins", "test_bins")
   _check_bins(train_name, train_bins)
   _check_bins(test_name, test_bins)
+  refit = "(count the test split with binning.refit(train_bins, ...))"
   if train_bins.n_bins != test_bins.n_bins:
-    raise ValueError(
-      f"{test_name}: expected {train_bins.n_bins} bins like {train_name}, got"
-      f" {test_bins.n_bins} (count the test split with binning.refit(train_bins, ...))"
-    )
+    got = f"got {test_bins.n_bins} {refit}"
+    raise ValueError(f"{test_name}: expected {train_bins.n_bins} bins like {train_name}, {got}")
   if not np.array_equal(np.asarray(train_bins.edges), np.asarray(test_bins.edges)):
-    raise ValueError(
-      f"{test_name}: bin edges differ from {train_name}'s"
-      " (count the test split with binning.refit(train_bins, ...))"
-    )
+    raise ValueError(f"{test_name}: bin edges differ from {train_name}'s {refit}")
 
 
-def _check_probability(name: str, value, *, open_interval: bool = False) -> float:
+def _check_probability(name: str, value, interval: str) -> float:
+  """``value`` as a float inside ``interval``: "[0, 1]" or "(0, 1)"."""
   try:
     value = float(value)
   except (TypeError, ValueError):
     raise ValueError(f"{name}: expected a number, got {value!r}") from None
-  inside = 0.0 < value < 1.0 if open_interval else 0.0 <= value <= 1.0
-  if not inside:
-    interval = "(0, 1)" if open_interval else "[0, 1]"
+  if not (0.0 < value < 1.0 if interval == "(0, 1)" else 0.0 <= value <= 1.0):
     raise ValueError(f"{name}: expected a value in {interval}, got {value}")
   return value
 
 
-def _check_choice(name: str, value, choices: Sequence) -> None:
-  if value not in choices:
-    raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
-
-
-def _check_options(
-  accuracy: float | None, delta: float, bounds: str | None
-) -> tuple[float | None, float]:
+def _check_options(accuracy, delta, bounds, order: str = "prob") -> tuple[float | None, float]:
   if accuracy is not None:
-    accuracy = _check_probability("accuracy", accuracy)
-  delta = _check_probability("delta", delta, open_interval=True)
-  _check_choice("bounds", bounds, (*BOUNDS, None))
+    accuracy = _check_probability("accuracy", accuracy, "[0, 1]")
+  delta = _check_probability("delta", delta, "(0, 1)")
+  for name, value, choices in (("bounds", bounds, (*BOUNDS, None)), ("order", order, BAR_ORDERS)):
+    if value not in choices:
+      raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
   return accuracy, delta
 
 
@@ -118,30 +106,15 @@ def _draw_intervals(
   yerr = np.stack([np.maximum(prob - lower, 0.0), np.maximum(upper - prob, 0.0)])
   many = layout.index.size > 30
   ax.errorbar(
-    layout.left + layout.width / 2,
-    prob,
-    yerr=yerr,
-    fmt="none",
-    ecolor=_INTERVAL_COLOR,
-    alpha=0.55 if many else 1.0,
-    elinewidth=0.6 if many else 1.0,
-    capsize=0 if many else 3,
+    layout.left + layout.width / 2, prob, yerr=yerr, fmt="none", ecolor=_INTERVAL_COLOR,
+    alpha=0.55 if many else 1.0, elinewidth=0.6 if many else 1.0, capsize=0 if many else 3,
     label=f"{_confidence(delta)} {_BOUND_NAMES[bounds]} interval",
-  )
+  )  # fmt: skip
   return lower, upper
 
 
-def _draw_bins(
-  ax: Axes,
-  train_bins: binning.Bins,
-  test_bins: binning.Bins,
-  accuracy: float | None,
-  delta: float,
-  bounds: str | None,
-  order: str,
-  annotate: bool,
-  event: str,
-) -> _Layout:
+def _draw_bins(ax: Axes, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event):
+  """``bin_figure``'s drawing into ``ax``, of checked arguments; returns the ``_Layout``."""
   layout = _layout(train_bins, order)
   baseline = accuracy
   if accuracy is None:
@@ -149,39 +122,28 @@ def _draw_bins(
     baseline = float(hits) / float(counts)
   ece = metrics_lib.binned_ece(train_bins, test_bins)
   # The calibration split's equal-mass bins in use (not the benchmark's equal-width ones).
-  bins = (train_bins.n_bins, "equal-mass", layout.index.size)
-  ece_name = metrics_lib.ece_name(*bins, calibration=True)
+  ece_name = metrics_lib.ece_name(
+    train_bins.n_bins, "equal-mass", layout.index.size, calibration=True
+  )
   prob = np.asarray(train_bins.prob, np.float64)[layout.index]
   test_counts = np.asarray(test_bins.counts)[layout.index]
   test_hits = np.asarray(test_bins.hits, np.float64)[layout.index]
 
+  # White gaps between many thin bars would hide the bars themselves.
+  edge = _TRAIN_COLOR if layout.index.size > 30 else "white"
   ax.bar(
-    layout.left,
-    prob - baseline,
-    layout.width,
-    bottom=baseline,
-    align="edge",
-    color=_TRAIN_COLOR,
-    # White gaps between many thin bars would hide the bars themselves.
-    edgecolor=_TRAIN_COLOR if layout.index.size > 30 else "white",
-    linewidth=0.6,
-    label="calibration bins: predicted P(correct)",
-  )
+    layout.left, prob - baseline, layout.width, bottom=baseline, align="edge", color=_TRAIN_COLOR,
+    edgecolor=edge, linewidth=0.6, label="calibration bins: predicted P(correct)",
+  )  # fmt: skip
   # Test bins are narrower and drawn in front, so the height gap to the calibration
   # bar behind is the per-bin calibration error. Empty test bins have no accuracy.
   seen = test_counts > 0
   test_acc = test_hits[seen] / test_counts[seen]
   ax.bar(
-    layout.left[seen] + 0.2 * layout.width[seen],
-    test_acc - baseline,
-    0.6 * layout.width[seen],
-    bottom=baseline,
-    align="edge",
-    color=_TEST_COLOR,
-    alpha=0.85,
-    linewidth=0,
+    layout.left[seen] + 0.2 * layout.width[seen], test_acc - baseline, 0.6 * layout.width[seen],
+    bottom=baseline, align="edge", color=_TEST_COLOR, alpha=0.85, linewidth=0,
     label=f"test bins: accuracy; {ece_name} = {ece:.2%}",
-  )
+  )  # fmt: skip
   lower = upper = None
   if bounds is not None:
     lower, upper = _draw_intervals(ax, train_bins, layout, delta, bounds)
@@ -223,8 +185,7 @@ def _annotate_ends(ax: Axes, prob, lower, upper, delta: float) -> None:
   box = offsetbox.AnchoredText(
     "\n".join(lines), loc=loc, prop={"size": "small", "color": _INTERVAL_COLOR}, frameon=True
   )
-  box.patch.set_alpha(0.9)
-  box.patch.set_edgecolor("0.8")
+  box.patch.set(alpha=0.9, edgecolor="0.8")
   ax.add_artist(box)
 
 
@@ -259,8 +220,7 @@ def bin_figure(
     ValueError: bins that are not a matching pair, or an option out of range.
   """
   _check_pair(train_bins, test_bins)
-  accuracy, delta = _check_options(accuracy, delta, bounds)
-  _check_choice("order", order, BAR_ORDERS)
+  accuracy, delta = _check_options(accuracy, delta, bounds, order)
   if ax is None:
     fig = figures.new_figure((9.0, 5.0))
     ax = fig.add_subplot()
@@ -311,16 +271,13 @@ def refinement_figure(
     bin_figure(train_bins, test_bins, **options, order="prob", title="{bins}", ax=ax)
   if overlay:
     layout = _layout(coarse[0], "prob")
+    prob = np.asarray(coarse[0].prob, np.float64)[layout.index]
+    # No baseline: stairs would otherwise close the outline with vertical edges down to 0 at
+    # both ends, a stray line along the y axis.
     axes[1].stairs(
-      np.asarray(coarse[0].prob, np.float64)[layout.index],
-      np.append(layout.left, 1.0),
-      # No baseline: stairs would otherwise close the outline with vertical edges
-      # down to 0 at both ends, a stray line along the y axis.
-      baseline=None,
-      color="0.1",
-      linewidth=1.4,
+      prob, np.append(layout.left, 1.0), baseline=None, color="0.1", linewidth=1.4,
       label=f"{layout.index.size}-bin predictions",
-    )
+    )  # fmt: skip
   for ax in axes:  # one column: two columns of these labels are wider than a panel
     _legend_below(ax, columns=1)
   # Shared y: the limits of the panel drawn last would cut the other one.

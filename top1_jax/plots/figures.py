@@ -37,12 +37,20 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
   return fig
 
 
-def legend_columns(labels: list[str], width: float = PAGE_WIDTH) -> int:
-  """Columns of a figure legend in "small" text that fit ``width`` inches: at most 5."""
+def panel_row(num_panels: int) -> tuple[Figure, list]:
+  """A figure of ``num_panels`` axes side by side, 3.6 inches each up to the page's width."""
+  fig = new_figure((min(3.6 * num_panels, PAGE_WIDTH), 4.4))
+  return fig, fig.subplots(1, num_panels, squeeze=False)[0]
+
+
+def legend_below(fig: Figure, handles: list, labels: list[str], **options) -> None:
+  """A figure legend under the panels in "small" text, in as many columns as fit the page
+  (at most 5)."""
   longest = max((len(label) for label in labels), default=1)
   # A "small" character is ~4.6 pt wide (8.3 pt text); each entry adds its handle, ~40 pt.
-  fit = int(72 * width // (4.6 * longest + 40))
-  return max(1, min(len(labels), 5, fit))
+  columns = max(1, min(len(labels), 5, int(72 * PAGE_WIDTH // (4.6 * longest + 40))))
+  options = {"loc": "outside lower center", "ncols": columns, "fontsize": "small", **options}
+  fig.legend(handles, labels, **options)
 
 
 def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib.Path | epath.Path:

@@ -126,17 +126,12 @@ def results_page(
   """
   _check(title, [*answer, *details], figures, config, timings)
   return _template().render(
-    title=title,
-    intro=intro,
-    answer=list(answer),
-    findings=[line for line in findings if line],
-    key_figure=key_figure,
-    details=list(details),
+    title=title, intro=intro, answer=list(answer), findings=[line for line in findings if line],
+    key_figure=key_figure, details=list(details), links=list(links),
     groups=results.figure_groups([os.fspath(f) for f in figures]),
     config=[(key, _text(value)) for key, value in _flatten(config)] if config else [],
     timings=[(key, _seconds(value)) for key, value in _flatten(timings)] if timings else [],
-    links=list(links),
-  )
+  )  # fmt: skip
 
 
 def _relative(out_dir, figures) -> list[str]:

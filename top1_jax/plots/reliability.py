@@ -57,15 +57,9 @@ def _bin_statistics(confidence, correct, n_bins: int, kind: str) -> _BinStats:
   hits = np.bincount(index, weights=correct.astype(np.float64), minlength=num_slots)
   sums = np.bincount(index, weights=confidence.astype(np.float64), minlength=num_slots)
   used = np.flatnonzero(counts > 0)
-  return _BinStats(
-    binning=kind,
-    requested=n_bins,
-    lower=bounds[used],
-    upper=np.minimum(bounds[used + 1], confidence.max()),
-    counts=counts[used],
-    hits=hits[used],
-    mean_confidence=sums[used] / counts[used],
-  )
+  upper = np.minimum(bounds[used + 1], confidence.max())
+  mean = sums[used] / counts[used]
+  return _BinStats(kind, n_bins, bounds[used], upper, counts[used], hits[used], mean)
 
 
 def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int) -> float:
@@ -81,17 +75,11 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
     lower, upper = (
       np.asarray(b, np.float64) for b in accuracy_bounds.clopper_pearson(hits, stats.counts, delta)
     )
+    yerr = np.stack([np.maximum(acc - lower, 0.0), np.maximum(upper - acc, 0.0)])
     ax.errorbar(
-      conf,
-      acc,
-      yerr=np.stack([np.maximum(acc - lower, 0.0), np.maximum(upper - acc, 0.0)]),
-      fmt="none",
-      ecolor=_POINT_COLOR,
-      elinewidth=0.8,
-      capsize=2,
-      alpha=0.6,
+      conf, acc, yerr=yerr, fmt="none", ecolor=_POINT_COLOR, elinewidth=0.8, capsize=2, alpha=0.6,
       label=f"{100 * (1 - delta):g}% Clopper–Pearson interval",
-    )
+    )  # fmt: skip
     lowest = min(lowest, lower.min())
   label = f"accuracy per bin; {stats.ece_name} = {ece:.2%}"
   ax.plot(conf, acc, color=_POINT_COLOR, marker="o", markersize=4.5, linewidth=1.2, label=label)
@@ -165,12 +153,10 @@ def reliability_diagram(
   # a few low outliers would squeeze the rest against 100%); the same range on both
   # axes keeps the diagonal at 45 degrees.
   low = max(0.0, np.floor(10 * lowest - 1e-9) / 10 - 0.02)
-  diagram_ax.set_xlim(low, 1.01)
-  diagram_ax.set_ylim(low, 1.01)
+  diagram_ax.set(xlim=(low, 1.01), ylim=(low, 1.01))
   _draw_counts(counts_ax, stats, 1.01 - low)
-  for ax in (diagram_ax, counts_ax):
-    ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
-  diagram_ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
+  for axis in (diagram_ax.xaxis, counts_ax.xaxis, diagram_ax.yaxis):
+    axis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
   if title is not None:
     after_ties = stats.counts.size if binning == "equal-mass" else None
     bins = metrics.bins_phrase(n_bins, after_ties, binning)

@@ -92,13 +92,10 @@ def _ablation_figure(figures, sources, results, k) -> list:
   # (pmax, -log pmax: scores.RANKING_TWINS) are one line only where their rows are equal
   # (ablation_figure merges equal curves): in float32 pmax ties where -log pmax does not.
   sampled, measure = ("mc_dropout", "ensemble"), "covariance_norm_probs"
-  chosen = [
-    r
-    for r in results
-    if r["topk"] == k and (r["columns"]["method"] not in sampled or r["score"] == measure)
-  ]
   curves, oracles = {}, {}
-  for r in chosen:
+  for r in results:
+    if r["topk"] != k or (r["columns"]["method"] in sampled and r["score"] != measure):
+      continue
     if _is_oracle(r["score"]):
       # It needs the labels: a reference line, never one of the compared scores (nor
       # the setter of their axis). One file's is enough to show where the ceiling is.
@@ -107,10 +104,8 @@ def _ablation_figure(figures, sources, results, k) -> list:
     curves[f"{names[r['source']]}: {scores.label(r['score'])}"] = _cv_from_record(r)
   if not curves:
     return []
-  first = next((s.name for s in sources if s.name in oracles), None)
-  references = {}
-  if first is not None:
-    references[f"{names[first]}: oracle (needs labels)"] = _cv_from_record(oracles[first])
+  first = [s.name for s in sources if s.name in oracles][:1]
+  references = {f"{names[n]}: oracle (needs labels)": _cv_from_record(oracles[n]) for n in first}
   title = f"Top-{k}: scores against the number of bins (mean ± std over splits)"
   fig = ablation_figure(curves, references=references, title=title)
   return [save_figure(fig, figures / f"ablation_top{k}.png")]
@@ -167,14 +162,9 @@ def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
     u = np.asarray(source.scores[score])[test]
     correct = source.correct(1)[test]
     curve = selective.risk_coverage(-u if rows[0]["order"] == "descending" else u, correct)
+    outcome = ("test_coverage", "test_accuracy", "guaranteed_accuracy")  # on the first split
     points = [
-      OperatingPoint(
-        r["target_accuracy"],
-        r["per_split"][0]["test_coverage"],
-        r["per_split"][0]["test_accuracy"],
-        r["per_split"][0]["guaranteed_accuracy"],
-      )
-      for r in rows
+      OperatingPoint(r["target_accuracy"], *(r["per_split"][0][c] for c in outcome)) for r in rows
     ]
     title = (
       f"{source.label}: {scores.label(score)}, Top-1\nfirst split's test part "

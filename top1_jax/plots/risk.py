@@ -69,10 +69,9 @@ def risk_coverage_figure(
     ax.plot([], [], color="0.3", ls="--", lw=1.0, label=TARGET_LABEL)
   if any(_defined(p.accuracy) and _defined(p.guaranteed_accuracy) for p in points):
     ax.plot([], [], color="0.3", ls="-", lw=_BAR_WIDTH, label=GUARANTEE_LABEL)
-  ax.set_xlim(0, 1.01)
-  ax.set_ylim(0, max(float(np.max(risk, initial=0.0)) * 1.1, 0.02))
-  ax.xaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
-  ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
+  ax.set(xlim=(0, 1.01), ylim=(0, max(float(np.max(risk, initial=0.0)) * 1.1, 0.02)))
+  for axis in (ax.xaxis, ax.yaxis):
+    axis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
   ax.set_xlabel("coverage (fraction answered, most confident first)")
   ax.set_ylabel("risk (error rate of the answered)")
   ax.grid(alpha=0.3)

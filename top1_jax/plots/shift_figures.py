@@ -20,7 +20,7 @@ from top1_jax.core import scores
 from top1_jax.evaluation import accuracy_estimates, crossval
 from top1_jax.io import results
 from top1_jax.plots import figures
-from top1_jax.plots.sweeps import METRIC_LABELS, PERCENT_METRICS
+from top1_jax.plots.sweeps import format_panel
 
 CLEAN = results.CLEAN  # the unshifted test rows (severity 0): the first point of every shift
 OOD_PREFIX = "ood_"  # an out-of-distribution set's ``shift`` starts with it (``ood_digits``)
@@ -99,9 +99,9 @@ def _differing_settings(matched: Sequence[Mapping[str, Any]]) -> list[str]:
   ]
 
 
-def _prepare(rows, variants, metrics, shifts: set, what: str):
-  """(metrics, label -> picked rows, compared labels, reference labels, styles, the bins)."""
-  rows = _check_rows(rows)
+def _prepare(rows, variants, metrics, shifts: set, what: str, ece_binning: str):
+  """(metrics, label -> picked rows, compared labels, reference labels, styles, the ECE's
+  label) of checked ``rows``."""
   metrics = _check_metrics(metrics, rows)
   picked = {}
   for label, conditions in _check_variants(variants, rows).items():
@@ -113,8 +113,8 @@ def _prepare(rows, variants, metrics, shifts: set, what: str):
     k for k, p in picked.items() if any(r.get("score") in needs_labels for r in p.values())
   ]
   compared = [label for label in picked if label not in references]
-  bins = _bins_text([row for label in compared for row in picked[label].values()])
-  return metrics, picked, compared, references, _styles(compared), bins
+  ece = _ece_label([row for label in compared for row in picked[label].values()], ece_binning)
+  return metrics, picked, compared, references, _styles(compared), ece
 
 
 def _styles(labels: Sequence[str]) -> dict[str, dict]:
@@ -130,30 +130,17 @@ def _styles(labels: Sequence[str]) -> dict[str, dict]:
   }
 
 
-def _bins_text(rows: Sequence[Mapping[str, Any]]) -> tuple[int | str, float | None]:
-  """(requested bins, fewest after ties or None) for the ECE's name; ("each variant's", None)
-  when the rows ask for different counts."""
+def _ece_label(rows: Sequence[Mapping[str, Any]], ece_binning: str) -> str:
+  """The ECE's y label, naming the rows' bins: requested, and the fewest after ties ("each
+  variant's" when the rows ask for different counts)."""
   requested = {r.get("n_bins") for r in rows} - {None}
-  if len(requested) != 1:
-    return "each variant's", None
-  n_bins = requested.pop()
+  n_bins = requested.pop() if len(requested) == 1 else "each variant's"
   effective = [r["num_effective_bins"] for r in rows if r.get("num_effective_bins") is not None]
-  return n_bins, min(effective, default=None)
-
-
-def _format_panel(ax, metric: str, ece_binning: str, bins: tuple) -> None:
-  label, direction = METRIC_LABELS.get(metric, (metric, ""))
-  ax.set_title(f"{label} ({direction})" if direction else label)
-  if metric == "ece":
-    # The protocol's equal-mass bins are quantiles of the score on the clean calibration part.
-    n_bins, effective = bins
-    label = metrics_lib.ece_name(
-      n_bins, ece_binning, effective, calibration=ece_binning == "equal-mass", percent=True
-    )
-  ax.set_ylabel(label)
-  if metric in PERCENT_METRICS:
-    ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
-  ax.grid(alpha=0.3)
+  # The protocol's equal-mass bins are quantiles of the score on the clean calibration part.
+  calibration = ece_binning == "equal-mass"
+  return metrics_lib.ece_name(
+    n_bins, ece_binning, min(effective, default=None), calibration=calibration, percent=True
+  )
 
 
 def _value(row: Mapping[str, Any], column: str) -> float:
@@ -195,8 +182,7 @@ def _legend(fig: Figure, labels: Sequence[str], styles: dict, references: Sequen
   grey = {"color": _REFERENCE_COLOR, "linestyle": "--", "marker": None}
   handles = [kind(styles[label]) for label in labels] + [kind(grey)] * len(references)
   names = list(labels) + [f"{name} (needs labels)" for name in references]
-  columns = figures.legend_columns(names)
-  fig.legend(handles, names, loc="outside lower center", ncols=columns, fontsize="small")
+  figures.legend_below(fig, handles, names)
 
 
 def _points(picked, shift: str) -> dict:
@@ -255,13 +241,13 @@ def shift_curves(
     ValueError: malformed rows, an unknown metric or shift, a variant matching no row of the
       shift, or several rows at one severity.
   """
-  shifts = list(dict.fromkeys(r["shift"] for r in _check_rows(rows) if r["shift"] != CLEAN))
+  rows = _check_rows(rows)
+  shifts = list(dict.fromkeys(r["shift"] for r in rows if r["shift"] != CLEAN))
   if shift not in shifts:
     raise ValueError(f"shift: expected one of the rows' shifts {shifts}, got {shift!r}")
-  prepared = _prepare(rows, variants, metrics, {shift}, f"shift {shift!r}")
-  metrics, picked, compared, references, styles, bins = prepared
-  fig = figures.new_figure((min(3.6 * len(metrics), figures.PAGE_WIDTH), 4.4))
-  axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+  prepared = _prepare(rows, variants, metrics, {shift}, f"shift {shift!r}", ece_binning)
+  metrics, picked, compared, references, styles, ece = prepared
+  fig, axes = figures.panel_row(len(metrics))
   severities = sorted({s for label in picked for s in _points(picked[label], shift)})
   # Every severity when few (0-5, 0-14 px); every other one for 0-180° in 15° steps.
   ticks = severities if len(severities) <= 8 else severities[:: -(-len(severities) // 8)]
@@ -271,7 +257,7 @@ def shift_curves(
       ax.fill_between(x, mean - std, mean + std, color=styles[label]["color"], alpha=0.15, lw=0)
       ax.plot(x, mean, markersize=4, **styles[label])
     _draw_reference_curves(ax, {label: picked[label] for label in references}, shift, metric)
-    _format_panel(ax, metric, ece_binning, bins)
+    format_panel(ax, metric, ece, sep=" ")
     ax.set_xlabel(AXIS_LABELS.get(shift, f"{shift} severity (0 = clean)"))
     ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
     ax.xaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))  # picklable: drawn by workers
@@ -313,17 +299,12 @@ def _draw_boxes(ax, values, positions, width: float, color: str) -> None:
   if not severities:
     return
   ax.boxplot(
-    [values[s] for s in severities],
-    positions=[positions[s] for s in severities],
-    widths=width,
-    patch_artist=True,
-    manage_ticks=False,
-    boxprops={"facecolor": color, "alpha": 0.6, "linewidth": 0.8},
-    medianprops={"color": "black", "linewidth": 1.0},
-    whiskerprops={"color": color},
+    [values[s] for s in severities], positions=[positions[s] for s in severities], widths=width,
+    patch_artist=True, manage_ticks=False, medianprops={"color": "black", "linewidth": 1.0},
+    boxprops={"facecolor": color, "alpha": 0.6, "linewidth": 0.8}, whiskerprops={"color": color},
     capprops={"color": color},
     flierprops={"marker": ".", "markersize": 3, "markeredgecolor": color, "color": color},
-  )
+  )  # fmt: skip
   single = [s for s in severities if values[s].size == 1]  # the clean row: a flat box
   if single:
     x, y = [positions[s] for s in single], [values[s][0] for s in single]
@@ -349,9 +330,11 @@ def corruption_boxes(
   Raises:
     ValueError: as ``shift_curves``; also no corruption rows or an unknown corruption.
   """
-  corruptions = _corruption_names(_check_rows(rows), corruptions)
-  prepared = _prepare(rows, variants, metrics, set(corruptions), f"the corruptions {corruptions}")
-  metrics, picked, compared, references, styles, bins = prepared
+  rows = _check_rows(rows)
+  corruptions = _corruption_names(rows, corruptions)
+  what = f"the corruptions {corruptions}"
+  prepared = _prepare(rows, variants, metrics, set(corruptions), what, ece_binning)
+  metrics, picked, compared, references, styles, ece = prepared
   severities = sorted({0 if n == CLEAN else s for label in picked for n, s in picked[label]})
   ticks = {s: "clean" if s == 0 else f"{s:g}" for s in severities}
   # One slot per variant at each intensity, the references' last.
@@ -374,7 +357,7 @@ def corruption_boxes(
     draw(compared)
     _keep_limits(ax, lambda: draw(references))
     _note_off_scale(ax, {label: values[label] for label in references}, ticks)
-    _format_panel(ax, metric, ece_binning, bins)
+    format_panel(ax, metric, ece, sep=" ")
     ax.set_xticks(range(len(severities)), list(ticks.values()))
     ax.set(xlim=(-0.6, len(severities) - 0.4), xlabel="corruption intensity")
   _legend(
@@ -454,10 +437,7 @@ def ood_histograms(
     _note_below(ax, "\n".join(["mean P(correct):", *means]))
   handles = [Line2D([], [], color=styles[label]["color"], linewidth=1.6) for label in checked]
   handles.append(Line2D([], [], color="0.3", linestyle=":", linewidth=1.2))
-  fig.legend(
-    handles, [*checked, "mean (dotted)"], loc="outside lower center",
-    ncols=figures.legend_columns([*checked, "mean (dotted)"]), fontsize="small",
-  )  # fmt: skip
+  figures.legend_below(fig, handles, [*checked, "mean (dotted)"])
   if title:
     fig.suptitle(title)
   return fig
@@ -519,14 +499,11 @@ def recalibration_curves(
         clean = [r for r in mine if r["shift"] == CLEAN and r["num_labels"] == 0]
         if clean:
           ax.axhline(_value(clean[0], metric), color=style["color"], linestyle=":", linewidth=1)
-      label, _ = METRIC_LABELS.get(metric, (metric, ""))
+      format_panel(ax, metric, ece_label="ECE")  # its title then names the panel
       ax.set_xticks(range(len(counts)), [f"{m}" for m in counts])  # one step per m given
-      ax.set(xlabel="labelled shifted examples m", ylabel=label)
-      if metric in PERCENT_METRICS:
-        ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
+      ax.set_xlabel("labelled shifted examples m")
       name = "corruptions (mean)" if shift == CORRUPTIONS else AXIS_LABELS[shift].split(" (")[0]
       ax.set_title(f"{name} {severity:g}", fontsize="medium")
-      ax.grid(alpha=0.3)
   names = list(styles)
   handles = [Line2D([], [], markersize=4, **styles[n]) for n in names]
   fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 4), fontsize="small")

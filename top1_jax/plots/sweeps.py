@@ -108,17 +108,20 @@ def _line_styles(num_lines: int) -> list[dict]:
   ]
 
 
-def _format_panel(ax, metric: str, bins: str) -> None:
-  """Title, y label (the ECE's names its bins: ``bins``) and y format of a metric's panel."""
+def format_panel(ax, metric: str, ece_label: str, sep: str = "\n") -> None:
+  """Title (``sep`` before its direction: two lines fit a narrow panel), y label (the ECE's
+  is ``ece_label``, naming its bins) and y format of a metric's panel."""
   label, direction = METRIC_LABELS.get(metric, (metric, ""))
-  ax.set_title(f"{label}\n({direction})" if direction else label)  # two lines fit a panel
-  if metric == "ece":
-    # The calibration split's quantile bins, as in results.csv; not Table 1's equal-width ECE.
-    label = metrics_lib.ece_name(bins, "equal-mass", calibration=True, percent=True)
-  ax.set_ylabel(label)
+  ax.set_title(f"{label}{sep}({direction})" if direction else label)
+  ax.set_ylabel(ece_label if metric == "ece" else label)
   if metric in PERCENT_METRICS:
     ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
   ax.grid(alpha=0.3)
+
+
+def _split_ece(bins: str) -> str:
+  # The calibration split's quantile bins, as in results.csv; not Table 1's equal-width ECE.
+  return metrics_lib.ece_name(bins, "equal-mass", calibration=True, percent=True)
 
 
 def _log_axis(ax, ticks: list, xlabel: str, fmt) -> None:
@@ -186,10 +189,6 @@ def _draw_references(ax, metric: str, references: Mapping[str, crossval.CrossVal
       )  # fmt: skip
 
 
-def _panels_size(num_panels: int) -> tuple[float, float]:
-  return (min(3.6 * num_panels, figures.PAGE_WIDTH), 4.4)
-
-
 def ablation_figure(
   results: Mapping[str, crossval.CrossValidation],
   *,
@@ -216,8 +215,7 @@ def ablation_figure(
   references = {} if references is None else references
   _check_results(results, metrics, references)
   results = _merge_identical(results)
-  fig = figures.new_figure(_panels_size(len(metrics)))
-  axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+  fig, axes = figures.panel_row(len(metrics))
   all_bins = sorted({n for r in (*results.values(), *references.values()) for n in r.n_bins})
   styles = _line_styles(len(results))
   dodge = _dodge(len(results), all_bins)
@@ -228,20 +226,12 @@ def ablation_figure(
       ax.plot(shift * x, mean, markersize=4, label=name + _ties_note(result), **style)
     if references:
       _draw_references(ax, metric, references)
-    _format_panel(ax, metric, "N")
+    format_panel(ax, metric, _split_ece("N"))
     _log_axis(ax, all_bins, "N: number of bins (requested)", str)
     if len(all_bins) == 1:
       # A log axis around a single point would otherwise span decades of nothing.
       ax.set_xlim(all_bins[0] / 1.5, all_bins[0] * 1.5)
-  handles, labels = axes[0].get_legend_handles_labels()
-  fig.legend(
-    handles,
-    labels,
-    loc="outside lower center",
-    ncols=figures.legend_columns(labels),
-    title="uncertainty score",
-    fontsize="small",
-  )
+  figures.legend_below(fig, *axes[0].get_legend_handles_labels(), title="uncertainty score")
   if title:
     fig.suptitle(title)
   return fig
@@ -316,7 +306,7 @@ def _draw_rate_panel(ax, metric: str, lines: dict, references: dict, labels: lis
     reference = references.get(_reference_key(key))
     if reference is not None and reference.get(metric) is not None:
       ax.axhline(reference[metric], color=style["color"], linestyle=":", linewidth=1.2)
-  _format_panel(ax, metric, "each line's")
+  format_panel(ax, metric, _split_ece("each line's"))
 
 
 def dropout_rate_figure(
@@ -356,8 +346,7 @@ def dropout_rate_figure(
   references = {tuple(r.get(c) for c in _REFERENCE_COLUMNS): r for r in deterministic}
   varying = {c for i, c in enumerate(_LINE_COLUMNS) if len({key[i] for key in lines}) > 1}
   labels = [_line_label(key, varying) + _rows_ties_note(lines[key], key[-1]) for key in lines]
-  fig = figures.new_figure(_panels_size(len(metrics)))
-  axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+  fig, axes = figures.panel_row(len(metrics))
   rates = sorted({r["dropout_rate"] for r in mc})
   for ax, metric in zip(axes, metrics, strict=True):
     _draw_rate_panel(ax, metric, lines, references, labels)
@@ -367,10 +356,7 @@ def dropout_rate_figure(
   if any(_reference_key(key) in references for key in lines):
     handles.append(Line2D([], [], color="grey", linestyle=":", linewidth=1.2))
     labels.append(f"deterministic ({scores.label(reference_score)})")
-  fig.legend(
-    handles, labels, loc="outside lower center", ncols=figures.legend_columns(labels),
-    fontsize="small",
-  )  # fmt: skip
+  figures.legend_below(fig, handles, labels)
   if title:
     fig.suptitle(title.format(score=scores.label(score), topk=topk))
   return fig
