@@ -63,12 +63,11 @@ class ShiftSet:
 
 def shift_sets(settings: Settings) -> list[ShiftSet]:
   """Every set of the settings, once each, the clean one first, in the tables' order."""
-  severities = settings.shift_severities
   sets = [
     ShiftSet(results.CLEAN, 0),
     *(ShiftSet(settings.shift_rotation, tables.severity(d)) for d in settings.shift_rotations),
     *(ShiftSet(settings.shift_translation, p) for p in settings.shift_translations),
-    *(ShiftSet(name, s) for name in settings.shift_corruptions for s in severities),
+    *(ShiftSet(name, s) for name in settings.shift_corruptions for s in settings.shift_severities),
     *(ShiftSet(OOD_PREFIX + name) for name in settings.shift_ood),
   ]
   return list(dict.fromkeys(sets))

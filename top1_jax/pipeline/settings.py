@@ -35,8 +35,8 @@ def fail(field: str, message: str):
   raise SettingError(f"{field}: {message}")
 
 
-def _names_of(source) -> tuple[str, ...]:
-  return tuple(source() if callable(source) else source)
+def _names_of(source) -> tuple[str, ...] | None:
+  return None if source is None else tuple(source() if callable(source) else source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Rule:
   def _name(self, field: str, value) -> str:
     if not isinstance(value, str):
       fail(field, f"expected a string, got {value!r}")
-    names = None if self.names is None else _names_of(self.names)
+    names = _names_of(self.names)
     if names is not None and value not in names:
       fail(field, f"expected one of {', '.join(names)}, got {value!r}")
     return value
@@ -121,14 +121,14 @@ class Rule:
     if not values and not self.empty:
       fail(field, "expected at least one value, got ()")
     if self.kind is str:
-      names = None if self.names is None else _names_of(self.names)
+      names = _names_of(self.names)
       if self.every and values == ("all",):
         return values
       if names is not None and any(v not in names for v in values):
         fail(field, f"expected names among {', '.join(names)}, got {values}")
       return tuple(dict.fromkeys(values))
     try:
-      parsed = tuple(self.kind(float(v)) if self.kind is int else float(v) for v in values)
+      parsed = tuple(self.kind(float(v)) for v in values)
     except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
       fail(field, f"expected {self.kind.__name__} values, got {values}")
     if not all(math.isfinite(float(v)) for v in values):  # "nan" in a tuple parses
