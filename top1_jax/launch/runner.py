@@ -115,20 +115,14 @@ _USER_ERRORS = (
 )
 
 
-def _disk_full(error: BaseException) -> str | None:
-  """A full disk (or quota) under the work dir, as one line naming --workdir."""
-  root = WORKDIR.value if flags.FLAGS.is_parsed() else None
-  full = files.disk_full(error, root) if root and files.is_local(root) else None
-  way_out = "free some space or give another --workdir, then rerun the same command to resume"
-  return f"--workdir: {full}; {way_out}" if full else None
-
-
 def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
   if isinstance(error, validation.SettingError):  # the library names the field: a flag here
     return f"--config.{text}"
-  if full := _disk_full(error):
-    return full
+  root = WORKDIR.value if flags.FLAGS.is_parsed() else None
+  if root and files.is_local(root) and (full := files.disk_full(error, root)):  # or a quota
+    way_out = "free some space or give another --workdir, then rerun the same command to resume"
+    return f"--workdir: {full}; {way_out}"
   if isinstance(error, ModuleNotFoundError) and error.name and "top1_jax" not in error.name:
     launcher = os.path.basename(sys.argv[0]).removeprefix("top1-").removesuffix(".py")
     return install_hint(launcher.replace("-", "_"), error.name.split(".")[0])
@@ -184,8 +178,7 @@ def check_config_file(value: str) -> None:
 def _parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
   """absl's parsing, with a bad flag or config override as one line (not a traceback)."""
   argv = [_config_path(arg) for arg in argv]
-  config_args = [arg[len("--config=") :] for arg in argv if arg.startswith("--config=")]
-  given = config_args[-1] if config_args else None
+  given = next((a.removeprefix("--config=") for a in argv[::-1] if a.startswith("--config=")), None)
   asked = [usage.HELP_FLAGS[arg] for arg in argv if arg in usage.HELP_FLAGS]
   try:
     if given is not None:

@@ -7,6 +7,7 @@ them into ``<workdir>/shift/`` (results.{csv,md,json}, ood.csv, figures/, index.
 """
 
 import dataclasses
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,12 +63,11 @@ class ShiftSet:
 
 def shift_sets(settings: Settings) -> list[ShiftSet]:
   """Every set of the settings, once each, the clean one first, in the tables' order."""
-  severities = settings.shift_severities
   sets = [
     ShiftSet(results.CLEAN, 0),
     *(ShiftSet(settings.shift_rotation, tables.severity(d)) for d in settings.shift_rotations),
     *(ShiftSet(settings.shift_translation, p) for p in settings.shift_translations),
-    *(ShiftSet(name, s) for name in settings.shift_corruptions for s in severities),
+    *(ShiftSet(name, s) for name in settings.shift_corruptions for s in settings.shift_severities),
     *(ShiftSet(OOD_PREFIX + name) for name in settings.shift_ood),
   ]
   return list(dict.fromkeys(sets))
@@ -177,9 +177,9 @@ def _inputs(source: sources.Source, labelled: bool = True) -> protocol.Inputs:
   return protocol.Inputs(source.log_probs, source.labels if labelled else None, source.scores)
 
 
-def _evaluate_group(settings: Settings, group: Group, estimators: tuple) -> tuple[list, list, list]:
+def _evaluate_group(settings: Settings, group: Group, names: list[str]) -> tuple[list, list, list]:
   """One model's records (``tables.tidy_rows``'), OOD rows and OOD results."""
-  clean, names = group.clean, _score_names(settings, group.clean)
+  clean, estimators = group.clean, settings.shift_estimators
   sets = [clean, *group.shifted]
   common = dict(scores=names, estimators=estimators, k=1, log_probs_score=LOG_PROBS_SCORE)
   chosen = protocol.methods(estimators, names, LOG_PROBS_SCORE)
@@ -278,15 +278,13 @@ def evaluate(settings: Settings, found: Sequence[sources.Source], log: Callable 
   """Every group's tables: ``rows`` (results.csv's, with ``label``), ``ood_rows``,
   ``histograms`` (OOD and clean P(correct) of the first split, by OOD row's source, score
   and estimator), ``recalibration_rows``, ``accuracy_rows`` and ``set_rows``."""
-  estimators = settings.shift_estimators
   records, ood_rows, histograms = [], [], {}
   recalibrated, accuracies, set_rows = [], [], []
   for group in group_sources(found):
-    tic = time.perf_counter()
-    group_records, group_ood, reports = _evaluate_group(settings, group, estimators)
+    tic, names = time.perf_counter(), _score_names(settings, group.clean)
+    group_records, group_ood, reports = _evaluate_group(settings, group, names)
     records += group_records
     ood_rows += group_ood
-    names = _score_names(settings, group.clean)
     recalibrated += _recalibration_rows(settings, group, names)
     accuracies += _accuracy_rows(settings, group, names)
     set_rows += prediction_sets.rows(settings, group.clean, group.shifted)
@@ -309,11 +307,15 @@ def _model(row: dict) -> tuple:
   return tuple(row[c] for c in tables.TRAINING)  # dataset, model, train dropout rate, seed
 
 
-def _models(rows: list[dict]) -> dict[tuple, list[dict]]:
-  by_model: dict[tuple, list[dict]] = {}
+def _grouped(rows: list[dict], key: Callable = _model) -> dict:
+  """``rows`` by ``key(row)`` (by default their training point), in their order."""
+  grouped: dict = {}
   for row in rows:
-    by_model.setdefault(_model(row), []).append(row)
-  return by_model
+    grouped.setdefault(key(row), []).append(row)
+  return grouped
+
+
+_LABEL = operator.itemgetter("label")
 
 
 def _model_name(key: tuple) -> str:
@@ -336,7 +338,7 @@ def markdown(settings: Settings, evaluated: dict) -> str:
     "isotonic and top-label rows calibrate a score. Corruptions: the mean over the "
     "corruptions at each intensity, and the worst in parentheses.",
   ]
-  for key, model_rows in _models(rows).items():
+  for key, model_rows in _grouped(rows).items():
     variants = shift_tables.present_variants(model_rows, n_bins)
     text += ["", f"## {_model_name(key)}"]
     for metric in shift_tables.METRICS:
@@ -378,8 +380,7 @@ def _sets_markdown(rows: list[dict]) -> list[str]:
 
 def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
   text = []
-  for label in dict.fromkeys(r["label"] for r in rows):
-    mine = [r for r in rows if r["label"] == label]
+  for label, mine in _grouped(rows, _LABEL).items():
     for metric in ("ece", "brier"):
       title = shift_tables.metric_title(metric, n_bins)
       text += ["", f"### {label}: recalibrated on m labelled shifted examples, {title}", ""]
@@ -399,8 +400,7 @@ def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
 def _accuracy_markdown(rows: list[dict]) -> list[str]:
   text = []
   titles = {name: e.title for name, e in accuracy_estimates.ESTIMATORS.items()}
-  for label in dict.fromkeys(r["label"] for r in rows):
-    mine = [r for r in rows if r["label"] == label]
+  for label, mine in _grouped(rows, _LABEL).items():
     text += ["", f"### {label}: accuracy predicted without labels (percentage points)", ""]
     text.append(shift_tables.accuracy_table(mine, titles))
   return text
@@ -409,7 +409,7 @@ def _accuracy_markdown(rows: list[dict]) -> list[str]:
 def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
   """``plots.write_shift_figures``' panels: per model, its rows, variants, OOD histograms'
   P(correct) by variant, and its recalibration and accuracy rows by label."""
-  by_model = _models(evaluated["rows"])
+  by_model = _grouped(evaluated["rows"])
   panels = []
   for key, model_rows in by_model.items():
     variants = shift_tables.present_variants(model_rows, n_bins, shift_tables.FIGURE_VARIANTS)
@@ -421,13 +421,10 @@ def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
           arrays = evaluated["histograms"][row["source"], row["score"], row["estimator"]]
           p_correct.setdefault(label, {}).update(arrays)
     name = "" if len(by_model) == 1 else "_".join(str(v) for v in key if v is not None)
-    by_method = []
-    for rows_key in ("recalibration_rows", "accuracy_rows"):
-      grouped: dict[str, list] = {}
-      for row in evaluated[rows_key]:
-        if _model(row) == key:
-          grouped.setdefault(row["label"], []).append(row)
-      by_method.append(grouped)
+    by_method = [
+      _grouped([r for r in evaluated[rows] if _model(r) == key], _LABEL)
+      for rows in ("recalibration_rows", "accuracy_rows")
+    ]
     panels.append((name, model_rows, variants, p_correct, *by_method))
   return panels
 

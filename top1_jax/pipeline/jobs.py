@@ -137,13 +137,9 @@ def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dic
     "learning_rate": settings.learning_rate,
     "seed": point.seed,
   }
-  unused = set()
-  if settings.optimizer != "sgd":
-    unused |= {"momentum", "nesterov"}
-  if settings.lr_schedule != "step":
-    unused |= {"lr_boundaries", "lr_factor"}
-  if "crop" not in settings.augment:
-    unused.add("crop_padding")
+  unused = set() if settings.optimizer == "sgd" else {"momentum", "nesterov"}
+  unused |= set() if settings.lr_schedule == "step" else {"lr_boundaries", "lr_factor"}
+  unused |= set() if "crop" in settings.augment else {"crop_padding"}
   for field, default in RECIPE_DEFAULTS.items():
     value = getattr(settings, field)
     if field not in unused and value != default:

@@ -5,6 +5,7 @@ and on-device scores, or all S samples with ``keep_samples``) and ``ensemble.npz
 is sharded and chunked, so [S, N, K] never has to fit in memory. Current files are skipped.
 """
 
+import functools
 import time
 
 import jax
@@ -80,16 +81,10 @@ def predict_images(
 
 def trained_states(settings: Settings, workdir, point: jobs.TrainingPoint, test_split):
   """``states(stage)``: a point's trained base network or ensemble, restored once."""
-  restored = {}
-
-  def states(stage):
-    if stage not in restored:
-      restored[stage] = training.restore(
-        settings, workdir, point, stage, test_split.num_classes, test_split.images[:1]
-      )
-    return restored[stage]
-
-  return states
+  num_classes, sample = test_split.num_classes, test_split.images[:1]
+  return functools.cache(
+    lambda stage: training.restore(settings, workdir, point, stage, num_classes, sample)
+  )
 
 
 def run(settings: Settings, workdir, tasks=(0, 1), test_split=None) -> None:

@@ -6,6 +6,7 @@ A broken rule is a one-line ``SettingError`` starting with the field's name.
 """
 
 import dataclasses
+import importlib
 import math
 import re
 from collections.abc import Callable
@@ -34,8 +35,8 @@ def fail(field: str, message: str):
   raise SettingError(f"{field}: {message}")
 
 
-def _names_of(source) -> tuple[str, ...]:
-  return tuple(source() if callable(source) else source)
+def _names_of(source) -> tuple[str, ...] | None:
+  return None if source is None else tuple(source() if callable(source) else source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +111,7 @@ class Rule:
   def _name(self, field: str, value) -> str:
     if not isinstance(value, str):
       fail(field, f"expected a string, got {value!r}")
-    names = None if self.names is None else _names_of(self.names)
+    names = _names_of(self.names)
     if names is not None and value not in names:
       fail(field, f"expected one of {', '.join(names)}, got {value!r}")
     return value
@@ -120,14 +121,14 @@ class Rule:
     if not values and not self.empty:
       fail(field, "expected at least one value, got ()")
     if self.kind is str:
-      names = None if self.names is None else _names_of(self.names)
+      names = _names_of(self.names)
       if self.every and values == ("all",):
         return values
       if names is not None and any(v not in names for v in values):
         fail(field, f"expected names among {', '.join(names)}, got {values}")
       return tuple(dict.fromkeys(values))
     try:
-      parsed = tuple(self.kind(float(v)) if self.kind is int else float(v) for v in values)
+      parsed = tuple(self.kind(float(v)) for v in values)
     except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
       fail(field, f"expected {self.kind.__name__} values, got {values}")
     if not all(math.isfinite(float(v)) for v in values):  # "nan" in a tuple parses
@@ -185,12 +186,8 @@ def paths(field: str, value) -> tuple[str, ...]:
   return files.split_paths(value)
 
 
-def _rule(rule: Rule) -> Any:
-  return dataclasses.field(metadata={"rule": rule})
-
-
-_COUNT = Rule(int, low=1)
-_RATES = Rule(float, low=0.0, high=1.0, many=True)
+def _rule(kind: type, **rule) -> Any:
+  return dataclasses.field(metadata={"rule": Rule(kind, **rule)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,89 +195,85 @@ class Settings:
   """A parsed config (``configs/default.py`` explains every field)."""
 
   # The data.
-  dataset: str | None = _rule(Rule(str, optional=True))
-  data_dir: str | None = _rule(Rule(str, optional=True))
-  limit_train: int | None = _rule(Rule(int, low=1, optional=True))
-  limit_test: int | None = _rule(Rule(int, low=1, optional=True))
+  dataset: str | None = _rule(str, optional=True)
+  data_dir: str | None = _rule(str, optional=True)
+  limit_train: int | None = _rule(int, low=1, optional=True)
+  limit_test: int | None = _rule(int, low=1, optional=True)
   # Training: one base network (and ensemble) per (model, train dropout rate, seed).
-  models: tuple[str, ...] = _rule(Rule(str, many=True))  # names: _models_exist
-  train_dropout_rates: tuple[float, ...] = _rule(_RATES)
-  seeds: tuple[int, ...] = _rule(Rule(int, low=0, many=True))
-  num_epochs: int = _rule(_COUNT)
-  batch_size: int = _rule(_COUNT)
-  learning_rate: float = _rule(Rule(float, low=0.0, above=True))
-  ensemble_size: int = _rule(Rule(int, low=0))
-  ensemble_strategy: str = _rule(Rule(str, names=STRATEGIES))
+  models: tuple[str, ...] = _rule(str, many=True)  # names: _models_exist
+  train_dropout_rates: tuple[float, ...] = _rule(float, low=0.0, high=1.0, many=True)
+  seeds: tuple[int, ...] = _rule(int, low=0, many=True)
+  num_epochs: int = _rule(int, low=1)
+  batch_size: int = _rule(int, low=1)
+  learning_rate: float = _rule(float, low=0.0, above=True)
+  ensemble_size: int = _rule(int, low=0)
+  ensemble_strategy: str = _rule(str, names=STRATEGIES)
   # The training recipe.
-  optimizer: str = _rule(Rule(str, names=OPTIMIZERS))
-  momentum: float = _rule(Rule(float, low=0.0, high=1.0))
-  nesterov: bool = _rule(Rule(bool))
-  lr_schedule: str = _rule(Rule(str, names=SCHEDULES))
-  lr_boundaries: tuple[float, ...] = _rule(Rule(float, many=True, empty=True))
-  lr_factor: float = _rule(Rule(float, low=0.0, above=True))
-  warmup_epochs: float = _rule(Rule(float, low=0.0))
-  weight_decay: float = _rule(Rule(float, low=0.0))
-  augment: tuple[str, ...] = _rule(Rule(str, names=("none", *AUGMENTATIONS), many=True))
-  crop_padding: int = _rule(Rule(int, low=0))
-  half_precision: str = _rule(Rule(str, names=HALF_PRECISIONS))
-  log_every_steps: int = _rule(_COUNT)
-  steps_per_call: int | None = _rule(Rule(int, low=1, optional=True))
-  eval_every_epochs: int = _rule(Rule(int, low=0))
+  optimizer: str = _rule(str, names=OPTIMIZERS)
+  momentum: float = _rule(float, low=0.0, high=1.0)
+  nesterov: bool = _rule(bool)
+  lr_schedule: str = _rule(str, names=SCHEDULES)
+  lr_boundaries: tuple[float, ...] = _rule(float, many=True, empty=True)
+  lr_factor: float = _rule(float, low=0.0, above=True)
+  warmup_epochs: float = _rule(float, low=0.0)
+  weight_decay: float = _rule(float, low=0.0)
+  augment: tuple[str, ...] = _rule(str, names=("none", *AUGMENTATIONS), many=True)
+  crop_padding: int = _rule(int, low=0)
+  half_precision: str = _rule(str, names=HALF_PRECISIONS)
+  log_every_steps: int = _rule(int, low=1)
+  steps_per_call: int | None = _rule(int, low=1, optional=True)
+  eval_every_epochs: int = _rule(int, low=0)
   # Prediction.
-  dropout_rates: tuple[float, ...] = _rule(Rule(float, low=0.0, high=1.0, many=True, empty=True))
-  num_samples: int = _rule(_COUNT)
-  chunk_size: int | None = _rule(Rule(int, low=1, optional=True))
-  keep_samples: bool = _rule(Rule(bool))
+  dropout_rates: tuple[float, ...] = _rule(float, low=0.0, high=1.0, many=True, empty=True)
+  num_samples: int = _rule(int, low=1)
+  chunk_size: int | None = _rule(int, low=1, optional=True)
+  keep_samples: bool = _rule(bool)
   # Evaluating given files instead of training.
-  inputs: tuple[str, ...] = _rule(Rule(str, paths=True))
-  input_kind: str = _rule(Rule(str, names=INPUT_KINDS))
-  labels: str = _rule(Rule(str))
+  inputs: tuple[str, ...] = _rule(str, paths=True)
+  input_kind: str = _rule(str, names=INPUT_KINDS)
+  labels: str = _rule(str)
   # The sweep.
-  scores: tuple[str, ...] = _rule(Rule(str, many=True))  # names: _known_scores
-  n_bins: tuple[int, ...] = _rule(Rule(int, low=1, high=binning.MAX_BINS, up_to=True, many=True))
-  topk: tuple[int, ...] = _rule(Rule(int, low=1, many=True))
+  scores: tuple[str, ...] = _rule(str, many=True)  # names: _known_scores
+  n_bins: tuple[int, ...] = _rule(int, low=1, high=binning.MAX_BINS, up_to=True, many=True)
+  topk: tuple[int, ...] = _rule(int, low=1, many=True)
   estimators: tuple[str, ...] = _rule(
-    Rule(str, names=lambda: registry.names(scores_only=True), many=True)
+    str, names=lambda: registry.names(scores_only=True), many=True
   )
-  n_folds: int = _rule(Rule(int, low=2, high=MAX_FOLDS, up_to=True, what="splits"))
-  scheme: str = _rule(Rule(str, names=SCHEMES))
-  figure_bins: int = _rule(_COUNT)
-  compare_bins: int | None = _rule(
-    Rule(int, low=1, high=binning.MAX_BINS, up_to=True, optional=True)
-  )
-  ece_bins: int = _rule(Rule(int, low=1, high=equal_width.MAX_EQUAL_WIDTH_BINS, up_to=True))
-  selective_targets: tuple[float, ...] = _rule(Rule(float, low=0.0, high=1.0, many=True))
-  selective_delta: float = _rule(Rule(float, low=0.0, high=0.5, above=True, what="a probability"))
+  n_folds: int = _rule(int, low=2, high=MAX_FOLDS, up_to=True, what="splits")
+  scheme: str = _rule(str, names=SCHEMES)
+  figure_bins: int = _rule(int, low=1)
+  compare_bins: int | None = _rule(int, low=1, high=binning.MAX_BINS, up_to=True, optional=True)
+  ece_bins: int = _rule(int, low=1, high=equal_width.MAX_EQUAL_WIDTH_BINS, up_to=True)
+  selective_targets: tuple[float, ...] = _rule(float, low=0.0, high=1.0, many=True)
+  selective_delta: float = _rule(float, low=0.0, high=0.5, above=True, what="a probability")
   set_methods: tuple[str, ...] = _rule(
-    Rule(str, names=lambda: tuple(_sets().METHODS), many=True, empty=True)
+    str, names=lambda: tuple(_lazy("evaluation.sets").METHODS), many=True, empty=True
   )
-  set_alphas: tuple[float, ...] = _rule(Rule(float, low=0.0, high=1.0, above=True, many=True))
-  figures: bool = _rule(Rule(bool))
+  set_alphas: tuple[float, ...] = _rule(float, low=0.0, high=1.0, above=True, many=True)
+  figures: bool = _rule(bool)
   # Dataset shift.
-  shift_examples: int | None = _rule(Rule(int, low=1, optional=True))
-  shift_rotation: str = _rule(Rule(str, names=("rotate_cubic", "rotate")))
-  shift_translation: str = _rule(Rule(str, names=("roll", "translate")))
+  shift_examples: int | None = _rule(int, low=1, optional=True)
+  shift_rotation: str = _rule(str, names=("rotate_cubic", "rotate"))
+  shift_translation: str = _rule(str, names=("roll", "translate"))
   shift_rotations: tuple[float, ...] = _rule(
-    Rule(float, low=0.0, high=360.0, above=True, up_to=True, many=True, empty=True, what="degrees")
+    float, low=0.0, high=360.0, above=True, up_to=True, many=True, empty=True, what="degrees"
   )
-  shift_translations: tuple[int, ...] = _rule(Rule(int, low=1, many=True, empty=True))
+  shift_translations: tuple[int, ...] = _rule(int, low=1, many=True, empty=True)
   shift_corruptions: tuple[str, ...] = _rule(
-    Rule(str, names=lambda: _corruptions().names(), many=True, empty=True, every=True)
+    str, names=lambda: _lazy("engine.corruptions").names(), many=True, empty=True, every=True
   )
-  shift_severities: tuple[int, ...] = _rule(
-    Rule(int, low=1, high=5, up_to=True, many=True, empty=True)
-  )
+  shift_severities: tuple[int, ...] = _rule(int, low=1, high=5, up_to=True, many=True, empty=True)
   shift_ood: tuple[str, ...] = _rule(
-    Rule(str, names=lambda: _ood_sets().names(), many=True, empty=True)
+    str, names=lambda: _lazy("io.ood_sets").names(), many=True, empty=True
   )
-  shift_estimators: tuple[str, ...] = _rule(Rule(str, names=registry.names, many=True))
-  shift_num_labels: tuple[int, ...] = _rule(Rule(int, low=0, many=True, empty=True))
-  shift_label_draws: int = _rule(_COUNT)
-  shift_prior_strength: float | None = _rule(Rule(float, low=0.0, above=True, optional=True))
-  shift_recalibrate_samples: bool = _rule(Rule(bool))
-  shift_recalibration_scores: tuple[str, ...] = _rule(Rule(str, many=True, empty=True))
-  shift_accuracy_scores: tuple[str, ...] = _rule(Rule(str, many=True, empty=True))
-  shift_inputs: tuple[str, ...] = _rule(Rule(str, paths=True))
+  shift_estimators: tuple[str, ...] = _rule(str, names=registry.names, many=True)
+  shift_num_labels: tuple[int, ...] = _rule(int, low=0, many=True, empty=True)
+  shift_label_draws: int = _rule(int, low=1)
+  shift_prior_strength: float | None = _rule(float, low=0.0, above=True, optional=True)
+  shift_recalibrate_samples: bool = _rule(bool)
+  shift_recalibration_scores: tuple[str, ...] = _rule(str, many=True, empty=True)
+  shift_accuracy_scores: tuple[str, ...] = _rule(str, many=True, empty=True)
+  shift_inputs: tuple[str, ...] = _rule(str, paths=True)
   # The config as given, for the run's record (config.json); not a setting.
   config: Any = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -295,22 +288,9 @@ class Settings:
     return self.input_kind != "predictions"
 
 
-def _corruptions():
-  from top1_jax.engine import corruptions  # jax: imported when a rule needs the names
-
-  return corruptions
-
-
-def _sets():
-  from top1_jax.evaluation import sets
-
-  return sets
-
-
-def _ood_sets():
-  from top1_jax.io import ood_sets
-
-  return ood_sets
+def _lazy(module: str):
+  """``top1_jax.<module>``, imported when a rule needs its names (it needs jax)."""
+  return importlib.import_module(f"top1_jax.{module}")
 
 
 def parse(config: Any) -> Settings:
@@ -357,8 +337,8 @@ def _recipe(s: Settings) -> Settings:
   if "none" in augment and augment != ("none",):
     fail("augment", f"expected none or names among {', '.join(AUGMENTATIONS)}, got {augment}")
   augment = () if augment == ("none",) else augment
-  if "crop" in augment and s.crop_padding < 1:
-    fail("crop_padding", f"expected an integer >= 1, got {s.crop_padding}")
+  if "crop" in augment:
+    Rule(int, low=1).parse("crop_padding", s.crop_padding)
   return s.replace(augment=augment)
 
 
@@ -435,8 +415,6 @@ def _inputs(s: Settings) -> None:
 
 
 def _shift(s: Settings) -> Settings:
-  if not s.shift_estimators:
-    fail("shift_estimators", f"expected names among {', '.join(registry.names())}, got ()")
   if s.shift_inputs and (not s.inputs or s.single_input):
     fail("shift_inputs", "goes with inputs: the clean predictions files they are calibrated on")
   labels = s.shift_num_labels
@@ -452,7 +430,7 @@ def _shift(s: Settings) -> Settings:
       fail(field, f"unknown score(s) {', '.join(unknown)}; known: {', '.join(scores.REGISTRY)}")
   s = s.replace(shift_num_labels=tuple(sorted(labels)))
   if s.shift_corruptions == ("all",):
-    return s.replace(shift_corruptions=_corruptions().names())
+    return s.replace(shift_corruptions=_lazy("engine.corruptions").names())
   return s
 
 

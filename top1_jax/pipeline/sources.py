@@ -54,10 +54,8 @@ class Source:
         self.columns["seed"] = settings.seeds[0]
       self.label = tables.row_label(self.columns)  # load_sources names mixed settings too
       # One network (not MC dropout or an ensemble): temperature scaling applies.
-      self.single_model = num_samples == 1 and self.columns["method"] not in (
-        "mc_dropout",
-        "ensemble",
-      )
+      sampled = self.columns["method"] in ("mc_dropout", "ensemble")
+      self.single_model = num_samples == 1 and not sampled
       size = chunk_size or streaming.chunk_size(len(self.labels), num_samples, reader.num_classes)
       chunks = _timed(reader.chunks(size), timings, "load")
       timings["load"] = timings.get("load", 0.0) + time.perf_counter() - tic
@@ -94,17 +92,6 @@ def _timed(items, timings: dict, key: str):
     yield item
 
 
-def _check_sources(sources: list[Source]) -> None:
-  first = sources[0]
-  for other in sources[1:]:
-    if other.labels.shape != first.labels.shape or not np.array_equal(other.labels, first.labels):
-      raise SettingError(
-        f"predictions: {other.name} and {first.name} have different labels "
-        f"({other.labels.shape[0]} vs {first.labels.shape[0]} examples): files of different "
-        "datasets, splits or example orders cannot share calibration splits"
-      )
-
-
 def check_present(asked) -> None:
   """Raises FileNotFoundError naming the files of ``asked`` ((name, path) pairs) not there."""
   missing = [name for name, path in asked if not path.exists()]
@@ -123,7 +110,14 @@ def load_sources(asked, settings: Settings, timings: dict | None = None) -> list
   timings = {} if timings is None else timings
   check_present(asked)
   sources = [Source(name, path, settings, timings) for name, path in asked]
-  _check_sources(sources)
+  first = sources[0]
+  for other in sources[1:]:
+    if not np.array_equal(other.labels, first.labels):  # False too when their shapes differ
+      raise SettingError(
+        f"predictions: {other.name} and {first.name} have different labels "
+        f"({other.labels.shape[0]} vs {first.labels.shape[0]} examples): files of different "
+        "datasets, splits or example orders cannot share calibration splits"
+      )
   mixed = tables.varying([source.columns for source in sources])
   for source in sources:
     source.label = tables.row_label(source.columns, mixed)

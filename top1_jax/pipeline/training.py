@@ -69,12 +69,13 @@ def _longer(saved: dict | None, wanted: dict) -> bool:
   )
 
 
-def _refuse_other(where, saved: dict, wanted: dict, what: str):
-  fields = ", ".join(_differences(saved, wanted))
-  return RunError(
-    f"--workdir: {where} {what} with other settings (differing: {fields}); use a new --workdir "
-    "or the same config (only a larger num_epochs continues a finished stage)"
-  )
+def _refuse_other(where, saved: dict | None, wanted: dict, what: str) -> None:
+  if saved != wanted and not _longer(saved, wanted):
+    fields = ", ".join(_differences(saved or {}, wanted))
+    raise RunError(
+      f"--workdir: {where} {what} with other settings (differing: {fields}); use a new "
+      "--workdir or the same config (only a larger num_epochs continues a finished stage)"
+    )
 
 
 def is_done(settings, workdir, point, stage: str) -> bool:
@@ -84,9 +85,8 @@ def is_done(settings, workdir, point, stage: str) -> bool:
   if not isinstance(done, dict) or done.get("retrain"):
     return False
   wanted, saved = jobs.training_config(settings, point, stage), done.get("config")
-  if saved == wanted or _longer(saved, wanted):
-    return saved == wanted
-  raise _refuse_other(folder(workdir, point) / stage, saved or {}, wanted, "was trained")
+  _refuse_other(folder(workdir, point) / stage, saved, wanted, "was trained")
+  return saved == wanted
 
 
 def _fit_epoch(settings, stage, state, data, key, callback):
@@ -112,9 +112,8 @@ def _diverged(settings, label: str, where, epoch: int, error: train.DivergedErro
 def _evaluate(settings, stage: str, state, test_split) -> dict:
   if stage == "base":
     return train.evaluate(state, test_split.images, test_split.labels)
-  return train.evaluate_ensemble(
-    state, test_split.images, test_split.labels, strategy=settings.ensemble_strategy
-  )
+  strategy = settings.ensemble_strategy
+  return train.evaluate_ensemble(state, test_split.images, test_split.labels, strategy=strategy)
 
 
 def _curves(workdir, point, stage: str):
@@ -170,8 +169,8 @@ def _check_started(settings, workdir, point, stage: str) -> None:
   """Epoch checkpoints are resumed only by a run with the same settings (or more epochs)."""
   started = folder(workdir, point) / stage / "config.json"
   saved, wanted = files.read_json(started), jobs.training_config(settings, point, stage)
-  if saved is not None and saved != wanted and not _longer(saved, wanted):
-    raise _refuse_other(started.parent, saved, wanted, "holds an unfinished run")
+  if saved is not None:
+    _refuse_other(started.parent, saved, wanted, "holds an unfinished run")
   if is_writer():
     files.write_json(started, wanted)
 
