@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from top1_jax.core import metrics as metrics_lib
 from top1_jax.evaluation import crossval
 from top1_jax.io import results
 from top1_jax.pipeline import tables
@@ -289,24 +288,6 @@ def merge_tables(
 # --------------------------------------------------------------------------- Markdown
 
 
-def _mean_std(row: Mapping[str, Any], name: str, digits: int | None, scale: float = 1.0) -> str:
-  """A merged cell (``tables.Value``): "mean ± std", with "(k/n)" where k of n runs define it."""
-  mean, std = row.get(name), row.get(f"{name}_std")
-  if mean is None:
-    return "–"
-
-  def text(value: float) -> str:
-    return f"{scale * value:.3g}" if digits is None else tables.cell(scale * value, digits)
-
-  cell = text(mean)
-  if std is not None:
-    cell += f" ± {text(std)}"
-  count = row.get(f"{name}_num_runs")
-  if count is not None and count != row.get("num_runs"):
-    cell += f" ({count}/{row['num_runs']})"
-  return cell
-
-
 def _varying(rows: Sequence[Mapping[str, Any]]) -> set[str]:
   """The settings a row's label must name (not the seed: merged rows are means over seeds)."""
   varying = tables.varying(rows, ("dataset", "model", "train_dropout_rate"))
@@ -335,37 +316,23 @@ def markdown(
   Cells are mean ± std across runs, "–" where no run defines the metric, "(k/n)" where k of
   the n runs do; ECE in percent.
   """
-  everything = [*rows, *comparison, *selective]
-  varying = _varying(everything) if everything else set()
+  varying = _varying([*rows, *comparison, *selective])
   set_rows = [row for row in rows if row.get("alpha") is not None]  # prediction sets
-  rows = [row for row in rows if row.get("alpha") is None]
-  events = sorted({(row["topk"], row["n_bins"]) for row in rows})
+  rows = _labelled([row for row in rows if row.get("alpha") is None], varying)
   parts = []
-  for topk, n_bins in events:
-    ece = metrics_lib.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
-    lines = [
-      f"### Top-{topk}, {n_bins} bins",
-      "",
-      f"| method | score | Brier | NLL | {ece} | EOR | {metrics_lib.BINNED_AUROC_NAME} | runs |",
-      "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
+  for topk, n_bins in sorted({(row["topk"], row["n_bins"]) for row in rows}):
+    header = ["method", "score", *tables.metric_names(n_bins), "runs"]
+    lines = [f"### Top-{topk}, {n_bins} bins", "", *tables.md_head(header, 2)]
     for row in rows:
-      if (row["topk"], row["n_bins"]) != (topk, n_bins):
-        continue
-      score = tables.score_cell(row)
-      eor = _mean_std(row, "eor", tables.eor_digits(row.get("eor")))
-      lines.append(
-        f"| {tables.row_label(row, varying)} | {score} | {_mean_std(row, 'brier', 4)} "
-        f"| {_mean_std(row, 'nll', 4)} | {_mean_std(row, 'ece', 2, 100.0)} "
-        f"| {eor} | {_mean_std(row, 'auroc', 3)} "
-        f"| {row['num_runs']} |"
-      )
+      if (row["topk"], row["n_bins"]) == (topk, n_bins):
+        cells = [row["label"], tables.score_cell(row), *tables.metric_cells(row, tables.mean_std)]
+        lines.append(tables.md_row([*cells, str(row["num_runs"])]))
     parts.append("\n".join(lines))
   for table, merged in ((tables.comparison_table, comparison), (tables.selective_table, selective)):
     if merged:
-      parts.append(table(_labelled(merged, varying), value=_mean_std, across_runs=True))
+      parts.append(table(_labelled(merged, varying), value=tables.mean_std, across_runs=True))
   if set_rows:
-    parts.append(tables.sets_table(_labelled(set_rows, varying), value=_mean_std))
+    parts.append(tables.sets_table(_labelled(set_rows, varying), value=tables.mean_std))
   return "\n\n".join(parts) + ("\n" if parts else "")
 
 
@@ -414,7 +381,8 @@ def run(workdirs: list[str], out) -> str:
   from top1_jax.pipeline import pages
 
   shown = {"rows": merged, **merged_tables}  # labelled as aggregate.md labels them
-  varying = _varying([row for rows in shown.values() for row in rows]) if merged else set()
+  varying = _varying([row for rows in shown.values() for row in rows])
   shown = {name: _labelled(rows, varying) for name, rows in shown.items()}
-  written += [*figures, pages.write_aggregate_page(out, title, shown, inputs, figures, _mean_std)]
+  page = pages.write_aggregate_page(out, title, shown, inputs, figures, tables.mean_std)
+  written += [*figures, page]
   return f"merged {what} into {len(merged)} rows: {', '.join(map(str, written))}"

@@ -17,6 +17,7 @@ from top1_jax.io import files
 from top1_jax.io import results as results_io
 from top1_jax.pipeline import runs, shift_tables, tables
 from top1_jax.pipeline.settings import Settings
+from top1_jax.plots import page  # matplotlib: this module is imported only to write a page
 
 _GROUP_STARTS = {
   "dataset": "data",
@@ -69,18 +70,6 @@ def _config(folder, settings: Settings, stage: str) -> dict[str, Any]:
   return {"command": (record or {}).get("command", ""), **fields}
 
 
-def _with_std(row: Mapping[str, Any], name: str, digits: int | None, scale: float = 1.0) -> str:
-  """A run's cell (``tables.Value``): the mean over splits ± their std."""
-  mean = tables.run_value(row, name, digits, scale)
-  if mean == "–" or row.get(f"{name}_std") is None:
-    return mean
-  return f"{mean} ± {tables.run_value(row, f'{name}_std', digits, scale)}"
-
-
-def _eor(row: Mapping[str, Any], value: tables.Value) -> str:
-  return value(row, "eor", tables.eor_digits(row.get("eor")), 1.0)
-
-
 def _ece(n_bins: int | str, binning: str = "equal-mass", **kind) -> str:
   calibration = binning == "equal-mass"
   return metrics.ece_name(n_bins, binning, calibration=calibration, percent=True, **kind)
@@ -102,8 +91,6 @@ def _file(row: Mapping[str, Any]) -> Any:
 
 def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], value) -> Any:
   """Raw -> binned per classifier (Table 1's rows): Top-1 Brier and both named ECEs."""
-  from top1_jax.plots import page  # matplotlib with the plots
-
   if not comparison:
     return None
   first = comparison[0]
@@ -112,13 +99,10 @@ def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], val
   header += [f"{raw_ece}: raw", f"{binned_ece}: binned"]
   rows = []
   for r in comparison:
-    brier = f"{value(r, 'raw_top1_brier', 4, 1.0)} → {value(r, 'top1_binned_brier', 4, 1.0)}"
-    score = scores.label(r["top1_score"])
+    method, score, _, raw, binned, raw_ece, binned_ece = tables.comparison_cells(r, value)
     score += " per predicted class" if r.get("top1_estimator") == "toplabel" else ""
-    rows.append([
-      _method(r, value), accuracy.get(_file(r), "–"), score, brier,
-      value(r, "confidence_ece", 2, 100.0), _binned_ece(r, value),
-    ])  # fmt: skip
+    accuracy_cell = accuracy.get(_file(r), "–")
+    rows.append([method, accuracy_cell, score, f"{raw} → {binned}", raw_ece, binned_ece])
   note = (
     "Raw: the max softmax probability as P(correct) (after the fitted temperature T where "
     f"named); binned: {first['top1_n_bins']} Top-1 bins of the binned score, fitted on each "
@@ -128,24 +112,11 @@ def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], val
   return page.Table("Raw → calibrated, Top-1", header, rows, note)
 
 
-def _binned_ece(row: Mapping[str, Any], value) -> str:
-  """Table 1's binned ECE, "†" on top-label binning's (equal-width: its bins are per class)."""
-  cell = value(row, "top1_binned_ece", 2, 100.0)
-  return cell + " †" if row.get("top1_estimator") == "toplabel" else cell
-
-
 def _top_label_note(comparison: Sequence[Mapping]) -> str:
   if not any(r.get("top1_estimator") == "toplabel" for r in comparison):
     return ""
   name = metrics.ece_name(comparison[0]["ece_bins"], "equal-width")
   return f" † Top-label binning's ECE is its P(correct)'s {name}: its bins are per class."
-
-
-def _method(row: Mapping[str, Any], value) -> str:
-  """A Table-1 row's method, with its fitted temperature as results.md writes it."""
-  if row.get("temperature") in (None, 1.0):
-    return row["label"]
-  return f"{row['label']} (T = {value(row, 'temperature', 2, 1.0)})"
 
 
 def _is_oracle(score: str) -> bool:
@@ -174,62 +145,40 @@ def best_line(rows: Sequence[Mapping], value, comparison: Sequence[Mapping] = ()
 
 def sweep_tables(rows: Sequence[Mapping], value) -> list:
   """Every row of the sweep, one table per Top-k event, bin counts side by side."""
-  from top1_jax.plots import page
-
-  runs = any("num_runs" in r for r in rows)
-  header = ["method", "score", "N", "Brier", "NLL", _ece("N"), "EOR", metrics.BINNED_AUROC_NAME]
-  header += ["runs"] if runs else ["bins after ties"]
+  merged = any("num_runs" in r for r in rows)
+  header = ["method", "score", "N", *tables.metric_names("N")]
+  header += ["runs"] if merged else ["bins after ties"]
   out = []
   for k in sorted({r["topk"] for r in rows}):
     body = []
     for r in (r for r in rows if r["topk"] == k):  # the sweep's order: file, score, bins
-      last = str(r["num_runs"]) if runs else tables.cell(r.get("num_effective_bins"), 1)
-      body.append([
-        r["label"], tables.score_cell(r), str(r["n_bins"]), value(r, "brier", 4, 1.0),
-        value(r, "nll", 4, 1.0), value(r, "ece", 2, 100.0), _eor(r, value),
-        value(r, "auroc", 3, 1.0), last,
-      ])  # fmt: skip
+      last = str(r["num_runs"]) if merged else tables.cell(r.get("num_effective_bins"), 1)
+      cells = tables.metric_cells(r, value)
+      body.append([r["label"], tables.score_cell(r), str(r["n_bins"]), *cells, last])
     out.append(page.Table(f"Top-{k}: every score and bin count (N bins)", header, body))
   return out
 
 
 def comparison_table(comparison: Sequence[Mapping], value) -> Any:
   """The paper's Table 1 in full: the benchmark's metrics beside Top-1 binning's."""
-  from top1_jax.plots import page
-
   if not comparison:
     return None
   first = comparison[0]
   header = ["method", "binned score", "multiclass Brier (benchmark)", "Top-1 Brier: raw pmax"]
   header += ["Top-1 Brier: binned", f"{_ece(first['ece_bins'], 'equal-width')}: raw pmax"]
   header += [f"{_ece(first['top1_n_bins'])}: binned"]
-  body = []
-  for r in comparison:
-    body.append([
-      _method(r, value), scores.label(r["top1_score"]), value(r, "multiclass_brier", 4, 1.0),
-      value(r, "raw_top1_brier", 4, 1.0), value(r, "top1_binned_brier", 4, 1.0),
-      value(r, "confidence_ece", 2, 100.0), _binned_ece(r, value),
-    ])  # fmt: skip
+  body = [tables.comparison_cells(r, value) for r in comparison]
   note = tables.COMPARISON_NOTE.replace("*", "") + _top_label_note(comparison)  # no Markdown
   return page.Table("Benchmark metrics vs Top-1 binning (paper Table 1)", header, body, note)
 
 
 def selective_table(selective: Sequence[Mapping], value) -> Any:
   """Selective prediction with a guarantee: one row per (file, target accuracy)."""
-  from top1_jax.plots import page
-
   if not selective:
     return None
   header = ["method", "score", "target", "guaranteed accuracy", "test coverage (%)"]
   header += ["test accuracy", "splits: nothing selected", "splits: test accuracy < target"]
-  body = []
-  for r in selective:
-    body.append([
-      r["label"], scores.label(r["score"]), f"{r['target_accuracy']:g}",
-      value(r, "guaranteed_accuracy", 4, 1.0), value(r, "test_coverage", 1, 100.0),
-      value(r, "test_accuracy", 4, 1.0), f"{r['num_empty']}/{r['num_splits']}",
-      f"{r['num_below_target']}/{r['num_splits']}",
-    ])  # fmt: skip
+  body = [tables.selective_cells(r, value) for r in selective]
   note = (
     f"{selective[0]['n_bins']} bins of each file's headline score; the most confident bins "
     f"whose accuracy is at least the target with probability {1 - selective[0]['delta']:g}."
@@ -239,17 +188,10 @@ def selective_table(selective: Sequence[Mapping], value) -> Any:
 
 def sets_table(rows: Sequence[Mapping], value) -> Any:
   """Prediction sets with a coverage guarantee: one row per (file, method, alpha)."""
-  from top1_jax.plots import page
-
   if not rows:
     return None
   header = ["method", "set method", "alpha", "coverage", "mean set size", "SSCV"]
-  body = []
-  for r in rows:
-    body.append([
-      r["label"], r["estimator"], f"{r['alpha']:g}", value(r, "coverage", 3),
-      value(r, "mean_size", 2), value(r, "sscv", 3),
-    ])  # fmt: skip
+  body = [tables.sets_cells(r, value) for r in rows]
   note = (
     "Split conformal sets fitted on each calibration part, scored on its test part: the "
     "share of labels in their set (>= 1 - alpha by construction), the mean size, and the "
@@ -287,8 +229,6 @@ def _accuracy(rows: Sequence[Mapping], value) -> dict[Any, str]:
 
 def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
   """index.html of an evaluate stage's work dir, from its results.json; returns its path."""
-  from top1_jax.plots import page
-
   data = files.read_json(workdir / "results.json")
   rows, comparison = data["results"], data.get("comparison") or []
   config = data["config"]
@@ -299,15 +239,15 @@ def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
     f"calibration/test splits (seed {config['seed']}): each method is fitted on the "
     "calibration part and scored on the test part; every number is a mean over the splits."
   )
-  answer = answer_table(comparison, _accuracy(rows, tables.run_value), _with_std)
+  answer = answer_table(comparison, _accuracy(rows, tables.run_value), tables.mean_std)
   selective, set_rows = data.get("selective") or [], data.get("sets") or []
   return page.write_results_page(
     workdir,
     f"Calibrated Top-k bins: {dataset}",
     intro=intro,
     answer=[answer] if answer else [],
-    findings=[best_line(rows, _with_std, comparison)],
-    details=_details(rows, comparison, selective, set_rows, _with_std),
+    findings=[best_line(rows, tables.mean_std, comparison)],
+    details=_details(rows, comparison, selective, set_rows, tables.mean_std),
     figures=None if settings.figures else [],
     config=_config(workdir, settings, "evaluate"),
     timings=timings,
@@ -318,8 +258,6 @@ def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
 def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs, figures, value):
   """index.html of merged runs: ``merged`` holds their labelled ``rows``, ``comparison``
   and ``selective`` rows, ``value`` formats a merged cell (mean ± std across runs)."""
-  from top1_jax.plots import page
-
   rows, comparison = merged["rows"], merged.get("comparison") or []
   set_rows = [r for r in rows if r.get("alpha") is not None]  # prediction sets'
   rows = [r for r in rows if r.get("alpha") is None]
@@ -357,8 +295,6 @@ def _clean(rows, selector, metric: str) -> float | None:
 def shift_answer(rows: Sequence[Mapping], n_bins: int, title: str) -> tuple[Any, str]:
   """Per variant: accuracy, Brier and ECE clean and their means over the shifted sets; and
   the line naming the lowest mean Brier under shift."""
-  from top1_jax.plots import page
-
   ece = _ece(n_bins)
   header = ["method", "accuracy (%): clean → shifted", "Brier: clean → shifted"]
   header += [f"{ece}: clean → shifted"]
@@ -382,8 +318,6 @@ def shift_answer(rows: Sequence[Mapping], n_bins: int, title: str) -> tuple[Any,
 
 def _by_set(rows: Sequence[Mapping], n_bins: int, metric: str, title: str) -> Any:
   """Every shifted set (rows) by variant (columns), of one metric."""
-  from top1_jax.plots import page
-
   variants = shift_tables.present_variants(rows, n_bins)
   sets = list(dict.fromkeys((r["shift"], r["severity"]) for r in rows))
   scale, digits = (100.0, 2) if metric in ("ece", "accuracy") else (1.0, 4)
@@ -405,8 +339,6 @@ def _by_set(rows: Sequence[Mapping], n_bins: int, metric: str, title: str) -> An
 
 def write_shift_page(settings: Settings, folder, timings: Mapping[str, Any]):
   """index.html of the shift protocol's folder, from its results.json; returns its path."""
-  from top1_jax.plots import page
-
   data = files.read_json(folder / "results.json")
   n_bins = settings.compare_bins
   answers, findings, details = [], [], []
