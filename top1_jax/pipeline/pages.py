@@ -276,37 +276,31 @@ def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs
   )
 
 
+def _of(rows, selector, metric: str, clean: bool) -> list:
+  """``metric`` of a variant's rows: on the clean set, or on every shifted set (OOD sets
+  are not among the rows)."""
+  is_clean = lambda r: r["shift"] == results_io.CLEAN
+  return [r.get(metric) for r in rows if is_clean(r) == clean and shift_tables.matches(r, selector)]
+
+
 def _shifted_mean(rows, selector, metric: str) -> float | None:
-  """A variant's mean of ``metric`` over every shifted set (not clean, not OOD)."""
-  values = [
-    r.get(metric)
-    for r in rows
-    if r["shift"] != results_io.CLEAN and shift_tables.matches(r, selector)
-  ]
-  values = [v for v in values if v is not None and math.isfinite(v)]
+  values = [v for v in _of(rows, selector, metric, False) if v is not None and math.isfinite(v)]
   return float(np.mean(values)) if values else None
-
-
-def _clean(rows, selector, metric: str) -> float | None:
-  found = [r for r in rows if r["shift"] == results_io.CLEAN and shift_tables.matches(r, selector)]
-  return found[0].get(metric) if found else None
 
 
 def shift_answer(rows: Sequence[Mapping], n_bins: int, title: str) -> tuple[Any, str]:
   """Per variant: accuracy, Brier and ECE clean and their means over the shifted sets; and
   the line naming the lowest mean Brier under shift."""
-  ece = _ece(n_bins)
   header = ["method", "accuracy (%): clean → shifted", "Brier: clean → shifted"]
-  header += [f"{ece}: clean → shifted"]
+  header += [f"{_ece(n_bins)}: clean → shifted"]
   body, shifted_brier = [], {}
   for label, selector in shift_tables.present_variants(rows, n_bins).items():
     cells = [label]
-    for metric, scale, digits in (("accuracy", 100.0, 2), ("brier", 1.0, 4), ("ece", 100.0, 2)):
-      clean, shifted = _clean(rows, selector, metric), _shifted_mean(rows, selector, metric)
-      cells.append(
-        f"{tables.cell(None if clean is None else scale * clean, digits)} → "
-        f"{tables.cell(None if shifted is None else scale * shifted, digits)}"
-      )
+    for metric in ("accuracy", "brier", "ece"):
+      scale, digits = shift_tables.metric_format(metric)
+      clean = (_of(rows, selector, metric, True) or [None])[0]
+      shifted = _shifted_mean(rows, selector, metric)
+      cells.append(f"{tables.cell(clean, digits, scale)} → {tables.cell(shifted, digits, scale)}")
     shifted_brier[label] = _shifted_mean(rows, selector, "brier")
     body.append(cells)
   note = "Shifted: the mean over every shifted set (each shift at each intensity), OOD sets aside."
@@ -319,21 +313,16 @@ def shift_answer(rows: Sequence[Mapping], n_bins: int, title: str) -> tuple[Any,
 def _by_set(rows: Sequence[Mapping], n_bins: int, metric: str, title: str) -> Any:
   """Every shifted set (rows) by variant (columns), of one metric."""
   variants = shift_tables.present_variants(rows, n_bins)
-  sets = list(dict.fromkeys((r["shift"], r["severity"]) for r in rows))
-  scale, digits = (100.0, 2) if metric in ("ece", "accuracy") else (1.0, 4)
+  scale, digits = shift_tables.metric_format(metric)
   body = []
-  for shift, severity in sets:
-    cells = [shift, f"{severity:g}"]
+  for where in dict.fromkeys((r["shift"], r["severity"]) for r in rows):
+    at = [r for r in rows if (r["shift"], r["severity"]) == where]
+    cells = [where[0], f"{where[1]:g}"]
     for selector in variants.values():
-      found = [
-        r
-        for r in rows
-        if (r["shift"], r["severity"]) == (shift, severity) and shift_tables.matches(r, selector)
-      ]
-      value = found[0].get(metric) if found else None
-      cells.append(tables.cell(None if value is None else scale * value, digits))
+      found = [r.get(metric) for r in at if shift_tables.matches(r, selector)]
+      cells.append(tables.cell((found or [None])[0], digits, scale))
     body.append(cells)
-  name = _ece(n_bins) if metric == "ece" else shift_tables.metric_title(metric, n_bins)
+  name = shift_tables.metric_title(metric, n_bins)
   return page.Table(f"{title}: {name} of every set", ["shift", "intensity", *variants], body)
 
 
