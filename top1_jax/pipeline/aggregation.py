@@ -80,11 +80,6 @@ def _group(
   return groups
 
 
-def _seeds(rows: list[Mapping[str, Any]]) -> str | None:
-  seeds = sorted({row["seed"] for row in rows if row["seed"] is not None})
-  return ",".join(str(seed) for seed in seeds) or None
-
-
 def _merge_groups(
   groups: dict[tuple, list],
   key_columns: Sequence[str],
@@ -107,7 +102,8 @@ def _merge_groups(
   out = []
   for i, (key, members) in enumerate(groups.items()):
     row: dict[str, Any] = dict(zip(key_columns, key, strict=True))
-    row["seeds"] = _seeds(members)
+    seeds = sorted({member["seed"] for member in members if member["seed"] is not None})
+    row["seeds"] = ",".join(str(seed) for seed in seeds) or None
     row["num_runs"] = len(members)
     for name in summed:
       row[name] = sum(int(member.get(name) or 0) for member in members)

@@ -18,23 +18,24 @@ LOG_PROBS_SCORE = "neg_log_pmax"
 """The score that bins the methods on the log-probabilities (raw, temperature, top-label)
 for the binned metrics: pmax's tie-free twin (``scores.RANKING_TWINS``)."""
 
-_OWN = {"estimator": "raw", "score": LOG_PROBS_SCORE}  # a method's own max probability
+
+def _variant(method: str, estimator: str, score: str = LOG_PROBS_SCORE) -> dict:
+  """A variant's selector; estimator "raw": the method's own max probability as P(correct)."""
+  return {"method": method, "estimator": estimator, "score": score}
+
+
 VARIANTS: dict[str, dict] = {
-  "Vanilla": {"method": "deterministic", **_OWN},
-  "Temp scaling": {"method": "deterministic", "estimator": "temperature", "score": LOG_PROBS_SCORE},
-  "Dropout": {"method": "mc_dropout", **_OWN},
-  "Ensemble": {"method": "ensemble", **_OWN},
-  "Top-label bins": {"method": "deterministic", "estimator": "toplabel", "score": LOG_PROBS_SCORE},
-  "Bins: pmax": {"method": "deterministic", "estimator": "bins", "score": "pmax"},
-  "Isotonic: pmax": {"method": "deterministic", "estimator": "isotonic", "score": "pmax"},
-  "Bins: dropout cov. 2-norm": {
-    "method": "mc_dropout", "estimator": "bins", "score": "covariance_norm_probs"
-  },
-  "Bins: ensemble cov. 2-norm": {
-    "method": "ensemble", "estimator": "bins", "score": "covariance_norm_probs"
-  },
-  "Bins: ensemble pmax": {"method": "ensemble", "estimator": "bins", "score": "pmax"},
-}  # fmt: skip
+  "Vanilla": _variant("deterministic", "raw"),
+  "Temp scaling": _variant("deterministic", "temperature"),
+  "Dropout": _variant("mc_dropout", "raw"),
+  "Ensemble": _variant("ensemble", "raw"),
+  "Top-label bins": _variant("deterministic", "toplabel"),
+  "Bins: pmax": _variant("deterministic", "bins", "pmax"),
+  "Isotonic: pmax": _variant("deterministic", "isotonic", "pmax"),
+  "Bins: dropout cov. 2-norm": _variant("mc_dropout", "bins", "covariance_norm_probs"),
+  "Bins: ensemble cov. 2-norm": _variant("ensemble", "bins", "covariance_norm_probs"),
+  "Bins: ensemble pmax": _variant("ensemble", "bins", "pmax"),
+}
 """Display label -> the columns of its rows, in the tables' and figures' order."""
 
 GEOMETRIC = results.GEOMETRIC_SHIFTS
@@ -78,10 +79,6 @@ def _value(rows, selector, shift, severity, metric) -> float | None:
   return None
 
 
-def _severities(rows, shift) -> list:
-  return sorted({r["severity"] for r in rows if r["shift"] == shift})
-
-
 def _head(header: list[str], left: int = 1) -> list[str]:
   """A table's header and rule (spaced): ``left`` columns aligned left, the rest right."""
   rule = ["---"] * left + ["---:"] * (len(header) - left)
@@ -115,7 +112,7 @@ def _shown(variants: dict, metric: str) -> dict:
 
 def geometric_table(rows, variants, shift: str, metric: str) -> str:
   """Variants x intensities of one shift (the clean rows at 0)."""
-  levels = [0, *_severities(rows, shift)]
+  levels = [0, *sorted({r["severity"] for r in rows if r["shift"] == shift})]
   scale, digits = metric_format(metric)
   variants = _shown(variants, metric)
   lines = _head(["method", *(f"{level:g}" for level in levels)])

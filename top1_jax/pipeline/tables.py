@@ -117,10 +117,6 @@ def md_head(header: list[str], left: int = 1) -> list[str]:
   return [md_row(header), "|" + "---|" * left + "---:|" * (len(header) - left)]
 
 
-def _pm(mean: float | None, std: float | None, digits: int) -> str:
-  return "–" if mean is None else f"{cell(mean, digits)} ± {cell(std, digits)}"
-
-
 def eor_digits(mean: float | None) -> int:
   """Decimals of an EOR cell: an odds ratio reads to about three significant digits."""
   if mean is None or not math.isfinite(mean):
@@ -128,10 +124,11 @@ def eor_digits(mean: float | None) -> int:
   return 2 if mean < 10 else 1 if mean < 100 else 0
 
 
-def _eor(mean: float | None, std: float | None) -> str:
+def _eor(row: dict) -> str:
+  mean = row["eor"]
   if mean is None or not math.isfinite(mean):
     return cell(mean, eor_digits(mean))  # no "± nan" beside an undefined mean
-  return _pm(mean, std, eor_digits(mean))
+  return pm_value(row, "eor", eor_digits(mean))
 
 
 def _defined_on(row: dict, metric: str, n_folds: int | None) -> str:
@@ -164,7 +161,7 @@ def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None =
     if (r["topk"], r["n_bins"]) == (topk, n_bins):
       lines.append(md_row([
         r["label"], score_cell(r), cell(r["brier"], 4), cell(r["nll"], 4),
-        pm_value(r, "ece", 2, 100.0), _eor(r["eor"], r["eor_std"]) + _defined_on(r, "eor", n_folds),
+        pm_value(r, "ece", 2, 100.0), _eor(r) + _defined_on(r, "eor", n_folds),
         cell(r["auroc"], 3) + _defined_on(r, "auroc", n_folds), cell(r["num_effective_bins"], 0),
       ]))  # fmt: skip
   return "\n".join(lines)
@@ -196,7 +193,7 @@ def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, 
       if not match:
         cells.append("–")
       elif metric == "eor":
-        cells.append(_eor(match[0]["eor"], match[0]["eor_std"]))
+        cells.append(_eor(match[0]))
       else:
         cells.append(cell(match[0][metric], 4))
     lines.append(md_row(cells))
@@ -382,7 +379,7 @@ def selective_table(
 def pm_value(row: dict, name: str, digits: int | None, scale: float = 1.0) -> str:
   """A run's cell with its spread: "mean ± std" over the splits (``Value``)."""
   mean, std = row.get(name), row.get(f"{name}_std")
-  return _pm(None if mean is None else scale * mean, None if std is None else scale * std, digits)
+  return "–" if mean is None else f"{cell(mean, digits, scale)} ± {cell(std, digits, scale)}"
 
 
 def sets_cells(row: dict, value: Value) -> list[str]:
