@@ -15,6 +15,10 @@ from top1_jax.evaluation import crossval
 from top1_jax.io import results
 from top1_jax.pipeline import tables
 
+Row = Mapping[str, Any]
+Runs = Sequence[Sequence[Row]]
+"""Each run's rows (one list per run)."""
+
 KEY_COLUMNS = tuple(c for c in tables.COLUMNS if c not in ("seed", "source"))
 """The columns that identify a sweep point across runs."""
 
@@ -35,7 +39,7 @@ def _run_names(num_runs: int, names: Sequence[str] | None) -> list[str]:
   return [str(name) for name in names]
 
 
-def check_configs(configs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> None:
+def check_configs(configs: Sequence[Row], names: Sequence[str]) -> None:
   """Refuses (ValueError) runs whose cross-validation differs (``SHARED_CONFIG``)."""
   for key in SHARED_CONFIG:
     first = configs[0].get(key)
@@ -47,15 +51,13 @@ def check_configs(configs: Sequence[Mapping[str, Any]], names: Sequence[str]) ->
         )
 
 
-def _describe(row: Mapping[str, Any], key_columns: Sequence[str]) -> str:
+def _describe(row: Row, key_columns: Sequence[str]) -> str:
   """A point for an error message: its method, file and what else its key holds."""
   rest = ", ".join(f"{c} {row[c]}" for c in key_columns if c not in SETTINGS and c != "method")
   return f"{row['method']} ({row.get('source')}, {rest})"
 
 
-def _group(
-  runs: Sequence[Sequence[Mapping[str, Any]]], names: list[str], key_columns: Sequence[str]
-) -> dict[tuple, list]:
+def _group(runs: Runs, names: list[str], key_columns: Sequence[str]) -> dict[tuple, list]:
   """Key -> the rows of that point, one per (run, seed), in order of first appearance."""
   groups: dict[tuple, list] = {}
   origin: dict[tuple, str] = {}  # (key, seed) -> the run it came from, for the error
@@ -118,10 +120,7 @@ def _merge_groups(
 
 
 def merge_runs(
-  runs: Sequence[Sequence[Mapping[str, Any]]],
-  *,
-  names: Sequence[str] | None = None,
-  configs: Sequence[Mapping[str, Any]] | None = None,
+  runs: Runs, *, names: Sequence[str] | None = None, configs: Sequence[Row] | None = None
 ) -> list[dict[str, Any]]:
   """One row per sweep point with each metric's mean and std across runs.
 
@@ -155,7 +154,7 @@ def merge_runs(
   return _merge_groups(groups, KEY_COLUMNS, metrics, crossval.UNDEFINABLE)
 
 
-def count_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> int:
+def count_runs(runs: Runs) -> int:
   """How many runs the work dirs' rows hold: each dir's distinct seeds (a seed sweep's dir
   holds several), rows without a seed one run."""
   return sum(
@@ -168,7 +167,7 @@ def _plural(count: int, noun: str) -> str:
   return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def describe_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> str:
+def describe_runs(runs: Runs) -> str:
   """What a merge took in, for its messages: "2 runs from 1 work dir" (``count_runs``)."""
   return f"{_plural(count_runs(runs), 'run')} from {_plural(len(runs), 'work dir')}"
 
@@ -235,10 +234,7 @@ def _merge_table(runs, tables_runs, names, what: str, key: tuple, **merge) -> li
 
 
 def merge_comparison(
-  runs: Sequence[Sequence[Mapping[str, Any]]],
-  comparisons: Sequence[Sequence[Mapping[str, Any]]],
-  *,
-  names: Sequence[str] | None = None,
+  runs: Runs, comparisons: Runs, *, names: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
   """Table 1 of merged runs, keyed by ``SETTINGS`` and ``COMPARISON_KEY``: each of
   ``COMPARISON_METRICS`` as mean and ``_std`` across runs (as ``merge_runs``).
@@ -253,10 +249,7 @@ def merge_comparison(
 
 
 def merge_selective(
-  runs: Sequence[Sequence[Mapping[str, Any]]],
-  selective: Sequence[Sequence[Mapping[str, Any]]],
-  *,
-  names: Sequence[str] | None = None,
+  runs: Runs, selective: Runs, *, names: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
   """The selective rows of merged runs, as ``merge_comparison`` keyed by ``SELECTIVE_KEY``;
   ``SELECTIVE_COUNTS`` are summed over runs, each run's ``per_split`` left out."""
@@ -267,8 +260,8 @@ def merge_selective(
 
 
 def merge_tables(
-  runs: Sequence[Sequence[Mapping[str, Any]]],
-  tables_of_runs: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]],
+  runs: Runs,
+  tables_of_runs: Sequence[Mapping[str, Sequence[Row]]],
   *,
   names: Sequence[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
@@ -284,14 +277,14 @@ def merge_tables(
 # --------------------------------------------------------------------------- Markdown
 
 
-def _varying(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+def _varying(rows: Sequence[Row]) -> set[str]:
   """The settings a row's label must name (not the seed: merged rows are means over seeds)."""
   varying = tables.varying(rows, ("dataset", "model", "train_dropout_rate"))
   mc_rows = [r for r in rows if r["method"] == "mc_dropout"]
   return varying | tables.varying(mc_rows, ("num_samples",))
 
 
-def _labelled(rows: Sequence[Mapping[str, Any]], varying: set[str]) -> list[dict[str, Any]]:
+def _labelled(rows: Sequence[Row], varying: set[str]) -> list[dict[str, Any]]:
   out = []
   for row in rows:
     label = tables.row_label(row, varying)
@@ -302,9 +295,7 @@ def _labelled(rows: Sequence[Mapping[str, Any]], varying: set[str]) -> list[dict
 
 
 def markdown(
-  rows: Sequence[Mapping[str, Any]],
-  comparison: Sequence[Mapping[str, Any]] = (),
-  selective: Sequence[Mapping[str, Any]] = (),
+  rows: Sequence[Row], comparison: Sequence[Row] = (), selective: Sequence[Row] = ()
 ) -> str:
   """Merged rows as Markdown: a table per (Top-k, bin count), then Table 1, selective rows
   and prediction sets when given; "" for no rows.
