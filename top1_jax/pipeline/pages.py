@@ -207,15 +207,21 @@ def _present(folder, names: Sequence[str]) -> list[str]:
   return [name for name in names if (folder / name).exists()]
 
 
-def _details(rows, comparison, selective, set_rows, value) -> list:
-  """Every table of the folded details, those with rows."""
-  found = [
+def _sections(rows, comparison, selective, set_rows, value, accuracy_value) -> dict:
+  """A sweep page's answer, finding and folded tables (those with rows); ``value`` formats
+  a cell, ``accuracy_value`` the files' accuracies."""
+  answer = answer_table(comparison, _accuracy(rows, accuracy_value), value)
+  details = [
     *sweep_tables(rows, value),
     comparison_table(comparison, value),
     selective_table(selective, value),
     sets_table(set_rows, value),
   ]
-  return [t for t in found if t]
+  return {
+    "answer": [answer] if answer else [],
+    "findings": [best_line(rows, value, comparison)],
+    "details": [t for t in details if t],
+  }
 
 
 def _accuracy(rows: Sequence[Mapping], value) -> dict[Any, str]:
@@ -239,15 +245,12 @@ def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
     f"calibration/test splits (seed {config['seed']}): each method is fitted on the "
     "calibration part and scored on the test part; every number is a mean over the splits."
   )
-  answer = answer_table(comparison, _accuracy(rows, tables.run_value), tables.mean_std)
   selective, set_rows = data.get("selective") or [], data.get("sets") or []
   return page.write_results_page(
     workdir,
     f"Calibrated Top-k bins: {dataset}",
     intro=intro,
-    answer=[answer] if answer else [],
-    findings=[best_line(rows, tables.mean_std, comparison)],
-    details=_details(rows, comparison, selective, set_rows, tables.mean_std),
+    **_sections(rows, comparison, selective, set_rows, tables.mean_std, tables.run_value),
     figures=None if settings.figures else [],
     config=_config(workdir, settings, "evaluate"),
     timings=timings,
@@ -261,15 +264,12 @@ def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs
   rows, comparison = merged["rows"], merged.get("comparison") or []
   set_rows = [r for r in rows if r.get("alpha") is not None]  # prediction sets'
   rows = [r for r in rows if r.get("alpha") is None]
-  answer = answer_table(comparison, _accuracy(rows, value), value)
   names = ("aggregate.md", "aggregate.csv", "aggregate.json")
   return page.write_results_page(
     out,
     title,
     intro=tables.ACROSS_RUNS,
-    answer=[answer] if answer else [],
-    findings=[best_line(rows, value, comparison)],
-    details=_details(rows, comparison, merged.get("selective") or [], set_rows, value),
+    **_sections(rows, comparison, merged.get("selective") or [], set_rows, value, value),
     figures=figures,
     config={"inputs": inputs["inputs"], "num_runs": inputs["num_runs"]},
     links=_present(out, names),
