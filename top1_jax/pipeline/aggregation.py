@@ -277,21 +277,22 @@ def merge_tables(
 # --------------------------------------------------------------------------- Markdown
 
 
-def _varying(rows: Sequence[Row]) -> set[str]:
-  """The settings a row's label must name (not the seed: merged rows are means over seeds)."""
-  varying = tables.varying(rows, ("dataset", "model", "train_dropout_rate"))
-  mc_rows = [r for r in rows if r["method"] == "mc_dropout"]
-  return varying | tables.varying(mc_rows, ("num_samples",))
+def _labelled(
+  rows: Sequence[Row], comparison: Sequence[Row] = (), selective: Sequence[Row] = ()
+) -> dict[str, list[dict[str, Any]]]:
+  """Each table's rows with the label aggregate.md and the page show: the settings that
+  differ (not the seed: merged rows are means over seeds), and a Table-1 row's variant."""
+  shown = {"rows": rows, "comparison": comparison, "selective": selective}
+  everything = [row for rows in shown.values() for row in rows]
+  varying = tables.varying(everything, ("dataset", "model", "train_dropout_rate"))
+  mc_rows = [r for r in everything if r["method"] == "mc_dropout"]
+  varying |= tables.varying(mc_rows, ("num_samples",))
 
+  def label(row: Row) -> str:
+    text = tables.row_label(row, varying)
+    return text if row.get("variant") is None else tables.variant_label(text, row["variant"])
 
-def _labelled(rows: Sequence[Row], varying: set[str]) -> list[dict[str, Any]]:
-  out = []
-  for row in rows:
-    label = tables.row_label(row, varying)
-    if row.get("variant") is not None:
-      label = tables.variant_label(label, row["variant"])
-    out.append({**row, "label": label})
-  return out
+  return {name: [{**row, "label": label(row)} for row in rows] for name, rows in shown.items()}
 
 
 def markdown(
@@ -303,9 +304,9 @@ def markdown(
   Cells are mean ± std across runs, "–" where no run defines the metric, "(k/n)" where k of
   the n runs do; ECE in percent.
   """
-  varying = _varying([*rows, *comparison, *selective])
-  set_rows = [row for row in rows if row.get("alpha") is not None]  # prediction sets
-  rows = _labelled([row for row in rows if row.get("alpha") is None], varying)
+  shown = _labelled(rows, comparison, selective)
+  set_rows = [row for row in shown["rows"] if row.get("alpha") is not None]  # prediction sets
+  rows = [row for row in shown["rows"] if row.get("alpha") is None]
   parts = []
   for topk, n_bins in sorted({(row["topk"], row["n_bins"]) for row in rows}):
     header = ["method", "score", *tables.metric_names(n_bins), "runs"]
@@ -315,11 +316,12 @@ def markdown(
         cells = [row["label"], tables.score_cell(row), *tables.metric_cells(row, tables.mean_std)]
         lines.append(tables.md_row([*cells, str(row["num_runs"])]))
     parts.append("\n".join(lines))
-  for table, merged in ((tables.comparison_table, comparison), (tables.selective_table, selective)):
-    if merged:
-      parts.append(table(_labelled(merged, varying), value=tables.mean_std, across_runs=True))
-  if set_rows:
-    parts.append(tables.sets_table(_labelled(set_rows, varying), value=tables.mean_std))
+  parts += [
+    tables.comparison_table(shown["comparison"], value=tables.mean_std, across_runs=True),
+    tables.selective_table(shown["selective"], value=tables.mean_std, across_runs=True),
+    tables.sets_table(set_rows, value=tables.mean_std),
+  ]
+  parts = [part for part in parts if part]  # "" for a table without rows
   return "\n\n".join(parts) + ("\n" if parts else "")
 
 
@@ -367,9 +369,7 @@ def run(workdirs: list[str], out) -> str:
   title = f"Merged runs ({what}): metrics as mean ± std across runs"
   from top1_jax.pipeline import pages
 
-  shown = {"rows": merged, **merged_tables}  # labelled as aggregate.md labels them
-  varying = _varying([row for rows in shown.values() for row in rows])
-  shown = {name: _labelled(rows, varying) for name, rows in shown.items()}
+  shown = _labelled(merged, **merged_tables)  # labelled as aggregate.md labels them
   page = pages.write_aggregate_page(out, title, shown, inputs, figures, tables.mean_std)
   written += [*figures, page]
   return f"merged {what} into {len(merged)} rows: {', '.join(map(str, written))}"
