@@ -201,6 +201,7 @@ def sets_table(rows: Sequence[Mapping], value) -> Any:
 
 
 _RUN_FILES = ("results.md", "results.csv", "results.json", "config.json", "timings.json")
+_SHIFT_FILES = ("results.md", "results.csv", "ood.csv", "results.json")
 
 
 def _present(folder, names: Sequence[str]) -> list[str]:
@@ -246,16 +247,12 @@ def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
     "calibration part and scored on the test part; every number is a mean over the splits."
   )
   selective, set_rows = data.get("selective") or [], data.get("sets") or []
+  sections = _sections(rows, comparison, selective, set_rows, tables.mean_std, tables.run_value)
   return page.write_results_page(
-    workdir,
-    f"Calibrated Top-k bins: {dataset}",
-    intro=intro,
-    **_sections(rows, comparison, selective, set_rows, tables.mean_std, tables.run_value),
-    figures=None if settings.figures else [],
-    config=_config(workdir, settings, "evaluate"),
-    timings=timings,
-    links=_present(workdir, _RUN_FILES),
-  )
+    workdir, f"Calibrated Top-k bins: {dataset}", intro=intro, **sections,
+    figures=None if settings.figures else [], config=_config(workdir, settings, "evaluate"),
+    timings=timings, links=_present(workdir, _RUN_FILES),
+  )  # fmt: skip
 
 
 def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs, figures, value):
@@ -265,15 +262,12 @@ def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs
   set_rows = [r for r in rows if r.get("alpha") is not None]  # prediction sets'
   rows = [r for r in rows if r.get("alpha") is None]
   names = ("aggregate.md", "aggregate.csv", "aggregate.json")
+  sections = _sections(rows, comparison, merged.get("selective") or [], set_rows, value, value)
   return page.write_results_page(
-    out,
-    title,
-    intro=tables.ACROSS_RUNS,
-    **_sections(rows, comparison, merged.get("selective") or [], set_rows, value, value),
-    figures=figures,
+    out, title, intro=tables.ACROSS_RUNS, **sections, figures=figures,
     config={"inputs": inputs["inputs"], "num_runs": inputs["num_runs"]},
     links=_present(out, names),
-  )
+  )  # fmt: skip
 
 
 def _of(rows, selector, metric: str, clean: bool) -> list:
@@ -349,14 +343,8 @@ def write_shift_page(settings: Settings, folder, timings: Mapping[str, Any]):
     "examples shifted; means over the splits."
   )
   return page.write_results_page(
-    folder,
-    "Calibration under dataset shift",
-    intro=intro,
-    answer=answers,
-    findings=[line for line in findings if line],
-    details=details,
-    figures=None if settings.figures else [],
-    config=_config(folder, settings, "shift"),
-    timings=timings,
-    links=_present(folder, ("results.md", "results.csv", "ood.csv", "results.json")),
-  )
+    folder, "Calibration under dataset shift", intro=intro, answer=answers,
+    findings=[line for line in findings if line], details=details,
+    figures=None if settings.figures else [], config=_config(folder, settings, "shift"),
+    timings=timings, links=_present(folder, _SHIFT_FILES),
+  )  # fmt: skip

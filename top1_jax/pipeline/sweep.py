@@ -70,36 +70,22 @@ def _sweep_point(
   """One point's cross-validation, or the saved one when its settings and file match."""
   name = f"{source.slug}__{score}__top{k}" + tables.estimator_suffix(estimator, "__{}")
   path = folder / f"{name}.json"
-  expected = {
-    "n_bins": list(settings.n_bins),
-    "n_folds": settings.n_folds,
-    "scheme": settings.scheme,
-    "seed": source.columns["seed"],
-    "file_sha1": source.digest,
-  }
+  expected = dict(
+    n_bins=list(settings.n_bins), n_folds=settings.n_folds, scheme=settings.scheme,
+    seed=source.columns["seed"], file_sha1=source.digest,
+  )  # fmt: skip
   saved = files.read_json(path)
   if saved is not None and saved.get("settings") == expected:
     return {**saved, "reused": True}
   known = scores.lookup(score)
   cv = crossval.cross_validate(
-    source.scores[score],
-    source.correct(k),
-    settings.n_bins,
-    splits=source.splits,
-    estimator=estimator,
-    increasing=known is not None and known.confident_when_high,
-  )
-  record = {
-    "settings": expected,
-    "file": str(source.path),
-    "source": source.name,
-    "columns": source.columns,
-    "score": score,
-    "topk": k,
-    "estimator": estimator,
-    "rows": cv.rows(),
-    "per_fold": cv.per_fold_lists(),
-  }
+    source.scores[score], source.correct(k), settings.n_bins, splits=source.splits,
+    estimator=estimator, increasing=known is not None and known.confident_when_high,
+  )  # fmt: skip
+  record = dict(
+    settings=expected, file=str(source.path), source=source.name, columns=source.columns,
+    score=score, topk=k, estimator=estimator, rows=cv.rows(), per_fold=cv.per_fold_lists(),
+  )  # fmt: skip
   if write:
     files.write_json(path, record)
   return record
