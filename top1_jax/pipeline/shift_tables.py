@@ -92,9 +92,9 @@ METRICS = ("accuracy", "brier", "nll", "ece", "auroc")
 def metric_title(metric: str, n_bins: int) -> str:
   """A metric's heading; the ECE and AUROC named as every table names them."""
   if metric == "ece":
-    return metrics.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
+    return tables.ece_title(n_bins)
   titles = {"accuracy": "accuracy (%)", "brier": "Brier", "nll": "NLL"}
-  return titles[metric] if metric in titles else metrics.BINNED_AUROC_NAME
+  return titles.get(metric, metrics.BINNED_AUROC_NAME)
 
 
 def metric_format(metric: str) -> tuple[float, int]:
