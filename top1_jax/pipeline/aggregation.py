@@ -201,9 +201,10 @@ SELECTIVE_COUNTS = ("num_splits", "num_empty", "num_below_target")
 """Counts of splits, summed over the runs."""
 
 
-def _with_settings(rows, tables_rows, name: str, what: str) -> list[dict[str, Any]]:
+def _with_settings(rows, tables_rows, name: str, what: str, key: tuple) -> list[dict[str, Any]]:
   """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed``, from the results.csv
-  row of the same ``source``."""
+  row of the same ``source``, and None for the ``key`` columns it lacks (e.g. top-label's
+  settings on the other variants)."""
   files = {row["source"]: row for row in rows if row.get("source") is not None}
   out = []
   for index, row in enumerate(tables_rows):
@@ -213,7 +214,8 @@ def _with_settings(rows, tables_rows, name: str, what: str) -> list[dict[str, An
         f"{name}: {what} row {index} is of file {source!r}, which results.csv does not hold"
       )
     settings = {c: files[source][c] for c in (*SETTINGS, "seed")}
-    out.append({**{k: v for k, v in row.items() if k != "per_split"}, **settings})
+    kept = {k: v for k, v in row.items() if k != "per_split"}
+    out.append({**dict.fromkeys(key), **kept, **settings})
   return out
 
 
@@ -222,13 +224,9 @@ def _merge_table(runs, tables_runs, names, what: str, key: tuple, **merge) -> li
   if len(tables_runs) != len(runs):
     raise ValueError(f"{what}: expected one list per run ({len(runs)}), got {len(tables_runs)}")
   attached = [
-    _with_settings(rows, table, name, what)
+    _with_settings(rows, table, name, what, key)
     for rows, table, name in zip(runs, tables_runs, names, strict=True)
   ]
-  for rows in attached:
-    for row in rows:
-      for column in key:
-        row.setdefault(column, None)  # e.g. top-label's settings on the other variants
   key_columns = (*SETTINGS, *key)
   return _merge_groups(_group(attached, names, key_columns), key_columns, **merge)
 

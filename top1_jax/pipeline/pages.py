@@ -20,13 +20,9 @@ from top1_jax.pipeline.settings import Settings
 from top1_jax.plots import page  # matplotlib: this module is imported only to write a page
 
 _GROUP_STARTS = {
-  "dataset": "data",
-  "models": "training",
-  "dropout_rates": "prediction",
-  "inputs": "inputs",
-  "scores": "sweep",
-  "shift_examples": "shift",
-}
+  "dataset": "data", "models": "training", "dropout_rates": "prediction", "inputs": "inputs",
+  "scores": "sweep", "shift_examples": "shift",
+}  # fmt: skip
 """The first field of each group of ``Settings`` (its fields are in this order)."""
 
 _SHIFT_SWEEP = ("n_bins", "compare_bins", "scores", "n_folds", "scheme", "figures")

@@ -155,9 +155,7 @@ def table1(
   ``baselines`` (computed here when not given) beside the Top-1 bins' records."""
   baseline_rows = baselines(settings, found) if baseline_rows is None else baseline_rows
   binned = {
-    (r["source"], r["score"]): next(
-      row for row in r["rows"] if row["n_bins"] == settings.compare_bins
-    )
+    (r["source"], r["score"]): next(x for x in r["rows"] if x["n_bins"] == settings.compare_bins)
     for r in records
     if r["topk"] == 1 and r["estimator"] == "bins"
   }
