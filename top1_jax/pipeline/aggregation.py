@@ -11,10 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from top1_jax.core import metrics as metrics_lib
 from top1_jax.evaluation import crossval
 from top1_jax.io import results
 from top1_jax.pipeline import tables
+
+Row = Mapping[str, Any]
+Runs = Sequence[Sequence[Row]]
+"""Each run's rows (one list per run)."""
 
 KEY_COLUMNS = tuple(c for c in tables.COLUMNS if c not in ("seed", "source"))
 """The columns that identify a sweep point across runs."""
@@ -36,7 +39,7 @@ def _run_names(num_runs: int, names: Sequence[str] | None) -> list[str]:
   return [str(name) for name in names]
 
 
-def check_configs(configs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> None:
+def check_configs(configs: Sequence[Row], names: Sequence[str]) -> None:
   """Refuses (ValueError) runs whose cross-validation differs (``SHARED_CONFIG``)."""
   for key in SHARED_CONFIG:
     first = configs[0].get(key)
@@ -48,15 +51,13 @@ def check_configs(configs: Sequence[Mapping[str, Any]], names: Sequence[str]) ->
         )
 
 
-def _describe(row: Mapping[str, Any], key_columns: Sequence[str]) -> str:
+def _describe(row: Row, key_columns: Sequence[str]) -> str:
   """A point for an error message: its method, file and what else its key holds."""
   rest = ", ".join(f"{c} {row[c]}" for c in key_columns if c not in SETTINGS and c != "method")
   return f"{row['method']} ({row.get('source')}, {rest})"
 
 
-def _group(
-  runs: Sequence[Sequence[Mapping[str, Any]]], names: list[str], key_columns: Sequence[str]
-) -> dict[tuple, list]:
+def _group(runs: Runs, names: list[str], key_columns: Sequence[str]) -> dict[tuple, list]:
   """Key -> the rows of that point, one per (run, seed), in order of first appearance."""
   groups: dict[tuple, list] = {}
   origin: dict[tuple, str] = {}  # (key, seed) -> the run it came from, for the error
@@ -81,11 +82,6 @@ def _group(
   return groups
 
 
-def _seeds(rows: list[Mapping[str, Any]]) -> str | None:
-  seeds = sorted({row["seed"] for row in rows if row["seed"] is not None})
-  return ",".join(str(seed) for seed in seeds) or None
-
-
 def _merge_groups(
   groups: dict[tuple, list],
   key_columns: Sequence[str],
@@ -108,7 +104,8 @@ def _merge_groups(
   out = []
   for i, (key, members) in enumerate(groups.items()):
     row: dict[str, Any] = dict(zip(key_columns, key, strict=True))
-    row["seeds"] = _seeds(members)
+    seeds = sorted({member["seed"] for member in members if member["seed"] is not None})
+    row["seeds"] = ",".join(str(seed) for seed in seeds) or None
     row["num_runs"] = len(members)
     for name in summed:
       row[name] = sum(int(member.get(name) or 0) for member in members)
@@ -123,10 +120,7 @@ def _merge_groups(
 
 
 def merge_runs(
-  runs: Sequence[Sequence[Mapping[str, Any]]],
-  *,
-  names: Sequence[str] | None = None,
-  configs: Sequence[Mapping[str, Any]] | None = None,
+  runs: Runs, *, names: Sequence[str] | None = None, configs: Sequence[Row] | None = None
 ) -> list[dict[str, Any]]:
   """One row per sweep point with each metric's mean and std across runs.
 
@@ -160,7 +154,7 @@ def merge_runs(
   return _merge_groups(groups, KEY_COLUMNS, metrics, crossval.UNDEFINABLE)
 
 
-def count_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> int:
+def count_runs(runs: Runs) -> int:
   """How many runs the work dirs' rows hold: each dir's distinct seeds (a seed sweep's dir
   holds several), rows without a seed one run."""
   return sum(
@@ -173,7 +167,7 @@ def _plural(count: int, noun: str) -> str:
   return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def describe_runs(runs: Sequence[Sequence[Mapping[str, Any]]]) -> str:
+def describe_runs(runs: Runs) -> str:
   """What a merge took in, for its messages: "2 runs from 1 work dir" (``count_runs``)."""
   return f"{_plural(count_runs(runs), 'run')} from {_plural(len(runs), 'work dir')}"
 
@@ -207,9 +201,10 @@ SELECTIVE_COUNTS = ("num_splits", "num_empty", "num_below_target")
 """Counts of splits, summed over the runs."""
 
 
-def _with_settings(rows, tables_rows, name: str, what: str) -> list[dict[str, Any]]:
+def _with_settings(rows, tables_rows, name: str, what: str, key: tuple) -> list[dict[str, Any]]:
   """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed``, from the results.csv
-  row of the same ``source``."""
+  row of the same ``source``, and None for the ``key`` columns it lacks (e.g. top-label's
+  settings on the other variants)."""
   files = {row["source"]: row for row in rows if row.get("source") is not None}
   out = []
   for index, row in enumerate(tables_rows):
@@ -219,7 +214,8 @@ def _with_settings(rows, tables_rows, name: str, what: str) -> list[dict[str, An
         f"{name}: {what} row {index} is of file {source!r}, which results.csv does not hold"
       )
     settings = {c: files[source][c] for c in (*SETTINGS, "seed")}
-    out.append({**{k: v for k, v in row.items() if k != "per_split"}, **settings})
+    kept = {k: v for k, v in row.items() if k != "per_split"}
+    out.append({**dict.fromkeys(key), **kept, **settings})
   return out
 
 
@@ -228,22 +224,15 @@ def _merge_table(runs, tables_runs, names, what: str, key: tuple, **merge) -> li
   if len(tables_runs) != len(runs):
     raise ValueError(f"{what}: expected one list per run ({len(runs)}), got {len(tables_runs)}")
   attached = [
-    _with_settings(rows, table, name, what)
+    _with_settings(rows, table, name, what, key)
     for rows, table, name in zip(runs, tables_runs, names, strict=True)
   ]
-  for rows in attached:
-    for row in rows:
-      for column in key:
-        row.setdefault(column, None)  # e.g. top-label's settings on the other variants
   key_columns = (*SETTINGS, *key)
   return _merge_groups(_group(attached, names, key_columns), key_columns, **merge)
 
 
 def merge_comparison(
-  runs: Sequence[Sequence[Mapping[str, Any]]],
-  comparisons: Sequence[Sequence[Mapping[str, Any]]],
-  *,
-  names: Sequence[str] | None = None,
+  runs: Runs, comparisons: Runs, *, names: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
   """Table 1 of merged runs, keyed by ``SETTINGS`` and ``COMPARISON_KEY``: each of
   ``COMPARISON_METRICS`` as mean and ``_std`` across runs (as ``merge_runs``).
@@ -258,10 +247,7 @@ def merge_comparison(
 
 
 def merge_selective(
-  runs: Sequence[Sequence[Mapping[str, Any]]],
-  selective: Sequence[Sequence[Mapping[str, Any]]],
-  *,
-  names: Sequence[str] | None = None,
+  runs: Runs, selective: Runs, *, names: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
   """The selective rows of merged runs, as ``merge_comparison`` keyed by ``SELECTIVE_KEY``;
   ``SELECTIVE_COUNTS`` are summed over runs, each run's ``per_split`` left out."""
@@ -272,8 +258,8 @@ def merge_selective(
 
 
 def merge_tables(
-  runs: Sequence[Sequence[Mapping[str, Any]]],
-  tables_of_runs: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]],
+  runs: Runs,
+  tables_of_runs: Sequence[Mapping[str, Sequence[Row]]],
   *,
   names: Sequence[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
@@ -289,45 +275,26 @@ def merge_tables(
 # --------------------------------------------------------------------------- Markdown
 
 
-def _mean_std(row: Mapping[str, Any], name: str, digits: int | None, scale: float = 1.0) -> str:
-  """A merged cell (``tables.Value``): "mean ± std", with "(k/n)" where k of n runs define it."""
-  mean, std = row.get(name), row.get(f"{name}_std")
-  if mean is None:
-    return "–"
+def _labelled(
+  rows: Sequence[Row], comparison: Sequence[Row] = (), selective: Sequence[Row] = ()
+) -> dict[str, list[dict[str, Any]]]:
+  """Each table's rows with the label aggregate.md and the page show: the settings that
+  differ (not the seed: merged rows are means over seeds), and a Table-1 row's variant."""
+  shown = {"rows": rows, "comparison": comparison, "selective": selective}
+  everything = [row for rows in shown.values() for row in rows]
+  varying = tables.varying(everything, ("dataset", "model", "train_dropout_rate"))
+  mc_rows = [r for r in everything if r["method"] == "mc_dropout"]
+  varying |= tables.varying(mc_rows, ("num_samples",))
 
-  def text(value: float) -> str:
-    return f"{scale * value:.3g}" if digits is None else tables.cell(scale * value, digits)
+  def label(row: Row) -> str:
+    text = tables.row_label(row, varying)
+    return text if row.get("variant") is None else tables.variant_label(text, row["variant"])
 
-  cell = text(mean)
-  if std is not None:
-    cell += f" ± {text(std)}"
-  count = row.get(f"{name}_num_runs")
-  if count is not None and count != row.get("num_runs"):
-    cell += f" ({count}/{row['num_runs']})"
-  return cell
-
-
-def _varying(rows: Sequence[Mapping[str, Any]]) -> set[str]:
-  """The settings a row's label must name (not the seed: merged rows are means over seeds)."""
-  varying = tables.varying(rows, ("dataset", "model", "train_dropout_rate"))
-  mc_rows = [r for r in rows if r["method"] == "mc_dropout"]
-  return varying | tables.varying(mc_rows, ("num_samples",))
-
-
-def _labelled(rows: Sequence[Mapping[str, Any]], varying: set[str]) -> list[dict[str, Any]]:
-  out = []
-  for row in rows:
-    label = tables.row_label(row, varying)
-    if row.get("variant") is not None:
-      label = tables.variant_label(label, row["variant"])
-    out.append({**row, "label": label})
-  return out
+  return {name: [{**row, "label": label(row)} for row in rows] for name, rows in shown.items()}
 
 
 def markdown(
-  rows: Sequence[Mapping[str, Any]],
-  comparison: Sequence[Mapping[str, Any]] = (),
-  selective: Sequence[Mapping[str, Any]] = (),
+  rows: Sequence[Row], comparison: Sequence[Row] = (), selective: Sequence[Row] = ()
 ) -> str:
   """Merged rows as Markdown: a table per (Top-k, bin count), then Table 1, selective rows
   and prediction sets when given; "" for no rows.
@@ -335,37 +302,24 @@ def markdown(
   Cells are mean ± std across runs, "–" where no run defines the metric, "(k/n)" where k of
   the n runs do; ECE in percent.
   """
-  everything = [*rows, *comparison, *selective]
-  varying = _varying(everything) if everything else set()
-  set_rows = [row for row in rows if row.get("alpha") is not None]  # prediction sets
-  rows = [row for row in rows if row.get("alpha") is None]
-  events = sorted({(row["topk"], row["n_bins"]) for row in rows})
+  shown = _labelled(rows, comparison, selective)
+  set_rows = [row for row in shown["rows"] if row.get("alpha") is not None]  # prediction sets
+  rows = [row for row in shown["rows"] if row.get("alpha") is None]
   parts = []
-  for topk, n_bins in events:
-    ece = metrics_lib.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
-    lines = [
-      f"### Top-{topk}, {n_bins} bins",
-      "",
-      f"| method | score | Brier | NLL | {ece} | EOR | {metrics_lib.BINNED_AUROC_NAME} | runs |",
-      "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
+  for topk, n_bins in sorted({(row["topk"], row["n_bins"]) for row in rows}):
+    header = ["method", "score", *tables.metric_names(n_bins), "runs"]
+    lines = [f"### Top-{topk}, {n_bins} bins", "", *tables.md_head(header, 2)]
     for row in rows:
-      if (row["topk"], row["n_bins"]) != (topk, n_bins):
-        continue
-      score = tables.score_cell(row)
-      eor = _mean_std(row, "eor", tables.eor_digits(row.get("eor")))
-      lines.append(
-        f"| {tables.row_label(row, varying)} | {score} | {_mean_std(row, 'brier', 4)} "
-        f"| {_mean_std(row, 'nll', 4)} | {_mean_std(row, 'ece', 2, 100.0)} "
-        f"| {eor} | {_mean_std(row, 'auroc', 3)} "
-        f"| {row['num_runs']} |"
-      )
+      if (row["topk"], row["n_bins"]) == (topk, n_bins):
+        cells = [row["label"], tables.score_cell(row), *tables.metric_cells(row, tables.mean_std)]
+        lines.append(tables.md_row([*cells, str(row["num_runs"])]))
     parts.append("\n".join(lines))
-  for table, merged in ((tables.comparison_table, comparison), (tables.selective_table, selective)):
-    if merged:
-      parts.append(table(_labelled(merged, varying), value=_mean_std, across_runs=True))
-  if set_rows:
-    parts.append(tables.sets_table(_labelled(set_rows, varying), value=_mean_std))
+  parts += [
+    tables.comparison_table(shown["comparison"], value=tables.mean_std, across_runs=True),
+    tables.selective_table(shown["selective"], value=tables.mean_std, across_runs=True),
+    tables.sets_table(set_rows, value=tables.mean_std),
+  ]
+  parts = [part for part in parts if part]  # "" for a table without rows
   return "\n\n".join(parts) + ("\n" if parts else "")
 
 
@@ -413,8 +367,7 @@ def run(workdirs: list[str], out) -> str:
   title = f"Merged runs ({what}): metrics as mean ± std across runs"
   from top1_jax.pipeline import pages
 
-  shown = {"rows": merged, **merged_tables}  # labelled as aggregate.md labels them
-  varying = _varying([row for rows in shown.values() for row in rows]) if merged else set()
-  shown = {name: _labelled(rows, varying) for name, rows in shown.items()}
-  written += [*figures, pages.write_aggregate_page(out, title, shown, inputs, figures, _mean_std)]
+  shown = _labelled(merged, **merged_tables)  # labelled as aggregate.md labels them
+  page = pages.write_aggregate_page(out, title, shown, inputs, figures, tables.mean_std)
+  written += [*figures, page]
   return f"merged {what} into {len(merged)} rows: {', '.join(map(str, written))}"

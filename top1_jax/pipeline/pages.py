@@ -17,15 +17,12 @@ from top1_jax.io import files
 from top1_jax.io import results as results_io
 from top1_jax.pipeline import runs, shift_tables, tables
 from top1_jax.pipeline.settings import Settings
+from top1_jax.plots import page  # matplotlib: this module is imported only to write a page
 
 _GROUP_STARTS = {
-  "dataset": "data",
-  "models": "training",
-  "dropout_rates": "prediction",
-  "inputs": "inputs",
-  "scores": "sweep",
-  "shift_examples": "shift",
-}
+  "dataset": "data", "models": "training", "dropout_rates": "prediction", "inputs": "inputs",
+  "scores": "sweep", "shift_examples": "shift",
+}  # fmt: skip
 """The first field of each group of ``Settings`` (its fields are in this order)."""
 
 _SHIFT_SWEEP = ("n_bins", "compare_bins", "scores", "n_folds", "scheme", "figures")
@@ -69,18 +66,6 @@ def _config(folder, settings: Settings, stage: str) -> dict[str, Any]:
   return {"command": (record or {}).get("command", ""), **fields}
 
 
-def _with_std(row: Mapping[str, Any], name: str, digits: int | None, scale: float = 1.0) -> str:
-  """A run's cell (``tables.Value``): the mean over splits ± their std."""
-  mean = tables.run_value(row, name, digits, scale)
-  if mean == "–" or row.get(f"{name}_std") is None:
-    return mean
-  return f"{mean} ± {tables.run_value(row, f'{name}_std', digits, scale)}"
-
-
-def _eor(row: Mapping[str, Any], value: tables.Value) -> str:
-  return value(row, "eor", tables.eor_digits(row.get("eor")), 1.0)
-
-
 def _ece(n_bins: int | str, binning: str = "equal-mass", **kind) -> str:
   calibration = binning == "equal-mass"
   return metrics.ece_name(n_bins, binning, calibration=calibration, percent=True, **kind)
@@ -102,8 +87,6 @@ def _file(row: Mapping[str, Any]) -> Any:
 
 def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], value) -> Any:
   """Raw -> binned per classifier (Table 1's rows): Top-1 Brier and both named ECEs."""
-  from top1_jax.plots import page  # matplotlib with the plots
-
   if not comparison:
     return None
   first = comparison[0]
@@ -112,13 +95,10 @@ def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], val
   header += [f"{raw_ece}: raw", f"{binned_ece}: binned"]
   rows = []
   for r in comparison:
-    brier = f"{value(r, 'raw_top1_brier', 4, 1.0)} → {value(r, 'top1_binned_brier', 4, 1.0)}"
-    score = scores.label(r["top1_score"])
+    method, score, _, raw, binned, raw_ece, binned_ece = tables.comparison_cells(r, value)
     score += " per predicted class" if r.get("top1_estimator") == "toplabel" else ""
-    rows.append([
-      _method(r, value), accuracy.get(_file(r), "–"), score, brier,
-      value(r, "confidence_ece", 2, 100.0), _binned_ece(r, value),
-    ])  # fmt: skip
+    accuracy_cell = accuracy.get(_file(r), "–")
+    rows.append([method, accuracy_cell, score, f"{raw} → {binned}", raw_ece, binned_ece])
   note = (
     "Raw: the max softmax probability as P(correct) (after the fitted temperature T where "
     f"named); binned: {first['top1_n_bins']} Top-1 bins of the binned score, fitted on each "
@@ -128,24 +108,11 @@ def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], val
   return page.Table("Raw → calibrated, Top-1", header, rows, note)
 
 
-def _binned_ece(row: Mapping[str, Any], value) -> str:
-  """Table 1's binned ECE, "†" on top-label binning's (equal-width: its bins are per class)."""
-  cell = value(row, "top1_binned_ece", 2, 100.0)
-  return cell + " †" if row.get("top1_estimator") == "toplabel" else cell
-
-
 def _top_label_note(comparison: Sequence[Mapping]) -> str:
   if not any(r.get("top1_estimator") == "toplabel" for r in comparison):
     return ""
   name = metrics.ece_name(comparison[0]["ece_bins"], "equal-width")
   return f" † Top-label binning's ECE is its P(correct)'s {name}: its bins are per class."
-
-
-def _method(row: Mapping[str, Any], value) -> str:
-  """A Table-1 row's method, with its fitted temperature as results.md writes it."""
-  if row.get("temperature") in (None, 1.0):
-    return row["label"]
-  return f"{row['label']} (T = {value(row, 'temperature', 2, 1.0)})"
 
 
 def _is_oracle(score: str) -> bool:
@@ -174,62 +141,40 @@ def best_line(rows: Sequence[Mapping], value, comparison: Sequence[Mapping] = ()
 
 def sweep_tables(rows: Sequence[Mapping], value) -> list:
   """Every row of the sweep, one table per Top-k event, bin counts side by side."""
-  from top1_jax.plots import page
-
-  runs = any("num_runs" in r for r in rows)
-  header = ["method", "score", "N", "Brier", "NLL", _ece("N"), "EOR", metrics.BINNED_AUROC_NAME]
-  header += ["runs"] if runs else ["bins after ties"]
+  merged = any("num_runs" in r for r in rows)
+  header = ["method", "score", "N", *tables.metric_names("N")]
+  header += ["runs"] if merged else ["bins after ties"]
   out = []
   for k in sorted({r["topk"] for r in rows}):
     body = []
     for r in (r for r in rows if r["topk"] == k):  # the sweep's order: file, score, bins
-      last = str(r["num_runs"]) if runs else tables.cell(r.get("num_effective_bins"), 1)
-      body.append([
-        r["label"], tables.score_cell(r), str(r["n_bins"]), value(r, "brier", 4, 1.0),
-        value(r, "nll", 4, 1.0), value(r, "ece", 2, 100.0), _eor(r, value),
-        value(r, "auroc", 3, 1.0), last,
-      ])  # fmt: skip
+      last = str(r["num_runs"]) if merged else tables.cell(r.get("num_effective_bins"), 1)
+      cells = tables.metric_cells(r, value)
+      body.append([r["label"], tables.score_cell(r), str(r["n_bins"]), *cells, last])
     out.append(page.Table(f"Top-{k}: every score and bin count (N bins)", header, body))
   return out
 
 
 def comparison_table(comparison: Sequence[Mapping], value) -> Any:
   """The paper's Table 1 in full: the benchmark's metrics beside Top-1 binning's."""
-  from top1_jax.plots import page
-
   if not comparison:
     return None
   first = comparison[0]
   header = ["method", "binned score", "multiclass Brier (benchmark)", "Top-1 Brier: raw pmax"]
   header += ["Top-1 Brier: binned", f"{_ece(first['ece_bins'], 'equal-width')}: raw pmax"]
   header += [f"{_ece(first['top1_n_bins'])}: binned"]
-  body = []
-  for r in comparison:
-    body.append([
-      _method(r, value), scores.label(r["top1_score"]), value(r, "multiclass_brier", 4, 1.0),
-      value(r, "raw_top1_brier", 4, 1.0), value(r, "top1_binned_brier", 4, 1.0),
-      value(r, "confidence_ece", 2, 100.0), _binned_ece(r, value),
-    ])  # fmt: skip
+  body = [tables.comparison_cells(r, value) for r in comparison]
   note = tables.COMPARISON_NOTE.replace("*", "") + _top_label_note(comparison)  # no Markdown
   return page.Table("Benchmark metrics vs Top-1 binning (paper Table 1)", header, body, note)
 
 
 def selective_table(selective: Sequence[Mapping], value) -> Any:
   """Selective prediction with a guarantee: one row per (file, target accuracy)."""
-  from top1_jax.plots import page
-
   if not selective:
     return None
   header = ["method", "score", "target", "guaranteed accuracy", "test coverage (%)"]
   header += ["test accuracy", "splits: nothing selected", "splits: test accuracy < target"]
-  body = []
-  for r in selective:
-    body.append([
-      r["label"], scores.label(r["score"]), f"{r['target_accuracy']:g}",
-      value(r, "guaranteed_accuracy", 4, 1.0), value(r, "test_coverage", 1, 100.0),
-      value(r, "test_accuracy", 4, 1.0), f"{r['num_empty']}/{r['num_splits']}",
-      f"{r['num_below_target']}/{r['num_splits']}",
-    ])  # fmt: skip
+  body = [tables.selective_cells(r, value) for r in selective]
   note = (
     f"{selective[0]['n_bins']} bins of each file's headline score; the most confident bins "
     f"whose accuracy is at least the target with probability {1 - selective[0]['delta']:g}."
@@ -239,17 +184,10 @@ def selective_table(selective: Sequence[Mapping], value) -> Any:
 
 def sets_table(rows: Sequence[Mapping], value) -> Any:
   """Prediction sets with a coverage guarantee: one row per (file, method, alpha)."""
-  from top1_jax.plots import page
-
   if not rows:
     return None
   header = ["method", "set method", "alpha", "coverage", "mean set size", "SSCV"]
-  body = []
-  for r in rows:
-    body.append([
-      r["label"], r["estimator"], f"{r['alpha']:g}", value(r, "coverage", 3),
-      value(r, "mean_size", 2), value(r, "sscv", 3),
-    ])  # fmt: skip
+  body = [tables.sets_cells(r, value) for r in rows]
   note = (
     "Split conformal sets fitted on each calibration part, scored on its test part: the "
     "share of labels in their set (>= 1 - alpha by construction), the mean size, and the "
@@ -259,21 +197,28 @@ def sets_table(rows: Sequence[Mapping], value) -> Any:
 
 
 _RUN_FILES = ("results.md", "results.csv", "results.json", "config.json", "timings.json")
+_SHIFT_FILES = ("results.md", "results.csv", "ood.csv", "results.json")
 
 
 def _present(folder, names: Sequence[str]) -> list[str]:
   return [name for name in names if (folder / name).exists()]
 
 
-def _details(rows, comparison, selective, set_rows, value) -> list:
-  """Every table of the folded details, those with rows."""
-  found = [
+def _sections(rows, comparison, selective, set_rows, value, accuracy_value) -> dict:
+  """A sweep page's answer, finding and folded tables (those with rows); ``value`` formats
+  a cell, ``accuracy_value`` the files' accuracies."""
+  answer = answer_table(comparison, _accuracy(rows, accuracy_value), value)
+  details = [
     *sweep_tables(rows, value),
     comparison_table(comparison, value),
     selective_table(selective, value),
     sets_table(set_rows, value),
   ]
-  return [t for t in found if t]
+  return {
+    "answer": [answer] if answer else [],
+    "findings": [best_line(rows, value, comparison)],
+    "details": [t for t in details if t],
+  }
 
 
 def _accuracy(rows: Sequence[Mapping], value) -> dict[Any, str]:
@@ -287,8 +232,6 @@ def _accuracy(rows: Sequence[Mapping], value) -> dict[Any, str]:
 
 def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
   """index.html of an evaluate stage's work dir, from its results.json; returns its path."""
-  from top1_jax.plots import page
-
   data = files.read_json(workdir / "results.json")
   rows, comparison = data["results"], data.get("comparison") or []
   config = data["config"]
@@ -299,78 +242,55 @@ def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
     f"calibration/test splits (seed {config['seed']}): each method is fitted on the "
     "calibration part and scored on the test part; every number is a mean over the splits."
   )
-  answer = answer_table(comparison, _accuracy(rows, tables.run_value), _with_std)
   selective, set_rows = data.get("selective") or [], data.get("sets") or []
+  sections = _sections(rows, comparison, selective, set_rows, tables.mean_std, tables.run_value)
   return page.write_results_page(
-    workdir,
-    f"Calibrated Top-k bins: {dataset}",
-    intro=intro,
-    answer=[answer] if answer else [],
-    findings=[best_line(rows, _with_std, comparison)],
-    details=_details(rows, comparison, selective, set_rows, _with_std),
-    figures=None if settings.figures else [],
-    config=_config(workdir, settings, "evaluate"),
-    timings=timings,
-    links=_present(workdir, _RUN_FILES),
-  )
+    workdir, f"Calibrated Top-k bins: {dataset}", intro=intro, **sections,
+    figures=None if settings.figures else [], config=_config(workdir, settings, "evaluate"),
+    timings=timings, links=_present(workdir, _RUN_FILES),
+  )  # fmt: skip
 
 
 def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs, figures, value):
   """index.html of merged runs: ``merged`` holds their labelled ``rows``, ``comparison``
   and ``selective`` rows, ``value`` formats a merged cell (mean ± std across runs)."""
-  from top1_jax.plots import page
-
   rows, comparison = merged["rows"], merged.get("comparison") or []
   set_rows = [r for r in rows if r.get("alpha") is not None]  # prediction sets'
   rows = [r for r in rows if r.get("alpha") is None]
-  answer = answer_table(comparison, _accuracy(rows, value), value)
   names = ("aggregate.md", "aggregate.csv", "aggregate.json")
+  sections = _sections(rows, comparison, merged.get("selective") or [], set_rows, value, value)
   return page.write_results_page(
-    out,
-    title,
-    intro=tables.ACROSS_RUNS,
-    answer=[answer] if answer else [],
-    findings=[best_line(rows, value, comparison)],
-    details=_details(rows, comparison, merged.get("selective") or [], set_rows, value),
-    figures=figures,
+    out, title, intro=tables.ACROSS_RUNS, **sections, figures=figures,
     config={"inputs": inputs["inputs"], "num_runs": inputs["num_runs"]},
     links=_present(out, names),
-  )
+  )  # fmt: skip
+
+
+def _of(rows, selector, metric: str, clean: bool) -> list:
+  """``metric`` of a variant's rows: on the clean set, or on every shifted set (OOD sets
+  are not among the rows)."""
+  is_clean = lambda r: r["shift"] == results_io.CLEAN
+  return [r.get(metric) for r in rows if is_clean(r) == clean and shift_tables.matches(r, selector)]
 
 
 def _shifted_mean(rows, selector, metric: str) -> float | None:
-  """A variant's mean of ``metric`` over every shifted set (not clean, not OOD)."""
-  values = [
-    r.get(metric)
-    for r in rows
-    if r["shift"] != results_io.CLEAN and shift_tables.matches(r, selector)
-  ]
-  values = [v for v in values if v is not None and math.isfinite(v)]
+  values = [v for v in _of(rows, selector, metric, False) if v is not None and math.isfinite(v)]
   return float(np.mean(values)) if values else None
-
-
-def _clean(rows, selector, metric: str) -> float | None:
-  found = [r for r in rows if r["shift"] == results_io.CLEAN and shift_tables.matches(r, selector)]
-  return found[0].get(metric) if found else None
 
 
 def shift_answer(rows: Sequence[Mapping], n_bins: int, title: str) -> tuple[Any, str]:
   """Per variant: accuracy, Brier and ECE clean and their means over the shifted sets; and
   the line naming the lowest mean Brier under shift."""
-  from top1_jax.plots import page
-
-  ece = _ece(n_bins)
   header = ["method", "accuracy (%): clean → shifted", "Brier: clean → shifted"]
-  header += [f"{ece}: clean → shifted"]
+  header += [f"{_ece(n_bins)}: clean → shifted"]
   body, shifted_brier = [], {}
   for label, selector in shift_tables.present_variants(rows, n_bins).items():
     cells = [label]
-    for metric, scale, digits in (("accuracy", 100.0, 2), ("brier", 1.0, 4), ("ece", 100.0, 2)):
-      clean, shifted = _clean(rows, selector, metric), _shifted_mean(rows, selector, metric)
-      cells.append(
-        f"{tables.cell(None if clean is None else scale * clean, digits)} → "
-        f"{tables.cell(None if shifted is None else scale * shifted, digits)}"
-      )
+    for metric in ("accuracy", "brier", "ece"):
+      scale, digits = shift_tables.metric_format(metric)
+      clean = (_of(rows, selector, metric, True) or [None])[0]
+      shifted = _shifted_mean(rows, selector, metric)
+      cells.append(f"{tables.cell(clean, digits, scale)} → {tables.cell(shifted, digits, scale)}")
     shifted_brier[label] = _shifted_mean(rows, selector, "brier")
     body.append(cells)
   note = "Shifted: the mean over every shifted set (each shift at each intensity), OOD sets aside."
@@ -382,31 +302,22 @@ def shift_answer(rows: Sequence[Mapping], n_bins: int, title: str) -> tuple[Any,
 
 def _by_set(rows: Sequence[Mapping], n_bins: int, metric: str, title: str) -> Any:
   """Every shifted set (rows) by variant (columns), of one metric."""
-  from top1_jax.plots import page
-
   variants = shift_tables.present_variants(rows, n_bins)
-  sets = list(dict.fromkeys((r["shift"], r["severity"]) for r in rows))
-  scale, digits = (100.0, 2) if metric in ("ece", "accuracy") else (1.0, 4)
+  scale, digits = shift_tables.metric_format(metric)
   body = []
-  for shift, severity in sets:
-    cells = [shift, f"{severity:g}"]
+  for where in dict.fromkeys((r["shift"], r["severity"]) for r in rows):
+    at = [r for r in rows if (r["shift"], r["severity"]) == where]
+    cells = [where[0], f"{where[1]:g}"]
     for selector in variants.values():
-      found = [
-        r
-        for r in rows
-        if (r["shift"], r["severity"]) == (shift, severity) and shift_tables.matches(r, selector)
-      ]
-      value = found[0].get(metric) if found else None
-      cells.append(tables.cell(None if value is None else scale * value, digits))
+      found = [r.get(metric) for r in at if shift_tables.matches(r, selector)]
+      cells.append(tables.cell((found or [None])[0], digits, scale))
     body.append(cells)
-  name = _ece(n_bins) if metric == "ece" else shift_tables.metric_title(metric, n_bins)
+  name = shift_tables.metric_title(metric, n_bins)
   return page.Table(f"{title}: {name} of every set", ["shift", "intensity", *variants], body)
 
 
 def write_shift_page(settings: Settings, folder, timings: Mapping[str, Any]):
   """index.html of the shift protocol's folder, from its results.json; returns its path."""
-  from top1_jax.plots import page
-
   data = files.read_json(folder / "results.json")
   n_bins = settings.compare_bins
   answers, findings, details = [], [], []
@@ -428,14 +339,8 @@ def write_shift_page(settings: Settings, folder, timings: Mapping[str, Any]):
     "examples shifted; means over the splits."
   )
   return page.write_results_page(
-    folder,
-    "Calibration under dataset shift",
-    intro=intro,
-    answer=answers,
-    findings=[line for line in findings if line],
-    details=details,
-    figures=None if settings.figures else [],
-    config=_config(folder, settings, "shift"),
-    timings=timings,
-    links=_present(folder, ("results.md", "results.csv", "ood.csv", "results.json")),
-  )
+    folder, "Calibration under dataset shift", intro=intro, answer=answers,
+    findings=[line for line in findings if line], details=details,
+    figures=None if settings.figures else [], config=_config(folder, settings, "shift"),
+    timings=timings, links=_present(folder, _SHIFT_FILES),
+  )  # fmt: skip

@@ -18,23 +18,24 @@ LOG_PROBS_SCORE = "neg_log_pmax"
 """The score that bins the methods on the log-probabilities (raw, temperature, top-label)
 for the binned metrics: pmax's tie-free twin (``scores.RANKING_TWINS``)."""
 
-_OWN = {"estimator": "raw", "score": LOG_PROBS_SCORE}  # a method's own max probability
+
+def _variant(method: str, estimator: str, score: str = LOG_PROBS_SCORE) -> dict:
+  """A variant's selector; estimator "raw": the method's own max probability as P(correct)."""
+  return {"method": method, "estimator": estimator, "score": score}
+
+
 VARIANTS: dict[str, dict] = {
-  "Vanilla": {"method": "deterministic", **_OWN},
-  "Temp scaling": {"method": "deterministic", "estimator": "temperature", "score": LOG_PROBS_SCORE},
-  "Dropout": {"method": "mc_dropout", **_OWN},
-  "Ensemble": {"method": "ensemble", **_OWN},
-  "Top-label bins": {"method": "deterministic", "estimator": "toplabel", "score": LOG_PROBS_SCORE},
-  "Bins: pmax": {"method": "deterministic", "estimator": "bins", "score": "pmax"},
-  "Isotonic: pmax": {"method": "deterministic", "estimator": "isotonic", "score": "pmax"},
-  "Bins: dropout cov. 2-norm": {
-    "method": "mc_dropout", "estimator": "bins", "score": "covariance_norm_probs"
-  },
-  "Bins: ensemble cov. 2-norm": {
-    "method": "ensemble", "estimator": "bins", "score": "covariance_norm_probs"
-  },
-  "Bins: ensemble pmax": {"method": "ensemble", "estimator": "bins", "score": "pmax"},
-}  # fmt: skip
+  "Vanilla": _variant("deterministic", "raw"),
+  "Temp scaling": _variant("deterministic", "temperature"),
+  "Dropout": _variant("mc_dropout", "raw"),
+  "Ensemble": _variant("ensemble", "raw"),
+  "Top-label bins": _variant("deterministic", "toplabel"),
+  "Bins: pmax": _variant("deterministic", "bins", "pmax"),
+  "Isotonic: pmax": _variant("deterministic", "isotonic", "pmax"),
+  "Bins: dropout cov. 2-norm": _variant("mc_dropout", "bins", "covariance_norm_probs"),
+  "Bins: ensemble cov. 2-norm": _variant("ensemble", "bins", "covariance_norm_probs"),
+  "Bins: ensemble pmax": _variant("ensemble", "bins", "pmax"),
+}
 """Display label -> the columns of its rows, in the tables' and figures' order."""
 
 GEOMETRIC = results.GEOMETRIC_SHIFTS
@@ -78,12 +79,10 @@ def _value(rows, selector, shift, severity, metric) -> float | None:
   return None
 
 
-def _severities(rows, shift) -> list:
-  return sorted({r["severity"] for r in rows if r["shift"] == shift})
-
-
-def _line(cells) -> str:
-  return "| " + " | ".join(cells) + " |"
+def _head(header: list[str], left: int = 1) -> list[str]:
+  """A table's header and rule (spaced): ``left`` columns aligned left, the rest right."""
+  rule = ["---"] * left + ["---:"] * (len(header) - left)
+  return [tables.md_row(header), tables.md_row(rule)]
 
 
 METRICS = ("accuracy", "brier", "nll", "ece", "auroc")
@@ -93,12 +92,13 @@ METRICS = ("accuracy", "brier", "nll", "ece", "auroc")
 def metric_title(metric: str, n_bins: int) -> str:
   """A metric's heading; the ECE and AUROC named as every table names them."""
   if metric == "ece":
-    return metrics.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
+    return tables.ece_title(n_bins)
   titles = {"accuracy": "accuracy (%)", "brier": "Brier", "nll": "NLL"}
-  return titles[metric] if metric in titles else metrics.BINNED_AUROC_NAME
+  return titles.get(metric, metrics.BINNED_AUROC_NAME)
 
 
-def _digits(metric: str) -> tuple[float, int]:
+def metric_format(metric: str) -> tuple[float, int]:
+  """A metric's cell: (scale, decimals)."""
   return (100.0, 2) if metric in ("ece", "accuracy") else (1.0, 3 if metric == "auroc" else 4)
 
 
@@ -112,18 +112,16 @@ def _shown(variants: dict, metric: str) -> dict:
 
 def geometric_table(rows, variants, shift: str, metric: str) -> str:
   """Variants x intensities of one shift (the clean rows at 0)."""
-  levels = [0, *_severities(rows, shift)]
-  scale, digits = _digits(metric)
+  levels = [0, *sorted({r["severity"] for r in rows if r["shift"] == shift})]
+  scale, digits = metric_format(metric)
   variants = _shown(variants, metric)
-  lines = [_line(["method", *(f"{level:g}" for level in levels)])]
-  lines.append(_line(["---", *(["---:"] * len(levels))]))
+  lines = _head(["method", *(f"{level:g}" for level in levels)])
   for label, selector in variants.items():
     cells = []
     for level in levels:
       shift_name = results.CLEAN if level == 0 else shift
-      value = _value(rows, selector, shift_name, level, metric)
-      cells.append(tables.cell(None if value is None else scale * value, digits))
-    lines.append(_line([label, *cells]))
+      cells.append(tables.cell(_value(rows, selector, shift_name, level, metric), digits, scale))
+    lines.append(tables.md_row([label, *cells]))
   return "\n".join(lines)
 
 
@@ -131,23 +129,16 @@ def corruption_table(rows, variants, metric: str) -> str:
   """Variants x intensity 0-5: the mean over the corruptions (and the worst)."""
   names = [n for n in corruptions.names() if any(r["shift"] == n for r in rows)]
   levels = sorted({r["severity"] for r in rows if r["shift"] in names})
-  scale, digits = _digits(metric)
+  scale, digits = metric_format(metric)
   variants = _shown(variants, metric)
-  lines = [_line(["method", "clean", *(f"{level:g}: mean (worst)" for level in levels)])]
-  lines.append(_line(["---", "---:", *(["---:"] * len(levels))]))
+  lines = _head(["method", "clean", *(f"{level:g}: mean (worst)" for level in levels)])
   worst = max if metric not in ("accuracy", "auroc") else min
   for label, selector in variants.items():
-    clean = _value(rows, selector, results.CLEAN, 0, metric)
-    cells = [tables.cell(None if clean is None else scale * clean, digits)]
+    cells = [tables.cell(_value(rows, selector, results.CLEAN, 0, metric), digits, scale)]
     for level in levels:
       values = [_value(rows, selector, n, level, metric) for n in names]
-      values = [v for v in values if v is not None]
-      if not values:
-        cells.append("–")
-        continue
-      mean, bad = scale * float(np.mean(values)), scale * worst(values)
-      cells.append(f"{tables.cell(mean, digits)} ({tables.cell(bad, digits)})")
-    lines.append(_line([label, *cells]))
+      cells.append(_mean_and_worst(values, metric, worst))
+    lines.append(tables.md_row([label, *cells]))
   return "\n".join(lines)
 
 
@@ -158,10 +149,7 @@ def ood_table(ood_rows, variants) -> str:
   header = ["method", "score"]
   for name in sets:
     header += [f"{name}: AUROC", f"{name}: mean P(correct)"]
-  lines = [
-    _line([*header, "clean: mean P(correct)"]),
-    _line(["---", "---", *["---:"] * (len(header) - 1)]),
-  ]
+  lines = _head([*header, "clean: mean P(correct)"], 2)
   for label, selector in variants.items():
     selector = {k: v for k, v in selector.items() if k != "n_bins"}
     found = [r for r in ood_rows if matches(r, selector)]
@@ -174,7 +162,7 @@ def ood_table(ood_rows, variants) -> str:
         tables.cell(None if row is None else row["ood_auroc"], 3),
         tables.cell(None if row is None else row["p_correct_mean"], 3),
       ]
-    lines.append(_line([*cells, tables.cell(found[0]["clean_p_correct_mean"], 3)]))
+    lines.append(tables.md_row([*cells, tables.cell(found[0]["clean_p_correct_mean"], 3)]))
   return "\n".join(lines)
 
 
@@ -184,13 +172,14 @@ WITHIN = 0.01
 """How close to its clean ECE a recalibrated method must come (1 percentage point)."""
 
 
-def _mean_and_worst(values: list, metric: str) -> str:
+def _mean_and_worst(values: list, metric: str, worst=max) -> str:
+  """ "mean (worst)" of the defined ``values``; "–" if none is."""
   values = [v for v in values if v is not None and math.isfinite(v)]
   if not values:
     return "–"
-  scale, digits = _digits(metric)
-  mean, worst = scale * float(np.mean(values)), scale * max(values)
-  return f"{tables.cell(mean, digits)} ({tables.cell(worst, digits)})"
+  scale, digits = metric_format(metric)
+  mean = float(np.mean(values))
+  return f"{tables.cell(mean, digits, scale)} ({tables.cell(worst(values), digits, scale)})"
 
 
 def labels_needed(rows: Sequence[Mapping], within: float = WITHIN) -> int | None:
@@ -215,19 +204,19 @@ def recalibration_table(rows: Sequence[Mapping], metric: str) -> str:
   header = ["recalibration", "score", "clean", *(f"m = {m}: mean (worst)" for m in counts)]
   if metric == "ece":
     header.append("labels to within 1 pp of clean")
-  lines = [_line(header), _line(["---", "---", *["---:"] * (len(header) - 2)])]
+  lines = _head(header, 2)
   for key in dict.fromkeys((r["recalibration"], r["score"]) for r in rows):
     mine = [r for r in rows if (r["recalibration"], r["score"]) == key]
     clean = [r[metric] for r in mine if r["shift"] == results.CLEAN and r["num_labels"] == 0]
-    scale, digits = _digits(metric)
-    cells = [*key, tables.cell(None if not clean or clean[0] is None else scale * clean[0], digits)]
+    scale, digits = metric_format(metric)
+    cells = [*key, tables.cell(clean[0] if clean else None, digits, scale)]
     for m in counts:
       shifted = [r[metric] for r in mine if r["num_labels"] == m and r["shift"] != results.CLEAN]
       cells.append(_mean_and_worst(shifted, metric))
     if metric == "ece":
       needed = labels_needed(mine)
       cells.append("none" if needed is None else str(needed))
-    lines.append(_line(cells))
+    lines.append(tables.md_row(cells))
   return "\n".join(lines)
 
 
@@ -246,19 +235,19 @@ def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
   shifted = [f for f in families if not f.startswith("ood_")]
   header = ["estimator", "score", "clean: error", "shifted: MAE", *(f"{f}: MAE" for f in shifted)]
   header += [f"{f}: predicted" for f in families if f.startswith("ood_")]
-  lines = [_line(header), _line(["---", "---", *["---:"] * (len(header) - 2)])]
+  lines = _head(header, 2)
   for key in dict.fromkeys((r["estimator"], r["score"]) for r in rows):
     mine = [r for r in rows if (r["estimator"], r["score"]) == key]
     cells = [titles.get(key[0], key[0]), key[1]]
     clean = [r["error"] for r in mine if _family(r) == results.CLEAN]
-    cells.append(tables.cell(100 * clean[0] if clean else None, 2))
+    cells.append(tables.cell(clean[0] if clean else None, 2, 100.0))
     for family in [None, *shifted]:
       wanted = shifted if family is None else (family,)
       errors = [r["absolute_error"] for r in mine if _family(r) in wanted]
-      cells.append(tables.cell(100 * float(np.mean(errors)) if errors else None, 2))
+      cells.append(tables.cell(float(np.mean(errors)) if errors else None, 2, 100.0))
     for family in families:
       if family.startswith("ood_"):
         found = [r["predicted_accuracy"] for r in mine if _family(r) == family]
-        cells.append(tables.cell(100 * found[0] if found else None, 2))
-    lines.append(_line(cells))
+        cells.append(tables.cell(found[0] if found else None, 2, 100.0))
+    lines.append(tables.md_row(cells))
   return "\n".join(lines)

@@ -12,6 +12,7 @@ processes while the next figure is drawn), ``timings.json`` and ``index.html`` w
 
 import concurrent.futures
 import contextlib
+import itertools
 import re
 import time
 from collections.abc import Callable
@@ -50,13 +51,12 @@ def _requested_scores(settings: Settings, found: list[Source]) -> list[str]:
 def _points(settings: Settings, found: list[Source]) -> list[tuple]:
   requested = _requested_scores(settings, found)
   points = []
-  for estimator in settings.estimators:
-    for source in found:
-      for k in settings.topk:
-        for score in requested:
-          point = (source, scores.for_event(score, k), k, estimator)
-          if point[1] in source.scores and point not in points:
-            points.append(point)
+  for estimator, source, k, score in itertools.product(
+    settings.estimators, found, settings.topk, requested
+  ):
+    point = (source, scores.for_event(score, k), k, estimator)
+    if point[1] in source.scores and point not in points:
+      points.append(point)
   if not points:
     raise SettingError(
       f"scores: none of {', '.join(requested)} is available in the predictions files"
@@ -70,36 +70,22 @@ def _sweep_point(
   """One point's cross-validation, or the saved one when its settings and file match."""
   name = f"{source.slug}__{score}__top{k}" + tables.estimator_suffix(estimator, "__{}")
   path = folder / f"{name}.json"
-  expected = {
-    "n_bins": list(settings.n_bins),
-    "n_folds": settings.n_folds,
-    "scheme": settings.scheme,
-    "seed": source.columns["seed"],
-    "file_sha1": source.digest,
-  }
+  expected = dict(
+    n_bins=list(settings.n_bins), n_folds=settings.n_folds, scheme=settings.scheme,
+    seed=source.columns["seed"], file_sha1=source.digest,
+  )  # fmt: skip
   saved = files.read_json(path)
   if saved is not None and saved.get("settings") == expected:
     return {**saved, "reused": True}
   known = scores.lookup(score)
   cv = crossval.cross_validate(
-    source.scores[score],
-    source.correct(k),
-    settings.n_bins,
-    splits=source.splits,
-    estimator=estimator,
-    increasing=known is not None and known.confident_when_high,
-  )
-  record = {
-    "settings": expected,
-    "file": str(source.path),
-    "source": source.name,
-    "columns": source.columns,
-    "score": score,
-    "topk": k,
-    "estimator": estimator,
-    "rows": cv.rows(),
-    "per_fold": cv.per_fold_lists(),
-  }
+    source.scores[score], source.correct(k), settings.n_bins, splits=source.splits,
+    estimator=estimator, increasing=known is not None and known.confident_when_high,
+  )  # fmt: skip
+  record = dict(
+    settings=expected, file=str(source.path), source=source.name, columns=source.columns,
+    score=score, topk=k, estimator=estimator, rows=cv.rows(), per_fold=cv.per_fold_lists(),
+  )  # fmt: skip
   if write:
     files.write_json(path, record)
   return record
@@ -113,19 +99,13 @@ def sweep(
   write: bool = True,
   log: Callable[[str], object] = print,
 ) -> list[dict]:
-  """Every sweep point of ``sources``: cross-validated, or reused from ``folder``.
+  """Every sweep point of ``found`` (``sources.load_sources``): cross-validated, or reused
+  from ``folder`` (a path or ``epath``); ``write``: save new records (False on processes
+  that must not write); ``log`` gets a line per computed point and a summary.
 
-  Args:
-    settings: the settings (module docstring).
-    found: ``sources.load_sources``.
-    folder: where each point's record is saved and looked up (a path or ``epath``).
-    write: save new records (False on processes that must not write).
-    log: receives one progress line per computed point and a summary.
-
-  Returns:
-    One record per point (file, score, k, estimator): ``settings``, ``file``,
-    ``source``, ``columns`` (the file's, ``tables.file_columns``), ``score``,
-    ``topk``, ``estimator``, ``rows`` (``CrossValidation.rows()``) and ``per_fold``.
+  Returns one record per point (file, score, k, estimator): ``settings``, ``file``,
+  ``source``, ``columns`` (the file's, ``tables.file_columns``), ``score``, ``topk``,
+  ``estimator``, ``rows`` (``CrossValidation.rows()``) and ``per_fold``.
   """
   points = _points(settings, found)
   num = len(found[0].labels)
@@ -175,9 +155,7 @@ def table1(
   ``baselines`` (computed here when not given) beside the Top-1 bins' records."""
   baseline_rows = baselines(settings, found) if baseline_rows is None else baseline_rows
   binned = {
-    (r["source"], r["score"]): next(
-      row for row in r["rows"] if row["n_bins"] == settings.compare_bins
-    )
+    (r["source"], r["score"]): next(x for x in r["rows"] if x["n_bins"] == settings.compare_bins)
     for r in records
     if r["topk"] == 1 and r["estimator"] == "bins"
   }
@@ -210,11 +188,6 @@ def selective_rows(settings: Settings, found: list[Source]) -> list[dict]:
     ):  # fmt: skip
       rows.append({"label": source.label, "source": source.name, "score": score, **row})
   return rows
-
-
-def set_rows(settings: Settings, found: list[Source]) -> list[dict]:
-  """Each file's prediction sets with a coverage guarantee (``pipeline.prediction_sets``)."""
-  return [row for source in found for row in prediction_sets.rows(settings, source)]
 
 
 def _write_tables(settings, workdir, asked, records, table1, chosen, sets_) -> list[dict]:
@@ -280,7 +253,8 @@ def _comparison(settings: Settings, sources_: list) -> tuple[dict, list, list, f
   tic = time.perf_counter()
   baseline_rows = baselines(settings, sources_)
   chosen = selective_rows(settings, sources_)
-  return baseline_rows, chosen, set_rows(settings, sources_), time.perf_counter() - tic
+  sets_ = [row for source in sources_ for row in prediction_sets.rows(settings, source)]
+  return baseline_rows, chosen, sets_, time.perf_counter() - tic
 
 
 @contextlib.contextmanager
@@ -330,8 +304,7 @@ def evaluate(settings: Settings, workdir, asked, tasks=(0, 1)) -> dict:
     tic = time.perf_counter()
     with figures.rendering():
       num = write_figures(settings, workdir, found, records, rows, chosen, figure_bins)
-    timings["figures"] = time.perf_counter() - tic
-    seconds = timings["figures"]
+    timings["figures"] = seconds = time.perf_counter() - tic
     logging.info("evaluate: %d figures in %s (%.1f s)", num, workdir / "figures", seconds)
   return timings
 

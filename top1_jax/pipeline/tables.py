@@ -15,19 +15,13 @@ from top1_jax.io import results
 COLUMNS = results.COLUMNS
 """results.csv's settings columns, in order."""
 
-DETERMINISTIC = "deterministic"
-"""The method of one network without test-time sampling: stored and shown under this name."""
-
-EXTERNAL = "external"
-"""The method of a user's file whose meta names none (its kind unknown)."""
-
-METHOD_ALIASES = {"plain": DETERMINISTIC}
+METHOD_ALIASES = {"plain": "deterministic"}
 """Other stored names of a method, read as the one shown (``from_arrays`` wrote "plain")."""
 
 
 def method_name(method: str | None) -> str:
-  """The one name of a stored method: ``METHOD_ALIASES`` resolved, None -> ``EXTERNAL``."""
-  return METHOD_ALIASES.get(method, method) if method else EXTERNAL
+  """The one name of a stored method: ``METHOD_ALIASES`` resolved, None -> "external"."""
+  return METHOD_ALIASES.get(method, method) if method else "external"
 
 
 def file_columns(meta: dict, source: str, num_samples: int) -> dict:
@@ -104,16 +98,23 @@ def tidy_rows(records: list[dict]) -> list[dict]:
   return rows
 
 
-def cell(value: float | None, digits: int) -> str:
-  """A table cell: "–" for an undefined metric; never "-0.0000" for a rounding residue."""
+def cell(value: float | None, digits: int, scale: float = 1.0) -> str:
+  """A table cell of ``scale * value``: "–" for an undefined metric; never "-0.0000" for a
+  rounding residue."""
   if value is None:
     return "–"
-  text = f"{value:.{digits}f}"
+  text = f"{scale * value:.{digits}f}"
   return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
-def _pm(mean: float | None, std: float | None, digits: int) -> str:
-  return "–" if mean is None else f"{cell(mean, digits)} ± {cell(std, digits)}"
+def md_row(cells) -> str:
+  """One line of a Markdown table."""
+  return "| " + " | ".join(cells) + " |"
+
+
+def md_head(header: list[str], left: int = 1) -> list[str]:
+  """A Markdown table's header and rule: ``left`` columns aligned left, the rest right."""
+  return [md_row(header), "|" + "---|" * left + "---:|" * (len(header) - left)]
 
 
 def eor_digits(mean: float | None) -> int:
@@ -123,10 +124,11 @@ def eor_digits(mean: float | None) -> int:
   return 2 if mean < 10 else 1 if mean < 100 else 0
 
 
-def _eor(mean: float | None, std: float | None) -> str:
+def _eor(row: dict) -> str:
+  mean = row["eor"]
   if mean is None or not math.isfinite(mean):
     return cell(mean, eor_digits(mean))  # no "± nan" beside an undefined mean
-  return _pm(mean, std, eor_digits(mean))
+  return pm_value(row, "eor", eor_digits(mean))
 
 
 def _defined_on(row: dict, metric: str, n_folds: int | None) -> str:
@@ -135,23 +137,33 @@ def _defined_on(row: dict, metric: str, n_folds: int | None) -> str:
   return "" if count is None or n_folds is None or count == n_folds else f" ({count}/{n_folds})"
 
 
+def ece_title(n_bins: int | str) -> str:
+  """The binned predictions' ECE (%) as every table names it; ``n_bins`` may be "N"."""
+  return metrics.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
+
+
+def metric_names(n_bins: int | str) -> list[str]:
+  """The headers of ``metric_cells``."""
+  return ["Brier", "NLL", ece_title(n_bins), "EOR", metrics.BINNED_AUROC_NAME]
+
+
+def metric_cells(row: dict, value: "Value") -> list[str]:
+  """A sweep row's Brier, NLL, ECE (%), EOR and AUROC, each formatted by ``value``."""
+  return [
+    value(row, "brier", 4, 1.0), value(row, "nll", 4, 1.0), value(row, "ece", 2, 100.0),
+    value(row, "eor", eor_digits(row.get("eor")), 1.0), value(row, "auroc", 3, 1.0),
+  ]  # fmt: skip
+
+
 def metric_table(rows: list[dict], topk: int, n_bins: int, n_folds: int | None = None) -> str:
-  ece = metrics.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
-  lines = [
-    f"| method | score | Brier | NLL | {ece} | EOR | {metrics.BINNED_AUROC_NAME} | bins |",
-    "|---|---|---:|---:|---:|---:|---:|---:|",
-  ]
+  lines = md_head(["method", "score", *metric_names(n_bins), "bins"], 2)
   for r in rows:
-    if r["topk"] != topk or r["n_bins"] != n_bins:
-      continue
-    ece = None if r["ece"] is None else (100 * r["ece"], 100 * r["ece_std"])
-    lines.append(
-      f"| {r['label']} | {score_cell(r)} | {cell(r['brier'], 4)} | {cell(r['nll'], 4)} "
-      f"| {_pm(*(ece or (None, None)), 2)} "
-      f"| {_eor(r['eor'], r['eor_std'])}{_defined_on(r, 'eor', n_folds)} "
-      f"| {cell(r['auroc'], 3)}{_defined_on(r, 'auroc', n_folds)} "
-      f"| {cell(r['num_effective_bins'], 0)} |"
-    )
+    if (r["topk"], r["n_bins"]) == (topk, n_bins):
+      lines.append(md_row([
+        r["label"], score_cell(r), cell(r["brier"], 4), cell(r["nll"], 4),
+        pm_value(r, "ece", 2, 100.0), _eor(r) + _defined_on(r, "eor", n_folds),
+        cell(r["auroc"], 3) + _defined_on(r, "auroc", n_folds), cell(r["num_effective_bins"], 0),
+      ]))  # fmt: skip
   return "\n".join(lines)
 
 
@@ -172,21 +184,19 @@ def score_cell(row: dict) -> str:
 
 def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, ...]) -> str:
   key = lambda r: (r["label"], r["score"], r.get("estimator", DEFAULT_ESTIMATOR))
-  header = "| method | score | " + " | ".join(f"Top-{k}" for k in topks) + " |"
-  lines = [header, "|---|---|" + "---:|" * len(topks)]
-  for method, score, estimator in dict.fromkeys(map(key, rows)):
-    cells = []
+  lines = md_head(["method", "score", *(f"Top-{k}" for k in topks)], 2)
+  for wanted in dict.fromkeys(map(key, rows)):
+    method, score, estimator = wanted
+    cells = [method, score_cell({"score": score, "estimator": estimator})]
     for k in topks:
-      wanted = (method, score, estimator)
       match = [r for r in rows if key(r) == wanted and (r["topk"], r["n_bins"]) == (k, n_bins)]
       if not match:
         cells.append("–")
       elif metric == "eor":
-        cells.append(_eor(match[0]["eor"], match[0]["eor_std"]))
+        cells.append(_eor(match[0]))
       else:
         cells.append(cell(match[0][metric], 4))
-    label = score_cell({"score": score, "estimator": estimator})
-    lines.append(f"| {method} | {label} | " + " | ".join(cells) + " |")
+    lines.append(md_row(cells))
   return "\n".join(lines)
 
 
@@ -203,19 +213,16 @@ def markdown(rows: list[dict], config: dict, topks: tuple[int, ...], title: str)
   for r in rows:
     accuracy.setdefault((r["label"], r["topk"]), r["accuracy"])
   parts += ["", "Test accuracy of each classifier (mean over test halves):", ""]
-  parts += ["| method | " + " | ".join(f"Top-{k}" for k in topks) + " |"]
-  parts += ["|---|" + "---:|" * len(topks)]
+  parts += md_head(["method", *(f"Top-{k}" for k in topks)])
   for method in dict.fromkeys(m for m, _ in accuracy):
-    cells = [cell(accuracy.get((method, k)), 4) for k in topks]
-    parts.append(f"| {method} | " + " | ".join(cells) + " |")
+    parts.append(md_row([method, *(cell(accuracy.get((method, k)), 4) for k in topks)]))
   for k in topks:
     for n in n_bins:
       parts += ["", f"## Top-{k}, {n} bins", "", metric_table(rows, k, n, config["n_folds"])]
   largest = max(n_bins)
-  parts += ["", f"## Brier score, {largest} bins (supplementary table)", ""]
-  parts += [summary_table(rows, "brier", largest, topks)]
-  parts += ["", f"## Expected odds ratio, {largest} bins (supplementary table)", ""]
-  parts += [summary_table(rows, "eor", largest, topks)]
+  for metric, name in (("brier", "Brier score"), ("eor", "Expected odds ratio")):
+    parts += ["", f"## {name}, {largest} bins (supplementary table)", ""]
+    parts.append(summary_table(rows, metric, largest, topks))
   return "\n".join(parts) + "\n"
 
 
@@ -232,15 +239,26 @@ Value = Callable[[dict, str, int | None, float], str]
 def run_value(row: dict, name: str, digits: int | None, scale: float = 1.0) -> str:
   """A run's cell: the value (a mean over splits) scaled, ``digits`` decimals (None: %g)."""
   value = row.get(name)
-  if value is None:
+  if digits is None and value is not None:
+    return f"{scale * value:g}"
+  return cell(value, digits, scale)
+
+
+def mean_std(row: dict, name: str, digits: int | None, scale: float = 1.0) -> str:
+  """A cell with its spread (``Value``): "mean ± std" (the mean alone without a std), and
+  "(k/n)" where only k of the n merged runs define it; ``digits`` None: 3 significant."""
+  mean, std = row.get(name), row.get(f"{name}_std")
+  if mean is None:
     return "–"
-  return f"{scale * value:g}" if digits is None else cell(scale * value, digits)
 
+  def text(value: float) -> str:
+    return f"{scale * value:.3g}" if digits is None else cell(value, digits, scale)
 
-def _runs_column(header: list[str], across_runs: bool) -> list[str]:
-  if not across_runs:
-    return header
-  return [header[0] + " runs |", header[1] + "---:|"]
+  out = text(mean) if std is None else f"{text(mean)} ± {text(std)}"
+  count = row.get(f"{name}_num_runs")
+  if count is not None and count != row.get("num_runs"):
+    out += f" ({count}/{row['num_runs']})"
+  return out
 
 
 COMPARISON_NOTE = (
@@ -256,6 +274,22 @@ ACROSS_RUNS = (
 )
 
 
+def comparison_cells(row: dict, value: Value, per_class: bool = False) -> list[str]:
+  """A Table-1 row's method (with its fitted T), binned score (``per_class``: with a
+  top-label row's classes that got bins), multiclass Brier, raw and binned Top-1 Brier,
+  and raw and binned ECE ("†" on top-label binning's, equal-width)."""
+  method, toplabel = row["label"], row.get("top1_estimator") == "toplabel"
+  if row.get("temperature") not in (None, 1.0):
+    method += f" (T = {value(row, 'temperature', 2, 1.0)})"
+  score = scores.label(row["top1_score"])
+  score += _per_class(row, value) if per_class and toplabel else ""
+  return [
+    method, score, value(row, "multiclass_brier", 4, 1.0), value(row, "raw_top1_brier", 4, 1.0),
+    value(row, "top1_binned_brier", 4, 1.0), value(row, "confidence_ece", 2, 100.0),
+    value(row, "top1_binned_ece", 2, 100.0) + (" †" if toplabel else ""),
+  ]  # fmt: skip
+
+
 def comparison_table(
   comparison: list[dict], *, value: Value = run_value, across_runs: bool = False
 ) -> str:
@@ -265,33 +299,20 @@ def comparison_table(
     return ""
   n_bins, ece_bins = comparison[0]["top1_n_bins"], comparison[0]["ece_bins"]
   benchmark = metrics.ece_name(ece_bins, "equal-width", percent=True)
-  binned = metrics.ece_name(n_bins, "equal-mass", calibration=True, percent=True)
-  header = [
-    "| method | binned score | multiclass Brier (benchmark) | Top-1 Brier: raw pmax "
-    f"| Top-1 Brier: binned | {benchmark}: benchmark = raw pmax | {binned}: Top-1 binned |",
-    "|---|---|---:|---:|---:|---:|---:|",
-  ]
+  header = ["method", "binned score", "multiclass Brier (benchmark)", "Top-1 Brier: raw pmax"]
+  header += ["Top-1 Brier: binned", f"{benchmark}: benchmark = raw pmax"]
+  header += [f"{ece_title(n_bins)}: Top-1 binned", *(["runs"] if across_runs else [])]
   lines = [
     f"## Benchmark metrics vs Top-1 binning (paper Table 1; {n_bins} Top-1 bins, "
     f"{ece_bins} equal-width ECE bins)",
     "",
     COMPARISON_NOTE + (" " + ACROSS_RUNS if across_runs else ""),
     "",
-    *_runs_column(header, across_runs),
+    *md_head(header, 2),
   ]
   for r in comparison:
-    method = r["label"]
-    if r["temperature"] != 1.0:
-      method += f" (T = {value(r, 'temperature', 2, 1.0)})"
-    toplabel = r.get("top1_estimator") == "toplabel"
-    score = scores.label(r["top1_score"]) + (_per_class(r, value) if toplabel else "")
-    ece = value(r, "top1_binned_ece", 2, 100.0) + (" †" if toplabel else "")
-    runs = f" {r['num_runs']} |" if across_runs else ""
-    lines.append(
-      f"| {method} | {score} | {value(r, 'multiclass_brier', 4, 1.0)} "
-      f"| {value(r, 'raw_top1_brier', 4, 1.0)} | {value(r, 'top1_binned_brier', 4, 1.0)} "
-      f"| {value(r, 'confidence_ece', 2, 100.0)} | {ece} |{runs}"
-    )
+    runs = [str(r["num_runs"])] if across_runs else []
+    lines.append(md_row([*comparison_cells(r, value, per_class=True), *runs]))
   top_label = [r for r in comparison if r.get("top1_estimator") == "toplabel"]
   if top_label:
     per_bin = top_label[0].get("toplabel_points_per_bin", "points_per_bin")
@@ -317,6 +338,16 @@ def _per_class(row: dict, value: Value) -> str:
   return f", per predicted class (own bins: {own} of {num_classes} classes)"
 
 
+def selective_cells(row: dict, value: Value, unit: str = "") -> list[str]:
+  """A selective row's cells; ``unit`` follows its test coverage (in %)."""
+  return [
+    row["label"], scores.label(row["score"]), f"{row['target_accuracy']:g}",
+    value(row, "guaranteed_accuracy", 4, 1.0), value(row, "test_coverage", 1, 100.0) + unit,
+    value(row, "test_accuracy", 4, 1.0), f"{row['num_empty']}/{row['num_splits']}",
+    f"{row['num_below_target']}/{row['num_splits']}",
+  ]  # fmt: skip
+
+
 def selective_table(
   rows: list[dict], *, value: Value = run_value, across_runs: bool = False
 ) -> str:
@@ -325,11 +356,8 @@ def selective_table(
   if not rows:
     return ""
   first = rows[0]
-  header = [
-    "| method | score | target | guaranteed accuracy | test coverage | test accuracy "
-    "| splits: nothing selected | splits: test accuracy < target |",
-    "|---|---|---:|---:|---:|---:|---:|---:|",
-  ]
+  header = ["method", "score", "target", "guaranteed accuracy", "test coverage"]
+  header += ["test accuracy", "splits: nothing selected", "splits: test accuracy < target"]
   across = " " + ACROSS_RUNS + " Splits are counted over all runs." if across_runs else ""
   lines = [
     "## Selective prediction with a guarantee",
@@ -340,23 +368,26 @@ def selective_table(
     "test part. Means over splits; the guaranteed (lower bound) and test accuracies over the "
     "splits that selected something." + across,
     "",
-    *_runs_column(header, across_runs),
+    *md_head([*header, *(["runs"] if across_runs else [])], 2),
   ]
   for r in rows:
-    runs = f" {r['num_runs']} |" if across_runs else ""
-    lines.append(
-      f"| {r['label']} | {scores.label(r['score'])} | {r['target_accuracy']:g} "
-      f"| {value(r, 'guaranteed_accuracy', 4, 1.0)} | {value(r, 'test_coverage', 1, 100.0)}% "
-      f"| {value(r, 'test_accuracy', 4, 1.0)} | {r['num_empty']}/{r['num_splits']} "
-      f"| {r['num_below_target']}/{r['num_splits']} |{runs}"
-    )
+    runs = [str(r["num_runs"])] if across_runs else []
+    lines.append(md_row([*selective_cells(r, value, "%"), *runs]))
   return "\n".join(lines)
 
 
 def pm_value(row: dict, name: str, digits: int | None, scale: float = 1.0) -> str:
   """A run's cell with its spread: "mean ± std" over the splits (``Value``)."""
   mean, std = row.get(name), row.get(f"{name}_std")
-  return _pm(None if mean is None else scale * mean, None if std is None else scale * std, digits)
+  return "–" if mean is None else f"{cell(mean, digits, scale)} ± {cell(std, digits, scale)}"
+
+
+def sets_cells(row: dict, value: Value) -> list[str]:
+  """A prediction-set row's cells: method, set method, alpha, coverage, mean size, SSCV."""
+  return [
+    row["label"], row["estimator"], f"{row['alpha']:g}", value(row, "coverage", 3),
+    value(row, "mean_size", 2), value(row, "sscv", 3),
+  ]  # fmt: skip
 
 
 def sets_table(rows: list[dict], *, value: Value = pm_value) -> str:
@@ -373,12 +404,6 @@ def sets_table(rows: list[dict], *, value: Value = pm_value) -> str:
     "ideal). topk: the smallest Top-k whose calibrated P(label in Top-k) (the paper's bins) "
     "reaches a conformal threshold. Means ± std over the splits (merged runs: across runs).",
     "",
-    "| model | method | alpha | coverage | mean size | SSCV |",
-    "|---|---|---:|---:|---:|---:|",
+    *md_head(["model", "method", "alpha", "coverage", "mean size", "SSCV"], 2),
   ]
-  lines += [
-    f"| {r['label']} | {r['estimator']} | {r['alpha']:g} "
-    f"| {value(r, 'coverage', 3)} | {value(r, 'mean_size', 2)} | {value(r, 'sscv', 3)} |"
-    for r in rows
-  ]
-  return "\n".join(lines)
+  return "\n".join(lines + [md_row(sets_cells(r, value)) for r in rows])
