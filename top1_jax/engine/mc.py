@@ -203,7 +203,7 @@ def _fetch(valid: int, out: Any) -> SampleSummary:
 
 
 def _stream(run, num_examples: int, chunk: int, progress: Progress | None) -> SampleSummary:
-  """Every chunk's host outputs; the next chunk is dispatched before the previous is fetched."""
+  """The chunks' host outputs joined; each chunk is dispatched before the previous is fetched."""
   pieces = []
   starts = range(0, num_examples, chunk)
   for start, out in batches.prefetch(((start, run(start)) for start in starts), 1):

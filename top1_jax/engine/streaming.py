@@ -55,12 +55,6 @@ def _chunk_inputs(chunk: Any, rows: int, with_labels: bool) -> dict[str, Any]:
   }
 
 
-def _cpu_devices() -> list:
-  """The host's CPU devices when JAX has several (one per core), else [None]."""
-  devices = jax.local_devices()
-  return devices if len(devices) > 1 and devices[0].platform == "cpu" else [None]
-
-
 def _local_scores(samples, human_probs, labels, *, topk, label_terms):
   """One device's chunk, as [1, ...] blocks inside ``shard_map``: a lone chunk's program."""
   first = [None if x is None else x[0] for x in (samples, human_probs, labels)]
@@ -176,7 +170,9 @@ def from_chunks(
     rows = size if rows is None else rows
     if devices is None:
       samples = chunk.logits is not None and chunk.logits.shape[0] >= 2
-      devices = _cpu_devices() if samples else [None]
+      local = jax.local_devices()
+      several_cpus = len(local) > 1 and local[0].platform == "cpu"
+      devices = local if samples and several_cpus else [None]
       ahead = 1 if len(devices) > 1 else 0  # groups left in flight while the next is read
       classes = (chunk.logits if chunk.logits is not None else chunk.mean_probs).shape[-1]
       topk = tuple(validation.positive_int("topk", k, maximum=classes) for k in topk)

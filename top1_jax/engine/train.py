@@ -166,9 +166,8 @@ def _calls(begin: int, progress: _Progress, steps_per_call: int) -> list[tuple[i
 def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
   """Steps ``begin`` to ``progress.end``; step t's dropout key is ``fold_in(dropout_key, t)``."""
   mesh, shape, impl = data.mesh, dropout_key.shape, jax.random.key_impl(dropout_key)
-  key_data = parallel.replicate(jax.random.key_data(dropout_key), mesh)
   zeros = {name: np.zeros(shape, np.float32) for name in ("loss", "accuracy")}
-  zeros = parallel.replicate(zeros, mesh)
+  key_data, zeros = parallel.replicate((jax.random.key_data(dropout_key), zeros), mesh)
   if not data.on_device:
     steps_per_call = batches.streamed_steps(data, order, steps_per_call)
   calls = _calls(begin, progress, steps_per_call)

@@ -91,10 +91,10 @@ def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynami
       f"{type(dynamic_scale).__name__}"
     )
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  rate = dropout_rate
+  key, rate = forward_passes.as_prng_key(key), dropout_rate
   if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0 <= rate < 1:
     raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
-  return forward_passes.as_prng_key(key), sample_input, float(rate)
+  return key, sample_input, float(rate)
 
 
 def _create(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> TrainState:
