@@ -66,8 +66,7 @@ def make(names, crop_padding: int = 0) -> Augmentation:
   names = (names,) if isinstance(names, str) else tuple(names)
   if names == (NONE,):
     names = ()
-  unknown = [name for name in names if name not in AUGMENTATIONS]
-  if unknown:
+  if any(name not in AUGMENTATIONS for name in names):
     raise ValueError(
       f"augment: expected {NONE!r} or names among {', '.join(AUGMENTATIONS)}, got {names}"
     )

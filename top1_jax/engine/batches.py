@@ -26,36 +26,30 @@ STREAMED_CALL_BYTES = 1 << 28
 
 
 @functools.lru_cache(maxsize=64)
-def _logits_classes(model: nn.Module, variables: Any, treedef: Any, example_shape: tuple) -> int:
+def _logits_classes(model: nn.Module, shapes: tuple, treedef: Any, example_shape: tuple) -> int:
   sample = jax.ShapeDtypeStruct((1, *example_shape), jnp.float32)
-  if variables is None:
+  if shapes:
+    tree = jax.tree_util.tree_unflatten(treedef, shapes)
+  else:  # no variables given: the initial ones
     tree = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), sample)
-  else:
-    tree = jax.tree_util.tree_unflatten(treedef, variables)
   shape = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), tree, sample)
   return int(shape.shape[-1])
 
 
 def _num_classes(model: nn.Module, variables: Any, images: Any) -> int:
   """K, the model's logits with ``variables`` (None: initial ones); computed from shapes."""
-  if variables is None:
-    return _logits_classes(model, None, None, tuple(images.shape[1:]))
   leaves, treedef = jax.tree_util.tree_flatten(variables)
   shapes = tuple(jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype) for leaf in leaves)
   return _logits_classes(model, shapes, treedef, tuple(images.shape[1:]))
 
 
-def _checked(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray, int]:
+def checked_dataset(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray, int]:
+  """Host float32 images [N, ...], int32 labels [N] in [0, K), and K, the model's logits."""
   images = forward_passes.host_inputs("images", images)
   num_classes = _num_classes(model, variables, images)
   labels = validation.labels_array("labels", labels, num_classes, host=True)
   validation.same_length(images=images, labels=labels)
   return images, labels, num_classes
-
-
-def checked_dataset(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray]:
-  """Host float32 images [N, ...] and int32 labels [N] in [0, K), K the model's logits."""
-  return _checked(model, variables, images, labels)[:2]
 
 
 def checked_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[int, int, int]:
@@ -88,14 +82,13 @@ class TrainingData(NamedTuple):
 
 def training_data(model: nn.Module, images, labels, mesh: Mesh, variables=None) -> TrainingData:
   """Host data checked once against ``model`` (``variables`` None: initial) and placed."""
-  images, labels, num_classes = _checked(model, variables, images, labels)
-  dtype = input_dtype(model)
-  num_bytes = images.shape[0] * (images[0].size * np.dtype(dtype).itemsize + 4)
-  placed = (images, labels, images.shape[0], num_classes)
-  if not parallel.fits_on_devices(num_bytes, mesh):
-    return TrainingData(*placed, False, dtype, mesh)
-  on_device = parallel.put_rows(images, mesh, dtype), parallel.put_rows(labels, mesh)
-  return TrainingData(*on_device, *placed[2:], True, dtype, mesh)
+  images, labels, num_classes = checked_dataset(model, variables, images, labels)
+  dtype, num_examples = input_dtype(model), images.shape[0]
+  row_bytes = images[0].size * np.dtype(dtype).itemsize + 4
+  on_device = parallel.fits_on_devices(num_examples * row_bytes, mesh)
+  if on_device:
+    images, labels = parallel.put_rows(images, mesh, dtype), parallel.put_rows(labels, mesh)
+  return TrainingData(images, labels, num_examples, num_classes, on_device, dtype, mesh)
 
 
 def for_fit(model: nn.Module, variables: Any, images, labels, mesh: Mesh) -> TrainingData:
@@ -182,9 +175,8 @@ def streamed(data: TrainingData, order: EpochOrder, calls: Iterable[tuple[int, i
 
   def batches(first: int, num_steps: int) -> tuple[jax.Array, jax.Array]:
     rows = order.host_rows(first, num_steps)
-    axis = rows.ndim - 1
     arrays = (data.images, data.labels)
-    return tuple(parallel.shard_rows(a, rows, data.mesh, axis) for a in arrays)
+    return tuple(parallel.shard_rows(a, rows, data.mesh, rows.ndim - 1) for a in arrays)
 
   return prefetch((batches(*call) for call in calls), IN_FLIGHT)
 

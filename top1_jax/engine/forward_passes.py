@@ -4,7 +4,6 @@
 of the jitted code: pass the same (or an equal) object to avoid recompiling.
 """
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -60,17 +59,15 @@ def pick_strategy(strategy: str = "auto", backend: str | None = None) -> str:
 
 def dropout_rate(rate: ArrayLike) -> jax.Array:
   """Checks 0 <= rate < 1 (when concrete); returns a float32 scalar."""
-  if isinstance(rate, bool):
-    raise ValueError(f"rate: expected a number in [0, 1), got {rate!r}")
   if validation.is_traced(rate):
     if jnp.ndim(rate) != 0:
       raise ValueError(f"rate: expected a scalar, got shape {jnp.shape(rate)}")
     return jnp.asarray(rate, jnp.float32)
   try:
-    value = np.asarray(rate, dtype=np.float64)
+    value = None if isinstance(rate, bool) else np.asarray(rate, dtype=np.float64)
   except (TypeError, ValueError):
-    raise ValueError(f"rate: expected a number in [0, 1), got {rate!r}") from None
-  if value.ndim != 0 or not (0.0 <= float(value) < 1.0):
+    value = None
+  if value is None or value.ndim != 0 or not (0.0 <= float(value) < 1.0):
     raise ValueError(f"rate: expected a number in [0, 1), got {rate!r}")
   return jnp.asarray(value, jnp.float32)
 
@@ -133,10 +130,7 @@ def member_logits(apply_fn, stacked_params, x, strategy: str):
   return jnp.stack([apply_fn(member_params(stacked_params, m), x) for m in range(size)])
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "num_samples"))
-def _mc_dropout_logits(apply_fn, params, x, key, rate, num_samples):
-  example_ids = jnp.arange(x.shape[0], dtype=jnp.int32)
-  return sample_logits(apply_fn, params, x, example_ids, key, rate, num_samples)
+_sample_logits = jax.jit(sample_logits, static_argnames=("apply_fn", "num_samples"))
 
 
 def mc_dropout_logits(
@@ -156,7 +150,8 @@ def mc_dropout_logits(
   key = as_prng_key(key)
   x = batch_inputs("x", x)
   check_one_example(apply_fn, params, x, key, rate)
-  return _mc_dropout_logits(apply_fn, params, x, key, rate, num_samples)
+  example_ids = jnp.arange(x.shape[0], dtype=jnp.int32)
+  return _sample_logits(apply_fn, params, x, example_ids, key, rate, num_samples)
 
 
 _ensemble_logits = jax.jit(member_logits, static_argnames=("apply_fn", "strategy"))

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from top1_jax.core import scores, validation
-from top1_jax.engine import forward_passes, parallel
+from top1_jax.engine import batches, forward_passes, parallel
 from top1_jax.engine.forward_passes import (
   STRATEGIES,
   ApplyFn,
@@ -101,19 +101,13 @@ def _predict_chunk(apply_fn, params, chunks, slot, start, key_data, rate, static
       logits = forward_passes.member_logits(apply_fn, params, x, strategy)
     mean_log_probs, values = scores.sample_summary(logits)
     out = {"mean_log_probs": mean_log_probs, "scores": values}
-    if keep_samples:
-      out["logits"] = logits
-    return out
+    return {**out, "logits": logits} if keep_samples else out
 
   out_specs = {"mean_log_probs": P(axis), "scores": P(axis)}
-  if keep_samples:
-    out_specs["logits"] = P(None, axis)
-  return jax.shard_map(
-    local,
-    mesh=mesh,
-    in_specs=(P(), P(axis), P(axis), P(), P()),
-    out_specs=out_specs,
-  )(params, x, example_ids, key_data, rate)
+  out_specs |= {"logits": P(None, axis)} if keep_samples else {}
+  in_specs = (P(), P(axis), P(axis), P(), P())
+  sharded = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+  return sharded(params, x, example_ids, key_data, rate)
 
 
 class _PredictArgs(NamedTuple):
@@ -158,13 +152,8 @@ def _checked_args(
   forward_passes.check_one_example(apply_fn, one_network, x, key, rate)
   if chunk_size is None:
     chunk_size = default_chunk_size(num_samples, mesh)
-  num_devices = mesh.devices.size
-  chunk = -(-chunk_size // num_devices) * num_devices
+  chunk = -(-chunk_size // mesh.devices.size) * mesh.devices.size
   return _PredictArgs(x, mode, num_samples, strategy, key, rate, mesh, chunk)
-
-
-def _global(host_array: np.ndarray, sharding: NamedSharding) -> jax.Array:
-  return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])
 
 
 def _chunks(x: np.ndarray, first: int, count: int, chunk: int, sharding) -> jax.Array:
@@ -180,11 +169,9 @@ def _chunks(x: np.ndarray, first: int, count: int, chunk: int, sharding) -> jax.
 def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
   """``run(start)`` dispatches the chunk from example ``start``; ``x`` is sent once if it fits."""
   (axis,) = args.mesh.axis_names
-  replicated = NamedSharding(args.mesh, P())
   by_example = NamedSharding(args.mesh, P(None, axis))
-  params_global = jax.tree_util.tree_map(lambda leaf: _global(np.asarray(leaf), replicated), params)
-  key_global = _global(np.asarray(jax.random.key_data(args.key)), replicated)
-  rate_global = _global(np.asarray(args.rate), replicated)
+  replicated = (params, jax.random.key_data(args.key), args.rate)
+  params_global, key_global, rate_global = parallel.replicate(replicated, args.mesh)
   impl = jax.random.key_impl(args.key)
   static = (args.mode, args.num_samples, args.strategy, keep_samples, args.mesh, impl)
   step = functools.partial(_predict_chunk, apply_fn, static=static)
@@ -205,45 +192,31 @@ def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
   return run
 
 
-def _fetch(valid: int, out: Any) -> dict[str, Any]:
+def _fetch(valid: int, out: Any) -> SampleSummary:
   if jax.process_count() > 1:
     host = multihost_utils.process_allgather(out, tiled=True)
   else:
     host = jax.tree_util.tree_map(np.asarray, out)
-  return {
-    "mean_log_probs": host["mean_log_probs"][:valid],
-    "scores": {name: value[:valid] for name, value in host["scores"].items()},
-    **({"logits": host["logits"][:, :valid]} if "logits" in host else {}),
-  }
+  values = {name: value[:valid] for name, value in host["scores"].items()}
+  logits = host["logits"][:, :valid] if "logits" in host else None
+  return SampleSummary(host["mean_log_probs"][:valid], values, logits)
 
 
-def _stream(run, num_examples: int, chunk: int, progress: Progress | None) -> list[dict[str, Any]]:
-  """Every chunk's host outputs; the next chunk is dispatched before the previous is fetched."""
-  pieces: list[dict[str, Any]] = []
-
-  def collect(valid: int, out: Any, stop: int) -> None:
-    pieces.append(_fetch(valid, out))
+def _stream(run, num_examples: int, chunk: int, progress: Progress | None) -> SampleSummary:
+  """The chunks' host outputs joined; each chunk is dispatched before the previous is fetched."""
+  pieces = []
+  starts = range(0, num_examples, chunk)
+  for start, out in batches.prefetch(((start, run(start)) for start in starts), 1):
+    stop = min(start + chunk, num_examples)
+    pieces.append(_fetch(stop - start, out))
     if progress is not None:
       progress(stop, num_examples)
-
-  pending: tuple[int, Any, int] | None = None
-  for start in range(0, num_examples, chunk):
-    stop = min(start + chunk, num_examples)
-    out = run(start)
-    if pending is not None:
-      collect(*pending)
-    pending = (stop - start, out, stop)
-  collect(*pending)
-  return pieces
-
-
-def _concatenate(pieces: list[dict[str, Any]]) -> SampleSummary:
-  mean_log_probs = np.concatenate([p["mean_log_probs"] for p in pieces])
-  names = pieces[0]["scores"]
-  values = {name: np.concatenate([p["scores"][name] for p in pieces]) for name in names}
-  keep_samples = "logits" in pieces[0]
-  logits = np.concatenate([p["logits"] for p in pieces], axis=1) if keep_samples else None
-  return SampleSummary(mean_log_probs, values, logits)
+  logits = None if pieces[0].logits is None else np.concatenate([p.logits for p in pieces], 1)
+  return SampleSummary(
+    np.concatenate([p.mean_log_probs for p in pieces]),
+    {name: np.concatenate([p.scores[name] for p in pieces]) for name in pieces[0].scores},
+    logits,
+  )
 
 
 def predict(
@@ -270,4 +243,4 @@ def predict(
     apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mesh, strategy
   )
   run = _chunk_runner(apply_fn, params, args, keep_samples)
-  return _concatenate(_stream(run, args.x.shape[0], args.chunk, progress))
+  return _stream(run, args.x.shape[0], args.chunk, progress)

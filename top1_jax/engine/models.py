@@ -142,13 +142,15 @@ def _batch_norm(train: bool, dtype: Any) -> nn.BatchNorm:
   return nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=dtype)
 
 
-class _ResidualBlock(nn.Module):
-  """conv3x3-BN-ReLU-dropout-conv3x3-BN plus a (projected) shortcut, then ReLU."""
-
+class _Block(nn.Module):
   width: int
   stride: int
   dropout_placement: str
   dtype: Any = jnp.float32
+
+
+class _ResidualBlock(_Block):
+  """conv3x3-BN-ReLU-dropout-conv3x3-BN plus a (projected) shortcut, then ReLU."""
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
@@ -199,13 +201,8 @@ class ResNet(nn.Module):
 _HE_NORMAL = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
 
-class _WideBlock(nn.Module):
+class _WideBlock(_Block):
   """Pre-activation block: BN-ReLU-conv3x3-BN-ReLU-dropout-conv3x3 plus the shortcut."""
-
-  width: int
-  stride: int
-  dropout_placement: str
-  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
@@ -287,10 +284,8 @@ def init(model: nn.Module, key: jax.Array, sample_input: ArrayLike) -> Variables
   return _init(model, key, jnp.asarray(sample_input))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _init(model: nn.Module, key: jax.Array, sample_input: jax.Array) -> Variables:
-  # Jitted: op by op, initialisation dispatches one small program per operation.
-  return model.init(key, sample_input, train=False)
+# Jitted: op by op, initialisation dispatches one small program per operation.
+_init = jax.jit(lambda model, key, x: model.init(key, x, train=False), static_argnums=0)
 
 
 @dataclasses.dataclass(frozen=True)

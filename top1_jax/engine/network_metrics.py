@@ -50,7 +50,7 @@ def evaluate(
   state: TrainState, images: ArrayLike, labels: ArrayLike, *, batch_size: int = 1000
 ) -> dict[str, float]:
   """One network's mean NLL (``"loss"``), accuracy, Brier and ECE (no dropout, BN averages)."""
-  images, labels = batches.checked_dataset(state.model, state.variables, images, labels)
+  images, labels, _ = batches.checked_dataset(state.model, state.variables, images, labels)
   batch_size = validation.positive_int("batch_size", batch_size)
   return _evaluate(parallel.to_local(state), images, labels, batch_size)
 
@@ -83,7 +83,7 @@ def evaluate_ensemble(
   """``evaluate``'s metrics of the ensemble's mean probabilities, and ``"member_accuracy"``."""
   size, states = mc.ensemble_size(states.params), parallel.to_local(states)
   variables = train_state.member(states, 0).variables
-  images, labels = batches.checked_dataset(states.model, variables, images, labels)
+  images, labels, _ = batches.checked_dataset(states.model, variables, images, labels)
   apply_fn = models.make_apply_fn(states.model)
   predictions = mc.predict(
     apply_fn, states.variables, images, ensemble=True, chunk_size=chunk_size, strategy=strategy

@@ -189,8 +189,7 @@ def _translate(images: jax.Array, pixels: jax.Array) -> jax.Array:
 def translate(images, pixels: int) -> jax.Array:
   """Shifts every image ``pixels`` columns along x (right if positive), filling with 0 (ours)."""
   batch = check_images("images", images)
-  pixels = _checked_pixels(pixels)
-  pixels = max(-batch.shape[2], min(batch.shape[2], pixels))  # fits int32
+  pixels = max(-batch.shape[2], min(batch.shape[2], _checked_pixels(pixels)))  # fits int32
   return _translate(batch, jnp.int32(pixels)).reshape(jnp.shape(images))
 
 

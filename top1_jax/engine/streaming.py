@@ -43,7 +43,7 @@ def _padded(value, rows: int, axis: int):
   return np.pad(value, width, mode="edge")
 
 
-def _chunk_inputs(chunk: Any, rows: int) -> dict[str, Any]:
+def _chunk_inputs(chunk: Any, rows: int, with_labels: bool) -> dict[str, Any]:
   """``scores.from_predictions``'s keyword arguments for one chunk, padded to ``rows``."""
   logits = chunk.logits
   return {
@@ -51,14 +51,8 @@ def _chunk_inputs(chunk: Any, rows: int) -> dict[str, Any]:
     "mean_probs": None if logits is not None else _padded(chunk.mean_probs, rows, 0),
     "stored_scores": {name: _padded(v, rows, 0) for name, v in chunk.scores.items()},
     "human_probs": _padded(chunk.human_probs, rows, 0),
-    "labels": _padded(chunk.labels, rows, 0),
+    "labels": _padded(chunk.labels, rows, 0) if with_labels else None,
   }
-
-
-def _cpu_devices() -> list:
-  """The host's CPU devices when JAX has several (one per core), else [None]."""
-  devices = jax.local_devices()
-  return devices if len(devices) > 1 and devices[0].platform == "cpu" else [None]
 
 
 def _local_scores(samples, human_probs, labels, *, topk, label_terms):
@@ -176,14 +170,13 @@ def from_chunks(
     rows = size if rows is None else rows
     if devices is None:
       samples = chunk.logits is not None and chunk.logits.shape[0] >= 2
-      devices = _cpu_devices() if samples else [None]
+      local = jax.local_devices()
+      several_cpus = len(local) > 1 and local[0].platform == "cpu"
+      devices = local if samples and several_cpus else [None]
       ahead = 1 if len(devices) > 1 else 0  # groups left in flight while the next is read
       classes = (chunk.logits if chunk.logits is not None else chunk.mean_probs).shape[-1]
       topk = tuple(validation.positive_int("topk", k, maximum=classes) for k in topk)
-    inputs = _chunk_inputs(chunk, rows)
-    if not with_labels:
-      inputs["labels"] = None
-    group.append((size, inputs))
+    group.append((size, _chunk_inputs(chunk, rows, with_labels)))
     expected = start + size
     if expected > num_examples:
       raise ValueError(f"chunks: expected {num_examples} examples, got more")
@@ -199,13 +192,11 @@ def from_chunks(
   if expected != num_examples:
     raise ValueError(f"chunks: expected {num_examples} examples, got {expected}")
   values = {name: np.concatenate(parts) for name, parts in out["values"].items()}
-  terms = None
-  if out["terms"]:
-    terms = events.LabelTerms(*map(np.concatenate, zip(*out["terms"], strict=True)))
+  columns = zip(*out["terms"], strict=True)
+  terms = events.LabelTerms(*map(np.concatenate, columns)) if out["terms"] else None
   # pmax is an element-wise exp, whose last bit depends on an element's place in the
   # SIMD lanes of its batch: redone on all N it equals the whole-file one.
-  recompute = "neg_log_pmax" not in stored and "pmax" in values
-  if recompute:
+  if "neg_log_pmax" not in stored and "pmax" in values:
     values["pmax"] = np.asarray(_pmax(values["neg_log_pmax"]))
   # The host buffer becomes the jax array (aligned: device_put keeps it on a CPU).
   return scores.ScoredPredictions(jax.device_put(out["log_probs"]), values, terms)

@@ -166,9 +166,8 @@ def _calls(begin: int, progress: _Progress, steps_per_call: int) -> list[tuple[i
 def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
   """Steps ``begin`` to ``progress.end``; step t's dropout key is ``fold_in(dropout_key, t)``."""
   mesh, shape, impl = data.mesh, dropout_key.shape, jax.random.key_impl(dropout_key)
-  key_data = parallel.replicate(jax.random.key_data(dropout_key), mesh)
   zeros = {name: np.zeros(shape, np.float32) for name in ("loss", "accuracy")}
-  zeros = parallel.replicate(zeros, mesh)
+  key_data, zeros = parallel.replicate((jax.random.key_data(dropout_key), zeros), mesh)
   if not data.on_device:
     steps_per_call = batches.streamed_steps(data, order, steps_per_call)
   calls = _calls(begin, progress, steps_per_call)
@@ -216,25 +215,29 @@ def fit(
   ``fold_in(dropout_key, t)``. Every ``log_every`` steps ``callback`` gets the loss and
   accuracy averaged since its last call. ``batch_size``: a multiple of the device count."""
   key = mc.as_prng_key(key)
-  data = batches.for_fit(state.model, state.variables, images, labels, mc.default_mesh())
+  data, *plan = _checked(
+    state.model, state.variables, images, labels, num_steps, batch_size, log_every, steps_per_call
+  )
+  return _fit(state, data, key, *plan, callback, None)
+
+
+def _checked(model, variables, images, labels, num_steps, batch_size, log_every, steps_per_call):
+  """``fit``'s data, then its step count, batch size, log interval and steps per call."""
+  data = batches.for_fit(model, variables, images, labels, mc.default_mesh())
   schedule = batches.checked_schedule(num_steps, batch_size, data.num_examples, log_every)
-  steps_per_call = _steps_per_call(steps_per_call, state.model, data)
-  return _fit_one(state, data, key, schedule, steps_per_call, callback, None)
+  slow = steps_per_call is None and jax.default_backend() == "cpu"
+  slow = slow and slow_in_cpu_loops(model, tuple(data.images.shape[1:]))
+  return data, *schedule, pick_steps_per_call(steps_per_call, slow_in_loops=slow)
 
 
-def _steps_per_call(steps_per_call, model, data: TrainingData) -> int:
-  cpu = steps_per_call is None and jax.default_backend() == "cpu"
-  slow = cpu and slow_in_cpu_loops(model, tuple(data.images.shape[1:]))
-  return pick_steps_per_call(steps_per_call, slow_in_loops=slow)
-
-
-def _fit_one(state, data, key, schedule, steps_per_call, callback, index):
-  num_steps, batch_size, log_every = schedule
-  shuffle_key, dropout_key = jax.random.split(key)
-  order = batches.EpochOrder(shuffle_key, data, batch_size)
-  begin = int(state.step)
-  progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size, index)
-  return _train(state, data, order, dropout_key, begin, steps_per_call, progress)
+def _fit(state, data, key, num_steps, batch_size, log_every, steps_per_call, callback, index):
+  """``fit`` of one network (``key`` []) or of a vmapped ensemble (``key`` [M]): its shuffling
+  and dropout keys are ``split(key)``, per member."""
+  keys = jax.vmap(jax.random.split)(key) if key.ndim else jax.random.split(key)
+  order = batches.EpochOrder(keys[..., 0], data, batch_size)
+  begin = int(np.asarray(state.step).reshape(-1)[0])
+  progress = _Progress(callback, begin, begin + num_steps, log_every, order.rows_per_step, index)
+  return _train(state, data, order, keys[..., 1], begin, steps_per_call, progress)
 
 
 def fit_ensemble(
@@ -261,19 +264,11 @@ def fit_ensemble(
   if np.any(steps != steps[0]):
     raise ValueError(f"states: members are at different steps {steps.tolist()}")
   variables = member(states, 0).variables
-  data = batches.for_fit(states.model, variables, images, labels, mc.default_mesh())
-  schedule = batches.checked_schedule(num_steps, batch_size, data.num_examples, log_every)
-  steps_per_call = _steps_per_call(steps_per_call, states.model, data)
-  if strategy == "loop":
-    return train_state.stack_members(
-      [
-        _fit_one(member(states, m), data, member_keys[m], schedule, steps_per_call, callback, m)
-        for m in range(size)
-      ]
-    )
-  # One vmapped step: member m's shuffling and dropout keys are those of _fit_one.
-  split_keys = jax.vmap(jax.random.split)(member_keys)
-  order = batches.EpochOrder(split_keys[:, 0], data, schedule[1])
-  begin, (num_steps, batch_size, log_every) = int(steps[0]), schedule
-  progress = _Progress(callback, begin, begin + num_steps, log_every, batch_size * size, None)
-  return _train(states, data, order, split_keys[:, 1], begin, steps_per_call, progress)
+  data, *plan = _checked(
+    states.model, variables, images, labels, num_steps, batch_size, log_every, steps_per_call
+  )
+  if strategy == "vmap":  # one vmapped step: member m's keys are those of the loop's
+    return _fit(states, data, member_keys, *plan, callback, None)
+  return train_state.stack_members(
+    [_fit(member(states, m), data, member_keys[m], *plan, callback, m) for m in range(size)]
+  )

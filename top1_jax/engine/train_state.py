@@ -49,13 +49,6 @@ class TrainState:
     return {"params": self.params, **self.model_state}
 
 
-def _train_dropout_rate(rate: Any) -> float:
-  is_number = isinstance(rate, (int, float, np.floating)) and not isinstance(rate, bool)
-  if not is_number or not 0.0 <= float(rate) < 1.0:
-    raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
-  return float(rate)
-
-
 def compute_dtype(half_precision: str) -> Any:
   """The model ``dtype`` of a ``half_precision`` setting."""
   if half_precision not in HALF_PRECISIONS:
@@ -81,7 +74,8 @@ def loss_scale(
   )
 
 
-def _check_args(model: Any, tx: Any, augmentation: Any, dynamic_scale: Any) -> None:
+def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale) -> tuple:
+  """``create_train_state``'s arguments checked: (key, sample_input, dropout_rate)."""
   if not isinstance(model, nn.Module):
     raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
   if not hasattr(tx, "init") or not hasattr(tx, "update"):
@@ -96,6 +90,11 @@ def _check_args(model: Any, tx: Any, augmentation: Any, dynamic_scale: Any) -> N
       f"dynamic_scale: expected None or a flax DynamicScale (loss_scale), got "
       f"{type(dynamic_scale).__name__}"
     )
+  sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
+  key, rate = forward_passes.as_prng_key(key), dropout_rate
+  if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0 <= rate < 1:
+    raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
+  return key, sample_input, float(rate)
 
 
 def _create(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> TrainState:
@@ -110,9 +109,7 @@ def _create(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> 
 
 # Jitted: created op by op (under vmap, too), the optimizer state dispatches one small
 # program per leaf and operation.
-@functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))
-def _create_jit(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> TrainState:
-  return _create(model, tx, key, sample_input, dropout_rate, augmentation, scale)
+_create_jit = jax.jit(_create, static_argnums=(0, 1, 4, 5))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))
@@ -133,10 +130,8 @@ def create_train_state(
   dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
   """A ``TrainState`` at step 0; only the shape and dtype of ``sample_input`` matter."""
-  _check_args(model, tx, augmentation, dynamic_scale)
-  sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  key, rate = forward_passes.as_prng_key(key), _train_dropout_rate(dropout_rate)
-  return _create_jit(model, tx, key, sample_input, rate, augmentation, dynamic_scale)
+  checked = _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
+  return _create_jit(model, tx, *checked, augmentation, dynamic_scale)
 
 
 def init_ensemble(
@@ -151,12 +146,9 @@ def init_ensemble(
   dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
   """M members, leaves [M, ...]; member m is ``create_train_state`` with ``split(key, M)[m]``."""
-  _check_args(model, tx, augmentation, dynamic_scale)
-  ensemble_size = validation.positive_int("ensemble_size", ensemble_size)
-  sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  dropout_rate = _train_dropout_rate(dropout_rate)
-  keys = jax.random.split(forward_passes.as_prng_key(key), ensemble_size)
-  return _create_ensemble(model, tx, keys, sample_input, dropout_rate, augmentation, dynamic_scale)
+  checked = _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
+  keys = jax.random.split(checked[0], validation.positive_int("ensemble_size", ensemble_size))
+  return _create_ensemble(model, tx, keys, *checked[1:], augmentation, dynamic_scale)
 
 
 def member(states: TrainState, index: int) -> TrainState:
@@ -195,21 +187,15 @@ def apply_step(state: TrainState, batch, key) -> tuple[TrainState, dict[str, jax
       loss_fn, has_aux=True
     )(state.params)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-  new_state = state.replace(
-    step=state.step + 1,
-    params=optax.apply_updates(state.params, updates),
-    model_state=model_state,
-    opt_state=opt_state,
-  )
+  new = (optax.apply_updates(state.params, updates), model_state, opt_state)
   if state.dynamic_scale is not None:  # a step with non-finite gradients changes only the scale
-    kept = jax.tree_util.tree_map(
-      functools.partial(jnp.where, finite),
-      (new_state.params, new_state.model_state, new_state.opt_state),
-      (state.params, state.model_state, state.opt_state),
-    )
-    new_state = new_state.replace(
-      params=kept[0], model_state=kept[1], opt_state=kept[2], dynamic_scale=scale
-    )
+    old = (state.params, state.model_state, state.opt_state)
+    new = jax.tree_util.tree_map(functools.partial(jnp.where, finite), new, old)
+    state = state.replace(dynamic_scale=scale)
+  params, model_state, opt_state = new
+  new_state = state.replace(
+    step=state.step + 1, params=params, model_state=model_state, opt_state=opt_state
+  )
   accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == labels)
   return new_state, {"loss": loss, "accuracy": accuracy}
 
