@@ -49,7 +49,6 @@ class Ranked(NamedTuple):
 
 
 _MAX_DOUBLING = 4096
-_COPY_ROWS = 1 << 16  # rows of a device array copied to the host at once
 
 
 def bucket(num: int) -> int:
@@ -110,15 +109,12 @@ _sort_descending = jax.jit(functools.partial(jnp.sort, axis=-1, descending=True)
 _label_rank = jax.jit(top_entries.label_rank)
 
 
-def ranked(logits: np.ndarray | jax.Array, labels=None, *, on_host=None) -> Ranked:
-  """``Ranked`` of unchecked [N, K] logits (and [N] labels), NumPy or jax. NumPy sorts on the
-  host (``on_host`` None: on a CPU backend, where XLA's sort is many times slower;
-  docs/sets.md has the numbers); elsewhere the device does."""
+def ranked(logits: np.ndarray, labels: np.ndarray | None = None, *, on_host=None) -> Ranked:
+  """``Ranked`` of unchecked host [N, K] logits (and [N] labels). NumPy sorts on the host
+  (``on_host`` None: on a CPU backend, where XLA's sort is many times slower; docs/sets.md
+  has the numbers); elsewhere the device does."""
   num = logits.shape[0]
-  padded = np.zeros((bucket(num), logits.shape[1]), logits.dtype)  # sorted in place below
-  for start in range(0, num, _COPY_ROWS):  # our one copy, never a whole second one
-    stop = min(start + _COPY_ROWS, num)
-    padded[start:stop] = np.asarray(logits[start:stop])
+  padded = pad_rows(logits, bucket(num))  # our copy, sorted in place below: the only one
   rank = None
   if labels is not None:  # a bucket's rows at a time: the program copies its input
     labels, step = pad_rows(labels, padded.shape[0]), min(padded.shape[0], _MAX_DOUBLING)

@@ -414,10 +414,8 @@ def _evaluate_method(method, options, data, u, splits, alphas, key, tune_per_alp
 
 
 def _checked_set(name: str, log_probs: ArrayLike, labels: ArrayLike, num_classes=None):
-  """([N, K] float32 logits, [N] int32 labels) of one set, checked; a device array stays one
-  (``conformal.ranked`` copies it a block at a time: never whole on the host twice)."""
-  logits = validation.float_array(name, log_probs, 2, host=not isinstance(log_probs, jax.Array))
-  logits = logits.astype(np.float32) if logits.dtype != np.float32 else logits
+  """([N, K] float32 logits, [N] int32 labels) of one set, checked."""
+  logits = np.asarray(validation.float_array(name, log_probs, 2, host=True), np.float32)
   if logits.shape[-1] < 2 or logits.shape[-1] != (num_classes or logits.shape[-1]):
     raise ValueError(f"{name}: expected {num_classes or '>= 2'} classes, got shape {logits.shape}")
   fix = "pass scores.log_probs_from_probs(probs)"
