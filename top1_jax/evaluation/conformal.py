@@ -70,7 +70,8 @@ def pad_rows(values, size: int, index: np.ndarray | None = None):
   if index is None:
     out[: values.shape[0]] = values
   else:
-    np.take(values, index, axis=0, out=out[: index.shape[0]])
+    # mode "clip" (the rows are in range): "raise" buffers the whole output, a second copy.
+    np.take(values, index, axis=0, out=out[: index.shape[0]], mode="clip")
   return out
 
 
