@@ -24,9 +24,8 @@ def _by_row_blocks(fn, arrays: int = 1):
 
   @functools.wraps(fn)
   def blocked(*args, **static):
-    rows = row_blocks.block_rows(args[0].shape[-1])
     step = lambda *block: (fn(*block, *args[arrays:], **static),)
-    return row_blocks.map_row_blocks(step, args[:arrays], rows)[0]
+    return row_blocks.map_row_blocks(step, args[:arrays])[0]
 
   return blocked
 

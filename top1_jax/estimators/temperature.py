@@ -66,8 +66,7 @@ def _slope_and_curvature(logits, row_max, label_logit, example_weights, log_temp
     return jnp.sum(weights * z, axis=-1) / total, jnp.sum(weights * z**2, axis=-1) / total
 
   # The softmax mean and second moment of each example's logits, by cache-sized blocks.
-  rows = row_blocks.block_rows(logits.shape[-1])
-  mean, second = row_blocks.map_row_blocks(moments, (logits, row_max), rows)
+  mean, second = row_blocks.map_row_blocks(moments, (logits, row_max))
   total_weight = jnp.sum(example_weights)
   # d NLL / d beta, non-decreasing in beta; then the softmax variance.
   slope_beta = jnp.sum(example_weights * (mean - label_logit)) / total_weight
@@ -139,8 +138,7 @@ def _example_cumulants(logits, row_max, beta, *, twice: bool = True):
       out += [jnp.log(total), m1, jnp.maximum(k2, 0.0), k3, k4]
     return tuple(out)
 
-  rows = row_blocks.block_rows(logits.shape[-1])
-  values = row_blocks.map_row_blocks(cumulants, (logits, row_max), rows)
+  values = row_blocks.map_row_blocks(cumulants, (logits, row_max))
   return jnp.stack(values[:5]), jnp.stack(values[5:]) if twice else None
 
 
@@ -222,8 +220,7 @@ def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
 def _softmax_terms(logits, row_max, labels, temperature):
   """Per example: multiclass Brier and pmax of softmax(logits / T), by row blocks."""
   terms = functools.partial(events.block_softmax_terms, temperature=temperature)
-  rows = row_blocks.block_rows(logits.shape[-1])
-  return row_blocks.map_row_blocks(terms, (logits, row_max, labels), rows)
+  return row_blocks.map_row_blocks(terms, (logits, row_max, labels))
 
 
 @jax.jit
