@@ -13,8 +13,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # tiny arrays, where LLVM optimising a program costs more than running it. Results
 # agree to float32 rounding, and every assertion is a tolerance or compares programs
 # compiled alike.
-# Tests that start processes with their own XLA_FLAGS (several devices: test_scale,
-# test_mc, test_multihost) run at the level users get.
+# Processes the tests start keep the level (tests/processes.xla_flags), with their own
+# device counts.
 os.environ.setdefault(
   "XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
 )

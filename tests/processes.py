@@ -46,12 +46,15 @@ def wait(processes: list[subprocess.Popen], timeout: float) -> list[str]:
   return outputs
 
 
-def xla_flags_but_the_device_count() -> str:
-  """This process's XLA_FLAGS less the device count: a child that picks its own count
-  still compiles as this process does (conftest's backend level), so their numbers
-  compare bit for bit."""
+def xla_flags(device_count: int | None = None) -> str:
+  """This process's XLA_FLAGS with ``device_count`` fake CPU devices (None: the child picks
+  its own count): the child compiles as this process does (conftest's backend level), so
+  their numbers compare bit for bit and it compiles no slower than the tests here."""
   flags = os.environ.get("XLA_FLAGS", "").split()
-  return " ".join(f for f in flags if not f.startswith("--xla_force_host_platform_device_count"))
+  flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+  if device_count is not None:
+    flags.append(f"--xla_force_host_platform_device_count={device_count}")
+  return " ".join(flags)
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

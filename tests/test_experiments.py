@@ -446,7 +446,7 @@ def test_tasks_split_a_seed_sweep_that_evaluate_merges_and_aggregate_averages(se
 def test_two_processes_give_the_one_process_numbers_and_write_each_file_once(seed_sweep, tmp_path):
   # Seed 0 of the small sweep on two processes; one process made the same in seed_sweep.
   workdir, port = tmp_path / "two", processes.free_port()
-  env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  env = {**ENV, "XLA_FLAGS": processes.xla_flags(1)}
   args = [*SMALL, f"--workdir={workdir}", "--num_processes=2"]  # seed 0 alone
   _wait_for(
     [

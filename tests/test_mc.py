@@ -338,8 +338,8 @@ def test_predict_does_not_deadlock_the_cpu_thread_pool():
 
 
 def _worker_env(**extra) -> dict[str, str]:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(_ROOT), **extra)
+  env = {**os.environ, "XLA_FLAGS": processes.xla_flags(), "JAX_PLATFORMS": "cpu"}
+  env.update(PYTHONPATH=str(_ROOT), **extra)
   return env
 
 
@@ -352,7 +352,7 @@ def reference_predictions():
 @pytest.mark.slow
 def test_sharded_on_8_fake_devices_equals_single_device(tmp_path, reference_predictions):
   out = tmp_path / "sharded.npz"
-  env = _worker_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = _worker_env(XLA_FLAGS=processes.xla_flags(8))
   result = subprocess.run(
     [sys.executable, str(_TESTS / "mc_device_worker.py"), "sharded", str(out)],
     env=env,

@@ -28,12 +28,8 @@ def _load_worker():
 
 
 def _start_two_processes(workdir: pathlib.Path) -> list:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(
-    JAX_PLATFORMS="cpu",
-    XLA_FLAGS="--xla_force_host_platform_device_count=2",
-    PYTHONPATH=str(_TESTS.parent),
-  )
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": processes.xla_flags(2)}
+  env["PYTHONPATH"] = str(_TESTS.parent)
   port = processes.free_port()
   commands = [
     [str(_TESTS / "multihost_worker.py"), str(port), str(i), str(workdir)] for i in range(2)

@@ -147,7 +147,7 @@ print("same")
   env = {
     **os.environ,
     "JAX_PLATFORMS": "cpu",
-    "XLA_FLAGS": processes.xla_flags_but_the_device_count(),
+    "XLA_FLAGS": processes.xla_flags(),
   }
   tests = str(pathlib.Path(__file__).parent)
   done = subprocess.run(

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import processes
 import pytest
 from toy_data import gaussian_blobs
 
@@ -471,8 +472,7 @@ np.savez(sys.argv[1], **test_train.device_case())
 @pytest.mark.slow
 def test_data_parallel_on_8_fake_devices_equals_one_device(tmp_path):
   out = tmp_path / "eight.npz"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": processes.xla_flags(8)}
   child = subprocess.Popen(
     [sys.executable, "-c", _DEVICE_CASE, str(out)], env=env, stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT, text=True,
