@@ -67,6 +67,17 @@ def _check_placement(placement: str) -> None:
     raise ValueError(f"dropout_placement: expected one of {PLACEMENTS}, got {placement!r}")
 
 
+def _network(body: Callable) -> Callable:
+  """A network's ``__call__(x, *, train=False, dropout_rate=0.0)``: [B, ...] inputs ->
+  float32 [B, K] logits; ``train`` uses batch statistics, ``dropout_rate`` may be traced."""
+
+  def __call__(self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0):
+    _check_placement(self.dropout_placement)
+    return body(self, x, train, dropout_rate)
+
+  return nn.compact(__call__)
+
+
 def _hidden_dropout(placement: str, x: jax.Array, rate: ArrayLike) -> jax.Array:
   return Dropout()(x, rate) if placement == "all" else x
 
@@ -92,12 +103,9 @@ class MLP(nn.Module):
   dropout_placement: str = "all"
   dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(
-    self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
-  ) -> jax.Array:
+  @_network
+  def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
     del train
-    _check_placement(self.dropout_placement)
     if not self.hidden_sizes:
       raise ValueError("hidden_sizes: expected at least one hidden layer, got ()")
     x = x.reshape((x.shape[0], -1)).astype(jnp.float32)
@@ -119,12 +127,9 @@ class CNN(nn.Module):
   dropout_placement: str = "all"
   dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(
-    self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
-  ) -> jax.Array:
+  @_network
+  def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
     del train
-    _check_placement(self.dropout_placement)
     if self.downsample not in ("stride", "max_pool"):
       raise ValueError(f"downsample: expected 'stride' or 'max_pool', got {self.downsample!r}")
     x = _with_channels(x).astype(jnp.float32)
@@ -176,11 +181,8 @@ class ResNet(nn.Module):
   dropout_placement: str = "all"
   dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(
-    self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
-  ) -> jax.Array:
-    _check_placement(self.dropout_placement)
+  @_network
+  def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
     if len(self.blocks_per_stage) != len(self.widths):
       raise ValueError(
         "blocks_per_stage and widths: expected the same length, got"
@@ -229,11 +231,8 @@ class WideResNet(nn.Module):
   dropout_placement: str = "all"
   dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(
-    self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0
-  ) -> jax.Array:
-    _check_placement(self.dropout_placement)
+  @_network
+  def __call__(self, x: jax.Array, train: bool, dropout_rate: ArrayLike) -> jax.Array:
     if self.depth < 10 or (self.depth - 4) % 6:
       raise ValueError(f"depth: expected 6 n + 4 with n >= 1 (10, 16, 28...), got {self.depth}")
     if self.widen_factor < 1:
