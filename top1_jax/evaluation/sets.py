@@ -133,8 +133,9 @@ def _raps_tuning(part, options: dict) -> tuple[int, float]:
   if k_reg is None:
     k_reg = int(np.quantile(rank, 1 - alpha, method="higher")) + 1
   if lam is None:  # [L, n] scores, then sizes, by blocks of rows: never an [n, K] array
-    # aps apart, as when it was computed whole: XLA fuses (and rounds: FMAs) per program
-    by_lam = lambda q: lambda o, u, r=None: _per_lam(_aps_scores(None, o, u), k_reg, q, r)
+    # aps in its own program as before: XLA makes FMAs within a program, so fusing it with
+    # the penalty would round otherwise
+    by_lam = lambda q: lambda o, draws, r=None: _per_lam(_aps_scores(None, o, draws), k_reg, q, r)
     scores = np.empty((len(LAMBDA_GRID), rows.shape[0]), np.float32)
     _by_rows(by_lam(None), data, rows, u[rows], rank, out=scores)
     scores.sort()
