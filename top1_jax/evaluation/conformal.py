@@ -186,13 +186,6 @@ def prefix_mask(logits: jax.Array, sorted_logits: jax.Array, lengths: jax.Array)
   return jax.lax.cond(partly, first_tied, lambda: above | tied)
 
 
-def part(data: Ranked, u: np.ndarray, index: np.ndarray) -> tuple[Ranked, np.ndarray]:
-  """The rows ``index`` of ``data`` (padded to their own bucket) and of its [N] draws ``u``."""
-  size = bucket(index.shape[0])
-  rank = None if data.rank is None else pad_rows(data.rank, size, index)
-  return Ranked(pad_rows(data.sorted, size, index), rank, index.shape[0]), u[index]
-
-
 def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, float]:
   """One test part's metrics from its [N] set sizes and [N] label ranks (0 = top): coverage,
   mean and median size, the empty fraction; per ``STRATA`` of set size the fraction and

@@ -108,17 +108,16 @@ def _topk_scores(bins: binning.Bins, sorted_logits, u):
 
 
 @jax.jit
-def _mean_sizes(aps_scores, data: conformal.Ranked, k_reg, quantile_rank) -> jax.Array:
-  """[len(LAMBDA_GRID)]: for each lam, the mean size of ``data``'s sets calibrated on it."""
-  real = jnp.arange(aps_scores.shape[0]) < data.num
+def _per_lam(aps_scores, k_reg, thresholds, rank) -> jax.Array:
+  """[len(LAMBDA_GRID), R]: for each lam, the raps calibration scores of the rows of
+  ``aps_scores`` (``thresholds`` None), or their set sizes at its threshold."""
 
-  def mean_size(lam):
+  def one(lam_and_q):
+    lam, q = lam_and_q
     scores = aps_scores + _penalty(k_reg, lam, aps_scores.shape[-1])
-    calibration = jnp.sort(jnp.where(real, conformal.at_rank(scores, data.rank), jnp.inf))
-    q = jnp.where(quantile_rank <= data.num, calibration[quantile_rank - 1], jnp.inf)
-    return jnp.sum(jnp.where(real, conformal.sizes(scores, q[None])[0], 0)) / data.num
+    return conformal.at_rank(scores, rank) if q is None else conformal.sizes(scores, q[None])[0]
 
-  return jax.lax.map(mean_size, jnp.float32(LAMBDA_GRID))  # one [N, K] at a time, not five
+  return jax.lax.map(one, (jnp.float32(LAMBDA_GRID), thresholds))
 
 
 def _raps_tuning(part, options: dict) -> tuple[int, float]:
@@ -129,23 +128,34 @@ def _raps_tuning(part, options: dict) -> tuple[int, float]:
   k_reg, lam, alpha = options["k_reg"], options["lam"], options["tune_alpha"]
   if part is None:
     return k_reg, lam
-  data, u = part
+  data, u, rows = part
+  rank = data.rank[rows]
   if k_reg is None:
-    k_reg = int(np.quantile(data.rank[: data.num], 1 - alpha, method="higher")) + 1
-  if lam is None:
-    aps_scores = _aps_scores(None, data.sorted, conformal.pad_rows(u, data.sorted.shape[0]))
-    sizes = _mean_sizes(aps_scores, data, k_reg, conformal.quantile_rank(data.num, alpha))
-    lam = LAMBDA_GRID[int(np.argmin(np.asarray(sizes)))]
+    k_reg = int(np.quantile(rank, 1 - alpha, method="higher")) + 1
+  if lam is None:  # [L, n] scores, then sizes, by blocks of rows: never an [n, K] array
+    # aps in its own program as before: XLA makes FMAs within a program, so fusing it with
+    # the penalty would round otherwise
+    by_lam = lambda q: lambda o, draws, r=None: _per_lam(_aps_scores(None, o, draws), k_reg, q, r)
+    scores = np.empty((len(LAMBDA_GRID), rows.shape[0]), np.float32)
+    _by_rows(by_lam(None), data, rows, u[rows], rank, out=scores)
+    scores.sort()
+    at = conformal.quantile_rank(rows.shape[0], alpha)
+    q = scores[:, at - 1] if at <= rows.shape[0] else np.full(len(LAMBDA_GRID), np.inf, np.float32)
+    sizes = np.empty(scores.shape, np.int32)
+    _by_rows(by_lam(q), data, rows, u[rows], out=sizes)
+    # each mean as before: the count over n, divided exactly (XLA's vector division is not)
+    mean = sizes.sum(axis=-1).astype(jnp.result_type(float)) / rows.shape[0]
+    lam = LAMBDA_GRID[int(np.argmin(mean))]
   return k_reg, float(lam)
 
 
-def _topk_tuning(part: tuple[conformal.Ranked, np.ndarray], options: dict) -> binning.Bins:
+def _topk_tuning(part, options: dict) -> binning.Bins:
   """The paper's equal-count bins of -log top-k mass for the event "label in Top-k", for
   each k, on the tuning part; stacked on a leading [K] axis."""
-  data, _ = part
-  masses = np.empty((data.sorted.shape[1], data.num), np.float32)
-  _by_rows(_masses_by_k, data, np.arange(data.num), out=masses)
-  rank = data.rank[: data.num]
+  data, _, rows = part
+  masses = np.empty((data.sorted.shape[1], rows.shape[0]), np.float32)
+  _by_rows(_masses_by_k, data, rows, out=masses)
+  rank = data.rank[rows]
   fits = [binning.fit(m, rank < k, options["n_bins"]) for k, m in enumerate(masses, 1)]
   return jax.tree.map(lambda *fields: jnp.stack(fields), *fits)
 
@@ -205,7 +215,7 @@ class SetMethod(NamedTuple):
     name: its key.
     options: each option's default.
     scores: jitted (params, [N, K] sorted logits, [N] u) -> [N, K] S_r of every rank.
-    tune: (tuning part or None, options) -> params; the part is ((sorted, rank), u).
+    tune: (tuning part or None, options) -> params; the part is (``Ranked``, [N] u, its rows).
     tunes: options -> whether the method fits parameters on a tuning part.
     to_dict, from_dict: its params as JSON values and back, checked (d, source, K).
   """
@@ -317,8 +327,7 @@ def calibrate(
   draws of ``data``'s examples: its parameters on the ``tuning`` part (a bool per row,
   when it tunes), the calibration scores on the others."""
   rows = np.arange(data.num) if rows is None else rows
-  part = conformal.part(data, u, rows[tuning]) if method.tunes(options) else None
-  params = method.tune(part, options)
+  params = method.tune((data, u, rows[tuning]) if method.tunes(options) else None, options)
   rest = rows[~tuning]
   at_ranks = functools.partial(_of_scores, method.scores, conformal.at_rank, params)
   scores = np.empty(rest.shape[0], np.float32)
