@@ -163,6 +163,22 @@ def test_fit_splits_is_fit_on_each_calibration_part_bit_for_bit():
   assert not np.asarray(model.own)[:, 3].any()  # class 3 is never predicted
 
 
+def test_every_splits_prediction_holds_one_splits_temporaries():
+  # One split at a time: XLA's per-example temporaries are [N], not [F, N] (vmapped over
+  # 10 splits of 3M examples they took 1.4 GB). Bins wide enough for the search path.
+  rng = np.random.default_rng(0)
+  confidence, predicted, correct = _draw(rng, 1 << 14, (0.5, 0.5))
+
+  def temporaries(num_splits):
+    calibration = rng.random((num_splits, confidence.shape[0])) < 0.5
+    model = toplabel.fit_splits(confidence, predicted, correct, calibration, points_per_bin=20)
+    assert model.per_class.edges.shape[-1] > 32
+    program = jax.jit(toplabel.predict).lower(model, confidence, predicted).compile()
+    return program.memory_analysis().temp_size_in_bytes
+
+  assert temporaries(16) < 2 * temporaries(1) + 4 * confidence.shape[0]
+
+
 def test_beats_pooled_binning_when_calibration_differs_by_class():
   rng = np.random.default_rng(2)
   confidence, predicted, correct = _draw(rng, 20000)
