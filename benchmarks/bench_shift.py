@@ -1,4 +1,4 @@
-"""Speed of the shift protocol (``evaluation.shift``) at the shift config's size.
+"""Speed of the shift protocol (``evaluation.protocol.evaluate_shifts``) at the shift config's size.
 
 Synthetic: N clean examples (K = 10) and S shifted sets of the same examples (logits
 shrunk and noised more and more), ``--scores`` scores each (noisy transforms of
@@ -15,7 +15,7 @@ import time
 import jax
 import numpy as np
 
-from top1_jax.evaluation import crossval, shift
+from top1_jax.evaluation import crossval, ood, protocol
 
 ESTIMATORS = ("raw", "bins", "isotonic", "kde", "temperature", "toplabel")
 
@@ -26,7 +26,7 @@ def _inputs(logits, labels, num_scores, rng):
   scores = {"neg_log_pmax": base}
   for i in range(1, num_scores):
     scores[f"score_{i}"] = (base + 0.1 * i * rng.random(base.shape)).astype(np.float32)
-  return shift.Inputs(log_probs, labels, scores)
+  return protocol.Inputs(log_probs, labels, scores)
 
 
 def main():
@@ -46,7 +46,7 @@ def main():
     level = s / max(args.sets - 1, 1)
     noisy = logits * (1 - 0.5 * level) + 3 * level * rng.normal(size=logits.shape)
     shifted[f"set_{s}"] = _inputs(noisy.astype(np.float32), labels, args.scores, rng)
-  ood = {
+  ood_sets = {
     f"ood_{o}": _inputs(
       3 * rng.normal(size=(args.num, 10)).astype(np.float32), None, args.scores, rng
     )
@@ -58,9 +58,9 @@ def main():
   print(f"N = {args.num}, S = {args.sets} sets, {len(names)} scores, {ESTIMATORS}, 10 splits")
   for attempt in ("first", "second"):
     tic = time.perf_counter()
-    results = shift.evaluate_shifts(clean, shifted, splits, n_bins=(10, 20, 100), **kwargs)
+    results = protocol.evaluate_shifts(clean, shifted, splits, n_bins=(10, 20, 100), **kwargs)
     middle = time.perf_counter()
-    report = shift.ood_report(clean, ood, splits, **kwargs)
+    report = ood.ood_report(clean, ood_sets, splits, **kwargs)
     end = time.perf_counter()
     print(
       f"{attempt}: evaluate_shifts {middle - tic:.2f} s ({len(results)} results), "
