@@ -258,3 +258,49 @@ def test_the_command_line_stays_thin():
   for path in _python_files(LIBRARY / "launch"):
     lines = len(path.read_text().splitlines())
     assert lines <= (400 if path.name == "runner.py" else LAUNCHER_LINES), f"{path.name}: {lines}"
+
+
+def _top_level_names(path: pathlib.Path) -> set[str]:
+  """What a module defines or imports at its top level (a static import's targets)."""
+  names = set()
+  for node in _tree(path).body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+  return names
+
+
+def _missing_library_names(path: pathlib.Path) -> list[str]:
+  """The ``top1_jax`` modules and names ``path`` imports that the library does not have."""
+  files = {_module(p).removesuffix(".__init__"): p for p in _python_files(LIBRARY)}
+  missing = []
+  for node in ast.walk(_tree(path)):
+    if isinstance(node, ast.Import):
+      missing += [
+        a.name for a in node.names if a.name.startswith("top1_jax.") and a.name not in files
+      ]
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("top1_jax"):
+      if node.module not in files:
+        missing.append(node.module)
+        continue
+      defined = _top_level_names(files[node.module])
+      missing += [
+        f"{node.module}.{a.name}"
+        for a in node.names
+        if a.name not in defined and f"{node.module}.{a.name}" not in files
+      ]
+  return missing
+
+
+@pytest.mark.parametrize(
+  "path",
+  _python_files(ROOT / "benchmarks", ROOT / "experiments"),
+  ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_benchmarks_and_mains_import_what_the_library_has(path):
+  # The suite does not run the benchmarks: a module they import must not vanish unnoticed.
+  assert _missing_library_names(path) == []
