@@ -108,11 +108,9 @@ def float_array(
   return _to_device(arr, x) if moved else arr
 
 
-@jax.jit
-def _all_finite(arr: jax.Array) -> jax.Array:
-  # x * 0 is 0 for finite x and NaN for NaN and +-inf, so the sum is finite exactly when
-  # every element is: a float sum, faster on CPU than all(isfinite) (a bool reduction).
-  return jnp.isfinite(jnp.sum(arr * 0))
+# x * 0 is 0 for finite x and NaN for NaN and +-inf, so the sum is finite exactly when
+# every element is: a float sum, faster on CPU than all(isfinite) (a bool reduction).
+_all_finite = jax.jit(lambda arr: jnp.isfinite(jnp.sum(arr * 0)))
 
 
 # A device array up to this size is checked from a host copy (microseconds), not by a
@@ -193,9 +191,7 @@ def labels_array(
   return arr.astype(np.int32) if host else _to_device(arr.astype(np.int32), x)
 
 
-@jax.jit
-def _min_max(arr: jax.Array) -> tuple[jax.Array, jax.Array]:
-  return jnp.min(arr), jnp.max(arr)
+_min_max = jax.jit(lambda arr: (jnp.min(arr), jnp.max(arr)))
 
 
 SUM_TOLERANCE = 1e-3
