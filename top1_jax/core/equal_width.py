@@ -13,6 +13,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax.core import validation
+from top1_jax.core.binning import Bins
 
 DEFAULT_ECE_BINS = 15
 """The benchmark's (and Guo et al.'s) number of equal-width ECE bins."""
@@ -40,19 +41,13 @@ class EqualWidthBins(NamedTuple):
   hits: jax.Array
   confidence_sum: jax.Array
 
-  @property
-  def n_bins(self) -> int:
-    return self.counts.shape[-1]
+  n_bins = Bins.n_bins
+  accuracy = Bins.accuracy  # NaN for an empty bin
 
   @property
   def edges(self) -> jax.Array:
     """[B + 1] float, 0, 1/B, ..., 1."""
     return jnp.linspace(0.0, 1.0, self.n_bins + 1)
-
-  @property
-  def accuracy(self) -> jax.Array:
-    """[B] hits / counts (NaN for an empty bin)."""
-    return self.hits / self.counts
 
   @property
   def mean_confidence(self) -> jax.Array:

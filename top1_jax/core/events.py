@@ -23,14 +23,11 @@ def block_softmax_terms(logits, row_max, labels, temperature=None):
   return jnp.sum(jnp.where(is_label, probs - 1, probs) ** 2, axis=-1), 1 / total
 
 
+@jax.jit
 def _label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
   # By cache-sized blocks: its compare-and-count pass reads each block once from cache.
-  return row_blocks.map_row_blocks(lambda *b: (top_entries.label_rank(*b),), (logits, labels))[0]
-
-
-@jax.jit
-def _label_rank_int(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  return _label_rank(logits, labels).astype(jnp.int32)
+  rank = row_blocks.map_row_blocks(lambda *b: (top_entries.label_rank(*b),), (logits, labels))[0]
+  return rank.astype(jnp.int32)
 
 
 def _checked(logits: ArrayLike, labels: ArrayLike) -> tuple[jax.Array, jax.Array]:
@@ -58,7 +55,7 @@ def label_rank(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
   """[N] int: how many classes rank ahead of each label; ``topk_correct`` is rank < k.
   One pass serves every k of a sweep."""
   logits, labels = _checked(logits, labels)
-  return _label_rank_int(logits, labels)
+  return _label_rank(logits, labels)
 
 
 class LabelTerms(NamedTuple):

@@ -97,10 +97,8 @@ def oracle_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
 @jax.jit
 def human_entropy(probs: jax.Array) -> jax.Array:
   """[N, K] label frequencies -> [N] their entropy in nats, 0 log 0 = 0."""
-  return -jnp.sum(
-    jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0),
-    axis=-1,
-  )
+  logs = jnp.log(jnp.where(probs > 0, probs, 1.0))
+  return -jnp.sum(jnp.where(probs > 0, probs * logs, 0.0), axis=-1)
 
 
 # log(0) for a probability that underflowed: far below any float32 log-probability

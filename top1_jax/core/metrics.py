@@ -198,18 +198,12 @@ def split_metrics(
   anything finite); ``prior``: [...] calibration accuracy (EOR's base rate); counts and
   hits: [..., B]. ``brier`` and ``nll``: [...] means of per-example predictions, or
   None for the binned predictor's own. EOR and AUROC are NaN where undefined."""
-  brier_bins = brier_from_counts(prob, test_counts, test_hits)
-  nll_bins = nll_from_counts(prob, test_counts, test_hits)
-  return {
-    "accuracy": jnp.sum(test_hits, -1) / jnp.sum(test_counts, -1),
-    "brier": brier_bins.total if brier is None else brier,
-    "brier_uncertainty": brier_bins.uncertainty,
-    "brier_resolution": brier_bins.resolution,
-    "brier_calibration": brier_bins.calibration,
-    "nll": nll_bins.total if nll is None else nll,
-    "nll_uncertainty": nll_bins.uncertainty,
-    "nll_resolution": nll_bins.resolution,
-    "nll_calibration": nll_bins.calibration,
+  out = {"accuracy": jnp.sum(test_hits, -1) / jnp.sum(test_counts, -1)}
+  for name, of_counts, mean in (("brier", brier_from_counts, brier), ("nll", nll_from_counts, nll)):
+    terms = of_counts(prob, test_counts, test_hits)
+    out[name] = terms.total if mean is None else mean
+    out.update({f"{name}_{term}": getattr(terms, term) for term in Decomposition._fields[:3]})
+  return out | {
     "ece": ece_from_counts(prob, test_counts, test_hits),
     "eor": jnp.where((prior > 0) & (prior < 1), eor_from_probs(prob, test_counts, prior), jnp.nan),
     "auroc": jnp.where(

@@ -155,9 +155,7 @@ def for_event(name: str, k: int) -> str:
 
 def lookup(name: str) -> Score | None:
   """The registry entry of a name, ``neg_log_top<k>_mass`` included; None if unknown."""
-  if _TOPK_NAME.match(name):
-    return REGISTRY["neg_log_topk_mass"]
-  return REGISTRY.get(name)
+  return REGISTRY["neg_log_topk_mass"] if _TOPK_NAME.match(name) else REGISTRY.get(name)
 
 
 def label(name: str) -> str:
@@ -165,8 +163,7 @@ def label(name: str) -> str:
   match = _TOPK_NAME.match(name)
   if match:
     return f"−log top-{match.group(1)} mass"
-  score = REGISTRY.get(name)
-  return name if score is None else score.label
+  return REGISTRY[name].label if name in REGISTRY else name
 
 
 def same_order_as(name: str) -> str | None:

@@ -56,10 +56,9 @@ def make_splits(num_examples: int, n_folds: int, seed: int = 0, scheme: str = "h
   if scheme not in SCHEMES:
     raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
   num_examples = validation.positive_int("num_examples", num_examples, minimum=2)
-  n_folds = validation.positive_int("n_folds", n_folds, minimum=2, maximum=num_examples)
+  # At most 127: the folds are int8.
+  n_folds = validation.positive_int("n_folds", n_folds, minimum=2, maximum=min(num_examples, 127))
   seed = validation.seed("seed", seed)
-  if n_folds > 127:
-    raise ValueError(f"n_folds: expected at most 127, got {n_folds}")
   rng = np.random.default_rng(seed)
   if scheme == "kfold":
     fold = np.empty((1, num_examples), np.int8)

@@ -94,25 +94,23 @@ def float_array(
   """A finite floating array of rank ``ndim`` (not bool); integers, float16 and bfloat16
   become float32 (too small for the scores' logs and sums)."""
   # A host array is checked on the host, then moved: no device program per shape.
-  on_device = isinstance(x, jax.Array)
-  arr = as_array(name, x, ndim, host=host or not on_device)
+  moved = not (host or isinstance(x, jax.Array))
+  arr = as_array(name, x, ndim, host=host or moved)
   if arr.dtype == np.bool_:
     raise ValueError(
       f"{name}: expected real numbers, got a bool array; cast it to float if 0/1 values are meant"
     )
   if np.issubdtype(arr.dtype, np.integer) or jnp.finfo(arr.dtype).bits < 32:
     arr = arr.astype(np.float32)
-  if not (host or on_device):
+  if moved:
     arr = in_device_dtype(arr)  # as it will be
   check_finite(name, arr)
-  return arr if host or on_device else _to_device(arr, x)
+  return _to_device(arr, x) if moved else arr
 
 
-@jax.jit
-def _all_finite(arr: jax.Array) -> jax.Array:
-  # x * 0 is 0 for finite x and NaN for NaN and +-inf, so the sum is finite exactly when
-  # every element is: a float sum, faster on CPU than all(isfinite) (a bool reduction).
-  return jnp.isfinite(jnp.sum(arr * 0))
+# x * 0 is 0 for finite x and NaN for NaN and +-inf, so the sum is finite exactly when
+# every element is: a float sum, faster on CPU than all(isfinite) (a bool reduction).
+_all_finite = jax.jit(lambda arr: jnp.isfinite(jnp.sum(arr * 0)))
 
 
 # A device array up to this size is checked from a host copy (microseconds), not by a
@@ -156,9 +154,8 @@ def check_samples(name: str, arr: jax.Array) -> None:
 
 def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) -> jax.Array:
   """A boolean event array; accepts bools or 0/1 numbers."""
-  # A host array is checked on the host, then moved: no device program per shape.
-  on_device = isinstance(x, jax.Array)
-  arr = as_array(name, x, ndim, host=host or not on_device)
+  moved = not (host or isinstance(x, jax.Array))  # checked on the host, as float_array
+  arr = as_array(name, x, ndim, host=host or moved)
   if arr.dtype != np.bool_:
     if not (np.issubdtype(arr.dtype, np.integer) or is_floating(arr.dtype)):
       raise ValueError(f"{name}: expected bool or 0/1 values, got dtype {arr.dtype}")
@@ -167,7 +164,7 @@ def bool_array(name: str, x: ArrayLike, ndim: int = 1, *, host: bool = False) ->
       bad = arr.reshape(-1)[xp.argmax((arr != 0) & (arr != 1))]
       raise ValueError(f"{name}: expected bool or 0/1 values, got {bad}")
     arr = arr.astype(bool)
-  return arr if host or on_device else _to_device(arr, x)
+  return _to_device(arr, x) if moved else arr
 
 
 def labels_array(
@@ -194,9 +191,7 @@ def labels_array(
   return arr.astype(np.int32) if host else _to_device(arr.astype(np.int32), x)
 
 
-@jax.jit
-def _min_max(arr: jax.Array) -> tuple[jax.Array, jax.Array]:
-  return jnp.min(arr), jnp.max(arr)
+_min_max = jax.jit(lambda arr: (jnp.min(arr), jnp.max(arr)))
 
 
 SUM_TOLERANCE = 1e-3
@@ -235,8 +230,8 @@ def probability_array(
 ) -> jax.Array | np.ndarray:
   """Values in [0, 1]; with ``sums_to_one`` rows sum to 1 within ``sum_tolerance``."""
   tolerance = sum_tolerance(getattr(x, "dtype", None))
-  on_device = isinstance(x, jax.Array) and not host
-  arr = float_array(name, x, ndim, host=not on_device)  # a host array checked on the host
+  moved = not (host or isinstance(x, jax.Array))  # checked on the host, as float_array
+  arr = float_array(name, x, ndim, host=host or moved)
   if is_traced(arr) or arr.size == 0:
     return arr
   values = _checked_where(arr)
@@ -251,7 +246,7 @@ def probability_array(
       raise ValueError(
         f"{name}: each row must sum to 1, row {worst} sums to {float(sums[worst]):.6g}"
       )
-  return arr if host or on_device else _to_device(arr, x)
+  return _to_device(arr, x) if moved else arr
 
 
 def _host_rows_are_probabilities(rows: np.ndarray, tolerance: float) -> bool:

@@ -42,16 +42,12 @@ def start_vector(size: int) -> np.ndarray:
   return vector / np.linalg.norm(vector)
 
 
-def _lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """[B, m, m] symmetric -> Lanczos tridiagonals: [B, m] diagonal, [B, m-1] off-diagonal.
+def _lanczos(matrices: jax.Array, start: jax.Array, breakdown: jax.Array) -> tuple:
+  """[B, m, m] symmetric -> Lanczos tridiagonals: [B, m] diagonal, [B, m-1] off-diagonal,
+  from [B, m] unit ``start`` vectors, stopping where a residual is below ``breakdown``.
 
   m steps span the space, so no convergence test; rounding only repeats converged Ritz
   values, which leaves the largest intact."""
-  size = matrices.shape[-1]
-  # Carries start from the data's own shapes (``*_like``), as shard_map requires.
-  start = jnp.zeros_like(matrices[:, 0]) + jnp.asarray(start_vector(size), matrices.dtype)
-  # An invariant subspace ends the sequence: the next vector would be rounding noise.
-  breakdown = size * jnp.finfo(matrices.dtype).eps * jnp.trace(matrices, axis1=1, axis2=2)
 
   def step(carry, _):
     vector, previous, previous_beta = carry
@@ -65,16 +61,14 @@ def _lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
     return (following, vector, beta), (alpha, beta)
 
   carry = (start, jnp.zeros_like(start), jnp.zeros_like(start[:, 0]))
-  _, (alphas, betas) = jax.lax.scan(step, carry, None, length=size)
+  _, (alphas, betas) = jax.lax.scan(step, carry, None, length=matrices.shape[-1])
   return alphas.T, betas.T[:, :-1]
 
 
-def _restarting_lanczos(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _restarting_lanczos(matrices: jax.Array, start: jax.Array, breakdown: jax.Array) -> tuple:
   """``_lanczos`` reorthogonalised and restarted where the Krylov space closes, so that
   the tridiagonal holds every eigenvalue: the costlier fallback where it may miss one."""
   size = matrices.shape[-1]
-  start = jnp.zeros_like(matrices[:, 0]) + jnp.asarray(start_vector(size), matrices.dtype)
-  breakdown = size * jnp.finfo(matrices.dtype).eps * jnp.trace(matrices, axis1=1, axis2=2)
 
   def orthogonalised(vector, basis):
     for _ in range(2):  # twice is enough (Parlett): once leaves rounding in the span
@@ -167,19 +161,23 @@ def _times_power_of_two(values: jax.Array, exponent: jax.Array) -> jax.Array:
 
 def _lanczos_top(normalised: jax.Array) -> jax.Array:
   """[B, m, m] PSD with trace 1 (or 0) -> [B] top eigenvalue, by Lanczos and bisection."""
-  diagonal, off_diagonal = _lanczos(normalised)
+  size = normalised.shape[-1]
+  trace = jnp.trace(normalised, axis1=1, axis2=2)
+  # Carries start from the data's own shapes (``*_like``), as shard_map requires.
+  start = jnp.zeros_like(normalised[:, 0]) + jnp.asarray(start_vector(size), normalised.dtype)
+  # An invariant subspace ends the sequence: the next vector would be rounding noise.
+  lanczos_args = (normalised, start, size * jnp.finfo(normalised.dtype).eps * trace)
+  diagonal, off_diagonal = _lanczos(*lanczos_args)
   top = _top_of_tridiagonal(diagonal, off_diagonal)
   # Where the sequence stopped early, the trace beyond sum(diagonal) belongs to
   # eigenvectors the start vector never reached; where it could hold a larger eigenvalue,
   # Lanczos restarts. (Without a stop, that sum drifts as orthogonality is lost.)
-  size = normalised.shape[-1]
   slack = 4 * size * jnp.finfo(normalised.dtype).eps
   stopped = jnp.any(off_diagonal == 0, axis=1)
-  unreached = jnp.trace(normalised, axis1=1, axis2=2) - jnp.sum(diagonal, axis=1)
-  suspect = stopped & (unreached > top + slack)
+  suspect = stopped & (trace - jnp.sum(diagonal, axis=1) > top + slack)
   return jax.lax.cond(
     jnp.any(suspect),
-    lambda: jnp.where(suspect, _top_of_tridiagonal(*_restarting_lanczos(normalised)), top),
+    lambda: jnp.where(suspect, _top_of_tridiagonal(*_restarting_lanczos(*lanczos_args)), top),
     lambda: top,
   )
 
@@ -348,8 +346,5 @@ def covariance_norm(samples: jax.Array) -> jax.Array:
   if num_examples == 0:
     return jnp.zeros((0,), samples.dtype)
   block, chunk, num_chunks = _sizes(num_examples, num_samples, num_classes)
-
-  def one_chunk(start):
-    return _chunk_norms(samples, start, chunk, block)
-
+  one_chunk = lambda start: _chunk_norms(samples, start, chunk, block)
   return _over_chunks(one_chunk, num_examples, chunk, num_chunks)
