@@ -303,16 +303,9 @@ def _checked(logits, labels, weights, ndim):
 
 
 def softmax_terms(logits: ArrayLike, labels: ArrayLike, temperatures: ArrayLike):
-  """Each example's multiclass Brier and pmax under softmax(logits / T), for each T.
-
-  Args:
-    logits: [N, K] float (K >= 2).
-    labels: [N] int in [0, K).
-    temperatures: [F] T > 0.
-
-  Returns:
-    ([F, N] sum_k (p_k - y_k)^2, [F, N] max_k p_k): one pass over the logits per T.
-  """
+  """([F, N] sum_k (p_k - y_k)^2, [F, N] max_k p_k) of softmax(logits / T) for each of the
+  [F] ``temperatures`` T > 0, of [N, K] float ``logits`` (K >= 2) and [N] int ``labels`` in
+  [0, K): one pass over the logits per T."""
   logits, labels, _ = _checked(logits, labels, None, 2)
   temperatures = validation.float_array("temperatures", temperatures, 1).astype(logits.dtype)
   if not validation.is_traced(temperatures):
@@ -342,13 +335,8 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
   split), as do all inputs below 2^22 logits. The routes agree to float32 rounding (T
   within ~1e-7 relative, terms within ~1e-6, on 50,000 x 1,000 logits).
 
-  Args:
-    logits: [N, K] float (N >= 1, K >= 2).
-    labels: [N] int in [0, K).
-    weights: [F, N] example weights >= 0, each row with a positive sum (a bool mask works).
-
-  Returns:
-    ``SplitFits`` of [F] temperatures and [F, N] ``multiclass_brier``, ``pmax``.
+  ``logits`` [N, K] float (N >= 1, K >= 2), ``labels`` [N] int in [0, K), ``weights``
+  [F, N] >= 0, each row with a positive sum (a bool mask works).
   """
   logits, labels, weights = _checked(logits, labels, weights, ndim=2)
   log_bounds = (np.float32(np.log(MIN_TEMPERATURE)), np.float32(np.log(MAX_TEMPERATURE)))
@@ -381,8 +369,7 @@ def fit_temperature(
   is returned; where it does not depend on T (equal logits), ``max_temperature``.
 
   Args:
-    logits: [N, K] float, calibration-split logits (N >= 1, K >= 2).
-    labels: [N] int in [0, K).
+    logits: [N, K] float, calibration-split logits (N >= 1, K >= 2); labels: [N] int in [0, K).
     min_temperature: the bracket's low end, 0 < min_temperature < max_temperature.
     max_temperature: the bracket's high end.
     weights: optional [N] example weights >= 0 (e.g. a split's calibration mask): the
@@ -411,22 +398,13 @@ def fit_temperature(
   return fitted if np.ndim(weights) == 2 else fitted[0]
 
 
-@jax.jit
-def _apply_temperature(logits, temperature):
-  return logits / temperature
+_apply_temperature = jax.jit(lambda logits, temperature: logits / temperature)
 
 
 def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
-  """Temperature-scaled logits ``logits / T`` (logits, to stay in log space: the ranking,
-  hence Top-1 binning, is unchanged by T; ``jax.nn.softmax`` gives the probabilities).
-
-  Args:
-    logits: [N, K] or [S, N, K] float.
-    temperature: [] float, T > 0 (from ``fit_temperature``).
-
-  Returns:
-    float array shaped like ``logits``.
-  """
+  """Temperature-scaled logits ``logits / T`` of [N, K] or [S, N, K] float ``logits`` and []
+  float T > 0 (from ``fit_temperature``): logits, to stay in log space (the ranking, hence
+  Top-1 binning, is unchanged by T; ``jax.nn.softmax`` gives the probabilities)."""
   logits = validation.float_array("logits", logits, (2, 3))
   temperature = validation.float_array("temperature", temperature, 0)
   # Within fit_temperature's range: beyond it logits / T overflows (T = 1e-40 gave inf).
