@@ -482,14 +482,9 @@ def _check_option_types(entry: base.Estimator, options: dict) -> None:
     default = parameters[name].default if name in parameters else None
     if default is None or default is inspect.Parameter.empty:
       continue
-    if isinstance(default, bool):
-      kinds = (bool,)
-    elif isinstance(default, (int, float)):
-      kinds = (int,) if isinstance(default, int) else (int, float)
-      kinds = () if isinstance(value, bool) else kinds
-    else:
-      kinds = (type(default),)
-    if not isinstance(value, kinds):
+    number = isinstance(default, (int, float)) and not isinstance(default, bool)
+    kinds = ((int,) if isinstance(default, int) else (int, float)) if number else (type(default),)
+    if not isinstance(value, kinds) or (number and isinstance(value, bool)):
       want = type(default).__name__
       raise ValueError(
         f"options: {name} must be a {want} (like its default {default!r}), got {value!r}"

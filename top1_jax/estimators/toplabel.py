@@ -418,10 +418,9 @@ def _fit_evidence(
   evidence: base.Evidence, *, points_per_bin: int = DEFAULT_POINTS_PER_BIN, prior: bool = False
 ):
   confidence, classes = _confidence_and_class(evidence)
-  num_classes = int(evidence.log_probs.shape[-1])
   return fit(
     confidence, classes, evidence.correct,
-    points_per_bin=points_per_bin, prior=prior, num_classes=num_classes,
+    points_per_bin=points_per_bin, prior=prior, num_classes=evidence.log_probs.shape[-1],
   )  # fmt: skip
 
 
