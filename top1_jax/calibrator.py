@@ -281,11 +281,8 @@ class Calibrator(base.OptionParams):
     An update replaces an earlier one; ``estimate_accuracy`` keeps the clean reference.
     """
     entry = self._fitted()
-    if prior_strength is not None and (
-      isinstance(prior_strength, bool)
-      or not isinstance(prior_strength, (int, float))
-      or not prior_strength > 0
-    ):
+    number = isinstance(prior_strength, (int, float)) and not isinstance(prior_strength, bool)
+    if prior_strength is not None and not (number and prior_strength > 0):
       raise ValueError(f"prior_strength: expected a number > 0 or None, got {prior_strength!r}")
     evidence = self._evidence(x, labels)
     if isinstance(self.state_, binning.Bins):

@@ -158,7 +158,7 @@ INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def saved_version(state: Any, source: str, fmt: str, what: str, versions: tuple[int, ...]) -> int:
-  """The version of a saved ``what`` (e.g. "calibrator"), one ``"format": fmt`` reads."""
+  """The version of a saved ``what`` (e.g. "calibrator"): ``"format": fmt``, one of ``versions``."""
   if not isinstance(state, dict) or state.get("format") != fmt:
     raise ValueError(f'{source}: not a top1_jax {what} (no "format": "{fmt}")')
   version = state.get("version")
