@@ -154,7 +154,7 @@ class OptionParams:
 # Reading a saved state: one checked value per field, each failure one line naming it.
 
 INT32_MAX = int(np.iinfo(np.int32).max)
-"""The most a saved count may be: counts are stored in int32."""
+"""The largest integer a saved field may hold (counts, bin and class counts are int32)."""
 
 
 def saved_version(state: Any, source: str, fmt: str, what: str, versions: tuple[int, ...]) -> int:
