@@ -108,9 +108,9 @@ class Calibrator(base.OptionParams):
       )
     return entry, entry.check_options(options)
 
-  def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None):
-    """([N] host scores, [N, K] log-probabilities) of ``x``, read as ``inputs_`` says."""
-    arr = scores.as_log_probs(x, getattr(self, "inputs_", self.inputs), name="x")
+  def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None, kind: str | None = None):
+    """([N] host scores, [N, K] log-probabilities) of ``x`` read as ``kind`` (or ``inputs_``)."""
+    arr = scores.as_log_probs(x, kind or getattr(self, "inputs_", self.inputs), name="x")
     validation.check_nonempty("x", arr, axis=-2)
     if arr.ndim == 3:
       validation.check_samples("x", arr)
@@ -129,10 +129,10 @@ class Calibrator(base.OptionParams):
     name = scores.for_event(self.score, self.k)
     return np.asarray(scores.compute_one(name, log_probs, samples)), log_probs
 
-  def _evidence(self, x: ArrayLike, labels: ArrayLike | None = None, *, fitting=False):
-    """The checked ``base.Evidence`` of ``x``; K must be the fitted one unless ``fitting``."""
-    num_classes = None if fitting else getattr(self, "num_classes_", None)
-    u, log_probs = self._score_and_log_probs(x, num_classes)
+  def _evidence(self, x: ArrayLike, labels: ArrayLike | None = None, *, kind: str | None = None):
+    """The checked ``base.Evidence`` of ``x``: of the fitted K, or fitting (any K) as ``kind``."""
+    num_classes = None if kind else getattr(self, "num_classes_", None)
+    u, log_probs = self._score_and_log_probs(x, num_classes, kind)
     if labels is None:
       return base.Evidence(u, None, log_probs, self.k)
     validation.positive_int("k", self.k, maximum=log_probs.shape[-1])
@@ -161,9 +161,7 @@ class Calibrator(base.OptionParams):
     kind = self.inputs
     if kind == "auto":
       kind = scores.input_kind("x", validation.float_array("x", x, (2, 3), host=True))
-    view = Calibrator(**self.get_params())  # unfitted, reading x as ``kind``
-    view.inputs_ = kind
-    evidence = view._evidence(x, labels, fitting=True)
+    evidence = self._evidence(x, labels, kind=kind)
     state = entry.fit(evidence, **options)
     num_classes = int(evidence.log_probs.shape[-1])
     self._set_fitted(entry, state, self.n_bins, num_classes, _accuracy(evidence.correct))
@@ -283,11 +281,8 @@ class Calibrator(base.OptionParams):
     An update replaces an earlier one; ``estimate_accuracy`` keeps the clean reference.
     """
     entry = self._fitted()
-    if prior_strength is not None and (
-      isinstance(prior_strength, bool)
-      or not isinstance(prior_strength, (int, float))
-      or not prior_strength > 0
-    ):
+    number = isinstance(prior_strength, (int, float)) and not isinstance(prior_strength, bool)
+    if prior_strength is not None and not (number and prior_strength > 0):
       raise ValueError(f"prior_strength: expected a number > 0 or None, got {prior_strength!r}")
     evidence = self._evidence(x, labels)
     if isinstance(self.state_, binning.Bins):
@@ -349,13 +344,7 @@ class Calibrator(base.OptionParams):
   @classmethod
   def from_dict(cls, state: Any, source: str = "state") -> "Calibrator":
     """A fitted calibrator from ``to_dict``'s values (version 2, or 1), each checked."""
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-      raise ValueError(f'{source}: not a top1_jax calibrator (no "format": "{FORMAT}")')
-    version = state.get("version")
-    if type(version) is not int or version not in (1, VERSION):  # true == 1 == 1.0 in Python
-      raise ValueError(
-        f"{source}: calibrator version {version!r}, this top1_jax reads 1 and {VERSION}"
-      )
+    version = base.saved_version(state, source, FORMAT, "calibrator", (1, VERSION))
     if version == 1:  # the bins' fields at the top, into version 2's layout
       fields = ("edges", "counts", "hits", "prior", "prob")
       bins = {"n_bins": state.get("n_bins"), **{f: state[f] for f in fields if f in state}}
@@ -369,9 +358,9 @@ class Calibrator(base.OptionParams):
       cal = cls(**settings, n_bins=requested, **options)
       entry, _ = cal._checked()
       _check_option_types(entry, options)
-      n_bins = validation.positive_int("n_bins", state["n_bins"], maximum=_INT32_MAX)
+      n_bins = validation.positive_int("n_bins", state["n_bins"], maximum=base.INT32_MAX)
       num_classes = validation.positive_int(
-        "num_classes", state["num_classes"], minimum=2, maximum=_INT32_MAX
+        "num_classes", state["num_classes"], minimum=2, maximum=base.INT32_MAX
       )
       validation.positive_int("k", cal.k, maximum=num_classes)
     except KeyError as e:
@@ -411,8 +400,6 @@ class Calibrator(base.OptionParams):
 def _accuracy(correct: np.ndarray) -> float:
   return float(np.float32(np.sum(correct)) / np.float32(correct.shape[0]))
 
-
-_INT32_MAX = int(np.iinfo(np.int32).max)
 
 ATC_SCORES = ("neg_log_pmax", "entropy")
 """The scores whose ATC threshold ``fit`` keeps beside its own (Garg et al.'s two)."""
@@ -492,14 +479,9 @@ def _check_option_types(entry: base.Estimator, options: dict) -> None:
     default = parameters[name].default if name in parameters else None
     if default is None or default is inspect.Parameter.empty:
       continue
-    if isinstance(default, bool):
-      kinds = (bool,)
-    elif isinstance(default, (int, float)):
-      kinds = (int,) if isinstance(default, int) else (int, float)
-      kinds = () if isinstance(value, bool) else kinds
-    else:
-      kinds = (type(default),)
-    if not isinstance(value, kinds):
+    number = isinstance(default, (int, float)) and not isinstance(default, bool)
+    kinds = ((int,) if isinstance(default, int) else (int, float)) if number else (type(default),)
+    if not isinstance(value, kinds) or (number and isinstance(value, bool)):
       want = type(default).__name__
       raise ValueError(
         f"options: {name} must be a {want} (like its default {default!r}), got {value!r}"

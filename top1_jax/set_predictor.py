@@ -21,7 +21,6 @@ VERSION = 1
 MAX_FILE_BYTES = 1 << 28
 """``load`` refuses a larger file (256 MiB) before reading it."""
 INPUTS = scores.INPUTS
-_INT32_MAX = 2**31 - 1
 
 
 class SetPredictor(base.OptionParams):
@@ -85,10 +84,10 @@ class SetPredictor(base.OptionParams):
       )
     return self.method_
 
-  def _set_fitted(self, method, options, seed: int, fitted: sets.Calibrated, num_classes: int):
+  def _set_fitted(self, method, options, seed: int, fitted: sets.Calibrated, num_classes, inputs):
     self.method_, self.options_, self.seed_ = method, options, seed
     self.params_, self.calibration_scores_ = fitted.params, fitted.scores
-    self.num_classes_ = num_classes
+    self.num_classes_, self.inputs_ = num_classes, inputs
 
   def fit(self, x: ArrayLike, labels: ArrayLike) -> "SetPredictor":
     """Fits the method on [N, K] ``x`` and [N] int ``labels``; returns ``self``. A refused
@@ -102,8 +101,7 @@ class SetPredictor(base.OptionParams):
     validation.same_length(x=logits, labels=labels)
     sets.check_sizes(method, options, logits.shape[0], "x")
     fitted = sets.fit(method, logits, labels, seed, options)
-    self._set_fitted(method, options, seed, fitted, logits.shape[-1])
-    self.inputs_ = kind
+    self._set_fitted(method, options, seed, fitted, logits.shape[-1], kind)
     return self
 
   def threshold(self, alpha: float = 0.1) -> float:
@@ -150,7 +148,7 @@ class SetPredictor(base.OptionParams):
       "format": FORMAT,
       "version": VERSION,
       "method": method.name,
-      "inputs": getattr(self, "inputs_", self.inputs),
+      "inputs": self.inputs_,
       "seed": self.seed_,
       "options": {name: self.options_[name] for name in self.options},  # the checked values
       "num_classes": self.num_classes_,
@@ -161,13 +159,7 @@ class SetPredictor(base.OptionParams):
   @classmethod
   def from_dict(cls, state: Any, source: str = "state") -> "SetPredictor":
     """A fitted predictor from ``to_dict``'s values, each checked."""
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-      raise ValueError(f'{source}: not a top1_jax set predictor (no "format": "{FORMAT}")')
-    version = state.get("version")
-    if type(version) is not int or version != VERSION:  # true == 1 == 1.0 in Python
-      raise ValueError(
-        f"{source}: set predictor version {version!r}, this top1_jax reads {VERSION}"
-      )
+    base.saved_version(state, source, FORMAT, "set predictor", (VERSION,))
     try:
       options = state["options"]
       if not isinstance(options, dict):
@@ -175,7 +167,7 @@ class SetPredictor(base.OptionParams):
       predictor = cls(**{name: state[name] for name in cls.PARAMS}, **options)
       method, checked, seed = predictor._checked()
       num_classes = validation.positive_int(
-        "num_classes", state["num_classes"], minimum=2, maximum=_INT32_MAX
+        "num_classes", state["num_classes"], minimum=2, maximum=base.INT32_MAX
       )
     except KeyError as e:
       raise ValueError(f"{source}: set predictor field {e} is missing") from None
@@ -186,8 +178,7 @@ class SetPredictor(base.OptionParams):
       raise ValueError(f"{source}: field 'calibration_scores' is empty; fit on some data")
     params = method.from_dict(base.field(state, "params", source), source, num_classes)
     fitted = sets.Calibrated(params, np.sort(calibration.astype(np.float32)))
-    predictor._set_fitted(method, checked, seed, fitted, num_classes)
-    predictor.inputs_ = predictor.inputs
+    predictor._set_fitted(method, checked, seed, fitted, num_classes, predictor.inputs)
     return predictor
 
   def save(self, path) -> None:

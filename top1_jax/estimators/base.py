@@ -153,6 +153,20 @@ class OptionParams:
 
 # Reading a saved state: one checked value per field, each failure one line naming it.
 
+INT32_MAX = int(np.iinfo(np.int32).max)
+"""The largest integer a saved field may hold (counts, bin and class counts are int32)."""
+
+
+def saved_version(state: Any, source: str, fmt: str, what: str, versions: tuple[int, ...]) -> int:
+  """The version of a saved ``what`` (e.g. "calibrator"): ``"format": fmt``, one of ``versions``."""
+  if not isinstance(state, dict) or state.get("format") != fmt:
+    raise ValueError(f'{source}: not a top1_jax {what} (no "format": "{fmt}")')
+  version = state.get("version")
+  if type(version) is not int or version not in versions:  # true == 1 == 1.0 in Python
+    reads = " and ".join(map(str, versions))
+    raise ValueError(f"{source}: {what} version {version!r}, this top1_jax reads {reads}")
+  return version
+
 
 def field(d: Mapping, name: str, source: str) -> Any:
   """``d[name]``, or a one-line ValueError naming the source and the missing field."""
@@ -264,9 +278,7 @@ def read_number(d: Mapping, name: str, source: str, low: float, high: float) -> 
   return float(value)
 
 
-def read_int(
-  d: Mapping, name: str, source: str, minimum: int = 1, maximum: int = int(_INT32.max)
-) -> int:
+def read_int(d: Mapping, name: str, source: str, minimum: int = 1, maximum: int = INT32_MAX) -> int:
   """A saved integer in [``minimum``, ``maximum``], or a one-line ValueError naming it."""
   value = field(d, name, source)
   if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:

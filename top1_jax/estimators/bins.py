@@ -23,8 +23,7 @@ def fit(evidence: base.Evidence, *, n_bins: int | str = 20) -> binning.Bins:
   if isinstance(n_bins, str):
     if n_bins != "cv":
       raise ValueError(f'n_bins: expected an integer or "cv", got {n_bins!r}')
-    bins, _ = bin_count.fit_cv(evidence.u, evidence.correct)
-    return bins
+    return bin_count.fit_cv(evidence.u, evidence.correct)[0]
   n_bins = validation.positive_int("n_bins", n_bins, maximum=evidence.u.shape[0])
   return binning.fit(evidence.u, evidence.correct, n_bins)
 

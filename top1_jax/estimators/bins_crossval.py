@@ -128,8 +128,7 @@ def _rank_position(ranks: np.ndarray, tests_below, num: int) -> np.ndarray:
 
 @compile_policy.jit_small
 def _metrics_from_counts(cal_counts, cal_hits, test_counts, test_hits):
-  cal_counts = cal_counts.astype(jnp.float32)
-  cal_hits = cal_hits.astype(jnp.float32)
+  cal_counts, cal_hits = cal_counts.astype(jnp.float32), cal_hits.astype(jnp.float32)
   prior = jnp.sum(cal_hits, -1) / jnp.sum(cal_counts, -1)  # [B, F]
   prob = binning.calibrated_prob(cal_hits, cal_counts, prior[..., None])
   test_counts, test_hits = test_counts.astype(jnp.float32), test_hits.astype(jnp.float32)

@@ -1,15 +1,13 @@
 """Temperature scaling (Guo et al. 2017): one scalar T > 0 for softmax(logits / T).
 
-T is fitted on a calibration split by minimising the multiclass NLL, as the
-benchmark of Ovadia, Snoek et al. 2019 does (``baselines`` re-exports both
-functions with the benchmark's other methods).
+T is fitted on a calibration split by minimising the multiclass NLL, as the benchmark of Ovadia,
+Snoek et al. 2019 does (``baselines`` re-exports both functions with the benchmark's other methods).
 
-Why Newton: with beta = 1 / T the NLL ``mean_n [logsumexp(beta l_n) - beta l_n,y_n]``
-is convex in beta, its first derivative is the mean over examples of the softmax
-mean of the logits minus the label's logit, and its second the mean softmax
-variance of the logits. Both come from one pass over the [N, K] logits, so a
-safeguarded Newton iteration on log T reaches the optimum in a handful of passes
-where bisection needs 48 (at ImageNet size each pass is 5e7 exponentials).
+Why Newton: with beta = 1 / T the NLL ``mean_n [logsumexp(beta l_n) - beta l_n,y_n]`` is convex in
+beta, its first derivative is the mean over examples of the softmax mean of the logits minus the
+label's logit, and its second the mean softmax variance of the logits. Both come from one pass over
+the [N, K] logits, so a safeguarded Newton iteration on log T reaches the optimum in a handful of
+passes where bisection needs 48 (at ImageNet size each pass is 5e7 exponentials).
 
 ``ESTIMATOR``, its entry in ``registry.REGISTRY``, predicts P(Top-k correct) as the
 Top-k mass of softmax(log_probs / T): pmax for Top-1.
@@ -151,13 +149,12 @@ def _taylor(coefficients, step):
 def _split_starts(cumulants, label_logit, weights, log_pooled, log_min, log_max):
   """Each row's (split's) log T to second order from the per-example cumulants at the pooled T.
 
-  A split's slope in beta is its weighted mean of per-example terms that do not
-  depend on the split: at beta0 + d it is a + b d + c d^2 / 2, where a, b and c
-  are the weighted means of each example's softmax mean of the logits (minus
-  its label's), variance and third cumulant at beta0. The root of that quadratic
-  starts each split's Newton within ~1e-6 of its optimum when the splits' T are
-  within a few per cent of each other (one or two exact passes then confirm it);
-  a split far from the pool starts from a worse guess, never a wrong answer.
+  A split's slope in beta is its weighted mean of per-example terms that do not depend on the split:
+  at beta0 + d it is a + b d + c d^2 / 2, where a, b and c are the weighted means of each example's
+  softmax mean of the logits (minus its label's), variance and third cumulant at beta0. The root of
+  that quadratic starts each split's Newton within ~1e-6 of its optimum when the splits' T are
+  within a few per cent of each other (one or two exact passes then confirm it); a split far from
+  the pool starts from a worse guess, never a wrong answer.
   """
   beta = jnp.exp(-log_pooled)
   _, mean, variance, third, _ = cumulants
@@ -234,13 +231,12 @@ def _softmax_terms_at(logits, labels, temperatures):
 def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expansion):
   """``fit_splits`` from one pass of per-example cumulants at one beta0.
 
-  beta0 = 1 / T of the pooled weights' fit on a subsample (``log_expansion``
-  overrides it where finite). Each row's NLL slope in beta is a cubic in the step
-  d from beta0, with coefficients from [F, N] @ [N, 4] products of the cumulants;
-  Newton on it gives the row's beta, and each example's log sum exp at that beta
-  (and at twice it, for sum_k p_k^2) follows from the same coefficients: no pass
-  per split. Returns the [F] T, [F, N] multiclass Brier and pmax, whether each
-  split lay within ``_TAYLOR_REACH`` of beta0, and the pooled fit's log T.
+  beta0 = 1 / T of the pooled weights' fit on a subsample (``log_expansion`` overrides it where
+  finite). Each row's NLL slope in beta is a cubic in the step d from beta0, with coefficients from
+  [F, N] @ [N, 4] products of the cumulants; Newton on it gives the row's beta, and each example's
+  log sum exp at that beta (and at twice it, for sum_k p_k^2) follows from the same coefficients: no
+  pass per split. Returns the [F] T, [F, N] multiclass Brier and pmax, whether each split lay within
+  ``_TAYLOR_REACH`` of beta0, and the pooled fit's log T.
   """
   row_max, label_logit, (log_min, log_max) = _prepared(logits, labels, (log_min, log_max))
   start = _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max)
@@ -303,16 +299,9 @@ def _checked(logits, labels, weights, ndim):
 
 
 def softmax_terms(logits: ArrayLike, labels: ArrayLike, temperatures: ArrayLike):
-  """Each example's multiclass Brier and pmax under softmax(logits / T), for each T.
-
-  Args:
-    logits: [N, K] float (K >= 2).
-    labels: [N] int in [0, K).
-    temperatures: [F] T > 0.
-
-  Returns:
-    ([F, N] sum_k (p_k - y_k)^2, [F, N] max_k p_k): one pass over the logits per T.
-  """
+  """([F, N] sum_k (p_k - y_k)^2, [F, N] max_k p_k) of softmax(logits / T) for each of the
+  [F] ``temperatures`` T > 0, of [N, K] float ``logits`` (K >= 2) and [N] int ``labels`` in
+  [0, K): one pass over the logits per T."""
   logits, labels, _ = _checked(logits, labels, None, 2)
   temperatures = validation.float_array("temperatures", temperatures, 1).astype(logits.dtype)
   if not validation.is_traced(temperatures):
@@ -333,22 +322,16 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
   """T fitted on each row of ``weights`` (a split's calibration part), and every
   example's multiclass Brier and pmax under each split's softmax(logits / T).
 
-  Table 1's temperature scaling in about two passes over the logits rather than a few
-  per split: a fit of the pooled weights on a subsample, then one pass of per-example
-  cumulants at its T, from which each split's Newton fit and each example's terms at it
-  follow (fourth-order Taylor series in 1/T). A split more than 2 % from the expansion
-  point gets a second pass at the pooled fit's T; if one still is, or anything is not
-  finite, every split takes the exact route (``fit_temperature``, then one pass per
-  split), as do all inputs below 2^22 logits. The routes agree to float32 rounding (T
-  within ~1e-7 relative, terms within ~1e-6, on 50,000 x 1,000 logits).
+  Table 1's temperature scaling in about two passes over the logits rather than a few per split: a
+  fit of the pooled weights on a subsample, then one pass of per-example cumulants at its T, from
+  which each split's Newton fit and each example's terms at it follow (fourth-order Taylor series in
+  1/T). A split more than 2 % from the expansion point gets a second pass at the pooled fit's T; if
+  one still is, or anything is not finite, every split takes the exact route (``fit_temperature``,
+  then one pass per split), as do all inputs below 2^22 logits. The routes agree to float32 rounding
+  (T within ~1e-7 relative, terms within ~1e-6, on 50,000 x 1,000 logits).
 
-  Args:
-    logits: [N, K] float (N >= 1, K >= 2).
-    labels: [N] int in [0, K).
-    weights: [F, N] example weights >= 0, each row with a positive sum (a bool mask works).
-
-  Returns:
-    ``SplitFits`` of [F] temperatures and [F, N] ``multiclass_brier``, ``pmax``.
+  ``logits`` [N, K] float (N >= 1, K >= 2), ``labels`` [N] int in [0, K), ``weights``
+  [F, N] >= 0, each row with a positive sum (a bool mask works).
   """
   logits, labels, weights = _checked(logits, labels, weights, ndim=2)
   log_bounds = (np.float32(np.log(MIN_TEMPERATURE)), np.float32(np.log(MAX_TEMPERATURE)))
@@ -381,14 +364,12 @@ def fit_temperature(
   is returned; where it does not depend on T (equal logits), ``max_temperature``.
 
   Args:
-    logits: [N, K] float, calibration-split logits (N >= 1, K >= 2).
-    labels: [N] int in [0, K).
+    logits: [N, K] float, calibration-split logits (N >= 1, K >= 2); labels: [N] int in [0, K).
     min_temperature: the bracket's low end, 0 < min_temperature < max_temperature.
     max_temperature: the bracket's high end.
     weights: optional [N] example weights >= 0 (e.g. a split's calibration mask): the
-      NLL is their weighted mean. Or [F, N], one row per split: F temperatures from one
-      program over the one [N, K] array (a pooled fit, then each split's Newton from a
-      second-order guess).
+      NLL is their weighted mean. Or [F, N], one row per split: F temperatures from one program over
+      the one [N, K] array (a pooled fit, then each split's Newton from a second-order guess).
     initial_temperature: where Newton starts; the result does not depend on it beyond
       the tolerance of 1e-6 in log T.
 
@@ -411,22 +392,13 @@ def fit_temperature(
   return fitted if np.ndim(weights) == 2 else fitted[0]
 
 
-@jax.jit
-def _apply_temperature(logits, temperature):
-  return logits / temperature
+_apply_temperature = jax.jit(lambda logits, temperature: logits / temperature)
 
 
 def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
-  """Temperature-scaled logits ``logits / T`` (logits, to stay in log space: the ranking,
-  hence Top-1 binning, is unchanged by T; ``jax.nn.softmax`` gives the probabilities).
-
-  Args:
-    logits: [N, K] or [S, N, K] float.
-    temperature: [] float, T > 0 (from ``fit_temperature``).
-
-  Returns:
-    float array shaped like ``logits``.
-  """
+  """Temperature-scaled logits ``logits / T`` of [N, K] or [S, N, K] float ``logits`` and []
+  float T > 0 (from ``fit_temperature``): logits, to stay in log space (the ranking, hence
+  Top-1 binning, is unchanged by T; ``jax.nn.softmax`` gives the probabilities)."""
   logits = validation.float_array("logits", logits, (2, 3))
   temperature = validation.float_array("temperature", temperature, 0)
   # Within fit_temperature's range: beyond it logits / T overflows (T = 1e-40 gave inf).

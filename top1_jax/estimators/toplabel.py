@@ -105,9 +105,9 @@ def fit(
   """Fits ``floor(n_c / points_per_bin)`` equal-mass bins of the confidence per class.
 
   Args:
-    confidence: [N] float, the top-label confidence (the max softmax in the
-      reference). Only its order matters for the bins; a class without bins
-      returns it unchanged unless ``predict`` is given ``uncalibrated``.
+    confidence: [N] float, the top-label confidence (the max softmax in the reference).
+      Only its order matters for the bins; a class without bins returns it unchanged
+      unless ``predict`` is given ``uncalibrated``.
     predicted_class: [N] int in [0, num_classes), the predicted (top) class.
     correct: [N] bool, whether the prediction is correct.
     points_per_bin: calibration examples per bin (the fewest a class needs for one).
@@ -159,10 +159,10 @@ def fit_splits(
   """``fit`` on each split's calibration part (``calibration`` [F, N] bool), every split at
   once; the other arguments as for ``fit``.
 
-  Split f's bins equal ``fit(confidence[c], predicted_class[c], correct[c], ...)``
-  for c = ``calibration[f]``, bit for bit (``fit`` is this with one split): the
-  edges from one sort of all examples, then one compiled program counts every
-  split's bins. Returns ``TopLabelBins`` with a leading [F] axis (``predict`` takes it).
+  Split f's bins equal ``fit(confidence[c], predicted_class[c], correct[c], ...)`` for c =
+  ``calibration[f]``, bit for bit (``fit`` is this with one split): the edges from one sort
+  of all examples, then one compiled program counts every split's bins. Returns
+  ``TopLabelBins`` with a leading [F] axis (``predict`` takes it).
   """
   confidence, correct = validation.score_and_event("confidence", confidence, correct, host=True)
   classes, num_classes = _classes(predicted_class, num_classes)
@@ -418,10 +418,9 @@ def _fit_evidence(
   evidence: base.Evidence, *, points_per_bin: int = DEFAULT_POINTS_PER_BIN, prior: bool = False
 ):
   confidence, classes = _confidence_and_class(evidence)
-  num_classes = int(evidence.log_probs.shape[-1])
   return fit(
     confidence, classes, evidence.correct,
-    points_per_bin=points_per_bin, prior=prior, num_classes=num_classes,
+    points_per_bin=points_per_bin, prior=prior, num_classes=evidence.log_probs.shape[-1],
   )  # fmt: skip
 
 
