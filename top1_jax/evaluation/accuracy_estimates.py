@@ -165,8 +165,11 @@ def estimate(
   clean_data, k = protocol.checked_clean(clean, splits, [confidence_method, *bins.values()], k)
   protocol.bin_counts(n_bins, splits)
   needed = {log_probs_score, *scores}
-  sets = [(key, data, True) for key, data in _sets("shifted", shifted, needed, k, clean_data)]
-  sets += [(key, data, False) for key, data in _sets("ood", ood, needed, k, clean_data, False)]
+  sets = [
+    (key, data, labelled)
+    for name, given, labelled in (("shifted", shifted, True), ("ood", ood, False))
+    for key, data in protocol.checked_sets(name, given, needed, k, clean_data, labelled, True)
+  ]
   names = [(e.name, s) for e in ESTIMATORS.values() for s in (scores if e.on_score else (None,))]
   predicted = np.empty((len(names), len(sets), splits.num_splits))
   accuracy = np.zeros((len(sets), splits.num_splits))
@@ -195,13 +198,6 @@ def estimate(
     for e, (name, score) in enumerate(names)
     for s, (key, _, _) in enumerate(sets)
   ]
-
-
-def _sets(name, sets, needed, k, clean, labelled=True) -> list:
-  """``protocol.checked_sets``, or none where ``sets`` is empty."""
-  if isinstance(sets, (Mapping, Sequence)) and not isinstance(sets, str) and not len(sets):
-    return []
-  return protocol.checked_sets(name, sets, needed, k, clean, labelled)
 
 
 def stacked(datas, rows, method: protocol.Method, k: int) -> base.Evidence:

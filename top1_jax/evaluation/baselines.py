@@ -203,8 +203,7 @@ def _fit_histogram_binning(probs, labels, n_bins) -> HistogramBinning:
   is_label = (labels[:, None] == jnp.arange(num_classes)).reshape(-1)
   counts = jax.ops.segment_sum(jnp.ones_like(segment), segment, num_classes * n_bins)
   hits = jax.ops.segment_sum(is_label.astype(jnp.int32), segment, num_classes * n_bins)
-  counts = counts.reshape(num_classes, n_bins)
-  hits = hits.reshape(num_classes, n_bins)
+  counts, hits = (x.reshape(num_classes, n_bins) for x in (counts, hits))
   midpoint = (jnp.arange(n_bins, dtype=probs.dtype) + 0.5) / n_bins
   value = jnp.where(counts > 0, hits / jnp.maximum(counts, 1), midpoint)
   return HistogramBinning(value.astype(probs.dtype), counts, hits)

@@ -199,15 +199,14 @@ def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, 
     "median_size": float(np.median(sizes)),
     "empty_fraction": np.mean(sizes == 0),
   }
+  mean = lambda values, where: values[where].mean() if where.any() else math.nan
   for name, (low, high) in zip(STRATUM_NAMES, STRATA, strict=True):
     high = math.inf if high is None else high
-    for kind, members in (("size", sizes), ("difficulty", rank + 1)):
-      where = (members >= low) & (members <= high)
-      if kind == "size":
-        out[f"fraction_size_{name}"] = where.mean()
-      else:
-        out[f"size_difficulty_{name}"] = sizes[where].mean() if where.any() else math.nan
-      out[f"coverage_{kind}_{name}"] = covered[where].mean() if where.any() else math.nan
+    by_size, by_difficulty = ((x >= low) & (x <= high) for x in (sizes, rank + 1))
+    out[f"fraction_size_{name}"] = by_size.mean()
+    out[f"coverage_size_{name}"] = mean(covered, by_size)
+    out[f"size_difficulty_{name}"] = mean(sizes, by_difficulty)
+    out[f"coverage_difficulty_{name}"] = mean(covered, by_difficulty)
   out["sscv"] = np.nanmax([abs(out[f"coverage_size_{n}"] - (1 - alpha)) for n in STRATUM_NAMES])
   return {name: float(value) for name, value in out.items()}
 
