@@ -164,10 +164,7 @@ def sizes(scores: jax.Array, thresholds: jax.Array) -> jax.Array:
   """[A, N] int32: the ranks before the first S_r above each of the [A] thresholds."""
   num_classes = scores.shape[-1]
   position = jnp.arange(num_classes, dtype=jnp.float32)  # float min: XLA:CPU vectorises it
-
-  def size(q):
-    return jnp.min(jnp.where(scores > q, position, num_classes), axis=-1).astype(jnp.int32)
-
+  size = lambda q: jnp.min(jnp.where(scores > q, position, num_classes), axis=-1).astype(jnp.int32)
   return jax.vmap(size)(thresholds)
 
 

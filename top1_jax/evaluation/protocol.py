@@ -265,24 +265,18 @@ def evaluate(
   if test_sets is not None:
     needed = {m.score for m in methods_}
     test_sets = checked_sets("test_sets", test_sets, needed, k, clean_data, labelled=True)
-  if refit_on is not None:
-    refit_on = checked_refit_on(refit_on, splits)
+  if refit_on is not None:  # [F, N] bool, each split's examples within its calibration part
+    refit_on, shape = np.asarray(refit_on), (splits.num_splits, splits.fold.shape[-1])
+    if refit_on.dtype != bool or refit_on.shape != shape:
+      got = f"{refit_on.dtype} {refit_on.shape}"
+      raise ValueError(f"refit_on: expected a {list(shape)} bool mask, got {got}")
+    for f, mask in enumerate(refit_on):
+      if not mask.any() or (mask & splits.test_mask(f)).any():
+        raise ValueError(
+          f"refit_on: split {f} needs examples to fit on, all within its calibration part"
+        )
   methods_ = list(methods_)
   return evaluate_checked(clean_data, splits, methods_, test_sets, n_bins, k, ece_bins, refit_on)
-
-
-def checked_refit_on(refit_on, splits: Splits) -> np.ndarray:
-  """``refit_on`` as [F, N] bool, each split's examples within its calibration part."""
-  mask = np.asarray(refit_on)
-  shape = (splits.num_splits, splits.fold.shape[-1])
-  if mask.dtype != bool or mask.shape != shape:
-    raise ValueError(f"refit_on: expected a {list(shape)} bool mask, got {mask.dtype} {mask.shape}")
-  for f in range(splits.num_splits):
-    if not mask[f].any() or (mask[f] & splits.test_mask(f)).any():
-      raise ValueError(
-        f"refit_on: split {f} needs examples to fit on, all within its calibration part"
-      )
-  return mask
 
 
 def evaluate_shifts(
@@ -316,14 +310,12 @@ def evaluate_checked(
   """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None)."""
   own = sets is None
   sets = [(OWN, clean)] if own else sets
-  found: dict[int, list[tuple[CrossValidation, dict]]] = {}
-  generic = []
-  for i, m in enumerate(methods_):
-    fast = _fast_path(m, clean, splits, n_bins, k, ece_bins) if own and refit_on is None else None
-    if fast is None:
-      generic.append(i)
-    else:
-      found[i] = [fast]
+  fast = [
+    _fast_path(m, clean, splits, n_bins, k, ece_bins) if own and refit_on is None else None
+    for m in methods_
+  ]
+  found = {i: [result] for i, result in enumerate(fast) if result is not None}
+  generic = [i for i, result in enumerate(fast) if result is None]
   for score in dict.fromkeys(methods_[i].score for i in generic):
     group = [i for i in generic if methods_[i].score == score]
     chosen = [methods_[i] for i in group]
