@@ -52,11 +52,10 @@ def _checked_pred(given: ArrayLike, from_logits: bool) -> tuple[jax.Array, str]:
   """[N, K] probabilities, or logits with ``from_logits``; returns (pred, its name)."""
   if not isinstance(from_logits, bool):
     raise ValueError(f"from_logits: expected True or False, got {from_logits!r}")
-  name = "logits" if from_logits else "probs"
   if from_logits:
-    pred = validation.float_array(name, given, 2)
+    name, pred = "logits", validation.float_array("logits", given, 2)
   else:
-    pred = validation.probability_array(name, given, 2, sums_to_one=True)
+    name, pred = "probs", validation.probability_array("probs", given, 2, sums_to_one=True)
   if pred.shape[-1] < 2:
     raise ValueError(f"{name}: expected at least 2 classes, got shape {pred.shape}")
   if from_logits:  # probabilities run as logits give other numbers, silently
