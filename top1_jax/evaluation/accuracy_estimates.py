@@ -124,18 +124,14 @@ def predicted_accuracy(name: str, ref: Reference, views: Views) -> float:
 class Estimate(NamedTuple):
   """One estimator's predictions of one set's (``target``'s) accuracy, per split: ``predicted``
   [F] and the truth ``accuracy`` [F] (0 for OOD inputs, which no label fits); ``score`` is
-  ``confidence_name(k)`` for an estimator of the confidence alone."""
+  the model's own P(Top-k correct), ``pmax`` or ``top<k>_mass``, for an estimator of the
+  confidence alone."""
 
   estimator: str
   score: str
   target: Hashable
   predicted: np.ndarray
   accuracy: np.ndarray
-
-
-def confidence_name(k: int) -> str:
-  """The name of the model's own P(Top-k correct): ``pmax``, or ``top<k>_mass``."""
-  return "pmax" if k == 1 else f"top{k}_mass"
 
 
 def estimate(
@@ -193,8 +189,9 @@ def estimate(
       for e, (name, score) in enumerate(names):
         on = () if score is None else (score, data.scores[score][rows[s]], p_correct[score][part])
         predicted[e, s, f] = predicted_accuracy(name, ref, Views(confidence[part], *on))
+  own_confidence = "pmax" if k == 1 else f"top{k}_mass"
   return [
-    Estimate(name, score or confidence_name(k), key, predicted[e, s], accuracy[s])
+    Estimate(name, score or own_confidence, key, predicted[e, s], accuracy[s])
     for e, (name, score) in enumerate(names)
     for s, (key, _, _) in enumerate(sets)
   ]

@@ -208,9 +208,6 @@ def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, 
   return {name: float(value) for name, value in out.items()}
 
 
-_WITH_STD = ("coverage", "mean_size", "sscv")
-
-
 def summary(per_split: list[dict[str, float]]) -> dict[str, float | None]:
   """``set_metrics`` over splits: each one's mean over the splits that define it (None
   where none does), and the sample standard deviation of coverage, mean_size and sscv
@@ -220,6 +217,6 @@ def summary(per_split: list[dict[str, float]]) -> dict[str, float | None]:
     values = np.array([metrics[name] for metrics in per_split])
     values = values[~np.isnan(values)]
     out[name] = float(values.mean()) if values.size else None
-    if name in _WITH_STD:
+    if name in ("coverage", "mean_size", "sscv"):
       out[f"{name}_std"] = float(values.std(ddof=1)) if values.size > 1 else 0.0
   return out

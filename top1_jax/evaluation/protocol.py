@@ -298,16 +298,10 @@ def evaluate_shifts(
 
 
 def evaluate_checked(
-  clean: Data,
-  splits: Splits,
-  methods_: list[Method],
-  sets,
-  n_bins,
-  k: int,
-  ece_bins=None,
-  refit_on: np.ndarray | None = None,
+  clean: Data, splits: Splits, methods_: list[Method], sets, n_bins, k, ece_bins=None, refit_on=None
 ) -> list[Result]:
-  """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None)."""
+  """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None; ``refit_on``: an
+  [F, N] bool array or None)."""
   own = sets is None
   sets = [(OWN, clean)] if own else sets
   fast = [
