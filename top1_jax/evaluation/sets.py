@@ -444,7 +444,7 @@ def evaluate_sets(
   Each split fits the method on its calibration part (raps and topk tune on a random
   ``tune_fraction`` of it) and scores the sets of its test part; with ``shifted``, also
   the same test examples of every shifted set (calibrated in distribution, tested under
-  shift: ``evaluation.shift``'s protocol). The draws u are one per example, from
+  shift, as ``protocol.evaluate``'s ``test_sets``). The draws u are one per example, from
   ``seed``, shared by the splits and the sets (each split is a valid randomized procedure).
 
   Args:
