@@ -124,18 +124,14 @@ def predicted_accuracy(name: str, ref: Reference, views: Views) -> float:
 class Estimate(NamedTuple):
   """One estimator's predictions of one set's (``target``'s) accuracy, per split: ``predicted``
   [F] and the truth ``accuracy`` [F] (0 for OOD inputs, which no label fits); ``score`` is
-  ``confidence_name(k)`` for an estimator of the confidence alone."""
+  the model's own P(Top-k correct), ``pmax`` or ``top<k>_mass``, for an estimator of the
+  confidence alone."""
 
   estimator: str
   score: str
   target: Hashable
   predicted: np.ndarray
   accuracy: np.ndarray
-
-
-def confidence_name(k: int) -> str:
-  """The name of the model's own P(Top-k correct): ``pmax``, or ``top<k>_mass``."""
-  return "pmax" if k == 1 else f"top{k}_mass"
 
 
 def estimate(
@@ -165,8 +161,11 @@ def estimate(
   clean_data, k = protocol.checked_clean(clean, splits, [confidence_method, *bins.values()], k)
   protocol.bin_counts(n_bins, splits)
   needed = {log_probs_score, *scores}
-  sets = [(key, data, True) for key, data in _sets("shifted", shifted, needed, k, clean_data)]
-  sets += [(key, data, False) for key, data in _sets("ood", ood, needed, k, clean_data, False)]
+  sets = [
+    (key, data, labelled)
+    for name, given, labelled in (("shifted", shifted, True), ("ood", ood, False))
+    for key, data in protocol.checked_sets(name, given, needed, k, clean_data, labelled, True)
+  ]
   names = [(e.name, s) for e in ESTIMATORS.values() for s in (scores if e.on_score else (None,))]
   predicted = np.empty((len(names), len(sets), splits.num_splits))
   accuracy = np.zeros((len(sets), splits.num_splits))
@@ -190,18 +189,12 @@ def estimate(
       for e, (name, score) in enumerate(names):
         on = () if score is None else (score, data.scores[score][rows[s]], p_correct[score][part])
         predicted[e, s, f] = predicted_accuracy(name, ref, Views(confidence[part], *on))
+  own_confidence = "pmax" if k == 1 else f"top{k}_mass"
   return [
-    Estimate(name, score or confidence_name(k), key, predicted[e, s], accuracy[s])
+    Estimate(name, score or own_confidence, key, predicted[e, s], accuracy[s])
     for e, (name, score) in enumerate(names)
     for s, (key, _, _) in enumerate(sets)
   ]
-
-
-def _sets(name, sets, needed, k, clean, labelled=True) -> list:
-  """``protocol.checked_sets``, or none where ``sets`` is empty."""
-  if isinstance(sets, (Mapping, Sequence)) and not isinstance(sets, str) and not len(sets):
-    return []
-  return protocol.checked_sets(name, sets, needed, k, clean, labelled)
 
 
 def stacked(datas, rows, method: protocol.Method, k: int) -> base.Evidence:

@@ -52,11 +52,10 @@ def _checked_pred(given: ArrayLike, from_logits: bool) -> tuple[jax.Array, str]:
   """[N, K] probabilities, or logits with ``from_logits``; returns (pred, its name)."""
   if not isinstance(from_logits, bool):
     raise ValueError(f"from_logits: expected True or False, got {from_logits!r}")
-  name = "logits" if from_logits else "probs"
   if from_logits:
-    pred = validation.float_array(name, given, 2)
+    name, pred = "logits", validation.float_array("logits", given, 2)
   else:
-    pred = validation.probability_array(name, given, 2, sums_to_one=True)
+    name, pred = "probs", validation.probability_array("probs", given, 2, sums_to_one=True)
   if pred.shape[-1] < 2:
     raise ValueError(f"{name}: expected at least 2 classes, got shape {pred.shape}")
   if from_logits:  # probabilities run as logits give other numbers, silently
@@ -203,8 +202,7 @@ def _fit_histogram_binning(probs, labels, n_bins) -> HistogramBinning:
   is_label = (labels[:, None] == jnp.arange(num_classes)).reshape(-1)
   counts = jax.ops.segment_sum(jnp.ones_like(segment), segment, num_classes * n_bins)
   hits = jax.ops.segment_sum(is_label.astype(jnp.int32), segment, num_classes * n_bins)
-  counts = counts.reshape(num_classes, n_bins)
-  hits = hits.reshape(num_classes, n_bins)
+  counts, hits = (x.reshape(num_classes, n_bins) for x in (counts, hits))
   midpoint = (jnp.arange(n_bins, dtype=probs.dtype) + 0.5) / n_bins
   value = jnp.where(counts > 0, hits / jnp.maximum(counts, 1), midpoint)
   return HistogramBinning(value.astype(probs.dtype), counts, hits)

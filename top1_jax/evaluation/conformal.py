@@ -164,10 +164,7 @@ def sizes(scores: jax.Array, thresholds: jax.Array) -> jax.Array:
   """[A, N] int32: the ranks before the first S_r above each of the [A] thresholds."""
   num_classes = scores.shape[-1]
   position = jnp.arange(num_classes, dtype=jnp.float32)  # float min: XLA:CPU vectorises it
-
-  def size(q):
-    return jnp.min(jnp.where(scores > q, position, num_classes), axis=-1).astype(jnp.int32)
-
+  size = lambda q: jnp.min(jnp.where(scores > q, position, num_classes), axis=-1).astype(jnp.int32)
   return jax.vmap(size)(thresholds)
 
 
@@ -199,20 +196,16 @@ def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, 
     "median_size": float(np.median(sizes)),
     "empty_fraction": np.mean(sizes == 0),
   }
+  mean = lambda values, where: values[where].mean() if where.any() else math.nan
   for name, (low, high) in zip(STRATUM_NAMES, STRATA, strict=True):
     high = math.inf if high is None else high
-    for kind, members in (("size", sizes), ("difficulty", rank + 1)):
-      where = (members >= low) & (members <= high)
-      if kind == "size":
-        out[f"fraction_size_{name}"] = where.mean()
-      else:
-        out[f"size_difficulty_{name}"] = sizes[where].mean() if where.any() else math.nan
-      out[f"coverage_{kind}_{name}"] = covered[where].mean() if where.any() else math.nan
+    by_size, by_difficulty = ((x >= low) & (x <= high) for x in (sizes, rank + 1))
+    out[f"fraction_size_{name}"] = by_size.mean()
+    out[f"coverage_size_{name}"] = mean(covered, by_size)
+    out[f"size_difficulty_{name}"] = mean(sizes, by_difficulty)
+    out[f"coverage_difficulty_{name}"] = mean(covered, by_difficulty)
   out["sscv"] = np.nanmax([abs(out[f"coverage_size_{n}"] - (1 - alpha)) for n in STRATUM_NAMES])
   return {name: float(value) for name, value in out.items()}
-
-
-_WITH_STD = ("coverage", "mean_size", "sscv")
 
 
 def summary(per_split: list[dict[str, float]]) -> dict[str, float | None]:
@@ -224,6 +217,6 @@ def summary(per_split: list[dict[str, float]]) -> dict[str, float | None]:
     values = np.array([metrics[name] for metrics in per_split])
     values = values[~np.isnan(values)]
     out[name] = float(values.mean()) if values.size else None
-    if name in _WITH_STD:
+    if name in ("coverage", "mean_size", "sscv"):
       out[f"{name}_std"] = float(values.std(ddof=1)) if values.size > 1 else 0.0
   return out

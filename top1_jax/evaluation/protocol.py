@@ -111,12 +111,11 @@ def methods(
   if not all(entry.scores_only for entry in entries) and not isinstance(log_probs_score, str):
     needs = next(entry.name for entry in entries if not entry.scores_only)
     raise ValueError(f"log_probs_score: {needs!r} needs a score to bin by, got {log_probs_score!r}")
-  out = []
-  for entry in entries:
-    given = entry.check_options(options.get(entry.name, {}))
-    for score in scores if entry.scores_only else (log_probs_score,):
-      out.append(method(entry.name, score, given, bin_count))
-  return out
+  return [
+    method(entry.name, score, options.get(entry.name, {}), bin_count)
+    for entry in entries
+    for score in (scores if entry.scores_only else (log_probs_score,))
+  ]
 
 
 def method(estimator: str, score: str, options: Mapping[str, Any], bin_count=None) -> Method:
@@ -192,15 +191,17 @@ def checked(name: str, inputs, needed, k: int, num_classes: int | None, labelled
   return Data(np.asarray(events.topk_correct(log_probs, labels, k)), host_scores, log_probs, labels)
 
 
-def checked_sets(name: str, sets, needed, k: int, clean: Data, labelled: bool) -> list:
+def checked_sets(name: str, sets, needed, k: int, clean: Data, labelled: bool, optional=False):
   """[(key, Data)] of a mapping (by key) or a sequence (by index) of ``Inputs``, each
-  checked against ``clean`` (its classes; labelled sets: its examples)."""
+  checked against ``clean`` (its classes; labelled sets: its examples); ``optional``: an
+  empty one gives []."""
+  items = None
   if isinstance(sets, Mapping):
     items = list(sets.items())
   elif isinstance(sets, Sequence) and not isinstance(sets, (str, Inputs)):
     items = list(enumerate(sets))
-  else:
-    items = []
+  if optional and items == []:
+    return []
   if not items:
     raise ValueError(f"{name}: expected a mapping or sequence of protocol.Inputs, got {sets!r:.80}")
   num, num_classes = clean.log_probs.shape
@@ -261,27 +262,21 @@ def evaluate(
   n_bins = bin_counts(n_bins, splits)
   if ece_bins is not None:
     ece_bins = equal_width.checked_n_bins(ece_bins, "ece_bins")
-  sets = None
   if test_sets is not None:
     needed = {m.score for m in methods_}
-    sets = checked_sets("test_sets", test_sets, needed, k, clean_data, labelled=True)
-  if refit_on is not None:
-    refit_on = checked_refit_on(refit_on, splits)
-  return evaluate_checked(clean_data, splits, list(methods_), sets, n_bins, k, ece_bins, refit_on)
-
-
-def checked_refit_on(refit_on, splits: Splits) -> np.ndarray:
-  """``refit_on`` as [F, N] bool, each split's examples within its calibration part."""
-  mask = np.asarray(refit_on)
-  shape = (splits.num_splits, splits.fold.shape[-1])
-  if mask.dtype != bool or mask.shape != shape:
-    raise ValueError(f"refit_on: expected a {list(shape)} bool mask, got {mask.dtype} {mask.shape}")
-  for f in range(splits.num_splits):
-    if not mask[f].any() or (mask[f] & splits.test_mask(f)).any():
-      raise ValueError(
-        f"refit_on: split {f} needs examples to fit on, all within its calibration part"
-      )
-  return mask
+    test_sets = checked_sets("test_sets", test_sets, needed, k, clean_data, labelled=True)
+  if refit_on is not None:  # [F, N] bool, each split's examples within its calibration part
+    refit_on, shape = np.asarray(refit_on), (splits.num_splits, splits.fold.shape[-1])
+    if refit_on.dtype != bool or refit_on.shape != shape:
+      got = f"{refit_on.dtype} {refit_on.shape}"
+      raise ValueError(f"refit_on: expected a {list(shape)} bool mask, got {got}")
+    for f, mask in enumerate(refit_on):
+      if not mask.any() or (mask & splits.test_mask(f)).any():
+        raise ValueError(
+          f"refit_on: split {f} needs examples to fit on, all within its calibration part"
+        )
+  methods_ = list(methods_)
+  return evaluate_checked(clean_data, splits, methods_, test_sets, n_bins, k, ece_bins, refit_on)
 
 
 def evaluate_shifts(
@@ -303,26 +298,18 @@ def evaluate_shifts(
 
 
 def evaluate_checked(
-  clean: Data,
-  splits: Splits,
-  methods_: list[Method],
-  sets,
-  n_bins,
-  k: int,
-  ece_bins=None,
-  refit_on: np.ndarray | None = None,
+  clean: Data, splits: Splits, methods_: list[Method], sets, n_bins, k, ece_bins=None, refit_on=None
 ) -> list[Result]:
-  """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None)."""
+  """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None; ``refit_on``: an
+  [F, N] bool array or None)."""
   own = sets is None
   sets = [(OWN, clean)] if own else sets
-  found: dict[int, list[tuple[CrossValidation, dict]]] = {}
-  generic = []
-  for i, m in enumerate(methods_):
-    fast = _fast_path(m, clean, splits, n_bins, k, ece_bins) if own and refit_on is None else None
-    if fast is None:
-      generic.append(i)
-    else:
-      found[i] = [fast]
+  fast = [
+    _fast_path(m, clean, splits, n_bins, k, ece_bins) if own and refit_on is None else None
+    for m in methods_
+  ]
+  found = {i: [result] for i, result in enumerate(fast) if result is not None}
+  generic = [i for i, result in enumerate(fast) if result is None]
   for score in dict.fromkeys(methods_[i].score for i in generic):
     group = [i for i in generic if methods_[i].score == score]
     chosen = [methods_[i] for i in group]
@@ -343,20 +330,10 @@ def _evidence(data: Data, method: Method, rows, k: int) -> base.Evidence:
   return evidence._replace(log_probs=data.log_probs[rows], labels=data.labels[rows])
 
 
-def fit_predict(
-  method: Method, clean: Data, cal: np.ndarray, target: base.Evidence, n_bins, refit=None
-):
+def fit_predict(method: Method, clean: Data, cal: np.ndarray, target: base.Evidence, n_bins):
   """The method fitted on the clean calibration part (``cal``, [N] bool) predicting
-  ``target``: [M], or [B, M] for a method fitted at each of ``n_bins``; float64, host.
-
-  ``refit``: None, or (a labelled ``Data``, [N] bool) to fit on instead (with
-  ``method.update``: to update the clean fit with)."""
-  if refit is not None and method.update is None:
-    return _predicted(method, _fits(method, *refit, target.k, n_bins), target)
-  states = _fits(method, clean, cal, target.k, n_bins)
-  if refit is not None:
-    states = _updated(method, states, *refit, target.k)
-  return _predicted(method, states, target)
+  ``target``: [M], or [B, M] for a method fitted at each of ``n_bins``; float64, host."""
+  return _predicted(method, _fits(method, clean, cal, target.k, n_bins), target)
 
 
 def _fits(method: Method, data: Data, rows, k: int, n_bins) -> list:
@@ -365,11 +342,6 @@ def _fits(method: Method, data: Data, rows, k: int, n_bins) -> list:
   if not method.per_bin_count:
     return [method.entry.fit(evidence, **method.options)]
   return [method.entry.fit(evidence, **method.options, n_bins=n) for n in n_bins]
-
-
-def _updated(method: Method, states: list, data: Data, rows, k: int) -> list:
-  labelled = _evidence(data, method, rows, k)
-  return [method.update(state, labelled) for state in states]
 
 
 def _predicted(method: Method, states: list, target: base.Evidence) -> np.ndarray:
@@ -395,7 +367,7 @@ def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins)
     held = held_out_bins(u[~test], clean.correct[~test], u[test][None], correct_test, n_bins)
     per_split.append(binned_predictions(held, p))
     extras.append(_extras(p[None], correct_test, ece_bins, fits.extras, f, test))
-  return _per_set(split_metrics(per_split), n_bins)[0], _stacked(extras)[0]
+  return _per_set(per_split, extras, n_bins)[0]
 
 
 def _split_rows(p, f: int, rows) -> np.ndarray:
@@ -431,10 +403,7 @@ def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece
       sums[i].append(binned_predictions(held, p))
       shared = p if p.ndim == 1 else p[0]
       extras[i].append(_extras(shared.reshape(len(sets), -1), correct[:, test], ece_bins))
-  return [
-    list(zip(_per_set(split_metrics(s), n_bins), _stacked(e), strict=True))
-    for s, e in zip(sums, extras, strict=True)
-  ]
+  return [_per_set(s, e, n_bins) for s, e in zip(sums, extras, strict=True)]
 
 
 def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_bins, k) -> list:
@@ -457,7 +426,8 @@ def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_b
       else:  # the clean fit once per split, each set's update from it
         if f not in clean_fits:
           clean_fits[f] = _fits(method, clean, ~test, k, n_bins)
-        states = _updated(method, clean_fits[f], data, refit_on[f], k)
+        labelled = _evidence(data, method, refit_on[f], k)
+        states = [method.update(state, labelled) for state in clean_fits[f]]
       parts[f].append(_predicted(method, states, target))
   return [np.concatenate(p, axis=-1) for p in parts]
 
@@ -481,22 +451,19 @@ def _extras(p, correct, ece_bins, fitted=None, split=None, test=None) -> list[di
   return out
 
 
-def _stacked(per_split: list[list[dict]]) -> list[dict[str, np.ndarray]]:
-  """Per set: name -> [F] of the splits' extras."""
-  return [
-    {name: np.array([split[s][name] for split in per_split]) for name in per_split[0][s]}
-    for s in range(len(per_split[0]))
-  ]
-
-
-def _per_set(per_fold: dict[str, np.ndarray], n_bins) -> list[CrossValidation]:
-  """Each set's ``CrossValidation`` of metrics [S, B, F], the statistics of all at once."""
+def _per_set(sums: list, extras: list[list[dict]], n_bins) -> list[tuple[CrossValidation, dict]]:
+  """Each set's (``CrossValidation``, extras name -> [F]) of the splits' ``BinnedPredictions``
+  and ``_extras``, the statistics of all sets at once."""
+  per_fold = split_metrics(sums)  # name -> [S, B, F]
   num_sets = next(iter(per_fold.values())).shape[0]
   flat = {name: value.reshape(-1, value.shape[-1]) for name, value in per_fold.items()}
   stats = CrossValidation.from_per_fold(range(num_sets * len(n_bins)), flat)[1:]
   stats = [{name: v.reshape(num_sets, -1, *v.shape[1:]) for name, v in d.items()} for d in stats]
   return [
-    CrossValidation(n_bins, *({name: v[s] for name, v in d.items()} for d in stats))
+    (
+      CrossValidation(n_bins, *({name: v[s] for name, v in d.items()} for d in stats)),
+      {name: np.array([split[s][name] for split in extras]) for name in extras[0][s]},
+    )
     for s in range(num_sets)
   ]
 

@@ -60,9 +60,8 @@ def choose_prior_strength(
   if_correct = np.where(finite, (s_ * prob + hits - 1) / denominator, prob)
   if_wrong = np.where(finite, (s_ * prob + hits) / denominator, prob)
   tiny = 1e-12  # a clean prob of 0 or 1 (all wrong or all right) stays finite
-  terms = hits * np.log(np.clip(if_correct, tiny, 1)) + (counts - hits) * np.log(
-    np.clip(1 - if_wrong, tiny, 1)
-  )
+  log_right, log_wrong = (np.log(np.clip(x, tiny, 1)) for x in (if_correct, 1 - if_wrong))
+  terms = hits * log_right + (counts - hits) * log_wrong
   likelihood = np.where(counts > 0, terms, 0.0).sum(-1)  # [..., G]
   # argmax takes the first of equal maxima: over the grid reversed, the strongest prior.
   order = np.argsort(-grid, kind="stable")

@@ -117,8 +117,7 @@ def guaranteed_coverage(
   if ranked.shape[0] == 0:
     raise ValueError("bins: no examples were counted")
   num_tests = math.ceil(math.log2(ranked.shape[0] + 1))
-  pooled_counts = np.cumsum(np.asarray(bins.counts)[ranked])
-  pooled_hits = np.cumsum(np.asarray(bins.hits)[ranked])
+  pooled_counts, pooled_hits = (np.cumsum(np.asarray(x)[ranked]) for x in (bins.counts, bins.hits))
   # A two-sided interval at 2 delta' has the one-sided lower bound at delta'.
   lower, _ = binning.clopper_pearson(pooled_hits, pooled_counts, 2 * float(delta) / num_tests)
   lower = np.asarray(lower)

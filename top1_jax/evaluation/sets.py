@@ -229,13 +229,12 @@ class SetMethod(NamedTuple):
   from_dict: Any = lambda d, source, num_classes: None
 
 
-_RAPS = {"randomized": True, "k_reg": None, "lam": None, "tune_fraction": 0.3, "tune_alpha": 0.1}
 METHODS: dict[str, SetMethod] = {
   "lac": SetMethod("lac", {}, _lac_scores),
   "aps": SetMethod("aps", {"randomized": True}, _aps_scores),
   "raps": SetMethod(
     "raps",
-    _RAPS,
+    {"randomized": True, "k_reg": None, "lam": None, "tune_fraction": 0.3, "tune_alpha": 0.1},
     _raps_scores,
     _raps_tuning,
     lambda options: None in (options["k_reg"], options["lam"]),
@@ -316,16 +315,11 @@ def _by_rows(program, data: conformal.Ranked, rows: np.ndarray, *per_row, out: n
 
 
 def calibrate(
-  method: SetMethod,
-  data: conformal.Ranked,
-  u: np.ndarray,
-  tuning: np.ndarray,
-  options: dict[str, Any],
-  rows: np.ndarray | None = None,
+  method: SetMethod, data: conformal.Ranked, u, tuning, options: dict[str, Any], rows=None
 ) -> Calibrated:
-  """Fits ``method`` on the labelled ``rows`` of ``data`` (None: all), with ``u`` the [N]
-  draws of ``data``'s examples: its parameters on the ``tuning`` part (a bool per row,
-  when it tunes), the calibration scores on the others."""
+  """Fits ``method`` on the labelled ``rows`` of ``data`` (an int array, or None: all), with
+  ``u`` the [N] draws of ``data``'s examples: its parameters on the ``tuning`` part (a bool
+  array, one per row, when it tunes), the calibration scores on the others."""
   rows = np.arange(data.num) if rows is None else rows
   params = method.tune((data, u, rows[tuning]) if method.tunes(options) else None, options)
   rest = rows[~tuning]
@@ -450,7 +444,7 @@ def evaluate_sets(
   Each split fits the method on its calibration part (raps and topk tune on a random
   ``tune_fraction`` of it) and scores the sets of its test part; with ``shifted``, also
   the same test examples of every shifted set (calibrated in distribution, tested under
-  shift: ``evaluation.shift``'s protocol). The draws u are one per example, from
+  shift, as ``protocol.evaluate``'s ``test_sets``). The draws u are one per example, from
   ``seed``, shared by the splits and the sets (each split is a valid randomized procedure).
 
   Args:
