@@ -18,7 +18,7 @@ from etils import epath
 
 from top1_jax.core import scores, validation
 from top1_jax.io import files, prediction_checks
-from top1_jax.io.prediction_checks import read_meta
+from top1_jax.io.prediction_checks import ARRAY_FIELDS, SCORE_PREFIX, read_meta
 from top1_jax.version import __version__
 
 
@@ -63,12 +63,12 @@ class Predictions:
       num_classes = logits.shape[2]
     if self.mean_probs is not None:
       mean_probs = prediction_checks.probs_field("mean_probs", self.mean_probs, num_examples)
-      if num_classes is not None and mean_probs.shape[1] != num_classes:
-        raise ValueError(
-          f"mean_probs: expected K={num_classes} (from logits) columns, got shape"
-          f" {mean_probs.shape}"
-        )
       if logits is not None:
+        if mean_probs.shape[1] != num_classes:
+          raise ValueError(
+            f"mean_probs: expected K={num_classes} (from logits) columns, got shape"
+            f" {mean_probs.shape}"
+          )
         prediction_checks.check_agreement(logits, mean_probs)
       num_classes = mean_probs.shape[1]
     if num_classes < 2:
@@ -128,11 +128,8 @@ def save_predictions(
     validation.refuse_probabilities("logits", predictions.logits, fix)
   meta = {"version": __version__, **predictions.meta}
   arrays = {"labels": predictions.labels, "meta": np.asarray(prediction_checks.meta_json(meta))}
-  for key in ("logits", "mean_probs", "human_probs"):
-    if getattr(predictions, key) is not None:
-      arrays[key] = getattr(predictions, key)
-  for score_name, score in predictions.scores.items():
-    arrays[f"{prediction_checks.SCORE_PREFIX}{score_name}"] = score
+  arrays |= {k: v for k in ARRAY_FIELDS[1:] if (v := getattr(predictions, k)) is not None}
+  arrays |= {f"{SCORE_PREFIX}{name}": score for name, score in predictions.scores.items()}
   save = np.savez_compressed if compress else np.savez
   return files.atomic_write(path, lambda file: save(file, **arrays))
 
@@ -190,8 +187,8 @@ def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
     with files.named(path):
       if key == "meta":
         fields["meta"] = prediction_checks.read_meta(value)
-      elif key.startswith(prediction_checks.SCORE_PREFIX):
-        fields["scores"][key[len(prediction_checks.SCORE_PREFIX) :]] = value
+      elif key.startswith(SCORE_PREFIX):
+        fields["scores"][key.removeprefix(SCORE_PREFIX)] = value
       else:
         prediction_checks.check_field_name(key)
         fields[key] = value

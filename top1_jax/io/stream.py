@@ -208,7 +208,8 @@ class PredictionsReader:
         self._file = regular.raw  # unbuffered: reads go where the byte ranges are
       else:
         self._file = self._downloaded()
-      self._open()
+      self._members()
+      self._check_fields()
     except BaseException:
       self.close()
       raise
@@ -232,24 +233,15 @@ class PredictionsReader:
       self._sha1 = file_sha1(self.path)
     return self._sha1
 
-  def _open(self) -> None:
-    members = self._members()
-    if members is None:
-      # Not a zip archive: a full load, checked as a whole (its error names the problem).
-      predictions = predictions_lib.load_predictions(self.path)
-      members = {k: getattr(predictions, k) for k in prediction_checks.ARRAY_FIELDS}
-      members |= {f"{SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()}
-      members = {k: _Member(v.shape, v.dtype, array=v) for k, v in members.items() if v is not None}
-      self.meta, self._members_by_name = dict(predictions.meta), members
-      self.read_whole = tuple(k for k in members if k != "labels")
-    self._check_fields()
-
-  def _members(self) -> dict[str, _Member] | None:
-    """Each member's location (or its array, read whole); None when not a zip archive."""
+  def _members(self) -> None:
+    """Each member's location (or its array, read whole)."""
     try:
       archive = zipfile.ZipFile(self._file)
     except (zipfile.BadZipFile, OSError, ValueError):
-      return None  # load_predictions says what the file is instead
+      archive = None
+    if archive is None:  # np.load fails too: load_predictions says what the file is instead
+      predictions_lib.load_predictions(self.path)
+      raise ValueError(f"{self.path}: not a zip archive")
     members, read_whole, self.meta = {}, [], {}
     with archive:
       for key, info in prediction_checks.archive_members(self.path, archive).items():
@@ -268,7 +260,6 @@ class PredictionsReader:
         members[key] = member
     self._members_by_name = members
     self.read_whole = tuple(k for k in read_whole if k not in ("labels", "meta"))
-    return members
 
   def _check_fields(self) -> None:
     """The file as a whole: known fields, labels, and N and K agreeing across fields."""
@@ -284,10 +275,8 @@ class PredictionsReader:
     labels = self._rows("labels", labels, 0, labels.num, queued)
     zip_crc.update(queued)
     self._check_crc(["labels"])
-    if labels.ndim != 1 or labels.shape[0] == 0 or labels.dtype.kind not in "iu":
-      # Predictions checks the labels before any other field: its message names the problem.
-      with files.named(self.path):
-        predictions_lib.Predictions(labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
+    with files.named(self.path):  # before any other field, as Predictions does
+      prediction_checks.labels_field(labels)
     num = labels.shape[0]
     for key, member in members.items():
       axis = 1 if len(member.shape) == 3 else 0
