@@ -3,12 +3,13 @@ field in its error; and of its archive, before any array is read (each field sto
 once, each ``.npy`` header declaring the bytes it holds, no zip bomb).
 """
 
+import contextlib
 import json
 import math
 import re
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -231,6 +232,15 @@ def archive_members(path: Any, archive: zipfile.ZipFile) -> dict[str, zipfile.Zi
   return {key: infos[0] for key, infos in members.items()}
 
 
+@contextlib.contextmanager
+def reading(path: Any, key: str) -> Iterator[None]:
+  """``READ_ERRORS`` of the block (a corrupt member) as one ValueError naming the field."""
+  try:
+    yield
+  except READ_ERRORS as e:
+    raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+
+
 def npy_header(file) -> tuple[tuple[int, ...], bool, np.dtype]:
   """(shape, Fortran order, dtype) of the ``.npy`` header at ``file``'s position, which it
   leaves at the data."""
@@ -247,12 +257,9 @@ def member_header(
 ) -> tuple[tuple[int, ...], bool, np.dtype, int]:
   """A member's ``.npy`` (shape, Fortran order, dtype, header bytes), checked to declare
   exactly the data bytes the member holds before anything is allocated, and no objects."""
-  try:
-    with archive.open(info) as file:
-      shape, fortran_order, dtype = npy_header(file)
-      header_bytes = file.tell()
-  except READ_ERRORS as e:
-    raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+  with reading(path, key), archive.open(info) as file:
+    shape, fortran_order, dtype = npy_header(file)
+    header_bytes = file.tell()
   if dtype.hasobject:
     raise ValueError(
       f"{path}: field {key!r} cannot be read: it holds Python objects ({dtype}), and a"

@@ -170,12 +170,9 @@ def _np_load(path: pathlib.Path | epath.Path, kind: str, expected: str):
 def _read_member(path, key: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
   prediction_checks.check_inflation(path, key, info)
   prediction_checks.member_header(path, key, archive, info)
-  try:
-    with archive.open(info) as file:
-      value = np.lib.format.read_array(file, allow_pickle=False)
-      file.read()  # to the member's end, where zipfile compares the CRC-32
-  except prediction_checks.READ_ERRORS as e:
-    raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+  with prediction_checks.reading(path, key), archive.open(info) as file:
+    value = np.lib.format.read_array(file, allow_pickle=False)
+    file.read()  # to the member's end, where zipfile compares the CRC-32
   return value
 
 

@@ -246,13 +246,11 @@ class PredictionsReader:
     with archive:
       for key, info in prediction_checks.archive_members(self.path, archive).items():
         header = prediction_checks.member_header(self.path, key, archive, info)
-        try:
+        with prediction_checks.reading(self.path, key):
           member = None if key == "meta" else _stored_member(self._file, info, header)
           if member is None:
             member = _whole_member(archive, info, self._opened)
             read_whole.append(key)
-        except _READ_ERRORS as e:
-          raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
         if key == "meta":
           with files.named(self.path):
             self.meta = prediction_checks.read_meta(member.array)
@@ -272,7 +270,8 @@ class PredictionsReader:
     labels, queued = members["labels"], []
     if labels.crc is not None:  # read whole now, so its CRC-32 is checked now
       labels.crc.restart(labels.outer)
-    labels = self._rows("labels", labels, 0, labels.num, queued)
+    with prediction_checks.reading(self.path, "labels"):
+      labels = labels.rows(self._file, 0, labels.num, queued)
     zip_crc.update(queued)
     self._check_crc(["labels"])
     with files.named(self.path):  # before any other field, as Predictions does
@@ -309,13 +308,6 @@ class PredictionsReader:
           f"{self.path}: field {key!r}: {problem}; the file is corrupt: copy or write it again"
         )
 
-  def _rows(self, key: str, member: _Member, start: int, stop: int, queue: list | None):
-    """``member.rows``; an error names the file and the field."""
-    try:
-      return member.rows(self._file, start, stop, queue)
-    except _READ_ERRORS as e:
-      raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
-
   def _chunk(
     self, start: int, stop: int, where: str | None = None, queue: list | None = None
   ) -> predictions_lib.Predictions:
@@ -323,7 +315,8 @@ class PredictionsReader:
     for key, member in self._members_by_name.items():
       if key != "labels":
         into = arrays["scores"] if key.startswith(SCORE_PREFIX) else arrays
-        into[key.removeprefix(SCORE_PREFIX)] = self._rows(key, member, start, stop, queue)
+        with prediction_checks.reading(self.path, key):
+          into[key.removeprefix(SCORE_PREFIX)] = member.rows(self._file, start, stop, queue)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
     with files.named(self.path, where):
