@@ -73,25 +73,21 @@ def _arrays(state: TrainState) -> dict[str, Any]:
   return {key: getattr(state, key) for key in ("step", "params", "model_state", "opt_state")}
 
 
-def _crc32s(arrays) -> dict[str, list]:
-  """Each host array's [CRC-32 of its bytes, dtype], by its path in the tree."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
-  return {
-    jax.tree_util.keystr(path): [zlib.crc32(np.ascontiguousarray(leaf).data), leaf.dtype.str]
-    for path, leaf in flat
-  }
-
-
 def _save_args(state: TrainState) -> ocp.args.Composite:
   # Host copies: orbax writes NumPy arrays from process 0 only, so every process
   # may pass its own copy of a state (local, or replicated over all devices).
   arrays = jax.tree_util.tree_map(np.asarray, _arrays(state))
+  flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
   metadata = {
     "format": _FORMAT,
     "architecture": models.architecture(state.model),
     "dropout_rate": state.dropout_rate,
     "shapes": _shapes(state),
-    "crc32": _crc32s(arrays),  # a flipped byte in an array's data is found on restore
+    # [CRC-32, dtype] of each array, by its path: a flipped byte is found on restore
+    "crc32": {
+      jax.tree_util.keystr(path): [zlib.crc32(np.ascontiguousarray(leaf).data), leaf.dtype.str]
+      for path, leaf in flat
+    },
   }
   return ocp.args.Composite(
     state=ocp.args.StandardSave(arrays), metadata=ocp.args.JsonSave(metadata)
@@ -142,9 +138,7 @@ def _check_metadata(path, metadata: Any, template: TrainState) -> None:
   ):
     raise DamagedCheckpointError(path, "its metadata is not a top1_jax checkpoint's")
   if metadata["format"] != _FORMAT:
-    raise ValueError(
-      f"directory: {path} has format {metadata.get('format')!r}, expected {_FORMAT!r}"
-    )
+    raise ValueError(f"directory: {path} has format {metadata['format']!r}, expected {_FORMAT!r}")
   saved, wanted = metadata["architecture"], models.architecture(template.model)
   if saved != wanted:
     fields = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k))
@@ -193,11 +187,12 @@ def _check_arrays(path, arrays, crc32s: dict | None) -> None:
 
 
 def _read(path, restore, template: TrainState) -> TrainState:
-  """Checks the metadata, then reads the arrays in the structure of ``template``.
+  """Checks the files and the metadata, then reads the arrays in the structure of ``template``.
 
   ``restore(args)`` is orbax's restore. Files orbax cannot parse (a killed write, a disk
   error) raise bare ``Exception``s, turned here into one ``DamagedCheckpointError``.
   """
+  _check_files(path)
 
   def read(**args):
     try:
@@ -223,7 +218,6 @@ def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> Train
     ValueError: saved from another architecture or parameter shapes (ensemble size).
   """
   path = _local_path(directory)
-  _check_files(path)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
     return _read(path, lambda args: checkpointer.restore(path, args=args), template)
 
@@ -262,7 +256,6 @@ class RunCheckpoints:
     while (epoch := self._manager.latest_step()) is not None:
       path = self.directory / str(epoch)
       try:
-        _check_files(path)
         return epoch, _read(path, lambda args: self._manager.restore(epoch, args=args), template)
       except DamagedCheckpointError as e:
         self._set_aside(e)

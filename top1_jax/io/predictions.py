@@ -167,20 +167,15 @@ def _np_load(path: pathlib.Path | epath.Path, kind: str, expected: str):
     raise ValueError(f"{path}: not a readable {kind} ({e})") from None
 
 
-def _read_member(path, key: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
-  prediction_checks.check_inflation(path, key, info)
-  prediction_checks.member_header(path, key, archive, info)
-  with prediction_checks.reading(path, key), archive.open(info) as file:
-    value = np.lib.format.read_array(file, allow_pickle=False)
-    file.read()  # to the member's end, where zipfile compares the CRC-32
-  return value
-
-
-def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
+def _read_fields(path, archive: zipfile.ZipFile) -> dict[str, Any]:
   """The archive's arrays as ``Predictions`` keyword arguments (not yet checked)."""
   fields: dict[str, Any] = {"scores": {}}
-  for key, info in prediction_checks.archive_members(path, archive.zip).items():
-    value = _read_member(path, key, archive.zip, info)
+  for key, info in prediction_checks.archive_members(path, archive).items():
+    prediction_checks.check_inflation(path, key, info)
+    prediction_checks.member_header(path, key, archive, info)
+    with prediction_checks.reading(path, key), archive.open(info) as file:
+      value = np.lib.format.read_array(file, allow_pickle=False)
+      file.read()  # to the member's end, where zipfile compares the CRC-32
     with files.named(path):
       if key == "meta":
         fields["meta"] = prediction_checks.read_meta(value)
@@ -210,7 +205,7 @@ def load_predictions(path: epath.PathLike) -> Predictions:
   if not isinstance(archive, np.lib.npyio.NpzFile):
     raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
   with archive:
-    fields = _read_fields(path, archive)
+    fields = _read_fields(path, archive.zip)
   if "labels" not in fields:
     raise ValueError(f"{path}: labels: missing field (int [N] class labels)")
   with files.named(path):
