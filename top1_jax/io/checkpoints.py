@@ -222,7 +222,7 @@ def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> Train
     return _read(path, lambda args: checkpointer.restore(path, args=args), template)
 
 
-class RunCheckpoints:
+class RunCheckpoints(contextlib.AbstractContextManager):
   """The checkpoint of a training run's last finished epoch, by orbax's ``CheckpointManager``.
 
   Every process creates it with the same ``directory`` (local or a URL) and calls
@@ -333,9 +333,6 @@ class RunCheckpoints:
     finally:
       if self._failed:
         self._discard_unfinished()
-
-  def __enter__(self) -> "RunCheckpoints":
-    return self
 
   def __exit__(self, *exc_info) -> None:
     self.close()

@@ -4,6 +4,7 @@ Needs tensorboardX: ``pip install 'top1_jax[nn]'`` (imported only when used). Wr
 takes a local folder, ``gs://`` or ``s3://``; reading any ``etils.epath`` URL.
 """
 
+import contextlib
 import itertools
 import os
 import re
@@ -72,7 +73,7 @@ def _check_scalars(step, scalars) -> tuple[int, dict[str, float]]:
   return int(step), checked
 
 
-class MetricWriter:
+class MetricWriter(contextlib.AbstractContextManager):
   """Scalars per step to a TensorBoard event file and the absl log.
 
   Writes are synchronous, so ``flush()`` means on disk; the file is also flushed every
@@ -146,9 +147,6 @@ class MetricWriter:
     if self._events is not None and not self._closed:
       self._events.close()
     self._closed = True
-
-  def __enter__(self) -> "MetricWriter":
-    return self
 
   def __exit__(self, *exc_info) -> None:
     self.close()

@@ -82,16 +82,10 @@ class Predictions:
         raise ValueError(
           f"human_probs: expected K={num_classes} columns, got shape {human_probs.shape}"
         )
-    fields = {
-      "labels": labels,
-      "logits": logits,
-      "mean_probs": mean_probs,
-      "scores": scores,
-      "human_probs": human_probs,
-      "meta": prediction_checks.checked_meta(self.meta),
-    }
-    for key, value in fields.items():
-      object.__setattr__(self, key, value)
+    meta = prediction_checks.checked_meta(self.meta)
+    checked = (labels, logits, mean_probs, scores, human_probs, meta)  # in the fields' order
+    for field, value in zip(dataclasses.fields(self), checked, strict=True):
+      object.__setattr__(self, field.name, value)
 
   @property
   def num_examples(self) -> int:

@@ -175,7 +175,7 @@ def file_sha1(path: epath.PathLike) -> str:
   return digest.hexdigest()
 
 
-class PredictionsReader:
+class PredictionsReader(contextlib.AbstractContextManager):
   """An opened predictions file, read a chunk of examples at a time.
 
   Use as a context manager::
@@ -333,9 +333,8 @@ class PredictionsReader:
     A chunk refused by its checks (a NaN, say) is refused as corrupt instead when its
     member's CRC-32 does not match (read again to know).
     """
-    tracked = [k for k, m in self._members_by_name.items() if m.crc is not None and k != "labels"]
-    for key in tracked:
-      member = self._members_by_name[key]
+    tracked = {k: m for k, m in self._members_by_name.items() if m.crc and k != "labels"}
+    for member in tracked.values():
       member.crc.restart(member.outer)
     with concurrent.futures.ThreadPoolExecutor(1) as crc_thread:
       pending = None
@@ -357,9 +356,6 @@ class PredictionsReader:
   def close(self) -> None:
     self._opened.close()
     self._file = None
-
-  def __enter__(self) -> "PredictionsReader":
-    return self
 
   def __exit__(self, *exc) -> None:
     self.close()
