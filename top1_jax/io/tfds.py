@@ -94,8 +94,9 @@ def _tfds_builder(tfds, name: str, data_dir: epath.PathLike | None):
     ) from None
 
 
-def _build_blockers(builder) -> list[str]:
-  """Why TFDS cannot download and prepare this dataset here; [] if it can."""
+def _prepare(builder, what: str) -> None:
+  """Has TFDS download and prepare the dataset, once what that needs is checked: else one
+  ``DataUnavailableError`` says what is missing."""
   blockers = []
   if not tensorflow_available():
     blockers.append(f"TensorFlow is not installed (building needs it: {INSTALL_TENSORFLOW})")
@@ -109,10 +110,17 @@ def _build_blockers(builder) -> list[str]:
   elif not network_available():
     host, port = _proxy_address() or _NETWORK_PROBE
     blockers.append(f"the network is unreachable (no connection to {host}:{port})")
-  return blockers
-
-
-def _prepare(builder) -> None:
+  if blockers:
+    detail = (
+      f"no prepared TFDS dataset in {builder.data_path}, and it cannot be built"
+      f" here: {'; '.join(blockers)}"
+    )
+    raise DataUnavailableError(
+      f"{what}: {detail}. Fix: provide what is missing, or copy a prepared TFDS"
+      f" folder to {builder.data_path} (data_dir), or use the offline default"
+      f" fashion_mnist ({INSTALL_FASHION_MNIST})",
+      detail=detail,
+    )
   try:
     builder.download_and_prepare(file_format="array_record")
   except Exception as e:  # One line instead of a traceback from inside TFDS.
@@ -240,19 +248,7 @@ def load_tfds(
   builder = _tfds_builder(tfds, name, data_dir)
   what = f"{name} ({split})"
   if not builder.is_prepared():
-    blockers = _build_blockers(builder)
-    if blockers:
-      detail = (
-        f"no prepared TFDS dataset in {builder.data_path}, and it cannot be built"
-        f" here: {'; '.join(blockers)}"
-      )
-      raise DataUnavailableError(
-        f"{what}: {detail}. Fix: provide what is missing, or copy a prepared TFDS"
-        f" folder to {builder.data_path} (data_dir), or use the offline default"
-        f" fashion_mnist ({INSTALL_FASHION_MNIST})",
-        detail=detail,
-      )
-    _prepare(builder)
+    _prepare(builder, what)
   keys = _feature_keys(builder)
   label_feature = builder.info.features[keys[1]]
   num_classes = getattr(label_feature, "num_classes", None)
