@@ -270,8 +270,7 @@ def from_arrays(
     predictions = Predictions(**fields)
   except ValueError as e:  # name the array the user gave and its file, not the field stored
     message = re.sub(r"^(logits|mean_probs):", f"{given}:", str(e))
-    field = message.split(":", 1)[0]
-    where = paths.get(field, paths["labels"] if field == "length mismatch" else None)
+    where = paths.get(message.split(":", 1)[0])
     raise ValueError(message if where is None else f"{message} (in {where})") from None
   if probs is None:  # probabilities run as logits give other numbers, silently
     fix = f"pass them as probs (--config.input_kind=probs) (in {logits})"
