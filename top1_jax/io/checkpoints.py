@@ -130,8 +130,7 @@ def _shape_mismatch(path, saved: dict, wanted: dict) -> str:
 
 
 def _check_metadata(path, metadata: Any, template: TrainState) -> None:
-  """Metadata that is not a checkpoint's is damage; another format, architecture or
-  shapes, a mismatch."""
+  """Not a checkpoint's metadata: damage; another format, architecture or shapes: a mismatch."""
   fields = {"format": str, "architecture": dict, "shapes": dict, "crc32": (dict, type(None))}
   if not isinstance(metadata, dict) or any(
     not isinstance(metadata.get(k), kinds) for k, kinds in fields.items()

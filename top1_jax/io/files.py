@@ -191,8 +191,7 @@ def not_text(path: str) -> str | None:
 
 def disk_full(error: BaseException, root: str) -> str | None:
   """``"<root>: no space left on device (writing <file>)"`` when ``error`` is ENOSPC or
-  EDQUOT on a file under ``root`` (another disk's file, such as a cache, is left to its
-  own message), else None."""
+  EDQUOT on a file under ``root`` (not another disk's, such as a cache's), else None."""
   if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
     return None
   root, name = os.path.abspath(os.path.expanduser(root)), error.filename

@@ -44,8 +44,7 @@ _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error)
 
 @contextlib.contextmanager
 def _opened(path: pathlib.Path | epath.Path) -> Iterator[BinaryIO]:
-  """The file's bytes as a stream, gunzipped when it starts with the gzip magic; errors
-  name the file."""
+  """The file's bytes as a stream, gunzipped if it starts with the gzip magic; errors name it."""
   try:
     file = files.open_regular(path)
   except FileNotFoundError:

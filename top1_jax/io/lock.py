@@ -68,8 +68,7 @@ def _usable(workdir) -> None:
 
 
 def _take(path, owner: dict) -> bool:
-  """Creates the lock file naming ``owner``: False when one exists; a lock that cannot be
-  made is refused in one line."""
+  """Creates the lock file naming ``owner``: False when one exists; ValueError if it cannot."""
   local = isinstance(path, pathlib.Path)
   if local and path.is_dir():
     raise ValueError(

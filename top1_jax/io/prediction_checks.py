@@ -23,10 +23,9 @@ SCORE_PREFIX = "score_"
 """A stored score's field is ``score_<name>``."""
 _SCORE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_]+$")
 MAX_INFLATED_BYTES = 1 << 30
-"""``load_predictions`` refuses a zip-compressed member declared to inflate to more than
-this and to more than ``MAX_INFLATION`` times its compressed size (real logits shrink by
-less than 2x): a zip bomb would fill the memory. ``stream.PredictionsReader`` reads any
-member a block at a time."""
+"""``load_predictions`` refuses a zip-compressed member declared to inflate to more than this
+and ``MAX_INFLATION`` times its compressed size (real logits shrink by less than 2x): a zip
+bomb. ``stream.PredictionsReader`` reads any member a block at a time."""
 MAX_INFLATION = 20
 """The compression ratio above which a member over ``MAX_INFLATED_BYTES`` is refused."""
 READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)

@@ -43,9 +43,8 @@ _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local file header (3
 _READ_ERRORS = prediction_checks.READ_ERRORS
 
 IN_MEMORY_BYTES = 1 << 26
-"""A zip-compressed member of up to this many bytes (inflated) is read into memory; a
-larger one is inflated into a temporary file, so a compressed [S, N, K] array is
-never held whole in memory either."""
+"""A zip-compressed member of up to this many bytes (inflated) is read into memory; a larger
+one is inflated into a temporary file: a compressed [S, N, K] array is not held whole either."""
 _BLOCK = 1 << 24  # bytes per read of a sequential copy (download, inflation, hash)
 
 
