@@ -279,11 +279,8 @@ def check_inflation(path: Any, key: str, info: zipfile.ZipInfo) -> None:
   """Refuses a zip bomb: a compressed member over ``MAX_INFLATED_BYTES`` and
   ``MAX_INFLATION`` times its compressed size."""
   inflated, compressed = info.file_size, max(info.compress_size, 1)
-  if (
-    info.compress_type != zipfile.ZIP_STORED
-    and inflated > MAX_INFLATED_BYTES
-    and inflated > MAX_INFLATION * compressed
-  ):
+  stored = info.compress_type == zipfile.ZIP_STORED
+  if not stored and inflated > max(MAX_INFLATED_BYTES, MAX_INFLATION * compressed):
     raise ValueError(
       f"{path}: field {key!r}: {compressed} compressed bytes declare {inflated} inflated"
       f" (over {MAX_INFLATED_BYTES >> 20} MiB and {MAX_INFLATION}x: a zip bomb?); not read"

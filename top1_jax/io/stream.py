@@ -52,10 +52,9 @@ class _Member:
   """One array of the archive: read in example ranges from a file (the archive, or
   ``file``: a temporary one holding the inflated member), or held in memory."""
 
-  def __init__(self, shape, dtype, offset=None, array: np.ndarray | None = None, file=None):
+  def __init__(self, shape, dtype, offset=None, array=None, file=None, crc=None):
     self.shape, self.dtype, self.offset, self.array = tuple(shape), np.dtype(dtype), offset, array
-    self.file = file
-    self.crc: zip_crc.RunningCrc | None = None  # of a member read at ``offset``
+    self.file, self.crc = file, crc  # crc: a zip_crc.RunningCrc of a member read at ``offset``
     dims = self.shape if len(self.shape) == 3 else (1, *self.shape, 1)[:3]  # meta: 0-d
     self.outer, self.num, self.inner = dims[0], dims[1], self.shape[1 + (len(self.shape) == 3) :]
     self.row_bytes = int(np.prod(self.inner, dtype=np.int64)) * self.dtype.itemsize
@@ -140,10 +139,8 @@ def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
     return None
   start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
   file.seek(start)
-  header_crc = zlib.crc32(file.read(header_bytes))
-  member = _Member(shape, dtype, offset=start + header_bytes)
-  member.crc = zip_crc.RunningCrc(info.CRC, header_crc)
-  return member
+  crc = zip_crc.RunningCrc(info.CRC, zlib.crc32(file.read(header_bytes)))
+  return _Member(shape, dtype, offset=start + header_bytes, crc=crc)
 
 
 def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Member:

@@ -63,7 +63,13 @@ def network_available(
   return files.in_daemon_thread(probe, timeout, "top1_jax-network-probe")[0] is True
 
 
-def _import_tfds():
+def _one_line(text: str, limit: int = 300) -> str:
+  text = " ".join(str(text).split())
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _tfds_builder(name: str, data_dir: epath.PathLike | None):
+  """(tensorflow_datasets, the dataset's builder); a failure of either in one line."""
   try:
     # Imported here: it is slow to import and only the TFDS path needs it.
     import tensorflow_datasets as tfds
@@ -72,17 +78,8 @@ def _import_tfds():
       f"tensorflow_datasets cannot be imported ({e}); install the requirements:"
       " pip install -r requirements.txt"
     ) from None
-  return tfds
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-  text = " ".join(str(text).split())
-  return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _tfds_builder(tfds, name: str, data_dir: epath.PathLike | None):
   try:
-    return tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))
+    return tfds, tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))
   except tfds.core.DatasetNotFoundError:
     raise ValueError(
       f"name: unknown dataset {name!r} (not an IDX dataset, not a TFDS name, and"
@@ -244,8 +241,7 @@ def load_tfds(
     if len(image_size) != 2:
       raise ValueError(f"image_size: expected (height, width), got {image_size!r}")
     image_size = tuple(validation.positive_int("image_size", s) for s in image_size)
-  tfds = _import_tfds()
-  builder = _tfds_builder(tfds, name, data_dir)
+  tfds, builder = _tfds_builder(name, data_dir)
   what = f"{name} ({split})"
   if not builder.is_prepared():
     _prepare(builder, what)
