@@ -143,7 +143,7 @@ def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
   return _Member(shape, dtype, offset=start + header_bytes, crc=crc)
 
 
-def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Member:
+def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, header, spill) -> _Member:
   """A member read whole: into memory, or, when zip-compressed and larger than
   ``IN_MEMORY_BYTES``, inflated a block at a time into a temporary file that
   ``spill`` (an ``ExitStack``) closes, and read from there like a stored one."""
@@ -154,12 +154,11 @@ def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Me
       return _Member(value.shape, value.dtype, array=value)
     advice = ", or write the file with np.savez"
     file = _temporary_copy(data, info.file_size, spill, "inflating it", advice)
-  shape, fortran_order, dtype = prediction_checks.npy_header(file)
-  if fortran_order or dtype.hasobject or len(shape) not in (1, 2, 3):
-    file.seek(0)  # not readable by rows, so into memory after all
+  shape, fortran_order, dtype, header_bytes = header
+  if fortran_order or len(shape) not in (1, 2, 3):  # not readable by rows: into memory
     value = np.lib.format.read_array(file, allow_pickle=False)
     return _Member(value.shape, value.dtype, array=value)
-  return _Member(shape, dtype, offset=file.tell(), file=file)
+  return _Member(shape, dtype, offset=header_bytes, file=file)
 
 
 def file_sha1(path: epath.PathLike) -> str:
@@ -245,7 +244,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
         with prediction_checks.reading(self.path, key):
           member = None if key == "meta" else _stored_member(self._file, info, header)
           if member is None:
-            member = _whole_member(archive, info, self._opened)
+            member = _whole_member(archive, info, header, self._opened)
             read_whole.append(key)
         if key == "meta":
           with files.named(self.path):
