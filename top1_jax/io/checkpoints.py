@@ -258,10 +258,7 @@ class RunCheckpoints(contextlib.AbstractContextManager):
         return epoch, _read(path, lambda args: self._manager.restore(epoch, args=args), template)
       except DamagedCheckpointError as e:
         self._set_aside(e)
-    return self._latest_legacy(template)
-
-  def _latest_legacy(self, template: TrainState) -> tuple[int, TrainState]:
-    prefix = len(_LEGACY_PREFIX)
+    prefix = len(_LEGACY_PREFIX)  # no checkpoint of the manager's own: the older layout's
     epochs = [
       int(p.name[prefix:])
       for p in self.directory.glob(f"{_LEGACY_PREFIX}*")
