@@ -128,11 +128,9 @@ class MetricWriter(contextlib.AbstractContextManager):
     if self._events is None:
       return
     values = [self._summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in checked.items()]
-    self._events.write_event(
-      self._event_pb2.Event(
-        wall_time=time.time(), step=step, summary=self._summary_pb2.Summary(value=values)
-      )
-    )
+    summary = self._summary_pb2.Summary(value=values)
+    event = self._event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
+    self._events.write_event(event)
     if time.monotonic() - self._last_flush > FLUSH_SECONDS:
       self.flush()
 

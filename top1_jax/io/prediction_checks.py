@@ -43,24 +43,25 @@ _META_TYPES = {
 # where floats belong (labels saved as logits) is refused, not promoted.
 
 
-def _numpy(name: str, value: Any) -> np.ndarray:
+def _numpy(name: str, value: Any, ndim: tuple[int, ...], kind: type, what: str) -> np.ndarray:
+  """``value`` as an array of one of the ranks ``ndim`` and a dtype of ``kind`` (``what``)."""
   if value is None:
     raise ValueError(f"{name}: expected an array, got None")
   try:
-    return np.asarray(value)
+    array = np.asarray(value)
   except (TypeError, ValueError) as e:
     raise ValueError(f"{name}: cannot convert to an array ({e})") from None
+  if array.ndim not in ndim:
+    want = " or ".join(f"{d}-D" for d in ndim)
+    raise ValueError(f"{name}: expected a {want} array, got shape {array.shape}")
+  if not np.issubdtype(array.dtype, kind):
+    raise ValueError(f"{name}: expected {what} dtype, got {array.dtype}")
+  return array
 
 
 def float_field(name: str, value: Any, ndim: tuple[int, ...]) -> np.ndarray:
   """A finite float32 array of one of the ranks ``ndim``; errors name the field ``name``."""
-  array = _numpy(name, value)
-  if array.ndim not in ndim:
-    want = " or ".join(f"{d}-D" for d in ndim)
-    raise ValueError(f"{name}: expected a {want} array, got shape {array.shape}")
-  if not np.issubdtype(array.dtype, np.floating):
-    raise ValueError(f"{name}: expected a float dtype, got {array.dtype}")
-  array = array.astype(np.float32, copy=False)
+  array = _numpy(name, value, ndim, np.floating, "a float").astype(np.float32, copy=False)
   flat = array.reshape(-1)
   # In chunks: [S, N, K] logits can be gigabytes, and so would a full bool mask.
   chunk = 1 << 22
@@ -132,11 +133,7 @@ def checked_meta(meta: Any) -> dict:
 
 def labels_field(value: Any) -> np.ndarray:
   """[N] integer labels, N >= 1 (their range is checked once K is known)."""
-  labels = _numpy("labels", value)
-  if labels.ndim != 1:
-    raise ValueError(f"labels: expected a 1-D array, got shape {labels.shape}")
-  if not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(f"labels: expected an integer dtype, got {labels.dtype}")
+  labels = _numpy("labels", value, (1,), np.integer, "an integer")
   validation.check_nonempty("labels", labels)
   return labels
 
