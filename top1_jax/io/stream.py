@@ -15,8 +15,7 @@ summing to 1); the checks of the file as a whole (fields, shapes, N and K, meta)
 the reader opens, after those of the archive (``prediction_checks.archive_members``).
 
 Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; a member read at
-its offsets has its CRC-32 taken as its bytes are read, in order, and compared once the
-last example is read (``PredictionsReader.chunks``): a corrupt file is refused as
+its offsets, as ``PredictionsReader.chunks`` reads it: a corrupt file is refused as
 ``load_predictions`` refuses it, without the reader ever holding the file.
 """
 
