@@ -218,7 +218,8 @@ def load_tfds(
   limit: int | None = None,
   image_size: tuple[int, int] | None = None,
 ) -> DatasetSplit:
-  """Reads a TFDS dataset into memory, building it first only when possible.
+  """Reads a TFDS dataset into memory (its ``id`` feature, if any, as the split's ``ids``),
+  building it first only when possible.
 
   Prepared ArrayRecord data needs no TensorFlow, TFRecord data does. Unprepared data is
   built (as ArrayRecord) only with TensorFlow and the network (or, for ImageNet-style
@@ -231,9 +232,6 @@ def load_tfds(
     limit: keep the first ``limit`` examples (all when None).
     image_size: (height, width) to resize (shorter side) and centre-crop uint8
       images to; needed when images differ in size (ImageNet).
-
-  Returns:
-    A ``DatasetSplit``; ``ids`` holds the ``id`` feature when there is one.
   """
   if limit is not None:
     limit = validation.positive_int("limit", limit)
