@@ -1,2 +1,1 @@
-"""Files and datasets: the only part of the library that reads or writes files, with
-`top1_jax.plots`."""
+"""Files and datasets: with `top1_jax.plots`, the only part that reads or writes files."""

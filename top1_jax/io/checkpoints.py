@@ -73,25 +73,21 @@ def _arrays(state: TrainState) -> dict[str, Any]:
   return {key: getattr(state, key) for key in ("step", "params", "model_state", "opt_state")}
 
 
-def _crc32s(arrays) -> dict[str, list]:
-  """Each host array's [CRC-32 of its bytes, dtype], by its path in the tree."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
-  return {
-    jax.tree_util.keystr(path): [zlib.crc32(np.ascontiguousarray(leaf).data), leaf.dtype.str]
-    for path, leaf in flat
-  }
-
-
 def _save_args(state: TrainState) -> ocp.args.Composite:
   # Host copies: orbax writes NumPy arrays from process 0 only, so every process
   # may pass its own copy of a state (local, or replicated over all devices).
   arrays = jax.tree_util.tree_map(np.asarray, _arrays(state))
+  flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
   metadata = {
     "format": _FORMAT,
     "architecture": models.architecture(state.model),
     "dropout_rate": state.dropout_rate,
     "shapes": _shapes(state),
-    "crc32": _crc32s(arrays),  # a flipped byte in an array's data is found on restore
+    # [CRC-32, dtype] of each array, by its path: a flipped byte is found on restore
+    "crc32": {
+      jax.tree_util.keystr(path): [zlib.crc32(np.ascontiguousarray(leaf).data), leaf.dtype.str]
+      for path, leaf in flat
+    },
   }
   return ocp.args.Composite(
     state=ocp.args.StandardSave(arrays), metadata=ocp.args.JsonSave(metadata)
@@ -134,17 +130,14 @@ def _shape_mismatch(path, saved: dict, wanted: dict) -> str:
 
 
 def _check_metadata(path, metadata: Any, template: TrainState) -> None:
-  """Metadata that is not a checkpoint's is damage; another format, architecture or
-  shapes, a mismatch."""
+  """Not a checkpoint's metadata: damage; another format, architecture or shapes: a mismatch."""
   fields = {"format": str, "architecture": dict, "shapes": dict, "crc32": (dict, type(None))}
   if not isinstance(metadata, dict) or any(
     not isinstance(metadata.get(k), kinds) for k, kinds in fields.items()
   ):
     raise DamagedCheckpointError(path, "its metadata is not a top1_jax checkpoint's")
   if metadata["format"] != _FORMAT:
-    raise ValueError(
-      f"directory: {path} has format {metadata.get('format')!r}, expected {_FORMAT!r}"
-    )
+    raise ValueError(f"directory: {path} has format {metadata['format']!r}, expected {_FORMAT!r}")
   saved, wanted = metadata["architecture"], models.architecture(template.model)
   if saved != wanted:
     fields = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k))
@@ -193,11 +186,12 @@ def _check_arrays(path, arrays, crc32s: dict | None) -> None:
 
 
 def _read(path, restore, template: TrainState) -> TrainState:
-  """Checks the metadata, then reads the arrays in the structure of ``template``.
+  """Checks the files and the metadata, then reads the arrays in the structure of ``template``.
 
   ``restore(args)`` is orbax's restore. Files orbax cannot parse (a killed write, a disk
   error) raise bare ``Exception``s, turned here into one ``DamagedCheckpointError``.
   """
+  _check_files(path)
 
   def read(**args):
     try:
@@ -223,12 +217,11 @@ def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> Train
     ValueError: saved from another architecture or parameter shapes (ensemble size).
   """
   path = _local_path(directory)
-  _check_files(path)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
     return _read(path, lambda args: checkpointer.restore(path, args=args), template)
 
 
-class RunCheckpoints:
+class RunCheckpoints(contextlib.AbstractContextManager):
   """The checkpoint of a training run's last finished epoch, by orbax's ``CheckpointManager``.
 
   Every process creates it with the same ``directory`` (local or a URL) and calls
@@ -262,14 +255,10 @@ class RunCheckpoints:
     while (epoch := self._manager.latest_step()) is not None:
       path = self.directory / str(epoch)
       try:
-        _check_files(path)
         return epoch, _read(path, lambda args: self._manager.restore(epoch, args=args), template)
       except DamagedCheckpointError as e:
         self._set_aside(e)
-    return self._latest_legacy(template)
-
-  def _latest_legacy(self, template: TrainState) -> tuple[int, TrainState]:
-    prefix = len(_LEGACY_PREFIX)
+    prefix = len(_LEGACY_PREFIX)  # no checkpoint of the manager's own: the older layout's
     epochs = [
       int(p.name[prefix:])
       for p in self.directory.glob(f"{_LEGACY_PREFIX}*")
@@ -340,9 +329,6 @@ class RunCheckpoints:
     finally:
       if self._failed:
         self._discard_unfinished()
-
-  def __enter__(self) -> "RunCheckpoints":
-    return self
 
   def __exit__(self, *exc_info) -> None:
     self.close()

@@ -143,21 +143,16 @@ def load_dataset(
     ValueError: bad arguments or corrupt files.
   """
   dataset = _idx_dataset(name, split, source)
-  if dataset is None:
-    return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
-  directories, found = _find_idx(name, split, dataset, data_dir, fallback, source)
-  if found is not None:
-    return idx.load_idx(
-      *found,
-      num_classes=len(dataset.class_names),
-      name=name,
-      split=split,
-      limit=limit,
-      class_names=dataset.class_names,
-    )
+  if dataset is not None:
+    directories, found = _find_idx(name, split, dataset, data_dir, fallback, source)
+    if found is not None:
+      classes = {"num_classes": len(dataset.class_names), "class_names": dataset.class_names}
+      return idx.load_idx(*found, name=name, split=split, limit=limit, **classes)
   try:
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
   except DataUnavailableError as e:
+    if dataset is None:
+      raise
     raise _no_idx_error(name, split, dataset, directories, e) from None
 
 

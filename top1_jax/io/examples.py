@@ -38,11 +38,8 @@ class Example(NamedTuple):
 
 
 def load_example(name: str) -> Example:
-  """Loads the example data set ``name``, from any folder or an installed wheel.
-
-  Args:
-    name: ``"densenet-bc-100-cifar-100"`` (CIFAR-100, ``[10000, 100]``) or
-      ``"lenet-5-cifar-10"`` (CIFAR-10, ``[10000, 10]``).
+  """Loads the example data set ``name`` (a key of ``EXAMPLES``, whose value describes it),
+  from any folder or an installed wheel.
 
   Raises:
     ValueError: ``name`` is not one of ``EXAMPLES``.

@@ -75,9 +75,8 @@ def _refuse_unless_regular(path, mode: int) -> None:
 
 
 def open_regular(path: epath.PathLike) -> BinaryIO:
-  """``path`` open for binary reading, if it is a regular file (or a link to one).
-
-  A URL is opened as it is (an object store holds objects only).
+  """``path`` open for binary reading, if it is a regular file (or a link to one); a URL
+  is opened as it is (an object store holds objects only).
 
   Raises:
     FileNotFoundError: no such file.
@@ -191,8 +190,7 @@ def not_text(path: str) -> str | None:
 
 def disk_full(error: BaseException, root: str) -> str | None:
   """``"<root>: no space left on device (writing <file>)"`` when ``error`` is ENOSPC or
-  EDQUOT on a file under ``root`` (another disk's file, such as a cache, is left to its
-  own message), else None."""
+  EDQUOT on a file under ``root`` (not another disk's, such as a cache's), else None."""
   if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
     return None
   root, name = os.path.abspath(os.path.expanduser(root)), error.filename
@@ -227,12 +225,8 @@ def atomic_write(
   path: epath.PathLike, write: Callable[[BinaryIO], Any]
 ) -> pathlib.Path | epath.Path:
   """Calls ``write(file)`` once on a binary file that replaces ``path`` only when it
-  returns; on any failure (KeyboardInterrupt too) ``path`` is left as it was.
-
-  A local file is made world-readable and its directory created if needed.
-
-  Returns:
-    ``path`` as a ``pathlib.Path`` (local) or an ``epath.Path`` (URL).
+  returns; on any failure (KeyboardInterrupt too) ``path`` is left as it was. A local file
+  is made world-readable and its directory created if needed. Returns ``as_path(path)``.
 
   Raises:
     ValueError: ``path`` is a directory (checked before anything is written).

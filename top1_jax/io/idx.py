@@ -44,8 +44,7 @@ _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error)
 
 @contextlib.contextmanager
 def _opened(path: pathlib.Path | epath.Path) -> Iterator[BinaryIO]:
-  """The file's bytes as a stream, gunzipped when it starts with the gzip magic; errors
-  name the file."""
+  """The file's bytes as a stream, gunzipped if it starts with the gzip magic; errors name it."""
   try:
     file = files.open_regular(path)
   except FileNotFoundError:
@@ -133,11 +132,10 @@ def _read_idx(path: pathlib.Path | epath.Path, kind: tuple[int, str] | None = No
   return array.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
 
 
-def _read_header(path: pathlib.Path | epath.Path) -> tuple[int, tuple[int, ...]]:
-  """(magic, shape) from the first bytes of the file alone."""
+def _read_header(path: pathlib.Path | epath.Path) -> tuple[int, np.dtype, tuple[int, ...]]:
+  """``_header`` from the first bytes of the file alone."""
   with _opened(path) as stream:
-    magic, _, shape = _header(path, stream)
-  return magic, shape
+    return _header(path, stream)
 
 
 def read_idx_shape(path: epath.PathLike) -> tuple[int, ...]:
@@ -147,7 +145,7 @@ def read_idx_shape(path: epath.PathLike) -> tuple[int, ...]:
   Raises:
     ValueError: bad magic number or truncated header; the message names the file.
   """
-  return _read_header(files.as_path(path))[1]
+  return _read_header(files.as_path(path))[2]
 
 
 def read_idx(path: epath.PathLike) -> np.ndarray:
@@ -232,7 +230,7 @@ def count_idx_examples(images_path: epath.PathLike, labels_path: epath.PathLike)
   counts = []
   for path, kind in ((images_path, _IMAGES), (labels_path, _LABELS)):
     path = files.as_path(path)
-    found, shape = _read_header(path)
+    found, _, shape = _read_header(path)
     _check_magic(path, found, kind)
     counts.append(shape[0])
   _check_counts(images_path, labels_path, *counts)

@@ -52,16 +52,6 @@ def _alive(owner: dict) -> bool:
   return started is None or owner.get("start_time") in (None, started)
 
 
-def _owner() -> dict:
-  return {
-    "host": socket.gethostname(),
-    "pid": os.getpid(),
-    "start_time": _start_time(os.getpid()),
-    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    "command": " ".join(sys.argv),
-  }
-
-
 def _usable(workdir) -> None:
   """The work dir exists (created if missing) and is a directory: else one line naming it."""
   if isinstance(workdir, pathlib.Path):  # it, or the folder it would be made in
@@ -78,8 +68,7 @@ def _usable(workdir) -> None:
 
 
 def _take(path, owner: dict) -> bool:
-  """Creates the lock file naming ``owner``: False when one exists; a lock that cannot be
-  made is refused in one line."""
+  """Creates the lock file naming ``owner``: False when one exists; ValueError if it cannot."""
   local = isinstance(path, pathlib.Path)
   if local and path.is_dir():
     raise ValueError(
@@ -140,7 +129,13 @@ def hold(workdir, say=print, name: str = LOCK_NAME) -> Iterator[pathlib.Path]:
   workdir = workdir if hasattr(workdir, "exists") else pathlib.Path(workdir)
   _usable(workdir)
   path = workdir / name
-  owner = _owner()
+  owner = {
+    "host": socket.gethostname(),
+    "pid": os.getpid(),
+    "start_time": _start_time(os.getpid()),
+    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    "command": " ".join(sys.argv),
+  }
   while not _take(path, owner):
     held = _read_owner(path)  # {}: stale
     if held and _alive(held):

@@ -4,6 +4,7 @@ Needs tensorboardX: ``pip install 'top1_jax[nn]'`` (imported only when used). Wr
 takes a local folder, ``gs://`` or ``s3://``; reading any ``etils.epath`` URL.
 """
 
+import contextlib
 import itertools
 import os
 import re
@@ -72,7 +73,7 @@ def _check_scalars(step, scalars) -> tuple[int, dict[str, float]]:
   return int(step), checked
 
 
-class MetricWriter:
+class MetricWriter(contextlib.AbstractContextManager):
   """Scalars per step to a TensorBoard event file and the absl log.
 
   Writes are synchronous, so ``flush()`` means on disk; the file is also flushed every
@@ -127,11 +128,9 @@ class MetricWriter:
     if self._events is None:
       return
     values = [self._summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in checked.items()]
-    self._events.write_event(
-      self._event_pb2.Event(
-        wall_time=time.time(), step=step, summary=self._summary_pb2.Summary(value=values)
-      )
-    )
+    summary = self._summary_pb2.Summary(value=values)
+    event = self._event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
+    self._events.write_event(event)
     if time.monotonic() - self._last_flush > FLUSH_SECONDS:
       self.flush()
 
@@ -146,9 +145,6 @@ class MetricWriter:
     if self._events is not None and not self._closed:
       self._events.close()
     self._closed = True
-
-  def __enter__(self) -> "MetricWriter":
-    return self
 
   def __exit__(self, *exc_info) -> None:
     self.close()

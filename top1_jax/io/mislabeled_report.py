@@ -114,7 +114,6 @@ def load_inputs(
   ``limit_test`` examples (default: as many as it predicts).
 
   Args:
-    path: a predictions file.
     score: the score to bin (``file_score``).
     topk: the event, 1 <= topk <= K.
     n_bins: the bins to be fitted, at most N (checked before the images are read).

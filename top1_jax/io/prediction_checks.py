@@ -3,12 +3,13 @@ field in its error; and of its archive, before any array is read (each field sto
 once, each ``.npy`` header declaring the bytes it holds, no zip bomb).
 """
 
+import contextlib
 import json
 import math
 import re
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,10 +23,9 @@ SCORE_PREFIX = "score_"
 """A stored score's field is ``score_<name>``."""
 _SCORE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_]+$")
 MAX_INFLATED_BYTES = 1 << 30
-"""``load_predictions`` refuses a zip-compressed member declared to inflate to more than
-this and to more than ``MAX_INFLATION`` times its compressed size (real logits shrink by
-less than 2x): a zip bomb would fill the memory. ``stream.PredictionsReader`` reads any
-member a block at a time."""
+"""``load_predictions`` refuses a zip-compressed member declared to inflate to more than this
+and ``MAX_INFLATION`` times its compressed size (real logits shrink by less than 2x): a zip
+bomb. ``stream.PredictionsReader`` reads any member a block at a time."""
 MAX_INFLATION = 20
 """The compression ratio above which a member over ``MAX_INFLATED_BYTES`` is refused."""
 READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
@@ -43,24 +43,25 @@ _META_TYPES = {
 # where floats belong (labels saved as logits) is refused, not promoted.
 
 
-def _numpy(name: str, value: Any) -> np.ndarray:
+def _numpy(name: str, value: Any, ndim: tuple[int, ...], kind: type, what: str) -> np.ndarray:
+  """``value`` as an array of one of the ranks ``ndim`` and a dtype of ``kind`` (``what``)."""
   if value is None:
     raise ValueError(f"{name}: expected an array, got None")
   try:
-    return np.asarray(value)
+    array = np.asarray(value)
   except (TypeError, ValueError) as e:
     raise ValueError(f"{name}: cannot convert to an array ({e})") from None
+  if array.ndim not in ndim:
+    want = " or ".join(f"{d}-D" for d in ndim)
+    raise ValueError(f"{name}: expected a {want} array, got shape {array.shape}")
+  if not np.issubdtype(array.dtype, kind):
+    raise ValueError(f"{name}: expected {what} dtype, got {array.dtype}")
+  return array
 
 
 def float_field(name: str, value: Any, ndim: tuple[int, ...]) -> np.ndarray:
   """A finite float32 array of one of the ranks ``ndim``; errors name the field ``name``."""
-  array = _numpy(name, value)
-  if array.ndim not in ndim:
-    want = " or ".join(f"{d}-D" for d in ndim)
-    raise ValueError(f"{name}: expected a {want} array, got shape {array.shape}")
-  if not np.issubdtype(array.dtype, np.floating):
-    raise ValueError(f"{name}: expected a float dtype, got {array.dtype}")
-  array = array.astype(np.float32, copy=False)
+  array = _numpy(name, value, ndim, np.floating, "a float").astype(np.float32, copy=False)
   flat = array.reshape(-1)
   # In chunks: [S, N, K] logits can be gigabytes, and so would a full bool mask.
   chunk = 1 << 22
@@ -132,11 +133,7 @@ def checked_meta(meta: Any) -> dict:
 
 def labels_field(value: Any) -> np.ndarray:
   """[N] integer labels, N >= 1 (their range is checked once K is known)."""
-  labels = _numpy("labels", value)
-  if labels.ndim != 1:
-    raise ValueError(f"labels: expected a 1-D array, got shape {labels.shape}")
-  if not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(f"labels: expected an integer dtype, got {labels.dtype}")
+  labels = _numpy("labels", value, (1,), np.integer, "an integer")
   validation.check_nonempty("labels", labels)
   return labels
 
@@ -231,6 +228,15 @@ def archive_members(path: Any, archive: zipfile.ZipFile) -> dict[str, zipfile.Zi
   return {key: infos[0] for key, infos in members.items()}
 
 
+@contextlib.contextmanager
+def reading(path: Any, key: str) -> Iterator[None]:
+  """``READ_ERRORS`` of the block (a corrupt member) as one ValueError naming the field."""
+  try:
+    yield
+  except READ_ERRORS as e:
+    raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+
+
 def npy_header(file) -> tuple[tuple[int, ...], bool, np.dtype]:
   """(shape, Fortran order, dtype) of the ``.npy`` header at ``file``'s position, which it
   leaves at the data."""
@@ -247,12 +253,9 @@ def member_header(
 ) -> tuple[tuple[int, ...], bool, np.dtype, int]:
   """A member's ``.npy`` (shape, Fortran order, dtype, header bytes), checked to declare
   exactly the data bytes the member holds before anything is allocated, and no objects."""
-  try:
-    with archive.open(info) as file:
-      shape, fortran_order, dtype = npy_header(file)
-      header_bytes = file.tell()
-  except READ_ERRORS as e:
-    raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
+  with reading(path, key), archive.open(info) as file:
+    shape, fortran_order, dtype = npy_header(file)
+    header_bytes = file.tell()
   if dtype.hasobject:
     raise ValueError(
       f"{path}: field {key!r} cannot be read: it holds Python objects ({dtype}), and a"
@@ -273,11 +276,8 @@ def check_inflation(path: Any, key: str, info: zipfile.ZipInfo) -> None:
   """Refuses a zip bomb: a compressed member over ``MAX_INFLATED_BYTES`` and
   ``MAX_INFLATION`` times its compressed size."""
   inflated, compressed = info.file_size, max(info.compress_size, 1)
-  if (
-    info.compress_type != zipfile.ZIP_STORED
-    and inflated > MAX_INFLATED_BYTES
-    and inflated > MAX_INFLATION * compressed
-  ):
+  stored = info.compress_type == zipfile.ZIP_STORED
+  if not stored and inflated > max(MAX_INFLATED_BYTES, MAX_INFLATION * compressed):
     raise ValueError(
       f"{path}: field {key!r}: {compressed} compressed bytes declare {inflated} inflated"
       f" (over {MAX_INFLATED_BYTES >> 20} MiB and {MAX_INFLATION}x: a zip bomb?); not read"

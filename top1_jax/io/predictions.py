@@ -18,7 +18,7 @@ from etils import epath
 
 from top1_jax.core import scores, validation
 from top1_jax.io import files, prediction_checks
-from top1_jax.io.prediction_checks import read_meta
+from top1_jax.io.prediction_checks import ARRAY_FIELDS, SCORE_PREFIX, read_meta
 from top1_jax.version import __version__
 
 
@@ -63,12 +63,12 @@ class Predictions:
       num_classes = logits.shape[2]
     if self.mean_probs is not None:
       mean_probs = prediction_checks.probs_field("mean_probs", self.mean_probs, num_examples)
-      if num_classes is not None and mean_probs.shape[1] != num_classes:
-        raise ValueError(
-          f"mean_probs: expected K={num_classes} (from logits) columns, got shape"
-          f" {mean_probs.shape}"
-        )
       if logits is not None:
+        if mean_probs.shape[1] != num_classes:
+          raise ValueError(
+            f"mean_probs: expected K={num_classes} (from logits) columns, got shape"
+            f" {mean_probs.shape}"
+          )
         prediction_checks.check_agreement(logits, mean_probs)
       num_classes = mean_probs.shape[1]
     if num_classes < 2:
@@ -82,16 +82,10 @@ class Predictions:
         raise ValueError(
           f"human_probs: expected K={num_classes} columns, got shape {human_probs.shape}"
         )
-    fields = {
-      "labels": labels,
-      "logits": logits,
-      "mean_probs": mean_probs,
-      "scores": scores,
-      "human_probs": human_probs,
-      "meta": prediction_checks.checked_meta(self.meta),
-    }
-    for key, value in fields.items():
-      object.__setattr__(self, key, value)
+    meta = prediction_checks.checked_meta(self.meta)
+    checked = (labels, logits, mean_probs, scores, human_probs, meta)  # in the fields' order
+    for field, value in zip(dataclasses.fields(self), checked, strict=True):
+      object.__setattr__(self, field.name, value)
 
   @property
   def num_examples(self) -> int:
@@ -128,11 +122,8 @@ def save_predictions(
     validation.refuse_probabilities("logits", predictions.logits, fix)
   meta = {"version": __version__, **predictions.meta}
   arrays = {"labels": predictions.labels, "meta": np.asarray(prediction_checks.meta_json(meta))}
-  for key in ("logits", "mean_probs", "human_probs"):
-    if getattr(predictions, key) is not None:
-      arrays[key] = getattr(predictions, key)
-  for score_name, score in predictions.scores.items():
-    arrays[f"{prediction_checks.SCORE_PREFIX}{score_name}"] = score
+  arrays |= {k: v for k in ARRAY_FIELDS[1:] if (v := getattr(predictions, k)) is not None}
+  arrays |= {f"{SCORE_PREFIX}{name}": score for name, score in predictions.scores.items()}
   save = np.savez_compressed if compress else np.savez
   return files.atomic_write(path, lambda file: save(file, **arrays))
 
@@ -170,28 +161,20 @@ def _np_load(path: pathlib.Path | epath.Path, kind: str, expected: str):
     raise ValueError(f"{path}: not a readable {kind} ({e})") from None
 
 
-def _read_member(path, key: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
-  prediction_checks.check_inflation(path, key, info)
-  prediction_checks.member_header(path, key, archive, info)
-  try:
-    with archive.open(info) as file:
-      value = np.lib.format.read_array(file, allow_pickle=False)
-      file.read()  # to the member's end, where zipfile compares the CRC-32
-  except prediction_checks.READ_ERRORS as e:
-    raise ValueError(f"{path}: field {key!r} cannot be read ({e})") from None
-  return value
-
-
-def _read_fields(path, archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
+def _read_fields(path, archive: zipfile.ZipFile) -> dict[str, Any]:
   """The archive's arrays as ``Predictions`` keyword arguments (not yet checked)."""
   fields: dict[str, Any] = {"scores": {}}
-  for key, info in prediction_checks.archive_members(path, archive.zip).items():
-    value = _read_member(path, key, archive.zip, info)
+  for key, info in prediction_checks.archive_members(path, archive).items():
+    prediction_checks.check_inflation(path, key, info)
+    prediction_checks.member_header(path, key, archive, info)
+    with prediction_checks.reading(path, key), archive.open(info) as file:
+      value = np.lib.format.read_array(file, allow_pickle=False)
+      file.read()  # to the member's end, where zipfile compares the CRC-32
     with files.named(path):
       if key == "meta":
         fields["meta"] = prediction_checks.read_meta(value)
-      elif key.startswith(prediction_checks.SCORE_PREFIX):
-        fields["scores"][key[len(prediction_checks.SCORE_PREFIX) :]] = value
+      elif key.startswith(SCORE_PREFIX):
+        fields["scores"][key.removeprefix(SCORE_PREFIX)] = value
       else:
         prediction_checks.check_field_name(key)
         fields[key] = value
@@ -216,7 +199,7 @@ def load_predictions(path: epath.PathLike) -> Predictions:
   if not isinstance(archive, np.lib.npyio.NpzFile):
     raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
   with archive:
-    fields = _read_fields(path, archive)
+    fields = _read_fields(path, archive.zip)
   if "labels" not in fields:
     raise ValueError(f"{path}: labels: missing field (int [N] class labels)")
   with files.named(path):
@@ -287,8 +270,7 @@ def from_arrays(
     predictions = Predictions(**fields)
   except ValueError as e:  # name the array the user gave and its file, not the field stored
     message = re.sub(r"^(logits|mean_probs):", f"{given}:", str(e))
-    field = message.split(":", 1)[0]
-    where = paths.get(field, paths["labels"] if field == "length mismatch" else None)
+    where = paths.get(message.split(":", 1)[0])
     raise ValueError(message if where is None else f"{message} (in {where})") from None
   if probs is None:  # probabilities run as logits give other numbers, silently
     fix = f"pass them as probs (--config.input_kind=probs) (in {logits})"

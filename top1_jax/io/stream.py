@@ -15,8 +15,7 @@ summing to 1); the checks of the file as a whole (fields, shapes, N and K, meta)
 the reader opens, after those of the archive (``prediction_checks.archive_members``).
 
 Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; a member read at
-its offsets has its CRC-32 taken as its bytes are read, in order, and compared once the
-last example is read (``PredictionsReader.chunks``): a corrupt file is refused as
+its offsets, as ``PredictionsReader.chunks`` reads it: a corrupt file is refused as
 ``load_predictions`` refuses it, without the reader ever holding the file.
 """
 
@@ -43,9 +42,8 @@ _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local file header (3
 _READ_ERRORS = prediction_checks.READ_ERRORS
 
 IN_MEMORY_BYTES = 1 << 26
-"""A zip-compressed member of up to this many bytes (inflated) is read into memory; a
-larger one is inflated into a temporary file, so a compressed [S, N, K] array is
-never held whole in memory either."""
+"""A zip-compressed member of up to this many bytes (inflated) is read into memory; a larger
+one is inflated into a temporary file: a compressed [S, N, K] array is not held whole either."""
 _BLOCK = 1 << 24  # bytes per read of a sequential copy (download, inflation, hash)
 
 
@@ -53,10 +51,9 @@ class _Member:
   """One array of the archive: read in example ranges from a file (the archive, or
   ``file``: a temporary one holding the inflated member), or held in memory."""
 
-  def __init__(self, shape, dtype, offset=None, array: np.ndarray | None = None, file=None):
+  def __init__(self, shape, dtype, offset=None, array=None, file=None, crc=None):
     self.shape, self.dtype, self.offset, self.array = tuple(shape), np.dtype(dtype), offset, array
-    self.file = file
-    self.crc: zip_crc.RunningCrc | None = None  # of a member read at ``offset``
+    self.file, self.crc = file, crc  # crc: a zip_crc.RunningCrc of a member read at ``offset``
     dims = self.shape if len(self.shape) == 3 else (1, *self.shape, 1)[:3]  # meta: 0-d
     self.outer, self.num, self.inner = dims[0], dims[1], self.shape[1 + (len(self.shape) == 3) :]
     self.row_bytes = int(np.prod(self.inner, dtype=np.int64)) * self.dtype.itemsize
@@ -141,13 +138,11 @@ def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
     return None
   start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
   file.seek(start)
-  header_crc = zlib.crc32(file.read(header_bytes))
-  member = _Member(shape, dtype, offset=start + header_bytes)
-  member.crc = zip_crc.RunningCrc(info.CRC, header_crc)
-  return member
+  crc = zip_crc.RunningCrc(info.CRC, zlib.crc32(file.read(header_bytes)))
+  return _Member(shape, dtype, offset=start + header_bytes, crc=crc)
 
 
-def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Member:
+def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, header, spill) -> _Member:
   """A member read whole: into memory, or, when zip-compressed and larger than
   ``IN_MEMORY_BYTES``, inflated a block at a time into a temporary file that
   ``spill`` (an ``ExitStack``) closes, and read from there like a stored one."""
@@ -158,12 +153,11 @@ def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, spill) -> _Me
       return _Member(value.shape, value.dtype, array=value)
     advice = ", or write the file with np.savez"
     file = _temporary_copy(data, info.file_size, spill, "inflating it", advice)
-  shape, fortran_order, dtype = prediction_checks.npy_header(file)
-  if fortran_order or dtype.hasobject or len(shape) not in (1, 2, 3):
-    file.seek(0)  # not readable by rows, so into memory after all
+  shape, fortran_order, dtype, header_bytes = header
+  if fortran_order or len(shape) not in (1, 2, 3):  # not readable by rows: into memory
     value = np.lib.format.read_array(file, allow_pickle=False)
     return _Member(value.shape, value.dtype, array=value)
-  return _Member(shape, dtype, offset=file.tell(), file=file)
+  return _Member(shape, dtype, offset=header_bytes, file=file)
 
 
 def file_sha1(path: epath.PathLike) -> str:
@@ -175,7 +169,7 @@ def file_sha1(path: epath.PathLike) -> str:
   return digest.hexdigest()
 
 
-class PredictionsReader:
+class PredictionsReader(contextlib.AbstractContextManager):
   """An opened predictions file, read a chunk of examples at a time.
 
   Use as a context manager::
@@ -208,7 +202,8 @@ class PredictionsReader:
         self._file = regular.raw  # unbuffered: reads go where the byte ranges are
       else:
         self._file = self._downloaded()
-      self._open()
+      self._members()
+      self._check_fields()
     except BaseException:
       self.close()
       raise
@@ -232,35 +227,24 @@ class PredictionsReader:
       self._sha1 = file_sha1(self.path)
     return self._sha1
 
-  def _open(self) -> None:
-    members = self._members()
-    if members is None:
-      # Not a zip archive: a full load, checked as a whole (its error names the problem).
-      predictions = predictions_lib.load_predictions(self.path)
-      members = {k: getattr(predictions, k) for k in prediction_checks.ARRAY_FIELDS}
-      members |= {f"{SCORE_PREFIX}{k}": v for k, v in predictions.scores.items()}
-      members = {k: _Member(v.shape, v.dtype, array=v) for k, v in members.items() if v is not None}
-      self.meta, self._members_by_name = dict(predictions.meta), members
-      self.read_whole = tuple(k for k in members if k != "labels")
-    self._check_fields()
-
-  def _members(self) -> dict[str, _Member] | None:
-    """Each member's location (or its array, read whole); None when not a zip archive."""
+  def _members(self) -> None:
+    """Each member's location (or its array, read whole)."""
     try:
       archive = zipfile.ZipFile(self._file)
     except (zipfile.BadZipFile, OSError, ValueError):
-      return None  # load_predictions says what the file is instead
+      archive = None
+    if archive is None:  # np.load fails too: load_predictions says what the file is instead
+      predictions_lib.load_predictions(self.path)
+      raise ValueError(f"{self.path}: not a zip archive")
     members, read_whole, self.meta = {}, [], {}
     with archive:
       for key, info in prediction_checks.archive_members(self.path, archive).items():
         header = prediction_checks.member_header(self.path, key, archive, info)
-        try:
+        with prediction_checks.reading(self.path, key):
           member = None if key == "meta" else _stored_member(self._file, info, header)
           if member is None:
-            member = _whole_member(archive, info, self._opened)
+            member = _whole_member(archive, info, header, self._opened)
             read_whole.append(key)
-        except _READ_ERRORS as e:
-          raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
         if key == "meta":
           with files.named(self.path):
             self.meta = prediction_checks.read_meta(member.array)
@@ -268,7 +252,6 @@ class PredictionsReader:
         members[key] = member
     self._members_by_name = members
     self.read_whole = tuple(k for k in read_whole if k not in ("labels", "meta"))
-    return members
 
   def _check_fields(self) -> None:
     """The file as a whole: known fields, labels, and N and K agreeing across fields."""
@@ -281,13 +264,12 @@ class PredictionsReader:
     labels, queued = members["labels"], []
     if labels.crc is not None:  # read whole now, so its CRC-32 is checked now
       labels.crc.restart(labels.outer)
-    labels = self._rows("labels", labels, 0, labels.num, queued)
+    with prediction_checks.reading(self.path, "labels"):
+      labels = labels.rows(self._file, 0, labels.num, queued)
     zip_crc.update(queued)
     self._check_crc(["labels"])
-    if labels.ndim != 1 or labels.shape[0] == 0 or labels.dtype.kind not in "iu":
-      # Predictions checks the labels before any other field: its message names the problem.
-      with files.named(self.path):
-        predictions_lib.Predictions(labels=labels, mean_probs=np.full((1, 2), 0.5, np.float32))
+    with files.named(self.path):  # before any other field, as Predictions does
+      prediction_checks.labels_field(labels)
     num = labels.shape[0]
     for key, member in members.items():
       axis = 1 if len(member.shape) == 3 else 0
@@ -320,13 +302,6 @@ class PredictionsReader:
           f"{self.path}: field {key!r}: {problem}; the file is corrupt: copy or write it again"
         )
 
-  def _rows(self, key: str, member: _Member, start: int, stop: int, queue: list | None):
-    """``member.rows``; an error names the file and the field."""
-    try:
-      return member.rows(self._file, start, stop, queue)
-    except _READ_ERRORS as e:
-      raise ValueError(f"{self.path}: field {key!r} cannot be read ({e})") from None
-
   def _chunk(
     self, start: int, stop: int, where: str | None = None, queue: list | None = None
   ) -> predictions_lib.Predictions:
@@ -334,7 +309,8 @@ class PredictionsReader:
     for key, member in self._members_by_name.items():
       if key != "labels":
         into = arrays["scores"] if key.startswith(SCORE_PREFIX) else arrays
-        into[key.removeprefix(SCORE_PREFIX)] = self._rows(key, member, start, stop, queue)
+        with prediction_checks.reading(self.path, key):
+          into[key.removeprefix(SCORE_PREFIX)] = member.rows(self._file, start, stop, queue)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
     with files.named(self.path, where):
@@ -351,9 +327,8 @@ class PredictionsReader:
     A chunk refused by its checks (a NaN, say) is refused as corrupt instead when its
     member's CRC-32 does not match (read again to know).
     """
-    tracked = [k for k, m in self._members_by_name.items() if m.crc is not None and k != "labels"]
-    for key in tracked:
-      member = self._members_by_name[key]
+    tracked = {k: m for k, m in self._members_by_name.items() if m.crc and k != "labels"}
+    for member in tracked.values():
       member.crc.restart(member.outer)
     with concurrent.futures.ThreadPoolExecutor(1) as crc_thread:
       pending = None
@@ -375,9 +350,6 @@ class PredictionsReader:
   def close(self) -> None:
     self._opened.close()
     self._file = None
-
-  def __enter__(self) -> "PredictionsReader":
-    return self
 
   def __exit__(self, *exc) -> None:
     self.close()

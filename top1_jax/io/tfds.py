@@ -63,7 +63,13 @@ def network_available(
   return files.in_daemon_thread(probe, timeout, "top1_jax-network-probe")[0] is True
 
 
-def _import_tfds():
+def _one_line(text: str, limit: int = 300) -> str:
+  text = " ".join(str(text).split())
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _tfds_builder(name: str, data_dir: epath.PathLike | None):
+  """(tensorflow_datasets, the dataset's builder); a failure of either in one line."""
   try:
     # Imported here: it is slow to import and only the TFDS path needs it.
     import tensorflow_datasets as tfds
@@ -72,17 +78,8 @@ def _import_tfds():
       f"tensorflow_datasets cannot be imported ({e}); install the requirements:"
       " pip install -r requirements.txt"
     ) from None
-  return tfds
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-  text = " ".join(str(text).split())
-  return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _tfds_builder(tfds, name: str, data_dir: epath.PathLike | None):
   try:
-    return tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))
+    return tfds, tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))
   except tfds.core.DatasetNotFoundError:
     raise ValueError(
       f"name: unknown dataset {name!r} (not an IDX dataset, not a TFDS name, and"
@@ -94,8 +91,9 @@ def _tfds_builder(tfds, name: str, data_dir: epath.PathLike | None):
     ) from None
 
 
-def _build_blockers(builder) -> list[str]:
-  """Why TFDS cannot download and prepare this dataset here; [] if it can."""
+def _prepare(builder, what: str) -> None:
+  """Has TFDS download and prepare the dataset, once what that needs is checked: else one
+  ``DataUnavailableError`` says what is missing."""
   blockers = []
   if not tensorflow_available():
     blockers.append(f"TensorFlow is not installed (building needs it: {INSTALL_TENSORFLOW})")
@@ -109,10 +107,17 @@ def _build_blockers(builder) -> list[str]:
   elif not network_available():
     host, port = _proxy_address() or _NETWORK_PROBE
     blockers.append(f"the network is unreachable (no connection to {host}:{port})")
-  return blockers
-
-
-def _prepare(builder) -> None:
+  if blockers:
+    detail = (
+      f"no prepared TFDS dataset in {builder.data_path}, and it cannot be built"
+      f" here: {'; '.join(blockers)}"
+    )
+    raise DataUnavailableError(
+      f"{what}: {detail}. Fix: provide what is missing, or copy a prepared TFDS"
+      f" folder to {builder.data_path} (data_dir), or use the offline default"
+      f" fashion_mnist ({INSTALL_FASHION_MNIST})",
+      detail=detail,
+    )
   try:
     builder.download_and_prepare(file_format="array_record")
   except Exception as e:  # One line instead of a traceback from inside TFDS.
@@ -213,7 +218,8 @@ def load_tfds(
   limit: int | None = None,
   image_size: tuple[int, int] | None = None,
 ) -> DatasetSplit:
-  """Reads a TFDS dataset into memory, building it first only when possible.
+  """Reads a TFDS dataset into memory (its ``id`` feature, if any, as the split's ``ids``),
+  building it first only when possible.
 
   Prepared ArrayRecord data needs no TensorFlow, TFRecord data does. Unprepared data is
   built (as ArrayRecord) only with TensorFlow and the network (or, for ImageNet-style
@@ -226,9 +232,6 @@ def load_tfds(
     limit: keep the first ``limit`` examples (all when None).
     image_size: (height, width) to resize (shorter side) and centre-crop uint8
       images to; needed when images differ in size (ImageNet).
-
-  Returns:
-    A ``DatasetSplit``; ``ids`` holds the ``id`` feature when there is one.
   """
   if limit is not None:
     limit = validation.positive_int("limit", limit)
@@ -236,23 +239,10 @@ def load_tfds(
     if len(image_size) != 2:
       raise ValueError(f"image_size: expected (height, width), got {image_size!r}")
     image_size = tuple(validation.positive_int("image_size", s) for s in image_size)
-  tfds = _import_tfds()
-  builder = _tfds_builder(tfds, name, data_dir)
+  tfds, builder = _tfds_builder(name, data_dir)
   what = f"{name} ({split})"
   if not builder.is_prepared():
-    blockers = _build_blockers(builder)
-    if blockers:
-      detail = (
-        f"no prepared TFDS dataset in {builder.data_path}, and it cannot be built"
-        f" here: {'; '.join(blockers)}"
-      )
-      raise DataUnavailableError(
-        f"{what}: {detail}. Fix: provide what is missing, or copy a prepared TFDS"
-        f" folder to {builder.data_path} (data_dir), or use the offline default"
-        f" fashion_mnist ({INSTALL_FASHION_MNIST})",
-        detail=detail,
-      )
-    _prepare(builder)
+    _prepare(builder, what)
   keys = _feature_keys(builder)
   label_feature = builder.info.features[keys[1]]
   num_classes = getattr(label_feature, "num_classes", None)
