@@ -106,8 +106,10 @@ def _draw_intervals(
   return lower, upper
 
 
-def _draw_bins(ax: Axes, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event):
-  """``bin_figure``'s drawing into ``ax``, of checked arguments; returns the ``_Layout``."""
+def _draw_bins(
+  ax: Axes, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event, title
+):
+  """``bin_figure``'s drawing into ``ax``, of checked arguments."""
   layout = _layout(train_bins, order)
   baseline = accuracy
   if accuracy is None:
@@ -156,7 +158,9 @@ def _draw_bins(ax: Axes, train_bins, test_bins, accuracy, delta, bounds, order, 
   ax.grid(axis="y", alpha=0.3)
   ax.set_axisbelow(True)
   _legend_below(ax)
-  return layout
+  title = "Calibrated {event} bins ({bins})" if title is None else title
+  bins = metrics_lib.bins_phrase(train_bins.n_bins, layout.index.size, "equal-mass")
+  ax.set_title(title.replace("{event}", event).replace("{bins}", bins))
 
 
 def _legend_below(ax: Axes, columns: int = 2) -> None:
@@ -215,10 +219,7 @@ def bin_figure(
   _check_pair(train_bins, test_bins)
   accuracy, delta = _check_options(accuracy, delta, bounds, order)
   ax = figures.new_figure((9.0, 5.0)).add_subplot() if ax is None else ax
-  layout = _draw_bins(ax, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event)
-  title = "Calibrated {event} bins ({bins})" if title is None else title
-  bins = metrics_lib.bins_phrase(train_bins.n_bins, layout.index.size, "equal-mass")
-  ax.set_title(title.replace("{event}", event).replace("{bins}", bins))
+  _draw_bins(ax, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event, title)
   return ax.get_figure(root=True)
 
 
@@ -251,12 +252,11 @@ def refinement_figure(
         f"{name}: expected a (train_bins, test_bins) pair, got {type(pair).__name__}"
       )
     _check_pair(*pair, name=name)
-  _check_options(accuracy, delta, bounds)
+  accuracy, delta = _check_options(accuracy, delta, bounds)
   fig = figures.new_figure((figures.PAGE_WIDTH, 5.2))
   axes = fig.subplots(1, 2, sharey=True)
-  options = {"accuracy": accuracy, "delta": delta, "bounds": bounds, "event": event}
-  for ax, (train_bins, test_bins) in zip(axes, pairs.values(), strict=True):
-    bin_figure(train_bins, test_bins, **options, order="prob", title="{bins}", ax=ax)
+  for ax, (train, test) in zip(axes, pairs.values(), strict=True):
+    _draw_bins(ax, train, test, accuracy, delta, bounds, "prob", True, event, "{bins}")
   if overlay:
     layout = _layout(coarse[0], "prob")
     prob = np.asarray(coarse[0].prob, np.float64)[layout.index]
