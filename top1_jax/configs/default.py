@@ -109,7 +109,7 @@ HELP = {
   "shift_inputs": "With inputs (the clean files): predictions files of the same examples "
   "shifted, paths or globs, each meta naming its shift and severity (or ood: true)",
 }
-"""Every field's meaning: ``--help`` lists them (``top1_jax.configs.describe``)."""
+"""Every field's meaning: ``--help`` lists them (``top1_jax.launch.usage.describe``)."""
 
 
 def get_config() -> ml_collections.ConfigDict:

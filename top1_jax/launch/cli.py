@@ -24,47 +24,34 @@ RECORDED = ("reproduce", "evaluate", "shift")
 """The stages that record their command line (config.json)."""
 
 
-def stage_main(name: str, module):
-  """The main of a stage: no positional arguments, the settings parsed once, one call."""
+def _launch(name: str) -> None:
+  if name not in STAGES:
+    with runner.requiring(name):
+      module = importlib.import_module(f"top1_jax.launch.{name}")
+    runner.run(module.main)
+    return
   from top1_jax.launch import config_flag
 
-  def main(argv):
+  module_name, config = STAGES[name]
+  config_flag.define(config)
+  with runner.requiring(name):
+    module = importlib.import_module(f"top1_jax.pipeline.{module_name}")
+
+  def main(argv):  # no positional arguments, the settings parsed once, one call
     runner.no_arguments(argv)
     args = (config_flag.settings(), runner.workdir(), runner.tasks())
     if name in RECORDED:
       args += (runner.command(),)
     module.run(*args)
 
-  return main
-
-
-def default_workdir(name: str):
-  """runs/<config> for reproduce; for shift, the work dir of the networks it reuses
-  (runs/cifar10 for --config=shift:cifar10)."""
-  from top1_jax.launch import config_flag
-
-  if name == "reproduce":
-    return lambda: f"runs/{config_flag.config_name()}"
-  if name == "shift":
-    return lambda: f"runs/{config_flag.config_argument() or 'default'}"
-  return None
-
-
-def _launch(name: str) -> None:
-  if name in STAGES:
-    from top1_jax.launch import config_flag
-
-    module_name, config = STAGES[name]
-    config_flag.define(config)
-    with runner.requiring(name):
-      module = importlib.import_module(f"top1_jax.pipeline.{module_name}")
-    main = stage_main(name, module)
-    per_core = name == "evaluate"
-    runner.run(main, default_workdir(name), cpu_device_per_core=per_core, doc=module.__doc__)
-    return
-  with runner.requiring(name):
-    module = importlib.import_module(f"top1_jax.launch.{name}")
-  runner.run(module.main)
+  # Without --workdir: runs/<config> for reproduce; for shift, the work dir of the networks
+  # it reuses (runs/cifar10 for --config=shift:cifar10).
+  default_workdir = {
+    "reproduce": lambda: f"runs/{config_flag.config_name()}",
+    "shift": lambda: f"runs/{config_flag.config_argument() or 'default'}",
+  }.get(name)
+  per_core = name == "evaluate"
+  runner.run(main, default_workdir, cpu_device_per_core=per_core, doc=module.__doc__)
 
 
 # One callable per console script (pyproject.toml's [project.scripts] name them).

@@ -211,12 +211,6 @@ def _ours_or_warning(record) -> bool:
   return ours or record.levelno >= logging.converter.STANDARD_WARNING
 
 
-def _unraisable_but_closed_loops(previous):
-  # A failed checkpoint save leaves tensorstore callbacks for an asyncio loop that orbax
-  # has closed, each a "RuntimeError: Event loop is closed" traceback. Others are shown.
-  return lambda unraisable: "loop is closed" in str(unraisable.exc_value) or previous(unraisable)
-
-
 def _quiet_others(verbosity: int) -> None:
   """At the default verbosity, only this project's progress and everyone's warnings: JAX's
   and orbax's INFO lines drown the progress (``-v 1`` shows them)."""
@@ -225,7 +219,10 @@ def _quiet_others(verbosity: int) -> None:
   if verbosity < 1 and not os.environ.get("TOP1_DEBUG"):
     python_logging.getLogger("jax").setLevel(python_logging.WARNING)
     logging.get_absl_handler().addFilter(_ours_or_warning)
-    sys.unraisablehook = _unraisable_but_closed_loops(sys.unraisablehook)
+    # A failed checkpoint save leaves tensorstore callbacks for an asyncio loop that orbax
+    # has closed, each a "RuntimeError: Event loop is closed" traceback. Others are shown.
+    shown = sys.unraisablehook
+    sys.unraisablehook = lambda error: "loop is closed" in str(error.exc_value) or shown(error)
 
 
 _CACHE = os.path.expanduser(os.path.join("~", ".cache", "top1_jax", "xla"))

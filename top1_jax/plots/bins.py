@@ -45,21 +45,14 @@ def _check_pair(train_bins, test_bins, name: str = "") -> None:
     raise ValueError(f"{test_name}: bin edges differ from {train_name}'s {refit}")
 
 
-def _check_probability(name: str, value, interval: str) -> float:
-  """``value`` as a float inside ``interval``: "[0, 1]" or "(0, 1)"."""
-  try:
-    value = float(value)
-  except (TypeError, ValueError):
-    raise ValueError(f"{name}: expected a number, got {value!r}") from None
-  if not (0.0 < value < 1.0 if interval == "(0, 1)" else 0.0 <= value <= 1.0):
-    raise ValueError(f"{name}: expected a value in {interval}, got {value}")
-  return value
-
-
 def _check_options(accuracy, delta, bounds, order: str = "prob") -> tuple[float | None, float]:
   if accuracy is not None:
-    accuracy = _check_probability("accuracy", accuracy, "[0, 1]")
-  delta = _check_probability("delta", delta, "(0, 1)")
+    try:
+      accuracy = float(accuracy)
+    except (TypeError, ValueError):
+      raise ValueError(f"accuracy: expected a number, got {accuracy!r}") from None
+    validation.in_range("accuracy", accuracy, 0.0, 1.0)
+  delta = validation.probability("delta", delta)
   for name, value, choices in (("bounds", bounds, (*BOUNDS, None)), ("order", order, BAR_ORDERS)):
     if value not in choices:
       raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
@@ -113,8 +106,10 @@ def _draw_intervals(
   return lower, upper
 
 
-def _draw_bins(ax: Axes, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event):
-  """``bin_figure``'s drawing into ``ax``, of checked arguments; returns the ``_Layout``."""
+def _draw_bins(
+  ax: Axes, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event, title
+):
+  """``bin_figure``'s drawing into ``ax``, of checked arguments."""
   layout = _layout(train_bins, order)
   baseline = accuracy
   if accuracy is None:
@@ -163,7 +158,9 @@ def _draw_bins(ax: Axes, train_bins, test_bins, accuracy, delta, bounds, order, 
   ax.grid(axis="y", alpha=0.3)
   ax.set_axisbelow(True)
   _legend_below(ax)
-  return layout
+  title = "Calibrated {event} bins ({bins})" if title is None else title
+  bins = metrics_lib.bins_phrase(train_bins.n_bins, layout.index.size, "equal-mass")
+  ax.set_title(title.replace("{event}", event).replace("{bins}", bins))
 
 
 def _legend_below(ax: Axes, columns: int = 2) -> None:
@@ -221,17 +218,9 @@ def bin_figure(
   """
   _check_pair(train_bins, test_bins)
   accuracy, delta = _check_options(accuracy, delta, bounds, order)
-  if ax is None:
-    fig = figures.new_figure((9.0, 5.0))
-    ax = fig.add_subplot()
-  else:
-    fig = ax.get_figure(root=True)
-  layout = _draw_bins(ax, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event)
-  if title is None:
-    title = "Calibrated {event} bins ({bins})"
-  bins = metrics_lib.bins_phrase(train_bins.n_bins, layout.index.size, "equal-mass")
-  ax.set_title(title.replace("{event}", event).replace("{bins}", bins))
-  return fig
+  ax = figures.new_figure((9.0, 5.0)).add_subplot() if ax is None else ax
+  _draw_bins(ax, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event, title)
+  return ax.get_figure(root=True)
 
 
 def refinement_figure(
@@ -263,12 +252,11 @@ def refinement_figure(
         f"{name}: expected a (train_bins, test_bins) pair, got {type(pair).__name__}"
       )
     _check_pair(*pair, name=name)
-  _check_options(accuracy, delta, bounds)
+  accuracy, delta = _check_options(accuracy, delta, bounds)
   fig = figures.new_figure((figures.PAGE_WIDTH, 5.2))
   axes = fig.subplots(1, 2, sharey=True)
-  for ax, (train_bins, test_bins) in zip(axes, pairs.values(), strict=True):
-    options = {"accuracy": accuracy, "delta": delta, "bounds": bounds, "event": event}
-    bin_figure(train_bins, test_bins, **options, order="prob", title="{bins}", ax=ax)
+  for ax, (train, test) in zip(axes, pairs.values(), strict=True):
+    _draw_bins(ax, train, test, accuracy, delta, bounds, "prob", True, event, "{bins}")
   if overlay:
     layout = _layout(coarse[0], "prob")
     prob = np.asarray(coarse[0].prob, np.float64)[layout.index]
@@ -281,9 +269,7 @@ def refinement_figure(
   for ax in axes:  # one column: two columns of these labels are wider than a panel
     _legend_below(ax, columns=1)
   # Shared y: the limits of the panel drawn last would cut the other one.
-  low = min(ax.get_ylim()[0] for ax in axes)
-  high = max(ax.get_ylim()[1] for ax in axes)
-  axes[0].set_ylim(low, high)
+  axes[0].set_ylim(min(ax.get_ylim()[0] for ax in axes), max(ax.get_ylim()[1] for ax in axes))
   axes[1].set_ylabel("")
   title = _refinement_title(coarse, fine) if title is None else title
   if title:

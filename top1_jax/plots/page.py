@@ -16,6 +16,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from top1_jax.core import validation
 from top1_jax.io import files
 from top1_jax.plots import results
 
@@ -83,18 +84,16 @@ def _template():
 
 
 def _check(title, tables, figures, config, timings) -> None:
-  if not isinstance(title, str):
-    raise ValueError(f"title: expected a string, got {type(title).__name__}")
+  validation.instance("title", title, str, "a string")
   for table in tables:
-    if not isinstance(table, Table):
-      raise ValueError(f"tables: expected plots.page.Table values, got {type(table).__name__}")
+    validation.instance("tables", table, Table, "plots.page.Table values")
   if isinstance(figures, (str, bytes)) or not isinstance(figures, Sequence):
     raise ValueError(
       f"figures: expected a list of paths relative to the page, got {type(figures).__name__}"
     )
   for name, value in (("config", config), ("timings", timings)):
-    if value is not None and not isinstance(value, Mapping):
-      raise ValueError(f"{name}: expected a dict or None, got {type(value).__name__}")
+    if value is not None:
+      validation.instance(name, value, Mapping, "a dict or None")
 
 
 def results_page(

@@ -20,7 +20,7 @@ from top1_jax.core import scores
 from top1_jax.evaluation import accuracy_estimates, crossval
 from top1_jax.io import results
 from top1_jax.plots import figures
-from top1_jax.plots.sweeps import format_panel
+from top1_jax.plots.sweeps import REFERENCE_COLOR, check_metrics, format_panel
 
 CLEAN = results.CLEAN  # the unshifted test rows (severity 0): the first point of every shift
 OOD_PREFIX = "ood_"  # an out-of-distribution set's ``shift`` starts with it (``ood_digits``)
@@ -28,7 +28,6 @@ AXIS_LABELS = results.GEOMETRIC_SHIFTS  # x labels; any other shift is a corrupt
 CORRUPTIONS = "corruptions"  # a recalibration panel's shift: the mean over every corruption
 
 _METRIC_COLUMNS = set(results.METRIC_COLUMNS) | {f"{m}_num_runs" for m in crossval.METRICS}
-_REFERENCE_COLOR = "0.55"  # grey: the oracle (it needs the labels), never a compared variant
 _MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
@@ -46,11 +45,8 @@ def _check_rows(rows) -> list[Mapping[str, Any]]:
 
 
 def _check_metrics(metrics, rows) -> tuple[str, ...]:
-  if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
-    raise ValueError(f"metrics: expected a non-empty list of names, got {metrics!r}")
+  check_metrics(metrics)
   for metric in metrics:
-    if metric not in crossval.METRICS:
-      raise ValueError(f"metrics: expected names among {crossval.METRICS}, got {metric!r}")
     if not any(metric in row for row in rows):
       raise ValueError(f"metrics: expected a column the rows hold, got {metric!r}")
   return tuple(metrics)
@@ -179,7 +175,7 @@ def _note_below(ax, text: str) -> None:
 
 
 def _legend(fig: Figure, labels: Sequence[str], styles: dict, references: Sequence[str], kind):
-  grey = {"color": _REFERENCE_COLOR, "linestyle": "--", "marker": None}
+  grey = {"color": REFERENCE_COLOR, "linestyle": "--", "marker": None}
   handles = [kind(styles[label]) for label in labels] + [kind(grey)] * len(references)
   names = list(labels) + [f"{name} (needs labels)" for name in references]
   figures.legend_below(fig, handles, names)
@@ -208,7 +204,7 @@ def _draw_reference_curves(ax, picked: Mapping[str, Mapping], shift: str, metric
 
   def draw():
     for x, mean in curves.values():
-      ax.plot(x, mean, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.0)
+      ax.plot(x, mean, color=REFERENCE_COLOR, linestyle="--", linewidth=1.0)
 
   _keep_limits(ax, draw)
   by_severity = {label: dict(zip(x, mean, strict=True)) for label, (x, mean) in curves.items()}
@@ -351,7 +347,7 @@ def corruption_boxes(
     def draw(labels, ax=ax, values=values):
       for label in labels:
         positions = {s: i + slots[label] for i, s in enumerate(severities)}
-        color = styles[label]["color"] if label in styles else _REFERENCE_COLOR
+        color = styles[label]["color"] if label in styles else REFERENCE_COLOR
         _draw_boxes(ax, values[label], positions, width * 0.85, color)
 
     draw(compared)

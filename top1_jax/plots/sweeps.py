@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from top1_jax.core import metrics as metrics_lib
-from top1_jax.core import scores
+from top1_jax.core import scores, validation
 from top1_jax.evaluation import crossval
 from top1_jax.plots import figures
 
@@ -34,7 +34,7 @@ METRIC_LABELS = {
 }
 PERCENT_METRICS = ("ece", "accuracy")
 _NOTE_WIDTH = 50  # characters of an x-small note per line: a 3.6-inch panel's width
-_REFERENCE_COLOR = "0.55"  # grey: a reference row (the oracle), not one of the compared lines
+REFERENCE_COLOR = "0.55"  # grey: a reference row (the oracle), not one of the compared lines
 # Once the colour cycle is used up, lines differ by dash pattern and marker too.
 _LINESTYLES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D")
@@ -43,25 +43,21 @@ _MARKERS = ("o", "s", "^", "D")
 def _check_results(results, metrics, references) -> None:
   if not isinstance(results, Mapping) or not results:
     raise ValueError("results: expected a non-empty dict of score name -> CrossValidation")
-  if not isinstance(references, Mapping):
-    raise ValueError(
-      f"references: expected a dict of label -> CrossValidation, got {type(references).__name__}"
-    )
+  validation.instance("references", references, Mapping, "a dict of label -> CrossValidation")
   for what, mapping in (("results", results), ("references", references)):
     for name, result in mapping.items():
-      if not isinstance(result, crossval.CrossValidation):
-        raise ValueError(
-          f"{what}[{name!r}]: expected crossval.CrossValidation, got {type(result).__name__}"
-        )
-  _check_metrics(metrics)
+      hint = "crossval.CrossValidation"
+      validation.instance(f"{what}[{name!r}]", result, crossval.CrossValidation, hint)
+  check_metrics(metrics)
 
 
-def _check_metrics(metrics) -> None:
-  if isinstance(metrics, str) or not metrics:
+def check_metrics(metrics) -> None:
+  """Refuses anything but a non-empty list of ``crossval.METRICS`` names."""
+  if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
     raise ValueError(f"metrics: expected a non-empty list of names, got {metrics!r}")
   for metric in metrics:
     if metric not in crossval.METRICS:
-      raise ValueError(f"metrics: expected one of {crossval.METRICS}, got {metric!r}")
+      raise ValueError(f"metrics: expected names among {crossval.METRICS}, got {metric!r}")
 
 
 def _merge_identical(
@@ -170,7 +166,7 @@ def _draw_references(ax, metric: str, references: Mapping[str, crossval.CrossVal
   for index, (name, result) in enumerate(references.items()):
     dashes = _LINESTYLES[index % len(_LINESTYLES)]
     x, mean, _ = _curve(result, metric)
-    ax.plot(x, mean, color=_REFERENCE_COLOR, linewidth=1.0, linestyle=dashes, label=name)
+    ax.plot(x, mean, color=REFERENCE_COLOR, linewidth=1.0, linestyle=dashes, label=name)
     for side, off in (("below", mean < low), ("above", mean > high)):
       if np.any(off):
         values = mean[off]
@@ -334,7 +330,7 @@ def dropout_rate_figure(
     ValueError: no MC-dropout rows with a rate > 0 for ``topk`` and ``estimator``
       (callers skip the figure), a score they do not hold, or an unknown metric.
   """
-  _check_metrics(metrics)
+  check_metrics(metrics)
   if isinstance(rows, (str, Mapping)) or not all(isinstance(r, Mapping) for r in rows):
     raise ValueError("rows: expected a list of dicts (tidy results rows)")
   mc, deterministic, score, reference_score = _select(rows, topk, estimator, score)
