@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
-from scipy import special as scipy_special  # a dependency of jax itself
 
 from top1_jax.core import validation
 
@@ -74,6 +73,8 @@ def clopper_pearson(
   # Concrete counts (a few hundred bins at most): SciPy's float64 Beta quantiles on the
   # host. The jitted bisection of betainc is slow to compile, and on a GPU each of its
   # steps waits on the host (docs/performance.md).
+  from scipy import special as scipy_special  # here: a slow import (~0.2 s) few runs need
+
   hits, count = np.broadcast_arrays(hits.astype(np.float64), count.astype(np.float64))
   with np.errstate(invalid="ignore", divide="ignore"):  # the edge cases are fixed up below
     a, b = hits, count - hits + 1

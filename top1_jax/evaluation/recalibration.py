@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 import numpy as np
 from jax.typing import ArrayLike
-from scipy import special  # a dependency of jax itself
 
 from top1_jax.core import binning, validation
 from top1_jax.core.splits import CrossValidation, Splits
@@ -117,6 +116,8 @@ def update_interval(update: BinUpdate, bins: binning.Bins, evidence: base.Eviden
   if not np.isfinite(update.prior_strength):
     lower, upper = binning.clopper_pearson(bins.hits, bins.counts, delta)
   else:
+    from scipy import special  # here, as in accuracy_bounds: a slow import few runs need
+
     prob = np.asarray(bins.prob, np.float64)  # the clean bins' (the prior's) probabilities
     s = update.prior_strength
     tiny = np.finfo(np.float64).tiny
