@@ -167,11 +167,6 @@ def _plural(count: int, noun: str) -> str:
   return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def describe_runs(runs: Runs) -> str:
-  """What a merge took in, for its messages: "2 runs from 1 work dir" (``count_runs``)."""
-  return f"{_plural(count_runs(runs), 'run')} from {_plural(len(runs), 'work dir')}"
-
-
 # --------------------------------------------------------------------------- Table 1, selective
 
 COMPARISON_KEY = (
@@ -257,21 +252,6 @@ def merge_selective(
   )  # fmt: skip
 
 
-def merge_tables(
-  runs: Runs,
-  tables_of_runs: Sequence[Mapping[str, Sequence[Row]]],
-  *,
-  names: Sequence[str] | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-  """``{"comparison": ..., "selective": ...}`` merged from each run's ``read_tables``."""
-  return {
-    name: merge(
-      runs, [tables_of_run.get(name, []) for tables_of_run in tables_of_runs], names=names
-    )
-    for name, merge in (("comparison", merge_comparison), ("selective", merge_selective))
-  }
-
-
 # --------------------------------------------------------------------------- Markdown
 
 
@@ -345,10 +325,14 @@ def run(workdirs: list[str], out) -> str:
     logging.info("read %d rows from %s", len(rows), name)
     runs.append(rows)
     configs.append(config)
-    tables_of_runs.append(results.read_tables(name))  # Table 1 and the selective rows
+    tables_of_runs.append(results.read_tables(name))
   merged = merge_runs(runs, names=names, configs=configs)
-  merged_tables = merge_tables(runs, tables_of_runs, names=names)
-  what = describe_runs(runs)  # a work dir of a seed sweep holds several runs
+  merged_tables = {  # Table 1 and the selective rows
+    name: merge(runs, [run_tables.get(name, []) for run_tables in tables_of_runs], names=names)
+    for name, merge in (("comparison", merge_comparison), ("selective", merge_selective))
+  }
+  # A work dir of a seed sweep holds several runs: "2 runs from 1 work dir".
+  what = f"{_plural(count_runs(runs), 'run')} from {_plural(len(runs), 'work dir')}"
   logging.info("merged %s into %d rows", what, len(merged))
   text = markdown(merged, **merged_tables)
   inputs = {"inputs": names, "num_runs": count_runs(runs)}

@@ -117,11 +117,6 @@ def prediction_jobs(settings: Settings, point: TrainingPoint) -> list[Prediction
   return jobs
 
 
-def all_jobs(settings: Settings) -> list[PredictionJob]:
-  """Every training point's prediction jobs."""
-  return [job for point in training_points(settings) for job in prediction_jobs(settings, point)]
-
-
 def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dict:
   """What a trained stage depends on: a stage trained with another is not resumed or reused.
 

@@ -79,12 +79,6 @@ def _value(rows, selector, shift, severity, metric) -> float | None:
   return None
 
 
-def _head(header: list[str], left: int = 1) -> list[str]:
-  """A table's header and rule (spaced): ``left`` columns aligned left, the rest right."""
-  rule = ["---"] * left + ["---:"] * (len(header) - left)
-  return [tables.md_row(header), tables.md_row(rule)]
-
-
 METRICS = ("accuracy", "brier", "nll", "ece", "auroc")
 """The metrics the tables show, in order."""
 
@@ -115,7 +109,7 @@ def geometric_table(rows, variants, shift: str, metric: str) -> str:
   levels = [0, *sorted({r["severity"] for r in rows if r["shift"] == shift})]
   scale, digits = metric_format(metric)
   variants = _shown(variants, metric)
-  lines = _head(["method", *(f"{level:g}" for level in levels)])
+  lines = tables.md_head(["method", *(f"{level:g}" for level in levels)], spaced=True)
   for label, selector in variants.items():
     cells = []
     for level in levels:
@@ -131,7 +125,8 @@ def corruption_table(rows, variants, metric: str) -> str:
   levels = sorted({r["severity"] for r in rows if r["shift"] in names})
   scale, digits = metric_format(metric)
   variants = _shown(variants, metric)
-  lines = _head(["method", "clean", *(f"{level:g}: mean (worst)" for level in levels)])
+  header = ["method", "clean", *(f"{level:g}: mean (worst)" for level in levels)]
+  lines = tables.md_head(header, spaced=True)
   worst = max if metric not in ("accuracy", "auroc") else min
   for label, selector in variants.items():
     cells = [tables.cell(_value(rows, selector, results.CLEAN, 0, metric), digits, scale)]
@@ -149,7 +144,7 @@ def ood_table(ood_rows, variants) -> str:
   header = ["method", "score"]
   for name in sets:
     header += [f"{name}: AUROC", f"{name}: mean P(correct)"]
-  lines = _head([*header, "clean: mean P(correct)"], 2)
+  lines = tables.md_head([*header, "clean: mean P(correct)"], 2, spaced=True)
   for label, selector in variants.items():
     selector = {k: v for k, v in selector.items() if k != "n_bins"}
     found = [r for r in ood_rows if matches(r, selector)]
@@ -204,7 +199,7 @@ def recalibration_table(rows: Sequence[Mapping], metric: str) -> str:
   header = ["recalibration", "score", "clean", *(f"m = {m}: mean (worst)" for m in counts)]
   if metric == "ece":
     header.append("labels to within 1 pp of clean")
-  lines = _head(header, 2)
+  lines = tables.md_head(header, 2, spaced=True)
   for key in dict.fromkeys((r["recalibration"], r["score"]) for r in rows):
     mine = [r for r in rows if (r["recalibration"], r["score"]) == key]
     clean = [r[metric] for r in mine if r["shift"] == results.CLEAN and r["num_labels"] == 0]
@@ -235,7 +230,7 @@ def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
   shifted = [f for f in families if not f.startswith("ood_")]
   header = ["estimator", "score", "clean: error", "shifted: MAE", *(f"{f}: MAE" for f in shifted)]
   header += [f"{f}: predicted" for f in families if f.startswith("ood_")]
-  lines = _head(header, 2)
+  lines = tables.md_head(header, 2, spaced=True)
   for key in dict.fromkeys((r["estimator"], r["score"]) for r in rows):
     mine = [r for r in rows if (r["estimator"], r["score"]) == key]
     cells = [titles.get(key[0], key[0]), key[1]]

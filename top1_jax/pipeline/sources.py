@@ -158,5 +158,6 @@ def asked_files(settings: Settings, workdir) -> list[tuple[str, object]]:
   """(name, path) of every predictions file the settings ask for, in the sweep's order."""
   if settings.inputs:
     return _given_files(settings, workdir)
-  folder = workdir / "predictions"
-  return [(job.name, folder / f"{job.name}.npz") for job in jobs.all_jobs(settings)]
+  points = jobs.training_points(settings)
+  every = [job for point in points for job in jobs.prediction_jobs(settings, point)]
+  return [(job.name, workdir / "predictions" / f"{job.name}.npz") for job in every]

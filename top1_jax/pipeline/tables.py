@@ -112,9 +112,11 @@ def md_row(cells) -> str:
   return "| " + " | ".join(cells) + " |"
 
 
-def md_head(header: list[str], left: int = 1) -> list[str]:
-  """A Markdown table's header and rule: ``left`` columns aligned left, the rest right."""
-  return [md_row(header), "|" + "---|" * left + "---:|" * (len(header) - left)]
+def md_head(header: list[str], left: int = 1, spaced: bool = False) -> list[str]:
+  """A Markdown table's header and rule: ``left`` columns aligned left, the rest right;
+  ``spaced``: the rule's cells spaced as ``md_row``'s (the shift tables')."""
+  rule = ["---"] * left + ["---:"] * (len(header) - left)
+  return [md_row(header), md_row(rule) if spaced else "|" + "|".join(rule) + "|"]
 
 
 def eor_digits(mean: float | None) -> int:
