@@ -303,19 +303,8 @@ def evaluate(settings: Settings, found: Sequence[sources.Source], log: Callable 
   }  # fmt: skip
 
 
-def _model(row: dict) -> tuple:
-  return tuple(row[c] for c in tables.TRAINING)  # dataset, model, train dropout rate, seed
-
-
-def _grouped(rows: list[dict], key: Callable = _model) -> dict:
-  """``rows`` by ``key(row)`` (by default their training point), in their order."""
-  grouped: dict = {}
-  for row in rows:
-    grouped.setdefault(key(row), []).append(row)
-  return grouped
-
-
 _LABEL = operator.itemgetter("label")
+_TABLES = ("rows", "ood_rows", "recalibration_rows", "accuracy_rows", "set_rows")
 
 
 def _model_name(key: tuple) -> str:
@@ -323,9 +312,17 @@ def _model_name(key: tuple) -> str:
   return f"{dataset or 'predictions'}, {model or 'model'}, train dropout {rate}, seed {seed}"
 
 
+def _by_model(evaluated: dict) -> dict[tuple, dict[str, list]]:
+  """Per model (in the results' order), its rows of each of ``evaluate``'s tables."""
+  return {
+    key: {name: [r for r in evaluated[name] if shift_tables.model_of(r) == key] for name in _TABLES}
+    for key in shift_tables.grouped(evaluated["rows"])
+  }
+
+
 def markdown(settings: Settings, evaluated: dict) -> str:
   """results.md: per model, the variants' metrics at every shift and on the OOD sets."""
-  rows, n_bins = evaluated["rows"], settings.compare_bins
+  n_bins = settings.compare_bins
   text = [
     "# Calibration under dataset shift",
     "",
@@ -338,7 +335,8 @@ def markdown(settings: Settings, evaluated: dict) -> str:
     "isotonic and top-label rows calibrate a score. Corruptions: the mean over the "
     "corruptions at each intensity, and the worst in parentheses.",
   ]
-  for key, model_rows in _grouped(rows).items():
+  for key, mine in _by_model(evaluated).items():
+    model_rows = mine["rows"]
     variants = shift_tables.present_variants(model_rows, n_bins)
     text += ["", f"## {_model_name(key)}"]
     for metric in shift_tables.METRICS:
@@ -350,26 +348,25 @@ def markdown(settings: Settings, evaluated: dict) -> str:
       if any(r["shift"] in corruptions.names() for r in model_rows):
         table = shift_tables.corruption_table(model_rows, variants, metric)
         text += ["", f"### corruptions: {title}", "", table]
-    ood = [r for r in evaluated["ood_rows"] if _model(r) == key]
-    if ood:
-      text += ["", "### out-of-distribution inputs", "", shift_tables.ood_table(ood, variants)]
-    recalibrated = [r for r in evaluated["recalibration_rows"] if _model(r) == key]
-    text += _recalibration_markdown(recalibrated, n_bins)
-    text += _accuracy_markdown([r for r in evaluated["accuracy_rows"] if _model(r) == key])
-    text += _sets_markdown([r for r in evaluated["set_rows"] if _model(r) == key])
+    if mine["ood_rows"]:
+      table = shift_tables.ood_table(mine["ood_rows"], variants)
+      text += ["", "### out-of-distribution inputs", "", table]
+    text += _recalibration_markdown(mine["recalibration_rows"], n_bins)
+    text += _accuracy_markdown(mine["accuracy_rows"])
+    text += _sets_markdown(mine["set_rows"])
   return "\n".join(text) + "\n"
 
 
 def _sets_markdown(rows: list[dict]) -> list[str]:
   if not rows:
     return []
-  lines = ["| method | set method | alpha | set | coverage | mean size |"]
-  lines.append("|---|---|---:|---|---:|---:|")
+  header = ["method", "set method", "alpha", "set", "coverage", "mean size"]
+  lines = [tables.md_row(header), "|---|---|---:|---|---:|---:|"]
   for r in rows:
     where = r["shift"] if r["shift"] == results.CLEAN else f"{r['shift']} {r['severity']:g}"
+    coverage, size = tables.pm_value(r, "coverage", 3), tables.pm_value(r, "mean_size", 2)
     lines.append(
-      f"| {r['label']} | {r['estimator']} | {r['alpha']:g} | {where} "
-      f"| {tables.pm_value(r, 'coverage', 3)} | {tables.pm_value(r, 'mean_size', 2)} |"
+      tables.md_row([r["label"], r["estimator"], f"{r['alpha']:g}", where, coverage, size])
     )
   note = (
     "Prediction sets calibrated on the clean calibration parts and applied unchanged to "
@@ -380,7 +377,7 @@ def _sets_markdown(rows: list[dict]) -> list[str]:
 
 def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
   text = []
-  for label, mine in _grouped(rows, _LABEL).items():
+  for label, mine in shift_tables.grouped(rows, _LABEL).items():
     for metric in ("ece", "brier"):
       title = shift_tables.metric_title(metric, n_bins)
       text += ["", f"### {label}: recalibrated on m labelled shifted examples, {title}", ""]
@@ -400,7 +397,7 @@ def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
 def _accuracy_markdown(rows: list[dict]) -> list[str]:
   text = []
   titles = {name: e.title for name, e in accuracy_estimates.ESTIMATORS.items()}
-  for label, mine in _grouped(rows, _LABEL).items():
+  for label, mine in shift_tables.grouped(rows, _LABEL).items():
     text += ["", f"### {label}: accuracy predicted without labels (percentage points)", ""]
     text.append(shift_tables.accuracy_table(mine, titles))
   return text
@@ -409,21 +406,21 @@ def _accuracy_markdown(rows: list[dict]) -> list[str]:
 def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
   """``plots.write_shift_figures``' panels: per model, its rows, variants, OOD histograms'
   P(correct) by variant, and its recalibration and accuracy rows by label."""
-  by_model = _grouped(evaluated["rows"])
+  by_model = _by_model(evaluated)
   panels = []
-  for key, model_rows in by_model.items():
+  for key, mine in by_model.items():
+    model_rows = mine["rows"]
     variants = shift_tables.present_variants(model_rows, n_bins, shift_tables.FIGURE_VARIANTS)
     p_correct: dict[str, dict] = {}
     for label, selector in variants.items():
       selector = {k: v for k, v in selector.items() if k != "n_bins"}
-      for row in evaluated["ood_rows"]:
-        if _model(row) == key and shift_tables.matches(row, selector):
+      for row in mine["ood_rows"]:
+        if shift_tables.matches(row, selector):
           arrays = evaluated["histograms"][row["source"], row["score"], row["estimator"]]
           p_correct.setdefault(label, {}).update(arrays)
     name = "" if len(by_model) == 1 else "_".join(str(v) for v in key if v is not None)
     by_method = [
-      _grouped([r for r in evaluated[rows] if _model(r) == key], _LABEL)
-      for rows in ("recalibration_rows", "accuracy_rows")
+      shift_tables.grouped(mine[t], _LABEL) for t in ("recalibration_rows", "accuracy_rows")
     ]
     panels.append((name, model_rows, variants, p_correct, *by_method))
   return panels

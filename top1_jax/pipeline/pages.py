@@ -321,10 +321,7 @@ def write_shift_page(settings: Settings, folder, timings: Mapping[str, Any]):
   data = files.read_json(folder / "results.json")
   n_bins = settings.compare_bins
   answers, findings, details = [], [], []
-  by_model: dict[tuple, list] = {}
-  for row in data["results"]:
-    by_model.setdefault(tuple(row[c] for c in tables.TRAINING), []).append(row)
-  for key, rows in by_model.items():
+  for key, rows in shift_tables.grouped(data["results"]).items():
     dataset, model, rate, seed = key
     title = f"{dataset or 'predictions'}, {model or 'model'}"
     title += f", train dropout {rate:g}" if rate is not None else ""

@@ -5,7 +5,7 @@ Ovadia et al.'s methods, each its own probability as P(correct), beside calibrat
 """
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -43,6 +43,18 @@ GEOMETRIC = results.GEOMETRIC_SHIFTS
 
 def matches(row: Mapping, selector: Mapping) -> bool:
   return all(row.get(column) == value for column, value in selector.items())
+
+
+def model_of(row: Mapping) -> tuple:
+  return tuple(row[c] for c in tables.TRAINING)  # dataset, model, train dropout rate, seed
+
+
+def grouped(rows: Sequence[Mapping], key: Callable = model_of) -> dict:
+  """``rows`` by ``key(row)`` (by default their training point), in their order."""
+  out: dict = {}
+  for row in rows:
+    out.setdefault(key(row), []).append(row)
+  return out
 
 
 FIGURE_VARIANTS = (
