@@ -323,9 +323,8 @@ def _recipe(s: Settings) -> Settings:
   boundaries = s.lr_boundaries
   if s.lr_schedule == "step" and not boundaries:
     fail("lr_boundaries", "lr_schedule=step needs the epochs where the rate drops, got ()")
-  if s.lr_schedule == "step" and (
-    list(boundaries) != sorted(boundaries) or any(not 0 < b < s.num_epochs for b in boundaries)
-  ):
+  ordered = list(boundaries) == sorted(boundaries) and all(0 < b < s.num_epochs for b in boundaries)
+  if s.lr_schedule == "step" and not ordered:
     fail(
       "lr_boundaries",
       f"expected increasing epochs in (0, num_epochs={s.num_epochs}), got {boundaries}",

@@ -30,9 +30,7 @@ class Source:
   and one chunk, never the file's [S, N, K] samples.
   """
 
-  def __init__(
-    self, name: str, path, settings: Settings, timings: dict, chunk_size: int | None = None
-  ):
+  def __init__(self, name: str, path, settings: Settings, timings: dict):
     tic = time.perf_counter()
     self.name, self.slug, self.path = name, name.replace("/", "__"), path
     with (
@@ -56,7 +54,7 @@ class Source:
       # One network (not MC dropout or an ensemble): temperature scaling applies.
       sampled = self.columns["method"] in ("mc_dropout", "ensemble")
       self.single_model = num_samples == 1 and not sampled
-      size = chunk_size or streaming.chunk_size(len(self.labels), num_samples, reader.num_classes)
+      size = streaming.chunk_size(len(self.labels), num_samples, reader.num_classes)
       chunks = _timed(reader.chunks(size), timings, "load")
       timings["load"] = timings.get("load", 0.0) + time.perf_counter() - tic
       tic = time.perf_counter()

@@ -64,9 +64,7 @@ def _points(settings: Settings, found: list[Source]) -> list[tuple]:
   return points
 
 
-def _sweep_point(
-  settings, source: Source, score: str, k: int, estimator: str, folder, write
-) -> dict:
+def _sweep_point(settings, source: Source, score: str, k: int, estimator: str, folder) -> dict:
   """One point's cross-validation, or the saved one when its settings and file match."""
   name = f"{source.slug}__{score}__top{k}" + tables.estimator_suffix(estimator, "__{}")
   path = folder / f"{name}.json"
@@ -86,22 +84,16 @@ def _sweep_point(
     settings=expected, file=str(source.path), source=source.name, columns=source.columns,
     score=score, topk=k, estimator=estimator, rows=cv.rows(), per_fold=cv.per_fold_lists(),
   )  # fmt: skip
-  if write:
-    files.write_json(path, record)
+  files.write_json(path, record)
   return record
 
 
 def sweep(
-  settings: Settings,
-  found: list[Source],
-  folder,
-  *,
-  write: bool = True,
-  log: Callable[[str], object] = print,
+  settings: Settings, found: list[Source], folder, *, log: Callable[[str], object] = print
 ) -> list[dict]:
-  """Every sweep point of ``found`` (``sources.load_sources``): cross-validated, or reused
-  from ``folder`` (a path or ``epath``); ``write``: save new records (False on processes
-  that must not write); ``log`` gets a line per computed point and a summary.
+  """Every sweep point of ``found`` (``sources.load_sources``): cross-validated (and saved),
+  or reused from ``folder`` (a path or ``epath``); ``log`` gets a line per computed point
+  and a summary.
 
   Returns one record per point (file, score, k, estimator): ``settings``, ``file``,
   ``source``, ``columns`` (the file's, ``tables.file_columns``), ``score``, ``topk``,
@@ -116,7 +108,7 @@ def sweep(
   records, reused, start = [], 0, time.perf_counter()
   for index, point in enumerate(points, 1):
     tic = time.perf_counter()
-    records.append(_sweep_point(settings, *point, folder, write))
+    records.append(_sweep_point(settings, *point, folder))
     if records[-1].pop("reused", False):
       reused += 1
       continue
