@@ -291,13 +291,10 @@ def _lazy(module: str):
 
 
 def parse(config: Any) -> Settings:
-  """Every field of ``config`` parsed by its rule, then the rules that tie fields together.
+  """Every field of ``config`` (a ``ConfigDict`` of ``configs/default.py``'s fields, or any
+  item-access mapping) parsed by its rule, then the rules that tie fields together.
 
-  Args:
-    config: a ``ConfigDict`` of ``configs/default.py``'s fields (or any item-access mapping).
-
-  Raises:
-    SettingError: one line starting with the field's name.
+  Raises ``SettingError``: one line starting with the field's name.
   """
   values = {}
   for field in dataclasses.fields(Settings):

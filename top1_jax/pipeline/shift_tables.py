@@ -70,8 +70,7 @@ def present_variants(
   ``n_bins`` and (MC dropout) the smallest dropout rate, so it picks one row per set."""
   chosen = {}
   for label in labels:
-    selector = VARIANTS[label]
-    selector = {**selector, "n_bins": n_bins, "shift": results.CLEAN}
+    selector = {**VARIANTS[label], "n_bins": n_bins, "shift": results.CLEAN}
     found = [r for r in rows if matches(r, selector)]
     if found:
       if selector["method"] == "mc_dropout":
@@ -164,11 +163,8 @@ def ood_table(ood_rows, variants) -> str:
       continue
     cells = [label, found[0]["score"]]
     for name in sets:
-      row = next((r for r in found if r["shift"] == name), None)
-      cells += [
-        tables.cell(None if row is None else row["ood_auroc"], 3),
-        tables.cell(None if row is None else row["p_correct_mean"], 3),
-      ]
+      row = next((r for r in found if r["shift"] == name), {})
+      cells += [tables.cell(row.get("ood_auroc"), 3), tables.cell(row.get("p_correct_mean"), 3)]
     lines.append(tables.md_row([*cells, tables.cell(found[0]["clean_p_correct_mean"], 3)]))
   return "\n".join(lines)
 
