@@ -181,7 +181,6 @@ def _evaluate_group(settings: Settings, group: Group, names: list[str]) -> tuple
   """One model's records (``tables.tidy_rows``'), OOD rows and OOD results."""
   clean, estimators = group.clean, settings.shift_estimators
   sets = [clean, *group.shifted]
-  common = dict(scores=names, estimators=estimators, k=1, log_probs_score=LOG_PROBS_SCORE)
   chosen = protocol.methods(estimators, names, LOG_PROBS_SCORE)
   found = protocol.evaluate(
     _inputs(clean), clean.splits, chosen, test_sets=[_inputs(s) for s in sets],
@@ -195,8 +194,8 @@ def _evaluate_group(settings: Settings, group: Group, names: list[str]) -> tuple
   if not group.ood:
     return records, [], []
   reports = ood.ood_report(
-    _inputs(clean), [_inputs(s, False) for s in group.ood], clean.splits,
-    n_bins=settings.compare_bins, **common,
+    _inputs(clean), [_inputs(s, False) for s in group.ood], clean.splits, scores=names,
+    estimators=estimators, k=1, log_probs_score=LOG_PROBS_SCORE, n_bins=settings.compare_bins,
   )  # fmt: skip
   ood_rows = []
   for r in reports:

@@ -20,9 +20,8 @@ class RunError(ValueError):
   """A work dir problem the user can fix (another sweep's files, a missing stage)."""
 
 
-def is_writer() -> bool:
-  """Whether this process writes files: process 0 of a multi-process run."""
-  return parallel.is_writer()
+is_writer = parallel.is_writer
+"""Whether this process writes files: process 0 of a multi-process run."""
 
 
 def versions() -> dict[str, str]:

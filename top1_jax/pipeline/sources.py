@@ -57,8 +57,7 @@ class Source:
       size = streaming.chunk_size(len(self.labels), num_samples, reader.num_classes)
       chunks = _timed(reader.chunks(size), timings, "load")
       timings["load"] = timings.get("load", 0.0) + time.perf_counter() - tic
-      tic = time.perf_counter()
-      before = timings["load"]
+      tic, before = time.perf_counter(), timings["load"]
       self.log_probs, self.scores, self.label_terms = streaming.from_chunks(
         chunks, len(self.labels), topk=settings.topk
       )
