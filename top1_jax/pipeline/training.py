@@ -56,13 +56,10 @@ def folder(workdir, point: jobs.TrainingPoint):
   return workdir / "train" / point.name
 
 
-def _differences(saved: dict, wanted: dict) -> list[str]:
-  return sorted(k for k in {**saved, **wanted} if saved.get(k) != wanted.get(k))
-
-
 def _refuse_other(where, saved: dict | None, wanted: dict, what: str) -> None:
   """Refuses a stage made with other settings, unless they only ask for more epochs."""
-  differing = _differences(saved or {}, wanted)
+  saved = saved or {}  # none recorded: every field differs
+  differing = sorted(k for k in {**saved, **wanted} if saved.get(k) != wanted.get(k))
   longer = differing == ["epochs"] and wanted["epochs"] > saved.get("epochs", 0)
   if saved != wanted and not longer:
     fields = ", ".join(differing)
