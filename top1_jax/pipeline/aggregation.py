@@ -10,10 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from top1_jax.evaluation import crossval
-from top1_jax.io import results
+from top1_jax.io import files, results
 from top1_jax.pipeline import tables
+from top1_jax.pipeline.runs import RunError
 
 Row = Mapping[str, Any]
 Runs = Sequence[Sequence[Row]]
@@ -200,15 +202,15 @@ def _with_settings(rows, tables_rows, name: str, what: str, key: tuple) -> list[
   """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed``, from the results.csv
   row of the same ``source``, and None for the ``key`` columns it lacks (e.g. top-label's
   settings on the other variants)."""
-  files = {row["source"]: row for row in rows if row.get("source") is not None}
+  by_source = {row["source"]: row for row in rows if row.get("source") is not None}
   out = []
   for index, row in enumerate(tables_rows):
     source = row.get("source")
-    if source not in files:
+    if source not in by_source:
       raise ValueError(
         f"{name}: {what} row {index} is of file {source!r}, which results.csv does not hold"
       )
-    settings = {c: files[source][c] for c in (*SETTINGS, "seed")}
+    settings = {c: by_source[source][c] for c in (*SETTINGS, "seed")}
     kept = {k: v for k, v in row.items() if k != "per_split"}
     out.append({**dict.fromkeys(key), **kept, **settings})
   return out
@@ -311,11 +313,6 @@ def run(workdirs: list[str], out) -> str:
   (aggregate.{csv,md,json}, aggregate_<table>.csv, dropout-rate figures, index.html).
 
   Returns a line saying what was merged into which files."""
-  from absl import logging
-
-  from top1_jax.io import files
-  from top1_jax.pipeline.runs import RunError
-
   names = results.expand_workdirs(workdirs or [], exclude=out)
   if not names:
     raise RunError(f"--workdirs: {','.join(workdirs or []) or '(empty)'} names no work dir")

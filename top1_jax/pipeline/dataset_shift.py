@@ -21,6 +21,7 @@ from top1_jax.core.validation import SettingError
 from top1_jax.engine import corruptions, shifts
 from top1_jax.evaluation import accuracy_estimates, ood, protocol, recalibration
 from top1_jax.io import files, ood_sets, results
+from top1_jax.io import predictions as predictions_lib
 from top1_jax.pipeline import jobs, prediction_sets, runs, shift_tables, sources, tables
 from top1_jax.pipeline.settings import (
   Settings,
@@ -485,8 +486,6 @@ def _predict_sets(settings, workdir, point, pool, out) -> list[tuple[str, object
       labels = pool.labels[: len(images)] if shift_set.ood else pool.labels
       result = prediction.predict_images(settings, job, meta, states, images, labels, index)
       if runs.is_writer():
-        from top1_jax.io import predictions as predictions_lib
-
         predictions_lib.save_predictions(path, result)
       logging.info("shift: %s (%.1f s)", asked[-1][0], time.perf_counter() - tic)
   return asked
