@@ -71,11 +71,8 @@ def _ece(n_bins: int | str, binning: str = "equal-mass", **kind) -> str:
   return metrics.ece_name(n_bins, binning, calibration=calibration, percent=True, **kind)
 
 
-_FILE_SETTINGS = tuple(
-  c
-  for c in results_io.COLUMNS
-  if c not in ("seed", "source", "score", "topk", "estimator", "n_bins")
-)
+_NOT_THE_FILE = ("seed", "source", "score", "topk", "estimator", "n_bins")
+_FILE_SETTINGS = tuple(c for c in results_io.COLUMNS if c not in _NOT_THE_FILE)
 
 
 def _file(row: Mapping[str, Any]) -> Any:

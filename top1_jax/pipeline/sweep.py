@@ -35,9 +35,8 @@ def _requested_scores(settings: Settings, found: list[Source]) -> list[str]:
   known = set(scores.REGISTRY)
   if settings.scores == ("all",):
     per_k = {scores.topk_name(k) for k in settings.topk}
-    return [n for n in scores.REGISTRY if n in available or scores.REGISTRY[n].per_k] + sorted(
-      available - known - per_k
-    )
+    registered = [n for n in scores.REGISTRY if n in available or scores.REGISTRY[n].per_k]
+    return registered + sorted(available - known - per_k)  # then the files' own scores
   unknown = [n for n in settings.scores if n not in available and n not in known]
   if unknown:
     raise SettingError(
