@@ -55,9 +55,7 @@ class PredictionJob:
   def kind(self) -> str:
     """The file's stem: ``deterministic``, ``dropout_0.05`` (the rate's repr: distinct rates
     never share one), ``ensemble``."""
-    if self.method == "mc_dropout":
-      return f"dropout_{self.dropout_rate!r}"
-    return self.method
+    return f"dropout_{self.dropout_rate!r}" if self.method == "mc_dropout" else self.method
 
   @property
   def name(self) -> str:

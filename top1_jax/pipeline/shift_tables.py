@@ -5,6 +5,7 @@ Ovadia et al.'s methods, each its own probability as P(correct), beside calibrat
 """
 
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -208,8 +209,7 @@ def recalibration_table(rows: Sequence[Mapping], metric: str) -> str:
   if metric == "ece":
     header.append("labels to within 1 pp of clean")
   lines = tables.md_head(header, 2, spaced=True)
-  for key in dict.fromkeys((r["recalibration"], r["score"]) for r in rows):
-    mine = [r for r in rows if (r["recalibration"], r["score"]) == key]
+  for key, mine in grouped(rows, operator.itemgetter("recalibration", "score")).items():
     clean = [r[metric] for r in mine if r["shift"] == results.CLEAN and r["num_labels"] == 0]
     scale, digits = metric_format(metric)
     cells = [*key, tables.cell(clean[0] if clean else None, digits, scale)]
@@ -239,8 +239,7 @@ def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
   header = ["estimator", "score", "clean: error", "shifted: MAE", *(f"{f}: MAE" for f in shifted)]
   header += [f"{f}: predicted" for f in families if f.startswith("ood_")]
   lines = tables.md_head(header, 2, spaced=True)
-  for key in dict.fromkeys((r["estimator"], r["score"]) for r in rows):
-    mine = [r for r in rows if (r["estimator"], r["score"]) == key]
+  for key, mine in grouped(rows, operator.itemgetter("estimator", "score")).items():
     cells = [titles.get(key[0], key[0]), key[1]]
     clean = [r["error"] for r in mine if _family(r) == results.CLEAN]
     cells.append(tables.cell(clean[0] if clean else None, 2, 100.0))
