@@ -49,13 +49,9 @@ def _requested_scores(settings: Settings, found: list[Source]) -> list[str]:
 
 def _points(settings: Settings, found: list[Source]) -> list[tuple]:
   requested = _requested_scores(settings, found)
-  points = []
-  for estimator, source, k, score in itertools.product(
-    settings.estimators, found, settings.topk, requested
-  ):
-    point = (source, scores.for_event(score, k), k, estimator)
-    if point[1] in source.scores and point not in points:
-      points.append(point)
+  grid = itertools.product(settings.estimators, found, settings.topk, requested)
+  every = dict.fromkeys((source, scores.for_event(score, k), k, e) for e, source, k, score in grid)
+  points = [point for point in every if point[1] in point[0].scores]  # each once, if stored
   if not points:
     raise SettingError(
       f"scores: none of {', '.join(requested)} is available in the predictions files"
