@@ -7,6 +7,7 @@ them into ``<workdir>/shift/`` (results.{csv,md,json}, ood.csv, figures/, index.
 """
 
 import dataclasses
+import itertools
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -138,9 +139,7 @@ def group_sources(found: Sequence[sources.Source]) -> list[Group]:
         "of one model and method; give one clean file per model"
       )
     groups[_key(source)] = Group(source)
-  for source in found:
-    if _is_clean(source):
-      continue
+  for source in itertools.filterfalse(_is_clean, found):
     group = groups.get(_key(source))
     if group is None:
       raise SettingError(
@@ -163,8 +162,7 @@ def group_sources(found: Sequence[sources.Source]) -> list[Group]:
 def _score_names(settings: Settings, source: sources.Source) -> list[str]:
   """The clean file's scores of ``settings.scores`` that exist on any input (no oracle, no
   human ones: they need labels)."""
-  wanted = tuple(settings.scores)
-  names = []
+  wanted, names = tuple(settings.scores), []
   for name in source.scores:
     known = scores.lookup(name)
     if known is not None and (known.inputs in ("labels", "human_probs") or known.per_k):

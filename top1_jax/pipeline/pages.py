@@ -254,12 +254,11 @@ def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs
   rows, comparison = merged["rows"], merged.get("comparison") or []
   set_rows = [r for r in rows if r.get("alpha") is not None]  # prediction sets'
   rows = [r for r in rows if r.get("alpha") is None]
-  names = ("aggregate.md", "aggregate.csv", "aggregate.json")
   sections = _sections(rows, comparison, merged.get("selective") or [], set_rows, value, value)
   return page.write_results_page(
     out, title, intro=tables.ACROSS_RUNS, **sections, figures=figures,
     config={"inputs": inputs["inputs"], "num_runs": inputs["num_runs"]},
-    links=_present(out, names),
+    links=_present(out, ("aggregate.md", "aggregate.csv", "aggregate.json")),
   )  # fmt: skip
 
 
