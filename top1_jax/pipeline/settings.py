@@ -387,7 +387,7 @@ def _known_scores(s: Settings) -> None:
 
 def _inputs(s: Settings) -> None:
   kind = s.input_kind
-  if kind == "predictions" or (kind == "auto" and not s.single_input):
+  if not s.single_input:  # predictions files
     if s.labels:
       fail(
         "labels", "goes with a .npy array of logits or probs (a predictions file holds its labels)"
