@@ -10,10 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from top1_jax.evaluation import crossval
-from top1_jax.io import results
+from top1_jax.io import files, results
 from top1_jax.pipeline import tables
+from top1_jax.pipeline.runs import RunError
 
 Row = Mapping[str, Any]
 Runs = Sequence[Sequence[Row]]
@@ -167,11 +169,6 @@ def _plural(count: int, noun: str) -> str:
   return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def describe_runs(runs: Runs) -> str:
-  """What a merge took in, for its messages: "2 runs from 1 work dir" (``count_runs``)."""
-  return f"{_plural(count_runs(runs), 'run')} from {_plural(len(runs), 'work dir')}"
-
-
 # --------------------------------------------------------------------------- Table 1, selective
 
 COMPARISON_KEY = (
@@ -205,15 +202,15 @@ def _with_settings(rows, tables_rows, name: str, what: str, key: tuple) -> list[
   """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed``, from the results.csv
   row of the same ``source``, and None for the ``key`` columns it lacks (e.g. top-label's
   settings on the other variants)."""
-  files = {row["source"]: row for row in rows if row.get("source") is not None}
+  by_source = {row["source"]: row for row in rows if row.get("source") is not None}
   out = []
   for index, row in enumerate(tables_rows):
     source = row.get("source")
-    if source not in files:
+    if source not in by_source:
       raise ValueError(
         f"{name}: {what} row {index} is of file {source!r}, which results.csv does not hold"
       )
-    settings = {c: files[source][c] for c in (*SETTINGS, "seed")}
+    settings = {c: by_source[source][c] for c in (*SETTINGS, "seed")}
     kept = {k: v for k, v in row.items() if k != "per_split"}
     out.append({**dict.fromkeys(key), **kept, **settings})
   return out
@@ -255,21 +252,6 @@ def merge_selective(
     runs, selective, names, "selective", SELECTIVE_KEY, metrics=SELECTIVE_METRICS,
     undefinable=SELECTIVE_UNDEFINED, summed=SELECTIVE_COUNTS,
   )  # fmt: skip
-
-
-def merge_tables(
-  runs: Runs,
-  tables_of_runs: Sequence[Mapping[str, Sequence[Row]]],
-  *,
-  names: Sequence[str] | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-  """``{"comparison": ..., "selective": ...}`` merged from each run's ``read_tables``."""
-  return {
-    name: merge(
-      runs, [tables_of_run.get(name, []) for tables_of_run in tables_of_runs], names=names
-    )
-    for name, merge in (("comparison", merge_comparison), ("selective", merge_selective))
-  }
 
 
 # --------------------------------------------------------------------------- Markdown
@@ -331,11 +313,6 @@ def run(workdirs: list[str], out) -> str:
   (aggregate.{csv,md,json}, aggregate_<table>.csv, dropout-rate figures, index.html).
 
   Returns a line saying what was merged into which files."""
-  from absl import logging
-
-  from top1_jax.io import files
-  from top1_jax.pipeline.runs import RunError
-
   names = results.expand_workdirs(workdirs or [], exclude=out)
   if not names:
     raise RunError(f"--workdirs: {','.join(workdirs or []) or '(empty)'} names no work dir")
@@ -345,10 +322,14 @@ def run(workdirs: list[str], out) -> str:
     logging.info("read %d rows from %s", len(rows), name)
     runs.append(rows)
     configs.append(config)
-    tables_of_runs.append(results.read_tables(name))  # Table 1 and the selective rows
+    tables_of_runs.append(results.read_tables(name))
   merged = merge_runs(runs, names=names, configs=configs)
-  merged_tables = merge_tables(runs, tables_of_runs, names=names)
-  what = describe_runs(runs)  # a work dir of a seed sweep holds several runs
+  merged_tables = {  # Table 1 and the selective rows
+    name: merge(runs, [run_tables.get(name, []) for run_tables in tables_of_runs], names=names)
+    for name, merge in (("comparison", merge_comparison), ("selective", merge_selective))
+  }
+  # A work dir of a seed sweep holds several runs: "2 runs from 1 work dir".
+  what = f"{_plural(count_runs(runs), 'run')} from {_plural(len(runs), 'work dir')}"
   logging.info("merged %s into %d rows", what, len(merged))
   text = markdown(merged, **merged_tables)
   inputs = {"inputs": names, "num_runs": count_runs(runs)}

@@ -7,6 +7,7 @@ them into ``<workdir>/shift/`` (results.{csv,md,json}, ood.csv, figures/, index.
 """
 
 import dataclasses
+import itertools
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from top1_jax.core.validation import SettingError
 from top1_jax.engine import corruptions, shifts
 from top1_jax.evaluation import accuracy_estimates, ood, protocol, recalibration
 from top1_jax.io import files, ood_sets, results
+from top1_jax.io import predictions as predictions_lib
 from top1_jax.pipeline import jobs, prediction_sets, runs, shift_tables, sources, tables
 from top1_jax.pipeline.settings import (
   Settings,
@@ -137,9 +139,7 @@ def group_sources(found: Sequence[sources.Source]) -> list[Group]:
         "of one model and method; give one clean file per model"
       )
     groups[_key(source)] = Group(source)
-  for source in found:
-    if _is_clean(source):
-      continue
+  for source in itertools.filterfalse(_is_clean, found):
     group = groups.get(_key(source))
     if group is None:
       raise SettingError(
@@ -162,8 +162,7 @@ def group_sources(found: Sequence[sources.Source]) -> list[Group]:
 def _score_names(settings: Settings, source: sources.Source) -> list[str]:
   """The clean file's scores of ``settings.scores`` that exist on any input (no oracle, no
   human ones: they need labels)."""
-  wanted = tuple(settings.scores)
-  names = []
+  wanted, names = tuple(settings.scores), []
   for name in source.scores:
     known = scores.lookup(name)
     if known is not None and (known.inputs in ("labels", "human_probs") or known.per_k):
@@ -181,27 +180,21 @@ def _evaluate_group(settings: Settings, group: Group, names: list[str]) -> tuple
   """One model's records (``tables.tidy_rows``'), OOD rows and OOD results."""
   clean, estimators = group.clean, settings.shift_estimators
   sets = [clean, *group.shifted]
-  common = dict(scores=names, estimators=estimators, k=1, log_probs_score=LOG_PROBS_SCORE)
   chosen = protocol.methods(estimators, names, LOG_PROBS_SCORE)
   found = protocol.evaluate(
     _inputs(clean), clean.splits, chosen, test_sets=[_inputs(s) for s in sets],
     n_bins=settings.n_bins,
   )  # fmt: skip
   records = [
-    {
-      "columns": sets[r.test_set].columns,
-      "score": r.score,
-      "topk": 1,
-      "estimator": r.estimator,
-      "rows": r.metrics.rows(),
-    }
+    {"columns": sets[r.test_set].columns, "score": r.score, "topk": 1, "estimator": r.estimator,
+     "rows": r.metrics.rows()}
     for r in found
-  ]
+  ]  # fmt: skip
   if not group.ood:
     return records, [], []
   reports = ood.ood_report(
-    _inputs(clean), [_inputs(s, False) for s in group.ood], clean.splits,
-    n_bins=settings.compare_bins, **common,
+    _inputs(clean), [_inputs(s, False) for s in group.ood], clean.splits, scores=names,
+    estimators=estimators, k=1, log_probs_score=LOG_PROBS_SCORE, n_bins=settings.compare_bins,
   )  # fmt: skip
   ood_rows = []
   for r in reports:
@@ -303,19 +296,8 @@ def evaluate(settings: Settings, found: Sequence[sources.Source], log: Callable 
   }  # fmt: skip
 
 
-def _model(row: dict) -> tuple:
-  return tuple(row[c] for c in tables.TRAINING)  # dataset, model, train dropout rate, seed
-
-
-def _grouped(rows: list[dict], key: Callable = _model) -> dict:
-  """``rows`` by ``key(row)`` (by default their training point), in their order."""
-  grouped: dict = {}
-  for row in rows:
-    grouped.setdefault(key(row), []).append(row)
-  return grouped
-
-
 _LABEL = operator.itemgetter("label")
+_TABLES = ("rows", "ood_rows", "recalibration_rows", "accuracy_rows", "set_rows")
 
 
 def _model_name(key: tuple) -> str:
@@ -323,9 +305,17 @@ def _model_name(key: tuple) -> str:
   return f"{dataset or 'predictions'}, {model or 'model'}, train dropout {rate}, seed {seed}"
 
 
+def _by_model(evaluated: dict) -> dict[tuple, dict[str, list]]:
+  """Per model (in the results' order), its rows of each of ``evaluate``'s tables."""
+  return {
+    key: {name: [r for r in evaluated[name] if shift_tables.model_of(r) == key] for name in _TABLES}
+    for key in shift_tables.grouped(evaluated["rows"])
+  }
+
+
 def markdown(settings: Settings, evaluated: dict) -> str:
   """results.md: per model, the variants' metrics at every shift and on the OOD sets."""
-  rows, n_bins = evaluated["rows"], settings.compare_bins
+  n_bins = settings.compare_bins
   text = [
     "# Calibration under dataset shift",
     "",
@@ -338,7 +328,8 @@ def markdown(settings: Settings, evaluated: dict) -> str:
     "isotonic and top-label rows calibrate a score. Corruptions: the mean over the "
     "corruptions at each intensity, and the worst in parentheses.",
   ]
-  for key, model_rows in _grouped(rows).items():
+  for key, mine in _by_model(evaluated).items():
+    model_rows = mine["rows"]
     variants = shift_tables.present_variants(model_rows, n_bins)
     text += ["", f"## {_model_name(key)}"]
     for metric in shift_tables.METRICS:
@@ -350,26 +341,25 @@ def markdown(settings: Settings, evaluated: dict) -> str:
       if any(r["shift"] in corruptions.names() for r in model_rows):
         table = shift_tables.corruption_table(model_rows, variants, metric)
         text += ["", f"### corruptions: {title}", "", table]
-    ood = [r for r in evaluated["ood_rows"] if _model(r) == key]
-    if ood:
-      text += ["", "### out-of-distribution inputs", "", shift_tables.ood_table(ood, variants)]
-    recalibrated = [r for r in evaluated["recalibration_rows"] if _model(r) == key]
-    text += _recalibration_markdown(recalibrated, n_bins)
-    text += _accuracy_markdown([r for r in evaluated["accuracy_rows"] if _model(r) == key])
-    text += _sets_markdown([r for r in evaluated["set_rows"] if _model(r) == key])
+    if mine["ood_rows"]:
+      table = shift_tables.ood_table(mine["ood_rows"], variants)
+      text += ["", "### out-of-distribution inputs", "", table]
+    text += _recalibration_markdown(mine["recalibration_rows"], n_bins)
+    text += _accuracy_markdown(mine["accuracy_rows"])
+    text += _sets_markdown(mine["set_rows"])
   return "\n".join(text) + "\n"
 
 
 def _sets_markdown(rows: list[dict]) -> list[str]:
   if not rows:
     return []
-  lines = ["| method | set method | alpha | set | coverage | mean size |"]
-  lines.append("|---|---|---:|---|---:|---:|")
+  header = ["method", "set method", "alpha", "set", "coverage", "mean size"]
+  lines = [tables.md_row(header), "|---|---|---:|---|---:|---:|"]
   for r in rows:
     where = r["shift"] if r["shift"] == results.CLEAN else f"{r['shift']} {r['severity']:g}"
+    coverage, size = tables.pm_value(r, "coverage", 3), tables.pm_value(r, "mean_size", 2)
     lines.append(
-      f"| {r['label']} | {r['estimator']} | {r['alpha']:g} | {where} "
-      f"| {tables.pm_value(r, 'coverage', 3)} | {tables.pm_value(r, 'mean_size', 2)} |"
+      tables.md_row([r["label"], r["estimator"], f"{r['alpha']:g}", where, coverage, size])
     )
   note = (
     "Prediction sets calibrated on the clean calibration parts and applied unchanged to "
@@ -380,7 +370,7 @@ def _sets_markdown(rows: list[dict]) -> list[str]:
 
 def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
   text = []
-  for label, mine in _grouped(rows, _LABEL).items():
+  for label, mine in shift_tables.grouped(rows, _LABEL).items():
     for metric in ("ece", "brier"):
       title = shift_tables.metric_title(metric, n_bins)
       text += ["", f"### {label}: recalibrated on m labelled shifted examples, {title}", ""]
@@ -400,7 +390,7 @@ def _recalibration_markdown(rows: list[dict], n_bins: int) -> list[str]:
 def _accuracy_markdown(rows: list[dict]) -> list[str]:
   text = []
   titles = {name: e.title for name, e in accuracy_estimates.ESTIMATORS.items()}
-  for label, mine in _grouped(rows, _LABEL).items():
+  for label, mine in shift_tables.grouped(rows, _LABEL).items():
     text += ["", f"### {label}: accuracy predicted without labels (percentage points)", ""]
     text.append(shift_tables.accuracy_table(mine, titles))
   return text
@@ -409,21 +399,21 @@ def _accuracy_markdown(rows: list[dict]) -> list[str]:
 def figure_data(evaluated: dict, n_bins: int) -> list[tuple]:
   """``plots.write_shift_figures``' panels: per model, its rows, variants, OOD histograms'
   P(correct) by variant, and its recalibration and accuracy rows by label."""
-  by_model = _grouped(evaluated["rows"])
+  by_model = _by_model(evaluated)
   panels = []
-  for key, model_rows in by_model.items():
+  for key, mine in by_model.items():
+    model_rows = mine["rows"]
     variants = shift_tables.present_variants(model_rows, n_bins, shift_tables.FIGURE_VARIANTS)
     p_correct: dict[str, dict] = {}
     for label, selector in variants.items():
       selector = {k: v for k, v in selector.items() if k != "n_bins"}
-      for row in evaluated["ood_rows"]:
-        if _model(row) == key and shift_tables.matches(row, selector):
+      for row in mine["ood_rows"]:
+        if shift_tables.matches(row, selector):
           arrays = evaluated["histograms"][row["source"], row["score"], row["estimator"]]
           p_correct.setdefault(label, {}).update(arrays)
     name = "" if len(by_model) == 1 else "_".join(str(v) for v in key if v is not None)
     by_method = [
-      _grouped([r for r in evaluated[rows] if _model(r) == key], _LABEL)
-      for rows in ("recalibration_rows", "accuracy_rows")
+      shift_tables.grouped(mine[t], _LABEL) for t in ("recalibration_rows", "accuracy_rows")
     ]
     panels.append((name, model_rows, variants, p_correct, *by_method))
   return panels
@@ -494,8 +484,6 @@ def _predict_sets(settings, workdir, point, pool, out) -> list[tuple[str, object
       labels = pool.labels[: len(images)] if shift_set.ood else pool.labels
       result = prediction.predict_images(settings, job, meta, states, images, labels, index)
       if runs.is_writer():
-        from top1_jax.io import predictions as predictions_lib
-
         predictions_lib.save_predictions(path, result)
       logging.info("shift: %s (%.1f s)", asked[-1][0], time.perf_counter() - tic)
   return asked

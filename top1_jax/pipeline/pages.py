@@ -71,11 +71,8 @@ def _ece(n_bins: int | str, binning: str = "equal-mass", **kind) -> str:
   return metrics.ece_name(n_bins, binning, calibration=calibration, percent=True, **kind)
 
 
-_FILE_SETTINGS = tuple(
-  c
-  for c in results_io.COLUMNS
-  if c not in ("seed", "source", "score", "topk", "estimator", "n_bins")
-)
+_NOT_THE_FILE = ("seed", "source", "score", "topk", "estimator", "n_bins")
+_FILE_SETTINGS = tuple(c for c in results_io.COLUMNS if c not in _NOT_THE_FILE)
 
 
 def _file(row: Mapping[str, Any]) -> Any:
@@ -257,12 +254,11 @@ def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs
   rows, comparison = merged["rows"], merged.get("comparison") or []
   set_rows = [r for r in rows if r.get("alpha") is not None]  # prediction sets'
   rows = [r for r in rows if r.get("alpha") is None]
-  names = ("aggregate.md", "aggregate.csv", "aggregate.json")
   sections = _sections(rows, comparison, merged.get("selective") or [], set_rows, value, value)
   return page.write_results_page(
     out, title, intro=tables.ACROSS_RUNS, **sections, figures=figures,
     config={"inputs": inputs["inputs"], "num_runs": inputs["num_runs"]},
-    links=_present(out, names),
+    links=_present(out, ("aggregate.md", "aggregate.csv", "aggregate.json")),
   )  # fmt: skip
 
 
@@ -321,10 +317,7 @@ def write_shift_page(settings: Settings, folder, timings: Mapping[str, Any]):
   data = files.read_json(folder / "results.json")
   n_bins = settings.compare_bins
   answers, findings, details = [], [], []
-  by_model: dict[tuple, list] = {}
-  for row in data["results"]:
-    by_model.setdefault(tuple(row[c] for c in tables.TRAINING), []).append(row)
-  for key, rows in by_model.items():
+  for key, rows in shift_tables.grouped(data["results"]).items():
     dataset, model, rate, seed = key
     title = f"{dataset or 'predictions'}, {model or 'model'}"
     title += f", train dropout {rate:g}" if rate is not None else ""

@@ -51,20 +51,18 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   if not runs.is_writer():
     return  # evaluation is process 0's alone (no collectives): the others are done
   tic = time.perf_counter()
-  ours = {f"{p.name}/" for p in points}
-  timings["evaluate"] = sweep.evaluate(
-    settings, workdir, [a for a in asked if a[0].split("/")[0] + "/" in ours], tasks
-  )
+  ours = {p.name for p in points}
+  mine = [item for item in asked if item[0].split("/")[0] in ours]  # <point>/<kind>
+  timings["evaluate"] = sweep.evaluate(settings, workdir, mine, tasks)
   timings["evaluate"]["total"] = time.perf_counter() - tic
   timings["total"] = time.perf_counter() - start
-  if tasks[1] == 1:
-    files.write_json(workdir / "timings.json", timings)
-    page = sweep.write_page(settings, workdir, timings)
-  seconds = ", ".join(
-    f"{k} {v['total'] if isinstance(v, dict) else v:.0f} s" for k, v in timings.items()
-  )
   index, count = tasks  # a task writes no tables: the run with one task does
   done = f"task {index} of {count} done"
   if count == 1:
+    files.write_json(workdir / "timings.json", timings)
+    page = sweep.write_page(settings, workdir, timings)
     done = f"done; tables in {workdir}/results.md, results page {page}"
+  seconds = ", ".join(
+    f"{k} {v['total'] if isinstance(v, dict) else v:.0f} s" for k, v in timings.items()
+  )
   logging.info("reproduce: %s (%s)", done, seconds)

@@ -20,9 +20,8 @@ class RunError(ValueError):
   """A work dir problem the user can fix (another sweep's files, a missing stage)."""
 
 
-def is_writer() -> bool:
-  """Whether this process writes files: process 0 of a multi-process run."""
-  return parallel.is_writer()
+is_writer = parallel.is_writer
+"""Whether this process writes files: process 0 of a multi-process run."""
 
 
 def versions() -> dict[str, str]:
@@ -30,14 +29,10 @@ def versions() -> dict[str, str]:
   import numpy
 
   return {
-    "top1_jax": __version__,
-    "jax": jax.__version__,
-    "numpy": numpy.__version__,
-    "python": sys.version.split()[0],
-    "backend": jax.default_backend(),
-    "devices": str(len(jax.devices())),
-    "processes": str(jax.process_count()),
-  }
+    "top1_jax": __version__, "jax": jax.__version__, "numpy": numpy.__version__,
+    "python": sys.version.split()[0], "backend": jax.default_backend(),
+    "devices": str(len(jax.devices())), "processes": str(jax.process_count()),
+  }  # fmt: skip
 
 
 def config_json(settings: Settings) -> dict:

@@ -6,6 +6,8 @@ A broken rule is a one-line ``SettingError`` starting with the field's name.
 """
 
 import dataclasses
+import importlib
+import itertools
 import math
 import re
 from collections.abc import Callable
@@ -152,12 +154,8 @@ def _items(field: str, value) -> tuple:
   out = []
   for item in value if isinstance(value, (tuple, list)) else (value,):
     if isinstance(item, str):
-      depth = 0
-      for char in item:
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth < 0:
-          break
-      if depth:
+      depths = list(itertools.accumulate({"(": 1, ")": -1}.get(char, 0) for char in item))
+      if depths and (min(depths) < 0 or depths[-1]):  # a ")" before its "(", or one left open
         fail(
           field,
           f"malformed value {item!r}: its parentheses do not pair up; write (a,b) or (a,), "
@@ -246,7 +244,7 @@ class Settings:
   selective_targets: tuple[float, ...] = _rule(float, low=0.0, high=1.0, many=True)
   selective_delta: float = _rule(float, low=0.0, high=0.5, above=True, what="a probability")
   set_methods: tuple[str, ...] = _rule(
-    str, names=lambda: tuple(_sets().METHODS), many=True, empty=True
+    str, names=lambda: tuple(_lazy("evaluation.sets").METHODS), many=True, empty=True
   )
   set_alphas: tuple[float, ...] = _rule(float, low=0.0, high=1.0, above=True, many=True)
   figures: bool = _rule(bool)
@@ -259,10 +257,12 @@ class Settings:
   )
   shift_translations: tuple[int, ...] = _rule(int, low=1, many=True, empty=True)
   shift_corruptions: tuple[str, ...] = _rule(
-    str, names=lambda: _corruptions().names(), many=True, empty=True, every=True
+    str, names=lambda: _lazy("engine.corruptions").names(), many=True, empty=True, every=True
   )
   shift_severities: tuple[int, ...] = _rule(int, low=1, high=5, up_to=True, many=True, empty=True)
-  shift_ood: tuple[str, ...] = _rule(str, names=lambda: _ood_sets().names(), many=True, empty=True)
+  shift_ood: tuple[str, ...] = _rule(
+    str, names=lambda: _lazy("io.ood_sets").names(), many=True, empty=True
+  )
   shift_estimators: tuple[str, ...] = _rule(str, names=registry.names, many=True)
   shift_num_labels: tuple[int, ...] = _rule(int, low=0, many=True, empty=True)
   shift_label_draws: int = _rule(int, low=1)
@@ -285,32 +285,16 @@ class Settings:
     return self.input_kind != "predictions"
 
 
-def _corruptions():
-  from top1_jax.engine import corruptions  # jax: imported when a rule needs the names
-
-  return corruptions
-
-
-def _sets():
-  from top1_jax.evaluation import sets
-
-  return sets
-
-
-def _ood_sets():
-  from top1_jax.io import ood_sets
-
-  return ood_sets
+def _lazy(module: str):
+  """``top1_jax.<module>``, imported (with jax) only when a rule reads its names."""
+  return importlib.import_module(f"top1_jax.{module}")
 
 
 def parse(config: Any) -> Settings:
-  """Every field of ``config`` parsed by its rule, then the rules that tie fields together.
+  """Every field of ``config`` (a ``ConfigDict`` of ``configs/default.py``'s fields, or any
+  item-access mapping) parsed by its rule, then the rules that tie fields together.
 
-  Args:
-    config: a ``ConfigDict`` of ``configs/default.py``'s fields (or any item-access mapping).
-
-  Raises:
-    SettingError: one line starting with the field's name.
+  Raises ``SettingError``: one line starting with the field's name.
   """
   values = {}
   for field in dataclasses.fields(Settings):
@@ -336,9 +320,8 @@ def _recipe(s: Settings) -> Settings:
   boundaries = s.lr_boundaries
   if s.lr_schedule == "step" and not boundaries:
     fail("lr_boundaries", "lr_schedule=step needs the epochs where the rate drops, got ()")
-  if s.lr_schedule == "step" and (
-    list(boundaries) != sorted(boundaries) or any(not 0 < b < s.num_epochs for b in boundaries)
-  ):
+  ordered = list(boundaries) == sorted(boundaries) and all(0 < b < s.num_epochs for b in boundaries)
+  if s.lr_schedule == "step" and not ordered:
     fail(
       "lr_boundaries",
       f"expected increasing epochs in (0, num_epochs={s.num_epochs}), got {boundaries}",
@@ -404,7 +387,7 @@ def _known_scores(s: Settings) -> None:
 
 def _inputs(s: Settings) -> None:
   kind = s.input_kind
-  if kind == "predictions" or (kind == "auto" and not s.single_input):
+  if not s.single_input:  # predictions files
     if s.labels:
       fail(
         "labels", "goes with a .npy array of logits or probs (a predictions file holds its labels)"
@@ -440,7 +423,7 @@ def _shift(s: Settings) -> Settings:
       fail(field, f"unknown score(s) {', '.join(unknown)}; known: {', '.join(scores.REGISTRY)}")
   s = s.replace(shift_num_labels=tuple(sorted(labels)))
   if s.shift_corruptions == ("all",):
-    return s.replace(shift_corruptions=_corruptions().names())
+    return s.replace(shift_corruptions=_lazy("engine.corruptions").names())
   return s
 
 

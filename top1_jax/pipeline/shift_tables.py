@@ -5,7 +5,8 @@ Ovadia et al.'s methods, each its own probability as P(correct), beside calibrat
 """
 
 import math
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -45,6 +46,18 @@ def matches(row: Mapping, selector: Mapping) -> bool:
   return all(row.get(column) == value for column, value in selector.items())
 
 
+def model_of(row: Mapping) -> tuple:
+  return tuple(row[c] for c in tables.TRAINING)  # dataset, model, train dropout rate, seed
+
+
+def grouped(rows: Sequence[Mapping], key: Callable = model_of) -> dict:
+  """``rows`` by ``key(row)`` (by default their training point), in their order."""
+  out: dict = {}
+  for row in rows:
+    out.setdefault(key(row), []).append(row)
+  return out
+
+
 FIGURE_VARIANTS = (
   "Vanilla", "Temp scaling", "Dropout", "Ensemble", "Bins: pmax", "Bins: ensemble cov. 2-norm"
 )  # fmt: skip
@@ -58,8 +71,7 @@ def present_variants(
   ``n_bins`` and (MC dropout) the smallest dropout rate, so it picks one row per set."""
   chosen = {}
   for label in labels:
-    selector = VARIANTS[label]
-    selector = {**selector, "n_bins": n_bins, "shift": results.CLEAN}
+    selector = {**VARIANTS[label], "n_bins": n_bins, "shift": results.CLEAN}
     found = [r for r in rows if matches(r, selector)]
     if found:
       if selector["method"] == "mc_dropout":
@@ -77,12 +89,6 @@ def _value(rows, selector, shift, severity, metric) -> float | None:
       value = row.get(metric)
       return None if value is None or not math.isfinite(value) else float(value)
   return None
-
-
-def _head(header: list[str], left: int = 1) -> list[str]:
-  """A table's header and rule (spaced): ``left`` columns aligned left, the rest right."""
-  rule = ["---"] * left + ["---:"] * (len(header) - left)
-  return [tables.md_row(header), tables.md_row(rule)]
 
 
 METRICS = ("accuracy", "brier", "nll", "ece", "auroc")
@@ -115,7 +121,7 @@ def geometric_table(rows, variants, shift: str, metric: str) -> str:
   levels = [0, *sorted({r["severity"] for r in rows if r["shift"] == shift})]
   scale, digits = metric_format(metric)
   variants = _shown(variants, metric)
-  lines = _head(["method", *(f"{level:g}" for level in levels)])
+  lines = tables.md_head(["method", *(f"{level:g}" for level in levels)], spaced=True)
   for label, selector in variants.items():
     cells = []
     for level in levels:
@@ -131,7 +137,8 @@ def corruption_table(rows, variants, metric: str) -> str:
   levels = sorted({r["severity"] for r in rows if r["shift"] in names})
   scale, digits = metric_format(metric)
   variants = _shown(variants, metric)
-  lines = _head(["method", "clean", *(f"{level:g}: mean (worst)" for level in levels)])
+  header = ["method", "clean", *(f"{level:g}: mean (worst)" for level in levels)]
+  lines = tables.md_head(header, spaced=True)
   worst = max if metric not in ("accuracy", "auroc") else min
   for label, selector in variants.items():
     cells = [tables.cell(_value(rows, selector, results.CLEAN, 0, metric), digits, scale)]
@@ -149,7 +156,7 @@ def ood_table(ood_rows, variants) -> str:
   header = ["method", "score"]
   for name in sets:
     header += [f"{name}: AUROC", f"{name}: mean P(correct)"]
-  lines = _head([*header, "clean: mean P(correct)"], 2)
+  lines = tables.md_head([*header, "clean: mean P(correct)"], 2, spaced=True)
   for label, selector in variants.items():
     selector = {k: v for k, v in selector.items() if k != "n_bins"}
     found = [r for r in ood_rows if matches(r, selector)]
@@ -157,11 +164,8 @@ def ood_table(ood_rows, variants) -> str:
       continue
     cells = [label, found[0]["score"]]
     for name in sets:
-      row = next((r for r in found if r["shift"] == name), None)
-      cells += [
-        tables.cell(None if row is None else row["ood_auroc"], 3),
-        tables.cell(None if row is None else row["p_correct_mean"], 3),
-      ]
+      row = next((r for r in found if r["shift"] == name), {})
+      cells += [tables.cell(row.get("ood_auroc"), 3), tables.cell(row.get("p_correct_mean"), 3)]
     lines.append(tables.md_row([*cells, tables.cell(found[0]["clean_p_correct_mean"], 3)]))
   return "\n".join(lines)
 
@@ -204,9 +208,8 @@ def recalibration_table(rows: Sequence[Mapping], metric: str) -> str:
   header = ["recalibration", "score", "clean", *(f"m = {m}: mean (worst)" for m in counts)]
   if metric == "ece":
     header.append("labels to within 1 pp of clean")
-  lines = _head(header, 2)
-  for key in dict.fromkeys((r["recalibration"], r["score"]) for r in rows):
-    mine = [r for r in rows if (r["recalibration"], r["score"]) == key]
+  lines = tables.md_head(header, 2, spaced=True)
+  for key, mine in grouped(rows, operator.itemgetter("recalibration", "score")).items():
     clean = [r[metric] for r in mine if r["shift"] == results.CLEAN and r["num_labels"] == 0]
     scale, digits = metric_format(metric)
     cells = [*key, tables.cell(clean[0] if clean else None, digits, scale)]
@@ -235,9 +238,8 @@ def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
   shifted = [f for f in families if not f.startswith("ood_")]
   header = ["estimator", "score", "clean: error", "shifted: MAE", *(f"{f}: MAE" for f in shifted)]
   header += [f"{f}: predicted" for f in families if f.startswith("ood_")]
-  lines = _head(header, 2)
-  for key in dict.fromkeys((r["estimator"], r["score"]) for r in rows):
-    mine = [r for r in rows if (r["estimator"], r["score"]) == key]
+  lines = tables.md_head(header, 2, spaced=True)
+  for key, mine in grouped(rows, operator.itemgetter("estimator", "score")).items():
     cells = [titles.get(key[0], key[0]), key[1]]
     clean = [r["error"] for r in mine if _family(r) == results.CLEAN]
     cells.append(tables.cell(clean[0] if clean else None, 2, 100.0))

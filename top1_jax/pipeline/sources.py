@@ -30,9 +30,7 @@ class Source:
   and one chunk, never the file's [S, N, K] samples.
   """
 
-  def __init__(
-    self, name: str, path, settings: Settings, timings: dict, chunk_size: int | None = None
-  ):
+  def __init__(self, name: str, path, settings: Settings, timings: dict):
     tic = time.perf_counter()
     self.name, self.slug, self.path = name, name.replace("/", "__"), path
     with (
@@ -56,11 +54,10 @@ class Source:
       # One network (not MC dropout or an ensemble): temperature scaling applies.
       sampled = self.columns["method"] in ("mc_dropout", "ensemble")
       self.single_model = num_samples == 1 and not sampled
-      size = chunk_size or streaming.chunk_size(len(self.labels), num_samples, reader.num_classes)
+      size = streaming.chunk_size(len(self.labels), num_samples, reader.num_classes)
       chunks = _timed(reader.chunks(size), timings, "load")
       timings["load"] = timings.get("load", 0.0) + time.perf_counter() - tic
-      tic = time.perf_counter()
-      before = timings["load"]
+      tic, before = time.perf_counter(), timings["load"]
       self.log_probs, self.scores, self.label_terms = streaming.from_chunks(
         chunks, len(self.labels), topk=settings.topk
       )
@@ -158,5 +155,6 @@ def asked_files(settings: Settings, workdir) -> list[tuple[str, object]]:
   """(name, path) of every predictions file the settings ask for, in the sweep's order."""
   if settings.inputs:
     return _given_files(settings, workdir)
-  folder = workdir / "predictions"
-  return [(job.name, folder / f"{job.name}.npz") for job in jobs.all_jobs(settings)]
+  points = jobs.training_points(settings)
+  every = [job for point in points for job in jobs.prediction_jobs(settings, point)]
+  return [(job.name, workdir / "predictions" / f"{job.name}.npz") for job in every]

@@ -35,9 +35,8 @@ def _requested_scores(settings: Settings, found: list[Source]) -> list[str]:
   known = set(scores.REGISTRY)
   if settings.scores == ("all",):
     per_k = {scores.topk_name(k) for k in settings.topk}
-    return [n for n in scores.REGISTRY if n in available or scores.REGISTRY[n].per_k] + sorted(
-      available - known - per_k
-    )
+    registered = [n for n in scores.REGISTRY if n in available or scores.REGISTRY[n].per_k]
+    return registered + sorted(available - known - per_k)  # then the files' own scores
   unknown = [n for n in settings.scores if n not in available and n not in known]
   if unknown:
     raise SettingError(
@@ -50,13 +49,9 @@ def _requested_scores(settings: Settings, found: list[Source]) -> list[str]:
 
 def _points(settings: Settings, found: list[Source]) -> list[tuple]:
   requested = _requested_scores(settings, found)
-  points = []
-  for estimator, source, k, score in itertools.product(
-    settings.estimators, found, settings.topk, requested
-  ):
-    point = (source, scores.for_event(score, k), k, estimator)
-    if point[1] in source.scores and point not in points:
-      points.append(point)
+  grid = itertools.product(settings.estimators, found, settings.topk, requested)
+  every = dict.fromkeys((source, scores.for_event(score, k), k, e) for e, source, k, score in grid)
+  points = [point for point in every if point[1] in point[0].scores]  # each once, if stored
   if not points:
     raise SettingError(
       f"scores: none of {', '.join(requested)} is available in the predictions files"
@@ -64,9 +59,7 @@ def _points(settings: Settings, found: list[Source]) -> list[tuple]:
   return points
 
 
-def _sweep_point(
-  settings, source: Source, score: str, k: int, estimator: str, folder, write
-) -> dict:
+def _sweep_point(settings, source: Source, score: str, k: int, estimator: str, folder) -> dict:
   """One point's cross-validation, or the saved one when its settings and file match."""
   name = f"{source.slug}__{score}__top{k}" + tables.estimator_suffix(estimator, "__{}")
   path = folder / f"{name}.json"
@@ -86,22 +79,16 @@ def _sweep_point(
     settings=expected, file=str(source.path), source=source.name, columns=source.columns,
     score=score, topk=k, estimator=estimator, rows=cv.rows(), per_fold=cv.per_fold_lists(),
   )  # fmt: skip
-  if write:
-    files.write_json(path, record)
+  files.write_json(path, record)
   return record
 
 
 def sweep(
-  settings: Settings,
-  found: list[Source],
-  folder,
-  *,
-  write: bool = True,
-  log: Callable[[str], object] = print,
+  settings: Settings, found: list[Source], folder, *, log: Callable[[str], object] = print
 ) -> list[dict]:
-  """Every sweep point of ``found`` (``sources.load_sources``): cross-validated, or reused
-  from ``folder`` (a path or ``epath``); ``write``: save new records (False on processes
-  that must not write); ``log`` gets a line per computed point and a summary.
+  """Every sweep point of ``found`` (``sources.load_sources``): cross-validated (and saved),
+  or reused from ``folder`` (a path or ``epath``); ``log`` gets a line per computed point
+  and a summary.
 
   Returns one record per point (file, score, k, estimator): ``settings``, ``file``,
   ``source``, ``columns`` (the file's, ``tables.file_columns``), ``score``, ``topk``,
@@ -116,7 +103,7 @@ def sweep(
   records, reused, start = [], 0, time.perf_counter()
   for index, point in enumerate(points, 1):
     tic = time.perf_counter()
-    records.append(_sweep_point(settings, *point, folder, write))
+    records.append(_sweep_point(settings, *point, folder))
     if records[-1].pop("reused", False):
       reused += 1
       continue

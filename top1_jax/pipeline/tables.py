@@ -112,9 +112,11 @@ def md_row(cells) -> str:
   return "| " + " | ".join(cells) + " |"
 
 
-def md_head(header: list[str], left: int = 1) -> list[str]:
-  """A Markdown table's header and rule: ``left`` columns aligned left, the rest right."""
-  return [md_row(header), "|" + "---|" * left + "---:|" * (len(header) - left)]
+def md_head(header: list[str], left: int = 1, spaced: bool = False) -> list[str]:
+  """A Markdown table's header and rule: ``left`` columns aligned left, the rest right;
+  ``spaced``: the rule's cells spaced as ``md_row``'s (the shift tables')."""
+  rule = ["---"] * left + ["---:"] * (len(header) - left)
+  return [md_row(header), md_row(rule) if spaced else "|" + "|".join(rule) + "|"]
 
 
 def eor_digits(mean: float | None) -> int:
@@ -185,17 +187,13 @@ def score_cell(row: dict) -> str:
 def summary_table(rows: list[dict], metric: str, n_bins: int, topks: tuple[int, ...]) -> str:
   key = lambda r: (r["label"], r["score"], r.get("estimator", DEFAULT_ESTIMATOR))
   lines = md_head(["method", "score", *(f"Top-{k}" for k in topks)], 2)
+  shown = _eor if metric == "eor" else lambda row: cell(row[metric], 4)
   for wanted in dict.fromkeys(map(key, rows)):
     method, score, estimator = wanted
     cells = [method, score_cell({"score": score, "estimator": estimator})]
     for k in topks:
       match = [r for r in rows if key(r) == wanted and (r["topk"], r["n_bins"]) == (k, n_bins)]
-      if not match:
-        cells.append("–")
-      elif metric == "eor":
-        cells.append(_eor(match[0]))
-      else:
-        cells.append(cell(match[0][metric], 4))
+      cells.append(shown(match[0]) if match else "–")
     lines.append(md_row(cells))
   return "\n".join(lines)
 

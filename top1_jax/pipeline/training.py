@@ -56,22 +56,13 @@ def folder(workdir, point: jobs.TrainingPoint):
   return workdir / "train" / point.name
 
 
-def _differences(saved: dict, wanted: dict) -> list[str]:
-  return sorted(k for k in {**saved, **wanted} if saved.get(k) != wanted.get(k))
-
-
-def _longer(saved: dict | None, wanted: dict) -> bool:
-  """Whether ``wanted`` only trains for more epochs than ``saved``."""
-  return (
-    saved is not None
-    and _differences(saved, wanted) == ["epochs"]
-    and wanted["epochs"] > saved.get("epochs", 0)
-  )
-
-
 def _refuse_other(where, saved: dict | None, wanted: dict, what: str) -> None:
-  if saved != wanted and not _longer(saved, wanted):
-    fields = ", ".join(_differences(saved or {}, wanted))
+  """Refuses a stage made with other settings, unless they only ask for more epochs."""
+  saved = saved or {}  # none recorded: every field differs
+  differing = sorted(k for k in {**saved, **wanted} if saved.get(k) != wanted.get(k))
+  longer = differing == ["epochs"] and wanted["epochs"] > saved.get("epochs", 0)
+  if saved != wanted and not longer:
+    fields = ", ".join(differing)
     raise RunError(
       f"--workdir: {where} {what} with other settings (differing: {fields}); use a new "
       "--workdir or the same config (only a larger num_epochs continues a finished stage)"
