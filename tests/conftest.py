@@ -9,14 +9,18 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One CPU device, also in the launchers the tests start (evaluate would take one per
 # core, a longer start-up per run; tests/test_scale.py checks those devices' scores).
-# And XLA's backend optimisation level 0: the suite compiles hundreds of programs over
-# tiny arrays, where LLVM optimising a program costs more than running it. Results
-# agree to float32 rounding, and every assertion is a tolerance or compares programs
-# compiled alike.
-# Processes the tests start keep the level (tests/processes.xla_flags), with their own
+# And XLA's backend optimisation level 0 with its older loop emitters (not the fusion
+# emitters): the suite compiles hundreds of programs over tiny arrays, where compiling a
+# program costs more than running it (the emitters: -26 % of the suite's CPU time).
+# Results agree to float32 rounding, and every assertion is a tolerance or compares
+# programs compiled alike; the one bit-for-bit claim across array shapes is checked
+# with XLA's fusion emitters (tests/test_sets.py, in a child process).
+# Processes the tests start keep these flags (tests/processes.xla_flags), with their own
 # device counts.
 os.environ.setdefault(
-  "XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
+  "XLA_FLAGS",
+  "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
+  " --xla_cpu_use_fusion_emitters=false",
 )
 # JAX's persistent compilation cache (the launchers turn it on: top1_jax.launch.common) in
 # a folder of this test process, inherited by the launchers it starts: later launcher
