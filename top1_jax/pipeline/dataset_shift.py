@@ -186,10 +186,15 @@ def _evaluate_group(settings: Settings, group: Group, names: list[str]) -> tuple
     n_bins=settings.n_bins,
   )  # fmt: skip
   records = [
-    {"columns": sets[r.test_set].columns, "score": r.score, "topk": 1, "estimator": r.estimator,
-     "rows": r.metrics.rows()}
+    {
+      "columns": sets[r.test_set].columns,
+      "score": r.score,
+      "topk": 1,
+      "estimator": r.estimator,
+      "rows": r.metrics.rows(),
+    }
     for r in found
-  ]  # fmt: skip
+  ]
   if not group.ood:
     return records, [], []
   reports = ood.ood_report(

@@ -14,10 +14,18 @@ STAGES = ("base", "ensemble")
 """What a training point trains: the base network, then the ensemble."""
 
 RECIPE_DEFAULTS = {
-  "optimizer": "adam", "momentum": 0.9, "nesterov": False, "lr_schedule": "constant",
-  "lr_boundaries": (), "lr_factor": 0.1, "warmup_epochs": 0.0, "weight_decay": 0.0,
-  "augment": (), "crop_padding": 4, "half_precision": "none",
-}  # fmt: skip
+  "optimizer": "adam",
+  "momentum": 0.9,
+  "nesterov": False,
+  "lr_schedule": "constant",
+  "lr_boundaries": (),
+  "lr_factor": 0.1,
+  "warmup_epochs": 0.0,
+  "weight_decay": 0.0,
+  "augment": (),
+  "crop_padding": 4,
+  "half_precision": "none",
+}
 """The recipe's fields at the values that train as before they existed (Adam, constant rate,
 float32, no weight decay or augmentation)."""
 
@@ -70,13 +78,18 @@ class PredictionJob:
   def meta(self, settings: Settings) -> dict:
     """Its file's meta: the tidy results' columns, and what ``predict`` checks a file by."""
     meta = {
-      "dataset": settings.dataset, "split": "test", "limit_test": settings.limit_test,
-      "model": self.point.model, "train_dropout_rate": self.point.train_dropout_rate,
-      "seed": self.point.seed, "method": self.method, "dropout_rate": self.dropout_rate,
+      "dataset": settings.dataset,
+      "split": "test",
+      "limit_test": settings.limit_test,
+      "model": self.point.model,
+      "train_dropout_rate": self.point.train_dropout_rate,
+      "seed": self.point.seed,
+      "method": self.method,
+      "dropout_rate": self.dropout_rate,
       "num_samples": self.num_samples,
       "epochs": settings.num_epochs,  # the key from before num_epochs: older files stay current
       "version": __version__,
-    }  # fmt: skip
+    }
     return meta | ({"ensemble_size": self.ensemble_size} if self.method == "ensemble" else {})
 
 
@@ -108,12 +121,15 @@ def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dic
   Recipe fields are recorded only where used and not at their ``RECIPE_DEFAULTS``, so a
   stage trained before they existed keeps its record."""
   config = {
-    "dataset": settings.dataset, "limit_train": settings.limit_train, "model": point.model,
+    "dataset": settings.dataset,
+    "limit_train": settings.limit_train,
+    "model": point.model,
     "train_dropout_rate": point.train_dropout_rate,
     "epochs": settings.num_epochs,  # the key from before num_epochs: older runs resume
-    "batch_size": settings.batch_size, "learning_rate": settings.learning_rate,
+    "batch_size": settings.batch_size,
+    "learning_rate": settings.learning_rate,
     "seed": point.seed,
-  }  # fmt: skip
+  }
   unused = set() if settings.optimizer == "sgd" else {"momentum", "nesterov"}
   unused |= set() if settings.lr_schedule == "step" else {"lr_boundaries", "lr_factor"}
   unused |= set() if "crop" in settings.augment else {"crop_padding"}

@@ -29,10 +29,14 @@ def versions() -> dict[str, str]:
   import numpy
 
   return {
-    "top1_jax": __version__, "jax": jax.__version__, "numpy": numpy.__version__,
-    "python": sys.version.split()[0], "backend": jax.default_backend(),
-    "devices": str(len(jax.devices())), "processes": str(jax.process_count()),
-  }  # fmt: skip
+    "top1_jax": __version__,
+    "jax": jax.__version__,
+    "numpy": numpy.__version__,
+    "python": sys.version.split()[0],
+    "backend": jax.default_backend(),
+    "devices": str(len(jax.devices())),
+    "processes": str(jax.process_count()),
+  }
 
 
 def config_json(settings: Settings) -> dict:
