@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from top1_jax.core import validation
+
 Variables = Any  # {"params": ...} plus {"batch_stats": ...} for BatchNorm models
 
 _MASK_LEVELS = 1 << 16  # 16 random bits per mask entry
@@ -62,17 +64,14 @@ class Dropout(nn.Module):
 PLACEMENTS = ("all", "head")
 
 
-def _check_placement(placement: str) -> None:
-  if placement not in PLACEMENTS:
-    raise ValueError(f"dropout_placement: expected one of {PLACEMENTS}, got {placement!r}")
-
-
 def _network(body: Callable) -> Callable:
   """A network's ``__call__(x, *, train=False, dropout_rate=0.0)``: [B, ...] inputs ->
   float32 [B, K] logits; ``train`` uses batch statistics, ``dropout_rate`` may be traced."""
 
   def __call__(self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0):
-    _check_placement(self.dropout_placement)
+    placement = self.dropout_placement
+    if placement not in PLACEMENTS:
+      raise ValueError(f"dropout_placement: expected one of {PLACEMENTS}, got {placement!r}")
     return body(self, x, train, dropout_rate)
 
   return nn.compact(__call__)
@@ -245,10 +244,9 @@ class WideResNet(nn.Module):
         stride = 2 if stage > 0 and block == 0 else 1
         x = _WideBlock(width, stride, self.dropout_placement, self.dtype)(x, train, dropout_rate)
     x = nn.relu(_batch_norm(train, self.dtype)(x))
-    features = jnp.mean(x, axis=(1, 2))
-    if self.dropout_placement == "head":  # with "all", the blocks' dropout only (the paper's)
-      features = Dropout()(features, dropout_rate)
-    return nn.Dense(self.num_classes, dtype=self.dtype)(features).astype(jnp.float32)
+    # With "all", the blocks' dropout only (the paper's): the head's rate is 0, an identity.
+    head_rate = dropout_rate if self.dropout_placement == "head" else 0.0
+    return _head(jnp.mean(x, axis=(1, 2)), None, head_rate, self.num_classes, self.dtype)
 
 
 MODELS = {
@@ -267,14 +265,12 @@ def architecture(model: nn.Module) -> dict[str, Any]:
   """A JSON-able description, ``{"class": "CNN", "num_classes": 10, ...}``.
 
   Equal descriptions build the same parameters, so placement and ``dtype`` are left out."""
-  if not isinstance(model, nn.Module):
-    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
+  validation.instance("model", model, nn.Module, "a flax.linen.Module")
   description: dict[str, Any] = {"class": type(model).__name__}
   for field in dataclasses.fields(model):
-    if field.name in ("parent", "name", "dropout_placement", "dtype"):
-      continue
-    value = getattr(model, field.name)
-    description[field.name] = list(value) if isinstance(value, tuple) else value
+    if field.name not in ("parent", "name", "dropout_placement", "dtype"):
+      value = getattr(model, field.name)
+      description[field.name] = list(value) if isinstance(value, tuple) else value
   return description
 
 
@@ -307,6 +303,4 @@ class ApplyFn:
 
 def make_apply_fn(model: nn.Module) -> Callable[..., jax.Array]:
   """The evaluation-mode apply function of ``model`` (see ``ApplyFn``)."""
-  if not isinstance(model, nn.Module):
-    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
-  return ApplyFn(model)
+  return ApplyFn(validation.instance("model", model, nn.Module, "a flax.linen.Module"))

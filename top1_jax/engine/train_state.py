@@ -76,20 +76,15 @@ def loss_scale(
 
 def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale) -> tuple:
   """``create_train_state``'s arguments checked: (key, sample_input, dropout_rate)."""
-  if not isinstance(model, nn.Module):
-    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
+  validation.instance("model", model, nn.Module, "a flax.linen.Module")
   if not hasattr(tx, "init") or not hasattr(tx, "update"):
     raise ValueError(f"tx: expected an optax GradientTransformation, got {type(tx).__name__}")
-  if not isinstance(augmentation, augment.Augmentation):
-    raise ValueError(
-      f"augmentation: expected an augment.Augmentation (augment.make), got "
-      f"{type(augmentation).__name__}"
-    )
-  if dynamic_scale is not None and not isinstance(dynamic_scale, dynamic_scale_lib.DynamicScale):
-    raise ValueError(
-      f"dynamic_scale: expected None or a flax DynamicScale (loss_scale), got "
-      f"{type(dynamic_scale).__name__}"
-    )
+  validation.instance(
+    "augmentation", augmentation, augment.Augmentation, "an augment.Augmentation (augment.make)"
+  )
+  if dynamic_scale is not None:
+    hint = "None or a flax DynamicScale (loss_scale)"
+    validation.instance("dynamic_scale", dynamic_scale, dynamic_scale_lib.DynamicScale, hint)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
   key, rate = forward_passes.as_prng_key(key), dropout_rate
   if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0 <= rate < 1:
@@ -97,26 +92,22 @@ def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynami
   return key, sample_input, float(rate)
 
 
-def _create(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> TrainState:
-  variables = models.init(model, key, sample_input)
-  params = variables["params"]
-  model_state = {name: value for name, value in variables.items() if name != "params"}
-  step = jnp.zeros((), jnp.int32)
-  return TrainState(
-    step, params, model_state, tx.init(params), model, tx, dropout_rate, augmentation, scale
-  )
-
-
 # Jitted: created op by op (under vmap, too), the optimizer state dispatches one small
 # program per leaf and operation.
-_create_jit = jax.jit(_create, static_argnums=(0, 1, 4, 5))
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))
-def _create_ensemble(model, tx, keys, sample_input, dropout_rate, augmentation, scale):
-  return jax.vmap(
-    lambda key: _create(model, tx, key, sample_input, dropout_rate, augmentation, scale)
-  )(keys)
+def _create(model, tx, keys, sample_input, dropout_rate, augmentation, scale) -> TrainState:
+  """One network's state of a key [], or M members' (leaves [M, ...]) of keys [M]."""
+
+  def create(key):
+    variables = models.init(model, key, sample_input)
+    params = variables["params"]
+    model_state = {name: value for name, value in variables.items() if name != "params"}
+    step, opt_state = jnp.zeros((), jnp.int32), tx.init(params)
+    return TrainState(
+      step, params, model_state, opt_state, model, tx, dropout_rate, augmentation, scale
+    )
+
+  return jax.vmap(create)(keys) if keys.ndim else create(keys)
 
 
 def create_train_state(
@@ -131,7 +122,7 @@ def create_train_state(
 ) -> TrainState:
   """A ``TrainState`` at step 0; only the shape and dtype of ``sample_input`` matter."""
   checked = _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
-  return _create_jit(model, tx, *checked, augmentation, dynamic_scale)
+  return _create(model, tx, *checked, augmentation, dynamic_scale)
 
 
 def init_ensemble(
@@ -148,7 +139,7 @@ def init_ensemble(
   """M members, leaves [M, ...]; member m is ``create_train_state`` with ``split(key, M)[m]``."""
   checked = _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
   keys = jax.random.split(checked[0], validation.positive_int("ensemble_size", ensemble_size))
-  return _create_ensemble(model, tx, keys, *checked[1:], augmentation, dynamic_scale)
+  return _create(model, tx, keys, *checked[1:], augmentation, dynamic_scale)
 
 
 def member(states: TrainState, index: int) -> TrainState:
