@@ -17,7 +17,7 @@ from flax.training import dynamic_scale as dynamic_scale_lib
 from jax.typing import ArrayLike
 
 from top1_jax.core import validation
-from top1_jax.engine import augment, forward_passes, models
+from top1_jax.engine import augment, mc, models
 
 HALF_PRECISIONS = {"none": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 """The computation dtype of each ``half_precision`` setting (parameters stay float32)."""
@@ -86,7 +86,7 @@ def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynami
     hint = "None or a flax DynamicScale (loss_scale)"
     validation.instance("dynamic_scale", dynamic_scale, dynamic_scale_lib.DynamicScale, hint)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  key, rate = forward_passes.as_prng_key(key), dropout_rate
+  key, rate = mc.as_prng_key(key), dropout_rate
   if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0 <= rate < 1:
     raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
   return key, sample_input, float(rate)
@@ -144,7 +144,7 @@ def init_ensemble(
 
 def member(states: TrainState, index: int) -> TrainState:
   """Member ``index`` of an ensemble ``TrainState`` (leaves ``[index]``)."""
-  size = forward_passes.ensemble_size(states.params)
+  size = mc.ensemble_size(states.params)
   index = validation.positive_int("index", index, minimum=0, maximum=size - 1)
   return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
 
@@ -219,7 +219,7 @@ def train_step(
   """One optimizer step on the mean softmax cross-entropy (jitted, pure); metrics before it.
 
   Labels are not range-checked: that would sync every step."""
-  return _train_step_jit(state, _check_batch(batch, False), forward_passes.as_prng_key(key))
+  return _train_step_jit(state, _check_batch(batch, False), mc.as_prng_key(key))
 
 
 def ensemble_train_step(
@@ -227,7 +227,7 @@ def ensemble_train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """``train_step`` of every member at once: batch ``(images [M, B, ...], labels [M, B])``,
   [M] ``keys``; metrics [M]."""
-  size = forward_passes.ensemble_size(states.params)
+  size = mc.ensemble_size(states.params)
   images, labels = _check_batch(batch, True)
   if images.shape[0] != size:
     raise ValueError(f"batch: expected {size} member batches, got {images.shape[0]}")
