@@ -244,9 +244,10 @@ class WideResNet(nn.Module):
         stride = 2 if stage > 0 and block == 0 else 1
         x = _WideBlock(width, stride, self.dropout_placement, self.dtype)(x, train, dropout_rate)
     x = nn.relu(_batch_norm(train, self.dtype)(x))
-    # With "all", the blocks' dropout only (the paper's): the head's rate is 0, an identity.
-    head_rate = dropout_rate if self.dropout_placement == "head" else 0.0
-    return _head(jnp.mean(x, axis=(1, 2)), None, head_rate, self.num_classes, self.dtype)
+    features = jnp.mean(x, axis=(1, 2))
+    if self.dropout_placement == "head":  # with "all", the blocks' dropout only (the paper's)
+      features = Dropout()(features, dropout_rate)
+    return nn.Dense(self.num_classes, dtype=self.dtype)(features).astype(jnp.float32)
 
 
 MODELS = {
