@@ -4,9 +4,8 @@ Data that fits (``parallel.fits_on_devices``) lives on the devices for the whole
 batches gathered there; else each jitted call's batches are gathered on the hosts and sent.
 """
 
-import collections
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -17,7 +16,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from top1_jax.core import validation
-from top1_jax.engine import forward_passes, parallel, train_state
+from top1_jax.engine import mc, parallel, train_state
+from top1_jax.engine.parallel import prefetch
 
 # Streamed data: calls sent ahead of the one that runs, and the most bytes of a call's
 # batches (but one step), small beside the model.
@@ -45,20 +45,11 @@ def _num_classes(model: nn.Module, variables: Any, images: Any) -> int:
 
 def checked_dataset(model, variables, images, labels) -> tuple[np.ndarray, np.ndarray, int]:
   """Host float32 images [N, ...], int32 labels [N] in [0, K), and K, the model's logits."""
-  images = forward_passes.host_inputs("images", images)
+  images = mc.host_inputs("images", images)
   num_classes = _num_classes(model, variables, images)
   labels = validation.labels_array("labels", labels, num_classes, host=True)
   validation.same_length(images=images, labels=labels)
   return images, labels, num_classes
-
-
-def checked_schedule(num_steps, batch_size, num_examples, log_every) -> tuple[int, int, int]:
-  """``fit``'s step count, batch size (a multiple of the device count) and log interval."""
-  num_steps = validation.positive_int("num_steps", num_steps)
-  batch_size = validation.positive_int("batch_size", batch_size, maximum=num_examples)
-  log_every = validation.positive_int("log_every", log_every)
-  parallel.check_global_batch("batch_size", batch_size)
-  return num_steps, batch_size, log_every
 
 
 def input_dtype(model: nn.Module) -> Any:
@@ -179,14 +170,3 @@ def streamed(data: TrainingData, order: EpochOrder, calls: Iterable[tuple[int, i
     return tuple(parallel.shard_rows(a, rows, data.mesh, rows.ndim - 1) for a in arrays)
 
   return prefetch((batches(*call) for call in calls), IN_FLIGHT)
-
-
-def prefetch(iterator: Iterable[Any], size: int) -> Iterator[Any]:
-  """The items of ``iterator``, ``size`` of them made ahead of the one handed out."""
-  iterator, ahead = iter(iterator), collections.deque()
-  for item in iterator:
-    ahead.append(item)
-    if len(ahead) > size:
-      yield ahead.popleft()
-  while ahead:
-    yield ahead.popleft()

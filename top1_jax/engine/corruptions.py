@@ -190,10 +190,7 @@ def corrupt(
   if name not in _PER_IMAGE:
     raise ValueError(f"name: expected one of {', '.join(names())}, got {name!r}")
   batch = shifts.check_images("images", images)
-  if not isinstance(key, jax.Array):
-    raise ValueError(
-      f"key: expected a JAX PRNG key such as jax.random.key(seed), got {type(key).__name__}"
-    )
+  validation.instance("key", key, jax.Array, "a JAX PRNG key such as jax.random.key(seed)")
   severity = validation.positive_int("severity", severity, minimum=0, maximum=SEVERITIES)
   first_index = validation.positive_int("first_index", first_index, minimum=0, maximum=2**32 - 1)
   if not isinstance(quantize, (bool, np.bool_)):

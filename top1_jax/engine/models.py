@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from top1_jax.core import validation
+
 Variables = Any  # {"params": ...} plus {"batch_stats": ...} for BatchNorm models
 
 _MASK_LEVELS = 1 << 16  # 16 random bits per mask entry
@@ -62,17 +64,14 @@ class Dropout(nn.Module):
 PLACEMENTS = ("all", "head")
 
 
-def _check_placement(placement: str) -> None:
-  if placement not in PLACEMENTS:
-    raise ValueError(f"dropout_placement: expected one of {PLACEMENTS}, got {placement!r}")
-
-
 def _network(body: Callable) -> Callable:
   """A network's ``__call__(x, *, train=False, dropout_rate=0.0)``: [B, ...] inputs ->
   float32 [B, K] logits; ``train`` uses batch statistics, ``dropout_rate`` may be traced."""
 
   def __call__(self, x: jax.Array, *, train: bool = False, dropout_rate: ArrayLike = 0.0):
-    _check_placement(self.dropout_placement)
+    placement = self.dropout_placement
+    if placement not in PLACEMENTS:
+      raise ValueError(f"dropout_placement: expected one of {PLACEMENTS}, got {placement!r}")
     return body(self, x, train, dropout_rate)
 
   return nn.compact(__call__)
@@ -267,14 +266,12 @@ def architecture(model: nn.Module) -> dict[str, Any]:
   """A JSON-able description, ``{"class": "CNN", "num_classes": 10, ...}``.
 
   Equal descriptions build the same parameters, so placement and ``dtype`` are left out."""
-  if not isinstance(model, nn.Module):
-    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
+  validation.instance("model", model, nn.Module, "a flax.linen.Module")
   description: dict[str, Any] = {"class": type(model).__name__}
   for field in dataclasses.fields(model):
-    if field.name in ("parent", "name", "dropout_placement", "dtype"):
-      continue
-    value = getattr(model, field.name)
-    description[field.name] = list(value) if isinstance(value, tuple) else value
+    if field.name not in ("parent", "name", "dropout_placement", "dtype"):
+      value = getattr(model, field.name)
+      description[field.name] = list(value) if isinstance(value, tuple) else value
   return description
 
 
@@ -307,6 +304,4 @@ class ApplyFn:
 
 def make_apply_fn(model: nn.Module) -> Callable[..., jax.Array]:
   """The evaluation-mode apply function of ``model`` (see ``ApplyFn``)."""
-  if not isinstance(model, nn.Module):
-    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
-  return ApplyFn(model)
+  return ApplyFn(validation.instance("model", model, nn.Module, "a flax.linen.Module"))

@@ -4,10 +4,11 @@ Every process runs the same program on the same host data and feeds only the row
 live on its own devices; only process 0 writes shared files (``is_writer``).
 """
 
+import collections
 import functools
 import gc
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -257,3 +258,14 @@ def in_garbage_collection(frame) -> bool:
       return True
     frame = frame.f_back
   return False
+
+
+def prefetch(iterator: Iterable[Any], size: int) -> Iterator[Any]:
+  """The items of ``iterator``, ``size`` of them made ahead of the one handed out."""
+  iterator, ahead = iter(iterator), collections.deque()
+  for item in iterator:
+    ahead.append(item)
+    if len(ahead) > size:
+      yield ahead.popleft()
+  while ahead:
+    yield ahead.popleft()

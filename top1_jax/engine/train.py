@@ -163,34 +163,6 @@ def _calls(begin: int, progress: _Progress, steps_per_call: int) -> list[tuple[i
   return calls
 
 
-def _train(state, data, order, dropout_key, begin, steps_per_call, progress):
-  """Steps ``begin`` to ``progress.end``; step t's dropout key is ``fold_in(dropout_key, t)``."""
-  mesh, shape, impl = data.mesh, dropout_key.shape, jax.random.key_impl(dropout_key)
-  zeros = {name: np.zeros(shape, np.float32) for name in ("loss", "accuracy")}
-  key_data, zeros = parallel.replicate((jax.random.key_data(dropout_key), zeros), mesh)
-  if not data.on_device:
-    steps_per_call = batches.streamed_steps(data, order, steps_per_call)
-  calls = _calls(begin, progress, steps_per_call)
-  blocks = None if data.on_device else batches.streamed(data, order, calls)
-  static = (order.steps_per_epoch, order.batch_size, bool(shape), blocks is not None)
-  state, totals, pending = parallel.replicate(state, mesh), zeros, None
-  for first, num_steps in calls:
-    if data.on_device:
-      inputs = (data.images, data.labels, order.device_orders(first, num_steps))
-    else:
-      inputs = (*next(blocks), ())
-    program = _program(mesh, num_steps, *static, data.dtype, impl)
-    state, totals = program(state, totals, *inputs, key_data, np.int32(first))
-    if pending is not None:
-      progress.report(*pending)
-      pending = None
-    if first + num_steps == progress.next_report(first):  # read after the next call starts
-      pending, totals = (first + num_steps, totals), zeros
-  if pending is not None:
-    progress.report(*pending)
-  return parallel.to_local(state)
-
-
 def training_data(model: nn.Module, images: ArrayLike, labels: ArrayLike) -> TrainingData:
   """A training set checked and placed once, for many ``fit(state, data, None, ...)`` calls."""
   return batches.training_data(model, images, labels, mc.default_mesh())
@@ -222,22 +194,50 @@ def fit(
 
 
 def _checked(model, variables, images, labels, num_steps, batch_size, log_every, steps_per_call):
-  """``fit``'s data, then its step count, batch size, log interval and steps per call."""
+  """``fit``'s data, then its step count, batch size (a multiple of the device count), log
+  interval and steps per call."""
   data = batches.for_fit(model, variables, images, labels, mc.default_mesh())
-  schedule = batches.checked_schedule(num_steps, batch_size, data.num_examples, log_every)
+  num_steps = validation.positive_int("num_steps", num_steps)
+  batch_size = validation.positive_int("batch_size", batch_size, maximum=data.num_examples)
+  log_every = validation.positive_int("log_every", log_every)
+  parallel.check_global_batch("batch_size", batch_size)
   slow = steps_per_call is None and jax.default_backend() == "cpu"
   slow = slow and slow_in_cpu_loops(model, tuple(data.images.shape[1:]))
-  return data, *schedule, pick_steps_per_call(steps_per_call, slow_in_loops=slow)
+  steps_per_call = pick_steps_per_call(steps_per_call, slow_in_loops=slow)
+  return data, num_steps, batch_size, log_every, steps_per_call
 
 
 def _fit(state, data, key, num_steps, batch_size, log_every, steps_per_call, callback, index):
   """``fit`` of one network (``key`` []) or of a vmapped ensemble (``key`` [M]): its shuffling
-  and dropout keys are ``split(key)``, per member."""
+  and dropout keys are ``split(key)``, per member; step t's is ``fold_in(dropout key, t)``."""
   keys = jax.vmap(jax.random.split)(key) if key.ndim else jax.random.split(key)
   order = batches.EpochOrder(keys[..., 0], data, batch_size)
   begin = int(np.asarray(state.step).reshape(-1)[0])
   progress = _Progress(callback, begin, begin + num_steps, log_every, order.rows_per_step, index)
-  return _train(state, data, order, keys[..., 1], begin, steps_per_call, progress)
+  mesh, shape, impl = data.mesh, key.shape, jax.random.key_impl(key)
+  zeros = {name: np.zeros(shape, np.float32) for name in ("loss", "accuracy")}
+  key_data, zeros = parallel.replicate((jax.random.key_data(keys[..., 1]), zeros), mesh)
+  if not data.on_device:
+    steps_per_call = batches.streamed_steps(data, order, steps_per_call)
+  calls = _calls(begin, progress, steps_per_call)
+  blocks = None if data.on_device else batches.streamed(data, order, calls)
+  static = (order.steps_per_epoch, order.batch_size, bool(shape), blocks is not None)
+  state, totals, pending = parallel.replicate(state, mesh), zeros, None
+  for first, steps in calls:
+    if data.on_device:
+      inputs = (data.images, data.labels, order.device_orders(first, steps))
+    else:
+      inputs = (*next(blocks), ())
+    program = _program(mesh, steps, *static, data.dtype, impl)
+    state, totals = program(state, totals, *inputs, key_data, np.int32(first))
+    if pending is not None:
+      progress.report(*pending)
+      pending = None
+    if first + steps == progress.next_report(first):  # read after the next call starts
+      pending, totals = (first + steps, totals), zeros
+  if pending is not None:
+    progress.report(*pending)
+  return parallel.to_local(state)
 
 
 def fit_ensemble(

@@ -17,7 +17,7 @@ from flax.training import dynamic_scale as dynamic_scale_lib
 from jax.typing import ArrayLike
 
 from top1_jax.core import validation
-from top1_jax.engine import augment, forward_passes, models
+from top1_jax.engine import augment, mc, models
 
 HALF_PRECISIONS = {"none": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 """The computation dtype of each ``half_precision`` setting (parameters stay float32)."""
@@ -76,47 +76,38 @@ def loss_scale(
 
 def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale) -> tuple:
   """``create_train_state``'s arguments checked: (key, sample_input, dropout_rate)."""
-  if not isinstance(model, nn.Module):
-    raise ValueError(f"model: expected a flax.linen.Module, got {type(model).__name__}")
+  validation.instance("model", model, nn.Module, "a flax.linen.Module")
   if not hasattr(tx, "init") or not hasattr(tx, "update"):
     raise ValueError(f"tx: expected an optax GradientTransformation, got {type(tx).__name__}")
-  if not isinstance(augmentation, augment.Augmentation):
-    raise ValueError(
-      f"augmentation: expected an augment.Augmentation (augment.make), got "
-      f"{type(augmentation).__name__}"
-    )
-  if dynamic_scale is not None and not isinstance(dynamic_scale, dynamic_scale_lib.DynamicScale):
-    raise ValueError(
-      f"dynamic_scale: expected None or a flax DynamicScale (loss_scale), got "
-      f"{type(dynamic_scale).__name__}"
-    )
+  validation.instance(
+    "augmentation", augmentation, augment.Augmentation, "an augment.Augmentation (augment.make)"
+  )
+  if dynamic_scale is not None:
+    hint = "None or a flax DynamicScale (loss_scale)"
+    validation.instance("dynamic_scale", dynamic_scale, dynamic_scale_lib.DynamicScale, hint)
   sample_input = validation.as_array("sample_input", sample_input, (2, 3, 4, 5))
-  key, rate = forward_passes.as_prng_key(key), dropout_rate
+  key, rate = mc.as_prng_key(key), dropout_rate
   if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0 <= rate < 1:
     raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
   return key, sample_input, float(rate)
 
 
-def _create(model, tx, key, sample_input, dropout_rate, augmentation, scale) -> TrainState:
-  variables = models.init(model, key, sample_input)
-  params = variables["params"]
-  model_state = {name: value for name, value in variables.items() if name != "params"}
-  step = jnp.zeros((), jnp.int32)
-  return TrainState(
-    step, params, model_state, tx.init(params), model, tx, dropout_rate, augmentation, scale
-  )
-
-
 # Jitted: created op by op (under vmap, too), the optimizer state dispatches one small
 # program per leaf and operation.
-_create_jit = jax.jit(_create, static_argnums=(0, 1, 4, 5))
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))
-def _create_ensemble(model, tx, keys, sample_input, dropout_rate, augmentation, scale):
-  return jax.vmap(
-    lambda key: _create(model, tx, key, sample_input, dropout_rate, augmentation, scale)
-  )(keys)
+def _create(model, tx, keys, sample_input, dropout_rate, augmentation, scale) -> TrainState:
+  """One network's state of a key [], or M members' (leaves [M, ...]) of keys [M]."""
+
+  def create(key):
+    variables = models.init(model, key, sample_input)
+    params = variables["params"]
+    model_state = {name: value for name, value in variables.items() if name != "params"}
+    step, opt_state = jnp.zeros((), jnp.int32), tx.init(params)
+    return TrainState(
+      step, params, model_state, opt_state, model, tx, dropout_rate, augmentation, scale
+    )
+
+  return jax.vmap(create)(keys) if keys.ndim else create(keys)
 
 
 def create_train_state(
@@ -131,7 +122,7 @@ def create_train_state(
 ) -> TrainState:
   """A ``TrainState`` at step 0; only the shape and dtype of ``sample_input`` matter."""
   checked = _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
-  return _create_jit(model, tx, *checked, augmentation, dynamic_scale)
+  return _create(model, tx, *checked, augmentation, dynamic_scale)
 
 
 def init_ensemble(
@@ -148,12 +139,12 @@ def init_ensemble(
   """M members, leaves [M, ...]; member m is ``create_train_state`` with ``split(key, M)[m]``."""
   checked = _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
   keys = jax.random.split(checked[0], validation.positive_int("ensemble_size", ensemble_size))
-  return _create_ensemble(model, tx, keys, *checked[1:], augmentation, dynamic_scale)
+  return _create(model, tx, keys, *checked[1:], augmentation, dynamic_scale)
 
 
 def member(states: TrainState, index: int) -> TrainState:
   """Member ``index`` of an ensemble ``TrainState`` (leaves ``[index]``)."""
-  size = forward_passes.ensemble_size(states.params)
+  size = mc.ensemble_size(states.params)
   index = validation.positive_int("index", index, minimum=0, maximum=size - 1)
   return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
 
@@ -228,7 +219,7 @@ def train_step(
   """One optimizer step on the mean softmax cross-entropy (jitted, pure); metrics before it.
 
   Labels are not range-checked: that would sync every step."""
-  return _train_step_jit(state, _check_batch(batch, False), forward_passes.as_prng_key(key))
+  return _train_step_jit(state, _check_batch(batch, False), mc.as_prng_key(key))
 
 
 def ensemble_train_step(
@@ -236,7 +227,7 @@ def ensemble_train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """``train_step`` of every member at once: batch ``(images [M, B, ...], labels [M, B])``,
   [M] ``keys``; metrics [M]."""
-  size = forward_passes.ensemble_size(states.params)
+  size = mc.ensemble_size(states.params)
   images, labels = _check_batch(batch, True)
   if images.shape[0] != size:
     raise ValueError(f"batch: expected {size} member batches, got {images.shape[0]}")
