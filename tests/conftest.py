@@ -22,7 +22,7 @@ os.environ.setdefault(
   "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
   " --xla_cpu_use_fusion_emitters=false",
 )
-# JAX's persistent compilation cache (the launchers turn it on: top1_jax.launch.common) in
+# JAX's persistent compilation cache (the launchers turn it on: top1_jax.launch.runner) in
 # a folder of this test process, inherited by the launchers it starts: later launcher
 # runs reuse earlier ones' programs, as a user's reruns do, and the home folder is left
 # alone.
