@@ -11,7 +11,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # core, a longer start-up per run; tests/test_scale.py checks those devices' scores).
 # And XLA's backend optimisation level 0 with its older loop emitters (not the fusion
 # emitters): the suite compiles hundreds of programs over tiny arrays, where compiling a
-# program costs more than running it (the emitters: pytest 656 -> 588 s in a fresh clone).
+# program costs more than running it (the emitters: pytest 656 -> 517-588 s, fresh clone).
 # Results agree to float32 rounding, and every assertion is a tolerance or compares
 # programs compiled alike; the one bit-for-bit claim across array shapes is checked
 # with XLA's fusion emitters (tests/test_sets.py, in a child process).
