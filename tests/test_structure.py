@@ -276,7 +276,7 @@ def _top_level_names(path: pathlib.Path) -> set[str]:
 
 def _missing_library_names(path: pathlib.Path) -> list[str]:
   """The ``top1_jax`` modules and names ``path`` imports that the library does not have."""
-  files = {_module(p).removesuffix(".__init__"): p for p in _python_files(LIBRARY)}
+  files = {_module(p).removesuffix(".__init__"): p for p in LIBRARY_FILES}
   missing = []
   for node in ast.walk(_tree(path)):
     if isinstance(node, ast.Import):
