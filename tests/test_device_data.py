@@ -61,7 +61,7 @@ def test_prefetch_makes_items_ahead_in_order():
       yield i
 
   handed = []
-  for item in batches.prefetch(items(), 2):
+  for item in parallel.prefetch(items(), 2):
     handed.append((item, len(made)))
   # Item i is handed out once i + 2 are made (all at the end).
   assert handed == [(0, 3), (1, 4), (2, 5), (3, 5), (4, 5)]

@@ -17,7 +17,6 @@ from jax.sharding import PartitionSpec as P
 
 from top1_jax.core import validation
 from top1_jax.engine import mc, parallel, train_state
-from top1_jax.engine.parallel import prefetch
 
 # Streamed data: calls sent ahead of the one that runs, and the most bytes of a call's
 # batches (but one step), small beside the model.
@@ -169,4 +168,4 @@ def streamed(data: TrainingData, order: EpochOrder, calls: Iterable[tuple[int, i
     arrays = (data.images, data.labels)
     return tuple(parallel.shard_rows(a, rows, data.mesh, rows.ndim - 1) for a in arrays)
 
-  return prefetch((batches(*call) for call in calls), IN_FLIGHT)
+  return parallel.prefetch((batches(*call) for call in calls), IN_FLIGHT)
