@@ -6,7 +6,9 @@
 #   ./run.sh --helpfull                        # every flag
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/bootstrap.sh"
-install_fashion_mnist || true
+{ install_fashion_mnist || true; } &
+install_python_packages
+wait
 cd "$ROOT"
 # No --config here: the launcher's default is top1_jax/configs/default.py, and a second
 # --config from "$@" with --config.<field> overrides would define each override twice.

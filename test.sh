@@ -5,8 +5,13 @@
 # choose, 0 for one process), each test file on one worker (its fixtures made once).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/bootstrap.sh"
-install_fashion_mnist || echo "[setup] real-data tests will be skipped" >&2
-install_chromium || echo "[setup] warning: the results page's browser test will be skipped" >&2
+# The Debian packages install while the Python packages do (both mostly wait on the network).
+{
+  install_fashion_mnist || echo "[setup] real-data tests will be skipped" >&2
+  install_chromium || echo "[setup] warning: the results page's browser test will be skipped" >&2
+} &
+install_python_packages
+wait
 cd "$ROOT"
 cores="$(nproc 2>/dev/null || echo 1)"
 workers="${TEST_WORKERS:-$((cores < 4 ? cores : 4))}"
