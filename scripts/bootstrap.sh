@@ -23,22 +23,28 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 # The pinned packages, reinstalled only when the requirements or pyproject.toml changed.
-# With uv's installer when it installs (the same versions; it fetches and unpacks in
+# With uv's installer where it works (the same versions; it fetches and unpacks in
 # parallel: 19 s against pip's 57 s for requirements-dev.txt on a fresh 2-core machine),
-# else with pip.
+# else (uv not installable, or its install failed, e.g. behind an index only pip is
+# configured for) with pip.
 UV_VERSION=0.13.9
 install_python_packages() {
   local stamp="$VENV/.top1_jax-installed" want
   want="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
   echo "[setup] installing Python packages into $VENV (first run: a minute or two)"
-  local install=("$VENV/bin/python" -m pip install --quiet)
-  if "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION" 2>/dev/null; then
-    install=("$VENV/bin/python" -m uv pip install --quiet --compile-bytecode --python "$VENV/bin/python")
+  local pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+  local uv=("$VENV/bin/python" -m uv pip install --quiet --compile-bytecode --python "$VENV/bin/python")
+  if ! { "${pip[@]}" "uv==$UV_VERSION" 2>/dev/null && _install_with "${uv[@]}"; }; then
+    echo "[setup] installing with pip (uv's installer is not available here)"
+    "${pip[@]}" --upgrade pip
+    _install_with "${pip[@]}"
   fi
-  "${install[@]}" -r "$ROOT/requirements-dev.txt"
-  "${install[@]}" --no-deps -e "$ROOT"
   echo "$want" >"$stamp"
+}
+
+_install_with() {
+  "$@" -r "$ROOT/requirements-dev.txt" && "$@" --no-deps -e "$ROOT"
 }
 
 # Debian packages: installed when missing and we are root (or have password-less sudo);
