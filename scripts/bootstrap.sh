@@ -52,15 +52,15 @@ _install_with() {
 # are fetched once per script.
 APT_UPDATED=""
 apt_install() {
-  local package="$1" hint="$2" sudo=""
+  local package="$1" missing="$2" sudo=""
   if [ "$(id -u)" != 0 ]; then
     command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && sudo="sudo -n" || {
-      echo "[setup] $hint" >&2
+      echo "[setup] $missing; install it with 'sudo apt-get install $package'" >&2
       return 1
     }
   fi
   command -v apt-get >/dev/null 2>&1 || {
-    echo "[setup] no apt-get here: $hint" >&2
+    echo "[setup] $missing, and no apt-get here to install it" >&2
     return 1
   }
   echo "[setup] installing Debian package $package"
@@ -72,7 +72,7 @@ apt_install() {
 # The offline default data set.
 install_fashion_mnist() {
   [ -f "$FMNIST_DIR/t10k-labels-idx1-ubyte.gz" ] ||
-    apt_install dataset-fashion-mnist "Fashion-MNIST not found in $FMNIST_DIR; install it with 'sudo apt-get install dataset-fashion-mnist' or pass --data_dir"
+    apt_install dataset-fashion-mnist "Fashion-MNIST not found in $FMNIST_DIR (or pass --data_dir)"
 }
 
 # A headless browser for the test that renders a run's index.html
@@ -82,7 +82,7 @@ install_chromium() {
   for name in chromium chromium-browser google-chrome google-chrome-stable; do
     command -v "$name" >/dev/null 2>&1 && return 0
   done
-  apt_install chromium "no Chromium (or Chrome) found to render the results page; install it with 'sudo apt-get install chromium'"
+  apt_install chromium "no Chromium (or Chrome) to render the results page"
 }
 
 export PATH="$VENV/bin:$PATH"
