@@ -29,6 +29,13 @@ shift and its intensity (degrees, pixels, 1-5), calibrated on the clean calibrat
 
 CLEAN = "clean"
 """The ``shift`` of an unshifted test part (with severity 0)."""
+OOD_PREFIX = "ood_"
+"""How an out-of-distribution set's ``shift`` starts (``ood_digits``); its severity is 0."""
+
+
+def is_ood(shift: str) -> bool:
+  return shift.startswith(OOD_PREFIX)
+
 
 UNSHIFTED = {"shift": CLEAN, "severity": 0, "alpha": None}
 """The values of the columns an older results.csv lacks: a clean test part, no set."""

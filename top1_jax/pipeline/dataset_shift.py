@@ -32,9 +32,6 @@ from top1_jax.pipeline.settings import (
   test_examples,
 )
 
-OOD_PREFIX = "ood_"
-"""An out-of-distribution set's ``shift`` is this prefix and its ``io.ood_sets`` name."""
-
 LOG_PROBS_SCORE = shift_tables.LOG_PROBS_SCORE
 CSV_NAMES = {"recalibration": "recalibration", "accuracy": "accuracy_estimates"}
 """The tables after m labels and of the label-free accuracy estimates, by their rows' key."""
@@ -49,7 +46,7 @@ class ShiftSet:
 
   @property
   def ood(self) -> bool:
-    return self.shift.startswith(OOD_PREFIX)
+    return results.is_ood(self.shift)
 
   @property
   def slug(self) -> str:
@@ -70,7 +67,7 @@ def shift_sets(settings: Settings) -> list[ShiftSet]:
     *(ShiftSet(settings.shift_rotation, tables.severity(d)) for d in settings.shift_rotations),
     *(ShiftSet(settings.shift_translation, p) for p in settings.shift_translations),
     *(ShiftSet(name, s) for name in settings.shift_corruptions for s in settings.shift_severities),
-    *(ShiftSet(OOD_PREFIX + name) for name in settings.shift_ood),
+    *(ShiftSet(results.OOD_PREFIX + name) for name in settings.shift_ood),
   ]
   return list(dict.fromkeys(sets))
 
@@ -94,7 +91,7 @@ def make_images(shift_set: ShiftSet, images: np.ndarray, seed: int) -> np.ndarra
   if shift_set.shift in shifts.GEOMETRIC:
     return np.asarray(shifts.GEOMETRIC[shift_set.shift](images, shift_set.severity))
   if shift_set.ood:
-    name = shift_set.shift[len(OOD_PREFIX) :]
+    name = shift_set.shift.removeprefix(results.OOD_PREFIX)
     num = min(len(images), ood_sets.OOD_SETS[name].max_num or len(images))
     return np.asarray(ood_sets.load(name, images.shape[1:], num, seed))
   key = jax.random.fold_in(jax.random.key(seed), corruptions.names().index(shift_set.shift))

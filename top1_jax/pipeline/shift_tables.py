@@ -225,7 +225,7 @@ def recalibration_table(rows: Sequence[Mapping], metric: str) -> str:
 
 def _family(row: Mapping) -> str:
   """A set's shift family: clean, a geometric shift, corruptions, or OOD."""
-  if row["shift"].startswith("ood_") or row["shift"] == results.CLEAN:
+  if results.is_ood(row["shift"]) or row["shift"] == results.CLEAN:
     return row["shift"]
   return row["shift"] if row["shift"] in GEOMETRIC else "corruptions"
 
@@ -235,9 +235,9 @@ def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
   set, its mean absolute error over the shifted sets (all and by family), and what it
   predicts on each OOD set (whose true accuracy is 0)."""
   families = [f for f in dict.fromkeys(map(_family, rows)) if f != results.CLEAN]
-  shifted = [f for f in families if not f.startswith("ood_")]
+  shifted = [f for f in families if not results.is_ood(f)]
   header = ["estimator", "score", "clean: error", "shifted: MAE", *(f"{f}: MAE" for f in shifted)]
-  header += [f"{f}: predicted" for f in families if f.startswith("ood_")]
+  header += [f"{f}: predicted" for f in families if results.is_ood(f)]
   lines = tables.md_head(header, 2, spaced=True)
   for key, mine in grouped(rows, operator.itemgetter("estimator", "score")).items():
     cells = [titles.get(key[0], key[0]), key[1]]
@@ -248,7 +248,7 @@ def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
       errors = [r["absolute_error"] for r in mine if _family(r) in wanted]
       cells.append(tables.cell(float(np.mean(errors)) if errors else None, 2, 100.0))
     for family in families:
-      if family.startswith("ood_"):
+      if results.is_ood(family):
         found = [r["predicted_accuracy"] for r in mine if _family(r) == family]
         cells.append(tables.cell(found[0] if found else None, 2, 100.0))
     lines.append(tables.md_row(cells))

@@ -23,7 +23,6 @@ from top1_jax.plots import figures
 from top1_jax.plots.sweeps import REFERENCE_COLOR, check_metrics, format_panel
 
 CLEAN = results.CLEAN  # the unshifted test rows (severity 0): the first point of every shift
-OOD_PREFIX = "ood_"  # an out-of-distribution set's ``shift`` starts with it (``ood_digits``)
 AXIS_LABELS = results.GEOMETRIC_SHIFTS  # x labels; any other shift is a corruption
 CORRUPTIONS = "corruptions"  # a recalibration panel's shift: the mean over every corruption
 
@@ -264,7 +263,7 @@ def shift_curves(
 
 
 def _is_corruption(shift: str) -> bool:
-  return shift != CLEAN and shift not in AXIS_LABELS and not shift.startswith(OOD_PREFIX)
+  return shift != CLEAN and shift not in AXIS_LABELS and not results.is_ood(shift)
 
 
 def _corruption_names(rows, corruptions) -> list[str]:
@@ -569,4 +568,4 @@ def _family_of(row: Mapping[str, Any]) -> str:
     return AXIS_LABELS[shift].split(" (")[0]
   if shift == CLEAN:
     return CLEAN
-  return "OOD" if shift.startswith(OOD_PREFIX) else "corruption"
+  return "OOD" if results.is_ood(shift) else "corruption"
