@@ -30,7 +30,8 @@ shift and its intensity (degrees, pixels, 1-5), calibrated on the clean calibrat
 CLEAN = "clean"
 """The ``shift`` of an unshifted test part (with severity 0)."""
 OOD_PREFIX = "ood_"
-"""How an out-of-distribution set's ``shift`` starts (``ood_digits``); its severity is 0."""
+"""An out-of-distribution set's ``shift`` is this prefix and its ``io.ood_sets`` name
+(``ood_digits``); its severity is 0."""
 
 
 def is_ood(shift: str) -> bool:
