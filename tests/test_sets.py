@@ -94,13 +94,13 @@ def test_probabilities_with_ties_and_zeros_rank_towards_the_lower_index():
 
 def test_all_topk_masses_equal_the_score_of_each_k():
   logits, _ = _data(50)
-  order = conformal.ranked(logits).sorted
+  order = conformal.ranked(logits).rows
   masses = np.asarray(sets.neg_log_topk_masses(order))[:50]
   for k in range(1, K + 1):
     np.testing.assert_allclose(
       masses[:, k - 1], scores.neg_log_topk_mass(logits, k), rtol=1e-5, atol=1e-6
     )
-  device_sorted = conformal.ranked(logits, on_host=False).sorted
+  device_sorted = conformal.sort_rows(conformal.pad_rows(logits, order.shape[0]), on_host=False)
   np.testing.assert_array_equal(np.asarray(device_sorted), order)
 
 
@@ -213,16 +213,16 @@ def raps_blocks_equal_the_whole_part():
     k_reg = int(np.quantile(data.rank[tune], 1 - alpha, method="higher")) + 1
     means = []
     for lam in sets.LAMBDA_GRID:
-      whole = raps.scores((k_reg, lam), data.sorted[tune], u[tune])  # [n, K] at once
+      whole = raps.scores((k_reg, lam), data.rows[tune], u[tune])  # [n, K] at once
       q = conformal.threshold(np.sort(conformal.at_rank(whole, data.rank[tune])), alpha)
       means.append(np.mean(conformal.sizes(whole, jnp.float32([q]))[0]))
     fitted = sets.calibrate(raps, data, u, tuning, options)
     assert fitted.params == (k_reg, sets.LAMBDA_GRID[int(np.argmin(means))])
     chosen.add(fitted.params[1])
-    whole = raps.scores(fitted.params, data.sorted[rest], u[rest])
+    whole = raps.scores(fitted.params, data.rows[rest], u[rest])
     assert np.array_equal(fitted.scores, np.sort(conformal.at_rank(whole, data.rank[rest])))
     q = jnp.float32([conformal.threshold(fitted.scores, alpha)])
-    everything = raps.scores(fitted.params, data.sorted[:1000], u)
+    everything = raps.scores(fitted.params, data.rows[:1000], u)
     got = sets.set_sizes(raps, fitted.params, data, u, q)
     assert np.array_equal(got, conformal.sizes(everything, q))
   assert len(chosen) > 1  # the choice depends on the sizes: a wrong block would show
@@ -305,23 +305,29 @@ def test_parameters_follow_scikit_learn():
   assert predictor.calibration_scores_.shape == (40,)
 
 
-def test_evaluating_sets_holds_one_sorted_copy_of_the_logits_not_copies_of_each_part(
-  monkeypatch,
+@pytest.mark.parametrize("copy_bytes, bound", [(1 << 28, 1.75), (0, 0.75)])
+def test_evaluating_sets_holds_at_most_one_sorted_copy_of_the_logits(
+  monkeypatch, copy_bytes, bound
 ):
-  # The rows are ranked once into one [N, K] copy; a split's parts, the tuning part's too,
-  # are gathered a block of sets.ROWS rows at a time. NumPy's peak is that copy and topk's
-  # [K, n] masses of its tuning part: under 1.75x the logits (1.95x with the tuning part
-  # copied whole, 3.5x with every part).
+  # Logits up to conformal.SORTED_COPY_BYTES are ranked once into one [N, K] copy, larger
+  # ones a block at a time as gathered; a split's parts, the tuning part's too, are gathered
+  # a block of sets.ROWS rows at a time. NumPy's peak is that copy (if any) and topk's
+  # [K, n] masses of its tuning part: under 1.75x the logits with the copy (1.95x with the
+  # tuning part copied whole, 3.5x with every part), under 0.75x without; the rows alike.
   import tracemalloc
 
   logits, labels = _data(20_000, 200)
   folds = crossval.make_splits(20_000, 2, seed=0)
   monkeypatch.setattr(sets, "ROWS", 2048)
   sets.evaluate_sets(logits[:3000], labels[:3000], crossval.make_splits(3000, 2, seed=0))
+  monkeypatch.setattr(conformal, "SORTED_COPY_BYTES", copy_bytes)
   tracemalloc.start()
   try:
-    sets.evaluate_sets(logits, labels, folds, alphas=(0.1,))
+    rows = sets.evaluate_sets(logits, labels, folds, alphas=(0.1,))
     peak = tracemalloc.get_traced_memory()[1]
   finally:
     tracemalloc.stop()
-  assert peak < 1.75 * logits.nbytes, peak / logits.nbytes
+  assert peak < bound * logits.nbytes, peak / logits.nbytes
+  if copy_bytes == 0:
+    monkeypatch.setattr(conformal, "SORTED_COPY_BYTES", 1 << 28)
+    assert rows == sets.evaluate_sets(logits, labels, folds, alphas=(0.1,))

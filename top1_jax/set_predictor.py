@@ -123,9 +123,10 @@ class SetPredictor(base.OptionParams):
     alpha = validation.probability("alpha", alpha)
     logits = self._logits(x, self.num_classes_)
     data = conformal.ranked(logits)
-    size = data.sorted.shape[0]
+    size = conformal.bucket(data.num)
     lengths = conformal.pad_rows(self._sizes(data, alpha), size)
-    mask = conformal.prefix_mask(conformal.pad_rows(logits, size), data.sorted, lengths)
+    order = conformal.sorted_rows(data, size)
+    mask = conformal.prefix_mask(conformal.pad_rows(logits, size), order, lengths)
     return np.asarray(mask)[: data.num]
 
   def evaluate(self, x: ArrayLike, labels: ArrayLike, alpha: float = 0.1) -> dict[str, Any]:
@@ -137,7 +138,7 @@ class SetPredictor(base.OptionParams):
     labels = validation.labels_array("labels", labels, self.num_classes_, host=True)
     validation.same_length(x=logits, labels=labels)
     data = conformal.ranked(logits, labels)
-    metrics = conformal.set_metrics(self._sizes(data, alpha), data.rank[: data.num], alpha)
+    metrics = conformal.set_metrics(self._sizes(data, alpha), data.rank, alpha)
     defined = {name: None if math.isnan(value) else value for name, value in metrics.items()}
     return {"num_examples": int(labels.shape[0]), **defined}
 

@@ -34,19 +34,28 @@ STRATUM_NAMES = tuple(f"{lo}_{hi if hi is not None else 'up'}" for lo, hi in STR
 
 
 class Ranked(NamedTuple):
-  """Inputs in rank order, their rows padded with zeros to ``bucket(num)``.
+  """Inputs to rank, and how many classes rank ahead of each label.
 
   Attributes:
-    sorted: [B, K] logits, each row decreasing.
-    rank: [B] int32, how many classes rank ahead of each label (``events.label_rank``),
+    rows: [B, K] logits, each row decreasing, padded with zeros to ``bucket(num)`` rows
+      (``presorted``); or the caller's [N, K] host logits, each block of rows sorted as
+      ``sorted_rows`` gathers it.
+    rank: [N] int32, how many classes rank ahead of each label (``events.label_rank``),
       or None without labels.
-    num: N, the rows that hold data.
+    num: N.
+    presorted: whether ``rows`` is the sorted copy.
   """
 
-  sorted: Any
+  rows: Any
   rank: np.ndarray | None
   num: int
+  presorted: bool
 
+
+SORTED_COPY_BYTES = 1 << 28
+"""Logits of up to this many bytes (256 MiB: [50 000, 1 000] float32 is 200 MB) are sorted
+once into a copy that every split and method gathers from; larger ones are sorted a block
+at a time as gathered, a sort per pass instead of a second [N, K] array in memory."""
 
 _MAX_DOUBLING = 4096
 
@@ -110,25 +119,39 @@ _sort_descending = jax.jit(functools.partial(jnp.sort, axis=-1, descending=True)
 _label_rank = jax.jit(top_entries.label_rank)
 
 
-def ranked(logits: np.ndarray, labels: np.ndarray | None = None, *, on_host=None) -> Ranked:
-  """``Ranked`` of unchecked host [N, K] logits (and [N] labels). NumPy sorts on the host
-  (``on_host`` None: on a CPU backend, where XLA's sort is many times slower; docs/sets.md
-  has the numbers); elsewhere the device does."""
+def sort_rows(block, *, on_host=None):
+  """Host [B, K] rows (our copy), each in decreasing order. NumPy sorts in place on the
+  host (``on_host`` None: on a CPU backend, where XLA's sort is many times slower;
+  docs/sets.md has the numbers); elsewhere the device does."""
+  if on_host or (on_host is None and jax.default_backend() == "cpu"):
+    np.negative(block, out=block)  # exact: ascending of -x is descending of x
+    block.sort(axis=-1)
+    return np.negative(block, out=block)
+  return _sort_descending(block)
+
+
+def ranked(logits: np.ndarray, labels: np.ndarray | None = None) -> Ranked:
+  """``Ranked`` of unchecked host [N, K] logits (and [N] labels)."""
   num = logits.shape[0]
-  padded = pad_rows(logits, bucket(num))  # our copy, sorted in place below: the only one
   rank = None
   if labels is not None:  # a bucket's rows at a time: the program copies its input
-    labels, step = pad_rows(labels, padded.shape[0]), min(padded.shape[0], _MAX_DOUBLING)
-    blocks = range(0, padded.shape[0], step)
-    ranks = [_label_rank(padded[i : i + step], labels[i : i + step]) for i in blocks]
-    rank = np.concatenate([np.asarray(r) for r in ranks]).astype(np.int32)
-  if on_host or (on_host is None and jax.default_backend() == "cpu"):
-    np.negative(padded, out=padded)  # exact: ascending of -x is descending of x
-    padded.sort(axis=-1)
-    order = np.negative(padded, out=padded)
-  else:
-    order = _sort_descending(padded)
-  return Ranked(order, rank, num)
+    step, ranks = min(bucket(num), _MAX_DOUBLING), []
+    for i in range(0, num, step):
+      block = (pad_rows(logits[i : i + step], step), pad_rows(labels[i : i + step], step))
+      ranks.append(np.asarray(_label_rank(*block)))
+    rank = np.concatenate(ranks)[:num].astype(np.int32)
+  if logits.nbytes > SORTED_COPY_BYTES:
+    return Ranked(logits, rank, num, False)
+  return Ranked(sort_rows(pad_rows(logits, bucket(num))), rank, num, True)
+
+
+def sorted_rows(data: Ranked, size: int, index: np.ndarray | None = None):
+  """[size, K]: the rows ``index`` of ``data`` (all when None), each in decreasing order,
+  with zero rows appended up to ``size``."""
+  if data.presorted:
+    whole = index is None and size == data.rows.shape[0]
+    return data.rows if whole else pad_rows(data.rows, size, index)
+  return sort_rows(pad_rows(data.rows, size, index))
 
 
 _BLOCK = 32

@@ -153,7 +153,7 @@ def _topk_tuning(part, options: dict) -> binning.Bins:
   """The paper's equal-count bins of -log top-k mass for the event "label in Top-k", for
   each k, on the tuning part; stacked on a leading [K] axis."""
   data, _, rows = part
-  masses = np.empty((data.sorted.shape[1], rows.shape[0]), np.float32)
+  masses = np.empty((data.rows.shape[1], rows.shape[0]), np.float32)
   _by_rows(_masses_by_k, data, rows, out=masses)
   rank = data.rank[rows]
   fits = [binning.fit(m, rank < k, options["n_bins"]) for k, m in enumerate(masses, 1)]
@@ -309,7 +309,7 @@ def _by_rows(program, data: conformal.Ranked, rows: np.ndarray, *per_row, out: n
   size = conformal.bucket(num) if num <= ROWS else ROWS
   for start in range(0, num, size):
     block = [conformal.pad_rows(a[start : start + size], size) for a in per_row]
-    sorted_logits = conformal.pad_rows(data.sorted, size, rows[start : start + size])
+    sorted_logits = conformal.sorted_rows(data, size, rows[start : start + size])
     out[..., start : start + size] = np.asarray(program(sorted_logits, *block))[..., : num - start]
   return out
 
