@@ -224,8 +224,8 @@ def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
   return _zeros_as_positive_zero(np.partition(u, ranks)[ranks] if n_bins == 2 else u[:0], np)
 
 
-def _merged_ties(raw: np.ndarray) -> np.ndarray:
-  """[G, n_bins - 1] ascending edges with each run of ties kept once, +inf padded."""
+def merged_ties(raw: np.ndarray) -> np.ndarray:
+  """[G, E] ascending edges (each row) with each run of ties kept once, +inf padded."""
   first_of_run = np.ones(raw.shape, bool)
   first_of_run[:, 1:] = raw[:, 1:] != raw[:, :-1]
   edges = np.full(raw.shape, np.inf, raw.dtype)
@@ -283,7 +283,7 @@ def _edges_of_sorted(ordered: np.ndarray, sizes: np.ndarray, n_bins: int) -> np.
   ranks = _edge_ranks(sizes, n_bins) - 1
   raw = ordered[np.clip(starts[:, None] + ranks, 0, ordered.shape[0] - 1)]
   raw = np.where((sizes >= n_bins)[:, None], _zeros_as_positive_zero(raw, np), np.inf)
-  return _merged_ties(raw)
+  return merged_ties(raw)
 
 
 @functools.partial(jax.jit, static_argnames=("num_groups",))

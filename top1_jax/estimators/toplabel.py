@@ -137,13 +137,7 @@ def _class_edges(ordered: np.ndarray, sizes: np.ndarray, num_bins: np.ndarray, w
     starts = (np.cumsum(sizes) - sizes)[:, None]
     picked = ordered[np.clip(starts + ends - 1, 0, ordered.shape[0] - 1)]
     raw = np.where(j < num_bins[:, None], picked, np.inf)
-  first_of_run = np.ones(raw.shape, bool)
-  first_of_run[:, 1:] = raw[:, 1:] != raw[:, :-1]
-  edges = np.full(raw.shape, np.inf, raw.dtype)
-  rows = np.broadcast_to(np.arange(raw.shape[0])[:, None], raw.shape)
-  columns = np.cumsum(first_of_run, axis=1) - 1
-  edges[rows[first_of_run], columns[first_of_run]] = raw[first_of_run]
-  return edges
+  return binning.merged_ties(raw)
 
 
 def fit_splits(
