@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from top1_jax.core import events, scores, validation
+from top1_jax.core import events, score_functions, scores, validation
 from top1_jax.estimators import base
 from top1_jax.kernels import row_blocks
 
@@ -271,11 +271,7 @@ def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expa
 
 def _checked(logits, labels, weights, ndim):
   """The logits, labels and weights (as [F, N] rows; None: one row of ones), checked."""
-  if logits is None:
-    raise ValueError("logits: expected an [N, K] array, got None")
-  logits = validation.float_array("logits", logits, 2)
-  if logits.shape[-1] < 2:
-    raise ValueError(f"logits: expected at least 2 classes, got shape {logits.shape}")
+  logits = score_functions.checked_logits(logits)
   validation.check_nonempty("logits", logits)
   labels = validation.labels_array("labels", labels, logits.shape[-1])
   validation.same_length(logits=logits, labels=labels)
