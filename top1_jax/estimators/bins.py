@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from top1_jax.core import binning, validation
+from top1_jax.core import binning
 from top1_jax.estimators import base, bin_count, bins_crossval
 
 
@@ -24,8 +24,7 @@ def fit(evidence: base.Evidence, *, n_bins: int | str = 20) -> binning.Bins:
     if n_bins != "cv":
       raise ValueError(f'n_bins: expected an integer or "cv", got {n_bins!r}')
     return bin_count.fit_cv(evidence.u, evidence.correct)[0]
-  n_bins = validation.positive_int("n_bins", n_bins, maximum=evidence.u.shape[0])
-  return binning.fit(evidence.u, evidence.correct, n_bins)
+  return binning.fit(evidence.u, evidence.correct, n_bins)  # which checks n_bins
 
 
 def predict_interval(bins: binning.Bins, evidence: base.Evidence, delta: float = 0.05):
