@@ -148,8 +148,7 @@ def from_dict(d, source: str) -> IsotonicModel:
   if counts.size == 0 or np.any(counts < 1):
     raise ValueError(f"{source}: field 'counts' must count one or more examples per block")
   prior = base.read_accuracy(d, source, counts, hits)
-  device_float = validation.in_device_dtype(knots).dtype  # float32 unless x64 is on
-  fields = (knots.astype(device_float), prob.astype(np.float32))
+  fields = (validation.in_device_dtype(knots), prob.astype(np.float32))  # knots: float32 unless x64
   fields += (counts.astype(np.int32), hits.astype(np.int32), np.float32(prior))
   return IsotonicModel(*jax.device_put(fields))
 
