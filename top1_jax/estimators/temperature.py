@@ -424,7 +424,7 @@ def _fit_splits_evidence(evidence: base.Evidence, calibration: np.ndarray) -> ba
   """``fit_splits`` as the protocol's fast path: the Top-1 event only (it gives pmax)."""
   if evidence.k != 1 or evidence.labels is None:
     return None
-  weights = calibration.astype(np.asarray(evidence.log_probs).dtype)
+  weights = calibration.astype(evidence.log_probs.dtype)
   fits = fit_splits(evidence.log_probs, evidence.labels, weights)
   extras = {"temperature": fits.temperature, "multiclass_brier": fits.multiclass_brier}
   return base.SplitFit(fits.pmax, extras)
