@@ -172,17 +172,14 @@ def labels_array(
 ) -> jax.Array | np.ndarray:
   """Int32 class labels in [0, num_classes), range-checked in the input's own dtype (so
   that 2**32 + 3 is an error, not a class that wrapped around)."""
-  if is_traced(x):
-    arr = as_array(name, x, 1)
-    if not jnp.issubdtype(arr.dtype, jnp.integer):
-      raise ValueError(f"{name}: expected integer class labels, got dtype {arr.dtype}")
-    return arr.astype(jnp.int32)
-  arr = as_array(name, x, 1, host=True)
-  if arr.dtype.kind == "f":
-    if arr.size and not bool(np.all(np.isfinite(arr) & (arr == np.round(arr)))):
-      raise ValueError(f"{name}: expected integer class labels, got non-integer floats")
-  elif arr.dtype.kind not in "iu":
+  arr = as_array(name, x, 1, host=True)  # a tracer stays one: only its dtype is checked
+  floats = arr.dtype.kind == "f" and not is_traced(arr)  # accepted if whole
+  if not (floats or jnp.issubdtype(arr.dtype, jnp.integer)):
     raise ValueError(f"{name}: expected integer class labels, got dtype {arr.dtype}")
+  if is_traced(arr):
+    return arr.astype(jnp.int32)
+  if floats and not np.all(np.isfinite(arr) & (arr == np.round(arr))):
+    raise ValueError(f"{name}: expected integer class labels, got non-integer floats")
   if arr.size:
     lo, hi = arr.min(), arr.max()
     if lo < 0 or hi >= num_classes:
