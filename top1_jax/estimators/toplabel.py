@@ -389,9 +389,8 @@ def from_dict(d, source: str) -> TopLabelBins:
 def _host_bins(edges, counts, hits, prior: bool) -> binning.Bins:
   """``Bins`` of saved counts on the host, in float32 as ``_bins`` computes them."""
   f32 = np.float32
-  totals = counts.sum(1).astype(f32)
   with np.errstate(invalid="ignore", divide="ignore"):  # a class never predicted: NaN
-    accuracy = hits.sum(1).astype(f32) / totals
+    accuracy = hits.sum(1).astype(f32) / counts.sum(1).astype(f32)
     if prior:
       prob = binning.calibrated_prob(hits.astype(f32), counts.astype(f32), accuracy[:, None])
     else:
