@@ -68,8 +68,7 @@ def clopper_pearson(
   count = _counts("count", count)
   if validation.is_traced(hits) or validation.is_traced(count):
     return _clopper_pearson(hits, count, jnp.float32(delta))
-  if np.any(hits > count):  # _counts refused negative ones
-    raise ValueError("hits: expected 0 <= hits <= count in every bin")
+  validation.hits_within_counts("hits", hits, count)
   # Concrete counts (a few hundred bins at most): SciPy's float64 Beta quantiles on the
   # host. The jitted bisection of betainc is slow to compile, and on a GPU each of its
   # steps waits on the host (docs/performance.md).

@@ -345,8 +345,7 @@ def read_bin_table(d: Mapping, source: str, num_bins: int):
   hits = read_array(d, "hits", source, "i")
   if counts.shape != (num_bins,) or hits.shape != (num_bins,):
     raise ValueError(f"{source}: counts and hits must be {num_bins} integers each")
-  if np.any(hits < 0) or np.any(hits > counts):
-    raise ValueError(f"{source}: expected 0 <= hits <= counts in every bin")
+  validation.hits_within_counts(source, hits, counts)
   if edges.shape[0] > num_bins - 1 or np.any(np.diff(edges) <= 0):
     raise ValueError(f"{source}: edges must be at most {num_bins - 1} strictly ascending numbers")
   return edges, counts, hits
