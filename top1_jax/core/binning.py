@@ -51,10 +51,8 @@ class Bins(NamedTuple):
 
 def _in_host_memory(x) -> bool:
   """Whether ``x`` is host data: NumPy or Python values, or a jax array on CPU devices."""
-  if validation.is_traced(x):
-    return False
-  if isinstance(x, jax.Array):
-    return all(device.platform == "cpu" for device in x.devices())
+  if isinstance(x, jax.Array):  # a tracer too: it is not host data
+    return not validation.is_traced(x) and all(d.platform == "cpu" for d in x.devices())
   return True
 
 
