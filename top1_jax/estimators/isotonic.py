@@ -10,7 +10,6 @@ import functools
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
@@ -113,14 +112,15 @@ def fit(
     values = binning.calibrated_prob(hits, counts, np.float64(p_a))
   else:
     values = hits / counts
-  knots, prob = _knot_table(first, last, values)
-  return IsotonicModel(
-    jnp.asarray(knots),
-    jnp.asarray(prob, jnp.float32),
-    jnp.asarray(counts, jnp.int32),
-    jnp.asarray(hits, jnp.int32),
-    jnp.asarray(p_a),
-  )
+  return _on_device(*_knot_table(first, last, values), counts, hits, p_a)
+
+
+def _on_device(knots, prob, counts, hits, prior) -> IsotonicModel:
+  """The model of host values, in its dtypes (knots in the device's float: float32 unless
+  x64 is on), moved as they are: jnp conversions would compile a small program each."""
+  fields = (validation.in_device_dtype(knots), prob.astype(np.float32))
+  fields += (counts.astype(np.int32), hits.astype(np.int32), np.float32(prior))
+  return IsotonicModel(*jax.device_put(fields))
 
 
 def predict(model: IsotonicModel, u: ArrayLike) -> jax.Array:
@@ -147,10 +147,7 @@ def from_dict(d, source: str) -> IsotonicModel:
     raise ValueError(f"{source}: counts and hits must be as many integers, 0 <= hits <= counts")
   if counts.size == 0 or np.any(counts < 1):
     raise ValueError(f"{source}: field 'counts' must count one or more examples per block")
-  prior = base.read_accuracy(d, source, counts, hits)
-  fields = (validation.in_device_dtype(knots), prob.astype(np.float32))  # knots: float32 unless x64
-  fields += (counts.astype(np.int32), hits.astype(np.int32), np.float32(prior))
-  return IsotonicModel(*jax.device_put(fields))
+  return _on_device(knots, prob, counts, hits, base.read_accuracy(d, source, counts, hits))
 
 
 def _fit_evidence(evidence: base.Evidence, *, increasing: bool = False, prior: bool = True):
