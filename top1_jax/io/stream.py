@@ -39,7 +39,6 @@ from top1_jax.io import predictions as predictions_lib
 from top1_jax.io.prediction_checks import SCORE_PREFIX
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local file header (30 bytes)
-_READ_ERRORS = prediction_checks.READ_ERRORS
 
 IN_MEMORY_BYTES = 1 << 26
 """A zip-compressed member of up to this many bytes (inflated) is read into memory; a larger
@@ -295,7 +294,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
       member = self._members_by_name[key]
       try:
         problem = member.read_crc_error(self._file) if read else member.crc_error()
-      except _READ_ERRORS:  # unreadable: the error being raised says so
+      except prediction_checks.READ_ERRORS:  # unreadable: the error being raised says so
         problem = None
       if problem is not None:
         raise ValueError(
