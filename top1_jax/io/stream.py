@@ -60,15 +60,18 @@ class _Member:
   def rows(self, file, start: int, stop: int, queue: list | None = None) -> np.ndarray:
     """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With
     ``queue`` (a list), their bytes are queued there for the running CRC-32
-    (``zip_crc.RunningCrc``, ``zip_crc.update``) when read in order."""
+    (``zip_crc.RunningCrc``, ``zip_crc.update``) when read in order, from example 0 on."""
     if self.array is not None:
       if self.array.ndim == 0:  # no example axis: the checks of Predictions refuse it
         return self.array
       return self.array[:, start:stop] if self.array.ndim == 3 else self.array[start:stop]
     file = file if self.file is None else self.file
-    running = self.crc.running if queue is not None and self.crc is not None else None
-    if running is not None and start != self.crc.next_row:
-      self.crc.running = running = None  # out of order: cannot be verified in this pass
+    crc = self.crc if queue is not None else None
+    if crc is not None and start == 0:  # a new pass
+      crc.restart(self.outer)
+    running = None if crc is None else crc.running
+    if running is not None and start != crc.next_row:
+      crc.running = running = None  # out of order: cannot be verified in this pass
     out = np.empty((self.outer, stop - start, *self.inner), self.dtype)
     for index in range(self.outer):
       file.seek(self.offset + (index * self.num + start) * self.row_bytes)
@@ -78,7 +81,7 @@ class _Member:
       if running is not None:
         queue.append((running, index, view))
     if running is not None:
-      self.crc.next_row = stop
+      crc.next_row = stop
     return out if len(self.shape) == 3 else out[0]
 
   def crc_error(self) -> str | None:
@@ -95,7 +98,6 @@ class _Member:
     """``crc_error`` from a read of the whole member, a block of examples at a time."""
     if self.crc is None:
       return None
-    self.crc.restart(self.outer)
     step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
     for start in range(0, self.num, step):
       queued = []
@@ -260,9 +262,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
         prediction_checks.check_field_name(key)
     if "labels" not in members:
       raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
-    labels, queued = members["labels"], []
-    if labels.crc is not None:  # read whole now, so its CRC-32 is checked now
-      labels.crc.restart(labels.outer)
+    labels, queued = members["labels"], []  # read whole now, so its CRC-32 is checked now
     with prediction_checks.reading(self.path, "labels"):
       labels = labels.rows(self._file, 0, labels.num, queued)
     zip_crc.update(queued)
@@ -327,8 +327,6 @@ class PredictionsReader(contextlib.AbstractContextManager):
     member's CRC-32 does not match (read again to know).
     """
     tracked = {k: m for k, m in self._members_by_name.items() if m.crc and k != "labels"}
-    for member in tracked.values():
-      member.crc.restart(member.outer)
     with concurrent.futures.ThreadPoolExecutor(1) as crc_thread:
       pending = None
       for start in range(0, self.num_examples, chunk_size):
