@@ -96,15 +96,13 @@ def _find_idx(
   if dataset.system_dir is not None and (data_dir is None or fallback):
     directories.append(files.as_path(dataset.system_dir()))
   for directory in directories:
-    half = idx.incomplete_idx_pair(directory, split)
-    if half is not None:
+    if (half := idx.incomplete_idx_pair(directory, split)) is not None:
       # Looking further would take this split's images and labels (or this split
       # and the other one) from two different copies of the data.
       raise DataUnavailableError(
         f"{name} ({split}): {half}; a split's images and labels must come from one directory"
       )
-    found = idx.find_idx_files(directory, split)
-    if found is not None:
+    if (found := idx.find_idx_files(directory, split)) is not None:
       return dataset, directories, found
   if source == "idx":
     raise _no_idx_error(name, split, dataset, directories)
