@@ -107,10 +107,9 @@ class _Member:
 
 
 def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", digest=None):
-  """What is left of the file object ``source``, copied a block at a time into a
-  temporary file that ``spill`` (an ``ExitStack``) closes, its bytes fed to
-  ``digest`` on the way; refused up front when the folder has less than ``size``
-  bytes free. Returns the temporary file, at its start."""
+  """The rest of ``source`` copied a block at a time (fed to ``digest`` on the way) into a
+  temporary file, returned at its start, that ``spill`` (an ``ExitStack``) closes; refused
+  up front when the folder has under ``size`` bytes free."""
   folder = tempfile.gettempdir()
   advice = f"free space in {folder} (or set TMPDIR){advice}"
   if shutil.disk_usage(folder).free < size:
