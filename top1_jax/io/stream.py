@@ -47,8 +47,8 @@ _BLOCK = 1 << 24  # bytes per read of a sequential copy (download, inflation, ha
 
 
 class _Member:
-  """One array of the archive: read in example ranges from a file (the archive, or
-  ``file``: a temporary one holding the inflated member), or held in memory."""
+  """One array of the archive: read in example ranges from ``file`` (the archive, or a
+  temporary one holding the inflated member), or held in memory."""
 
   def __init__(self, shape, dtype, offset=None, array=None, file=None, crc=None):
     self.shape, self.dtype, self.offset, self.array = tuple(shape), np.dtype(dtype), offset, array
@@ -57,7 +57,7 @@ class _Member:
     self.outer, self.num, self.inner = dims[0], dims[1], self.shape[1 + (len(self.shape) == 3) :]
     self.row_bytes = int(np.prod(self.inner, dtype=np.int64)) * self.dtype.itemsize
 
-  def rows(self, file, start: int, stop: int, queue: list | None = None) -> np.ndarray:
+  def rows(self, start: int, stop: int, queue: list | None = None) -> np.ndarray:
     """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With
     ``queue`` (a list), their bytes are queued there for the running CRC-32
     (``zip_crc.RunningCrc``, ``zip_crc.update``) when read in order, from example 0 on."""
@@ -65,7 +65,6 @@ class _Member:
       if self.array.ndim == 0:  # no example axis: the checks of Predictions refuse it
         return self.array
       return self.array[:, start:stop] if self.array.ndim == 3 else self.array[start:stop]
-    file = file if self.file is None else self.file
     crc = self.crc if queue is not None else None
     if crc is not None and start == 0:  # a new pass
       crc.restart(self.outer)
@@ -74,9 +73,9 @@ class _Member:
       crc.running = running = None  # out of order: cannot be verified in this pass
     out = np.empty((self.outer, stop - start, *self.inner), self.dtype)
     for index in range(self.outer):
-      file.seek(self.offset + (index * self.num + start) * self.row_bytes)
+      self.file.seek(self.offset + (index * self.num + start) * self.row_bytes)
       view = memoryview(out[index]).cast("B")
-      if file.readinto(view) != view.nbytes:
+      if self.file.readinto(view) != view.nbytes:
         raise ValueError(f"truncated array data ({self.shape} {self.dtype})")
       if running is not None:
         queue.append((running, index, view))
@@ -94,14 +93,14 @@ class _Member:
       return None
     return f"Bad CRC-32 (the zip directory says {self.crc.expected:08x}, its bytes give {got:08x})"
 
-  def read_crc_error(self, file) -> str | None:
+  def read_crc_error(self) -> str | None:
     """``crc_error`` from a read of the whole member, a block of examples at a time."""
     if self.crc is None:
       return None
     step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
     for start in range(0, self.num, step):
       queued = []
-      self.rows(file, start, min(self.num, start + step), queued)
+      self.rows(start, min(self.num, start + step), queued)
       zip_crc.update(queued)
     return self.crc_error()
 
@@ -139,7 +138,7 @@ def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
   start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
   file.seek(start)
   crc = zip_crc.RunningCrc(info.CRC, zlib.crc32(file.read(header_bytes)))
-  return _Member(shape, dtype, offset=start + header_bytes, crc=crc)
+  return _Member(shape, dtype, offset=start + header_bytes, file=file, crc=crc)
 
 
 def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, header, spill) -> _Member:
@@ -263,7 +262,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
       raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
     labels, queued = members["labels"], []  # read whole now, so its CRC-32 is checked now
     with prediction_checks.reading(self.path, "labels"):
-      labels = labels.rows(self._file, 0, labels.num, queued)
+      labels = labels.rows(0, labels.num, queued)
     zip_crc.update(queued)
     self._check_crc(["labels"])
     with files.named(self.path):  # before any other field, as Predictions does
@@ -292,7 +291,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
     for key in keys:
       member = self._members_by_name[key]
       try:
-        problem = member.read_crc_error(self._file) if read else member.crc_error()
+        problem = member.read_crc_error() if read else member.crc_error()
       except prediction_checks.READ_ERRORS:  # unreadable: the error being raised says so
         problem = None
       if problem is not None:
@@ -308,7 +307,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
       if key != "labels":
         into = arrays["scores"] if key.startswith(SCORE_PREFIX) else arrays
         with prediction_checks.reading(self.path, key):
-          into[key.removeprefix(SCORE_PREFIX)] = member.rows(self._file, start, stop, queue)
+          into[key.removeprefix(SCORE_PREFIX)] = member.rows(start, stop, queue)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
     with files.named(self.path, where):
