@@ -83,26 +83,24 @@ class _Member:
       crc.next_row = stop
     return out if len(self.shape) == 3 else out[0]
 
-  def crc_error(self) -> str | None:
-    """Why the bytes read do not match the zip directory's CRC-32, or None (matched, or
-    not known: a member in memory, or not read whole and in order)."""
-    if self.crc is None or self.crc.next_row != self.num:
+  def crc_error(self, read: bool = False) -> str | None:
+    """Why the bytes read (with ``read``: the whole member, read now a block of examples at
+    a time) do not match the zip directory's CRC-32, or None (matched, or not known: a
+    member in memory, or not read whole and in order)."""
+    if self.crc is None:
+      return None
+    if read:
+      step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
+      for start in range(0, self.num, step):
+        queued = []
+        self.rows(start, min(self.num, start + step), queued)
+        zip_crc.update(queued)
+    if self.crc.next_row != self.num:
       return None
     got = self.crc.value(self.num * self.row_bytes)
     if got is None or got == self.crc.expected:
       return None
     return f"Bad CRC-32 (the zip directory says {self.crc.expected:08x}, its bytes give {got:08x})"
-
-  def read_crc_error(self) -> str | None:
-    """``crc_error`` from a read of the whole member, a block of examples at a time."""
-    if self.crc is None:
-      return None
-    step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
-    for start in range(0, self.num, step):
-      queued = []
-      self.rows(start, min(self.num, start + step), queued)
-      zip_crc.update(queued)
-    return self.crc_error()
 
 
 def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", digest=None):
@@ -291,7 +289,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
     for key in keys:
       member = self._members_by_name[key]
       try:
-        problem = member.read_crc_error() if read else member.crc_error()
+        problem = member.crc_error(read)
       except prediction_checks.READ_ERRORS:  # unreadable: the error being raised says so
         problem = None
       if problem is not None:
