@@ -14,9 +14,9 @@ Each chunk is a validated ``predictions.Predictions`` (finite values, label rang
 summing to 1); the checks of the file as a whole (fields, shapes, N and K, meta) run when
 the reader opens, after those of the archive (``prediction_checks.archive_members``).
 
-Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; a member read at
-its offsets, as ``PredictionsReader.chunks`` reads it: a corrupt file is refused as
-``load_predictions`` refuses it, without the reader ever holding the file.
+Integrity: zipfile checks the CRC-32 of what it inflates or reads whole, and
+``PredictionsReader.chunks`` that of a member read at its offsets: a corrupt file is refused
+as ``load_predictions`` refuses it, without the reader ever holding the file.
 """
 
 import concurrent.futures
