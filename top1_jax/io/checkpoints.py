@@ -55,8 +55,7 @@ def _save_error(path, error: Exception) -> Exception:
   text = " ".join(str(error).split())
   if isinstance(error, OSError) and error.errno is not None:
     return OSError(error.errno, error.strerror, os.fspath(error.filename or path))
-  code = re.search(r"os_error_code='(\d+)'", text)
-  if code:
+  if code := re.search(r"os_error_code='(\d+)'", text):
     return OSError(int(code.group(1)), os.strerror(int(code.group(1))), os.fspath(path))
   return ValueError(
     f"directory: the checkpoint {path} could not be saved ({type(error).__name__}: {text[:200]})"

@@ -70,8 +70,12 @@ def _no_idx_error(
   )
 
 
-def _idx_dataset(name, split, source: str) -> IdxDataset | None:
-  """Checks load_dataset's arguments; the registry entry, or None for TFDS alone."""
+def _find_idx(
+  name, split, data_dir, fallback: bool, source: str
+) -> tuple[IdxDataset | None, list, tuple | None]:
+  """Checks load_dataset's arguments; (the registry entry, or None for TFDS alone; the
+  directories searched; the split's IDX pair found in the first that has it). With
+  ``source="idx"``, no pair is an error."""
   if source not in ("auto", "idx", "tfds"):
     raise ValueError(f"source: expected 'auto', 'idx' or 'tfds', got {source!r}")
   if not isinstance(name, str) or not name:
@@ -81,37 +85,28 @@ def _idx_dataset(name, split, source: str) -> IdxDataset | None:
   if source == "idx" and name not in REGISTRY:
     raise ValueError(f"name: IDX files are read for {sorted(REGISTRY)}, got {name!r}")
   if source == "tfds" or name not in REGISTRY:
-    return None
+    return None, [], None
   if split not in idx.IDX_SPLIT_PREFIX:
     raise ValueError(
       f"split: {name} IDX files have splits {sorted(idx.IDX_SPLIT_PREFIX)}, got {split!r}"
       " (use limit= for a subset)"
     )
-  return REGISTRY[name]
-
-
-def _find_idx(
-  name: str, split: str, dataset: IdxDataset, data_dir, fallback: bool, source: str
-) -> tuple[list, tuple | None]:
-  """(the directories searched, the split's IDX pair found in the first that has it); with
-  ``source="idx"``, no pair is an error."""
+  dataset = REGISTRY[name]
   directories = [files.as_path(data_dir)] if data_dir is not None else []
   if dataset.system_dir is not None and (data_dir is None or fallback):
     directories.append(files.as_path(dataset.system_dir()))
   for directory in directories:
-    half = idx.incomplete_idx_pair(directory, split)
-    if half is not None:
+    if (half := idx.incomplete_idx_pair(directory, split)) is not None:
       # Looking further would take this split's images and labels (or this split
       # and the other one) from two different copies of the data.
       raise DataUnavailableError(
         f"{name} ({split}): {half}; a split's images and labels must come from one directory"
       )
-    found = idx.find_idx_files(directory, split)
-    if found is not None:
-      return directories, found
+    if (found := idx.find_idx_files(directory, split)) is not None:
+      return dataset, directories, found
   if source == "idx":
     raise _no_idx_error(name, split, dataset, directories)
-  return directories, None
+  return dataset, directories, None
 
 
 def load_dataset(
@@ -142,12 +137,10 @@ def load_dataset(
       or where to put the files), or a directory with half of a split's IDX pair.
     ValueError: bad arguments or corrupt files.
   """
-  dataset = _idx_dataset(name, split, source)
-  if dataset is not None:
-    directories, found = _find_idx(name, split, dataset, data_dir, fallback, source)
-    if found is not None:
-      classes = {"num_classes": len(dataset.class_names), "class_names": dataset.class_names}
-      return idx.load_idx(*found, name=name, split=split, limit=limit, **classes)
+  dataset, directories, found = _find_idx(name, split, data_dir, fallback, source)
+  if found is not None:
+    classes = {"num_classes": len(dataset.class_names), "class_names": dataset.class_names}
+    return idx.load_idx(*found, name=name, split=split, limit=limit, **classes)
   try:
     return tfds.load_tfds(name, split, data_dir=data_dir, limit=limit, image_size=image_size)
   except DataUnavailableError as e:
@@ -188,13 +181,11 @@ def split_info(
   """
   if limit is not None:
     limit = validation.positive_int("limit", limit)
-  dataset = _idx_dataset(name, split, source)
-  if dataset is not None:
-    _, found = _find_idx(name, split, dataset, data_dir, fallback, source)
-    if found is not None:
-      count = idx.count_idx_examples(*found)
-      count = count if limit is None else min(count, limit)
-      return SplitInfo(f"idx:{found[0].parent}", count, len(dataset.class_names))
+  dataset, _, found = _find_idx(name, split, data_dir, fallback, source)
+  if found is not None:
+    count = idx.count_idx_examples(*found)
+    count = count if limit is None else min(count, limit)
+    return SplitInfo(f"idx:{found[0].parent}", count, len(dataset.class_names))
   return SplitInfo(f"tfds:{'default' if data_dir is None else data_dir}", None, None)
 
 

@@ -199,7 +199,31 @@ def disk_full(error: BaseException, root: str) -> str | None:
   return f"{root}: {os.strerror(error.errno).lower()}{f' (writing {name})' if name else ''}"
 
 
-def _write_local(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
+def atomic_write(
+  path: epath.PathLike, write: Callable[[BinaryIO], Any]
+) -> pathlib.Path | epath.Path:
+  """Calls ``write(file)`` once on a binary file that replaces ``path`` only when it
+  returns; on any failure (KeyboardInterrupt too) ``path`` is left as it was. A local file
+  is made world-readable and its directory created if needed. Returns ``as_path(path)``.
+
+  Raises:
+    ValueError: ``path`` is a directory (checked before anything is written).
+  """
+  path = as_path(path)
+  if not isinstance(path, pathlib.Path):
+    # Staged locally first: an object store commits whatever was written when the
+    # file is closed, so writing straight into it would publish half a file when
+    # `write` raises. A disk file, not memory, since predictions can be gigabytes.
+    with tempfile.TemporaryFile() as staging:
+      write(staging)
+      staging.seek(0)
+      # No parent.mkdir(): an object store has no folders, and s3fs would take
+      # one at the bucket level as a request to create the bucket.
+      with path.open("wb") as file:
+        shutil.copyfileobj(staging, file)
+    return path
+  if path.is_dir():  # else the rename would fail naming the temporary file
+    raise ValueError(f"{path}: is a directory; give the path of a file to write there")
   path.parent.mkdir(parents=True, exist_ok=True)
   try:
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -219,34 +243,6 @@ def _write_local(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
       # A full disk fails in write or fsync, whose errors name no file: name it.
       raise OSError(e.errno, e.strerror, os.fspath(path)) from e
     raise
-
-
-def atomic_write(
-  path: epath.PathLike, write: Callable[[BinaryIO], Any]
-) -> pathlib.Path | epath.Path:
-  """Calls ``write(file)`` once on a binary file that replaces ``path`` only when it
-  returns; on any failure (KeyboardInterrupt too) ``path`` is left as it was. A local file
-  is made world-readable and its directory created if needed. Returns ``as_path(path)``.
-
-  Raises:
-    ValueError: ``path`` is a directory (checked before anything is written).
-  """
-  path = as_path(path)
-  if isinstance(path, pathlib.Path):
-    if path.is_dir():  # else the rename would fail naming the temporary file
-      raise ValueError(f"{path}: is a directory; give the path of a file to write there")
-    _write_local(path, write)
-    return path
-  # Staged locally first: an object store commits whatever was written when the
-  # file is closed, so writing straight into it would publish half a file when
-  # `write` raises. A disk file, not memory, since predictions can be gigabytes.
-  with tempfile.TemporaryFile() as staging:
-    write(staging)
-    staging.seek(0)
-    # No parent.mkdir(): an object store has no folders, and s3fs would take
-    # one at the bucket level as a request to create the bucket.
-    with path.open("wb") as file:
-      shutil.copyfileobj(staging, file)
   return path
 
 

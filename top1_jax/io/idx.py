@@ -68,10 +68,9 @@ def _gzip_error(path, error: BaseException) -> ValueError:
 def _header(path, stream: BinaryIO) -> tuple[int, np.dtype, tuple[int, ...]]:
   """(magic, dtype, shape) from the stream's first bytes, which it leaves at the data."""
   raw = stream.read(4)
-  if len(raw) == 4:
-    raw += stream.read(4 * raw[3])
   if len(raw) < 4:
     raise ValueError(f"{path}: truncated IDX header ({len(raw)} bytes)")
+  raw += stream.read(4 * raw[3])
   (magic,) = struct.unpack(">I", raw[:4])
   type_code, ndim = raw[2], raw[3]
   if raw[:2] != b"\0\0" or type_code not in _IDX_DTYPES or ndim == 0:

@@ -194,10 +194,8 @@ def read_meta(value: np.ndarray) -> dict:
     raise ValueError(
       f"meta: expected a JSON string (0-d str array), got shape {value.shape} dtype {value.dtype}"
     )
-  try:
+  with files.named("meta"):
     meta = files.parse_json(value.item())
-  except ValueError as e:
-    raise ValueError(f"meta: {e}") from None
   if not isinstance(meta, dict):
     raise ValueError(f"meta: expected a JSON object, got {type(meta).__name__}")
   return meta

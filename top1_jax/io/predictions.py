@@ -161,26 +161,6 @@ def _np_load(path: pathlib.Path | epath.Path, kind: str, expected: str):
     raise ValueError(f"{path}: not a readable {kind} ({e})") from None
 
 
-def _read_fields(path, archive: zipfile.ZipFile) -> dict[str, Any]:
-  """The archive's arrays as ``Predictions`` keyword arguments (not yet checked)."""
-  fields: dict[str, Any] = {"scores": {}}
-  for key, info in prediction_checks.archive_members(path, archive).items():
-    prediction_checks.check_inflation(path, key, info)
-    prediction_checks.member_header(path, key, archive, info)
-    with prediction_checks.reading(path, key), archive.open(info) as file:
-      value = np.lib.format.read_array(file, allow_pickle=False)
-      file.read()  # to the member's end, where zipfile compares the CRC-32
-    with files.named(path):
-      if key == "meta":
-        fields["meta"] = prediction_checks.read_meta(value)
-      elif key.startswith(SCORE_PREFIX):
-        fields["scores"][key.removeprefix(SCORE_PREFIX)] = value
-      else:
-        prediction_checks.check_field_name(key)
-        fields[key] = value
-  return fields
-
-
 def load_predictions(path: epath.PathLike) -> Predictions:
   """Reads and validates a predictions file, local or a URL.
 
@@ -198,8 +178,22 @@ def load_predictions(path: epath.PathLike) -> Predictions:
   )
   if not isinstance(archive, np.lib.npyio.NpzFile):
     raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
+  fields: dict[str, Any] = {"scores": {}}  # Predictions' keyword arguments
   with archive:
-    fields = _read_fields(path, archive.zip)
+    for key, info in prediction_checks.archive_members(path, archive.zip).items():
+      prediction_checks.check_inflation(path, key, info)
+      prediction_checks.member_header(path, key, archive.zip, info)
+      with prediction_checks.reading(path, key), archive.zip.open(info) as file:
+        value = np.lib.format.read_array(file, allow_pickle=False)
+        file.read()  # to the member's end, where zipfile compares the CRC-32
+      with files.named(path):
+        if key == "meta":
+          fields["meta"] = prediction_checks.read_meta(value)
+        elif key.startswith(SCORE_PREFIX):
+          fields["scores"][key.removeprefix(SCORE_PREFIX)] = value
+        else:
+          prediction_checks.check_field_name(key)
+          fields[key] = value
   if "labels" not in fields:
     raise ValueError(f"{path}: labels: missing field (int [N] class labels)")
   with files.named(path):

@@ -14,9 +14,9 @@ Each chunk is a validated ``predictions.Predictions`` (finite values, label rang
 summing to 1); the checks of the file as a whole (fields, shapes, N and K, meta) run when
 the reader opens, after those of the archive (``prediction_checks.archive_members``).
 
-Integrity: zipfile checks the CRC-32 of what it inflates or reads whole; a member read at
-its offsets, as ``PredictionsReader.chunks`` reads it: a corrupt file is refused as
-``load_predictions`` refuses it, without the reader ever holding the file.
+Integrity: zipfile checks the CRC-32 of what it inflates or reads whole, and
+``PredictionsReader.chunks`` that of a member read at its offsets: a corrupt file is refused
+as ``load_predictions`` refuses it, without the reader ever holding the file.
 """
 
 import concurrent.futures
@@ -39,7 +39,6 @@ from top1_jax.io import predictions as predictions_lib
 from top1_jax.io.prediction_checks import SCORE_PREFIX
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local file header (30 bytes)
-_READ_ERRORS = prediction_checks.READ_ERRORS
 
 IN_MEMORY_BYTES = 1 << 26
 """A zip-compressed member of up to this many bytes (inflated) is read into memory; a larger
@@ -48,8 +47,8 @@ _BLOCK = 1 << 24  # bytes per read of a sequential copy (download, inflation, ha
 
 
 class _Member:
-  """One array of the archive: read in example ranges from a file (the archive, or
-  ``file``: a temporary one holding the inflated member), or held in memory."""
+  """One array of the archive: read in example ranges from ``file`` (the archive, or a
+  temporary one holding the inflated member), or held in memory."""
 
   def __init__(self, shape, dtype, offset=None, array=None, file=None, crc=None):
     self.shape, self.dtype, self.offset, self.array = tuple(shape), np.dtype(dtype), offset, array
@@ -58,58 +57,56 @@ class _Member:
     self.outer, self.num, self.inner = dims[0], dims[1], self.shape[1 + (len(self.shape) == 3) :]
     self.row_bytes = int(np.prod(self.inner, dtype=np.int64)) * self.dtype.itemsize
 
-  def rows(self, file, start: int, stop: int, queue: list | None = None) -> np.ndarray:
+  def rows(self, start: int, stop: int, queue: list | None = None) -> np.ndarray:
     """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With
     ``queue`` (a list), their bytes are queued there for the running CRC-32
-    (``zip_crc.RunningCrc``, ``zip_crc.update``) when read in order."""
+    (``zip_crc.RunningCrc``, ``zip_crc.update``) when read in order, from example 0 on."""
     if self.array is not None:
       if self.array.ndim == 0:  # no example axis: the checks of Predictions refuse it
         return self.array
       return self.array[:, start:stop] if self.array.ndim == 3 else self.array[start:stop]
-    file = file if self.file is None else self.file
-    running = self.crc.running if queue is not None and self.crc is not None else None
-    if running is not None and start != self.crc.next_row:
-      self.crc.running = running = None  # out of order: cannot be verified in this pass
+    crc = self.crc if queue is not None else None
+    if crc is not None and start == 0:  # a new pass
+      crc.restart(self.outer)
+    running = None if crc is None else crc.running
+    if running is not None and start != crc.next_row:
+      crc.running = running = None  # out of order: cannot be verified in this pass
     out = np.empty((self.outer, stop - start, *self.inner), self.dtype)
     for index in range(self.outer):
-      file.seek(self.offset + (index * self.num + start) * self.row_bytes)
+      self.file.seek(self.offset + (index * self.num + start) * self.row_bytes)
       view = memoryview(out[index]).cast("B")
-      if file.readinto(view) != view.nbytes:
+      if self.file.readinto(view) != view.nbytes:
         raise ValueError(f"truncated array data ({self.shape} {self.dtype})")
       if running is not None:
         queue.append((running, index, view))
     if running is not None:
-      self.crc.next_row = stop
+      crc.next_row = stop
     return out if len(self.shape) == 3 else out[0]
 
-  def crc_error(self) -> str | None:
-    """Why the bytes read do not match the zip directory's CRC-32, or None (matched, or
-    not known: a member in memory, or not read whole and in order)."""
-    if self.crc is None or self.crc.next_row != self.num:
+  def crc_error(self, read: bool = False) -> str | None:
+    """Why the bytes read (with ``read``: the whole member, read now a block of examples at
+    a time) do not match the zip directory's CRC-32, or None (matched, or not known: a
+    member in memory, or not read whole and in order)."""
+    if self.crc is None:
+      return None
+    if read:
+      step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
+      for start in range(0, self.num, step):
+        queued = []
+        self.rows(start, min(self.num, start + step), queued)
+        zip_crc.update(queued)
+    if self.crc.next_row != self.num:
       return None
     got = self.crc.value(self.num * self.row_bytes)
     if got is None or got == self.crc.expected:
       return None
     return f"Bad CRC-32 (the zip directory says {self.crc.expected:08x}, its bytes give {got:08x})"
 
-  def read_crc_error(self, file) -> str | None:
-    """``crc_error`` from a read of the whole member, a block of examples at a time."""
-    if self.crc is None:
-      return None
-    self.crc.restart(self.outer)
-    step = max(1, _BLOCK // max(1, self.outer * self.row_bytes))
-    for start in range(0, self.num, step):
-      queued = []
-      self.rows(file, start, min(self.num, start + step), queued)
-      zip_crc.update(queued)
-    return self.crc_error()
-
 
 def _temporary_copy(source, size: int, spill, doing: str, advice: str = "", digest=None):
-  """What is left of the file object ``source``, copied a block at a time into a
-  temporary file that ``spill`` (an ``ExitStack``) closes, its bytes fed to
-  ``digest`` on the way; refused up front when the folder has less than ``size``
-  bytes free. Returns the temporary file, at its start."""
+  """The rest of ``source`` copied a block at a time (fed to ``digest`` on the way) into a
+  temporary file, returned at its start, that ``spill`` (an ``ExitStack``) closes; refused
+  up front when the folder has under ``size`` bytes free."""
   folder = tempfile.gettempdir()
   advice = f"free space in {folder} (or set TMPDIR){advice}"
   if shutil.disk_usage(folder).free < size:
@@ -139,7 +136,7 @@ def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
   start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
   file.seek(start)
   crc = zip_crc.RunningCrc(info.CRC, zlib.crc32(file.read(header_bytes)))
-  return _Member(shape, dtype, offset=start + header_bytes, crc=crc)
+  return _Member(shape, dtype, offset=start + header_bytes, file=file, crc=crc)
 
 
 def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, header, spill) -> _Member:
@@ -261,11 +258,9 @@ class PredictionsReader(contextlib.AbstractContextManager):
         prediction_checks.check_field_name(key)
     if "labels" not in members:
       raise ValueError(f"{self.path}: labels: missing field (int [N] class labels)")
-    labels, queued = members["labels"], []
-    if labels.crc is not None:  # read whole now, so its CRC-32 is checked now
-      labels.crc.restart(labels.outer)
+    labels, queued = members["labels"], []  # read whole now, so its CRC-32 is checked now
     with prediction_checks.reading(self.path, "labels"):
-      labels = labels.rows(self._file, 0, labels.num, queued)
+      labels = labels.rows(0, labels.num, queued)
     zip_crc.update(queued)
     self._check_crc(["labels"])
     with files.named(self.path):  # before any other field, as Predictions does
@@ -294,8 +289,8 @@ class PredictionsReader(contextlib.AbstractContextManager):
     for key in keys:
       member = self._members_by_name[key]
       try:
-        problem = member.read_crc_error(self._file) if read else member.crc_error()
-      except _READ_ERRORS:  # unreadable: the error being raised says so
+        problem = member.crc_error(read)
+      except prediction_checks.READ_ERRORS:  # unreadable: the error being raised says so
         problem = None
       if problem is not None:
         raise ValueError(
@@ -310,7 +305,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
       if key != "labels":
         into = arrays["scores"] if key.startswith(SCORE_PREFIX) else arrays
         with prediction_checks.reading(self.path, key):
-          into[key.removeprefix(SCORE_PREFIX)] = member.rows(self._file, start, stop, queue)
+          into[key.removeprefix(SCORE_PREFIX)] = member.rows(start, stop, queue)
     if where is None:
       where = "" if (start, stop) == (0, self.num_examples) else f" (examples {start}-{stop - 1})"
     with files.named(self.path, where):
@@ -328,8 +323,6 @@ class PredictionsReader(contextlib.AbstractContextManager):
     member's CRC-32 does not match (read again to know).
     """
     tracked = {k: m for k, m in self._members_by_name.items() if m.crc and k != "labels"}
-    for member in tracked.values():
-      member.crc.restart(member.outer)
     with concurrent.futures.ThreadPoolExecutor(1) as crc_thread:
       pending = None
       for start in range(0, self.num_examples, chunk_size):

@@ -132,8 +132,7 @@ def _feature_keys(builder) -> tuple[str, str]:
   if not (isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str) for k in keys)):
     keys = ("image", "label")
   features = builder.info.features
-  missing = [k for k in keys if k not in features]
-  if missing:
+  if missing := [k for k in keys if k not in features]:
     raise ValueError(
       f"{builder.name}: expected image and label features {keys}, missing"
       f" {missing} (features: {sorted(features.keys())})"
