@@ -31,10 +31,6 @@ class _BinStats(NamedTuple):
   mean_confidence: np.ndarray  # [B]
 
   @property
-  def accuracy(self) -> np.ndarray:
-    return self.hits / self.counts
-
-  @property
   def after_ties(self) -> int | None:
     # Equal-mass bins merge at ties; equal-width bins are fixed intervals, some empty.
     return self.counts.size if self.binning == "equal-mass" else None
@@ -63,7 +59,7 @@ def _bin_statistics(confidence, correct, n_bins: int, kind: str) -> _BinStats:
 
 def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int) -> float:
   """The diagonal, the per-bin accuracies, their gaps and intervals; returns the lowest y."""
-  conf, acc, counts = stats.mean_confidence, stats.accuracy, stats.counts
+  conf, acc, counts = stats.mean_confidence, stats.hits / stats.counts, stats.counts
   ece = float(np.sum(counts / num * np.abs(acc - conf)))
   lowest = min(conf.min(), acc.min())
   ax.plot([0, 1], [0, 1], color="0.45", linestyle="--", linewidth=1.0, label="perfect calibration")
