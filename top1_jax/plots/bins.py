@@ -63,17 +63,18 @@ class _Layout(NamedTuple):
   index: np.ndarray  # [B] bin indices with calibration examples, in plotting order
   left: np.ndarray  # [B] left edge on the [0, 1] axis
   width: np.ndarray  # [B] calibration weight of the bin
+  prob: np.ndarray  # [B] predicted P(correct) of the bin
 
 
 def _layout(train_bins: binning.Bins, order: str) -> _Layout:
   counts = np.asarray(train_bins.counts, np.float64)
+  prob = np.asarray(train_bins.prob, np.float64)
   index = np.flatnonzero(counts > 0)  # padding slots and merged tie groups hold no data
   if order == "prob":
-    prob = np.asarray(train_bins.prob, np.float64)[index]
-    index = index[np.argsort(-prob, kind="stable")]
+    index = index[np.argsort(-prob[index], kind="stable")]
   width = counts[index] / counts.sum()
   left = np.concatenate([[0.0], np.cumsum(width)[:-1]])
-  return _Layout(index, left, width)
+  return _Layout(index, left, width, prob[index])
 
 
 def _confidence(delta: float) -> str:
@@ -89,17 +90,16 @@ def _draw_intervals(
   ax: Axes, train_bins: binning.Bins, layout: _Layout, delta: float, bounds: str
 ) -> tuple[np.ndarray, np.ndarray]:
   """Draws the per-bin intervals as error bars; returns (lower, upper)."""
-  prob = np.asarray(train_bins.prob, np.float64)[layout.index]
   lower, upper = (
     np.asarray(b, np.float64)[layout.index]
     for b in binning.confidence_bounds(train_bins, delta, bounds)
   )
   # The interval is around hits / counts; the prediction carries the prior, so
   # clip in case it sits a hair outside.
-  yerr = np.stack([np.maximum(prob - lower, 0.0), np.maximum(upper - prob, 0.0)])
+  yerr = np.stack([np.maximum(layout.prob - lower, 0.0), np.maximum(upper - layout.prob, 0.0)])
   many = layout.index.size > 30
   ax.errorbar(
-    layout.left + layout.width / 2, prob, yerr=yerr, fmt="none", ecolor=_INTERVAL_COLOR,
+    layout.left + layout.width / 2, layout.prob, yerr=yerr, fmt="none", ecolor=_INTERVAL_COLOR,
     alpha=0.55 if many else 1.0, elinewidth=0.6 if many else 1.0, capsize=0 if many else 3,
     label=f"{_confidence(delta)} {_BOUND_NAMES[bounds]} interval",
   )  # fmt: skip
@@ -120,7 +120,7 @@ def _draw_bins(
   ece_name = metrics_lib.ece_name(
     train_bins.n_bins, "equal-mass", layout.index.size, calibration=True
   )
-  prob = np.asarray(train_bins.prob, np.float64)[layout.index]
+  prob = layout.prob
   test_counts = np.asarray(test_bins.counts)[layout.index]
   test_hits = np.asarray(test_bins.hits, np.float64)[layout.index]
 
@@ -259,11 +259,10 @@ def refinement_figure(
     _draw_bins(ax, train, test, accuracy, delta, bounds, "prob", True, event, "{bins}")
   if overlay:
     layout = _layout(coarse[0], "prob")
-    prob = np.asarray(coarse[0].prob, np.float64)[layout.index]
     # No baseline: stairs would otherwise close the outline with vertical edges down to 0 at
     # both ends, a stray line along the y axis.
     axes[1].stairs(
-      prob, np.append(layout.left, 1.0), baseline=None, color="0.1", linewidth=1.4,
+      layout.prob, np.append(layout.left, 1.0), baseline=None, color="0.1", linewidth=1.4,
       label=f"{layout.index.size}-bin predictions",
     )  # fmt: skip
   for ax in axes:  # one column: two columns of these labels are wider than a panel

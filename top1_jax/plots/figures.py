@@ -180,8 +180,7 @@ def serve() -> None:
     payload = stdin.read(int.from_bytes(header, "little"))
     try:
       fig, path, options = pickle.loads(payload)
-      save = functools.partial(fig.savefig, **options)
-      files.atomic_write(files.as_path(path), save)
+      files.atomic_write(files.as_path(path), functools.partial(fig.savefig, **options))
       reply = "ok"
     except Exception as e:  # noqa: BLE001  (any failure is the parent's one-line error)
       reply = f"{type(e).__name__}: {e}".replace("\n", " ")

@@ -31,14 +31,9 @@ class _BinStats(NamedTuple):
   mean_confidence: np.ndarray  # [B]
 
   @property
-  def accuracy(self) -> np.ndarray:
-    return self.hits / self.counts
-
-  @property
-  def ece_name(self) -> str:
+  def after_ties(self) -> int | None:
     # Equal-mass bins merge at ties; equal-width bins are fixed intervals, some empty.
-    after_ties = self.counts.size if self.binning == "equal-mass" else None
-    return metrics.ece_name(self.requested, self.binning, after_ties)
+    return self.counts.size if self.binning == "equal-mass" else None
 
 
 def _bin_statistics(confidence, correct, n_bins: int, kind: str) -> _BinStats:
@@ -64,7 +59,7 @@ def _bin_statistics(confidence, correct, n_bins: int, kind: str) -> _BinStats:
 
 def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int) -> float:
   """The diagonal, the per-bin accuracies, their gaps and intervals; returns the lowest y."""
-  conf, acc, counts = stats.mean_confidence, stats.accuracy, stats.counts
+  conf, acc, counts = stats.mean_confidence, stats.hits / stats.counts, stats.counts
   ece = float(np.sum(counts / num * np.abs(acc - conf)))
   lowest = min(conf.min(), acc.min())
   ax.plot([0, 1], [0, 1], color="0.45", linestyle="--", linewidth=1.0, label="perfect calibration")
@@ -81,7 +76,8 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
       label=f"{100 * (1 - delta):g}% Clopper–Pearson interval",
     )  # fmt: skip
     lowest = min(lowest, lower.min())
-  label = f"accuracy per bin; {stats.ece_name} = {ece:.2%}"
+  ece_name = metrics.ece_name(stats.requested, stats.binning, stats.after_ties)
+  label = f"accuracy per bin; {ece_name} = {ece:.2%}"
   ax.plot(conf, acc, color=_POINT_COLOR, marker="o", markersize=4.5, linewidth=1.2, label=label)
   ax.set_ylabel("accuracy in bin")
   ax.grid(alpha=0.3)
@@ -158,7 +154,6 @@ def reliability_diagram(
   for axis in (diagram_ax.xaxis, counts_ax.xaxis, diagram_ax.yaxis):
     axis.set_major_formatter(ticker.PercentFormatter(1.0, decimals=0))
   if title is not None:
-    after_ties = stats.counts.size if binning == "equal-mass" else None
-    bins = metrics.bins_phrase(n_bins, after_ties, binning)
+    bins = metrics.bins_phrase(n_bins, stats.after_ties, binning)
     diagram_ax.set_title(title.replace("{bins}", bins))
   return fig

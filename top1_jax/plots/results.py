@@ -22,7 +22,7 @@ from top1_jax.plots.shift_figures import (
   recalibration_curves,
   shift_curves,
 )
-from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
+from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure, needs_labels
 
 
 def _cv_from_record(record: dict) -> crossval.CrossValidation:
@@ -67,7 +67,11 @@ def figure_groups(names: list[str]) -> list[tuple[str, list[str]]]:
   return sorted(groups.items(), key=lambda item: order.index(item[0]))
 
 
-def _reliability_figure(figures, source, test, n_bins: int):
+def _save(fig, out_dir, name: str):
+  return save_figure(fig, out_dir / "figures" / f"{name}.png")
+
+
+def _reliability_figure(out_dir, source, test, n_bins: int):
   """The raw max-softmax's reliability diagram (Top-1) on the test part of ``test``."""
   correct = source.correct(1)[test]
   # The raw confidence, as benchmarks report it: no calibration split is used. Equal-width
@@ -76,15 +80,10 @@ def _reliability_figure(figures, source, test, n_bins: int):
   confidence = source.scores["pmax"][test]
   title = f"{source.label}: raw max-softmax, Top-1\nfirst split's test part, {{bins}}"
   fig = reliability_diagram(confidence, correct, n_bins, binning="equal-width", title=title)
-  return save_figure(fig, figures / f"reliability_{source.slug}_top1.png")
+  return _save(fig, out_dir, f"reliability_{source.slug}_top1")
 
 
-def _is_oracle(score: str) -> bool:
-  entry = scores.lookup(score)
-  return entry is not None and entry.inputs == "labels"
-
-
-def _ablation_figure(figures, sources, results, k) -> list:
+def _ablation_figure(out_dir, sources, results, k) -> list:
   """The Top-k ablation: the compared scores as lines, the first file's oracle as a reference."""
   names = {source.name: source.label for source in sources}
   # Every score of a file without samples (the deterministic network, a user's file); for
@@ -96,7 +95,7 @@ def _ablation_figure(figures, sources, results, k) -> list:
   for r in results:
     if r["topk"] != k or (r["columns"]["method"] in sampled and r["score"] != measure):
       continue
-    if _is_oracle(r["score"]):
+    if needs_labels(r["score"]):
       # It needs the labels: a reference line, never one of the compared scores (nor
       # the setter of their axis). One file's is enough to show where the ceiling is.
       oracles.setdefault(r["source"], r)
@@ -108,7 +107,7 @@ def _ablation_figure(figures, sources, results, k) -> list:
   references = {f"{names[n]}: oracle (needs labels)": _cv_from_record(oracles[n]) for n in first}
   title = f"Top-{k}: scores against the number of bins (mean ± std over splits)"
   fig = ablation_figure(curves, references=references, title=title)
-  return [save_figure(fig, figures / f"ablation_top{k}.png")]
+  return [_save(fig, out_dir, f"ablation_top{k}")]
 
 
 def _split_bins(correct, u, test, n_bins: int) -> tuple[binning.Bins, binning.Bins]:
@@ -122,11 +121,10 @@ def write_figures(
 ) -> list:
   """Per-bin figures (Fig. 1), reliability diagrams, the refinement (Fig. 2), the ablation,
   each on a source's first calibration/test split."""
-  figures = out_dir / "figures"
   written = []
   for source in sources:
     test = np.asarray(source.splits.test_mask(0))
-    written.append(_reliability_figure(figures, source, test, reliability_bins))
+    written.append(_reliability_figure(out_dir, source, test, reliability_bins))
     score = scores.headline(source.scores)
     if score is None:
       continue
@@ -134,19 +132,20 @@ def write_figures(
       bins, test_bins = _split_bins(source.correct(k), source.scores[score], test, figure_bins)
       title = f"{source.label}: {scores.label(score)}, Top-{k}, {{bins}}, first split"
       fig = bin_figure(bins, test_bins, event=f"Top-{k}", title=title)
-      written.append(save_figure(fig, figures / f"bins_{source.slug}_{score}_top{k}.png"))
+      written.append(_save(fig, out_dir, f"bins_{source.slug}_{score}_top{k}"))
+  if len(n_bins) < 2:
+    return written
   source = sources[0]
   score = scores.headline(source.scores)
-  test = np.asarray(source.splits.test_mask(0))
-  if score is not None and len(n_bins) > 1:
+  if score is not None:
+    test = np.asarray(source.splits.test_mask(0))
     correct = source.correct(topks[0])
     u = source.scores[score]
     pairs = [_split_bins(correct, u, test, n) for n in (min(n_bins), max(n_bins))]
     fig = refinement_figure(*pairs, event=f"Top-{topks[0]}")
-    written.append(save_figure(fig, figures / f"refinement_{source.slug}_{score}.png"))
-  if len(n_bins) > 1:
-    for k in topks:
-      written += _ablation_figure(figures, sources, results, k)
+    written.append(_save(fig, out_dir, f"refinement_{source.slug}_{score}"))
+  for k in topks:
+    written += _ablation_figure(out_dir, sources, results, k)
   return written
 
 
@@ -171,7 +170,7 @@ def write_risk_coverage_figures(out_dir, sources, chosen) -> list:
       f"(δ = {rows[0]['delta']:g}, {rows[0]['n_bins']} bins)"
     )
     fig = risk_coverage_figure(curve, points, title=title)
-    written.append(save_figure(fig, out_dir / "figures" / f"risk_coverage_{source.slug}.png"))
+    written.append(_save(fig, out_dir, f"risk_coverage_{source.slug}"))
   return written
 
 
@@ -183,7 +182,7 @@ def write_dropout_rate_figures(out_dir, rows, topks) -> list:
       fig = dropout_rate_figure(rows, topk=k)
     except ValueError:
       continue  # no MC-dropout rows at a rate > 0 for this event
-    written.append(save_figure(fig, out_dir / "figures" / f"dropout_rate_top{k}.png"))
+    written.append(_save(fig, out_dir, f"dropout_rate_top{k}"))
   return written
 
 
@@ -202,19 +201,17 @@ def write_shift_figures(out_dir, panels) -> list:
     for shift in results_io.GEOMETRIC_SHIFTS:
       if shift in shifts:
         fig = shift_curves(rows, variants, shift)
-        written.append(save_figure(fig, out_dir / "figures" / f"shift_{shift}{suffix}.png"))
+        written.append(_save(fig, out_dir, f"shift_{shift}{suffix}"))
     if shifts - {results_io.CLEAN, *results_io.GEOMETRIC_SHIFTS}:
       fig = corruption_boxes(rows, variants, ("brier", "ece", "accuracy"))
-      written.append(save_figure(fig, out_dir / "figures" / f"shift_corruptions{suffix}.png"))
+      written.append(_save(fig, out_dir, f"shift_corruptions{suffix}"))
     if p_correct:
-      fig = ood_histograms(p_correct)
-      written.append(save_figure(fig, out_dir / "figures" / f"shift_ood{suffix}.png"))
+      written.append(_save(ood_histograms(p_correct), out_dir, f"shift_ood{suffix}"))
     for stem, by_method, draw in (
       ("recalibration", recalibrated, recalibration_curves),
       ("accuracy_estimates", estimated, accuracy_scatter),
     ):
       for label, method_rows in by_method.items():
         method = re.sub(r"[^A-Za-z0-9.]+", "_", label).strip("_")
-        path = out_dir / "figures" / f"{stem}{suffix}_{method}.png"
-        written.append(save_figure(draw(method_rows), path))
+        written.append(_save(draw(method_rows), out_dir, f"{stem}{suffix}_{method}"))
   return written

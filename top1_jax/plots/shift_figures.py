@@ -5,7 +5,8 @@ A variant is a display label with a column filter over tidy results rows, select
 per (shift, severity); a variant whose rows need the labels (the oracle) is a grey reference
 that never sets the axis limits."""
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import matplotlib as mpl
@@ -16,11 +17,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from top1_jax.core import metrics as metrics_lib
-from top1_jax.core import scores
 from top1_jax.evaluation import accuracy_estimates, crossval
 from top1_jax.io import results
 from top1_jax.plots import figures
-from top1_jax.plots.sweeps import REFERENCE_COLOR, check_metrics, format_panel
+from top1_jax.plots.sweeps import REFERENCE_COLOR, check_metrics, format_panel, needs_labels
 
 CLEAN = results.CLEAN  # the unshifted test rows (severity 0): the first point of every shift
 AXIS_LABELS = results.GEOMETRIC_SHIFTS  # x labels; any other shift is a corruption
@@ -103,9 +103,8 @@ def _prepare(rows, variants, metrics, shifts: set, what: str, ece_binning: str):
     picked[label] = _pick(rows, label, conditions, shifts | {CLEAN})
     if not any(name != CLEAN for name, _ in picked[label]):
       raise ValueError(f"variants[{label!r}]: {conditions} matches no row of {what}")
-  needs_labels = {name for name, score in scores.REGISTRY.items() if score.inputs == "labels"}
   references = [
-    k for k, p in picked.items() if any(r.get("score") in needs_labels for r in p.values())
+    k for k, p in picked.items() if any(needs_labels(r.get("score")) for r in p.values())
   ]
   compared = [label for label in picked if label not in references]
   ece = _ece_label([row for label in compared for row in picked[label].values()], ece_binning)
@@ -143,11 +142,12 @@ def _value(row: Mapping[str, Any], column: str) -> float:
   return np.nan if value is None else float(value)
 
 
-def _keep_limits(ax, draw) -> None:
-  """Calls ``draw()`` (the references) without letting it move limits the compared rows set."""
+@contextlib.contextmanager
+def _kept_limits(ax) -> Iterator[None]:
+  """Within it, drawing (the references) does not move limits the compared rows set."""
   compared = bool(ax.lines or ax.collections or ax.patches)  # else references set the limits
   limits = ax.get_ylim()
-  draw()
+  yield
   if compared:
     ax.set_ylim(limits)
 
@@ -192,20 +192,17 @@ def _points(picked, shift: str) -> dict:
 def _curve(picked, shift: str, metric: str):
   """(severities, mean, std) of one variant along ``shift``."""
   points = _points(picked, shift)
-  x = np.asarray(sorted(points), np.float64)
-  mean = np.asarray([_value(points[s], metric) for s in sorted(points)])
-  std = np.asarray([_value(points[s], f"{metric}_std") for s in sorted(points)])
-  return x, mean, np.nan_to_num(std)
+  x = sorted(points)
+  mean = np.asarray([_value(points[s], metric) for s in x])
+  std = np.asarray([_value(points[s], f"{metric}_std") for s in x])
+  return np.asarray(x, np.float64), mean, np.nan_to_num(std)
 
 
 def _draw_reference_curves(ax, picked: Mapping[str, Mapping], shift: str, metric: str) -> None:
   curves = {label: _curve(rows, shift, metric)[:2] for label, rows in picked.items()}
-
-  def draw():
+  with _kept_limits(ax):
     for x, mean in curves.values():
       ax.plot(x, mean, color=REFERENCE_COLOR, linestyle="--", linewidth=1.0)
-
-  _keep_limits(ax, draw)
   by_severity = {label: dict(zip(x, mean, strict=True)) for label, (x, mean) in curves.items()}
   names = {x: f"{x:g}" for x in sorted({x for points in by_severity.values() for x in points})}
   _note_off_scale(ax, by_severity, names)
@@ -334,23 +331,20 @@ def corruption_boxes(
   ticks = {s: "clean" if s == 0 else f"{s:g}" for s in severities}
   # One slot per variant at each intensity, the references' last.
   width = 0.8 / len(picked)
-  slots = {
-    label: (i - (len(picked) - 1) / 2) * width for i, label in enumerate(compared + references)
+  positions = {
+    label: {s: i + (j - (len(picked) - 1) / 2) * width for i, s in enumerate(severities)}
+    for j, label in enumerate(compared + references)
   }
   fig_width = min(max(6.0, 0.14 * len(severities) * len(picked) + 2.0), figures.PAGE_WIDTH)
   fig = figures.new_figure((fig_width, 2.9 * len(metrics) + 0.6))
   axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
   for ax, metric in zip(axes, metrics, strict=True):
     values = {label: _box_values(picked[label], corruptions, metric) for label in picked}
-
-    def draw(labels, ax=ax, values=values):
-      for label in labels:
-        positions = {s: i + slots[label] for i, s in enumerate(severities)}
-        color = styles[label]["color"] if label in styles else REFERENCE_COLOR
-        _draw_boxes(ax, values[label], positions, width * 0.85, color)
-
-    draw(compared)
-    _keep_limits(ax, lambda: draw(references))
+    for label in compared:
+      _draw_boxes(ax, values[label], positions[label], width * 0.85, styles[label]["color"])
+    with _kept_limits(ax):
+      for label in references:
+        _draw_boxes(ax, values[label], positions[label], width * 0.85, REFERENCE_COLOR)
     _note_off_scale(ax, {label: values[label] for label in references}, ticks)
     format_panel(ax, metric, ece, sep=" ")
     ax.set_xticks(range(len(severities)), list(ticks.values()))
