@@ -315,6 +315,32 @@ def test_a_damaged_checkpoint_is_set_aside_and_its_epoch_trained_again(
     assert run.latest(template)[0] == 1
 
 
+def test_a_failed_reads_report_during_the_restore_is_not_a_second_message(
+  saved_run, tmp_path, monkeypatch, caplog
+):
+  # tensorstore's failed futures report through asyncio ("Task exception was never
+  # retrieved") whenever the garbage collector finds them, in a fresh clone's CI during the
+  # restore itself: those about this run's checkpoints are dropped, the others shown.
+  _, _, second = saved_run
+  template = train.create_train_state(_WIDE, _TX, jax.random.key(9), _SAMPLE)
+  folder = _copy(saved_run, tmp_path, epochs=("2",))
+  _damage_array(folder / "2", second, _cut_at)
+  read = checkpoints._read
+
+  def read_and_report(path, *args):
+    report = logging.getLogger("asyncio").error
+    report("Task exception was never retrieved\nfuture: <Task exception=ValueError('%s')>", path)
+    report("Task exception was never retrieved elsewhere")
+    return read(path, *args)
+
+  monkeypatch.setattr(checkpoints, "_read", read_and_report)
+  with checkpoints.RunCheckpoints(folder) as run, caplog.at_level(logging.WARNING):
+    assert run.latest(template)[0] == 0
+  messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert messages[0] == "Task exception was never retrieved elsewhere"
+  assert len(messages) == 2 and "is damaged" in messages[1]
+
+
 def test_the_checkpoint_before_a_damaged_one_is_resumed_and_each_damage_kept(saved_run, tmp_path):
   _, first, _ = saved_run
   template = train.create_train_state(_WIDE, _TX, jax.random.key(9), _SAMPLE)

@@ -220,6 +220,21 @@ def restore_checkpoint(directory: epath.PathLike, template: TrainState) -> Train
     return _read(path, lambda args: checkpointer.restore(path, args=args), template)
 
 
+_QUIET_DIRECTORIES: set[str] = set()
+
+
+def _quiet_failed_reads(directory) -> None:
+  """Drops asyncio's "exception was never retrieved" reports of tensorstore reads in
+  ``directory``: a damaged checkpoint is told once, by ``latest``'s warning; each failed
+  read's future would tell it again as a traceback, whenever the garbage collector finds
+  it (during the restore too, so the filter is in place before it)."""
+  if not _QUIET_DIRECTORIES:
+    logging.getLogger("asyncio").addFilter(
+      lambda log: not any(d in log.getMessage() for d in _QUIET_DIRECTORIES)
+    )
+  _QUIET_DIRECTORIES.add(os.fspath(directory))
+
+
 class RunCheckpoints(contextlib.AbstractContextManager):
   """The checkpoint of a training run's last finished epoch, by orbax's ``CheckpointManager``.
 
@@ -251,6 +266,7 @@ class RunCheckpoints(contextlib.AbstractContextManager):
     Raises:
       ValueError: the checkpoint is of another architecture or parameter shapes.
     """
+    _quiet_failed_reads(self.directory)
     while (epoch := self._manager.latest_step()) is not None:
       path = self.directory / str(epoch)
       try:
@@ -280,9 +296,6 @@ class RunCheckpoints(contextlib.AbstractContextManager):
       aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}.{number}")
     if jax.process_index() == 0:
       path.rename(aside)
-    # asyncio's "exception was never retrieved" reports of tensorstore futures of a failed
-    # restore would tell the damage again.
-    logging.getLogger("asyncio").addFilter(lambda log: os.fspath(path) not in log.getMessage())
     ocp.multihost.sync_global_processes(f"top1_jax: set aside {path}")
     self._manager.reload()  # its list of saved epochs no longer holds this one
     absl_logging.warning(
