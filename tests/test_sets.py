@@ -194,9 +194,10 @@ def test_raps_tuning_by_blocks_of_rows_equals_the_whole_tuning_part_at_once():
   # compile (its fusion emitters), not of the older emitters the suite compiles with
   # (conftest): a child process checks it with the fusion emitters.
   flags = processes.xla_flags(1).replace("--xla_cpu_use_fusion_emitters=false", "")
-  code = "import test_sets; test_sets.raps_blocks_equal_the_whole_part()"
+  code = "import test_sets; test_sets.raps_blocks_equal_the_whole_part(); print('blocks: equal')"
   env, here = {**os.environ, "XLA_FLAGS": flags}, pathlib.Path(__file__).parent
-  processes.wait(processes.start([["-c", code]], env, cwd=here), timeout=600)  # exits 0
+  (output,) = processes.wait(processes.start([["-c", code]], env, cwd=here), timeout=600)
+  assert output.splitlines()[-1] == "blocks: equal", output[-3000:]  # every check ran
 
 
 def raps_blocks_equal_the_whole_part():
