@@ -158,6 +158,13 @@ def lookup(name: str) -> Score | None:
   return REGISTRY["neg_log_topk_mass"] if _TOPK_NAME.match(name) else REGISTRY.get(name)
 
 
+def needs_labels(name) -> bool:
+  """Whether a score is computed from the labels (the oracle): a reference, never a
+  compared score; anything not a known score name is not."""
+  known = lookup(name) if isinstance(name, str) else None
+  return known is not None and known.inputs == "labels"
+
+
 def label(name: str) -> str:
   """Display label of a score name (a stored score unknown to the registry: its name)."""
   match = _TOPK_NAME.match(name)

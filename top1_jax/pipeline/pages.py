@@ -112,15 +112,10 @@ def _top_label_note(comparison: Sequence[Mapping]) -> str:
   return f" † Top-label binning's ECE is its P(correct)'s {name}: its bins are per class."
 
 
-def _is_oracle(score: str) -> bool:
-  known = scores.lookup(score)
-  return known is not None and known.inputs == "labels"
-
-
 def best_line(rows: Sequence[Mapping], value, comparison: Sequence[Mapping] = ()) -> str:
   """The sweep's best Top-1 row by Brier (the oracle, which needs labels, left out)."""
   top1 = [r for r in rows if r["topk"] == min(x["topk"] for x in rows) and r["brier"] is not None]
-  top1 = [r for r in top1 if not _is_oracle(r["score"])]
+  top1 = [r for r in top1 if not scores.needs_labels(r["score"])]
   if not top1:
     return ""
   best = min(top1, key=lambda r: r["brier"])

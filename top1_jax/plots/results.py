@@ -22,7 +22,7 @@ from top1_jax.plots.shift_figures import (
   recalibration_curves,
   shift_curves,
 )
-from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure, needs_labels
+from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
 
 
 def _cv_from_record(record: dict) -> crossval.CrossValidation:
@@ -95,7 +95,7 @@ def _ablation_figure(out_dir, sources, results, k) -> list:
   for r in results:
     if r["topk"] != k or (r["columns"]["method"] in sampled and r["score"] != measure):
       continue
-    if needs_labels(r["score"]):
+    if scores.needs_labels(r["score"]):
       # It needs the labels: a reference line, never one of the compared scores (nor
       # the setter of their axis). One file's is enough to show where the ceiling is.
       oracles.setdefault(r["source"], r)

@@ -17,10 +17,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from top1_jax.core import metrics as metrics_lib
+from top1_jax.core import scores
 from top1_jax.evaluation import accuracy_estimates, crossval
 from top1_jax.io import results
 from top1_jax.plots import figures
-from top1_jax.plots.sweeps import REFERENCE_COLOR, check_metrics, format_panel, needs_labels
+from top1_jax.plots.sweeps import REFERENCE_COLOR, check_metrics, format_panel
 
 CLEAN = results.CLEAN  # the unshifted test rows (severity 0): the first point of every shift
 AXIS_LABELS = results.GEOMETRIC_SHIFTS  # x labels; any other shift is a corruption
@@ -104,7 +105,7 @@ def _prepare(rows, variants, metrics, shifts: set, what: str, ece_binning: str):
     if not any(name != CLEAN for name, _ in picked[label]):
       raise ValueError(f"variants[{label!r}]: {conditions} matches no row of {what}")
   references = [
-    k for k, p in picked.items() if any(needs_labels(r.get("score")) for r in p.values())
+    k for k, p in picked.items() if any(scores.needs_labels(r.get("score")) for r in p.values())
   ]
   compared = [label for label in picked if label not in references]
   ece = _ece_label([row for label in compared for row in picked[label].values()], ece_binning)

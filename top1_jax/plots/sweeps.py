@@ -51,12 +51,6 @@ def _check_results(results, metrics, references) -> None:
   check_metrics(metrics)
 
 
-def needs_labels(score) -> bool:
-  """Whether a score needs the labels (the oracle): a reference, never a compared line."""
-  entry = scores.lookup(score) if isinstance(score, str) else None
-  return entry is not None and entry.inputs == "labels"
-
-
 def check_metrics(metrics) -> None:
   """Refuses anything but a non-empty list of ``crossval.METRICS`` names."""
   if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
