@@ -193,12 +193,6 @@ def _largest_file(folder):
   return max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
-def _flip(path):
-  data = bytearray(path.read_bytes())
-  data[len(data) // 2] ^= 0x40
-  path.write_bytes(bytes(data))
-
-
 def _flip_at(data: bytes, at: int) -> bytes:
   return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
 
@@ -235,7 +229,14 @@ _DAMAGE = {
     lambda c, saved: _damage_array(c, saved, _flip_at),
     "CRC-32|DATA_LOSS",  # ours, or tensorstore's own check where a block has one
   ),
-  "a flipped byte in the metadata": (lambda c, _: _flip(c / "metadata" / "metadata"), "Decode"),
+  "a flipped byte in the metadata": (  # its JSON
+    lambda c, _: _rewrite(c / "metadata" / "metadata", lambda b: _flip_at(b, b.index(b":"))),
+    "Decode",
+  ),
+  "a flipped byte in an array's name": (  # the CRC-32 table's last (after the shapes')
+    lambda c, _: _rewrite(c / "metadata" / "metadata", lambda b: _flip_at(b, b.rindex(b"['") + 2)),
+    "CRC-32 table",
+  ),
   "truncated array data": (lambda c, saved: _damage_array(c, saved, _cut_at), "rror"),
   "truncated array metadata": (
     lambda c, _: _rewrite(c / "state" / "_METADATA", lambda b: b[:100]),

@@ -235,7 +235,8 @@ def test_accuracy_estimates_of_every_set_beside_the_truth(shift_job):
         )  # fmt: skip
         np.testing.assert_allclose(float(row["accuracy"]), float(truth["accuracy"]), rtol=1e-6)
     doc = next(r for r in mine if (r["estimator"], r["shift"]) == ("doc", "clean"))
-    assert abs(float(doc["error"])) < 1e-9  # halves: each example tested as often
+    # Halves: each example tested as often, so zero up to the float32 confidences' rounding.
+    assert abs(float(doc["error"])) < 1e-7
 
 
 @needs_fmnist

@@ -172,8 +172,12 @@ def _check_arrays(path, arrays, crc32s: dict | None) -> None:
   """Each array's CRC-32 (``crc32s`` None: an old checkpoint without them) and, for floats,
   no NaN or infinity (training stops before saving a diverged state)."""
   flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
-  for key_path, leaf in flat:
-    host, name = _host_copy(leaf), jax.tree_util.keystr(key_path)
+  names = [jax.tree_util.keystr(key_path) for key_path, _ in flat]
+  if crc32s is not None and set(crc32s) != set(names):  # a name changed: its array unchecked
+    name = min(set(crc32s) ^ set(names))
+    raise DamagedCheckpointError(path, f"its CRC-32 table and its arrays differ at {name}")
+  for name, (_, leaf) in zip(names, flat, strict=True):
+    host = _host_copy(leaf)
     if host is None:
       continue
     saved = (crc32s or {}).get(name)
