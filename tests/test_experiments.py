@@ -354,9 +354,7 @@ def test_killed_training_resumes_from_the_last_epoch(tmp_path):
   got = json.loads((killed / "train" / POINT / "base.json").read_text())["test"]
   assert got["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
   assert got["loss"] == pytest.approx(expected["loss"], rel=1e-4)
-
-  other = _run("train", *args[:-1], "--config.batch_size=50", f"--workdir={killed}")
-  assert other.returncode == 1 and "trained with other settings" in other.stderr
+  # Other settings on a trained point: test_more_epochs_continue_a_finished_training_...
 
 
 @needs_fmnist
