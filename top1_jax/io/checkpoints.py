@@ -173,9 +173,8 @@ def _check_arrays(path, arrays, crc32s: dict | None) -> None:
   no NaN or infinity (training stops before saving a diverged state)."""
   flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
   names = [jax.tree_util.keystr(key_path) for key_path, _ in flat]
-  if crc32s is not None and set(crc32s) != set(names):  # a name changed: its array unchecked
-    name = min(set(crc32s) ^ set(names))
-    raise DamagedCheckpointError(path, f"its CRC-32 table and its arrays differ at {name}")
+  if crc32s is not None and (differ := set(crc32s) ^ set(names)):  # else one goes unchecked
+    raise DamagedCheckpointError(path, f"its CRC-32 table and its arrays differ at {min(differ)}")
   for name, (_, leaf) in zip(names, flat, strict=True):
     host = _host_copy(leaf)
     if host is None:
