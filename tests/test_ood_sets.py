@@ -1,5 +1,9 @@
 """Out-of-distribution sets (io.ood_sets) and their device maths (engine.ood)."""
 
+import gzip
+import importlib.machinery
+import importlib.util
+import pathlib
 import sys
 
 import jax
@@ -96,3 +100,25 @@ def test_missing_scikit_learn_names_the_install(monkeypatch):
   assert "\n" not in str(raised.value)
   # The noise set does not need it.
   assert ood_sets.load("uniform_noise", (28, 28, 1), 4).shape == (4, 28, 28, 1)
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_an_unreadable_digits_file_is_one_line(monkeypatch, tmp_path, damage):
+  spec = importlib.util.find_spec("sklearn")
+  package = tmp_path / "sklearn"
+  (package / "datasets" / "data").mkdir(parents=True)
+  if damage == "truncated":  # a whole gzip stream, with only its first rows
+    csv = gzip.decompress((pathlib.Path(spec.origin).parent / ood_sets.DIGITS_CSV).read_bytes())
+    (package / ood_sets.DIGITS_CSV).write_bytes(gzip.compress(csv[:5000]))
+  fake = importlib.machinery.ModuleSpec("sklearn", None, is_package=True)
+  fake.submodule_search_locations = [str(package)]
+  real = importlib.util.find_spec
+  monkeypatch.setattr(
+    importlib.util, "find_spec", lambda name, *a: fake if name == "sklearn" else real(name, *a)
+  )
+  with pytest.raises(DataUnavailableError, match="reinstall scikit-learn$") as raised:
+    ood_sets.digits_images()
+  assert f"scikit-learn's digits in {package / ood_sets.DIGITS_CSV}: expected 1797 rows" in str(
+    raised.value
+  )
+  assert "\n" not in str(raised.value)

@@ -18,6 +18,7 @@ import numpy as np
 
 from top1_jax.core import validation
 from top1_jax.engine import ood
+from top1_jax.io import files
 from top1_jax.io.splits import DataUnavailableError
 
 INSTALL_SKLEARN = (
@@ -52,25 +53,28 @@ def digits_images() -> np.ndarray:
   importing scikit-learn (4-5 s: it imports SciPy).
 
   Raises:
-    DataUnavailableError: scikit-learn is not installed (one line naming the install).
+    DataUnavailableError: scikit-learn is not installed (one line naming the install), or
+      its digits file is unreadable.
   """
   spec = importlib.util.find_spec("sklearn")  # finds the package, runs none of it
-  path = pathlib.Path(spec.submodule_search_locations[0] if spec else ".") / DIGITS_CSV
-  if spec is None or not path.is_file():
+  folders = (spec and spec.submodule_search_locations) or []
+  if not folders:
     raise DataUnavailableError(
-      f"the 'digits' OOD set needs scikit-learn's {DIGITS_CSV}: {INSTALL_SKLEARN}",
-      detail=f"{path} not found",
+      f"the 'digits' OOD set needs scikit-learn: {INSTALL_SKLEARN}", detail="no scikit-learn"
     )
+  path = pathlib.Path(folders[0], DIGITS_CSV)
   try:
-    with gzip.open(path, "rt") as file:
-      text = file.read(DIGITS_CSV_MAX_CHARS)  # 0-16 per pixel: about 0.3 MB
-    rows = np.loadtxt(io.StringIO(text), delimiter=",", dtype=np.float32, ndmin=2)
+    with files.open_regular(path) as raw, gzip.open(raw, "rt") as text:
+      csv = io.StringIO(text.read(DIGITS_CSV_MAX_CHARS))  # 0-16 per pixel: about 0.3 MB
+    rows = np.loadtxt(csv, delimiter=",", dtype=np.float32, ndmin=2)
+    problem = None if rows.shape == (NUM_DIGITS, 65) else f"got shape {rows.shape}"
   except (OSError, EOFError, ValueError) as e:
-    rows = e
-  if getattr(rows, "shape", None) != (NUM_DIGITS, 65):  # 64 pixels and the label
+    problem = str(e)
+  if problem is not None:  # 1,797 rows of 64 pixels and the label
     raise DataUnavailableError(
-      f"scikit-learn's digits: expected {NUM_DIGITS} rows of 65 numbers in {path}",
-      detail=str(rows if isinstance(rows, Exception) else rows.shape),
+      f"scikit-learn's digits in {path}: expected {NUM_DIGITS} rows of 65 numbers"
+      f" ({problem[:200]}); reinstall scikit-learn",
+      detail=problem,
     )
   return rows[:, :64].reshape(NUM_DIGITS, 8, 8) / np.float32(16.0)
 
