@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STAGES = ("load", "scores", "sweep", "comparison", "write", "figures")
+STAGES = ("load", "scores", "sweep", "comparison", "sets", "write", "figures")
 COMPILE_EVENTS = {
   "trace": "/jax/core/compile/jaxpr_trace_duration",
   "lower": "/jax/core/compile/jaxpr_to_mlir_module_duration",
