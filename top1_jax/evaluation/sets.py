@@ -298,8 +298,8 @@ def _of_scores(scores_of, then, params, order, u, *args) -> jax.Array:
 ROWS = 1 << 12
 """Rows a set program takes at once: its [rows, K] temporaries (probabilities, running
 sums, scores) stay bounded however many examples a part holds. 4,096 rather than 32,768:
-``evaluate_sets`` of [50000, 1000] logits (10 splits, every method) took 86 s against
-105 s and peaked at 1.23 against 1.61 GB, the same rows (docs/performance.md)."""
+``evaluate_sets`` of [50000, 1000] log-probabilities (10 splits, every method): 86 s against
+105 s, a peak of 1.23 against 1.61 GB, the same rows (docs/performance.md)."""
 
 
 def _by_rows(program, data: conformal.Ranked, rows: np.ndarray, *per_row, out: np.ndarray):
