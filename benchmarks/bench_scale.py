@@ -5,9 +5,10 @@ r"""Evaluate at ImageNet scale: time and peak memory against one NumPy pass over
   python benchmarks/bench_scale.py --compressed  # the files written by np.savez_compressed
 
 For each synthetic predictions file (float32 logits of a 1,000-class model with
-about 40 % Top-1 accuracy, 39.6 % on the single-model file; written to a temporary
-folder), in one run: the seconds of one NumPy pass (load + softmax), then the evaluate stage on it
-as a subprocess (its peak RSS from the kernel, its stages from timings.json),
+about 40 % Top-1 accuracy, 39.6 % on the single-model file; written to a
+temporary folder), in one run: the seconds of one NumPy pass (load + softmax),
+then the evaluate stage on it as a subprocess (its peak RSS from the kernel, its
+stages from timings.json),
 and the ratios the targets are stated in: evaluate without figures over the
 NumPy pass (target <= 5), peak RSS over the file's size (target <= 0.5 for
 samples files). ``--compressed`` writes the files with ``np.savez_compressed``
