@@ -35,15 +35,16 @@ class Evidence(NamedTuple):
 
 
 class SplitFit(NamedTuple):
-  """Every split's fit at once (``Estimator.fit_splits``).
+  """Every split's fit at once (``Estimator.fit_splits``), read split by split: no [F, N]
+  array of every split's predictions is held.
 
   Attributes:
-    p: [F, N] (or [N], the same for every split) P(correct) under split f's fit.
-    extras: more results by name: [F] per split, or [F, N] per example (averaged over
-      each split's test part).
+    split: ``split(f) -> (p, per_example)``: [N] P(correct) of every example under split
+      f's fit, and more [N] results by name (averaged over split f's test part).
+    extras: more results by name, [F]: one value per split.
   """
 
-  p: Any
+  split: Callable[[int], tuple[Any, Mapping[str, Any]]]
   extras: Mapping[str, Any] = {}
 
 

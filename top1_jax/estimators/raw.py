@@ -17,11 +17,12 @@ def _predict(_, evidence: base.Evidence) -> np.ndarray:
 
 def _fit_splits(evidence: base.Evidence, calibration: np.ndarray) -> base.SplitFit:
   """The same prediction for every split; with labels, each example's multiclass Brier."""
-  extras = {}
+  per_example = {}
   if evidence.labels is not None:
     terms = events.label_terms(evidence.log_probs, evidence.labels)
-    extras["multiclass_brier"] = np.broadcast_to(terms.multiclass_brier, calibration.shape)
-  return base.SplitFit(_predict(None, evidence), extras)
+    per_example["multiclass_brier"] = terms.multiclass_brier
+  p = _predict(None, evidence)
+  return base.SplitFit(lambda f: (p, per_example))
 
 
 ESTIMATOR = base.Estimator(

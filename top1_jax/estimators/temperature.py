@@ -14,6 +14,7 @@ Top-k mass of softmax(log_probs / T): pmax for Top-1.
 """
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -221,10 +222,9 @@ def _softmax_terms(logits, row_max, labels, temperature):
 
 
 @jax.jit
-def _softmax_terms_at(logits, labels, temperatures):
-  """[F, N] multiclass Brier and pmax, softmax(logits / T_f) for each of the [F] T."""
-  row_max = jnp.max(logits, axis=-1)
-  return jax.lax.map(lambda t: _softmax_terms(logits, row_max, labels, t), temperatures)
+def _softmax_terms_at(logits, labels, temperature):
+  """[N] multiclass Brier and pmax of softmax(logits / T), one T: one program for every T."""
+  return _softmax_terms(logits, jnp.max(logits, axis=-1), labels, temperature)
 
 
 @jax.jit
@@ -234,9 +234,10 @@ def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expa
   beta0 = 1 / T of the pooled weights' fit on a subsample (``log_expansion`` overrides it where
   finite). Each row's NLL slope in beta is a cubic in the step d from beta0, with coefficients from
   [F, N] @ [N, 4] products of the cumulants; Newton on it gives the row's beta, and each example's
-  log sum exp at that beta (and at twice it, for sum_k p_k^2) follows from the same coefficients: no
-  pass per split. Returns the [F] T, [F, N] multiclass Brier and pmax, whether each split lay within
-  ``_TAYLOR_REACH`` of beta0, and the pooled fit's log T.
+  log sum exp at that beta (and at twice it, for sum_k p_k^2) follows from the same coefficients
+  (``_expanded_terms``, split by split): no pass per split. Returns the [F] T, the [F] steps d and
+  betas, whether each split lay within ``_TAYLOR_REACH`` of beta0 with finite terms, the pooled
+  fit's log T, and the expansion (cumulants at beta0 and 2 beta0 [5, N], centred label logits [N]).
   """
   row_max, label_logit, (log_min, log_max) = _prepared(logits, labels, (log_min, log_max))
   start = _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max)
@@ -258,15 +259,28 @@ def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expa
   )
   row_beta = jnp.clip(beta + step, jnp.exp(-log_max), jnp.exp(-log_min))
   within &= row_beta == beta + step  # a fit at the bracket's end: the exact route
-  step, split_beta = step[:-1, None], row_beta[:-1, None]
-  log_total = _taylor(at_beta[:, None], step)  # [F, N]
-  log_total_twice = _taylor(at_twice[:, None], 2 * step)
-  pmax = jnp.exp(-log_total)
-  label_prob = jnp.exp(split_beta * label_logit - log_total)
+  expansion, at = (at_beta, at_twice, label_logit), (step[:-1], row_beta[:-1])
+  splits = jnp.arange(weights.shape[0])
+  finite = jax.lax.map(lambda f: _all_finite(*_expanded_terms(*expansion, *at, f)), splits)
+  return 1 / at[1], at, within[:-1] & finite, -jnp.log(row_beta[-1]), expansion
+
+
+def _all_finite(*arrays):
+  return functools.reduce(jnp.logical_and, (jnp.all(jnp.isfinite(x)) for x in arrays))
+
+
+@jax.jit
+def _expanded_terms(at_beta, at_twice, label_logit, steps, betas, f):
+  """Each example's multiclass Brier and pmax at split f's beta = beta0 + ``steps[f]``
+  (``betas[f]``), from the cumulants at beta0 and 2 beta0: fourth-order Taylor series of
+  its log sum exp."""
+  step, beta = steps[f], betas[f]
+  log_total = _taylor(at_beta, step)
+  log_total_twice = _taylor(at_twice, 2 * step)
+  label_prob = jnp.exp(beta * label_logit - log_total)
   # sum_k p_k^2 - 2 p_label + 1; clipped: rounding can take a tiny Brier below 0.
   brier = jnp.maximum(jnp.exp(log_total_twice - 2 * log_total) - 2 * label_prob + 1, 0.0)
-  within = within[:-1] & jnp.all(jnp.isfinite(brier) & jnp.isfinite(pmax), axis=-1)
-  return 1 / split_beta[:, 0], brier, pmax, within, -jnp.log(row_beta[-1])
+  return brier, jnp.exp(-log_total)
 
 
 def _checked(logits, labels, weights, ndim):
@@ -303,28 +317,30 @@ def softmax_terms(logits: ArrayLike, labels: ArrayLike, temperatures: ArrayLike)
   if not validation.is_traced(temperatures):
     for t in np.asarray(temperatures):
       validation.in_range("temperatures", float(t), MIN_TEMPERATURE, MAX_TEMPERATURE)
-  return _softmax_terms_at(logits, labels, temperatures)
+  per_t = [_softmax_terms_at(logits, labels, t) for t in temperatures]
+  return tuple(jnp.stack(terms) for terms in zip(*per_t, strict=True))
 
 
 class SplitFits(NamedTuple):
   """``fit_splits``'s result: per split, T and each example's softmax terms under it."""
 
   temperature: jax.Array  # [F]
-  multiclass_brier: jax.Array  # [F, N]: sum_k (p_k - y_k)^2 under softmax(logits / T_f)
-  pmax: jax.Array  # [F, N]: max_k p_k under softmax(logits / T_f)
+  # terms(f): [N] sum_k (p_k - y_k)^2 and [N] max_k p_k under softmax(logits / T_f), made
+  # when asked for, one split at a time: never [F, N].
+  terms: Callable[[int], tuple[jax.Array, jax.Array]]
 
 
 def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> SplitFits:
   """T fitted on each row of ``weights`` (a split's calibration part), and every
-  example's multiclass Brier and pmax under each split's softmax(logits / T).
+  example's multiclass Brier and pmax under each split's softmax(logits / T), split by split.
 
   Table 1's temperature scaling in about two passes over the logits rather than a few per split: a
   fit of the pooled weights on a subsample, then one pass of per-example cumulants at its T, from
   which each split's Newton fit and each example's terms at it follow (fourth-order Taylor series in
   1/T). A split more than 2 % from the expansion point gets a second pass at the pooled fit's T; if
   one still is, or anything is not finite, every split takes the exact route (``fit_temperature``,
-  then one pass per split), as do all inputs below 2^22 logits. The routes agree to float32 rounding
-  (T within ~1e-7 relative, terms within ~1e-6, on 50,000 x 1,000 logits).
+  then one pass per split's terms), as do all inputs below 2^22 logits. The routes agree to float32
+  rounding (T within ~1e-7 relative, terms within ~1e-6, on 50,000 x 1,000 logits).
 
   ``logits`` [N, K] float (N >= 1, K >= 2), ``labels`` [N] int in [0, K), ``weights``
   [F, N] >= 0, each row with a positive sum (a bool mask works).
@@ -333,13 +349,13 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
   log_bounds = (np.float32(np.log(MIN_TEMPERATURE)), np.float32(np.log(MAX_TEMPERATURE)))
   expansion = np.float32(np.nan)  # first from the subsample's fit, then the pool's
   for _ in range(2 if logits.size >= _CUMULANTS_FROM else 0):
-    fitted, brier, pmax, within, expansion = _fit_splits_by_cumulants(
+    fitted, at, within, expansion, cumulants = _fit_splits_by_cumulants(
       logits, labels, weights, *log_bounds, expansion
     )
     if bool(np.all(np.asarray(within))):
-      return SplitFits(fitted, brier, pmax)
+      return SplitFits(fitted, functools.partial(_expanded_terms, *cumulants, *at))
   fitted = _fit_temperature(logits, labels, weights, *log_bounds, np.float32(0.0))
-  return SplitFits(fitted, *_softmax_terms_at(logits, labels, fitted))
+  return SplitFits(fitted, lambda f: _softmax_terms_at(logits, labels, fitted[f]))
 
 
 def fit_temperature(
@@ -426,8 +442,12 @@ def _fit_splits_evidence(evidence: base.Evidence, calibration: np.ndarray) -> ba
     return None
   weights = calibration.astype(evidence.log_probs.dtype)
   fits = fit_splits(evidence.log_probs, evidence.labels, weights)
-  extras = {"temperature": fits.temperature, "multiclass_brier": fits.multiclass_brier}
-  return base.SplitFit(fits.pmax, extras)
+
+  def split(f):
+    brier, pmax = fits.terms(f)
+    return pmax, {"multiclass_brier": brier}
+
+  return base.SplitFit(split, {"temperature": fits.temperature})
 
 
 ESTIMATOR = base.Estimator(

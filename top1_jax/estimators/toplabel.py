@@ -436,9 +436,14 @@ def _fit_splits_evidence(
     log_mass, classes, evidence.correct, calibration, num_classes=evidence.log_probs.shape[-1],
     points_per_bin=points_per_bin, prior=prior,
   )  # fmt: skip
-  p = predict(model, log_mass, classes, uncalibrated=np.exp(log_mass))
+  uncalibrated = np.exp(log_mass)
+
+  def split(f):
+    model_f = jax.tree.map(lambda x: x[f], model)
+    return predict(model_f, log_mass, classes, uncalibrated=uncalibrated), {}
+
   own = np.sum(np.asarray(model.own), axis=-1).astype(np.float64)
-  return base.SplitFit(p, {"classes_with_own_bins": own})
+  return base.SplitFit(split, {"classes_with_own_bins": own})
 
 
 ESTIMATOR = base.Estimator(

@@ -363,18 +363,22 @@ def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins)
     return None
   per_split, extras = [], []
   for f, test in enumerate(masks):
-    correct_test, p = clean.correct[test][None], _split_rows(fits.p, f, test)
+    p, fitted = _split_rows(fits, f, test)
+    correct_test = clean.correct[test][None]
     held = held_out_bins(u[~test], clean.correct[~test], u[test][None], correct_test, n_bins)
     per_split.append(binned_predictions(held, p))
-    extras.append(_extras(p[None], correct_test, ece_bins, fits.extras, f, test))
+    extras.append(_extras(p[None], correct_test, ece_bins, fitted))
   return _per_set(per_split, extras, n_bins)[0]
 
 
-def _split_rows(p, f: int, rows) -> np.ndarray:
-  """Split f's ``rows`` of a ``SplitFit.p`` ([N], the same for every split, or [F, N]), as
-  float64: one split at a time, never an [F, N] float64 copy."""
-  p = np.asarray(p)
-  return np.asarray((p if p.ndim == 1 else p[f])[rows], np.float64)
+def _split_rows(fits: base.SplitFit, f: int, rows) -> tuple[np.ndarray, dict[str, float]]:
+  """Split f's predictions of ``rows`` (float64) and its extras: its [F] values' entry and
+  the means of its per-example values over ``rows``."""
+  p, per_example = fits.split(f)
+  fitted = {name: float(np.asarray(value)[f]) for name, value in fits.extras.items()}
+  for name, value in per_example.items():
+    fitted[name] = float(np.sum(np.asarray(value)[rows], dtype=np.float64) / np.count_nonzero(rows))
+  return np.asarray(np.asarray(p)[rows], np.float64), fitted
 
 
 def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece_bins, refit_on):
@@ -417,7 +421,7 @@ def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_b
     fits = method.entry.fit_splits(everything, refit_on, **method.options) if fast else None
     if fits is not None:
       for f, test in enumerate(tests):
-        parts[f].append(_split_rows(fits.p, f, test))
+        parts[f].append(_split_rows(fits, f, test)[0])
       continue
     for f, test in enumerate(tests):
       target = _evidence(data, method, test, k)
@@ -432,23 +436,16 @@ def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_b
   return [np.concatenate(p, axis=-1) for p in parts]
 
 
-def _extras(p, correct, ece_bins, fitted=None, split=None, test=None) -> list[dict[str, float]]:
-  """Each set's ``Result.extras`` of one split: p and correct [S, T]."""
+def _extras(p, correct, ece_bins, fitted=MappingProxyType({})) -> list[dict[str, float]]:
+  """Each set's ``Result.extras`` of one split: p and correct [S, T]; ``fitted``: the
+  split's values of a fast path's extras (``_split_rows``)."""
   out = [{} for _ in range(p.shape[0])]
   if ece_bins is not None:
     for values, p_set, correct_set in zip(out, p, correct, strict=True):
       gap = correct_set - p_set.astype(np.float32).astype(np.float64)
       per_bin = np.bincount(equal_width.equal_width_index(p_set, ece_bins), gap, ece_bins)
       values["confidence_ece"] = float(np.sum(np.abs(per_bin)) / p_set.shape[0])
-  for name, value in (fitted or {}).items():
-    value = np.asarray(value)
-    if value.ndim == 1:  # per split
-      shown = float(value[split])
-    else:  # per example, of this split's fit: its test part's mean
-      shown = float(np.sum(value[split][test], dtype=np.float64) / np.count_nonzero(test))
-    for values in out:
-      values[name] = shown
-  return out
+  return [values | fitted for values in out]
 
 
 def _per_set(sums: list, extras: list[list[dict]], n_bins) -> list[tuple[CrossValidation, dict]]:
