@@ -414,6 +414,29 @@ def test_split_fits_from_cumulants_equal_each_split_fitted_and_scored_exactly(mo
     np.testing.assert_allclose(got_pmax, pmax, atol=2e-6)
 
 
+def test_split_fits_hold_no_split_by_example_floats():
+  """The cumulants' program keeps [N] arrays only: 32 splits' weights (a bool mask) cost
+  its temporaries and outputs no more than 2 splits' do, where [F, N] float32 weights,
+  terms or copies would add 4 bytes per example and split (the protocol then asks each
+  split's terms in turn, ``SplitFits.terms``)."""
+  import jax
+
+  from top1_jax.estimators import temperature
+
+  num, classes = 20_000, 10
+  scalar = jax.ShapeDtypeStruct((), np.float32)
+
+  def held(num_splits):
+    shapes = [
+      jax.ShapeDtypeStruct((num, classes), np.float32), jax.ShapeDtypeStruct((num,), np.int32),
+      jax.ShapeDtypeStruct((num_splits, num), np.bool_), scalar, scalar, scalar,
+    ]  # fmt: skip
+    memory = temperature._fit_splits_by_cumulants.lower(*shapes).compile().memory_analysis()
+    return memory.temp_size_in_bytes + memory.output_size_in_bytes
+
+  assert held(32) < held(2) + 4 * num  # 30 more [N] float32 rows would add 120 * num
+
+
 def test_split_fits_far_from_the_pool_take_the_exact_route(monkeypatch):
   from top1_jax.estimators import temperature
 

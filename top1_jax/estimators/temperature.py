@@ -117,7 +117,7 @@ def _newton(logits, row_max, label_logit, weights, log_min, log_max, log_start):
 
 def _example_cumulants(logits, row_max, beta, *, twice: bool = True):
   """Per example, the Taylor coefficients of log sum_k exp(b z_k) in b (z the centred
-  logits): [5, N] at beta and at 2 beta (None without ``twice``): the log sum and the
+  logits): five [N] arrays at beta and at 2 beta (None without ``twice``): the log sum and the
   first four cumulants of z under softmax(b z), in one pass (exp(2 beta z) is the square
   of exp(beta z)). From raw moments: the cancellation costs the third and fourth cumulants
   a few digits, which their small Taylor terms do not show."""
@@ -138,7 +138,7 @@ def _example_cumulants(logits, row_max, beta, *, twice: bool = True):
     return tuple(out)
 
   values = row_blocks.map_row_blocks(cumulants, (logits, row_max))
-  return jnp.stack(values[:5]), jnp.stack(values[5:]) if twice else None
+  return values[:5], values[5:] if twice else None  # [N] arrays: no [5, N] copy
 
 
 def _taylor(coefficients, step):
@@ -177,11 +177,17 @@ def _prepared(logits, labels, log_bounds):
   return row_max, label_logit, tuple(v.astype(logits.dtype) for v in log_bounds)
 
 
+def _pooled(weights, dtype):
+  """The [F, N] weights' sum over rows, as one loop over [N] (a sum over axis 0 would
+  first convert a bool mask into an [F, N] float array)."""
+  return functools.reduce(jnp.add, [row.astype(dtype) for row in weights])
+
+
 def _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max):
   """log T of the pooled weights of the rows of ``weights`` [F, N], on every stride-th
   example (all of them below 4 x ``_SUBSAMPLE``): within a few per cent of the full
   fit, for a few per cent of its passes. Newton from T = 1."""
-  pooled_weights = jnp.sum(weights, 0)
+  pooled_weights = _pooled(weights, logits.dtype)
   stride = max(1, logits.shape[0] // _SUBSAMPLE) if logits.shape[0] >= 4 * _SUBSAMPLE else 1
   return _newton(
     logits[::stride], row_max[::stride], label_logit[::stride], pooled_weights[::stride],
@@ -192,6 +198,7 @@ def _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max):
 @jax.jit
 def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
   """T of each row of ``weights`` [F, N]: [F] temperatures."""
+  weights = weights.astype(logits.dtype)
   row_max, label_logit, (log_min, log_max, log_start) = _prepared(
     logits, labels, (log_min, log_max, log_start)
   )
@@ -233,20 +240,25 @@ def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expa
 
   beta0 = 1 / T of the pooled weights' fit on a subsample (``log_expansion`` overrides it where
   finite). Each row's NLL slope in beta is a cubic in the step d from beta0, with coefficients from
-  [F, N] @ [N, 4] products of the cumulants; Newton on it gives the row's beta, and each example's
-  log sum exp at that beta (and at twice it, for sum_k p_k^2) follows from the same coefficients
-  (``_expanded_terms``, split by split): no pass per split. Returns the [F] T, the [F] steps d and
-  betas, whether each split lay within ``_TAYLOR_REACH`` of beta0 with finite terms, the pooled
-  fit's log T, and the expansion (cumulants at beta0 and 2 beta0 [5, N], centred label logits [N]).
+  [N] @ [N, 4] products of its weights and the cumulants; Newton on it gives the row's beta, and
+  each example's log sum exp at that beta (and at twice it, for sum_k p_k^2) follows from the same
+  coefficients (``_expanded_terms``, split by split): no pass per split. Returns the [F] T, the [F]
+  steps d and betas, whether each split lay within ``_TAYLOR_REACH`` of beta0 with finite terms,
+  the pooled fit's log T, and the expansion (five [N] cumulants at beta0 and at 2 beta0, the
+  labels' centred logits [N]). Per-example memory: [N] arrays, never [F, N] floats.
   """
   row_max, label_logit, (log_min, log_max) = _prepared(logits, labels, (log_min, log_max))
   start = _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max)
   beta = jnp.exp(-jnp.where(jnp.isfinite(log_expansion), log_expansion, start))
   at_beta, at_twice = _example_cumulants(logits, row_max, beta)
   terms = jnp.stack([at_beta[1] - label_logit, *at_beta[2:]], axis=-1)  # [N, 4]
-  rows = jnp.concatenate([weights, jnp.sum(weights, 0, keepdims=True)])  # and the pool
-  dot = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
-  a, b, c, d = (dot(rows, terms) / jnp.sum(rows, axis=-1, keepdims=True)).T
+
+  def means(row):  # a row of weights' means of the terms, one [N] float row at a time
+    row = row.astype(terms.dtype)
+    return jnp.matmul(row, terms, precision=jax.lax.Precision.HIGHEST) / jnp.sum(row)
+
+  pooled = means(_pooled(weights, terms.dtype))
+  a, b, c, d = jnp.concatenate([jax.lax.map(means, weights), pooled[None]]).T
 
   def newton_step(step):
     slope = a + step * (b + step * (c / 2 + step * d / 6))
@@ -290,12 +302,15 @@ def _checked(logits, labels, weights, ndim):
   labels = validation.labels_array("labels", labels, logits.shape[-1])
   validation.same_length(logits=logits, labels=labels)
   if weights is None:
-    return logits, labels, np.ones((1, logits.shape[0]), logits.dtype)
+    return logits, labels, np.ones((1, logits.shape[0]), bool)
   # [F, N] is small: checked and shaped on the host (a device array stays where it is).
+  # A mask of the examples to fit on stays bool (a quarter of float32's bytes); the
+  # programs take either and compute in the logits' dtype.
   on_host = not isinstance(weights, jax.Array)
-  if getattr(weights, "dtype", None) == np.bool_:  # a mask of the examples to fit on
-    weights = weights.astype(np.float32)
-  weights = validation.float_array("weights", weights, ndim, host=on_host)
+  if getattr(weights, "dtype", None) == np.bool_:
+    weights = validation.as_array("weights", weights, ndim, host=on_host)
+  else:
+    weights = validation.float_array("weights", weights, ndim, host=on_host)
   if weights.shape[-1] != logits.shape[0]:
     raise ValueError(
       f"weights: expected {logits.shape[0]} weights per row (one per example), got shape"
@@ -305,7 +320,9 @@ def _checked(logits, labels, weights, ndim):
     host = np.asarray(weights)
     if not (np.all(host >= 0) and np.all(np.sum(host, axis=-1) > 0)):
       raise ValueError("weights: expected weights >= 0 with a positive sum (in every row)")
-  return logits, labels, weights.astype(logits.dtype).reshape(-1, logits.shape[0])
+  if weights.dtype != np.bool_:
+    weights = weights.astype(logits.dtype)
+  return logits, labels, weights.reshape(-1, logits.shape[0])
 
 
 def softmax_terms(logits: ArrayLike, labels: ArrayLike, temperatures: ArrayLike):
@@ -440,8 +457,7 @@ def _fit_splits_evidence(evidence: base.Evidence, calibration: np.ndarray) -> ba
   """``fit_splits`` as the protocol's fast path: the Top-1 event only (it gives pmax)."""
   if evidence.k != 1 or evidence.labels is None:
     return None
-  weights = calibration.astype(evidence.log_probs.dtype)
-  fits = fit_splits(evidence.log_probs, evidence.labels, weights)
+  fits = fit_splits(evidence.log_probs, evidence.labels, calibration)
 
   def split(f):
     brier, pmax = fits.terms(f)

@@ -36,15 +36,19 @@ def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array], rows: int | None =
 
   def one_block(index):
     start = jnp.minimum(index * rows, num - rows)
-    return tuple(fn(*(lax.dynamic_slice_in_dim(a, start, rows, 0) for a in arrays)))
+    return start, tuple(fn(*(lax.dynamic_slice_in_dim(a, start, rows, 0) for a in arrays)))
 
-  # Stacked [count, rows, ...] outputs rather than a carried [N] buffer: a carry made
-  # of fresh zeros does not type-check inside shard_map (it is not per-device).
-  stacked = lax.map(one_block, jnp.arange(count))
-  repeated = count * rows - num  # the last block's first rows, already in the one before
+  # Each output is one [N] buffer the blocks are written into in place: no stacked
+  # [count, rows] copy to join afterwards. It starts as block 0's output padded to N (a
+  # buffer of fresh zeros would not type-check inside shard_map: it is not per-device).
+  # The last block goes first, so the block before it writes the rows they share, as
+  # when the blocks ran in order and the last one's first rows were dropped.
+  first = one_block(0)[1]
+  out = tuple(jnp.pad(v, [(0, num - rows)] + [(0, 0)] * (v.ndim - 1)) for v in first)
 
-  def assemble(value):
-    head = value[:-1].reshape((count - 1) * rows, *value.shape[2:])
-    return jnp.concatenate([head, value[-1, repeated:]])
+  def write(i, out):
+    start, values = one_block(jnp.where(i == 1, count - 1, i - 1))
+    written = zip(out, values, strict=True)
+    return tuple(lax.dynamic_update_slice_in_dim(o, v, start, 0) for o, v in written)
 
-  return tuple(assemble(value) for value in stacked)
+  return lax.fori_loop(1, count, write, out)
