@@ -414,27 +414,39 @@ def test_split_fits_from_cumulants_equal_each_split_fitted_and_scored_exactly(mo
     np.testing.assert_allclose(got_pmax, pmax, atol=2e-6)
 
 
-def test_split_fits_hold_no_split_by_example_floats():
-  """The cumulants' program keeps [N] arrays only: 32 splits' weights (a bool mask) cost
-  its temporaries and outputs no more than 2 splits' do, where [F, N] float32 weights,
-  terms or copies would add 4 bytes per example and split (the protocol then asks each
-  split's terms in turn, ``SplitFits.terms``)."""
+@pytest.mark.skipif(not pathlib.Path("/proc/self/clear_refs").exists(), reason="Linux /proc")
+def test_split_fits_hold_no_split_by_example_floats(monkeypatch):
+  """40 splits cost ``fit_splits`` and reading every split's terms less than one more
+  [F, N] float32 array over 2 splits: the masks stay bool, and the terms are made split
+  by split from [N] arrays (before, [F, N] float weights, copies and terms: ~6 arrays)."""
   import jax
 
   from top1_jax.estimators import temperature
 
-  num, classes = 20_000, 10
-  scalar = jax.ShapeDtypeStruct((), np.float32)
+  monkeypatch.setattr(temperature, "_CUMULANTS_FROM", 0)  # the route large inputs take
+  rng = np.random.default_rng(3)
+  num = 300_000
+  logits = rng.normal(size=(num, 10)).astype(np.float32)
+  labels = np.argmax(logits + rng.gumbel(size=logits.shape), axis=-1)
+  masks = {f: rng.random((f, num)) < 0.5 for f in (2, 40)}
 
-  def held(num_splits):
-    shapes = [
-      jax.ShapeDtypeStruct((num, classes), np.float32), jax.ShapeDtypeStruct((num,), np.int32),
-      jax.ShapeDtypeStruct((num_splits, num), np.bool_), scalar, scalar, scalar,
-    ]  # fmt: skip
-    memory = temperature._fit_splits_by_cumulants.lower(*shapes).compile().memory_analysis()
-    return memory.temp_size_in_bytes + memory.output_size_in_bytes
+  def fit_and_read(f):
+    fits = temperature.fit_splits(logits, labels, masks[f])
+    for split in range(f):
+      jax.block_until_ready(fits.terms(split))
 
-  assert held(32) < held(2) + 4 * num  # 30 more [N] float32 rows would add 120 * num
+  def status(key: str) -> int:  # a /proc/self/status field, in kB
+    return int(pathlib.Path("/proc/self/status").read_text().split(key + ":")[1].split()[0])
+
+  def peak_growth(f):  # the process's peak RSS over its RSS before, in bytes
+    pathlib.Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM)
+    before = status("VmRSS")
+    fit_and_read(f)
+    return (status("VmHWM") - before) * 1024
+
+  for f in masks:  # compiled first: the programs' own memory is not counted
+    fit_and_read(f)
+  assert peak_growth(40) - peak_growth(2) < 4 * 40 * num
 
 
 def test_split_fits_far_from_the_pool_take_the_exact_route(monkeypatch):
