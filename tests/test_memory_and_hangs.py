@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from top1_jax import Calibrator
-from top1_jax.core import binning
+from top1_jax.core import binning, validation
 from top1_jax.io import datasets, idx, stream
 
 _MIB = 1 << 20
@@ -164,3 +164,14 @@ def test_a_fifo_named_as_an_idx_file_in_data_dir_is_refused_not_passed_over(
     error = io_testing.returns_without_a_writer(read, labels)
     assert isinstance(error, ValueError), error
     assert str(error).startswith(f"{labels}: a FIFO (named pipe), not a regular file")
+
+
+def test_the_finiteness_check_of_a_host_array_holds_a_block_not_an_array_of_its_size():
+  """np.isfinite(x).all() would hold a bool array of x's size (300 MB for [3M, 100]
+  logits, the prediction sets' check); the check reads a block of rows at a time."""
+  logits = np.zeros((8000, 1000), np.float32)  # 32 MB: a whole-array bool is 8 MB
+  outcome, peak = _peak_bytes(lambda: validation.check_finite("logits", logits))
+  assert outcome is None and peak < 2 * _MIB
+  logits[7999, 999] = np.nan  # the last block is read too
+  outcome, _ = _peak_bytes(lambda: validation.check_finite("logits", logits))
+  assert isinstance(outcome, ValueError) and "logits: 1 non-finite value" in str(outcome)

@@ -125,11 +125,23 @@ def _checked_where(arr: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
   return np.asarray(arr) if arr.is_fully_addressable else arr
 
 
+# A host array is checked this many elements at a time: np.isfinite makes a bool array
+# of its input's size (300 MB for [3M, 100] logits), a block of rows is 1 MB.
+_HOST_BLOCK_ELEMENTS = 1 << 20
+
+
+def _host_all_finite(arr: np.ndarray) -> bool:
+  if arr.ndim == 0:
+    return bool(np.isfinite(arr))
+  rows = max(1, _HOST_BLOCK_ELEMENTS // max(1, arr[0].size))
+  return all(np.isfinite(arr[i : i + rows]).all() for i in range(0, arr.shape[0], rows))
+
+
 def check_finite(name: str, arr: jax.Array | np.ndarray) -> None:
   if is_traced(arr) or arr.size == 0:
     return
   arr = _checked_where(arr)
-  if not bool(np.isfinite(arr).all() if isinstance(arr, np.ndarray) else _all_finite(arr)):
+  if not (_host_all_finite(arr) if isinstance(arr, np.ndarray) else bool(_all_finite(arr))):
     xp = _xp(arr)
     finite = xp.isfinite(arr)
     bad = int(finite.size - xp.sum(finite))
