@@ -273,12 +273,10 @@ def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expa
   within &= row_beta == beta + step  # a fit at the bracket's end: the exact route
   expansion, at = (at_beta, at_twice, label_logit), (step[:-1], row_beta[:-1])
   splits = jnp.arange(weights.shape[0])
-  finite = jax.lax.map(lambda f: _all_finite(*_expanded_terms(*expansion, *at, f)), splits)
+  finite = jax.lax.map(
+    lambda f: jnp.isfinite(jnp.stack(_expanded_terms(*expansion, *at, f))).all(), splits
+  )
   return 1 / at[1], at, within[:-1] & finite, -jnp.log(row_beta[-1]), expansion
-
-
-def _all_finite(*arrays):
-  return functools.reduce(jnp.logical_and, (jnp.all(jnp.isfinite(x)) for x in arrays))
 
 
 @jax.jit
