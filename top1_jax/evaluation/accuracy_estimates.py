@@ -1,7 +1,6 @@
 """What accuracy to expect on unlabelled inputs: estimators fitted on clean labelled data.
 
-Each estimator predicts a set's accuracy as the mean of a per-example value, fitted on
-the clean calibration part of each split, clipped to [0, 1] (DoC's can leave it).
+Each predicts a set's accuracy as the mean of a per-example value, clipped to [0, 1].
 """
 
 import dataclasses
@@ -13,7 +12,6 @@ from jax.typing import ArrayLike
 
 from top1_jax.core import scores as score_registry
 from top1_jax.core.splits import Splits
-from top1_jax.estimators import base
 from top1_jax.evaluation import protocol
 
 
@@ -53,10 +51,8 @@ def oriented(score: str, u: ArrayLike) -> np.ndarray:
 
 
 def atc_threshold(confidence: ArrayLike, correct: ArrayLike) -> Threshold:
-  """ATC's threshold: the clean scores above t (ties at t weighted) are as many as the hits.
-
-  The tie weight makes a tied score (pmax at 1.0 in float32) still give the clean accuracy
-  back. ``confidence``: [N], oriented so that high means confident (``oriented``).
+  """ATC's threshold: the clean scores above t (ties at t weighted, so that a tied score still
+  gives the clean accuracy back) are as many as the hits. ``confidence``: [N], ``oriented``.
   """
   values = np.sort(np.asarray(confidence, np.float64))[::-1]
   hits = int(np.count_nonzero(correct))
@@ -123,9 +119,8 @@ def predicted_accuracy(name: str, ref: Reference, views: Views) -> float:
 
 class Estimate(NamedTuple):
   """One estimator's predictions of one set's (``target``'s) accuracy, per split: ``predicted``
-  [F] and the truth ``accuracy`` [F] (0 for OOD inputs, which no label fits); ``score`` is
-  the model's own P(Top-k correct), ``pmax`` or ``top<k>_mass``, for an estimator of the
-  confidence alone."""
+  [F] and the truth ``accuracy`` [F] (0 for OOD inputs); ``score`` is ``pmax`` or
+  ``top<k>_mass`` for an estimator of the confidence alone."""
 
   estimator: str
   score: str
@@ -148,12 +143,9 @@ def estimate(
   """Every estimator's predicted accuracy of each shifted and OOD set, beside the truth.
 
   A shifted set (the same N examples, labelled) is predicted on each split's test part; an
-  OOD set (labels ignored) on all its inputs.
-
-  ``scores``: of ``calibrated`` and ``atc`` (every set holds them). ``shifted``, ``ood``: by
-  key or in a sequence (keys 0, 1, ...: give disjoint keys). ``log_probs_score``: any score
-  the sets hold. Returns one ``Estimate`` per (estimator, score, set), in that order,
-  shifted sets before OOD sets.
+  OOD set (labels ignored) on all its inputs. ``scores``: of ``calibrated`` and ``atc``.
+  ``shifted``, ``ood``: by key or in a sequence (give disjoint keys). Returns one
+  ``Estimate`` per (estimator, score, set), shifted sets before OOD sets.
   """
   scores = tuple(dict.fromkeys(scores))
   confidence_method = protocol.method("raw", log_probs_score, {})
@@ -173,34 +165,22 @@ def estimate(
   for f in range(splits.num_splits):
     cal = ~splits.test_mask(f)
     rows = [~cal if labelled else slice(None) for _, _, labelled in sets]
-    sizes = [len(data.log_probs[r]) for data, r in zip(datas, rows, strict=True)]
-    parts = [slice(end - n, end) for end, n in zip(np.cumsum(sizes), sizes, strict=True)]
 
     def fitted(method, datas=datas, rows=rows, cal=cal):
-      target = stacked(datas, rows, method, k)
-      return protocol.fit_predict(method, clean_data, cal, target, (n_bins,))
+      return protocol.fit_predict_sets(method, clean_data, cal, datas, rows, k)
 
     confidence, p_correct = fitted(confidence_method), {s: fitted(m) for s, m in bins.items()}
-    own = fitted(confidence_method, [clean_data], [cal])
+    (own,) = fitted(confidence_method, [clean_data], [cal])
     ref = reference(clean_data.correct[cal], own, {s: clean_data.scores[s][cal] for s in scores})
-    for s, ((_, data, labelled), part) in enumerate(zip(sets, parts, strict=True)):
+    for s, (_, data, labelled) in enumerate(sets):
       if labelled:
         accuracy[s, f] = np.mean(data.correct[rows[s]])
       for e, (name, score) in enumerate(names):
-        on = () if score is None else (score, data.scores[score][rows[s]], p_correct[score][part])
-        predicted[e, s, f] = predicted_accuracy(name, ref, Views(confidence[part], *on))
+        on = () if score is None else (score, data.scores[score][rows[s]], p_correct[score][s])
+        predicted[e, s, f] = predicted_accuracy(name, ref, Views(confidence[s], *on))
   own_confidence = "pmax" if k == 1 else f"top{k}_mass"
   return [
     Estimate(name, score or own_confidence, key, predicted[e, s], accuracy[s])
     for e, (name, score) in enumerate(names)
     for s, (key, _, _) in enumerate(sets)
   ]
-
-
-def stacked(datas, rows, method: protocol.Method, k: int) -> base.Evidence:
-  """What ``method`` predicts: the ``rows`` of each of ``datas``, one after another."""
-  u = np.concatenate([data.scores[method.score][r] for data, r in zip(datas, rows, strict=True)])
-  if method.entry.scores_only:
-    return base.Evidence(u, k=k)
-  log_probs = np.concatenate([data.log_probs[r] for data, r in zip(datas, rows, strict=True)])
-  return base.Evidence(u, log_probs=log_probs, k=k)

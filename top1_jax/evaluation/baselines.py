@@ -76,8 +76,7 @@ def _probs(pred: jax.Array, from_logits: bool) -> jax.Array:
 
 
 def _confidence_and_correct(pred, labels, from_logits):
-  # argmax of the input itself (logits when given): a saturated float32 softmax
-  # could tie classes whose logits differ.
+  # argmax of the input itself: a saturated float32 softmax could tie distinct logits
   correct = jnp.argmax(pred, axis=-1) == labels
   return jnp.max(_probs(pred, from_logits), axis=-1), correct
 
@@ -96,8 +95,7 @@ class MulticlassMetrics(NamedTuple):
 def _brier(pred, labels, from_logits):
   probs = _probs(pred, from_logits)
   onehot = jax.nn.one_hot(labels, probs.shape[-1], dtype=probs.dtype)
-  # The squared differences directly, not 1 - 2 p_y + sum p^2: no cancellation
-  # when the prediction is close to the one-hot label.
+  # The squared differences, not 1 - 2 p_y + sum p^2: no cancellation near the one-hot label
   return jnp.mean(jnp.sum((probs - onehot) ** 2, axis=-1))
 
 
@@ -130,9 +128,8 @@ def _multiclass_metrics(pred, labels, from_logits, n_bins):
 def multiclass_brier(pred: ArrayLike, labels: ArrayLike, *, from_logits: bool = False) -> float:
   """Multiclass Brier score ``mean_n sum_k (p_nk - y_nk)^2`` (one-hot y), in [0, 2].
 
-  The benchmark's code (``metrics_lib.brier_scores``) reports this - 1, its paper's 1/|Y|
-  form this / K. Not the binary Top-1 Brier ``metrics.brier(pmax, correct)``: it is that
-  plus the squared error of the other classes' probabilities.
+  The benchmark's code reports this - 1, its paper this / K. Not the binary Top-1 Brier
+  ``metrics.brier(pmax, correct)``.
   """
   pred, labels = _prediction(pred, labels, from_logits)
   return float(_brier(pred, labels, from_logits))
@@ -223,7 +220,7 @@ def fit_histogram_binning(
 
   Per class k (one-vs-rest), each equal-width bin of p_k gets the fraction of its
   calibration examples labelled k. An empty bin keeps its midpoint ``(b + 1/2) / B``, not
-  0, which would veto class k for its test examples (netcal's choice too).
+  0, which would veto class k for its test examples.
   """
   pred, labels = _prediction(pred, labels, from_logits)
   n_bins = checked_n_bins(n_bins)

@@ -1,21 +1,11 @@
 """The paper's Table 1: the benchmark's metrics of a classifier, on the Top-1 splits.
 
-For one classifier's log-probabilities, each variant is a method of the evaluation
-protocol (``protocol.evaluate`` on the set's own test parts, the same splits the Top-1
-bins are cross-validated on), its metrics averaged over the splits:
-
-* ``"raw"``: the classifier's softmax as it is;
-* ``"temperature"`` (single models): softmax(log_probs / T), T fitted on each
-  calibration part (its fast path: every split from one pass of cumulants);
-* ``"toplabel"`` (single models): top-label histogram binning (Gupta & Ramdas, as
-  their reference code): per predicted class, floor(n_c / points_per_bin) equal-mass
-  bins fitted on each calibration part, a class predicted fewer than ``points_per_bin``
-  times left at its raw pmax; it predicts P(correct) only.
-
-Metrics of a variant (``baselines`` defines them): the multiclass Brier, the
-confidence ECE (equal-width bins of its P(correct)) and the binary Top-1 Brier of its
-P(correct) (for raw and temperature: pmax used directly, the like-for-like baseline of
-Top-1 binning). ``table_row`` puts a variant beside the Top-1 bins' own Brier and ECE.
+Each variant is a method of ``protocol.evaluate`` on the splits the Top-1 bins are
+cross-validated on, its metrics averaged over the splits: ``"raw"`` (the softmax as it is),
+``"temperature"`` (T fitted on each calibration part) and ``"toplabel"`` (top-label
+histogram binning, Gupta & Ramdas; P(correct) only). Its metrics: the multiclass Brier,
+the confidence ECE and the binary Top-1 Brier of its P(correct) (``baselines`` defines
+them). ``table_row`` puts a variant beside the Top-1 bins' own Brier and ECE.
 """
 
 from collections.abc import Mapping
@@ -30,27 +20,6 @@ from top1_jax.evaluation import protocol
 
 VARIANTS = ("raw", "temperature", "toplabel")
 """Every variant ``baseline_rows`` scores, in its order (a model with samples: raw only)."""
-
-
-def _check(log_probs, labels, splits, points_per_bin, ece_bins, label_terms):
-  log_probs = validation.float_array("log_probs", log_probs, 2)  # a jax array: never copied
-  if log_probs.shape[-1] < 2:
-    raise ValueError(f"log_probs: expected at least 2 classes, got shape {log_probs.shape}")
-  labels = validation.labels_array("labels", labels, log_probs.shape[-1], host=True)
-  num = validation.same_length(log_probs=log_probs, labels=labels)
-  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
-  if splits.fold.shape[-1] != num:
-    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, log_probs has {num}")
-  protocol.bin_counts(1, splits)  # every split has calibration and test examples
-  if label_terms is None:
-    label_terms = events.label_terms(log_probs, labels)
-  validation.instance("label_terms", label_terms, events.LabelTerms, "events.LabelTerms")
-  pmax, rank = np.asarray(label_terms.pmax), np.asarray(label_terms.rank)
-  if pmax.shape != (num,) or rank.shape != (num,):
-    raise ValueError(f"label_terms: expected [{num}] arrays, got shapes {[rank.shape, pmax.shape]}")
-  points_per_bin = validation.positive_int("points_per_bin", points_per_bin)
-  ece_bins = equal_width.checked_n_bins(ece_bins, "ece_bins")
-  return protocol.Data(rank < 1, {"pmax": pmax}, log_probs, labels), points_per_bin, ece_bins
 
 
 def baseline_rows(
@@ -69,23 +38,36 @@ def baseline_rows(
     log_probs: [N, K] float, the classifier's log-probabilities (or logits).
     labels: [N] int in [0, K).
     splits: ``crossval.make_splits(N, ...)``, the splits of the Top-1 sweep.
-    single_model: one network (no MC samples, no ensemble): temperature scaling
-      and top-label binning apply, and add their rows.
+    single_model: one network (no MC samples, no ensemble): adds the rows of temperature
+      scaling and top-label binning.
     ece_bins: equal-width bins of the confidence ECE (15 in the benchmark).
-    points_per_bin: top-label binning's calibration examples per bin (50, the reference's).
+    points_per_bin: top-label binning's calibration examples per bin.
     label_terms: ``events.label_terms(log_probs, labels)`` if already computed, or None.
 
   Returns:
     One dict per variant (``VARIANTS``; "raw" only unless ``single_model``): ``variant``
     and the means over splits of ``multiclass_brier``, ``confidence_ece``,
     ``raw_top1_brier`` (of its own pmax) and ``temperature`` (1.0 but for "temperature").
-    "toplabel" repeats the raw metrics (it leaves the softmax alone) and adds
-    ``toplabel_brier``, ``toplabel_ece``, ``toplabel_classes_with_own_bins`` (classes with
-    bins of their own), ``toplabel_num_classes`` (K) and ``toplabel_points_per_bin``.
+    "toplabel" repeats the raw metrics and adds ``toplabel_brier``, ``toplabel_ece``,
+    ``toplabel_classes_with_own_bins``, ``toplabel_num_classes`` (K) and
+    ``toplabel_points_per_bin``.
   """
-  data, points_per_bin, ece_bins = _check(
-    log_probs, labels, splits, points_per_bin, ece_bins, label_terms
-  )
+  log_probs = validation.float_array("log_probs", log_probs, 2)  # a jax array: never copied
+  if log_probs.shape[-1] < 2:
+    raise ValueError(f"log_probs: expected at least 2 classes, got shape {log_probs.shape}")
+  labels = validation.labels_array("labels", labels, log_probs.shape[-1], host=True)
+  num = validation.same_length(log_probs=log_probs, labels=labels)
+  protocol.check_splits(splits, num, "log_probs")
+  protocol.bin_counts(1, splits)  # every split has calibration and test examples
+  if label_terms is None:
+    label_terms = events.label_terms(log_probs, labels)
+  validation.instance("label_terms", label_terms, events.LabelTerms, "events.LabelTerms")
+  pmax, rank = np.asarray(label_terms.pmax), np.asarray(label_terms.rank)
+  if pmax.shape != (num,) or rank.shape != (num,):
+    raise ValueError(f"label_terms: expected [{num}] arrays, got shapes {[rank.shape, pmax.shape]}")
+  points_per_bin = validation.positive_int("points_per_bin", points_per_bin)
+  ece_bins = equal_width.checked_n_bins(ece_bins, "ece_bins")
+  data = protocol.Data(rank < 1, {"pmax": pmax}, log_probs, labels)
   variants = VARIANTS if single_model else VARIANTS[:1]
   options = {"toplabel": {"points_per_bin": points_per_bin}}
   chosen = [protocol.method(name, "pmax", options.get(name, {})) for name in variants]
@@ -112,11 +94,9 @@ def table_row(row: Mapping[str, str | float], top1_bins: Mapping[str, float | No
   """A Table-1 row: ``row`` (one of ``baseline_rows``) with ``top1_estimator``,
   ``top1_binned_brier`` and ``top1_binned_ece``.
 
-  "raw" and "temperature" (which keeps the order of pmax) share the Top-1 bins'
-  cross-validated ``top1_bins["brier"]`` and ``["ece"]`` (a row of
-  ``CrossValidation.rows()``). Top-label binning is itself a binning of pmax: its own Brier
-  and ECE move to the binned cells, and as it predicts P(correct) only, its
-  ``multiclass_brier`` is None.
+  "raw" and "temperature" take the Top-1 bins' ``top1_bins["brier"]`` and ``["ece"]`` (a
+  row of ``CrossValidation.rows()``). Top-label binning is itself a binning of pmax: its
+  own Brier and ECE fill the binned cells, its ``multiclass_brier`` is None.
   """
   row = dict(row)
   variant = row.get("variant")

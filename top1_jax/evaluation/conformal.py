@@ -1,20 +1,15 @@
 """Split conformal prediction on a model's ranking: the maths every set method shares, and
-the metrics of its sets (``set_metrics``: coverage, sizes, size-stratified coverage).
+the metrics of its sets (``set_metrics``).
 
 A set method (``evaluation.sets``) gives each input a score S_r of the label at each rank
-r = 1..K of the model's ranking (classes by decreasing logit, ties towards the lower class
-index, as ``events.topk_correct`` ranks them), non-decreasing in r. Given the calibration
-scores s_i = S_(r_i)(x_i) at the true labels' ranks, the threshold at level alpha is
-``threshold``: the ceil((n + 1)(1 - alpha))-th smallest score (the ceil((n + 1)(1 - alpha)) / n
-empirical quantile), +inf when that rank exceeds n; the set of x is its labels with
-S_r(x) <= threshold, its Top-L for L = ``sizes``. For exchangeable calibration and test
-data P(label in set) >= 1 - alpha, and < 1 - alpha + 1 / (n + 1) without ties.
+r = 1..K of the model's ranking (ties towards the lower class index, as
+``events.topk_correct``), non-decreasing in r. The threshold at level alpha is the
+ceil((n + 1)(1 - alpha))-th smallest calibration score (+inf when that rank exceeds n); the
+set of x is its Top-L for L = ``sizes``. For exchangeable data P(label in set) >= 1 - alpha.
 
-Floats: a method's S_r need not be monotone after rounding. A calibration score is the
-running max of S up to the label's rank (``at_rank``), S_r itself in exact arithmetic, and
-a set is the ranks before the first S_r above the threshold (``sizes``): a label is in its
-set exactly when its calibration score would be at most the threshold, whatever the
-rounding.
+Rounding can make S_r non-monotone, so a calibration score is the running max of S up to
+the label's rank (``at_rank``) and a set ends before the first S_r above the threshold
+(``sizes``): a label is in its set exactly when its score is at most the threshold.
 """
 
 import functools
@@ -38,10 +33,8 @@ class Ranked(NamedTuple):
 
   Attributes:
     rows: [B, K] logits, each row decreasing, padded with zeros to ``bucket(num)`` rows
-      (``presorted``); or the caller's [N, K] host logits, each block of rows sorted as
-      ``sorted_rows`` gathers it.
-    rank: [N] int32, how many classes rank ahead of each label (``events.label_rank``),
-      or None without labels.
+      (``presorted``); or the caller's [N, K] host logits, sorted as ``sorted_rows`` gathers.
+    rank: [N] int32, how many classes rank ahead of each label, or None without labels.
     num: N.
     presorted: whether ``rows`` is the sorted copy.
   """
@@ -53,17 +46,15 @@ class Ranked(NamedTuple):
 
 
 SORTED_COPY_BYTES = 1 << 28
-"""Logits of up to this many bytes (256 MiB: [50 000, 1 000] float32 is 200 MB) are sorted
-once into a copy that every split and method gathers from; larger ones are sorted a block
-at a time as gathered, a sort per pass instead of a second [N, K] array in memory."""
+"""Logits of up to this many bytes are sorted once into a copy that every split and method
+gathers from; larger ones are sorted a block at a time as gathered."""
 
 _MAX_DOUBLING = 4096
 
 
 def bucket(num: int) -> int:
-  """The rows a batch of ``num`` is padded to, so that each jitted program compiles once
-  per bucket, not per batch size: the next power of two (at least 64) up to 4096, then
-  the next multiple of 4096 (under 9 % of padding beyond 45,000 rows)."""
+  """The rows a batch of ``num`` is padded to, so that a jitted program compiles once per
+  bucket: the next power of two (at least 64) up to 4096, then the next multiple of 4096."""
   if num <= _MAX_DOUBLING:
     return max(64, 1 << max(num - 1, 0).bit_length())
   return -(-num // _MAX_DOUBLING) * _MAX_DOUBLING
@@ -71,7 +62,7 @@ def bucket(num: int) -> int:
 
 def pad_rows(values, size: int, index: np.ndarray | None = None):
   """``values`` (NumPy or jax), or its rows ``index``, with zero rows appended up to ``size``
-  rows; NumPy rows are gathered straight into the padded copy (one copy, not two)."""
+  rows."""
   if not isinstance(values, np.ndarray):
     values = values if index is None else values[index]
     return jnp.pad(values, [(0, size - values.shape[0])] + [(0, 0)] * (values.ndim - 1))
@@ -110,7 +101,7 @@ def quantile_rank(num: int, alpha: float) -> int:
 
 def threshold(scores: np.ndarray, alpha: float) -> float:
   """q(alpha): the ``quantile_rank``-th smallest of ascending ``scores``, or +inf when that
-  rank exceeds n (alpha < 1 / (n + 1): every set is full)."""
+  rank exceeds n (every set is full)."""
   rank = quantile_rank(scores.shape[0], alpha)
   return float(scores[rank - 1]) if rank <= scores.shape[0] else math.inf
 
@@ -120,9 +111,8 @@ _label_rank = jax.jit(top_entries.label_rank)
 
 
 def sort_rows(block, *, on_host=None):
-  """Host [B, K] rows (our copy), each in decreasing order. NumPy sorts in place on the
-  host (``on_host`` None: on a CPU backend, where XLA's sort is many times slower;
-  docs/sets.md has the numbers); elsewhere the device does."""
+  """Host [B, K] rows (our copy), each in decreasing order: sorted in place by NumPy when
+  ``on_host`` (None: on a CPU backend, where XLA's sort is slower), else on the device."""
   if on_host or (on_host is None and jax.default_backend() == "cpu"):
     np.negative(block, out=block)  # exact: ascending of -x is descending of x
     block.sort(axis=-1)
@@ -158,9 +148,9 @@ _BLOCK = 32
 
 
 def cumulative_sum(values: jax.Array) -> jax.Array:
-  """[N, K] running sums along the last axis (jitted callers): within blocks of 32 by one
-  matmul with a triangular matrix, then the blocks' offsets; faster than XLA's cumsum on
-  the CPU (docs/sets.md). Sums round differently, which ``at_rank`` tolerates."""
+  """[N, K] running sums along the last axis: within blocks of 32 by a triangular matmul, then
+  the blocks' offsets (faster than XLA's cumsum on the CPU; ``at_rank`` tolerates its
+  rounding)."""
   num, num_classes = values.shape
   padded = jnp.pad(values, ((0, 0), (0, -num_classes % _BLOCK))).reshape(num, -1, _BLOCK)
   triangle = jnp.triu(jnp.ones((_BLOCK, _BLOCK), values.dtype))
@@ -209,9 +199,8 @@ def prefix_mask(logits: jax.Array, sorted_logits: jax.Array, lengths: jax.Array)
 def set_metrics(sizes: np.ndarray, rank: np.ndarray, alpha: float) -> dict[str, float]:
   """One test part's metrics from its [N] set sizes and [N] label ranks (0 = top): coverage,
   mean and median size, the empty fraction; per ``STRATA`` of set size the fraction and
-  coverage, of difficulty (rank + 1) the mean size and coverage (NaN where empty); and the
-  size-stratified coverage violation ``sscv``: the largest |coverage - (1 - alpha)| over
-  the non-empty size strata (the RAPS paper's adaptivity)."""
+  coverage, of difficulty (rank + 1) the mean size and coverage (NaN where empty); and
+  ``sscv``, the largest |coverage - (1 - alpha)| over the non-empty size strata."""
   covered = rank < sizes
   out = {
     "coverage": covered.mean(),

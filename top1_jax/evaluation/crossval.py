@@ -1,7 +1,7 @@
 """Cross-validated scoring of any registered estimator of P(correct | U) (paper §5.1).
 
-``cross_validate`` is the evaluation protocol (``evaluation.protocol``) on one score. The
-splits and their record live in ``core.splits``; their names are re-exported here.
+``cross_validate`` is ``evaluation.protocol`` on one score; ``core.splits``' names are
+re-exported here.
 """
 
 from collections.abc import Sequence
@@ -26,7 +26,7 @@ __all__ = [
 
 ESTIMATORS = registry.names(scores_only=True)
 """The estimators ``cross_validate`` can score from (U, correct) alone, as registered at
-import (``registry.names(scores_only=True)`` reads the registry now)."""
+import."""
 
 _SCORE = "u"  # the one score's name in the protocol's set
 
@@ -46,8 +46,7 @@ def cross_validate(
   """Cross-validated Brier, NLL, ECE, EOR, AUROC and decompositions per bin count.
 
   Each split fits the estimator on its calibration part and scores the held-out part as
-  ``protocol.evaluate`` does; the bins (the default) compute every split and bin count
-  from one sort.
+  ``protocol.evaluate`` does.
 
   Args:
     u: [N] float scores.
@@ -74,7 +73,6 @@ def cross_validate(
   if "increasing" in entry.options:
     options = {"increasing": increasing, **options}
   method = protocol.method(estimator, _SCORE, options)
-  # Everything before the metrics runs in NumPy on the host (see bins_crossval).
   u_host = validation.float_array("u", u, 1, host=True)
   correct_host = validation.bool_array("correct", correct, host=True)
   num = validation.same_length(u=u_host, correct=correct_host)

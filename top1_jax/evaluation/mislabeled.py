@@ -1,8 +1,7 @@
 """Confident errors: wrong predictions in the most confident bins (paper supplement).
 
-The paper finds mislabelled or ambiguous images among the wrong examples of the most
-confident equal-count bins of max-softmax; ``confident_errors`` does that for any score,
-reading which end is confident off the fitted bins.
+``confident_errors`` finds them for any score, reading which end is confident off the
+fitted bins.
 """
 
 import fractions
@@ -44,8 +43,7 @@ class ConfidentErrors(NamedTuple):
 
 def confidence_direction(prob: ArrayLike) -> int:
   """+1, -1 or 0 (also for B < 2): the sign of Spearman's correlation of the bins'
-  probabilities ``prob`` [B] (in ascending score order) with their position, exact
-  (on integer ranks)."""
+  probabilities ``prob`` [B] (in ascending score order) with their position, exact."""
   prob = validation.float_array("prob", prob, 1, host=True)
   num = prob.shape[0]
   if num < 2:
@@ -92,8 +90,7 @@ def confident_errors(
   bins = binning.fit(u_device[calibration], correct[calibration], n_bins=n_bins)
   example_bin = np.asarray(binning.assign(bins.edges, u_device))
   prob, counts, hits = np.asarray(bins.prob), np.asarray(bins.counts), np.asarray(bins.hits)
-  # The bins' dense ranks (0 = lowest) by (hits + prior) / (counts + 1) as exact fractions,
-  # so that float32 rounding never splits a tie or makes one.
+  # The bins' dense ranks by their probability as exact fractions: rounding makes no ties.
   prior = fractions.Fraction(int(correct[calibration].sum()), num_calibration)
   exact = [
     binning.calibrated_prob(fractions.Fraction(int(h)), int(c), prior)
@@ -103,7 +100,6 @@ def confident_errors(
   level = np.array([levels[value] for value in exact], np.int64)
   filled = np.flatnonzero(counts > 0)
   direction = confidence_direction(level[filled])
-  # lexsort: the last key is the primary one.
   order = np.lexsort((-direction * filled, -level[filled]))
   selected = filled[order[:top_bins]].astype(np.int32)
 

@@ -9,7 +9,7 @@ from jax.typing import ArrayLike
 from top1_jax.core import metrics
 from top1_jax.core import scores as score_registry
 from top1_jax.core.splits import Splits
-from top1_jax.evaluation import accuracy_estimates, protocol
+from top1_jax.evaluation import protocol
 
 SUMMARY = ("mean", "quantile_0.1", "quantile_0.5", "quantile_0.9")
 SUMMARY += ("fraction_at_least_0.5", "fraction_at_least_0.9")
@@ -71,13 +71,10 @@ def ood_report(
 ) -> list[OODResult]:
   """One ``OODResult`` per (method, score, OOD set): methods in order, then sets.
 
-  ``auroc`` needs no fit, so it takes all N clean inputs as "in". Per split, each method
-  fitted on the clean calibration part predicts P(correct) of the OOD inputs and of the
-  clean test part.
-
-  ``ood``: the OOD sets (labels ignored: None will do), by key or in a sequence.
-  ``scores``, ``estimators``, ``log_probs_score``, ``options``: as ``protocol.methods``.
-  ``n_bins``: the bin count of an estimator with an ``n_bins`` option (None: its default).
+  Per split, each method fitted on the clean calibration part predicts P(correct) of the
+  OOD inputs and of the clean test part. ``ood``: the OOD sets (labels ignored), by key or
+  in a sequence. ``scores``, ``estimators``, ``log_probs_score``, ``options``: as
+  ``protocol.methods``. ``n_bins``: the bin count of an estimator with one (None: default).
   """
   chosen = protocol.methods(estimators, scores, log_probs_score, options, n_bins)
   clean_host, k = protocol.checked_clean(clean, splits, chosen, k)
@@ -89,13 +86,17 @@ def ood_report(
   hosts = [host for _, host in sets]
   by_score = {}  # nothing fitted: one AUROC per score and set, by U (uncertain meaning out)
   for score in dict.fromkeys(method.score for method in methods):
-    # An unknown stored score is an uncertainty, as the predictions files' scores are.
+    # an unknown stored score is an uncertainty, as the predictions files' are
     sign = -1.0 if getattr(score_registry.lookup(score), "confident_when_high", False) else 1.0
     u = [sign * data.scores[score] for data in (clean_host, *hosts)]
     by_score[score] = [_separation(u[0], out) for out in u[1:]]
+  datas, whole = [clean_host, *hosts], [slice(None)] * len(hosts)
   results = []
   for method in methods:
-    ood_prob, clean_prob = _ood_predictions(method, clean_host, hosts, masks, k)
+    # per split: one fit predicting its clean test part and every OOD set
+    fits = [protocol.fit_predict_sets(method, clean_host, ~t, datas, [t, *whole], k) for t in masks]
+    clean_prob, *per_set = zip(*fits, strict=True)
+    ood_prob = [np.stack(p) for p in per_set]  # [O] arrays [F, N_o]
     pooled = np.concatenate(clean_prob)
     for o, (key, _) in enumerate(sets):
       auroc_prob = [_separation(1 - c, 1 - p) for c, p in zip(clean_prob, ood_prob[o], strict=True)]
@@ -104,20 +105,3 @@ def ood_report(
         ood_prob[o], pooled, probability_summary(ood_prob[o]), probability_summary(pooled),
       ))  # fmt: skip
   return results
-
-
-def _ood_predictions(method: protocol.Method, clean: protocol.Data, sets: list, masks, k: int):
-  """([O] arrays [F, N_o] of the OOD sets' P(correct), [F] arrays [T_f] of the clean test
-  parts'): per split one fit and one prediction of them all."""
-  sizes = np.cumsum([0] + [host.log_probs.shape[0] for host in sets])
-  ood_prob = [np.empty((len(masks), host.log_probs.shape[0])) for host in sets]
-  clean_prob = []
-  for split, test in enumerate(masks):
-    rows = [test] + [slice(None)] * len(sets)
-    target = accuracy_estimates.stacked([clean, *sets], rows, method, k)
-    p = protocol.fit_predict(method, clean, ~test, target, None)
-    num_test = int(np.count_nonzero(test))
-    clean_prob.append(p[:num_test])
-    for o, probs in enumerate(ood_prob):
-      probs[split] = p[num_test + sizes[o] : num_test + sizes[o + 1]]
-  return ood_prob, clean_prob

@@ -1,17 +1,12 @@
 """The evaluation protocol: fit each method on a clean set's calibration parts, score test parts.
 
-Per split: ``fit_predict`` fits a method (an estimator, the score U it is fitted on or binned
-by, its options) on the calibration part; ``held_out_bins`` bins U there (equal-count, per bin
-count); ``binned_predictions`` and ``split_metrics`` score each test set's part in those bins.
-
-Brier and NLL are per-example means of the test predictions; ECE, EOR, AUROC (of the per-bin
-predictions: the examples of one bin tie) and the decompositions use the bins, each bin's
-prediction its mean test prediction (an empty bin: the calibration accuracy). For the bins,
-constant in a bin, these are the paper's definitions. An estimator's fast path
-(``cross_validate``: every split and bin count from one sort; ``fit_splits``: every split in
-one pass) is taken when a set is scored on its own test parts; it agrees with the loop to
-float rounding. Users: ``crossval``, ``comparison`` (Table 1), ``Calibrator.evaluate``,
-``ood``, ``accuracy_estimates`` and ``recalibration`` (``refit_on``).
+Per split: ``fit_predict`` fits a method on the calibration part; ``held_out_bins`` bins U
+there (equal-count, per bin count); ``binned_predictions`` and ``split_metrics`` score each
+test set's part in those bins. Brier and NLL are per-example means of the test predictions;
+ECE, EOR, AUROC and the decompositions use the bins, each bin's prediction its mean test
+prediction (an empty bin: the calibration accuracy). An estimator's fast path
+(``cross_validate``, ``fit_splits``) is taken when a set is scored on its own test parts; it
+agrees with the loop to float rounding.
 """
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -93,8 +88,8 @@ def methods(
   """Every (method, score) pair, estimators in order, then scores.
 
   An estimator on U is fitted on each of ``scores``; one on the log-probabilities is binned
-  by ``log_probs_score``. ``bin_count``: the ``n_bins`` of estimators that take one and
-  whose ``options`` do not set it (None: fitted at every reported bin count).
+  by ``log_probs_score``. ``bin_count``: the ``n_bins`` of estimators whose ``options`` do
+  not set it (None: fitted at every reported bin count).
   """
   entries = [registry.lookup(name) for name in _names("estimators", estimators, "estimator")]
   if not entries:
@@ -120,7 +115,7 @@ def methods(
 
 def method(estimator: str, score: str, options: Mapping[str, Any], bin_count=None) -> Method:
   """One ``Method``, its options completed (isotonic's ``increasing`` from the score's
-  direction; ``methods`` says the rest)."""
+  direction)."""
   entry = registry.lookup(estimator)
   fit_options = dict(entry.check_options(options))
   if "increasing" in entry.options and "increasing" not in fit_options:
@@ -184,7 +179,7 @@ def checked(name: str, inputs, needed, k: int, num_classes: int | None, labelled
       raise ValueError(f"{name}.labels: expected [{log_probs.shape[0]}] true labels, got None")
     labels = validation.labels_array(f"{name}.labels", inputs.labels, log_probs.shape[1], host=True)
     arrays[f"{name}.labels"] = labels
-  validation.same_length(**arrays)  # one line naming each array's length
+  validation.same_length(**arrays)
   host_scores = {score: arrays[f"{name}.scores[{score!r}]"] for score in needed}
   if not labelled:
     return Data(None, host_scores, log_probs)
@@ -193,8 +188,7 @@ def checked(name: str, inputs, needed, k: int, num_classes: int | None, labelled
 
 def checked_sets(name: str, sets, needed, k: int, clean: Data, labelled: bool, optional=False):
   """[(key, Data)] of a mapping (by key) or a sequence (by index) of ``Inputs``, each
-  checked against ``clean`` (its classes; labelled sets: its examples); ``optional``: an
-  empty one gives []."""
+  checked against ``clean``; ``optional``: an empty one gives []."""
   items = None
   if isinstance(sets, Mapping):
     items = list(sets.items())
@@ -216,6 +210,14 @@ def checked_sets(name: str, sets, needed, k: int, clean: Data, labelled: bool, o
   return out
 
 
+def check_splits(splits, num: int, name: str) -> None:
+  """A one-line ValueError unless ``splits`` are ``Splits`` made for ``name``'s ``num``
+  examples."""
+  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
+  if splits.fold.shape[-1] != num:
+    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, {name} has {num}")
+
+
 def checked_clean(clean, splits, methods_: Sequence[Method], k) -> tuple[Data, int]:
   """The clean set and ``k``, checked against each other and the splits."""
   validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
@@ -223,8 +225,7 @@ def checked_clean(clean, splits, methods_: Sequence[Method], k) -> tuple[Data, i
   data = checked("clean", clean, {m.score for m in methods_}, k, None, labelled=True)
   num, num_classes = data.log_probs.shape
   validation.positive_int("k", k, maximum=num_classes)
-  if splits.fold.shape[-1] != num:
-    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, clean has {num}")
+  check_splits(splits, num, "clean")
   return data, k
 
 
@@ -239,8 +240,7 @@ def evaluate(
   ece_bins: int | None = None,
   refit_on: ArrayLike | None = None,
 ) -> list[Result]:
-  """``METRICS`` of each method fitted on ``clean``'s calibration parts, on test parts
-  (the module's docstring says how each is taken).
+  """``METRICS`` of each method fitted on ``clean``'s calibration parts, on test parts.
 
   Args:
     clean: N labelled examples (also the test set when ``test_sets`` is None).
@@ -251,9 +251,9 @@ def evaluate(
     n_bins: the bin counts, each in [1, the smallest calibration part].
     k: the event "the true label is among the k top classes".
     ece_bins: also give each split's equal-width ``confidence_ece`` with this many bins.
-    refit_on: None, or [F, N] bool within each split's calibration part: split f fits
-      each method, per test set, on that set's examples there (or updates its clean fit
-      with them, ``Method.update``); the bins of U stay clean's.
+    refit_on: None, or [F, N] bool within each split's calibration part: split f fits each
+      method, per test set, on that set's examples there (or updates its clean fit with
+      them, ``Method.update``); the bins of U stay clean's.
 
   Returns:
     One ``Result`` per (method, set): methods in order, then sets.
@@ -265,7 +265,7 @@ def evaluate(
   if test_sets is not None:
     needed = {m.score for m in methods_}
     test_sets = checked_sets("test_sets", test_sets, needed, k, clean_data, labelled=True)
-  if refit_on is not None:  # [F, N] bool, each split's examples within its calibration part
+  if refit_on is not None:
     refit_on, shape = np.asarray(refit_on), (splits.num_splits, splits.fold.shape[-1])
     if refit_on.dtype != bool or refit_on.shape != shape:
       got = f"{refit_on.dtype} {refit_on.shape}"
@@ -300,8 +300,7 @@ def evaluate_shifts(
 def evaluate_checked(
   clean: Data, splits: Splits, methods_: list[Method], sets, n_bins, k, ece_bins=None, refit_on=None
 ) -> list[Result]:
-  """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None; ``refit_on``: an
-  [F, N] bool array or None)."""
+  """``evaluate`` of checked arguments (``sets``: [(key, Data)] or None)."""
   own = sets is None
   sets = [(OWN, clean)] if own else sets
   fast = [
@@ -323,7 +322,6 @@ def evaluate_checked(
 
 
 def _evidence(data: Data, method: Method, rows, k: int) -> base.Evidence:
-  """``data``'s evidence for ``method`` on ``rows`` (a mask or slice)."""
   evidence = base.Evidence(data.scores[method.score][rows], data.correct[rows], k=k)
   if method.entry.scores_only:
     return evidence
@@ -332,12 +330,22 @@ def _evidence(data: Data, method: Method, rows, k: int) -> base.Evidence:
 
 def fit_predict(method: Method, clean: Data, cal: np.ndarray, target: base.Evidence, n_bins):
   """The method fitted on the clean calibration part (``cal``, [N] bool) predicting
-  ``target``: [M], or [B, M] for a method fitted at each of ``n_bins``; float64, host."""
+  ``target``: [M], or [B, M] when fitted at each of ``n_bins``; float64, host."""
   return _predicted(method, _fits(method, clean, cal, target.k, n_bins), target)
 
 
+def fit_predict_sets(method: Method, clean: Data, cal: np.ndarray, datas, rows, k: int) -> list:
+  """``fit_predict`` of the ``rows`` of each of ``datas``, stacked: one [M_s] array per set."""
+  u = [data.scores[method.score][r] for data, r in zip(datas, rows, strict=True)]
+  target = base.Evidence(np.concatenate(u), k=k)
+  if not method.entry.scores_only:
+    log_probs = np.concatenate([data.log_probs[r] for data, r in zip(datas, rows, strict=True)])
+    target = target._replace(log_probs=log_probs)
+  p = fit_predict(method, clean, cal, target, None)
+  return np.split(p, np.cumsum([len(values) for values in u])[:-1], axis=-1)
+
+
 def _fits(method: Method, data: Data, rows, k: int, n_bins) -> list:
-  """The method's states fitted on ``data``'s ``rows`` (one per bin count if per_bin_count)."""
   evidence = _evidence(data, method, rows, k)
   if not method.per_bin_count:
     return [method.entry.fit(evidence, **method.options)]
@@ -372,8 +380,7 @@ def _fast_path(method: Method, clean: Data, splits: Splits, n_bins, k, ece_bins)
 
 
 def _split_rows(fits: base.SplitFit, f: int, rows) -> tuple[np.ndarray, dict[str, float]]:
-  """Split f's predictions of ``rows`` (float64) and its extras: its [F] values' entry and
-  the means of its per-example values over ``rows``."""
+  """Split f's predictions of ``rows`` (float64) and extras (per example: their mean)."""
   p, per_example = fits.split(f)
   fitted = {name: float(np.asarray(value)[f]) for name, value in fits.extras.items()}
   for name, value in per_example.items():
@@ -382,8 +389,8 @@ def _split_rows(fits: base.SplitFit, f: int, rows) -> tuple[np.ndarray, dict[str
 
 
 def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece_bins, refit_on):
-  """Each method's [(``CrossValidation``, extras)] per set, split by split, for methods of
-  one score (they share the calibration bins)."""
+  """Each method's [(``CrossValidation``, extras)] per set, for methods of one score (they
+  share the calibration bins)."""
   score = group[0].score
   datas = [data for _, data in sets]
   u = np.stack([data.scores[score] for data in datas])  # [S, N]
@@ -437,8 +444,8 @@ def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_b
 
 
 def _extras(p, correct, ece_bins, fitted=MappingProxyType({})) -> list[dict[str, float]]:
-  """Each set's ``Result.extras`` of one split: p and correct [S, T]; ``fitted``: the
-  split's values of a fast path's extras (``_split_rows``)."""
+  """Each set's ``Result.extras`` of one split: p and correct [S, T]; ``fitted``: a fast
+  path's (``_split_rows``)."""
   out = [{} for _ in range(p.shape[0])]
   if ece_bins is not None:
     for values, p_set, correct_set in zip(out, p, correct, strict=True):
@@ -450,7 +457,7 @@ def _extras(p, correct, ece_bins, fitted=MappingProxyType({})) -> list[dict[str,
 
 def _per_set(sums: list, extras: list[list[dict]], n_bins) -> list[tuple[CrossValidation, dict]]:
   """Each set's (``CrossValidation``, extras name -> [F]) of the splits' ``BinnedPredictions``
-  and ``_extras``, the statistics of all sets at once."""
+  and ``_extras``."""
   per_fold = split_metrics(sums)  # name -> [S, B, F]
   num_sets = next(iter(per_fold.values())).shape[0]
   flat = {name: value.reshape(-1, value.shape[-1]) for name, value in per_fold.items()}
@@ -479,7 +486,7 @@ class HeldOutBins(NamedTuple):
 
 
 def held_out_bins(u_cal, correct_cal, u_test, correct_test, n_bins) -> HeldOutBins:
-  """``HeldOutBins`` of unchecked host arrays: ``u_cal``, ``correct_cal`` [M]; ``u_test``,
+  """``HeldOutBins`` of host arrays: ``u_cal``, ``correct_cal`` [M]; ``u_test``,
   ``correct_test`` [S, T]."""
   fitted = [binning.fit(u_cal, correct_cal, n) for n in n_bins]
   return counted_in(fitted, u_test, correct_test)
@@ -511,7 +518,7 @@ def counted_in(fitted: Sequence[binning.Bins], u_test, correct_test, prior=None)
 class BinnedPredictions(NamedTuple):
   """One split's sufficient statistics of a method's test predictions, per test set (fields
   named as ``HeldOutBins``' are its). ``prediction_means``: [S, B, W] float32, the mean
-  predicted P(correct) per calibration bin (0 where none), taken in float64 so that a bin
+  predicted P(correct) per calibration bin (0 where none), summed in float64 so that a bin
   of equal predictions gets exactly that value; ``brier``, ``nll``: [S, B] per-example means."""
 
   n_bins: tuple[int, ...]
@@ -554,8 +561,7 @@ def binned_predictions(test: HeldOutBins, p) -> BinnedPredictions:
 
 
 def split_metrics(per_split: Sequence[BinnedPredictions]) -> dict[str, np.ndarray]:
-  """``METRICS`` from each split's ``BinnedPredictions``: name -> [S, B, F] (NaN where
-  undefined)."""
+  """``METRICS`` from each split's ``BinnedPredictions``: name -> [S, B, F] (NaN: undefined)."""
   # The splits axis goes before the bins: [B, F, W], [F], [S, B, F, W] and [S, B, F].
   splits_axis = {"prior": 0, "brier": -1, "nll": -1}
   stacked = {

@@ -1,9 +1,8 @@
 """Recalibration with a few labels from shifted data: refits, and the bins updated from clean.
 
-``recalibrate`` fits each method on m labelled examples drawn from a shifted set's
-calibration part and scores its test part in the clean calibration part's bins of U (so
-that every m, 0 included, is scored alike). ``bins_from_clean`` updates each clean bin, a
-prior worth s pseudo-counts: ``(s p_b + h_b) / (s + n_b)``.
+``recalibrate`` fits each method on m labelled examples of a shifted set's calibration part
+and scores its test part in the clean bins of U. ``bins_from_clean`` updates each clean bin,
+a prior worth s pseudo-counts: ``(s p_b + h_b) / (s + n_b)``.
 """
 
 import functools
@@ -22,8 +21,7 @@ RECALIBRATIONS = ("bins_refit", "bins_from_clean", "temperature", "isotonic")
 """The methods ``recalibrate`` compares, in the tables' order."""
 
 MIN_LABELS = 10
-"""The fewest labelled examples a refit takes (the bins' count is chosen on them by 10-split
-cross-validation)."""
+"""The fewest labelled examples a refit takes (the bins' count is cross-validated on them)."""
 
 PRIOR_STRENGTHS = (*(2.0**e for e in range(-2, 11)), np.inf)
 """The grid of prior strengths s (pseudo-counts) ``choose_prior_strength`` searches:
@@ -79,8 +77,7 @@ class BinUpdate(NamedTuple):
 def bin_update(
   bins: binning.Bins, evidence: base.Evidence, prior_strength: float | None = None
 ) -> BinUpdate:
-  """The ``BinUpdate`` of new (checked) examples in clean ``bins``; ``prior_strength`` None:
-  ``choose_prior_strength``."""
+  """The ``BinUpdate`` of new examples in clean ``bins`` (``prior_strength`` None: chosen)."""
   index = np.asarray(binning.assign(np.asarray(bins.edges), np.asarray(evidence.u)))
   n_bins = bins.counts.shape[-1]
   counts = np.bincount(index, minlength=n_bins)
@@ -104,7 +101,7 @@ def update_bins(
   bins: binning.Bins, evidence: base.Evidence, prior_strength: float | None = None
 ) -> binning.Bins:
   """The clean bins updated by new labelled examples (``bins_from_clean``'s ``update``),
-  with prior strength s ``prior_strength``, or None to choose it on these examples."""
+  with prior strength ``prior_strength`` (None: chosen on them)."""
   return applied(bins, bin_update(bins, evidence, prior_strength))
 
 
@@ -116,7 +113,7 @@ def update_interval(update: BinUpdate, bins: binning.Bins, evidence: base.Eviden
   if not np.isfinite(update.prior_strength):
     lower, upper = binning.clopper_pearson(bins.hits, bins.counts, delta)
   else:
-    from scipy import special  # here, as in accuracy_bounds: a slow import few runs need
+    from scipy import special  # a slow import few runs need
 
     prob = np.asarray(bins.prob, np.float64)  # the clean bins' (the prior's) probabilities
     s = update.prior_strength
@@ -133,8 +130,8 @@ def label_draws(
   """Each split once per draw, with ``num_labels`` examples drawn from its calibration part.
 
   Returns (``Splits`` of D * F splits, [D * F, N] bool: each split's m examples); draw d of
-  split f is split ``d * F + f``. The draws are nested in m (the first m of a permutation
-  that depends on (seed, d, f) only); where m is every split's whole part, D is 1.
+  split f is split ``d * F + f``. The draws are nested in m; where m is every split's whole
+  part, D is 1.
   """
   masks = [splits.test_mask(f) for f in range(splits.num_splits)]
   sizes = [int(np.count_nonzero(~test)) for test in masks]
@@ -157,8 +154,7 @@ def label_draws(
 def method(
   name: str, score: str, n_bins: int, num_labels: int, prior_strength: float | None = None
 ) -> protocol.Method:
-  """The ``protocol.Method`` of a recalibration fitted on ``num_labels`` new examples
-  (its clean fit at 0)."""
+  """The ``protocol.Method`` of a recalibration fitted on ``num_labels`` new examples."""
   if name not in RECALIBRATIONS:
     raise ValueError(f"recalibration: expected one of {', '.join(RECALIBRATIONS)}, got {name!r}")
   estimator = {"bins_refit": "bins", "bins_from_clean": "bins"}.get(name, name)

@@ -14,7 +14,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from top1_jax.core import binning, metrics, validation
-from top1_jax.evaluation import crossval
+from top1_jax.evaluation import crossval, protocol
 
 SELECTION_ORDERS = ("prob", "ascending", "descending")
 
@@ -49,18 +49,8 @@ class RiskCoverage(NamedTuple):
   risk: jax.Array
 
 
-def _largest_passing_prefix(passes: np.ndarray) -> int:
-  """SGR's binary search for the largest j in [0, m] with ``passes[j - 1]`` (j = 0 passes)."""
-  low, high = 0, passes.shape[0] + 1  # low passes; high stands for "fails"
-  while high - low > 1:
-    mid = (low + high) // 2
-    low, high = (mid, high) if passes[mid - 1] else (low, mid)
-  return low
-
-
 def _check_target(name: str, target) -> float:
-  # A lower confidence bound from finite counts is below 1 even when every example is
-  # correct ((delta / k)^(1/n)), so 1 could only "pass" through float32 rounding.
+  # A lower confidence bound from finite counts is below 1: 1 could pass by rounding only.
   try:
     target = float(target)
   except (TypeError, ValueError):
@@ -121,7 +111,11 @@ def guaranteed_coverage(
   # A two-sided interval at 2 delta' has the one-sided lower bound at delta'.
   lower, _ = binning.clopper_pearson(pooled_hits, pooled_counts, 2 * float(delta) / num_tests)
   lower = np.asarray(lower)
-  size = _largest_passing_prefix(lower >= target_accuracy)
+  passes = lower >= target_accuracy
+  size, high = 0, passes.shape[0] + 1  # SGR's binary search: size passes, high fails
+  while high - size > 1:
+    mid = (size + high) // 2
+    size, high = (mid, high) if passes[mid - 1] else (size, mid)
   selected = np.zeros(bins.n_bins, bool)
   selected[ranked[:size]] = True
   total = pooled_counts[-1]
@@ -145,17 +139,6 @@ def select(selection: Selection, u: ArrayLike) -> jax.Array:
   validation.instance("selection", selection, Selection, "selective.Selection")
   u = validation.float_array("u", u, 1)
   return _select(selection.selected, selection.edges, u)
-
-
-def _split_outcome(selection: Selection, chosen: np.ndarray, correct: np.ndarray) -> dict:
-  """One split's selection: its bound, and its coverage and accuracy on the test part."""
-  bound, kept = float(selection.guaranteed_accuracy), int(chosen.sum())
-  return {
-    "guaranteed_accuracy": bound if np.isfinite(bound) else None,
-    "calibration_coverage": float(selection.coverage),
-    "test_coverage": kept / chosen.shape[0],
-    "test_accuracy": float(correct[chosen].mean()) if kept else None,
-  }
 
 
 def _means(per_split: list[dict]) -> dict:
@@ -194,9 +177,7 @@ def validate_over_splits(
     nothing), ``num_below_target``, the arguments, and ``per_split``.
   """
   u, correct = validation.score_and_event("u", u, correct, host=True)
-  validation.instance("splits", splits, crossval.Splits, "crossval.Splits from make_splits")
-  if splits.fold.shape[-1] != u.shape[0]:
-    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {u.shape[0]}")
+  protocol.check_splits(splits, u.shape[0], "u")
   for target in targets:
     _check_target("targets", target)
   _check_delta_and_order(delta, order)
@@ -209,7 +190,15 @@ def validate_over_splits(
     for outcomes, target in zip(per_target, targets, strict=True):
       selection = guaranteed_coverage(bins, target, delta, order=order)
       chosen = np.asarray(selection.selected)[which]
-      outcomes.append(_split_outcome(selection, chosen, correct[test]))
+      bound, kept = float(selection.guaranteed_accuracy), int(chosen.sum())
+      outcomes.append(
+        {
+          "guaranteed_accuracy": bound if np.isfinite(bound) else None,
+          "calibration_coverage": float(selection.coverage),
+          "test_coverage": kept / chosen.shape[0],
+          "test_accuracy": float(correct[test][chosen].mean()) if kept else None,
+        }
+      )
   return [
     {
       "order": order,

@@ -14,16 +14,12 @@ when not randomized), and C_0 = Q_0 = 0:
         bins of -log top-k mass (``scores.neg_log_topk_mass``) for the event "label in Top-k"
 ```
 
-Non-randomized (u = 0; topk's default) the set is the smallest Top-L whose mass (aps),
-penalised mass (raps) or calibrated P(label in Top-L) (topk) exceeds the threshold: the top
-label is always in. Randomized sets (aps' and raps' default, as their papers') reach
-1 - alpha exactly and may be empty.
+Non-randomized (u = 0; topk's default) the top label is always in the set; randomized sets
+(aps' and raps' default) reach 1 - alpha exactly and may be empty.
 
 raps and topk fit parameters (k_reg and lam by the RAPS paper's rule; the bins of every k)
-on a random ``tune_fraction`` of the calibration data, and the quantile is taken over the
-rest: the parameters are a function of data disjoint from the conformal part and the test
-point, whose scores stay exchangeable, so the guarantee holds exactly. (Bins fitted on the
-quantile's own data would make its scores depend on one another: no longer exact.)
+on a random ``tune_fraction`` of the calibration data and take the quantile over the rest,
+so that the conformal scores stay exchangeable and the guarantee exact.
 """
 
 import functools
@@ -38,11 +34,10 @@ from top1_jax.core import binning, validation
 from top1_jax.core.splits import Splits
 from top1_jax.estimators import base
 from top1_jax.estimators import bins as saved_bins
-from top1_jax.evaluation import conformal
+from top1_jax.evaluation import conformal, protocol
 
 LAMBDA_GRID = (0.001, 0.01, 0.1, 0.2, 0.5)
-"""The RAPS paper's values of lam, of which the one with the smallest mean set size on the
-tuning part is chosen."""
+"""The RAPS paper's values of lam, from which tuning chooses."""
 _CALIBRATION, _TUNING, _PREDICTION = 0, 1, 2  # the random streams of one seed
 
 
@@ -121,10 +116,9 @@ def _per_lam(aps_scores, k_reg, thresholds, rank) -> jax.Array:
 
 
 def _raps_tuning(part, options: dict) -> tuple[int, float]:
-  """(k_reg, lam): the options given, or the RAPS paper's rule on the tuning part: k_reg
-  the 1 - alpha quantile ("higher") of the label's 1-based rank; lam the value of
-  ``LAMBDA_GRID`` (first of ties) whose sets, calibrated on the tuning part, are smallest
-  there on average."""
+  """(k_reg, lam): the options given, or the RAPS paper's rule on the tuning part: k_reg the
+  1 - alpha quantile ("higher") of the label's 1-based rank; lam the value of ``LAMBDA_GRID``
+  (first of ties) whose sets, calibrated on the tuning part, are smallest there on average."""
   k_reg, lam, alpha = options["k_reg"], options["lam"], options["tune_alpha"]
   if part is None:
     return k_reg, lam
@@ -133,8 +127,7 @@ def _raps_tuning(part, options: dict) -> tuple[int, float]:
   if k_reg is None:
     k_reg = int(np.quantile(rank, 1 - alpha, method="higher")) + 1
   if lam is None:  # [L, n] scores, then sizes, by blocks of rows: never an [n, K] array
-    # aps in its own program as before: XLA makes FMAs within a program, so fusing it with
-    # the penalty would round otherwise
+    # aps in a program of its own: fused with the penalty, XLA's FMAs would round otherwise
     by_lam = lambda q: lambda o, draws, r=None: _per_lam(_aps_scores(None, o, draws), k_reg, q, r)
     scores = np.empty((len(LAMBDA_GRID), rows.shape[0]), np.float32)
     _by_rows(by_lam(None), data, rows, u[rows], rank, out=scores)
@@ -143,7 +136,7 @@ def _raps_tuning(part, options: dict) -> tuple[int, float]:
     q = scores[:, at - 1] if at <= rows.shape[0] else np.full(len(LAMBDA_GRID), np.inf, np.float32)
     sizes = np.empty(scores.shape, np.int32)
     _by_rows(by_lam(q), data, rows, u[rows], out=sizes)
-    # each mean as before: the count over n, divided exactly (XLA's vector division is not)
+    # the count over n divided on the host: XLA's vector division is not exact
     mean = sizes.sum(axis=-1).astype(jnp.result_type(float)) / rows.shape[0]
     lam = LAMBDA_GRID[int(np.argmin(mean))]
   return k_reg, float(lam)
@@ -296,17 +289,14 @@ def _of_scores(scores_of, then, params, order, u, *args) -> jax.Array:
 
 
 ROWS = 1 << 12
-"""Rows a set program takes at once: its [rows, K] temporaries (probabilities, running
-sums, scores) stay bounded however many examples a part holds. 4,096 rather than 32,768:
-``evaluate_sets`` of [50000, 1000] log-probabilities (10 splits, every method): 86 s against
-105 s, a peak of 1.23 against 1.61 GB, the same rows (docs/performance.md)."""
+"""Rows a set program takes at once: its [rows, K] temporaries stay bounded however many
+examples a part holds (docs/performance.md)."""
 
 
 def _by_rows(program, data: conformal.Ranked, rows: np.ndarray, *per_row, out: np.ndarray):
   """``out`` [..., R] filled with ``program(sorted logits, *per_row)`` of the R ``rows`` of
-  ``data`` (``per_row`` given for those rows), a block of at most ``ROWS`` rows gathered at
-  a time (the last padded, so that one program serves them all; a part is never copied
-  whole)."""
+  ``data`` (``per_row`` given for those rows), at most ``ROWS`` rows at a time (the last
+  block padded, so that one program serves them all)."""
   num = rows.shape[0]
   size = conformal.bucket(num) if num <= ROWS else ROWS
   for start in range(0, num, size):
@@ -343,7 +333,7 @@ def set_sizes(method: SetMethod, params, data: conformal.Ranked, u, thresholds, 
 
 def fit_draws(method: SetMethod, seed: int, num: int, options) -> tuple[np.ndarray, np.ndarray]:
   """``fit``'s draws from ``seed`` for ``num`` calibration examples: [num] u (zeros when not
-  randomized) and the [num] bool tuning part (all False when the method does not tune)."""
+  randomized) and the [num] bool tuning part (all False when not tuning)."""
   key, randomized = jax.random.key(seed), options.get("randomized", False)
   u = conformal.uniform_draws(jax.random.fold_in(key, _CALIBRATION), num, randomized)
   if not method.tunes(options):
@@ -360,8 +350,7 @@ def predict_draws(seed: int, num: int, options: dict[str, Any]) -> np.ndarray:
 def fit(
   method: SetMethod, logits: np.ndarray, labels: np.ndarray, seed: int, options: dict[str, Any]
 ) -> Calibrated:
-  """``calibrate`` with ``fit_draws``. Unchecked host inputs ([N, K] logits, [N] labels)
-  and checked options."""
+  """``calibrate`` with ``fit_draws`` of checked host [N, K] logits and [N] labels."""
   u, tuning = fit_draws(method, seed, logits.shape[0], options)
   return calibrate(method, conformal.ranked(logits, labels), u, tuning, options)
 
@@ -380,9 +369,8 @@ def predict_sizes(
 
 
 def _evaluate_method(method, options, data, u, splits, alphas, key, tune_per_alpha) -> list[dict]:
-  """``evaluate_sets``' rows of one method: fitted on each split's calibration part of the
-  first set of ``data`` (and for each alpha when its tuning depends on it), scored on the
-  test part of every set of ``data`` (name -> ``conformal.Ranked``)."""
+  """``evaluate_sets``' rows of one method, fitted on the first set of ``data`` (name ->
+  ``conformal.Ranked``), scored on every set."""
   u = u if options.get("randomized", False) else np.zeros_like(u)
   groups = [(a,) for a in alphas] if tune_per_alpha and method.tunes(options) else [alphas]
   results = {}  # (set, alpha) -> per split: (metrics, params, n conformal, n test)
@@ -443,11 +431,9 @@ def evaluate_sets(
 ) -> list[dict[str, Any]]:
   """Every method's prediction sets over random calibration/test splits, as tidy rows.
 
-  Each split fits the method on its calibration part (raps and topk tune on a random
-  ``tune_fraction`` of it) and scores the sets of its test part; with ``shifted``, also
-  the same test examples of every shifted set (calibrated in distribution, tested under
-  shift, as ``protocol.evaluate``'s ``test_sets``). The draws u are one per example, from
-  ``seed``, shared by the splits and the sets (each split is a valid randomized procedure).
+  Each split fits the method on its calibration part and scores the sets of its test part
+  and, with ``shifted``, of the same test examples of every shifted set. The draws u are one
+  per example, from ``seed``, shared by the splits and the sets.
 
   Args:
     log_probs: [N, K] log-probabilities or logits (normalised here).
@@ -458,9 +444,8 @@ def evaluate_sets(
     seed: of the draws u and the tuning parts.
     shifted: None, or set name -> ([N, K] log-probabilities, [N] labels) of the same N
       examples transformed.
-    **options: given to every method that takes them (``randomized=False``; raps'
-      ``k_reg``, ``lam``, ``tune_fraction``; topk's ``n_bins``). raps tunes k_reg and lam
-      for each alpha, as its paper does, unless ``tune_alpha`` is given.
+    **options: given to every method that takes them. raps tunes k_reg and lam for each
+      alpha, as its paper does, unless ``tune_alpha`` is given.
 
   Returns:
     One row per method, set and alpha: method, randomized, set ("clean", or a name of
@@ -473,9 +458,7 @@ def evaluate_sets(
   for name, (values, set_labels) in (shifted or {}).items():
     sets[name] = _checked_set(f"shifted[{name!r}]", values, set_labels, num_classes)
     validation.same_length(log_probs=sets["clean"][0], **{f"shifted[{name!r}]": sets[name][0]})
-  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
-  if splits.fold.shape[-1] != num:
-    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, log_probs has {num}")
+  protocol.check_splits(splits, num, "log_probs")
   chosen = [lookup(name) for name in ((methods,) if isinstance(methods, str) else methods)]
   alphas = tuple(validation.probability("alphas", alpha) for alpha in alphas)
   if not chosen or not alphas:
