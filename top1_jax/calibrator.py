@@ -1,9 +1,7 @@
 """``Calibrator``: fit a calibrated P(Top-k correct) on one model's outputs, save it, apply it.
 
 ``x`` is ``[N, K]`` logits or probabilities, or ``[S, N, K]`` MC-dropout samples or ensemble
-members (their mean in probability space is the classifier), anything with ``__array__``.
-It follows scikit-learn's conventions (``get_params`` / ``set_params``, fitted attributes
-end in ``_``, ``fit`` returns ``self``) without needing scikit-learn.
+members, anything with ``__array__``. scikit-learn's conventions, without scikit-learn.
 """
 
 import dataclasses
@@ -25,7 +23,6 @@ VERSION = 2
 """Version 2 saves any method; version 1 (the bins' fields at the top) is still read."""
 MAX_FILE_BYTES = 1 << 28
 """``load`` refuses a larger file (256 MiB) before reading it: a real one is a few MB."""
-INPUTS = scores.INPUTS
 
 
 class Calibrator(base.OptionParams):
@@ -39,7 +36,6 @@ class Calibrator(base.OptionParams):
     k: the event is "the true label is among the k top classes".
     inputs: ``"auto"`` (probabilities when every row lies in [0, 1] and sums to 1, logits
       when none does; a mix is refused), ``"logits"`` or ``"probs"``; decided at ``fit``.
-      Probabilities are logged in float64, so underflowing tails keep distinct scores.
     **options: the method's own options (e.g. kde's ``bandwidth``; isotonic's
       ``increasing`` defaults to the score's direction).
 
@@ -74,14 +70,14 @@ class Calibrator(base.OptionParams):
     return f"Calibrator({settings}; {'fitted' if hasattr(self, 'state_') else 'unfitted'})"
 
   def _checked(self) -> tuple[base.Estimator, dict[str, Any]]:
-    """The registry entry and the options its ``fit`` gets; a ValueError for a bad setting."""
+    """The registry entry and the options its ``fit`` gets."""
     if self.method not in registry.names():
       raise ValueError(
         f"method: expected one of {', '.join(registry.names())}, got {self.method!r}"
       )
     entry = registry.lookup(self.method)
-    if self.inputs not in INPUTS:
-      raise ValueError(f"inputs: expected one of {INPUTS}, got {self.inputs!r}")
+    if self.inputs not in scores.INPUTS:
+      raise ValueError(f"inputs: expected one of {scores.INPUTS}, got {self.inputs!r}")
     if not callable(self.score):
       found = scores.lookup(self.score) if isinstance(self.score, str) else None
       if found is None:
@@ -130,7 +126,7 @@ class Calibrator(base.OptionParams):
     return np.asarray(scores.compute_one(name, log_probs, samples)), log_probs
 
   def _evidence(self, x: ArrayLike, labels: ArrayLike | None = None, *, kind: str | None = None):
-    """The checked ``base.Evidence`` of ``x``: of the fitted K, or fitting (any K) as ``kind``."""
+    """The checked ``base.Evidence`` of ``x``: of the fitted K, or fitting as ``kind``."""
     num_classes = None if kind else getattr(self, "num_classes_", None)
     u, log_probs = self._score_and_log_probs(x, num_classes, kind)
     if labels is None:
@@ -146,7 +142,6 @@ class Calibrator(base.OptionParams):
     return self.estimator_
 
   def _set_fitted(self, entry, state, n_bins: int, num_classes: int, accuracy: float) -> None:
-    """``n_bins``: the bin count of a state that is not ``binning.Bins`` (bins have theirs)."""
     self.estimator_, self.state_ = entry, state
     self.bins_ = state if isinstance(state, binning.Bins) else None
     self.n_bins_ = int(n_bins) if self.bins_ is None else self.bins_.n_bins
@@ -179,11 +174,8 @@ class Calibrator(base.OptionParams):
     return np.asarray(entry.predict(self.state_, self._evidence(x)), np.float32)
 
   def predict_proba(self, x: ArrayLike) -> np.ndarray:
-    """[N, 2] float32: (P(wrong), P(correct)) of each example's Top-k prediction.
-
-    scikit-learn's binary layout (``classes_ = [False, True]``), so its calibration tools
-    take it; ``predict_confidence`` gives the second column.
-    """
+    """[N, 2] float32: (P(wrong), P(correct)) of each example's Top-k prediction, in
+    scikit-learn's binary layout (``classes_ = [False, True]``)."""
     p = self.predict_confidence(x)
     return np.stack([1.0 - p, p], axis=-1)
 
@@ -191,10 +183,7 @@ class Calibrator(base.OptionParams):
 
   def predict_interval(self, x: ArrayLike, delta: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper), each [N] float32: a 1 - delta interval of each example's P(correct).
-
-    "bins": the exact (Clopper–Pearson) interval of the bin accuracy; "kde": Wilson's
-    pointwise band. Other methods give none (a ValueError).
-    """
+    "bins": Clopper–Pearson's of the bin accuracy; "kde": Wilson's; others: a ValueError."""
     entry = self._fitted()
     if entry.predict_interval is None:
       giving = [name for name, e in registry.REGISTRY.items() if e.predict_interval is not None]
@@ -208,9 +197,8 @@ class Calibrator(base.OptionParams):
   def evaluate(self, x: ArrayLike, labels: ArrayLike) -> dict[str, float | int | None]:
     """The metrics of ``evaluation.protocol`` on held-out data, plus accuracy and num_examples.
 
-    The bins are scored in their own bins (the paper), other methods in ``n_bins_`` equal-count
-    bins of their predictions. An undefined metric is None (AUROC when the data holds only
-    correct or only wrong predictions, EOR when the calibration data did).
+    The bins are scored in their own bins, other methods in ``n_bins_`` equal-count bins of
+    their predictions. An undefined metric (AUROC of one class, say) is None.
     """
     entry = self._fitted()
     if labels is None:
@@ -278,7 +266,6 @@ class Calibrator(base.OptionParams):
     Each bin's probability becomes ``(s p_b + h_b) / (s + n_b)``: the clean fit's p_b worth
     ``prior_strength`` s pseudo-counts (None: chosen by leave-one-out likelihood) plus the
     bin's h_b hits of n_b new examples. Other methods are refitted on the new examples alone.
-    An update replaces an earlier one; ``estimate_accuracy`` keeps the clean reference.
     """
     entry = self._fitted()
     number = isinstance(prior_strength, (int, float)) and not isinstance(prior_strength, bool)
@@ -369,7 +356,6 @@ class Calibrator(base.OptionParams):
       raise ValueError(f"{source}: bad calibrator field ({e})") from None
     fitted = entry.from_dict(base.field(state, "state", source), source)
     base.check_classes(fitted, num_classes, source)
-    # (The saved bins themselves have at most one bin per calibration example.)
     if isinstance(fitted, binning.Bins) and fitted.n_bins != n_bins:
       raise ValueError(f"{source}: n_bins is {n_bins}, the saved bins have {fitted.n_bins}")
     if version == 1:  # the bins' prior is the calibration accuracy

@@ -1,9 +1,7 @@
 """``SetPredictor``: sets of labels that hold the true one with probability >= 1 - alpha.
 
-``method`` is one of ``evaluation.sets.METHODS``: "lac", "aps", "raps" or "topk" (the
-paper's calibrated P(label in Top-k)). The guarantee is split conformal's: on average over
-exchangeable calibration and new examples, not per example (docs/sets.md). scikit-learn's
-conventions, as ``Calibrator``.
+The guarantee is split conformal's: on average over exchangeable calibration and new
+examples, not per example (docs/sets.md). scikit-learn's conventions, as ``Calibrator``.
 """
 
 import math
@@ -20,14 +18,14 @@ FORMAT = "top1_jax.SetPredictor"
 VERSION = 1
 MAX_FILE_BYTES = 1 << 28
 """``load`` refuses a larger file (256 MiB) before reading it."""
-INPUTS = scores.INPUTS
 
 
 class SetPredictor(base.OptionParams):
   """Prediction sets with a split-conformal coverage guarantee.
 
   Args:
-    method: a name of ``evaluation.sets.METHODS``.
+    method: a name of ``evaluation.sets.METHODS``: "lac", "aps", "raps" or "topk" (the
+      paper's calibrated P(label in Top-k)).
     inputs: what ``x`` [N, K] holds: ``"auto"`` (decided once at ``fit``, as
       ``Calibrator`` does), ``"logits"`` or ``"probs"``.
     seed: of the random draws (the randomized methods' u, raps' and topk's tuning part):
@@ -59,10 +57,10 @@ class SetPredictor(base.OptionParams):
     return f"SetPredictor({settings}; {fitted})"
 
   def _checked(self) -> tuple[sets.SetMethod, dict[str, Any], int]:
-    """The method, its checked options and the seed; a one-line ValueError for a bad one."""
+    """The method, its checked options and the seed."""
     method = sets.lookup(self.method)
-    if self.inputs not in INPUTS:
-      raise ValueError(f"inputs: expected one of {INPUTS}, got {self.inputs!r}")
+    if self.inputs not in scores.INPUTS:
+      raise ValueError(f"inputs: expected one of {scores.INPUTS}, got {self.inputs!r}")
     seed = validation.positive_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
     return method, sets.checked_options(method, self.options), seed
 
@@ -115,10 +113,8 @@ class SetPredictor(base.OptionParams):
     return sets.predict_sizes(self.method_, fitted, data, [alpha], self.seed_, self.options_)[0]
 
   def predict_set(self, x: ArrayLike, alpha: float = 0.1) -> np.ndarray:
-    """[N, K] bool: each example's set of labels at miscoverage level ``alpha`` in (0, 1).
-
-    Sets are nested in alpha; below 1 / (n + 1), for n calibration scores, every set is full.
-    """
+    """[N, K] bool: each example's set of labels at miscoverage level ``alpha`` in (0, 1),
+    nested in alpha; below 1 / (n + 1), for n calibration scores, every set is full."""
     self._fitted()
     alpha = validation.probability("alpha", alpha)
     logits = self._logits(x, self.num_classes_)

@@ -1,7 +1,4 @@
-"""Confidence intervals for a bin's accuracy from its example counts (paper eq. 3).
-
-``binning.confidence_bounds`` applies them to fitted ``Bins``.
-"""
+"""Confidence intervals for a bin's accuracy from its example counts (paper eq. 3)."""
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +66,8 @@ def clopper_pearson(
   if validation.is_traced(hits) or validation.is_traced(count):
     return _clopper_pearson(hits, count, jnp.float32(delta))
   validation.hits_within_counts("hits", hits, count)
-  # Concrete counts (a few hundred bins at most): SciPy's float64 Beta quantiles on the
-  # host. The jitted bisection of betainc is slow to compile, and on a GPU each of its
-  # steps waits on the host (docs/performance.md).
+  # Concrete counts: SciPy's float64 Beta quantiles on the host; the jitted bisection
+  # is slow to compile (docs/performance.md).
   from scipy import special as scipy_special  # here: a slow import (~0.2 s) few runs need
 
   hits, count = np.broadcast_arrays(hits.astype(np.float64), count.astype(np.float64))

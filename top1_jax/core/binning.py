@@ -1,8 +1,8 @@
 """Equal-count (quantile) bins of an uncertainty score and their Top-k accuracy (§3, §5.1).
 
 Bins are right-closed, ``(e_i, e_{i+1}]``; tied edges merge, leaving +inf slots at the end.
-A bin predicts ``(hits + p_A) / (count + 1)``, a pseudo-count at the calibration accuracy
-p_A. Scores compare as in XLA: subnormals equal 0 (an edge at zero is stored as +0.0).
+A bin predicts ``(hits + p_A) / (count + 1)``, a pseudo-count at the calibration accuracy p_A.
+Scores compare as in XLA: subnormals equal 0 (an edge at zero is stored as +0.0).
 """
 
 import functools
@@ -17,7 +17,7 @@ from top1_jax.core import validation
 from top1_jax.core.accuracy_bounds import clopper_pearson, hoeffding_halfwidth
 
 MAX_BINS = 2**20
-"""The most bins taken: past a million the per-bin arrays grow without telling more."""
+"""The most bins taken."""
 
 
 class Bins(NamedTuple):
@@ -101,8 +101,7 @@ def assign(edges: ArrayLike, u: ArrayLike) -> jax.Array | np.ndarray:
   if isinstance(u, np.ndarray) and not validation.is_traced(edges):
     edges, u = (validation.in_device_dtype(np.asarray(x)) for x in (edges, u))
     return np.searchsorted(edges, u, side="left").astype(np.int32)
-  # Comparing with every edge is one branch-free fused pass, fastest for a few dozen
-  # edges; past ~32 XLA:CPU stops vectorising it and the binary search wins.
+  # Comparing with every edge is one fused pass, fastest for a few dozen edges.
   num_edges = jnp.shape(edges)[-1]
   method = "compare_all" if num_edges <= _COMPARE_ALL_MAX_EDGES else "scan_unrolled"
   return jnp.searchsorted(edges, u, side="left", method=method).astype(jnp.int32)
@@ -129,8 +128,7 @@ def _count_by_outcome(edges: jax.Array, u: jax.Array, correct: jax.Array, num_sk
 def _bins(edges: jax.Array, by_outcome: jax.Array) -> Bins:
   hits = by_outcome[:, 1]
   counts = by_outcome[:, 0] + hits
-  # From the exact integer totals, as cross-validation does (a float32 mean of N
-  # booleans stops being exact beyond 2**24 examples).
+  # From the exact integer totals (a float32 mean is inexact beyond 2**24 examples).
   prior = jnp.sum(hits).astype(jnp.float32) / jnp.sum(counts).astype(jnp.float32)
   prob = calibrated_prob(hits, counts, prior)
   return Bins(edges, counts, hits, prob, prior, jnp.sum(counts > 0).astype(jnp.int32))
@@ -144,9 +142,7 @@ def _count(edges, u, correct, num_skipped=0) -> Bins:
 _count_by_outcome_jit = jax.jit(_count_by_outcome)
 _bins_jit = jax.jit(_bins)
 
-# Host scores beyond this many are counted and predicted a chunk at a time: the
-# chunk's copy into XLA and its temporaries then stay in cache, where one call on
-# 10**8 scores streams them through memory (and page faults) several times.
+# Host scores beyond this many are counted and predicted a chunk at a time, in cache.
 _CHUNK = 2**20
 
 
@@ -159,7 +155,7 @@ def _chunks(num: int):
 
 
 # Host scores are padded in front to a power of two (at least this many), the padding
-# left out of the counts: a program compiles once per size bucket, not per example count.
+# left out of the counts: a program compiles once per size bucket.
 _MIN_BUCKET = 256
 
 
@@ -212,12 +208,9 @@ def _zeros_as_positive_zero(raw_edges, xp):
 
 def _host_edges(u: np.ndarray, n_bins: int) -> np.ndarray:
   """``Bins.edges`` of host scores: the quantile order statistics, ties merged."""
-  if n_bins > 2:
-    # NumPy's many-kth partition is a scalar introselect per kth, slower than its
-    # vectorised sort; the values at the ranks are the same either way.
+  if n_bins > 2:  # NumPy's many-kth partition is slower than its sort
     return _edges_of_sorted(np.sort(u), np.array([u.shape[0]]), n_bins)[0]
-  # At most one order statistic (no ties to merge): NumPy's vectorised quickselect
-  # costs a fraction of a sort.
+  # At most one order statistic (no ties to merge): a quickselect.
   ranks = _edge_ranks(u.shape[0], n_bins) - 1
   return _zeros_as_positive_zero(np.partition(u, ranks)[ranks] if n_bins == 2 else u[:0], np)
 
@@ -235,8 +228,7 @@ def merged_ties(raw: np.ndarray) -> np.ndarray:
 @functools.partial(jax.jit, static_argnames=("n_bins",))
 def _fit(u: jax.Array, correct: jax.Array, n_bins: int) -> Bins:
   ranks = _edge_ranks(u.shape[0], n_bins) - 1
-  raw_edges = jnp.sort(u)[ranks]
-  raw_edges = _zeros_as_positive_zero(raw_edges, jnp)
+  raw_edges = _zeros_as_positive_zero(jnp.sort(u)[ranks], jnp)
   edges = jnp.unique(raw_edges, size=n_bins - 1, fill_value=jnp.inf)
   return _count(edges, u, correct)
 
@@ -258,16 +250,15 @@ def fit(
   """Fits 1 <= ``n_bins`` <= N equal-count bins of ``u: [N]`` and their accuracy.
 
   ``implementation``: where the edges are selected, with bit-identical results. None: by
-  NumPy where the work would run on a CPU (XLA's CPU sort is many times slower), else in
-  one jitted program; "host" or "jit" forces one.
+  NumPy where the work would run on a CPU, else in one jitted program; "host" or "jit"
+  forces one.
   """
   on_host = _fits_on_host(u, correct, implementation)
   u, correct = _check_scores(u, correct)
   n_bins = validation.positive_int("n_bins", n_bins, maximum=min(u.shape[0], MAX_BINS))
   if not on_host:
     return _fit(u, correct, n_bins)
-  # The scores as the jitted path sees them (e.g. float64 becomes float32 without
-  # x64), so both select the same order statistics and merge the same ties.
+  # The scores as the jitted path sees them, so both select the same order statistics.
   u = validation.in_device_dtype(np.asarray(u))
   return _count_host(_host_edges(u, n_bins), u, np.asarray(correct))
 

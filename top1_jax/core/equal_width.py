@@ -1,7 +1,5 @@
 """Equal-width bins of a P(correct) prediction in [0, 1], and their ECE (the benchmark's).
-
-Bins are right-closed, ``((b-1)/B, b/B]``, with 0 in the first bin (Guo et al.'s
-``I_m``; the benchmark's ``np.digitize(..., right=True)``).
+Bins are right-closed, ``((b-1)/B, b/B]``, with 0 in the first bin (Guo et al.'s ``I_m``).
 """
 
 import functools
@@ -19,8 +17,7 @@ DEFAULT_ECE_BINS = 15
 """The benchmark's (and Guo et al.'s) number of equal-width ECE bins."""
 
 MAX_EQUAL_WIDTH_BINS = 2**16
-"""The most equal-width bins taken (1.5e-5 wide): finer ones would only be empty, and
-their per-bin arrays (K of them in histogram binning) must stay bounded in memory."""
+"""The most equal-width bins taken: finer ones would only be empty."""
 
 
 def checked_n_bins(n_bins, name: str = "n_bins") -> int:
@@ -67,14 +64,13 @@ def _ece(hits, confidence_sum, counts):
 
 def equal_width_edges(n_bins: int, dtype) -> np.ndarray:
   """The B - 1 interior edges b / B, each rounded once to ``dtype`` so that the host and
-  the device bin alike (float32 ``jnp.linspace`` is an ulp off for most B)."""
+  the device bin alike."""
   return (np.arange(1, n_bins) / n_bins).astype(dtype)
 
 
 def equal_width_index(values: jax.Array | np.ndarray, n_bins: int) -> jax.Array | np.ndarray:
   """Right-closed int32 equal-width bin of each value in [0, 1]: #{interior edges < value}.
-  The one bin rule of every equal-width statistic (``metrics.ece``, histogram binning,
-  Table 1). Any shape, traceable; a NumPy array is binned by NumPy to the same indices."""
+  Any shape, traceable; a NumPy array is binned by NumPy to the same indices."""
   on_host = isinstance(values, np.ndarray)
   if on_host:
     values = validation.in_device_dtype(values)

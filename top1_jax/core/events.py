@@ -25,7 +25,6 @@ def block_softmax_terms(logits, row_max, labels, temperature=None):
 
 @jax.jit
 def _label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  # By cache-sized blocks: its compare-and-count pass reads each block once from cache.
   rank = row_blocks.map_row_blocks(lambda *b: (top_entries.label_rank(*b),), (logits, labels))[0]
   return rank.astype(jnp.int32)
 

@@ -1,9 +1,8 @@
 """The scores' arithmetic in log space: unchecked, jittable array functions.
 
-A float32 softmax saturates at 1.0 once the top logit leads by ~17, and even
-``logsumexp(l) - max(l)`` rounds ``20 + log1p(1e-8)`` to 20: ties that collapse quantile
-bins. So each score is written in tail sums such as ``sum_{j != argmax} exp(l_j - l_max)``,
-which keep full relative precision when tiny. The checked versions: ``score_functions``.
+A float32 softmax saturates at 1.0 once the top logit leads by ~17, so each score is
+written in tail sums such as ``sum_{j != argmax} exp(l_j - l_max)``, which keep full
+relative precision when tiny. The checked versions: ``score_functions``.
 """
 
 import functools
@@ -19,8 +18,7 @@ from top1_jax.kernels import covariance, row_blocks, top_entries
 
 def _by_row_blocks(fn, arrays: int = 1):
   """``fn`` of ``arrays`` row-aligned arrays (then static arguments), rows independent, by
-  cache-sized row blocks: whole, XLA on the CPU writes each [N, K] temporary out (2-5x the
-  logits: 5.7 GB for -log top-k mass of [3M, 100] float32)."""
+  cache-sized row blocks: whole, XLA on the CPU writes each [N, K] temporary out."""
 
   @functools.wraps(fn)
   def blocked(*args, **static):
@@ -59,7 +57,7 @@ def entropy(logits: jax.Array) -> jax.Array:
 def neg_log_topk_mass(logits: jax.Array, k: int) -> jax.Array:
   """[N, K] logits -> [N] -log of the softmax mass of the k largest logits."""
   # With t the k-th largest, the top k are the entries above t and enough of t's
-  # ties; the rest are those below t and t's other ties. Both sums without a sort.
+  # ties; the rest are those below t and t's other ties.
   z = logits - jnp.max(logits, axis=-1, keepdims=True)
   threshold = top_entries.kth_largest(z, k)[:, None]
   ez, at_threshold = jnp.exp(z), jnp.exp(threshold[:, 0])
@@ -101,8 +99,7 @@ def human_entropy(probs: jax.Array) -> jax.Array:
   return -jnp.sum(jnp.where(probs > 0, probs * logs, 0.0), axis=-1)
 
 
-# log(0) for a probability that underflowed: far below any float32 log-probability
-# (the log of the smallest subnormal is -103), so it never outranks a real value.
+# log(0): far below any float32 log-probability (the smallest subnormal's is -103).
 LOG_ZERO = -1000.0
 
 
@@ -124,9 +121,8 @@ def mean_log_probs(samples: jax.Array) -> jax.Array:
   num_samples = samples.shape[0]
   if num_samples > UNROLLED_SAMPLES or jax.default_backend() != "cpu":
     return jax.nn.logsumexp(log_probs, axis=0) - math.log(num_samples)
-  # logsumexp over the samples as S element-wise terms, which XLA fuses into one pass:
-  # on a CPU its reduction over the leading axis is several times slower. Not on a GPU,
-  # where that fusion is slow to compile and the reduction is fast (docs/performance.md).
+  # On a CPU, logsumexp over the samples as S element-wise terms that XLA fuses into one
+  # pass: its reduction over the leading axis is slower there (docs/performance.md).
   per_sample = [log_probs[s] for s in range(num_samples)]
   top = functools.reduce(jnp.maximum, per_sample)
   total = functools.reduce(jnp.add, [jnp.exp(term - top) for term in per_sample])

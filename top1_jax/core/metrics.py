@@ -1,9 +1,7 @@
 """Scores of P(correct) predictions: Brier, NLL, ECE, EOR, AUROC and decompositions (§4).
 
 Public metrics take predictions, then ``correct: [N]``, and return a float; the
-``*_from_counts`` ones take per-bin counts and hits, for ``jit``. With test weights w_i,
-bin accuracies a_i, accuracy a and predictions p_i, Brier = a(1-a) - sum w_i (a_i - a)^2
-+ sum w_i (p_i - a_i)^2 (NLL: entropy and KL), ECE = sum w_i |a_i - p_i|.
+``*_from_counts`` ones take per-bin counts and hits, for ``jit``.
 """
 
 from typing import NamedTuple
@@ -17,8 +15,7 @@ from top1_jax.core import binning, equal_width, validation
 from top1_jax.core.binning import Bins
 from top1_jax.core.smooth_ece import smooth_ece as smooth_ece  # a metric, found here
 
-# Clip so a saturated 1.0 costs -log(2^-23) ~ 15.9 nats, not inf. 2^-23 (not 1e-7) so
-# that 1 - eps is exact in float32 and float64 alike.
+# Clip so a saturated 1.0 costs ~15.9 nats, not inf; 1 - 2^-23 is exact in float32.
 _PROB_EPS = 2.0**-23
 
 
@@ -39,9 +36,7 @@ def _xlogy_binary(a: jax.Array, p: jax.Array) -> jax.Array:
 
 
 def _binary_entropy(a: jax.Array) -> jax.Array:
-  # An accuracy that rounded just above 1 (hits / counts on a GPU, a weighted sum)
-  # would give log1p(-a) = nan; it is 1.
-  a = jnp.clip(a, 0.0, 1.0)
+  a = jnp.clip(a, 0.0, 1.0)  # an accuracy that rounded just above 1 would give nan
   # 0 - x, not -x: an accuracy of 0 or 1 has entropy +0, not -0.
   return 0.0 - (jax.scipy.special.xlogy(a, a) + jax.scipy.special.xlog1py(1.0 - a, -a))
 
@@ -126,8 +121,7 @@ def eor_from_probs(prob: jax.Array, weight: jax.Array, base_rate: jax.Array) -> 
 def eor(prob: ArrayLike, weight: ArrayLike, base_rate: ArrayLike) -> float:
   """Expected odds ratio sum_i w_i max(O(p_i)/O(a), O(a)/O(p_i)) >= 1, O(p) = p/(1-p).
   ``prob``: [B] in (0, 1); ``weight``: [B] >= 0 (e.g. counts), normalised; ``base_rate``
-  a, e.g. the accuracy. The paper's coin example (p = [1/2, 1/2, 15/16, 1/16], equal
-  weights, a = 1/2) gives 8."""
+  a, e.g. the accuracy."""
   prob = validation.probability_array("prob", prob, 1)
   weight = validation.float_array("weight", weight, 1)
   validation.same_length(prob=prob, weight=weight)
@@ -152,8 +146,7 @@ def _test_terms(counts, hits):
   counts = counts.astype(jnp.float32)
   total = jnp.sum(counts, axis=-1, keepdims=True)
   weight = counts / total
-  # Clipped: float32 division on a GPU is not always correctly rounded, and a bin
-  # with hits == counts came out as 1 + 2^-23 there (every NLL was nan).
+  # Clipped: float32 division on a GPU is not always correctly rounded (1 + 2^-23).
   acc_bin = jnp.clip(jnp.where(counts > 0, hits / jnp.maximum(counts, 1.0), 0.0), 0.0, 1.0)
   # The weighted sum of accuracies of 1 rounds to 1 + 2^-23 (a negative a(1 - a)).
   acc = jnp.clip(jnp.sum(weight * acc_bin, axis=-1, keepdims=True), 0.0, 1.0)
@@ -193,11 +186,11 @@ def ece_from_counts(prob: jax.Array, counts: jax.Array, hits: jax.Array) -> jax.
 def split_metrics(
   prob, prior, cal_counts, test_counts, test_hits, brier=None, nll=None
 ) -> dict[str, jax.Array]:
-  """``splits.METRICS`` -> [...] float32, of one prediction per bin on test counts.
-  The one metrics builder; unchecked, for jitted code. ``prob``: [..., B] (empty bins:
-  anything finite); ``prior``: [...] calibration accuracy (EOR's base rate); counts and
-  hits: [..., B]. ``brier`` and ``nll``: [...] means of per-example predictions, or
-  None for the binned predictor's own. EOR and AUROC are NaN where undefined."""
+  """``splits.METRICS`` -> [...] float32, of one prediction per bin on test counts;
+  unchecked. ``prob``: [..., B] (empty bins: anything finite); ``prior``: [...] calibration
+  accuracy (EOR's base rate); counts and hits: [..., B]. ``brier`` and ``nll``: [...] means
+  of per-example predictions, or None for the binned predictor's own. EOR and AUROC are
+  NaN where undefined."""
   out = {"accuracy": jnp.sum(test_hits, -1) / jnp.sum(test_counts, -1)}
   for name, of_counts, mean in (("brier", brier_from_counts, brier), ("nll", nll_from_counts, nll)):
     terms = of_counts(prob, test_counts, test_hits)
@@ -238,9 +231,8 @@ def _of_bin_pair(of_counts, train_bins: Bins, test_bins: Bins):
 def ece(
   confidence: ArrayLike, correct: ArrayLike, n_bins: int = equal_width.DEFAULT_ECE_BINS
 ) -> float:
-  """ECE of P(correct) predictions in equal-width bins (Guo et al. 2017; the benchmark's).
-  ``sum_b (n_b / N) |acc_b - conf_b|`` over ``n_bins`` fixed intervals of [0, 1], unlike
-  ``binned_ece``'s fitted bins."""
+  """ECE ``sum_b (n_b / N) |acc_b - conf_b|`` of P(correct) predictions in ``n_bins``
+  equal-width bins of [0, 1] (Guo et al. 2017; the benchmark's)."""
   if isinstance(confidence, Bins):  # the bins-based ECE was named ece before binned_ece
     raise ValueError("confidence: got binning.Bins; for fitted bins call binned_ece(train, test)")
   return float(equal_width.equal_width_bins(confidence, correct, n_bins).ece)
@@ -269,8 +261,7 @@ def _selective_risk(confidence, correct):
   wrong_before = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(~correct[order])])
   first = jnp.searchsorted(key, key, side="left")
   last = jnp.searchsorted(key, key, side="right")
-  # Among the first n, a tie group [first, last) contributes in expectation its mean
-  # error per example taken: the average over every order of the tied examples.
+  # A tie group [first, last) contributes its mean error per example taken.
   group_wrong = (wrong_before[last] - wrong_before[first]).astype(jnp.float32)
   taken = jnp.arange(1, key.shape[0] + 1) - first
   expected_wrong = wrong_before[first] + taken * group_wrong / (last - first)
@@ -299,8 +290,7 @@ def bins_phrase(requested: int, effective: float | None = None, binning: str = "
 
 
 BINNED_AUROC_NAME = "AUROC (binned predictions)"
-"""The AUROC of a binned predictor's per-example predictions (a bin's examples tied),
-not of the raw score (``auroc``); docs/limits.md."""
+"""The AUROC of a binned predictor's per-example predictions, not of the raw score."""
 
 
 def ece_name(
@@ -311,10 +301,9 @@ def ece_name(
   calibration: bool = False,
   percent: bool = False,
 ) -> str:
-  """The one name of an ECE wherever shown, e.g. "ECE (15 equal-width bins)".
-  Binnings give different ECEs, so none is called "ECE" alone. ``n_bins`` may be a word
-  ("N"); ``effective`` as in ``bins_phrase``; ``calibration``: fitted on a calibration
-  split; ``percent``: "ECE %"."""
+  """The one name of an ECE wherever shown, e.g. "ECE (15 equal-width bins)". ``n_bins``
+  may be a word ("N"); ``effective`` as in ``bins_phrase``; ``calibration``: fitted on a
+  calibration split; ``percent``: "ECE %"."""
   kind = f"{binning} calibration-split" if calibration else binning
   bins = (
     f"{n_bins} {kind} bins" if isinstance(n_bins, str) else bins_phrase(n_bins, effective, kind)

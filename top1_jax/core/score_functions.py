@@ -1,7 +1,5 @@
-"""The scalar uncertainty scores U(x) a user calls, each checking its input.
-
-Each takes ``logits: [N, K]`` (or ``samples: [S, N, K]``) and returns ``[N]``, computed
-in log space by ``log_space``; ``scores`` re-exports them beside their registry.
+"""The scalar uncertainty scores U(x) a user calls, each checking its input: ``logits:
+[N, K]`` (or ``samples: [S, N, K]``) -> ``[N]``, computed in log space by ``log_space``.
 """
 
 import jax
@@ -28,9 +26,8 @@ def neg_log_pmax(logits: ArrayLike) -> jax.Array:
 
 
 def pmax(logits: ArrayLike) -> jax.Array:
-  """Max softmax probability ("Vanilla", Hendrycks & Gimpel), in (0, 1].
-  Saturates at 1.0 in float32 once the top logit leads by ~17, where ``neg_log_pmax``
-  still ranks the examples, so the two bin differently (docs/numerics.md)."""
+  """Max softmax probability ("Vanilla", Hendrycks & Gimpel), in (0, 1]; saturates at 1.0
+  in float32 where ``neg_log_pmax`` still ranks the examples (docs/numerics.md)."""
   return jnp.exp(-neg_log_pmax(logits))
 
 
@@ -47,16 +44,13 @@ def neg_log_topk_mass(logits: ArrayLike, k: int = 5) -> jax.Array:
 
 
 def margin(logits: ArrayLike) -> jax.Array:
-  """Gap l_(1) - l_(2) >= 0 between the two largest logits (a confidence).
-  It is log(p_(1) / p_(2)), which unlike the probability difference does not saturate."""
+  """Gap l_(1) - l_(2) = log(p_(1) / p_(2)) >= 0 between the two largest logits (a confidence)."""
   return log_space.margin(checked_logits(logits))
 
 
 def covariance_norm(samples: ArrayLike) -> jax.Array:
-  """``||Cov_s(v_s)||_2`` of each example's S >= 2 vectors, unbiased as ``np.cov``.
-
-  Of the vectors as given: logits, probabilities or log-probabilities ([S, N, K]
-  MC-dropout samples or ensemble members). 0 exactly where the samples are identical.
+  """``||Cov_s(v_s)||_2`` of each example's S >= 2 vectors ([S, N, K] samples or ensemble
+  members, as given), unbiased as ``np.cov``; 0 exactly where the samples are identical.
 
   Raises:
     ValueError: a norm outside the dtype's normal range, which would read as inf or 0
@@ -76,9 +70,8 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
   finite, zero = jax.device_get((jnp.all(jnp.isfinite(norm)), jnp.any(norm == 0)))
   dtype = jnp.dtype(norm.dtype).name
   if not finite:
-    # Non-finite samples give NaN norms, so the samples are only checked here (a
-    # whole pass over them, as long as the covariance itself): name the first bad
-    # value, or else the norm itself left the float range.
+    # Non-finite samples give NaN norms, so the samples are only checked here: name the
+    # first bad value, or else the norm itself left the float range.
     validation.check_finite("samples", arr)
     raise ValueError(
       f"samples: the covariance norm exceeds the {dtype} range (spread beyond ~1e19 in"
@@ -99,9 +92,8 @@ def covariance_norm(samples: ArrayLike) -> jax.Array:
 
 
 def oracle_loss(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
-  """The true class's cross-entropy logsumexp(l) - l_label: a reference, not a method.
-  The paper's "Loss" row. It needs ``labels: [N]``, so it is unavailable at prediction
-  time, and it is no bound: other label-using scores bin better (docs/estimators.md)."""
+  """The true class's cross-entropy logsumexp(l) - l_label, the paper's "Loss" row: a
+  reference, not a method (it needs ``labels: [N]``; docs/estimators.md)."""
   logits = checked_logits(logits)
   labels = validation.labels_array("labels", labels, logits.shape[-1])
   validation.same_length(logits=logits, labels=labels)
@@ -116,10 +108,9 @@ def human_entropy(probs: ArrayLike) -> jax.Array:
 
 
 def log_probs_from_probs(probs: ArrayLike, *, name: str = "probs") -> np.ndarray:
-  """Float32 NumPy log-probabilities of probability rows [..., K], usable as logits.
-  Taken in float64 on the host, so the 1e-37 tails of real networks' softmax keep their
-  values (and the scores stay tie-free); an exact 0 gives ``log_space.LOG_ZERO``.
-  ``probs`` is [K], [N, K] or [S, N, K]; ``name`` names it in error messages."""
+  """Float32 NumPy log-probabilities of probability rows [K], [N, K] or [S, N, K], usable as
+  logits; taken in float64, so tiny tails keep distinct values (0: ``log_space.LOG_ZERO``).
+  ``name`` names ``probs`` in error messages."""
   checked = validation.probability_array(name, probs, (1, 2, 3), sums_to_one=True, host=True)
   return log_space.log_probs_from_probs(checked)
 
@@ -129,10 +120,9 @@ INPUTS = ("auto", "logits", "probs")
 
 
 def input_kind(name: str, values: np.ndarray, dtype=None) -> str:
-  """ "probs" or "logits": what an array of classifier outputs [..., K] holds.
-  Probabilities when every row lies in [0, 1] and sums to 1 within float error, logits
-  when no row does; a ValueError where it cannot be told (a mix, sums off by rounding
-  to a few saved digits, or one class per row)."""
+  """ "probs" or "logits": what an array of classifier outputs [..., K] holds: probabilities
+  when every row lies in [0, 1] and sums to 1 within float error, logits when no row does;
+  a ValueError where it cannot be told."""
   num_classes = values.shape[-1]
   if num_classes < 2:
     raise ValueError(

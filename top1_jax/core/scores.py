@@ -1,7 +1,5 @@
 """The one registry of scalar uncertainty scores U(x), and every score of a batch at once.
-
-Adding a score is one ``REGISTRY`` entry (its arithmetic in ``log_space``, its checked
-public function in ``score_functions``, re-exported here as ``scores.<name>``).
+A score's arithmetic is in ``log_space``, its checked public function in ``score_functions``.
 """
 
 import functools
@@ -76,9 +74,8 @@ class Score(NamedTuple):
     label: how tables and figures name it.
     inputs: what ``fn`` takes: ``"log_probs"`` ([N, K]), ``"samples"`` ([S, N, K]
       logits, S >= 2), ``"human_probs"`` ([N, K]) or ``"labels"`` (log-probs and the
-      [N] true labels: a reference row such as the paper's "Loss", never a method).
-    confident_when_high: True for confidences, False for uncertainties (binning does
-      not care; a raw-score AUROC does).
+      [N] true labels: a reference row, never a method).
+    confident_when_high: True for confidences, False for uncertainties.
     fn: the unchecked, jittable array function, ``fn(x)`` (``fn(x, k)`` when ``per_k``).
     on_device: ``mc.predict`` computes it on the devices and stores it in its files.
     per_k: takes the Top-k event's k; its name for one k is ``topk_name(k)``.
@@ -131,11 +128,8 @@ REGISTRY: dict[str, Score] = {
 """Every score by name, in the order sweeps and tables list them."""
 
 RANKING_TWINS = (("pmax", "neg_log_pmax"),)
-"""(tie-prone, tie-free) scores of one ranking in exact arithmetic, but not in float32.
-
-pmax rounds to 1.0 once the top logit leads by ~17, where -log pmax still resolves the
-examples, so their bins differ on a saturated network (docs/numerics.md): tables list
-both, and a figure draws one line only for numerically equal rows."""
+"""(tie-prone, tie-free) scores of one ranking in exact arithmetic, but not in float32
+(pmax rounds to 1.0 where -log pmax still resolves the examples; docs/numerics.md)."""
 
 HEADLINE = ("covariance_norm_probs", "pmax", "human_entropy")
 """The score the paper bins for a classifier (Table 1, the figures): the first one available."""
@@ -223,7 +217,7 @@ def _arguments(score: Score, log_probs, samples, human_probs, labels) -> tuple |
 @functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
 def _log_prob_scores(log_probs, labels, topk: tuple[int, ...], label_terms: bool = False):
   """Every score of the log-probabilities (and ``events.LabelTerms``), by cache-sized
-  blocks of rows: not the whole [N, K] array from memory once per score."""
+  blocks of rows (not the [N, K] array read once per score)."""
   names = [s.name for s in REGISTRY.values() if s.inputs == "log_probs" and not s.per_k]
   with_labels = [] if labels is None else [n for n, s in REGISTRY.items() if s.inputs == "labels"]
   ks = [k for k in topk if k >= 2]
@@ -308,8 +302,7 @@ class ScoredPredictions(NamedTuple):
 
 @functools.partial(jax.jit, static_argnames=("topk", "label_terms"))
 def of_samples(samples, human_probs, labels, topk: tuple, label_terms: bool) -> ScoredPredictions:
-  """[S, N, K] logits -> ``ScoredPredictions`` of their mean, unchecked, in one program
-  (XLA fuses the log-softmax into the scores' passes)."""
+  """[S, N, K] logits -> ``ScoredPredictions`` of their mean, unchecked, in one program."""
   log_probs = log_space.mean_log_probs(samples)
   with_samples = samples if samples.shape[0] >= 2 else None
   values, terms = _compute(log_probs, with_samples, human_probs, topk, labels, label_terms)
@@ -349,8 +342,7 @@ def from_predictions(
     logits: [S, N, K] samples (S = 1 for a plain model), or None; refused if they look
       like probabilities (pass ``mean_probs``).
     mean_probs: [N, K] mean probabilities, used when ``logits`` is None.
-    stored_scores: name -> [N] scores that replace recomputed ones (``mc.predict``'s,
-      computed in log space, are more precise than float32 ``mean_probs`` allow).
+    stored_scores: name -> [N] scores that replace recomputed ones.
     human_probs: [N, K] annotator frequencies, as in ``compute``.
     topk: as in ``compute``.
     labels: [N] true labels, for ``oracle_loss``.

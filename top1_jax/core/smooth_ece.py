@@ -1,7 +1,4 @@
-"""The smooth ECE (Błasiok & Nakkiran 2023): a calibration error without bins.
-
-Re-exported as ``metrics.smooth_ece``.
-"""
+"""The smooth ECE (Błasiok & Nakkiran 2023): a calibration error without bins."""
 
 import jax
 import jax.numpy as jnp
@@ -9,9 +6,7 @@ from jax.typing import ArrayLike
 
 from top1_jax.core import validation
 
-# The smooth ECE works on a grid of _SMOOTH_GRID + 1 points over [0, 1]: one O(N)
-# splat, then each bandwidth costs one FFT, so the fixed-point search is cheap. The
-# grid step (1.2e-4) is 8x finer than the smallest bandwidth, as relplot's grid is 10x.
+# A grid of _SMOOTH_GRID + 1 points over [0, 1], 8x finer than the smallest bandwidth.
 _SMOOTH_GRID = 2**13
 _SMOOTH_MIN_SIGMA = 1e-3  # relplot's floor on the bandwidth search
 _SMOOTH_STEPS = 24  # bisection halvings: the final bracket is 6e-8 wide
@@ -69,8 +64,6 @@ def smooth_ece(prob: ArrayLike, correct: ArrayLike) -> float:
   """Smooth ECE (Błasiok & Nakkiran 2023) of [N] P(correct) predictions, no bins.
   smECE_sigma = integral over t in [0, 1] of |sum_i K_sigma(t, p_i) (correct_i - p_i)| / N,
   with K_sigma the Gaussian kernel reflected at 0 and 1, at the bandwidth where
-  smECE_sigma = sigma (bisection on [1e-3, 1], relplot's floor), on a grid of 2^13 + 1
-  points. The authors' ``relplot.smECE`` truncates the kernel at |t - p| = 1/2 and
-  under-weights its end cells; elsewhere the two agree within 2e-3."""
+  smECE_sigma = sigma (bisection on [1e-3, 1]), on a grid of 2^13 + 1 points."""
   prob, correct = validation.score_and_event("prob", prob, correct, probability=True)
   return float(_smooth_ece(prob.astype(jnp.float32), correct))

@@ -1,7 +1,4 @@
-"""Calibration/test splits and the record of a cross-validation (paper §5.1).
-
-Shared by every estimator's cross-validation; ``evaluation.crossval`` re-exports them.
-"""
+"""Calibration/test splits and the record of a cross-validation (paper §5.1)."""
 
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -49,10 +46,9 @@ class Splits(NamedTuple):
 
 
 def make_splits(num_examples: int, n_folds: int, seed: int = 0, scheme: str = "halves") -> Splits:
-  """``n_folds`` random calibration/test splits of ``num_examples`` examples.
-  ``scheme`` "halves" (the paper's protocol) calibrates on a uniformly random half and
-  tests on the other, as repeated 2-fold cross-validation (ceil(n_folds / 2) halvings,
-  each used both ways: 5x2 CV for n_folds = 10); "kfold" is k-fold."""
+  """``n_folds`` random calibration/test splits of ``num_examples`` examples. ``scheme``
+  "halves" (the paper's) is repeated 2-fold cross-validation (ceil(n_folds / 2) random
+  halvings, each used both ways); "kfold" is k-fold."""
   if scheme not in SCHEMES:
     raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
   num_examples = validation.positive_int("num_examples", num_examples, minimum=2)
@@ -71,7 +67,7 @@ def make_splits(num_examples: int, n_folds: int, seed: int = 0, scheme: str = "h
 
 def _random_half(rng: np.random.Generator, num_examples: int) -> np.ndarray:
   """Exactly N // 2 examples as int8 0/1, uniform: coin flips, a random surplus flipped
-  back (a permutation would cost more than the rest of cross-validation)."""
+  back (cheaper than a permutation)."""
   bits = rng.integers(0, 2, num_examples, dtype=np.int8)
   surplus = int(bits.sum()) - num_examples // 2
   if surplus:

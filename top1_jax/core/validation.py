@@ -57,14 +57,11 @@ def as_array(
   return arr
 
 
-# XLA:CPU's ``device_put`` keeps a host buffer aligned to this many bytes, and copies any
-# other one at about half the speed of a NumPy copy.
-_CPU_ALIGNMENT = 64
+_CPU_ALIGNMENT = 64  # XLA:CPU's device_put keeps a host buffer so aligned, copies others
 
 
 def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-  """An uninitialised host array (to fill) that XLA:CPU's ``device_put`` keeps, not copies
-  (as it keeps leading-axis shards whose slices are multiples of 64 bytes)."""
+  """An uninitialised host array (to fill) that XLA:CPU's ``device_put`` keeps, not copies."""
   nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
   raw = np.empty(nbytes + _CPU_ALIGNMENT, np.uint8)
   start = -raw.ctypes.data % _CPU_ALIGNMENT
@@ -108,13 +105,11 @@ def float_array(
   return _to_device(arr, x) if moved else arr
 
 
-# x * 0 is 0 for finite x and NaN for NaN and +-inf, so the sum is finite exactly when
-# every element is: a float sum, faster on CPU than all(isfinite) (a bool reduction).
+# x * 0 is NaN exactly for NaN and +-inf: a float sum, faster on CPU than all(isfinite).
 _all_finite = jax.jit(lambda arr: jnp.isfinite(jnp.sum(arr * 0)))
 
 
-# A device array up to this size is checked from a host copy (microseconds), not by a
-# program compiled for its shape (far slower; per-bin arrays come in many shapes).
+# A device array up to this size is checked from a host copy, not by a program per shape.
 _HOST_CHECKED_ELEMENTS = 1 << 16
 
 
@@ -126,7 +121,7 @@ def _checked_where(arr: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
 
 
 # A host array is checked this many elements at a time: np.isfinite makes a bool array
-# of its input's size (300 MB for [3M, 100] logits), a block of rows is 1 MB.
+# of its input's size.
 _HOST_BLOCK_ELEMENTS = 1 << 20
 
 
@@ -208,8 +203,7 @@ SUM_TOLERANCE = 1e-3
 
 
 def sum_tolerance(dtype) -> float:
-  """``SUM_TOLERANCE``, or the epsilon of a coarser floating ``dtype`` (bfloat16's 2^-7:
-  its rounding alone moves a row's sum by up to 2^-8)."""
+  """``SUM_TOLERANCE``, or the epsilon of a coarser floating ``dtype`` (bfloat16's 2^-7)."""
   try:
     if dtype is not None and is_floating(dtype):
       return max(SUM_TOLERANCE, float(jnp.finfo(dtype).eps))
@@ -219,8 +213,8 @@ def sum_tolerance(dtype) -> float:
 
 
 ROUNDING = 5e-4
-"""Half a unit in the third decimal: the error of each probability saved with three
-decimals, so a row of K of them sums to 1 within K times this."""
+"""Half a unit in the third decimal: a row of K probabilities saved with three decimals
+sums to 1 within K times this."""
 
 
 def rounding_tolerance(dtype, num_classes: int) -> float:
@@ -274,9 +268,7 @@ def _rows_are_probabilities(arr: jax.Array, tolerance: jax.Array) -> jax.Array:
 def looks_like_probabilities(arr: jax.Array | np.ndarray, dtype=None) -> bool:
   """Whether every row of ``arr`` lies in [0, 1] and sums to 1 within
   ``rounding_tolerance(dtype, K)``, as real logits never all do (False if traced or empty).
-
-  A host array's first row decides for real logits before the whole array is read.
-  """
+  A host array's first row decides for real logits before the whole array is read."""
   if is_traced(arr) or arr.size == 0:
     return False
   tolerance = rounding_tolerance(arr.dtype if dtype is None else dtype, arr.shape[-1])
@@ -289,12 +281,9 @@ def looks_like_probabilities(arr: jax.Array | np.ndarray, dtype=None) -> bool:
 
 
 def refuse_probabilities(name: str, arr: jax.Array | np.ndarray, fix: str, given=None) -> None:
-  """A ValueError ending with ``fix`` if logits ``arr`` look like probabilities (they would
-  silently give other numbers).
-
-  ``given``, the caller's input, sets the dtype's tolerance and, when NumPy of ``arr``'s
-  shape, is read instead of a device ``arr`` (a pass costing a tenth of scoring).
-  """
+  """A ValueError ending with ``fix`` if logits ``arr`` look like probabilities. ``given``,
+  the caller's input, sets the dtype's tolerance and, when NumPy of ``arr``'s shape, is
+  read instead of a device ``arr``."""
   host = isinstance(given, np.ndarray) and given.shape == arr.shape
   values = given if host else arr
   dtype = getattr(given, "dtype", None)

@@ -1,8 +1,6 @@
-"""The one protocol every estimator of P(correct) follows, and the evidence it is fitted on.
-
-An ``Estimator`` is a frozen dataclass of a name and plain functions rather than a base
-class: a new estimator (or a test's toy) is one constructor call, the shared checks live
-here once, and a registered entry cannot be changed in place.
+"""The one protocol every estimator of P(correct) follows, the evidence it is fitted on, and
+the checked reading of saved states. An ``Estimator`` is a frozen dataclass of plain
+functions, not a base class: a new estimator (or a test's toy) is one constructor call.
 """
 
 import dataclasses
@@ -35,8 +33,7 @@ class Evidence(NamedTuple):
 
 
 class SplitFit(NamedTuple):
-  """Every split's fit at once (``Estimator.fit_splits``), read split by split: no [F, N]
-  array of every split's predictions is held.
+  """Every split's fit at once (``Estimator.fit_splits``), read split by split.
 
   Attributes:
     split: ``split(f) -> (p, per_example)``: [N] P(correct) of every example under split
@@ -121,7 +118,7 @@ def checked_bool(name: str, value) -> bool:
 
 def host_scores(fitter: str, u, correct) -> tuple[np.ndarray, np.ndarray]:
   """Checked host [N] (u, correct) for ``fitter`` (e.g. "kde.fit"), which runs on the host;
-  u in the dtype predict sees (float64 becomes float32 without x64)."""
+  u in the dtype predict sees."""
   for name, value in (("u", u), ("correct", correct)):
     if validation.is_traced(value):
       raise ValueError(
@@ -151,8 +148,6 @@ class OptionParams:
         self.options[name] = value
     return self
 
-
-# Reading a saved state: one checked value per field, each failure one line naming it.
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 """The largest integer a saved field may hold (counts, bin and class counts are int32)."""
@@ -195,8 +190,7 @@ _NONE_FOUND = object()
 
 
 def _first_not(value: Any, kinds: tuple[type, ...]) -> Any:
-  """The first value of a JSON list (of lists) not of ``kinds`` (a bool never is), or
-  ``_NONE_FOUND``."""
+  """The first value of a JSON list (of lists) not of ``kinds`` (a bool never is)."""
   for item in value if isinstance(value, list) else [value]:
     if isinstance(item, list):
       bad = _first_not(item, kinds)
@@ -236,8 +230,7 @@ def read_array(
   d: Mapping, name: str, source: str, kind: str, ndim: int | Sequence[int] = 1
 ) -> np.ndarray:
   """A saved array field of rank ``ndim``: ``kind`` "f" (finite numbers float32 holds, as
-  float64) or "i" (integers int32 holds, as int64). Anything else (a string, a boolean, a
-  value out of range) is refused, never converted, wrapped or rounded."""
+  float64) or "i" (integers int32 holds, as int64); anything else is refused, not converted."""
   value = field(d, name, source)
   what = f"{source}: field {name!r}"
   try:
@@ -290,8 +283,7 @@ def read_int(d: Mapping, name: str, source: str, minimum: int = 1, maximum: int 
 
 
 def read_accuracy(d: Mapping, source: str, counts: np.ndarray, hits: np.ndarray) -> float:
-  """The saved ``prior``, which must be the counts' accuracy as fit computes it (in
-  float32) to float32 rounding."""
+  """The saved ``prior``, which must be the counts' float32 accuracy to float32 rounding."""
   prior = read_number(d, "prior", source, 0.0, 1.0)
   accuracy = np.float32(np.sum(hits)) / np.float32(np.sum(counts))
   if not abs(prior - accuracy) <= _ACCURACY_ROUNDING:
@@ -319,9 +311,8 @@ def counts_problem(counts: np.ndarray, num_edges: int, ranks: np.ndarray) -> str
   """Why saved ``counts`` [n_bins] cannot be the bin counts of data whose ``num_edges``
   distinct edges were cut at the 1-based ``ranks`` [n_bins - 1]; None if they can.
 
-  The points up to distinct edge j are those up to its last rank b and fewer than the next
-  rank: the cumulative count C_j has r_b <= C_j < r_(b+1). Those b rise with j, the last is
-  the last rank, and the bins after bin ``num_edges`` are empty.
+  The cumulative count C_j up to distinct edge j has r_b <= C_j < r_(b+1) for its last rank
+  b; those b rise with j, the last is the last rank, and later bins are empty.
   """
   beyond = np.flatnonzero(counts[num_edges + 1 :])
   if beyond.size:

@@ -1,8 +1,4 @@
-"""The bin count chosen by nested cross-validation inside the calibration data.
-
-``choose_n_bins`` scores every count of a grid by its mean held-out NLL over random halves
-of the calibration data (the test data is never seen); ties go to fewer bins.
-"""
+"""The bin count chosen by nested cross-validation inside the calibration data."""
 
 from collections.abc import Sequence
 

@@ -1,8 +1,4 @@
-"""The paper's estimator as a registry entry: equal-count bins of U (``core.binning``).
-
-``to_dict``'s fields are a version-1 calibrator file's too; ``to_dict`` and ``host_from_dict``
-also save and read the topk set method's bins of every k (``evaluation.sets``).
-"""
+"""The paper's estimator as a registry entry: equal-count bins of U (``core.binning``)."""
 
 from collections.abc import Mapping
 
@@ -54,11 +50,8 @@ def from_dict(d: Mapping, source: str) -> binning.Bins:
 
 
 def host_from_dict(d: Mapping, source: str) -> binning.Bins:
-  """``from_dict``'s ``Bins`` as host arrays, e.g. to stack several first.
-
-  The table must be one ``binning.fit`` makes (counts split at the edges by the quantile
-  rule, the prior their accuracy); the probabilities are recomputed, never read.
-  """
+  """``from_dict``'s ``Bins`` as host arrays, e.g. to stack several first. The table must be
+  one ``binning.fit`` makes; the probabilities are recomputed, never read."""
   n = base.read_int(d, "n_bins", source, maximum=binning.MAX_BINS)
   edges, counts, hits = base.read_bin_table(d, source, n)
   total = int(np.sum(counts))
@@ -73,8 +66,7 @@ def host_from_dict(d: Mapping, source: str) -> binning.Bins:
   prior = base.read_accuracy(d, source, counts, hits)
   padded = np.full(n - 1, np.inf, np.float32)
   padded[: edges.shape[0]] = edges
-  # On the host in float32, as binning.fit computes them (moved as they are: jnp
-  # conversions and arithmetic would compile a small program each, at every load).
+  # On the host in float32, as binning.fit computes them (jnp would compile programs).
   counts, hits, prior = counts.astype(np.int32), hits.astype(np.int32), np.float32(prior)
   prob = binning.calibrated_prob(hits.astype(np.float32), counts.astype(np.float32), prior)
   effective = np.int32(np.sum(counts > 0))

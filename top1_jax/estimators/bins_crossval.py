@@ -1,9 +1,7 @@
 """Cross-validation of the equal-count bins, every split and bin count from one sort (§5.1).
 
-In sorted order every bin of every split and bin count is a contiguous range of positions,
-so its calibration and test counts and hits are differences of cumulative counts; the edges
-are found by batched binary searches. Sorting and index work run in NumPy (XLA's CPU sort
-is much slower, docs/performance.md); the metrics are one jitted function.
+In sorted order every bin is a contiguous range of positions, so its counts and hits are
+differences of cumulative counts; the edges are found by batched binary searches in NumPy.
 """
 
 from collections.abc import Sequence
@@ -20,11 +18,8 @@ from top1_jax.kernels import compile_policy
 def cross_validate(
   u: np.ndarray, correct: np.ndarray, n_bins: Sequence[int], splits: Splits
 ) -> CrossValidation:
-  """The bins' cross-validation (the fast path of ``evaluation.protocol``).
-
-  ``u`` [N] and ``correct`` [N] are checked host arrays, each of ``n_bins`` in [1, the
-  smallest calibration part], and ``splits`` made for N, each with test examples.
-  """
+  """The bins' cross-validation (the fast path of ``evaluation.protocol``) of checked host
+  [N] ``u`` and ``correct``, each of ``n_bins`` in [1, the smallest calibration part]."""
   order = np.argsort(u)  # the one sort
   sorted_u = u[order]
   sorted_correct = correct[order]
@@ -45,7 +40,7 @@ class _SortedSplits(NamedTuple):
 
 def _gather_folds(fold: np.ndarray, order: np.ndarray) -> np.ndarray:
   """fold[:, order] as [R, N] uint8, packing the R rows into one word per example first:
-  one random gather (~5 ns per element) instead of R."""
+  one random gather instead of R."""
   num_reps = fold.shape[0]
   bits = max(1, int(fold.max()).bit_length())
   if num_reps * bits > 64:

@@ -1,8 +1,7 @@
 """Isotonic estimate of P(correct | U): pool-adjacent-violators with the bins' prior.
 
-Tied scores are pooled, the least-squares monotone fit (non-increasing in U by default)
-cuts the points into blocks, and each block predicts the bins' ``(hits + p_A) / (count + 1)``
-(neighbours the prior puts out of order are pooled again); ``prior=False`` is scikit-learn's
+The monotone fit (non-increasing in U by default) cuts the points into blocks, each
+predicting ``(hits + p_A) / (count + 1)``; ``prior=False`` is scikit-learn's
 ``IsotonicRegression(out_of_bounds="clip")``. ``fit`` runs on the host.
 """
 
@@ -41,13 +40,9 @@ class IsotonicModel(NamedTuple):
 
 
 def _hull_corners(count_below: np.ndarray, hits_below: np.ndarray, sign: int):
-  """The corners of the concave (sign 1) or convex (sign -1) hull of the cumulative diagram.
-
-  The isotonic fit is the slope of that hull. Each pass deletes, at once, every point that
-  is not a strict corner between its current neighbours; the int64 corner test is exact.
-  Random data needs a few dozen passes over a set that shrinks fast; the worst case, a
-  concave chain of distinct accuracies, has at most ~N^(2/3) corners (docs/performance.md).
-  """
+  """The corners of the concave (sign 1) or convex (sign -1) hull of the cumulative diagram,
+  whose slope is the isotonic fit. Each pass deletes every point that is not a strict
+  corner between its current neighbours (docs/performance.md)."""
   x, y = count_below, hits_below
   while x.shape[0] > 2:
     dx, dy = np.diff(x), np.diff(y)
@@ -116,8 +111,8 @@ def fit(
 
 
 def _on_device(knots, prob, counts, hits, prior) -> IsotonicModel:
-  """The model of host values, in its dtypes (knots in the device's float: float32 unless
-  x64 is on), moved as they are: jnp conversions would compile a small program each."""
+  """The model of host values, in its dtypes, moved as they are: jnp conversions would
+  compile a small program each."""
   fields = (validation.in_device_dtype(knots), prob.astype(np.float32))
   fields += (counts.astype(np.int32), hits.astype(np.int32), np.float32(prior))
   return IsotonicModel(*jax.device_put(fields))

@@ -3,12 +3,10 @@
     p(u) = (sum_i w_i(u) correct_i + p_A) / (sum_i w_i(u) + 1),
     w_i(u) = exp(-(r(u) - r_i)^2 / (2 h^2)),
 
-with r the empirical CDF of U on the calibration split (ties share their mid-rank), so the
-bandwidth h is a fraction of the calibration points, as a bin's width is, and a box window
-of n points gives exactly a bin's (hits + p_A) / (n + 1). With no N x N matrix: points are
-counted into ``NUM_CELLS`` rank cells, smoothed by FFT, and the estimate tabulated at up to
-``NUM_CELLS`` knots that ``predict`` interpolates (constant beyond them). An unset bandwidth
-minimises the leave-one-out NLL over ``BANDWIDTHS``. ``fit`` runs on the host.
+with r the empirical CDF of U on the calibration split (ties share their mid-rank), so h is
+a fraction of the calibration points, as a bin's width is. Points are counted into
+``NUM_CELLS`` rank cells, smoothed by FFT, and the estimate tabulated at up to ``NUM_CELLS``
+knots that ``predict`` interpolates. ``fit`` runs on the host.
 """
 
 import math
@@ -97,8 +95,8 @@ def _loo_nll(cells: _Cells, bandwidths: np.ndarray) -> np.ndarray:
 
 
 def leave_one_out_nll(u: ArrayLike, correct: ArrayLike, bandwidths=BANDWIDTHS) -> np.ndarray:
-  """[H] leave-one-out binary NLL (nats per example) at each of ``bandwidths`` [H]: the
-  criterion ``fit`` minimises, of the cell-level estimate."""
+  """[H] leave-one-out binary NLL (nats per example) of the cell-level estimate at each of
+  ``bandwidths`` [H]: the criterion ``fit`` minimises."""
   u, correct = base.host_scores("kde.fit", u, correct)
   grid = validation.float_array("bandwidths", bandwidths, 1, host=True).astype(np.float64)
   if grid.shape[0] == 0 or not np.all(grid > 0):
@@ -160,8 +158,7 @@ def _on_device(*fields) -> KernelModel:
 
 
 def predict(model: KernelModel, u: ArrayLike) -> jax.Array:
-  """[N] float32 P(correct) of scores ``u``: linear between knots, inside (0, 1) when
-  0 < p_A < 1."""
+  """[N] float32 P(correct) of scores ``u``: linear between knots."""
   validation.instance("model", model, KernelModel, "kde.KernelModel from kde.fit")
   return table.interpolate(validation.float_array("u", u, 1), model.knots, model.prob)
 
@@ -173,8 +170,7 @@ def _interval(model: KernelModel, u: jax.Array, z: jax.Array):
   shrink = 1 + z**2 / n
   centre = (p + z**2 / (2 * n)) / shrink
   half = z / shrink * jnp.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
-  # Wilson's interval holds p, but rounding can leave it just out (at p = 1 the upper end
-  # is 0.99999994 when compiled at XLA's backend level 0).
+  # Wilson's interval holds p, but rounding can leave it just out.
   lower, upper = jnp.minimum(centre - half, p), jnp.maximum(centre + half, p)
   return jnp.clip(lower, 0.0, 1.0), jnp.clip(upper, 0.0, 1.0)
 
@@ -182,16 +178,12 @@ def _interval(model: KernelModel, u: jax.Array, z: jax.Array):
 def predict_interval(
   model: KernelModel, u: ArrayLike, delta: float = 0.05
 ) -> tuple[jax.Array, jax.Array]:
-  """(lower, upper), each [N] float32: Wilson's pointwise 1 - delta band for P(correct | u).
-
-  Wilson's interval with ``effective_count`` in place of n covers the window-averaged truth
-  with probability about 1 - delta at each u; the smoothing bias is not included.
-  """
+  """(lower, upper), each [N] float32: Wilson's pointwise 1 - delta band for P(correct | u),
+  with ``effective_count`` as n (the smoothing bias is not included)."""
   validation.instance("model", model, KernelModel, "kde.KernelModel from kde.fit")
   u = validation.float_array("u", u, 1)
   delta = validation.probability("delta", delta)
-  # From the lower tail: 1 - delta / 2 rounds to 1 below delta = 1e-16, where the normal's
-  # quantile is infinite; the smallest double stands in for a half that underflows to 0.
+  # From the lower tail: 1 - delta / 2 rounds to 1 below delta = 1e-16.
   half = max(delta / 2, math.ulp(0.0))
   z = np.float32(-statistics.NormalDist().inv_cdf(half))  # on the host: no program
   return _interval(model, u, z)

@@ -1,16 +1,9 @@
 """Temperature scaling (Guo et al. 2017): one scalar T > 0 for softmax(logits / T).
 
-T is fitted on a calibration split by minimising the multiclass NLL, as the benchmark of Ovadia,
-Snoek et al. 2019 does (``baselines`` re-exports both functions with the benchmark's other methods).
-
-Why Newton: with beta = 1 / T the NLL ``mean_n [logsumexp(beta l_n) - beta l_n,y_n]`` is convex in
-beta, its first derivative is the mean over examples of the softmax mean of the logits minus the
-label's logit, and its second the mean softmax variance of the logits. Both come from one pass over
-the [N, K] logits, so a safeguarded Newton iteration on log T reaches the optimum in a handful of
-passes where bisection needs 48 (at ImageNet size each pass is 5e7 exponentials).
-
-``ESTIMATOR``, its entry in ``registry.REGISTRY``, predicts P(Top-k correct) as the
-Top-k mass of softmax(log_probs / T): pmax for Top-1.
+T minimises the multiclass NLL on a calibration split, as the benchmark of Ovadia, Snoek et
+al. 2019 does. Why Newton: with beta = 1 / T the NLL is convex in beta, and its first two
+derivatives (softmax mean and variance of the logits) come from one pass over the logits.
+``ESTIMATOR`` predicts P(Top-k correct) as the Top-k mass of softmax(log_probs / T).
 """
 
 import functools
@@ -31,24 +24,17 @@ MIN_TEMPERATURE = 1e-5
 MAX_TEMPERATURE = 1e5
 """Its upper end; ``apply_temperature`` accepts T within [MIN_TEMPERATURE, MAX_TEMPERATURE]."""
 
-# Iterations of the safeguarded Newton method: bisection alone shrinks the widest
-# bracket (23 in log T) below the tolerance in 25 steps, and the safeguard makes every
-# two steps at least halve the step; Newton steps converge faster (4 on CIFAR).
+# Safeguarded Newton iterations: the safeguard makes every two steps at least halve the
+# step, so bisection's 25 steps over the widest bracket bound them.
 _MAX_ITERATIONS = 64
-# Convergence in log T (relative in T): 8 float32 ulps, about the noise of the float32
-# sums that give the slope, so the result is as exact as that slope's sign allows.
+# Convergence in log T: 8 float32 ulps, about the noise of the float32 sums of the slope.
 _TOLERANCE = 1e-6
-# Examples in the subsample whose fit starts the pooled fit of several splits.
-_SUBSAMPLE = 4096
-# How far (relative, in beta = 1 / T) a split's fit may lie from the pooled one for
-# fit_splits to take it from the cumulants' Taylor series. Measured on real networks
-# (DenseNet and LeNet on CIFAR) and ImageNet-sized synthetic logits: the series'
-# largest error in an example's log sum exp was 2.5e-9 at 1 %, 6e-7 at 3 % (float32
-# rounds that value at ~5e-7). Typical calibration halves lie within 1 %.
+_SUBSAMPLE = 4096  # examples in the subsample whose fit starts the pooled fit
+# How far (relative, in beta) a split's fit may lie from the expansion point for
+# fit_splits to take it from the cumulants' Taylor series (docs/performance.md).
 _TAYLOR_REACH = 0.02
 _TAYLOR_STEPS = 8
-# Below this many logits (N x K), fit_splits takes the exact route directly: its passes
-# cost milliseconds there, and small calibration parts often lie beyond the reach.
+# Below this many logits (N x K), fit_splits takes the exact route directly.
 _CUMULANTS_FROM = 1 << 22
 
 
@@ -64,7 +50,6 @@ def _slope_and_curvature(logits, row_max, label_logit, example_weights, log_temp
     total = jnp.sum(weights, axis=-1)
     return jnp.sum(weights * z, axis=-1) / total, jnp.sum(weights * z**2, axis=-1) / total
 
-  # The softmax mean and second moment of each example's logits, by cache-sized blocks.
   mean, second = row_blocks.map_row_blocks(moments, (logits, row_max))
   total_weight = jnp.sum(example_weights)
   # d NLL / d beta, non-decreasing in beta; then the softmax variance.
@@ -91,13 +76,11 @@ def _newton(logits, row_max, label_logit, weights, log_min, log_max, log_start):
     newton_step = -slope / jnp.where(curvature > 0, curvature, 1.0)
     newton = log_t + newton_step
     # Newton where it stays inside the bracket and at least halves the step before
-    # last (Numerical Recipes' rtsafe), else bisection: never slower than bisection,
-    # e.g. where the NLL flattens out towards an end of the bracket.
+    # last (Numerical Recipes' rtsafe), else bisection.
     use_newton = (curvature > 0) & (newton > low) & (newton < high)
     use_newton &= jnp.abs(newton_step) <= 0.5 * jnp.abs(step_before)
-    # At the optimum already: stay. (A step below log T's float32 spacing leaves
-    # newton == log_t, which the bracket test above would turn into a bisection
-    # far away: seen when a split started at its optimum.)
+    # At the optimum already: stay (a step below log T's float32 spacing leaves
+    # newton == log_t, which the bracket test would turn into a bisection far away).
     converged = (curvature > 0) & (jnp.abs(newton_step) < _TOLERANCE)
     following = jnp.where(use_newton, newton, 0.5 * (low + high))
     following = jnp.where(converged, log_t, following)
@@ -117,10 +100,9 @@ def _newton(logits, row_max, label_logit, weights, log_min, log_max, log_start):
 
 def _example_cumulants(logits, row_max, beta, *, twice: bool = True):
   """Per example, the Taylor coefficients of log sum_k exp(b z_k) in b (z the centred
-  logits): five [N] arrays at beta and at 2 beta (None without ``twice``): the log sum and the
-  first four cumulants of z under softmax(b z), in one pass (exp(2 beta z) is the square
-  of exp(beta z)). From raw moments: the cancellation costs the third and fourth cumulants
-  a few digits, which their small Taylor terms do not show."""
+  logits): five [N] arrays at beta and at 2 beta (None without ``twice``), the log sum and
+  the first four cumulants of z under softmax(b z), in one pass. From raw moments: the
+  cancellation costs the third and fourth cumulants digits their small terms do not show."""
 
   def cumulants(block, block_max):
     z = block - block_max[:, None]
@@ -150,12 +132,10 @@ def _taylor(coefficients, step):
 def _split_starts(cumulants, label_logit, weights, log_pooled, log_min, log_max):
   """Each row's (split's) log T to second order from the per-example cumulants at the pooled T.
 
-  A split's slope in beta is its weighted mean of per-example terms that do not depend on the split:
-  at beta0 + d it is a + b d + c d^2 / 2, where a, b and c are the weighted means of each example's
-  softmax mean of the logits (minus its label's), variance and third cumulant at beta0. The root of
-  that quadratic starts each split's Newton within ~1e-6 of its optimum when the splits' T are
-  within a few per cent of each other (one or two exact passes then confirm it); a split far from
-  the pool starts from a worse guess, never a wrong answer.
+  A split's slope in beta at beta0 + d is a + b d + c d^2 / 2, with a, b and c its weighted
+  means of each example's softmax mean of the logits (minus its label's), variance and third
+  cumulant at beta0; the root of that quadratic starts its Newton (a poor guess far from the
+  pool costs passes, never a wrong answer).
   """
   beta = jnp.exp(-log_pooled)
   _, mean, variance, third, _ = cumulants
@@ -169,9 +149,8 @@ def _split_starts(cumulants, label_logit, weights, log_pooled, log_min, log_max)
 
 
 def _prepared(logits, labels, log_bounds):
-  """Each row's max, its label's centred logit, the bounds in the logits' dtype."""
-  # Shift-invariant, and smaller magnitudes keep the float32 sums tight: every pass
-  # centres its block in cache (z = l - max), no centred [N, K] copy is made.
+  """Each row's max, its label's centred logit, the bounds in the logits' dtype (every pass
+  centres its block in cache: no centred [N, K] copy)."""
   row_max = jnp.max(logits, axis=-1)
   label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0] - row_max
   return row_max, label_logit, tuple(v.astype(logits.dtype) for v in log_bounds)
@@ -185,8 +164,7 @@ def _pooled(weights, dtype):
 
 def _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max):
   """log T of the pooled weights of the rows of ``weights`` [F, N], on every stride-th
-  example (all of them below 4 x ``_SUBSAMPLE``): within a few per cent of the full
-  fit, for a few per cent of its passes. Newton from T = 1."""
+  example (all of them below 4 x ``_SUBSAMPLE``), by Newton from T = 1."""
   pooled_weights = _pooled(weights, logits.dtype)
   stride = max(1, logits.shape[0] // _SUBSAMPLE) if logits.shape[0] >= 4 * _SUBSAMPLE else 1
   return _newton(
@@ -205,8 +183,7 @@ def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
   if weights.shape[0] == 1:
     log_t = _newton(logits, row_max, label_logit, weights[0], log_min, log_max, log_start)
     return jnp.exp(log_t)[None]
-  # Several splits: one fit of their pooled weights, then each split's Newton from its
-  # second-order guess (_split_starts), usually one or two passes each instead of ~4.
+  # Several splits: a fit of their pooled weights, then each split's from _split_starts.
   pooled_weights = jnp.sum(weights, 0)
   if logits.shape[0] >= 4 * _SUBSAMPLE:
     log_start = _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max)
@@ -222,30 +199,22 @@ def _fit_temperature(logits, labels, weights, log_min, log_max, log_start):
   return jnp.exp(log_t)
 
 
-def _softmax_terms(logits, row_max, labels, temperature):
-  """Per example: multiclass Brier and pmax of softmax(logits / T), by row blocks."""
-  terms = functools.partial(events.block_softmax_terms, temperature=temperature)
-  return row_blocks.map_row_blocks(terms, (logits, row_max, labels))
-
-
 @jax.jit
 def _softmax_terms_at(logits, labels, temperature):
   """[N] multiclass Brier and pmax of softmax(logits / T), one T: one program for every T."""
-  return _softmax_terms(logits, jnp.max(logits, axis=-1), labels, temperature)
+  terms = functools.partial(events.block_softmax_terms, temperature=temperature)
+  return row_blocks.map_row_blocks(terms, (logits, jnp.max(logits, axis=-1), labels))
 
 
 @jax.jit
 def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expansion):
   """``fit_splits`` from one pass of per-example cumulants at one beta0.
 
-  beta0 = 1 / T of the pooled weights' fit on a subsample (``log_expansion`` overrides it where
-  finite). Each row's NLL slope in beta is a cubic in the step d from beta0, with coefficients from
-  [N] @ [N, 4] products of its weights and the cumulants; Newton on it gives the row's beta, and
-  each example's log sum exp at that beta (and at twice it, for sum_k p_k^2) follows from the same
-  coefficients (``_expanded_terms``, split by split): no pass per split. Returns the [F] T, the [F]
-  steps d and betas, whether each split lay within ``_TAYLOR_REACH`` of beta0 with finite terms,
-  the pooled fit's log T, and the expansion (five [N] cumulants at beta0 and at 2 beta0, the
-  labels' centred logits [N]). Per-example memory: [N] arrays, never [F, N] floats.
+  beta0 = 1 / T of the pooled weights' fit on a subsample (``log_expansion`` overrides it
+  where finite). Each row's NLL slope in beta is a cubic in the step d from beta0; Newton on
+  it gives the row's beta. Returns the [F] T, the [F] steps d and betas, whether each split
+  lay within ``_TAYLOR_REACH`` of beta0 with finite terms, the pooled fit's log T, and the
+  expansion (five [N] cumulants at beta0 and at 2 beta0, the labels' centred logits [N]).
   """
   row_max, label_logit, (log_min, log_max) = _prepared(logits, labels, (log_min, log_max))
   start = _subsample_fit(logits, row_max, label_logit, weights, log_min, log_max)
@@ -301,9 +270,7 @@ def _checked(logits, labels, weights, ndim):
   validation.same_length(logits=logits, labels=labels)
   if weights is None:
     return logits, labels, np.ones((1, logits.shape[0]), bool)
-  # [F, N] is small: checked and shaped on the host (a device array stays where it is).
-  # A mask of the examples to fit on stays bool (a quarter of float32's bytes); the
-  # programs take either and compute in the logits' dtype.
+  # Checked on the host (a device array stays where it is); a bool mask stays bool.
   on_host = not isinstance(weights, jax.Array)
   if getattr(weights, "dtype", None) == np.bool_:
     weights = validation.as_array("weights", weights, ndim, host=on_host)
@@ -349,13 +316,9 @@ def fit_splits(logits: ArrayLike, labels: ArrayLike, weights: ArrayLike) -> Spli
   """T fitted on each row of ``weights`` (a split's calibration part), and every
   example's multiclass Brier and pmax under each split's softmax(logits / T), split by split.
 
-  Table 1's temperature scaling in about two passes over the logits rather than a few per split: a
-  fit of the pooled weights on a subsample, then one pass of per-example cumulants at its T, from
-  which each split's Newton fit and each example's terms at it follow (fourth-order Taylor series in
-  1/T). A split more than 2 % from the expansion point gets a second pass at the pooled fit's T; if
-  one still is, or anything is not finite, every split takes the exact route (``fit_temperature``,
-  then one pass per split's terms), as do all inputs below 2^22 logits. The routes agree to float32
-  rounding (T within ~1e-7 relative, terms within ~1e-6, on 50,000 x 1,000 logits).
+  From per-example cumulants of the logits (a fourth-order Taylor series in 1/T) where every
+  split lies near the expansion point, else by the exact route (``fit_temperature``, then a
+  pass per split); the routes agree to float32 rounding (docs/api.md).
 
   ``logits`` [N, K] float (N >= 1, K >= 2), ``labels`` [N] int in [0, K), ``weights``
   [F, N] >= 0, each row with a positive sum (a bool mask works).
@@ -385,18 +348,16 @@ def fit_temperature(
   """Maximum-likelihood temperature T of softmax(logits / T) on a calibration split.
 
   Minimises the multiclass NLL over log T in [log min_temperature, log max_temperature]
-  (the benchmark's bracket by default) by Newton's method safeguarded by bisection (the
-  NLL is convex in 1/T): the benchmark's bisection's global minimum, in a few passes.
-  Where the NLL keeps falling to an end of the bracket (every example correct) that end
-  is returned; where it does not depend on T (equal logits), ``max_temperature``.
+  (the benchmark's bracket by default) by Newton's method safeguarded by bisection. Where
+  the NLL keeps falling to an end of the bracket that end is returned; where it does not
+  depend on T (equal logits), ``max_temperature``.
 
   Args:
     logits: [N, K] float, calibration-split logits (N >= 1, K >= 2); labels: [N] int in [0, K).
     min_temperature: the bracket's low end, 0 < min_temperature < max_temperature.
     max_temperature: the bracket's high end.
     weights: optional [N] example weights >= 0 (e.g. a split's calibration mask): the
-      NLL is their weighted mean. Or [F, N], one row per split: F temperatures from one program over
-      the one [N, K] array (a pooled fit, then each split's Newton from a second-order guess).
+      NLL is their weighted mean. Or [F, N], one row per split: F temperatures.
     initial_temperature: where Newton starts; the result does not depend on it beyond
       the tolerance of 1e-6 in log T.
 
@@ -428,7 +389,7 @@ def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
   Top-1 binning, is unchanged by T; ``jax.nn.softmax`` gives the probabilities)."""
   logits = validation.float_array("logits", logits, (2, 3))
   temperature = validation.float_array("temperature", temperature, 0)
-  # Within fit_temperature's range: beyond it logits / T overflows (T = 1e-40 gave inf).
+  # Within fit_temperature's range: beyond it logits / T overflows.
   if not validation.is_traced(temperature):
     validation.in_range("temperature", float(temperature), MIN_TEMPERATURE, MAX_TEMPERATURE)
   return _apply_temperature(logits, temperature)

@@ -1,36 +1,13 @@
 """Top-label histogram binning (Gupta & Ramdas 2022): equal-mass bins per predicted class.
 
-A baseline for the paper's single set of bins, as the reference code of "Top-label
-calibration and multiclass-to-binary reductions" (ICLR 2022; AIgen/df-posthoc-calibration,
-``HB_toplabel`` over ``HB_binary``) does it:
+As the reference code (ICLR 2022, ``HB_toplabel``) does it: class c, predicted for n_c
+calibration examples, gets ``floor(n_c / points_per_bin)`` right-closed bins of its top-label
+confidence, cut as ``np.array_split`` cuts its sorted scores; each bin predicts its plain
+accuracy (``prior=True``: ``(hits + p_c) / (count + 1)`` at the class's accuracy p_c), an
+empty one 0.5; a class without bins gets its confidence back (or ``uncalibrated``).
 
-* Class c, predicted for n_c calibration examples, gets ``floor(n_c / points_per_bin)``
-  bins (50 points by default, the reference's) of its top-label confidence: the class's
-  sorted scores cut as ``np.array_split`` cuts them (``get_uniform_mass_bins``), each bin's
-  upper edge the largest score of its group, the last bin open above. Bins are
-  right-closed (``bin_points``: a score's bin is the number of edges strictly below it).
-* Each bin predicts the plain fraction of its calibration examples that are correct;
-  ``prior=True`` gives the paper's ``(hits + p_c) / (count + 1)`` at the class's
-  calibration accuracy p_c instead.
-* A class predicted fewer than ``points_per_bin`` times (0 bins) is left uncalibrated:
-  its examples get their confidence back (the reference's ``identity``), or
-  ``uncalibrated`` where ``predict`` is given one.
-
-Where this may differ from the reference:
-
-* Ties. The reference adds uniform noise in [0, 1e-10) to every score ("delta-
-  randomisation", ``nudge``), splitting tied scores between neighbouring bins at random.
-  Here tied calibration scores stay in one bin (equal edges merged, as ``core.binning``
-  merges them) and a test score equal to an edge falls in the lower bin: the reference
-  with the noise set to 0 (the bin means are not nudged either). Without ties (or with one
-  bin per class) the two agree up to the noise (~1e-10).
-* An empty bin predicts 0.5, as the reference's; only a class's top bin can be empty and
-  still be reached (its largest scores tie with the last edge, a test score lies above).
-* Arithmetic in float32 (the reference: float64), so a mean may differ by an ulp.
-* ``ESTIMATOR`` (``Calibrator(method="toplabel")``) bins the log of the top-k mass (pmax's
-  order for Top-1, without pmax's float32 ties at 1.0) and returns the top-k mass for a
-  class without bins, extending the reference (Top-1 only) to the Top-k event. Table 1
-  (``sweep.comparison``) bins pmax itself, as the reference does.
+Unlike the reference, tied scores stay in one bin (no 1e-10 noise) and the arithmetic is
+float32. ``ESTIMATOR`` bins the log of the top-k mass, extending it to the Top-k event.
 """
 
 import functools
@@ -50,8 +27,7 @@ DEFAULT_POINTS_PER_BIN = 50
 EMPTY_BIN_PROB = 0.5
 """What a bin without calibration examples predicts without the prior (the reference's)."""
 
-# Bin lookups use int32 keys of (class, rank among all edges): classes x (edges + 1) < 2**31.
-_MAX_KEYS = 2**31 - 1
+_MAX_KEYS = 2**31 - 1  # bin lookups use int32 keys of (class, rank among all edges)
 
 
 class TopLabelBins(NamedTuple):
@@ -62,7 +38,7 @@ class TopLabelBins(NamedTuple):
       (B - 1 a power of two, at least the most bins any class has, less one): edges
       [C, B - 1] (+inf padded), counts, hits and prob [C, B], prior [C] (the class's
       calibration accuracy, NaN for a class never predicted) and num_effective_bins [C].
-      A class without bins has all its calibration examples counted in its first bin, unused.
+      A class without bins has its calibration examples counted in its first bin, unused.
     num_bins: [C] int32, floor(n_c / points_per_bin): class c's own bins (0: none).
     with_prior: [] bool, whether ``prob`` carries the one-pseudo-count prior.
 
@@ -106,8 +82,6 @@ def fit(
 
   Args:
     confidence: [N] float, the top-label confidence (the max softmax in the reference).
-      Only its order matters for the bins; a class without bins returns it unchanged
-      unless ``predict`` is given ``uncalibrated``.
     predicted_class: [N] int in [0, num_classes), the predicted (top) class.
     correct: [N] bool, whether the prediction is correct.
     points_per_bin: calibration examples per bin (the fewest a class needs for one).
@@ -124,11 +98,8 @@ def fit(
 
 
 def _class_edges(ordered: np.ndarray, sizes: np.ndarray, num_bins: np.ndarray, width: int):
-  """[C, width] upper bin edges of each class (``np.array_split``'s groups), ties merged.
-
-  ``ordered``: one split's calibration scores sorted by class, then value; ``sizes``
-  and ``num_bins``: [C] examples and bins per class. +inf where a class has fewer.
-  """
+  """[C, width] upper bin edges of each class (``np.array_split``'s groups), ties merged,
+  +inf padded, of one split's scores ``ordered`` by class, then value."""
   raw = np.full((sizes.shape[0], width), np.inf, ordered.dtype)
   if ordered.size and width:
     groups = np.maximum(num_bins, 1)[:, None]
@@ -151,13 +122,8 @@ def fit_splits(
   prior: bool = False,
 ) -> TopLabelBins:
   """``fit`` on each split's calibration part (``calibration`` [F, N] bool), every split at
-  once; the other arguments as for ``fit``.
-
-  Split f's bins equal ``fit(confidence[c], predicted_class[c], correct[c], ...)`` for c =
-  ``calibration[f]``, bit for bit (``fit`` is this with one split): the edges from one sort
-  of all examples, then one compiled program counts every split's bins. Returns
-  ``TopLabelBins`` with a leading [F] axis (``predict`` takes it).
-  """
+  once: ``TopLabelBins`` with a leading [F] axis, split f's bit for bit ``fit`` of
+  ``calibration[f]``'s examples. The other arguments as for ``fit``."""
   confidence, correct = validation.score_and_event("confidence", confidence, correct, host=True)
   classes, num_classes = _classes(predicted_class, num_classes)
   validation.same_length(confidence=confidence, predicted_class=classes)
@@ -185,8 +151,7 @@ def fit_splits(
     _class_edges(u[order[cal[order]]], sizes[f], num_bins[f], width)
     for f, cal in enumerate(calibration)
   ])  # fmt: skip
-  # Padded to a size bucket with weight 0: one program for every N of a bucket.
-  size = binning.bucket_size(u.shape[0])
+  size = binning.bucket_size(u.shape[0])  # padded with weight 0: a program per bucket
   examples = [np.pad(x, (0, size - u.shape[0])) for x in (u, classes, correct)]
   weight = np.pad(calibration, ((0, 0), (0, size - u.shape[0])))  # bool: 1 byte an example
   per_class = _count_splits(edges, *examples, weight, prior=prior)
@@ -194,9 +159,8 @@ def fit_splits(
   return TopLabelBins(per_class, jnp.asarray(num_bins, jnp.int32), with_prior)
 
 
-# Up to this many edges per class, each example's own edges are gathered ([N, B - 1])
-# and compared (``binning.assign``): the cheapest program to compile and run. Beyond,
-# one search over every class's edges keeps memory at O(N + C B).
+# Up to this many edges per class, each example's own edges are gathered and compared;
+# beyond, one search over every class's edges keeps memory at O(N + C B).
 _GATHER_MAX_EDGES = 32
 
 
@@ -233,12 +197,10 @@ def _bins(edges, u, classes, correct, weight, prior: bool) -> binning.Bins:
   return binning.Bins(edges, counts, hits, prob.astype(jnp.float32), accuracy, effective)
 
 
-# Fit and prediction take the splits one at a time (lax.map, not vmap): XLA's per-example
-# temporaries are [N], not [F, N] (the prediction over 10 splits of 3M examples: +1.41 GB
-# -> +0.21 GB). Integer counts and gathers: the same in any order.
+# The splits one at a time (lax.map, not vmap): per-example temporaries [N], not [F, N].
 @functools.partial(jax.jit, static_argnames=("prior",))
 def _count_splits(edges, u, classes, correct, weight, *, prior: bool) -> binning.Bins:
-  one_split = lambda split: _bins(split[0], u, classes, correct, split[1], prior)  # noqa: E731
+  one_split = lambda split: _bins(split[0], u, classes, correct, split[1], prior)
   return jax.lax.map(one_split, (edges, weight))
 
 
@@ -279,8 +241,8 @@ def predict(
   predicted_class: ArrayLike,
   uncalibrated: ArrayLike | None = None,
 ) -> jax.Array:
-  """Calibrated P(correct): each example's bin in its class's bins, or for a class
-  without bins (fewer than ``points_per_bin`` calibration examples) its confidence.
+  """Calibrated P(correct): each example's bin in its class's bins (a class without bins:
+  its confidence).
 
   Args:
     model: from ``fit``, or from ``fit_splits`` (each split's bins on every example).
@@ -301,8 +263,7 @@ def predict(
   args = (confidence, classes, fallback)
   if any(validation.is_traced(x) for x in args):
     return program(model.per_class, model.own, *args)
-  # Padded to a size bucket: one compiled program for every split's test size.
-  num = confidence.shape[0]
+  num = confidence.shape[0]  # padded to a size bucket: one program for many sizes
   size = binning.bucket_size(num)
   padded = [np.pad(np.asarray(x), (0, size - num)) for x in args]
   out = program(model.per_class, model.own, *padded)
@@ -311,7 +272,7 @@ def predict(
 
 def to_dict(model: TopLabelBins) -> dict:
   """The fitted model as JSON values: per class its bins' count, finite edges, counts
-  and hits (one slot for a class without bins), and whether the prior is applied."""
+  and hits; and whether the prior is applied."""
   host = jax.tree.map(np.asarray, model.per_class)  # one copy, then sliced on the host
   classes = []
   for c, own_bins in enumerate(np.asarray(model.num_bins).tolist()):
@@ -364,9 +325,7 @@ def _check_points_per_bin(read: list, source: str) -> None:
 
 def from_dict(d, source: str) -> TopLabelBins:
   """``TopLabelBins`` from ``to_dict``'s values, each checked (one-line ValueError) to be
-  what ``fit`` makes (each class's counts split at its edges as ``np.array_split`` splits
-  its examples, one ``points_per_bin`` for all classes); the probabilities are recomputed
-  from the counts and hits, as ``fit`` computes them."""
+  what ``fit`` makes; the probabilities are recomputed from the counts and hits."""
   listed = base.field(d, "classes", source)
   prior = base.field(d, "prior", source)
   if not isinstance(listed, list) or len(listed) < 2:
