@@ -110,7 +110,6 @@ def _permutations(num_examples: int, mesh: Mesh, impl: Any):
 
 class EpochOrder:
   """The mini-batch order of one network, or of M members (``shuffle_keys`` [M]).
-
   Step t takes position t of the permutations ``permutation(fold_in(key, epoch), N)``,
   drawn on the devices; the last N mod B rows of each are skipped."""
 

@@ -72,13 +72,6 @@ def _speckle_noise(x: jax.Array, key: jax.Array, c: float) -> jax.Array:
   return x + x * c * jax.random.normal(key, x.shape, x.dtype)
 
 
-def _gaussian_kernel(sigma: float) -> np.ndarray:
-  """scipy.ndimage's 1-D Gaussian (truncate = 4): [2r + 1] weights summing to 1."""
-  radius = int(4.0 * sigma + 0.5)
-  taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
-  return taps / taps.sum()
-
-
 def _filter_axis(x: jax.Array, taps: np.ndarray, axis: int) -> jax.Array:
   """``x`` convolved with symmetric ``taps`` along ``axis``, edges repeated."""
   radius, size = len(taps) // 2, x.shape[axis]
@@ -91,7 +84,9 @@ def _filter_axis(x: jax.Array, taps: np.ndarray, axis: int) -> jax.Array:
 
 def _gaussian_blur(x: jax.Array, key: jax.Array, c: float) -> jax.Array:
   del key
-  taps = _gaussian_kernel(c)
+  radius = int(4.0 * c + 0.5)  # scipy.ndimage's 1-D Gaussian (truncate = 4)
+  taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / c) ** 2)
+  taps = taps / taps.sum()
   return _filter_axis(_filter_axis(x, taps, 0), taps, 1)
 
 
@@ -112,7 +107,6 @@ def _brightness(x: jax.Array, key: jax.Array, c: float) -> jax.Array:
 
 def _box_down(size: int, coarse: int) -> np.ndarray:
   """[coarse, size]: each coarse pixel the overlap-weighted mean of the fine ones.
-
   (The reference's PIL BOX filter weighs whole source pixels by their centres.)"""
   edges = np.arange(coarse + 1) * size / coarse
   fine = np.arange(size)
@@ -154,8 +148,7 @@ def names() -> tuple[str, ...]:
   return tuple(PARAMETERS)
 
 
-# Their parameter sets a kernel's or a grid's size, so one program per severity; the
-# others take it as an argument: one program per corruption for all five severities.
+# Their parameter sets a kernel's or a grid's size: one program per severity, not per name.
 _SHAPING = ("gaussian_blur", "pixelate")
 
 
@@ -184,7 +177,6 @@ def corrupt(
   quantize: bool = False,
 ) -> jax.Array:
   """Corrupts every image ([B, H, W] or [B, H, W, C] in [0, 1]) by ``name`` at ``severity``.
-
   Image i uses ``fold_in(key, first_index + i)``, so chunks (each with its ``first_index``)
   equal the whole set. ``quantize``: 8 bits as CIFAR-10-C, ``floor(255 x) / 255``."""
   if name not in _PER_IMAGE:

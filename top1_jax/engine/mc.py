@@ -1,10 +1,8 @@
 """MC-dropout samples and deep-ensemble members: a batch's forward passes, and a whole
-dataset's, sharded.
+dataset's, sharded, with the scores computed on device (``predict``).
 
 ``apply_fn(params, x, key, rate) -> [B, K]`` (``models.make_apply_fn``) is a static argument
-of the jitted code: pass the same (or an equal) object to avoid recompiling. ``predict`` runs
-a chunk of examples at a time, sharded over a device mesh, and computes the scores there:
-only [N, K] mean probabilities and [N] scores reach the host.
+of the jitted code: pass the same (or an equal) object to avoid recompiling.
 """
 
 import functools
@@ -69,9 +67,8 @@ def ensemble_size(stacked_params: Any) -> int:
 
 
 def pick_strategy(strategy: str = "auto", backend: str | None = None) -> str:
-  """How to vectorize over ensemble members: ``"vmap"`` on gpu/tpu, else ``"loop"``.
-
-  vmap makes grouped convolutions, several times slower on CPU (docs/performance.md)."""
+  """How to vectorize over ensemble members: ``"vmap"`` on gpu/tpu, else ``"loop"`` (vmap
+  makes grouped convolutions, slow on CPU)."""
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
   if strategy != "auto":
@@ -166,7 +163,6 @@ def mc_dropout_logits(
   rate: ArrayLike,
 ) -> jax.Array:
   """[S, B, K] MC-dropout logits of ``x`` [B, ...]: S stochastic passes of one network.
-
   Sample s of example i uses the key ``fold_in(split(key, S)[s], i)``, as ``mc.predict``."""
   num_samples = validation.positive_int("num_samples", num_samples)
   rate = dropout_rate(rate)
@@ -198,10 +194,7 @@ def ensemble_logits(
 
 Progress = Callable[[int, int], None]
 SAMPLE_PASSES_PER_STEP = {"cpu": 512, "default": 8192}
-"""``predict``'s default forward passes (S x examples) per device and step.
-
-Small on CPU, where larger steps ran slower; on accelerators, short of the steps where a
-ResNet-20 pays much memory for little speed (docs/performance.md)."""
+"""``predict``'s default forward passes (S x examples) per device and step."""
 
 
 def default_mesh() -> Mesh:
@@ -234,16 +227,14 @@ class SampleSummary(NamedTuple):
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "static"))
 def _predict_chunk(apply_fn, params, chunks, slot, start, key_data, rate, static):
-  """The summary of chunk ``chunks[slot]`` [C, chunk, ...], whose first example is ``start``.
-
+  """The summary of chunk ``chunks[slot]`` [C, chunk, ...], whose first example is ``start``;
   ``static`` is ``(mode, num_samples, strategy, keep_samples, mesh, key impl)``."""
   mode, num_samples, strategy, keep_samples, mesh, impl = static
   (axis,) = mesh.axis_names
   x = jax.lax.dynamic_index_in_dim(chunks, slot, keepdims=False)
   example_ids = start + jnp.arange(x.shape[0], dtype=jnp.int32)
 
-  # Every example is independent: each device computes its own slice, no
-  # communication (shard_map), and the outputs stay sharded over examples.
+  # Examples are independent: each device computes its own slice, no communication.
   def local(params, x, example_ids, key_data, rate):
     if mode == "mc_dropout":
       key = jax.random.wrap_key_data(key_data, impl=impl)
@@ -333,11 +324,9 @@ def _chunk_runner(apply_fn, params, args: _PredictArgs, keep_samples: bool):
     placed = _chunks(args.x, 0, num_chunks, args.chunk, by_example)
 
   def run(start: int) -> Any:
-    index = start // args.chunk
-    if placed is not None:
-      chunks, slot = placed, index
-    else:
-      chunks, slot = _chunks(args.x, index, 1, args.chunk, by_example), 0
+    chunks, slot = placed, start // args.chunk
+    if placed is None:
+      chunks, slot = _chunks(args.x, slot, 1, args.chunk, by_example), 0
     return step(params_global, chunks, np.int32(slot), np.int32(start), key_global, rate_global)
 
   return run
@@ -351,23 +340,6 @@ def _fetch(valid: int, out: Any) -> SampleSummary:
   values = {name: value[:valid] for name, value in host["scores"].items()}
   logits = host["logits"][:, :valid] if "logits" in host else None
   return SampleSummary(host["mean_log_probs"][:valid], values, logits)
-
-
-def _stream(run, num_examples: int, chunk: int, progress: Progress | None) -> SampleSummary:
-  """The chunks' host outputs joined; each chunk is dispatched before the previous is fetched."""
-  pieces = []
-  starts = range(0, num_examples, chunk)
-  for start, out in parallel.prefetch(((start, run(start)) for start in starts), 1):
-    stop = min(start + chunk, num_examples)
-    pieces.append(_fetch(stop - start, out))
-    if progress is not None:
-      progress(stop, num_examples)
-  logits = None if pieces[0].logits is None else np.concatenate([p.logits for p in pieces], 1)
-  return SampleSummary(
-    np.concatenate([p.mean_log_probs for p in pieces]),
-    {name: np.concatenate([p.scores[name] for p in pieces]) for name in pieces[0].scores},
-    logits,
-  )
 
 
 def predict(
@@ -387,11 +359,23 @@ def predict(
 ) -> SampleSummary:
   """Streams a dataset through MC dropout or an ensemble; scores on device.
 
-  Sample s of example i uses the key ``fold_in(split(key, S)[s], i)``: the result does not
-  depend on ``chunk_size`` or the devices. With ``ensemble``, ``params`` are M members'
-  stacked (S = M). Memory grows with ``chunk_size`` (all devices) times S."""
+  Sample s of example i uses the key ``fold_in(split(key, S)[s], i)``, whatever
+  ``chunk_size`` and the devices. With ``ensemble``, ``params`` are M members' stacked
+  (S = M). Memory grows with ``chunk_size`` (all devices) times S."""
   args = _checked_args(
     apply_fn, params, x, key, num_samples, rate, ensemble, chunk_size, mesh, strategy
   )
   run = _chunk_runner(apply_fn, params, args, keep_samples)
-  return _stream(run, args.x.shape[0], args.chunk, progress)
+  num_examples, pieces = args.x.shape[0], []
+  starts = range(0, num_examples, args.chunk)  # each dispatched before the previous is fetched
+  for start, out in parallel.prefetch(((start, run(start)) for start in starts), 1):
+    stop = min(start + args.chunk, num_examples)
+    pieces.append(_fetch(stop - start, out))
+    if progress is not None:
+      progress(stop, num_examples)
+  logits = None if pieces[0].logits is None else np.concatenate([p.logits for p in pieces], 1)
+  return SampleSummary(
+    np.concatenate([p.mean_log_probs for p in pieces]),
+    {name: np.concatenate([p.scores[name] for p in pieces]) for name in pieces[0].scores},
+    logits,
+  )

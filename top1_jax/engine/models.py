@@ -24,12 +24,10 @@ _MASK_LEVELS = 1 << 16  # 16 random bits per mask entry
 
 
 def dropout_mask(key: jax.Array, keep: jax.Array, shape: Sequence[int]) -> jax.Array:
-  """A boolean mask, True with probability ``keep`` (in (0, 1]) rounded to 2^-16.
-
-  16 random bits per entry: several times cheaper on CPU than ``jax.random.bernoulli``."""
+  """A boolean mask, True with probability ``keep`` (in (0, 1]) rounded to 2^-16: 16 random
+  bits per entry, cheaper on CPU than ``jax.random.bernoulli``."""
   size = math.prod(shape)
-  # Non-partitionable threefry fills words from one counter; partitionable (the
-  # default) computes each word from its index, at about twice the cost per word.
+  # Non-partitionable threefry: about half the cost per word of the (default) partitionable.
   with jax.threefry_partitionable(False):
     words = jax.random.bits(key, (-(-size // 2),), jnp.uint32)
   halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:size]
@@ -115,9 +113,8 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-  """Small CNN for 28x28 images: 3x3 convs, then a hidden dense layer.
-
-  Stride-2 convs by default: a max-pool's backward pass dominates a CPU training step."""
+  """Small CNN for 28x28 images: 3x3 convs, then a hidden dense layer (stride-2 convs by
+  default: a max-pool's backward pass dominates a CPU training step)."""
 
   num_classes: int = 10
   features: Sequence[int] = (32, 64)
@@ -220,9 +217,8 @@ class _WideBlock(_Block):
 
 
 class WideResNet(nn.Module):
-  """Wide ResNet WRN-d-k (Zagoruyko & Komodakis 2016) for 32x32 images.
-
-  Dropout acts between the two convolutions of each block (the paper's place)."""
+  """Wide ResNet WRN-d-k (Zagoruyko & Komodakis 2016) for 32x32 images; dropout acts
+  between the two convolutions of each block (the paper's place)."""
 
   num_classes: int = 10
   depth: int = 16
@@ -263,9 +259,8 @@ MODELS = {
 
 
 def architecture(model: nn.Module) -> dict[str, Any]:
-  """A JSON-able description, ``{"class": "CNN", "num_classes": 10, ...}``.
-
-  Equal descriptions build the same parameters, so placement and ``dtype`` are left out."""
+  """A JSON-able description, ``{"class": "CNN", "num_classes": 10, ...}``; equal ones build
+  the same parameters, so placement and ``dtype`` are left out."""
   validation.instance("model", model, nn.Module, "a flax.linen.Module")
   description: dict[str, Any] = {"class": type(model).__name__}
   for field in dataclasses.fields(model):
@@ -286,9 +281,8 @@ _init = jax.jit(lambda model, key, x: model.init(key, x, train=False), static_ar
 
 @dataclasses.dataclass(frozen=True)
 class ApplyFn:
-  """``apply_fn(variables, x, key=None, rate=0.0) -> [B, K]``, in evaluation mode.
-
-  Equal models give equal, equally hashed objects: a static argument compiles once."""
+  """``apply_fn(variables, x, key=None, rate=0.0) -> [B, K]``, in evaluation mode; equal
+  models give equal, equally hashed objects (a static argument compiles once)."""
 
   model: nn.Module
 

@@ -23,10 +23,8 @@ TEST_METRICS = ("loss", "accuracy", "brier", "ece")  # the test split's, per eva
 
 class Monitor:
   """Turns ``fit``'s progress reports (``callback``) into ``train/*`` scalars for ``writer``,
-  and each epoch's (``end_epoch``) into ``epoch/*`` and ``test/*``.
-
-  ``learning_rate(step)`` is the rate of 0-based update ``step``.
-  """
+  and each epoch's (``end_epoch``) into ``epoch/*`` and ``test/*``; ``learning_rate(step)``
+  is the rate of 0-based update ``step``."""
 
   def __init__(self, writer: ScalarWriter, learning_rate: Callable[[int], float]):
     self._writer = writer

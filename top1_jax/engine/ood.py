@@ -62,7 +62,6 @@ def _uniform_noise(
 
 def uniform_noise(key: jax.Array, num: int, shape, first_index: int = 0) -> jax.Array:
   """``num`` images of i.i.d. uniform [0, 1) pixels of ``shape`` (H, W, C).
-
   Image i is keyed by ``fold_in(key, first_index + i)``: independent of how a set is cut."""
   key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
   is_key = jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape == ()

@@ -39,11 +39,9 @@ def schedule(
   warmup_epochs: float = 0.0,
 ) -> float | optax.Schedule:
   """The learning rate: a float when constant without warmup, else an optax schedule.
-
   ``"cosine"`` reaches 0 at step ``num_steps``, one *after* the last, so the last update
   still moves (as the Flax ImageNet example). ``"step"`` multiplies the rate by ``lr_factor``
-  after each epoch of ``lr_boundaries``. A warmup shifts the schedule after it.
-  """
+  after each epoch of ``lr_boundaries``. A warmup shifts the schedule after it."""
   if not learning_rate > 0:
     _fail("learning_rate", "a number > 0", learning_rate)
   if lr_schedule not in SCHEDULES:
@@ -95,7 +93,6 @@ def make(
   weight_decay: float = 0.0,
 ) -> Optimizer:
   """``optax.adam`` or ``optax.sgd`` (``momentum`` 0: plain) at ``learning_rate``.
-
   ``weight_decay`` is *coupled* L2 on the kernels (``kernel_mask``), added to the gradient
   before the optimizer, as PyTorch SGD's; with Adam that is not AdamW's decay."""
   if optimizer not in OPTIMIZERS:

@@ -78,14 +78,12 @@ def initialize(
   environ: Mapping[str, str] | None = None,
 ) -> None:
   """Joins this process to the others of its run, if any; call it before using a device.
-
   Without ``coordinator_address`` (``host:port`` of process 0) the run is one process,
   unless ``environ`` (pass ``os.environ``; None looks nowhere) describes a cluster."""
   _check_topology(coordinator_address, num_processes, process_id)
   if coordinator_address is None and (environ is None or detected_cluster(environ) is None):
     return
-  # The CPU backend reduces across processes only with a collectives library;
-  # it has to be chosen before the backend starts. Other backends ignore it.
+  # The CPU backend needs a collectives library across processes, chosen before it starts.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if coordinator_address is None:
     jax.distributed.initialize()
@@ -125,9 +123,8 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
 
 
 def shard_rows(data: np.ndarray, indices: np.ndarray, mesh: Mesh, axis: int = 0) -> jax.Array:
-  """The global array ``data[indices]``, split along ``axis`` of ``indices`` over a 1-D mesh.
-
-  Every process holds all of ``data`` [N, ...]; each gathers only its own devices' rows."""
+  """The global array ``data[indices]``, split along ``axis`` of ``indices`` over a 1-D mesh;
+  every process holds all of ``data`` [N, ...] and gathers only its own devices' rows."""
   spec = P(*([None] * axis), mesh.axis_names[0])
   shape = indices.shape + data.shape[1:]
   return jax.make_array_from_callback(
@@ -209,25 +206,23 @@ def _local_rows(shard, indices, axis_name: str):
 
 def gather_rows(data: Any, indices: jax.Array, mesh: Mesh) -> Any:
   """``leaf[indices]`` of every leaf of ``data`` (``put_rows``), split along B, in a jit.
-
   ``indices`` [..., B] is the same on every device, B a multiple of the mesh size."""
   if mesh.devices.size == 1:
     return jax.tree_util.tree_map(lambda leaf: jnp.take(leaf, indices, axis=0), data)
   (axis,) = mesh.axis_names
+
+  def local(shards, idx):
+    return jax.tree_util.tree_map(lambda shard: _local_rows(shard, idx, axis), shards)
+
   batch_spec = P(*([None] * (indices.ndim - 1)), axis)
-  local = functools.partial(_local_rows, axis_name=axis)
-  return jax.shard_map(
-    lambda shards, idx: jax.tree_util.tree_map(lambda shard: local(shard, idx), shards),
-    mesh=mesh,
-    in_specs=(P(axis), P()),
-    out_specs=batch_spec,
-  )(data, indices)
+  sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()), out_specs=batch_spec)
+  return sharded(data, indices)
 
 
 def use_compilation_cache(cache_dir: str) -> None:
   """JAX's persistent compilation cache for a launcher: a rerun skips most of its compiling."""
   jax.config.update("jax_compilation_cache_dir", cache_dir)
-  # Every program: most compile in 0.01-1 s (JAX caches only those >= 1 s by default).
+  # Every program: JAX caches only those compiling in >= 1 s by default.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   if importlib.util.find_spec("filelock"):  # JAX's size limit needs it
     jax.config.update("jax_compilation_cache_max_size", 2 << 30)  # least recent dropped
@@ -237,8 +232,7 @@ MAX_CPU_DEVICES = 8
 
 
 def one_cpu_device_per_core(num_cores: int, xla_flags: str) -> bool:
-  """One JAX CPU device per core (at most ``MAX_CPU_DEVICES``), so chunks score in parallel.
-
+  """One JAX CPU device per core (at most ``MAX_CPU_DEVICES``), so chunks score in parallel;
   XLA_FLAGS that set the device count are left alone. False when JAX had already started."""
   if "xla_force_host_platform_device_count" in xla_flags:
     return True

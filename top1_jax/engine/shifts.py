@@ -96,7 +96,6 @@ def rotate(images, degrees: float) -> jax.Array:
 @functools.cache
 def _spline_prefilter(size: int) -> np.ndarray:
   """[size, size] float64: samples -> cubic B-spline coefficients, mirrored as SciPy's.
-
   The inverse of the system SciPy's recursive filter solves: a matmul on device."""
   if size == 1:
     return np.ones((1, 1))
@@ -163,15 +162,13 @@ def _cubic_sources(degrees: float, height: int, width: int) -> tuple[np.ndarray,
 
 def rotate_cubic(images, degrees: float) -> jax.Array:
   """Rotates every image as Ovadia et al. (2019): ``scipy.ndimage.rotate``, then a centre crop.
-
   ``scipy.ndimage.rotate(images, degrees, axes=(1, 2), reshape=True)`` on device, to
   float32 rounding. Not clipped: the spline overshoots [0, 1] near edges, as theirs does."""
   batch = check_images("images", images)
   degrees = _checked_degrees(degrees)
   if degrees % 360 == 0:
     return jnp.asarray(images)  # SciPy's result too, to the last bit
-  # Coordinates from the host, as arguments: one program for every angle, and where a
-  # source lies (inside or not, its fraction) decided in float64, as SciPy decides it.
+  # Host coordinates as arguments: one program for every angle, decided in float64 as SciPy.
   rotated = _rotate_cubic(batch, *_cubic_sources(degrees, *batch.shape[1:3]))
   return rotated.reshape(jnp.shape(images))
 
@@ -181,8 +178,7 @@ def _translate(images: jax.Array, pixels: jax.Array) -> jax.Array:
   width = images.shape[2]
   pixels = jnp.clip(pixels, -width, width)  # beyond the width every column is background
   padded = jnp.pad(images, ((0, 0), (0, 0), (width, width), (0, 0)))
-  # out[j] = images[j - pixels], found at padded[j - pixels + width]: one program for
-  # every shift (the start is traced, the width static).
+  # out[j] = padded[j - pixels + width], a traced start: one program for every shift.
   return jax.lax.dynamic_slice_in_dim(padded, width - pixels, width, axis=2)
 
 

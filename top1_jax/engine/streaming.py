@@ -1,12 +1,8 @@
 """A predictions file's log-probabilities and every score, a chunk of examples at a time.
 
-Why: an ImageNet MC-dropout file holds [S, N, K] = [32, 50000, 1000] float32
-logits (6.4 GB), and its evaluation needs only the [N, K] mean log-probabilities
-and one [N] array per score. Each chunk of examples goes through
-``scores.from_predictions`` (the same functions as a whole file, so the same
-values) and is written into the [N, K] and [N] results; peak memory is those
-plus one chunk. Every chunk is padded to one shape, so each jitted score
-compiles once, not once more for a shorter last chunk.
+Peak memory is the [N, K] and [N] results plus one chunk, not the [S, N, K] logits. Each
+chunk goes through ``scores.from_predictions`` (so the values are a whole file's), padded
+to one shape so that each jitted score compiles once.
 """
 
 import collections
@@ -63,8 +59,8 @@ def _local_scores(samples, human_probs, labels, *, topk, label_terms):
 
 @functools.lru_cache(maxsize=8)
 def _program_over(devices: tuple, topk: tuple, label_terms: bool):
-  """Scores D chunks at once, chunk d on device d: one SPMD program (``jax.shard_map``, no
-  communication), compiled once; a jit per device compiled the same program D times."""
+  """Scores D chunks at once, chunk d on device d: one SPMD program, compiled once (a jit
+  per device would compile it D times)."""
   mesh = Mesh(np.asarray(devices), (_AXIS,))
   local = functools.partial(_local_scores, topk=topk, label_terms=label_terms)
   sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(_AXIS),) * 3, out_specs=P(_AXIS))
@@ -72,13 +68,10 @@ def _program_over(devices: tuple, topk: tuple, label_terms: bool):
 
 
 def _score_group(group: list[dict], devices: list, topk: tuple, with_labels: bool) -> tuple:
-  """A group's (log-probabilities, scores, label terms or None), not waited for.
-
-  One device: ``scores.from_predictions`` of the group's one chunk. D devices: the D
-  chunks (a short last group repeats its last one), checked as it checks them,
-  stacked, and scored by ``_program_over`` the devices: each result gets a leading
-  axis of D. Stored scores are left to ``_collect``.
-  """
+  """A group's (log-probabilities, scores, label terms or None), not waited for: one
+  device, ``scores.from_predictions`` of its one chunk; D devices, the D chunks (a short
+  group repeats its last) checked as it checks them and scored by ``_program_over``, each
+  result with a leading axis of D. Stored scores are left to ``_collect``."""
   if len(devices) == 1:
     inputs = {**group[0], "stored_scores": None}
     return scores.from_predictions(**inputs, topk=topk, as_numpy=False, label_terms=with_labels)
@@ -135,30 +128,16 @@ def from_chunks(
   topk: Sequence[int] = (),
   with_labels: bool = True,
 ) -> scores.ScoredPredictions:
-  """``scores.from_predictions`` of a whole file, from its chunks of examples.
+  """``scores.from_predictions(..., label_terms=True)`` of a whole file, from its chunks.
 
-  Args:
-    chunks: (start, chunk) in order, covering [0, num_examples) without gaps; a
-      chunk has the fields of ``io.predictions.Predictions`` (``labels`` [B],
-      ``logits`` [S, B, K] or None, ``mean_probs`` [B, K] or None, ``scores``
-      {name: [B]}, ``human_probs`` [B, K] or None), e.g. the chunks of
-      ``io.stream.PredictionsReader``. Every chunk but the last has the first's B.
-    num_examples: N.
-    topk: Top-k events whose ``neg_log_top{k}_mass`` to add.
-    with_labels: add the oracle score ``oracle_loss`` and the label terms (they need
-      the labels).
-
-  Returns:
-    ``scores.ScoredPredictions``: [N, K] float32 log-probabilities as a jax array,
-    name -> [N] NumPy scores, ``events.LabelTerms`` of NumPy arrays (None without
-    labels); equal to ``scores.from_predictions(..., label_terms=True)`` on the whole
-    arrays.
-  """
-  # MC samples: groups of D chunks, chunk d of a group on the host's CPU device d (with
-  # one JAX CPU device per core, as the evaluate stage sets, each core scores its own
-  # chunk: XLA runs the covariance norms' small matmuls on one core per device), one
-  # group in flight while the next is read. Without samples, one device, one chunk at a
-  # time: XLA's own threads keep both cores as busy.
+  ``chunks``: (start, chunk) in order, covering [0, num_examples) without gaps, each with
+  the fields of ``io.predictions.Predictions`` (e.g. ``io.stream.PredictionsReader``'s);
+  every chunk but the last has the first's B. ``topk``: the ``neg_log_top{k}_mass`` to add;
+  ``with_labels``: add ``oracle_loss`` and the label terms. Returns [N, K] float32
+  log-probabilities (a jax array), name -> [N] NumPy scores, and ``events.LabelTerms`` of
+  NumPy arrays (None without labels)."""
+  # MC samples on several CPU devices (one core each): groups of D chunks, chunk d on device
+  # d, one group in flight while the next is read. Otherwise one device, one chunk at a time.
   devices, in_flight = None, collections.deque()
   out = {"log_probs": None, "filled": 0, "num_examples": num_examples, "values": {}, "terms": []}
   group, rows, expected, stored = [], None, 0, ()
@@ -194,8 +173,7 @@ def from_chunks(
   values = {name: np.concatenate(parts) for name, parts in out["values"].items()}
   columns = zip(*out["terms"], strict=True)
   terms = events.LabelTerms(*map(np.concatenate, columns)) if out["terms"] else None
-  # pmax is an element-wise exp, whose last bit depends on an element's place in the
-  # SIMD lanes of its batch: redone on all N it equals the whole-file one.
+  # pmax redone on all N: an exp's last bit depends on the element's SIMD lane.
   if "neg_log_pmax" not in stored and "pmax" in values:
     values["pmax"] = np.asarray(_pmax(values["neg_log_pmax"]))
   # The host buffer becomes the jax array (aligned: device_put keeps it on a CPU).

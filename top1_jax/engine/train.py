@@ -1,8 +1,7 @@
 """Training with optax: one network, or a deep ensemble trained together.
 
 ``fit`` runs up to ``steps_per_call`` steps per jitted call (``lax.scan``), data-parallel
-over all devices; the host reads the summed loss only at a report. ``train_state`` and
-``batches`` names are re-exported here.
+over all devices; the host reads the summed loss only at a report.
 """
 
 import functools
@@ -72,8 +71,8 @@ STEPS_PER_CALL = 100
 
 @functools.lru_cache(maxsize=64)
 def slow_in_cpu_loops(model: nn.Module, example_shape: tuple[int, ...]) -> bool:
-  """Whether XLA:CPU runs this model's step several times slower inside ``lax.scan``:
-  with a convolution or a half-precision compute (docs/performance.md)."""
+  """Whether XLA:CPU runs this model's step much slower inside ``lax.scan``: with a
+  convolution or a half-precision compute."""
   sample = jax.ShapeDtypeStruct((1, *example_shape), jnp.float32)
   forward = jax.make_jaxpr(lambda x: model.init_with_output(jax.random.key(0), x)[0])(sample)
   half = batches.input_dtype(model) != jnp.float32
@@ -83,9 +82,8 @@ def slow_in_cpu_loops(model: nn.Module, example_shape: tuple[int, ...]) -> bool:
 def pick_steps_per_call(
   steps_per_call: int | None = None, backend: str | None = None, *, slow_in_loops: bool = False
 ) -> int:
-  """Training steps per jitted call: ``steps_per_call`` if not None, else by backend.
-
-  Any value gives the same numbers up to float rounding."""
+  """Training steps per jitted call: ``steps_per_call`` if not None, else by backend (any
+  value gives the same numbers up to float rounding)."""
   if steps_per_call is not None:
     return validation.positive_int("steps_per_call", steps_per_call)
   backend = jax.default_backend() if backend is None else backend
@@ -154,15 +152,6 @@ def _program(mesh, num_steps, steps_per_epoch, batch_size, ensemble, streamed, d
   return jax.jit(call, out_shardings=NamedSharding(mesh, P()))
 
 
-def _calls(begin: int, progress: _Progress, steps_per_call: int) -> list[tuple[int, int]]:
-  """(first step, steps) of each call, cut at every report."""
-  calls, first = [], begin
-  while first < progress.end:
-    calls.append((first, min(steps_per_call, progress.next_report(first) - first)))
-    first += calls[-1][1]
-  return calls
-
-
 def training_data(model: nn.Module, images: ArrayLike, labels: ArrayLike) -> TrainingData:
   """A training set checked and placed once, for many ``fit(state, data, None, ...)`` calls."""
   return batches.training_data(model, images, labels, mc.default_mesh())
@@ -181,7 +170,6 @@ def fit(
   steps_per_call: int | None = None,
 ) -> TrainState:
   """Trains one network for ``num_steps`` mini-batch steps.
-
   With ``shuffle_key, dropout_key = split(key)``, step t (from ``state.step``) takes the
   batch at position t of ``batches.EpochOrder(shuffle_key)`` and the dropout key
   ``fold_in(dropout_key, t)``. Every ``log_every`` steps ``callback`` gets the loss and
@@ -194,8 +182,7 @@ def fit(
 
 
 def _checked(model, variables, images, labels, num_steps, batch_size, log_every, steps_per_call):
-  """``fit``'s data, then its step count, batch size (a multiple of the device count), log
-  interval and steps per call."""
+  """``fit``'s data, step count, batch size, log interval and steps per call, checked."""
   data = batches.for_fit(model, variables, images, labels, mc.default_mesh())
   num_steps = validation.positive_int("num_steps", num_steps)
   batch_size = validation.positive_int("batch_size", batch_size, maximum=data.num_examples)
@@ -219,7 +206,10 @@ def _fit(state, data, key, num_steps, batch_size, log_every, steps_per_call, cal
   key_data, zeros = parallel.replicate((jax.random.key_data(keys[..., 1]), zeros), mesh)
   if not data.on_device:
     steps_per_call = batches.streamed_steps(data, order, steps_per_call)
-  calls = _calls(begin, progress, steps_per_call)
+  calls, first = [], begin  # (first step, steps) of each call, cut at every report
+  while first < progress.end:
+    calls.append((first, min(steps_per_call, progress.next_report(first) - first)))
+    first += calls[-1][1]
   blocks = None if data.on_device else batches.streamed(data, order, calls)
   static = (order.steps_per_epoch, order.batch_size, bool(shape), blocks is not None)
   state, totals, pending = parallel.replicate(state, mesh), zeros, None
@@ -254,7 +244,6 @@ def fit_ensemble(
   steps_per_call: int | None = None,
 ) -> TrainState:
   """Trains every member of an ensemble; member m as ``fit`` with ``split(key, M)[m]``.
-
   ``strategy`` ``"vmap"`` and ``"loop"`` give the same members up to float rounding; the
   ``callback`` gets each member's floats with ``"loop"``, [M] arrays with vmap."""
   size = mc.ensemble_size(states.params)
@@ -269,6 +258,5 @@ def fit_ensemble(
   )
   if strategy == "vmap":  # one vmapped step: member m's keys are those of the loop's
     return _fit(states, data, member_keys, *plan, callback, None)
-  return train_state.stack_members(
-    [_fit(member(states, m), data, member_keys[m], *plan, callback, m) for m in range(size)]
-  )
+  members = [_fit(member(states, m), data, member_keys[m], *plan, callback, m) for m in range(size)]
+  return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *members)

@@ -1,7 +1,7 @@
 """The state a training step reads and writes, for one network or a deep ensemble, and the step.
 
 Mixed precision as in the Flax ImageNet example: parameters stay float32; ``"float16"`` adds
-a dynamic loss scale, not checkpointed (a resumed run's adapts again within a few steps).
+a dynamic loss scale, not checkpointed.
 """
 
 import functools
@@ -28,7 +28,6 @@ LOSS_SCALE_GROWTH_INTERVAL = 2000  # flax's default
 @struct.dataclass
 class TrainState:
   """Everything a training step reads and writes (a pytree; leaves [M, ...] for an ensemble).
-
   ``model_state``: the mutable collections (``{"batch_stats": ...}`` for BatchNorm, or {})."""
 
   step: jax.Array
@@ -92,8 +91,7 @@ def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynami
   return key, sample_input, float(rate)
 
 
-# Jitted: created op by op (under vmap, too), the optimizer state dispatches one small
-# program per leaf and operation.
+# Jitted: op by op, the optimizer state dispatches a small program per leaf and operation.
 @functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))
 def _create(model, tx, keys, sample_input, dropout_rate, augmentation, scale) -> TrainState:
   """One network's state of a key [], or M members' (leaves [M, ...]) of keys [M]."""
@@ -147,11 +145,6 @@ def member(states: TrainState, index: int) -> TrainState:
   size = mc.ensemble_size(states.params)
   index = validation.positive_int("index", index, minimum=0, maximum=size - 1)
   return jax.tree_util.tree_map(lambda leaf: leaf[index], states)
-
-
-def stack_members(states: list[TrainState]) -> TrainState:
-  """One ensemble ``TrainState`` of single-network states (leaves stacked on a new [M] axis)."""
-  return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *states)
 
 
 def apply_step(state: TrainState, batch, key) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -217,7 +210,6 @@ def train_step(
   state: TrainState, batch: tuple[ArrayLike, ArrayLike], key: jax.Array
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer step on the mean softmax cross-entropy (jitted, pure); metrics before it.
-
   Labels are not range-checked: that would sync every step."""
   return _train_step_jit(state, _check_batch(batch, False), mc.as_prng_key(key))
 

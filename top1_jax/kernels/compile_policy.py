@@ -1,8 +1,5 @@
-"""How the library's small programs (over per-bin or per-split arrays) are compiled.
-
-XLA's backend at optimisation level 0 compiles them several times faster and they still
-run in milliseconds; compile time is much of a first evaluate's (docs/performance.md).
-"""
+"""How the library's small programs (over per-bin or per-split arrays) are compiled: at
+XLA backend optimisation level 0 they compile several times faster and still run fast."""
 
 import jax
 

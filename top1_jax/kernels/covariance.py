@@ -1,22 +1,18 @@
 """The covariance 2-norm ``||Cov_s(x_s)||_2`` of many small [S, K] sample sets at once.
 
-Only the m x m of the covariance and the Gram matrix, m = min(S, K), is formed (they
-share their nonzero eigenvalues). On the CPU its top eigenvalue comes from m steps of
-batched Lanczos and bisection (a LAPACK ``eigh`` per matrix is serial, and jaxlib's
-batched CPU ``eigh`` blocked its thread pool when two calls overlapped); GPUs take one
-batched ``eigvalsh``. Exact powers of two keep any scale in the float range.
+Only the m x m of the covariance or the Gram matrix, m = min(S, K), is formed (they share
+their nonzero eigenvalues). Its top eigenvalue: batched Lanczos and bisection on the CPU
+(LAPACK's ``eigh`` is serial per matrix), one batched ``eigvalsh`` elsewhere.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Sample values per product step: on the CPU one example at S = 32, K = 1000, as a plain
-# [S, K] x [K, S] matmul is faster there than a batched one; elsewhere 1 GiB of float32.
+# Sample values per product step (on the CPU a plain matmul beats a batched one).
 _BLOCK_ELEMENTS = {"cpu": 1 << 15, "other": 1 << 28}
 
-# Matrix entries per eigenvalue step (memory stays O(chunk * m^2) whatever N): 256
-# examples at m = 32 on the CPU amortise the Lanczos loop's steps and fit in cache.
+# Matrix entries per eigenvalue step: memory stays O(chunk * m^2) whatever N.
 _CHUNK_MATRIX_ELEMENTS = {"cpu": 1 << 18, "other": 1 << 26}
 
 
@@ -25,8 +21,7 @@ def _on_cpu() -> bool:
 
 
 def _precision() -> jax.lax.Precision | None:
-  # Full float32 products: GPUs would otherwise multiply in TF32 (~1e-3 relative
-  # error). The CPU multiplies float32 in full anyway, on its default path.
+  # Full float32 products: GPUs would otherwise multiply in TF32.
   return None if _on_cpu() else jax.lax.Precision.HIGHEST
 
 
@@ -44,10 +39,7 @@ def start_vector(size: int) -> np.ndarray:
 
 def _lanczos(matrices: jax.Array, start: jax.Array, breakdown: jax.Array) -> tuple:
   """[B, m, m] symmetric -> Lanczos tridiagonals: [B, m] diagonal, [B, m-1] off-diagonal,
-  from [B, m] unit ``start`` vectors, stopping where a residual is below ``breakdown``.
-
-  m steps span the space, so no convergence test; rounding only repeats converged Ritz
-  values, which leaves the largest intact."""
+  from [B, m] unit ``start`` vectors, stopping where a residual is below ``breakdown``."""
 
   def step(carry, _):
     vector, previous, previous_beta = carry
@@ -66,8 +58,8 @@ def _lanczos(matrices: jax.Array, start: jax.Array, breakdown: jax.Array) -> tup
 
 
 def _restarting_lanczos(matrices: jax.Array, start: jax.Array, breakdown: jax.Array) -> tuple:
-  """``_lanczos`` reorthogonalised and restarted where the Krylov space closes, so that
-  the tridiagonal holds every eigenvalue: the costlier fallback where it may miss one."""
+  """``_lanczos`` reorthogonalised and restarted where the Krylov space closes: the
+  costlier fallback, whose tridiagonal holds every eigenvalue."""
   size = matrices.shape[-1]
 
   def orthogonalised(vector, basis):
@@ -127,8 +119,7 @@ def _top_of_tridiagonal(diagonal: jax.Array, off_diagonal: jax.Array) -> jax.Arr
     below = below_top(middle)
     return jnp.where(below, middle, lower), jnp.where(below, upper, middle)
 
-  # The bracket is at most twice the largest off-diagonal wide: nmant + 3 halvings
-  # leave it below one unit in the last place of the top eigenvalue.
+  # nmant + 3 halvings leave the bracket below one ulp of the top eigenvalue.
   lower, upper = jax.lax.fori_loop(0, finfo.nmant + 3, halve, (lower, upper))
   return 0.5 * (lower + upper)
 
@@ -163,15 +154,14 @@ def _lanczos_top(normalised: jax.Array) -> jax.Array:
   """[B, m, m] PSD with trace 1 (or 0) -> [B] top eigenvalue, by Lanczos and bisection."""
   size = normalised.shape[-1]
   trace = jnp.trace(normalised, axis1=1, axis2=2)
-  # Carries start from the data's own shapes (``*_like``), as shard_map requires.
+  # ``*_like`` carries, as shard_map requires.
   start = jnp.zeros_like(normalised[:, 0]) + jnp.asarray(start_vector(size), normalised.dtype)
   # An invariant subspace ends the sequence: the next vector would be rounding noise.
   lanczos_args = (normalised, start, size * jnp.finfo(normalised.dtype).eps * trace)
   diagonal, off_diagonal = _lanczos(*lanczos_args)
   top = _top_of_tridiagonal(diagonal, off_diagonal)
-  # Where the sequence stopped early, the trace beyond sum(diagonal) belongs to
-  # eigenvectors the start vector never reached; where it could hold a larger eigenvalue,
-  # Lanczos restarts. (Without a stop, that sum drifts as orthogonality is lost.)
+  # Where the sequence stopped early and the trace beyond sum(diagonal) (eigenvectors
+  # never reached) could hold a larger eigenvalue, Lanczos restarts.
   slack = 4 * size * jnp.finfo(normalised.dtype).eps
   stopped = jnp.any(off_diagonal == 0, axis=1)
   suspect = stopped & (trace - jnp.sum(diagonal, axis=1) > top + slack)
@@ -183,10 +173,9 @@ def _lanczos_top(normalised: jax.Array) -> jax.Array:
 
 
 def _scaled_top_eigenvalue(matrices: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """[B, m, m] PSD -> [B] top eigenvalues as ``top * 2^exponent`` (a caller may divide
-  ``top`` before the power of two takes it past the float range)."""
-  # Matrices far from 1 are first scaled by an exact power of two: the trace of
-  # entries near the float limit overflows, and 1 / trace past 2^126 underflows.
+  """[B, m, m] PSD -> [B] top eigenvalues as ``top * 2^exponent``, so that a caller may
+  divide ``top`` before the power of two takes it past the float range."""
+  # Scaled by an exact power of two first: traces near the float limits over/underflow.
   exponent = _binary_exponent(matrices)
   matrices = _times_power_of_two(matrices, -exponent)
   if not _on_cpu():
@@ -230,11 +219,9 @@ def _products(centred: jax.Array) -> jax.Array:
 
 
 def _centred(samples: jax.Array) -> jax.Array:
-  # Centred before any product: the spread of tiny dropout rates can be 1e-4 of the
-  # logits' mean, and centring the Gram afterwards cancels it away.
+  # Centred before any product (centring the Gram cancels tiny spreads away), twice:
+  # the second pass takes out the mean's rounding error.
   centred = samples - jnp.mean(samples, axis=0)
-  # A second pass takes out the mean's rounding error, as large as the spread of
-  # saturated probabilities (errors of 6e-2 to 3x in float32 without it).
   centred = centred - jnp.mean(centred, axis=0)
   # Identical samples centre to exactly 0 (a float mean of equal values need not equal them).
   largest = jnp.max(samples, axis=0)
@@ -259,13 +246,11 @@ def _chunk_products(samples: jax.Array, start: jax.Array, chunk: int, block: int
 def _rescaled_chunk_products(
   samples: jax.Array, start: jax.Array, chunk: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """[chunk, m, m] products of samples divided by each example's largest deviation, and
-  per example that scale and the exponent e that the norm is multiplied back by
-  (scale^2 4^e)."""
+  """[chunk, m, m] products of samples divided by each example's largest deviation, that
+  scale and the exponent e, per example: the norm is multiplied back by scale^2 4^e."""
   examples = jax.lax.dynamic_slice_in_dim(samples, start, chunk, axis=1)
-  # Near the float limit the sum behind the mean and the deviations overflow: such
-  # examples are first scaled down by an exact 2^64 (at that magnitude the float
-  # spacing is over 2^40, so no deviation is lost).
+  # Near the float limit the mean's sum overflows: such examples are first scaled down
+  # by an exact 2^64 (their float spacing is over 2^40, so no deviation is lost).
   huge = jnp.max(jnp.abs(examples), axis=(0, 2)) > 2.0**64
   exponent = jnp.where(huge, 64, 0).astype(jnp.int32)  # int32 with x64 on too (as frexp's)
   centred = _centred(_times_power_of_two(examples.swapaxes(0, 1), -exponent).swapaxes(0, 1))
@@ -277,9 +262,7 @@ def _rescaled_chunk_products(
 def _chunk_norms(samples: jax.Array, start: jax.Array, chunk: int, block: int) -> jax.Array:
   """[S, N, K] -> [chunk] covariance norms of examples [start, start + chunk)."""
   products = _chunk_products(samples, start, chunk, block)
-  # Raw products are accurate unless they overflow (deviations beyond ~1e19 / sqrt(K))
-  # or near the subnormals (flushed to 0): only those examples are recomputed from
-  # rescaled samples, an extra pass the common case skips.
+  # Examples whose raw products overflow or near the subnormals are redone rescaled.
   largest = jnp.max(jnp.diagonal(products, axis1=1, axis2=2), axis=1)
   smallest_safe = np.sqrt(jnp.finfo(samples.dtype).tiny)
   rescale = ~jnp.all(jnp.isfinite(products), axis=(1, 2)) | (largest < smallest_safe)
@@ -294,8 +277,7 @@ def _chunk_norms(samples: jax.Array, start: jax.Array, chunk: int, block: int) -
     rescaled,
     lambda: (products, jnp.ones_like(largest), jnp.zeros_like(largest, dtype=jnp.int32)),
   )
-  # In this order so that a huge scale with a small eigenvalue does not overflow,
-  # nor the Gram's eigenvalue (S - 1 times the norm) where the norm does not.
+  # In this order so that no intermediate overflows where the norm does not.
   top, top_exponent = _scaled_top_eigenvalue(products)
   norms = top / (samples.shape[0] - 1) * scale * scale
   norms = _times_power_of_two(_times_power_of_two(norms, top_exponent), 2 * exponent)
@@ -314,8 +296,7 @@ def _sizes(
   blocks_per_chunk = max(1, _CHUNK_MATRIX_ELEMENTS[kind] // (size * size * block))
   largest = block * max(1, min(blocks_per_chunk, num_examples // block))
   num_chunks = -(-num_examples // largest)
-  # Chunks as even as the step allows, so that the last one, shifted back to end
-  # at N, recomputes few examples of its neighbour.
+  # Even chunks: the last, shifted back to end at N, recomputes few of its neighbour's.
   even = -(-num_examples // num_chunks)
   if block >= even:
     return even, even, num_chunks
@@ -324,8 +305,7 @@ def _sizes(
 
 def _over_chunks(chunk_fn, num_examples: int, chunk: int, num_chunks: int) -> jax.Array:
   """[N] results of ``chunk_fn(start) -> [chunk]`` over chunks covering [0, N)."""
-  # The last chunk is shifted back to end at N, overlapping its neighbour, rather
-  # than padded: padding would copy the whole input.
+  # The last chunk is shifted back to end at N, not padded (a copy of the whole input).
   if num_chunks == 1:
     return chunk_fn(0)
   starts = jnp.minimum(jnp.arange(num_chunks) * chunk, num_examples - chunk)

@@ -1,8 +1,7 @@
 """Per-example reductions over [N, K] arrays, a cache-sized block of examples at a time.
 
 Several sums of one element-wise term make XLA on CPU write the term as a whole [N, K]
-array and read it back once per sum (200 MB each way at ImageNet size); over ~1 MB
-blocks it stays in cache (docs/performance.md). Inside ``jit`` only.
+array and read it back once per sum; over ~1 MB blocks it stays in cache. Inside ``jit``.
 """
 
 from collections.abc import Callable, Sequence
@@ -23,13 +22,13 @@ def block_rows(num_classes: int) -> int:
   return max(1, BLOCK_ELEMENTS // max(1, num_classes))
 
 
-def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array], rows: int | None = None) -> tuple:
-  """The tuple of ``fn(*blocks)``'s per-row outputs over blocks of ``rows`` rows, for all N
-  (None: ``block_rows`` of the first array's last axis). ``fn`` must treat rows
-  independently; ``arrays`` share their leading N >= 1. The last block is shifted back to
-  end at N, overlapping the one before, so nothing is padded."""
+def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array]) -> tuple:
+  """The tuple of ``fn(*blocks)``'s per-row outputs over blocks of ``block_rows`` rows (of
+  the first array's last axis), for all N. ``fn`` must treat rows independently; ``arrays``
+  share their leading N >= 1. The last block is shifted back to end at N, overlapping the
+  one before, so nothing is padded."""
   num = arrays[0].shape[0]
-  rows = min(block_rows(arrays[0].shape[-1]) if rows is None else rows, num)
+  rows = min(block_rows(arrays[0].shape[-1]), num)
   count = -(-num // rows)
   if count == 1:
     return tuple(fn(*arrays))
@@ -38,11 +37,9 @@ def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array], rows: int | None =
     start = jnp.minimum(index * rows, num - rows)
     return start, tuple(fn(*(lax.dynamic_slice_in_dim(a, start, rows, 0) for a in arrays)))
 
-  # Each output is one [N] buffer the blocks are written into in place: no stacked
-  # [count, rows] copy to join afterwards. It starts as block 0's output padded to N (a
-  # buffer of fresh zeros would not type-check inside shard_map: it is not per-device).
-  # The last block goes first, so the block before it writes the rows they share, as
-  # when the blocks ran in order and the last one's first rows were dropped.
+  # Each output is one [N] buffer written in place, starting as block 0's output padded
+  # to N (fresh zeros would not type-check inside shard_map). The last block goes first,
+  # so the block before it writes the rows they share, as if they ran in order.
   first = one_block(0)[1]
   out = tuple(jnp.pad(v, [(0, num - rows)] + [(0, 0)] * (v.ndim - 1)) for v in first)
 

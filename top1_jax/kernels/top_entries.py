@@ -1,8 +1,7 @@
 """Each row's top entries and a label's rank, by max and count passes: no sort, no arg-max.
 
-On the CPU, XLA reduces a float max or sum many times faster than an arg-max (which it
-does not vectorise) or an integer count, and ``lax.top_k`` sorts (docs/performance.md).
-Ties are broken as ``argmax`` and ``lax.top_k`` break them: towards the lower class.
+On the CPU, XLA reduces a float max or sum much faster than an arg-max or an integer
+count, and ``lax.top_k`` sorts. Ties go to the lower class, as ``argmax``'s and ``top_k``'s.
 """
 
 import jax
