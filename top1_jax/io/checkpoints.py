@@ -1,9 +1,6 @@
-"""Checkpoints of a ``train.TrainState`` (one network or a stacked ensemble), by orbax.
-
-Each stores the architecture, every parameter's shape and every array's CRC-32, so that
-restoring into another architecture is refused, saying what differs, and a damaged
-checkpoint is found (``RunCheckpoints.latest`` then sets it aside and trains its epoch again).
-"""
+"""Checkpoints of a ``train.TrainState`` (one network or a stacked ensemble), by orbax, with
+the architecture, parameter shapes and array CRC-32s: restoring into another architecture is
+refused, saying what differs, and a damaged checkpoint is found."""
 
 import contextlib
 import logging
@@ -24,16 +21,7 @@ from top1_jax.engine import models
 from top1_jax.engine.train import TrainState
 from top1_jax.io import files
 
-__all__ = [
-  "DAMAGED_SUFFIX",
-  "DamagedCheckpointError",
-  "RunCheckpoints",
-  "restore_checkpoint",
-  "save_checkpoint",
-]
-
-# Written into every checkpoint and checked on restore. A fixed name, not where
-# TrainState is defined: changing it would make existing checkpoints unreadable.
+# A fixed name, not TrainState's module path: changing it would make checkpoints unreadable.
 _FORMAT = "top1_jax.engine.train.TrainState/1"
 _LEGACY_PREFIX = "epoch_"  # an older layout of one ``save_checkpoint`` folder per epoch
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -188,11 +176,8 @@ def _check_arrays(path, arrays, crc32s: dict | None) -> None:
 
 
 def _read(path, restore, template: TrainState) -> TrainState:
-  """Checks the files and the metadata, then reads the arrays in the structure of ``template``.
-
-  ``restore(args)`` is orbax's restore. Files orbax cannot parse (a killed write, a disk
-  error) raise bare ``Exception``s, turned here into one ``DamagedCheckpointError``.
-  """
+  """Checks the files and the metadata, then reads the arrays in the structure of ``template``
+  by ``restore(args)`` (orbax's); what orbax cannot parse is a ``DamagedCheckpointError``."""
   _check_files(path)
 
   def read(**args):
@@ -227,10 +212,9 @@ _QUIET_DIRECTORIES: set[str] = set()
 
 
 def _quiet_failed_reads(directory) -> None:
-  """Drops asyncio's "exception was never retrieved" reports of tensorstore reads in
-  ``directory``: a damaged checkpoint is told once, by ``latest``'s warning; each failed
-  read's future would tell it again as a traceback, whenever the garbage collector finds
-  it (during the restore too, so the filter is in place before it)."""
+  """Drops asyncio's "exception was never retrieved" tracebacks of failed tensorstore reads in
+  ``directory`` (a damaged checkpoint is told once, by ``latest``'s warning); in place before
+  the restore, since the garbage collector may report them during it."""
   if not _QUIET_DIRECTORIES:
     logging.getLogger("asyncio").addFilter(
       lambda log: not any(d in log.getMessage() for d in _QUIET_DIRECTORIES)
@@ -241,10 +225,9 @@ def _quiet_failed_reads(directory) -> None:
 class RunCheckpoints(contextlib.AbstractContextManager):
   """The checkpoint of a training run's last finished epoch, by orbax's ``CheckpointManager``.
 
-  Every process creates it with the same ``directory`` (local or a URL) and calls
-  ``latest`` and ``save`` alike: process 0 writes, all read. A save is atomic. Use it as a
-  context manager, or ``close`` it. Older ``epoch_N/`` folders are read while the manager
-  holds no checkpoint of its own.
+  Every process creates it with the same ``directory`` (local or a URL) and calls ``latest``
+  and ``save`` alike: process 0 writes, all read. Use it as a context manager, or ``close``
+  it. Older ``epoch_N/`` folders are read while the manager holds no checkpoint of its own.
   """
 
   def __init__(self, directory: epath.PathLike):

@@ -1,9 +1,5 @@
 """Datasets as numpy arrays: the names in ``REGISTRY`` from IDX files, any other (or
-these when no IDX files are found) through TFDS.
-
-The held-out (test) split is what cross-validation divides into calibration and
-evaluation folds.
-"""
+these when no IDX files are found) through TFDS."""
 
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -26,9 +22,8 @@ class IdxDataset(NamedTuple):
 
   Attributes:
     class_names: the K class names, in label order.
-    system_dir: where a system package installs the IDX files, read when
-      ``data_dir`` lacks them (unless ``fallback=False``); a function, so the place
-      is looked up at each load (tests point it elsewhere). None: no system copy.
+    system_dir: a function giving where a system package installs the IDX files (looked
+      up at each load), read when ``data_dir`` lacks them; None: no system copy.
     install: the command that installs that package, for error messages.
   """
 
@@ -74,8 +69,7 @@ def _find_idx(
   name, split, data_dir, fallback: bool, source: str
 ) -> tuple[IdxDataset | None, list, tuple | None]:
   """Checks load_dataset's arguments; (the registry entry, or None for TFDS alone; the
-  directories searched; the split's IDX pair found in the first that has it). With
-  ``source="idx"``, no pair is an error."""
+  directories searched; the IDX pair found first). With ``source="idx"``, none is an error."""
   if source not in ("auto", "idx", "tfds"):
     raise ValueError(f"source: expected 'auto', 'idx' or 'tfds', got {source!r}")
   if not isinstance(name, str) or not name:
@@ -97,8 +91,7 @@ def _find_idx(
     directories.append(files.as_path(dataset.system_dir()))
   for directory in directories:
     if (half := idx.incomplete_idx_pair(directory, split)) is not None:
-      # Looking further would take this split's images and labels (or this split
-      # and the other one) from two different copies of the data.
+      # Looking further would take images and labels from two copies of the data.
       raise DataUnavailableError(
         f"{name} ({split}): {half}; a split's images and labels must come from one directory"
       )
@@ -173,12 +166,7 @@ def split_info(
   fallback: bool = True,
 ) -> SplitInfo:
   """What ``load_dataset`` with the same arguments would read, from the IDX headers alone
-  (TFDS is not imported), so a launcher can check N and K before any work.
-
-  Raises:
-    DataUnavailableError, ValueError: as ``load_dataset`` would for a missing
-      half of an IDX pair, bad arguments or bad headers.
-  """
+  (TFDS is not imported); raises as ``load_dataset`` would for bad arguments or headers."""
   if limit is not None:
     limit = validation.positive_int("limit", limit)
   dataset, _, found = _find_idx(name, split, data_dir, fallback, source)
@@ -192,10 +180,8 @@ def split_info(
 def iterate_batches(
   dataset: DatasetSplit, batch_size: int, *, seed: int | None = None, drop_remainder: bool = False
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """Yields numpy (images [B, H, W, C], labels [B]) batches covering the split once.
-
-  ``seed`` shuffles (one permutation per call); None keeps the order.
-  """
+  """Yields numpy (images [B, H, W, C], labels [B]) batches covering the split once, shuffled
+  by ``seed`` (one permutation per call; None keeps the order)."""
   batch_size = validation.positive_int("batch_size", batch_size)
   count = len(dataset.labels)
   order = np.arange(count) if seed is None else np.random.default_rng(seed).permutation(count)
@@ -203,15 +189,3 @@ def iterate_batches(
   for start in range(0, stop, batch_size):
     index = order[start : start + batch_size]
     yield dataset.images[index], dataset.labels[index]
-
-
-__all__ = [
-  "DataUnavailableError",
-  "DatasetSplit",
-  "IdxDataset",
-  "REGISTRY",
-  "SplitInfo",
-  "iterate_batches",
-  "load_dataset",
-  "split_info",
-]

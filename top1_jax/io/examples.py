@@ -1,15 +1,11 @@
-"""Example data inside the package: two real networks' softmax outputs on CIFAR test sets.
-
-The files are ``top1_jax/io/example_data/<name>.npz``; the README there gives their source
-and licence (Apache License 2.0, from the netcal project's example records).
+"""Example data inside the package: two real networks' softmax outputs on CIFAR test sets,
+in ``example_data/<name>.npz`` (the README there gives their source and licence).
 """
 
 import importlib.resources
 from typing import NamedTuple
 
 import numpy as np
-
-_FOLDER = "example_data"
 
 EXAMPLES: dict[str, str] = {
   "densenet-bc-100-cifar-100": (
@@ -47,7 +43,7 @@ def load_example(name: str) -> Example:
   if not isinstance(name, str) or name not in EXAMPLES:
     known = ", ".join(repr(known) for known in sorted(EXAMPLES))
     raise ValueError(f"name: expected one of {known}, got {name!r}")
-  resource = importlib.resources.files("top1_jax.io") / _FOLDER / f"{name}.npz"
+  resource = importlib.resources.files("top1_jax.io") / "example_data" / f"{name}.npz"
   with resource.open("rb") as stream, np.load(stream) as record:
     probs, labels = record["predictions"], record["ground_truth"]
   return Example(probs, labels, int(probs.shape[-1]), EXAMPLES[name])

@@ -1,8 +1,6 @@
-"""Writing files atomically, on a local disk or in a bucket (``gs://``, ``s3://``).
-
-Readers see the old file or the new one, never a part: a local file is written under a
-temp name and renamed; an object is written in one go from a local staging file. Readers
-open regular files only (``open_regular``): a FIFO or device would block or never end.
+"""Files written atomically (readers see the old file or the new one, never a part), on a
+local disk or in a bucket (``gs://``, ``s3://``), and read only when regular (a FIFO or a
+device would block or never end).
 """
 
 from __future__ import annotations
@@ -26,6 +24,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:  # etils is imported only for a URL: the core installs without it
   from etils import epath
+
+_log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -178,10 +178,8 @@ def expand(patterns: Sequence[str]) -> list[pathlib.Path | epath.Path]:
 
 
 def not_text(path: str) -> str | None:
-  """Why the local ``path`` is not a text file, in words, or None if it is.
-
-  A null byte in the first 64 KiB (a ``.npy``, ``.npz`` or pickle) means binary.
-  """
+  """Why the local ``path`` is not a text file, in words (a null byte in its first 64 KiB
+  means binary), or None if it is."""
   if not os.path.isfile(path):
     return "a directory" if os.path.isdir(path) else "no such file"
   with open(path, "rb") as file:
@@ -211,14 +209,12 @@ def atomic_write(
   """
   path = as_path(path)
   if not isinstance(path, pathlib.Path):
-    # Staged locally first: an object store commits whatever was written when the
-    # file is closed, so writing straight into it would publish half a file when
-    # `write` raises. A disk file, not memory, since predictions can be gigabytes.
+    # Staged in a disk file (predictions can be gigabytes): an object store publishes what
+    # was written when the file closes, half a file if `write` raises.
     with tempfile.TemporaryFile() as staging:
       write(staging)
       staging.seek(0)
-      # No parent.mkdir(): an object store has no folders, and s3fs would take
-      # one at the bucket level as a request to create the bucket.
+      # No parent.mkdir(): s3fs would take a folder at the bucket level as a new bucket.
       with path.open("wb") as file:
         shutil.copyfileobj(staging, file)
     return path
@@ -253,9 +249,7 @@ def write_bytes(path: epath.PathLike, payload: bytes) -> pathlib.Path | epath.Pa
 
 def write_json(path: epath.PathLike, value: Any) -> pathlib.Path | epath.Path:
   """Writes ``value`` as indented JSON with sorted keys, atomically; returns the path.
-
-  A NaN or infinity is a ValueError: a bug upstream (undefined values are None).
-  """
+  A NaN or infinity is a ValueError (undefined values are None)."""
   text = json.dumps(value, indent=2, sort_keys=True, allow_nan=False)
   return write_bytes(path, (text + "\n").encode())
 
@@ -266,14 +260,9 @@ def read_text(path: epath.PathLike) -> str:
     return file.read().decode()
 
 
-_log = logging.getLogger(__name__)
-
-
 def read_json(path: epath.PathLike) -> Any | None:
-  """The strict JSON at ``path``, or None when it is missing or unusable (with a warning).
-
-  A damaged marker of finished work means the work is done again, not a traceback.
-  """
+  """The strict JSON at ``path``, or None when it is missing or unusable (with a warning):
+  a damaged marker of finished work means the work is done again, not a traceback."""
   try:
     with open_regular(path) as file:
       data = file.read()
@@ -329,9 +318,8 @@ def parse_json(data: bytes | str) -> Any:
 
 
 def read_strict_json(path: epath.PathLike, max_bytes: int, what: str) -> Any:
-  """The strict JSON of a regular file that must be ``what`` (e.g. "a top1_jax calibrator").
-
-  At most ``max_bytes + 1`` bytes are read (a local file's size is checked first).
+  """The strict JSON of a regular file that must be ``what`` (e.g. "a top1_jax calibrator"),
+  reading at most ``max_bytes + 1`` bytes.
 
   Raises:
     ValueError: not a regular file, over ``max_bytes``, or not strict JSON, naming the file.
@@ -362,10 +350,8 @@ def _cell(value: Any) -> Any:
 
 
 def write_csv(path: epath.PathLike, rows: Sequence[dict[str, Any]]) -> pathlib.Path | epath.Path:
-  """Writes dict rows as CSV, atomically, text cells escaped (``FORMULA_STARTS``).
-
-  The columns are every key in order of first appearance; a missing key is an empty cell.
-  """
+  """Writes dict rows as CSV, atomically, text cells escaped (``FORMULA_STARTS``); the columns
+  are every key in order of first appearance, a missing key an empty cell."""
   columns: list[str] = []
   for row in rows:
     columns += [k for k in row if k not in columns]
@@ -374,20 +360,3 @@ def write_csv(path: epath.PathLike, rows: Sequence[dict[str, Any]]) -> pathlib.P
   writer.writerow([_cell(column) for column in columns])
   writer.writerows([_cell(row.get(column, "")) for column in columns] for row in rows)
   return write_bytes(path, buffer.getvalue().encode())
-
-
-__all__ = [
-  "FORMULA_STARTS",
-  "as_path",
-  "atomic_write",
-  "in_daemon_thread",
-  "is_local",
-  "named",
-  "open_regular",
-  "parse_json",
-  "read_json",
-  "read_strict_json",
-  "write_bytes",
-  "write_csv",
-  "write_json",
-]

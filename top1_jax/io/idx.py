@@ -35,8 +35,8 @@ _COMPARE_BLOCK = 1 << 20  # bytes per read when comparing a .gz file with its ra
 
 
 MAX_IDX_BYTES = 1 << 30
-"""The most data bytes an IDX file's header may declare (MNIST's training images hold
-47 MB, EMNIST's largest split 0.64 GB): a larger one is refused before any allocation."""
+"""The most data bytes an IDX file's header may declare (well over EMNIST's largest split):
+a larger one is refused before any allocation."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error)
@@ -109,8 +109,7 @@ def _read_idx(path: pathlib.Path | epath.Path, kind: tuple[int, str] | None = No
         f"{path}: header says shape {shape} ({expected} data bytes), over the"
         f" {MAX_IDX_BYTES} an IDX file may hold (idx.MAX_IDX_BYTES); not read"
       )
-    # Into one buffer of the declared size, then one byte more: a gzip bomb is refused
-    # after the bytes the header declared.
+    # Into a buffer of the declared size, then one byte more: a gzip bomb stops there.
     data = bytearray(expected)
     view, got = memoryview(data), 0
     while got < expected and (count := stream.readinto(view[got:])):
@@ -131,28 +130,17 @@ def _read_idx(path: pathlib.Path | epath.Path, kind: tuple[int, str] | None = No
   return array.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
 
 
-def _read_header(path: pathlib.Path | epath.Path) -> tuple[int, np.dtype, tuple[int, ...]]:
-  """``_header`` from the first bytes of the file alone."""
-  with _opened(path) as stream:
-    return _header(path, stream)
-
-
 def read_idx_shape(path: epath.PathLike) -> tuple[int, ...]:
   """The shape an IDX file's header declares, e.g. ``(60000, 28, 28)``, without reading
-  (or checking) the data.
-
-  Raises:
-    ValueError: bad magic number or truncated header; the message names the file.
-  """
-  return _read_header(files.as_path(path))[2]
+  (or checking) the data; a ValueError naming the file for a bad or truncated header."""
+  path = files.as_path(path)
+  with _opened(path) as stream:
+    return _header(path, stream)[2]
 
 
 def read_idx(path: epath.PathLike) -> np.ndarray:
-  """An IDX file (gzipped or not, local or a URL) as an array in native byte order.
-
-  Raises:
-    ValueError: bad magic number, truncated file or trailing bytes, naming the file.
-  """
+  """An IDX file (gzipped or not, local or a URL) as an array in native byte order; a
+  ValueError naming the file for a bad magic number, a truncated file or trailing bytes."""
   return _read_idx(files.as_path(path))
 
 
@@ -207,11 +195,8 @@ def find_idx_files(
 
 
 def incomplete_idx_pair(directory: epath.PathLike, split: str) -> str | None:
-  """Why a directory holds half of a split's IDX pair (one file, not the other), else None.
-
-  Callers refuse this: a loader that looked elsewhere for the pair would silently read
-  another copy of the data.
-  """
+  """Why a directory holds half of a split's IDX pair (one file, not the other), else None:
+  callers refuse it, since looking elsewhere for the pair would read another copy."""
   (image_name, images), (label_name, labels) = _idx_pair(directory, split)
   if (images is None) == (labels is None):
     return None
@@ -220,16 +205,13 @@ def incomplete_idx_pair(directory: epath.PathLike, split: str) -> str | None:
 
 
 def count_idx_examples(images_path: epath.PathLike, labels_path: epath.PathLike) -> int:
-  """The number of examples of an images/labels pair, from the two headers alone (the
-  checks ``load_idx`` makes of them, without reading the data).
-
-  Raises:
-    ValueError: a bad header, the wrong kind of file, or different counts.
-  """
+  """The number of examples of an images/labels pair, from the two headers alone (checked
+  as ``load_idx`` checks them); a ValueError for a bad header, kind of file or count."""
   counts = []
   for path, kind in ((images_path, _IMAGES), (labels_path, _LABELS)):
     path = files.as_path(path)
-    found, _, shape = _read_header(path)
+    with _opened(path) as stream:
+      found, _, shape = _header(path, stream)
     _check_magic(path, found, kind)
     counts.append(shape[0])
   _check_counts(images_path, labels_path, *counts)
@@ -250,8 +232,7 @@ def load_idx(
   IDX files, the first ``limit`` examples (None: all). ``class_names`` None: "0", "1", ...
 
   Raises:
-    ValueError: corrupt, truncated or mismatched files, or labels out of [0, K), naming
-      the file.
+    ValueError: corrupt, truncated or mismatched files, or labels out of [0, K), naming it.
   """
   num_classes = validation.positive_int("num_classes", num_classes, minimum=2)
   if limit is not None:
@@ -277,17 +258,3 @@ def load_idx(
     source=f"idx:{images_path.parent}",
     class_names=tuple(class_names),
   )
-
-
-__all__ = [
-  "FASHION_MNIST_CLASSES",
-  "FASHION_MNIST_DIR",
-  "IDX_SPLIT_PREFIX",
-  "MAX_IDX_BYTES",
-  "count_idx_examples",
-  "find_idx_files",
-  "incomplete_idx_pair",
-  "load_idx",
-  "read_idx",
-  "read_idx_shape",
-]

@@ -1,9 +1,6 @@
-"""One run per work dir: a lock file naming its owner, and stale locks of killed runs.
-
-A work dir that is a URL (``gs://...``) has no atomic create: there the lock is written
-after checking that none is held, which guards against a second run started on a busy
-work dir, not against a race.
-"""
+"""One run per work dir: a lock file naming its owner, and stale locks of killed runs. A URL
+work dir has no atomic create: there the lock is written after checking that none is held,
+which guards against a second run on a busy work dir, not against a race."""
 
 from __future__ import annotations
 
@@ -115,11 +112,9 @@ def hold(workdir, say=print, name: str = LOCK_NAME) -> Iterator[pathlib.Path]:
   """Holds ``workdir``'s lock (host, pid, start time, command) for the duration of the block.
 
   A lock of a killed run (same host, and its pid gone or now another process) is taken
-  over with a note. The lock is removed however the block ends short of ``kill -9``.
-
-  ``workdir`` is a local directory (created if missing) or a URL as ``epath.Path``;
-  ``say`` takes the note about a stale lock; tasks of one sweep each hold their own
-  ``name``.
+  over with a note to ``say``; the lock is removed however the block ends short of
+  ``kill -9``. ``workdir``: a local directory (created if missing) or an ``epath.Path``;
+  tasks of one sweep each hold their own ``name``.
 
   Raises:
     WorkdirBusyError: a live run holds it (the message names it and how to clear it).

@@ -1,8 +1,5 @@
-"""Training curves as TensorBoard event files (through tensorboardX), and a reader.
-
-Needs tensorboardX: ``pip install 'top1_jax[nn]'`` (imported only when used). Writing
-takes a local folder, ``gs://`` or ``s3://``; reading any ``etils.epath`` URL.
-"""
+"""Training curves as TensorBoard event files (through tensorboardX, imported only when used),
+written to a local folder, ``gs://`` or ``s3://``, and read back from any ``epath``."""
 
 import contextlib
 import itertools
@@ -36,7 +33,6 @@ _FLOAT_TYPES = {1: np.float32, 2: np.float64}  # DT_FLOAT, DT_DOUBLE: tensorflow
 
 def _import_tensorboardx():
   try:
-    # Imported here: an extra, needed only where curves are written or read.
     from tensorboardX import event_file_writer, record_writer
     from tensorboardX.proto import event_pb2, summary_pb2
   except ImportError as e:
@@ -192,15 +188,11 @@ def _scalar_value(value) -> float | None:
 
 
 def read_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
-  """Every scalar tag of the event files in ``logdir``, as ``(step, value)`` in step order.
-
-  Subfolders (other runs to TensorBoard) are not read. Scalars are ``simple_value``s and
-  ``scalars``-plugin tensors; a truncated last record (a run killed mid-write) ends its
-  file quietly. Where events give one tag the same step (a resumed run), the latest
-  written wins (by wall time, then file name, then place in the file).
-
-  Returns:
-    ``{tag: [(step, value), ...]}``, tags sorted; {} for a folder without event files.
+  """Every scalar tag (``simple_value``s and ``scalars``-plugin tensors) of the event files
+  in ``logdir``, not its subfolders: ``{tag: [(step, value), ...]}`` in step order, tags
+  sorted ({} without event files). A truncated last record (a run killed mid-write) ends
+  its file quietly; of two values of one tag and step (a resumed run) the latest written
+  wins (by wall time, then file name, then place in the file).
 
   Raises:
     ValueError: ``logdir`` is not a folder, a CRC mismatch, an oversized record, or a

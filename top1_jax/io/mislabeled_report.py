@@ -1,8 +1,5 @@
-"""The mislabelled-image finder's files: a predictions file's score and images in, the report out.
-
-``mislabeled.report`` turns scores into rows. A setting that does not fit the file raises
-``SettingError``, whose message starts with the setting's name (a launcher's flag).
-"""
+"""The mislabelled-image finder's files: a predictions file's score and images in, the report
+out (``mislabeled.report`` turns scores into rows)."""
 
 import csv
 import io
@@ -46,10 +43,8 @@ class Inputs(NamedTuple):
 def file_score(
   predictions: predictions_lib.Predictions, score: str, k: int
 ) -> tuple[jax.Array, np.ndarray]:
-  """([N, K] log-probabilities, [N] float32 scores) for the Top-k event.
-
-  ``score`` is a ``scores.REGISTRY`` name or a stored score's name (stored scores take
-  precedence); ``neg_log_topk_mass`` takes the event's k.
+  """([N, K] log-probabilities, [N] float32 scores) for the Top-k event; ``score`` is a
+  ``scores.REGISTRY`` name or a stored score's (which wins), ``neg_log_topk_mass`` takes k.
 
   Raises:
     SettingError: the score cannot be had from this file; says what it needs
@@ -166,6 +161,3 @@ def write_report(
   writer.writerows(report.rows)
   csv_path = files.write_bytes(out_dir / "mislabeled.csv", buffer.getvalue().encode())
   return csv_path, files.write_json(out_dir / "mislabeled.json", summary)
-
-
-__all__ = ["Inputs", "check_images", "file_score", "load_inputs", "write_report"]

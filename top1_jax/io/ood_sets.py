@@ -1,8 +1,6 @@
-"""Out-of-distribution image sets by name, shaped like a model's inputs, offline, by seed.
-
-``digits`` is scikit-learn's bundled 8x8 handwritten digits (in its wheel, so offline),
-resized; ``seed`` picks which and their order, and more than its 1,797 images is refused
-rather than repeating them. ``uniform_noise`` is i.i.d. uniform [0, 1) pixels.
+"""Out-of-distribution image sets by name, shaped like a model's inputs, offline, by seed:
+``digits``, scikit-learn's bundled 8x8 handwritten digits resized (``seed`` picks which and
+their order; never repeated), and ``uniform_noise``, i.i.d. uniform [0, 1) pixels.
 """
 
 import gzip
@@ -35,8 +33,7 @@ class OodSet(NamedTuple):
   """One out-of-distribution set.
 
   Attributes:
-    make: ``(shape, num, seed) -> [num, H, W, C]`` float32 in [0, 1], for checked
-      arguments.
+    make: ``(shape, num, seed) -> [num, H, W, C]`` float32 in [0, 1], for checked arguments.
     max_num: the most images the set has (None: unbounded).
     description: one line for tables and help.
   """
@@ -47,10 +44,8 @@ class OodSet(NamedTuple):
 
 
 def digits_images() -> np.ndarray:
-  """scikit-learn's 1,797 digits as ``[1797, 8, 8]`` float32 in [0, 1] (values / 16).
-
-  Read from the CSV in scikit-learn's wheel, as its ``load_digits`` reads it, without
-  importing scikit-learn (4-5 s: it imports SciPy).
+  """scikit-learn's 1,797 digits as ``[1797, 8, 8]`` float32 in [0, 1] (values / 16), read
+  from the CSV in its wheel as ``load_digits`` reads it, without importing it (slow: SciPy).
 
   Raises:
     DataUnavailableError: scikit-learn is not installed (one line naming the install), or
@@ -103,12 +98,10 @@ def names() -> tuple[str, ...]:
 
 def load(name: str, shape, num: int, seed: int = 0) -> jax.Array:
   """``[num, H, W, C]`` float32 images in [0, 1] of the OOD set ``name``, on the default
-  device; ``shape`` is the in-distribution images' ``(H, W, C)``. The same seed gives the
-  same array.
+  device, the same for the same seed; ``shape`` is the in-distribution images' ``(H, W, C)``.
 
   Raises:
-    ValueError: an unknown name, a bad shape, ``num`` or ``seed``, or ``num`` above
-      the set's size.
+    ValueError: an unknown name, a bad shape, ``num`` or ``seed``, or ``num`` over the set.
     DataUnavailableError: the set's package is missing (one line naming the install).
   """
   if name not in OOD_SETS:

@@ -24,8 +24,7 @@ SCORE_PREFIX = "score_"
 _SCORE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_]+$")
 MAX_INFLATED_BYTES = 1 << 30
 """``load_predictions`` refuses a zip-compressed member declared to inflate to more than this
-and ``MAX_INFLATION`` times its compressed size (real logits shrink by less than 2x): a zip
-bomb. ``stream.PredictionsReader`` reads any member a block at a time."""
+and ``MAX_INFLATION`` times its compressed size: a zip bomb (real logits shrink under 2x)."""
 MAX_INFLATION = 20
 """The compression ratio above which a member over ``MAX_INFLATED_BYTES`` is refused."""
 READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
@@ -39,12 +38,11 @@ _META_TYPES = {
   "ood": (bool,),
 }
 
-# Not validation.float_array: a field of this file has one dtype kind, so an int array
-# where floats belong (labels saved as logits) is refused, not promoted.
-
 
 def _numpy(name: str, value: Any, ndim: tuple[int, ...], kind: type, what: str) -> np.ndarray:
-  """``value`` as an array of one of the ranks ``ndim`` and a dtype of ``kind`` (``what``)."""
+  """``value`` as an array of one of the ranks ``ndim`` and a dtype of ``kind`` (``what``):
+  unlike ``validation.float_array``, an int array where floats belong (labels saved as
+  logits) is refused, not promoted."""
   if value is None:
     raise ValueError(f"{name}: expected an array, got None")
   try:
@@ -271,8 +269,7 @@ def member_header(
 
 
 def check_inflation(path: Any, key: str, info: zipfile.ZipInfo) -> None:
-  """Refuses a zip bomb: a compressed member over ``MAX_INFLATED_BYTES`` and
-  ``MAX_INFLATION`` times its compressed size."""
+  """Refuses a zip bomb (``MAX_INFLATED_BYTES``)."""
   inflated, compressed = info.file_size, max(info.compress_size, 1)
   stored = info.compress_type == zipfile.ZIP_STORED
   if not stored and inflated > max(MAX_INFLATED_BYTES, MAX_INFLATION * compressed):

@@ -1,8 +1,6 @@
-"""The predictions file (``.npz``) that any model can write, and human label frequencies.
-
-Its fields are ``Predictions``' attributes (``score_<name>`` for each score, ``meta`` as
-a JSON string); loading checks each one and errors name the file and the field.
-"""
+"""The predictions file (``.npz``) that any model can write, and human label frequencies. Its
+fields are ``Predictions``' attributes (``score_<name>`` for each score, ``meta`` as a JSON
+string); loading checks each one and errors name the file and the field."""
 
 import dataclasses
 import io
@@ -18,7 +16,7 @@ from etils import epath
 
 from top1_jax.core import scores, validation
 from top1_jax.io import files, prediction_checks
-from top1_jax.io.prediction_checks import ARRAY_FIELDS, SCORE_PREFIX, read_meta
+from top1_jax.io.prediction_checks import ARRAY_FIELDS, SCORE_PREFIX
 from top1_jax.version import __version__
 
 
@@ -107,11 +105,8 @@ class Predictions:
 def save_predictions(
   path: epath.PathLike, predictions: Predictions, *, compress: bool = False
 ) -> pathlib.Path | epath.Path:
-  """Writes a predictions file atomically; returns the path written.
-
-  ``meta["version"]`` defaults to this library's version. Logits that look like
-  probabilities are refused: a reader would take them for logits.
-  """
+  """Writes a predictions file atomically; returns the path written. ``meta["version"]``
+  defaults to this library's version; logits that look like probabilities are refused."""
   if not isinstance(predictions, Predictions):
     raise ValueError(
       "predictions: expected a top1_jax.io.predictions.Predictions, got"
@@ -275,11 +270,9 @@ def from_arrays(
 def load_human_probs(
   path: epath.PathLike, *, num_examples: int | None = None, num_classes: int | None = None
 ) -> np.ndarray:
-  """[N, K] float32 human label probabilities from a ``.npy`` (CIFAR-10H ``cifar10h-probs.npy``).
-
-  Rows are in the predictions' example order (CIFAR-10H: the original CIFAR-10 test
-  order; TFDS ``cifar10`` examples sorted by their ``id``). ``num_examples`` and
-  ``num_classes``, when given, are checked.
+  """[N, K] float32 human label probabilities from a ``.npy`` (CIFAR-10H ``cifar10h-probs.npy``:
+  the original CIFAR-10 test order, TFDS ``cifar10`` sorted by ``id``), rows in the
+  predictions' example order; ``num_examples`` and ``num_classes``, when given, are checked.
   """
   path = files.as_path(path)
   array = _load_npy("human_probs", path, "float [N, K] human label probabilities")
@@ -317,13 +310,3 @@ def attach_human_probs(
   updated = dataclasses.replace(predictions, human_probs=human_probs)
   target = predictions_path if output_path is None else output_path
   return save_predictions(target, updated)
-
-
-__all__ = [
-  "Predictions",
-  "attach_human_probs",
-  "load_human_probs",
-  "load_predictions",
-  "read_meta",
-  "save_predictions",
-]

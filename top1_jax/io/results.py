@@ -1,6 +1,4 @@
-"""Reading a work dir's results (``results.csv`` and ``results.json``, which
-``launch.evaluate`` writes) back into rows; work dirs may be local paths or URLs.
-"""
+"""Reading a work dir's ``results.csv`` and ``results.json`` (local or a URL) back into rows."""
 
 from __future__ import annotations
 
@@ -116,11 +114,7 @@ def _cell(column: str, text: str) -> Any:
 
 def parse_csv(text: str, name: str) -> list[dict[str, Any]]:
   """Rows of a results CSV (``text``, with a header line), numbers back to int/float and
-  empty cells to None; ``name`` is the file's, for errors.
-
-  Raises:
-    ValueError: a cell that should be a number is not.
-  """
+  empty cells to None; a ValueError naming ``name`` for a cell that should be a number."""
   rows = []
   for line, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
     with files.named(f"{name}, line {line}"):
@@ -169,11 +163,8 @@ TABLES = ("comparison", "selective")
 
 
 def read_tables(workdir: epath.PathLike) -> dict[str, list[dict[str, Any]]]:
-  """A work dir's Table 1 and selective-prediction rows, from its ``results.json``.
-
-  Returns:
-    ``{"comparison": [...], "selective": [...]}``: lists of rows, each naming its file
-    (``source``); empty where results.json holds none.
+  """A work dir's Table 1 and selective-prediction rows from its ``results.json``:
+  ``{"comparison": [...], "selective": [...]}``, each row naming its file (``source``).
 
   Raises:
     FileNotFoundError: no ``results.json`` in the work dir.
@@ -199,11 +190,8 @@ def read_tables(workdir: epath.PathLike) -> dict[str, list[dict[str, Any]]]:
 
 def expand_workdirs(patterns: Sequence[str], *, exclude: epath.PathLike | None = None) -> list[str]:
   """Work dirs named by ``patterns``, in order and without repeats: local globs expanded to
-  the directories they match (sorted), other patterns kept even when they do not exist.
-
-  ``exclude``: a directory left out of glob matches (the output work dir, which ``runs/*``
-  also matches).
-  """
+  the directories they match (sorted) but ``exclude`` (the output work dir, which ``runs/*``
+  may match), other patterns kept even when they do not exist."""
   skip = os.path.abspath(os.fspath(exclude)) if exclude and files.is_local(exclude) else None
   found: list[str] = []
   for pattern in patterns:

@@ -1,7 +1,5 @@
-"""What every dataset loader returns (``DatasetSplit``) or raises (``DataUnavailableError``).
-
-A module of its own, so that ``datasets`` -> ``idx``, ``tfds`` -> ``splits`` stay one-way.
-"""
+"""What every dataset loader returns (``DatasetSplit``) or raises (``DataUnavailableError``),
+apart so that ``datasets`` -> ``idx``, ``tfds`` -> ``splits`` stay one-way."""
 
 from typing import NamedTuple
 
@@ -15,11 +13,8 @@ INSTALL_FASHION_MNIST = "apt-get install dataset-fashion-mnist"
 
 
 class DataUnavailableError(RuntimeError):
-  """The data is not on this machine and cannot be fetched from here.
-
-  Attributes:
-    detail: the reason alone, without the advice (for composing messages).
-  """
+  """The data is not on this machine and cannot be fetched from here; ``detail`` is the
+  reason alone, without the advice (for composing messages)."""
 
   def __init__(self, message: str, detail: str | None = None):
     super().__init__(message)
@@ -61,12 +56,3 @@ def scale_images(images: np.ndarray, what: str) -> np.ndarray:
   if np.issubdtype(images.dtype, np.floating):
     return images.astype(np.float32, copy=False)
   raise ValueError(f"{what}: expected uint8, uint16 or float images, got {images.dtype}")
-
-
-__all__ = [
-  "INSTALL_FASHION_MNIST",
-  "INSTALL_TENSORFLOW",
-  "DataUnavailableError",
-  "DatasetSplit",
-  "scale_images",
-]

@@ -1,22 +1,13 @@
 """A predictions file read a chunk of examples at a time, so [S, N, K] is never held whole.
 
-``np.savez`` stores each array as an uncompressed ``.npy`` member of a zip archive, so
-examples [a, b) of each sample lie at a known offset (past the zip entry's local header and
-the ``.npy`` header): ``PredictionsReader`` reads only those bytes. A file in an object store
-(``gs://``, ``s3://``, through ``epath``) is first downloaded in one sequential read (its
-SHA-1 taken on the way) into a temporary file: else a chunk would be S byte-range requests,
-thousands for an ImageNet MC-dropout file. A zip-compressed member (``np.savez_compressed``)
-is inflated once, as a stream, into memory or (over ``IN_MEMORY_BYTES``) a temporary file; a
-stored member in an unusual layout (Fortran order) is read whole; ``read_whole`` names both
-kinds. Temporary files go to ``tempfile.gettempdir()`` ($TMPDIR), deleted at ``close``.
-
-Each chunk is a validated ``predictions.Predictions`` (finite values, label range, rows
-summing to 1); the checks of the file as a whole (fields, shapes, N and K, meta) run when
-the reader opens, after those of the archive (``prediction_checks.archive_members``).
-
-Integrity: zipfile checks the CRC-32 of what it inflates or reads whole, and
-``PredictionsReader.chunks`` that of a member read at its offsets: a corrupt file is refused
-as ``load_predictions`` refuses it, without the reader ever holding the file.
+``np.savez`` stores each array as an uncompressed ``.npy`` zip member, so examples [a, b) of
+each sample lie at a known offset: ``PredictionsReader`` reads only those bytes, checking
+their CRC-32 as ``load_predictions`` would. A file in an object store is first downloaded in
+one sequential read (else a chunk would be S byte-range requests) into a temporary file. A
+zip-compressed member is inflated once into memory or (over ``IN_MEMORY_BYTES``) a temporary
+file, and an unusual stored one (Fortran order) read whole. Temporary files go to $TMPDIR,
+deleted at ``close``. Each chunk is a validated ``predictions.Predictions``; the file as a
+whole (fields, shapes, N and K, meta) is checked when the reader opens.
 """
 
 import concurrent.futures
@@ -58,9 +49,8 @@ class _Member:
     self.row_bytes = int(np.prod(self.inner, dtype=np.int64)) * self.dtype.itemsize
 
   def rows(self, start: int, stop: int, queue: list | None = None) -> np.ndarray:
-    """Examples [start, stop): the example axis is 1 of a 3-D array, else 0. With
-    ``queue`` (a list), their bytes are queued there for the running CRC-32
-    (``zip_crc.RunningCrc``, ``zip_crc.update``) when read in order, from example 0 on."""
+    """Examples [start, stop) (axis 1 of a 3-D array, else 0); with ``queue`` (a list), their
+    bytes are queued there for ``zip_crc.update`` when read in order from example 0."""
     if self.array is not None:
       if self.array.ndim == 0:  # no example axis: the checks of Predictions refuse it
         return self.array
@@ -84,9 +74,8 @@ class _Member:
     return out if len(self.shape) == 3 else out[0]
 
   def crc_error(self, read: bool = False) -> str | None:
-    """Why the bytes read (with ``read``: the whole member, read now a block of examples at
-    a time) do not match the zip directory's CRC-32, or None (matched, or not known: a
-    member in memory, or not read whole and in order)."""
+    """Why the bytes read (with ``read``: the whole member, read now) do not match the zip
+    directory's CRC-32, or None (matched, or unknown: in memory, or not read in order)."""
     if self.crc is None:
       return None
     if read:
@@ -140,9 +129,8 @@ def _stored_member(file, info: zipfile.ZipInfo, header) -> _Member | None:
 
 
 def _whole_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, header, spill) -> _Member:
-  """A member read whole: into memory, or, when zip-compressed and larger than
-  ``IN_MEMORY_BYTES``, inflated a block at a time into a temporary file that
-  ``spill`` (an ``ExitStack``) closes, and read from there like a stored one."""
+  """A member read whole: into memory or, when compressed and over ``IN_MEMORY_BYTES``,
+  inflated into a temporary file (``spill`` closes it) and read from there like a stored one."""
   with archive.open(info) as data:
     if info.compress_type == zipfile.ZIP_STORED or info.file_size <= IN_MEMORY_BYTES:
       value = np.lib.format.read_array(data, allow_pickle=False)
@@ -183,8 +171,7 @@ class PredictionsReader(contextlib.AbstractContextManager):
     num_samples: S of the logits, or None when only ``mean_probs`` is kept.
     fields: which of ``logits``, ``mean_probs``, ``human_probs`` the file holds.
     score_names: the stored scores (``score_<name>`` fields).
-    read_whole: members read whole rather than at their offsets in the file (zip-
-      compressed ones, inflated into memory or a temporary file; unusual ones).
+    read_whole: members read whole, not at their offsets (zip-compressed or unusual ones).
   """
 
   def __init__(self, path: epath.PathLike):
@@ -312,15 +299,13 @@ class PredictionsReader(contextlib.AbstractContextManager):
       return predictions_lib.Predictions(meta=self.meta, **arrays)
 
   def chunks(self, chunk_size: int) -> Iterator[tuple[int, predictions_lib.Predictions]]:
-    """(start, ``Predictions`` of examples [start, start + chunk_size)), in order; the
-    last chunk may be shorter. Each chunk is validated as a file would be.
+    """(start, ``Predictions`` of examples [start, start + chunk_size)), in order, each
+    validated as a file would be; the last chunk may be shorter.
 
-    The CRC-32 of each member read from the archive is taken as its bytes are read (in a
-    thread, one chunk behind at most: memory stays two chunks) and compared with the zip
-    directory's once the last example is read, before the last chunk is yielded: a
-    consumer that writes its results after the loop writes nothing from a corrupt file.
-    A chunk refused by its checks (a NaN, say) is refused as corrupt instead when its
-    member's CRC-32 does not match (read again to know).
+    Each member's CRC-32 is taken as it is read (in a thread, one chunk behind) and checked
+    before the last chunk is yielded, so a consumer that writes after the loop writes
+    nothing from a corrupt file. A chunk refused by its checks (a NaN, say) is refused as
+    corrupt instead when its member's CRC-32 does not match.
     """
     tracked = {k: m for k, m in self._members_by_name.items() if m.crc and k != "labels"}
     with concurrent.futures.ThreadPoolExecutor(1) as crc_thread:
@@ -346,6 +331,3 @@ class PredictionsReader(contextlib.AbstractContextManager):
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-__all__ = ["PredictionsReader", "file_sha1"]

@@ -1,9 +1,6 @@
 """A sweep's dataset: where each split comes from (checked before any work), and its images.
-
-``s`` is a sweep's settings (``top1_jax.pipeline.settings.Settings``): its ``dataset``,
-``data_dir``, ``limit_train``, ``limit_test`` and ``batch_size``. Problems are a
-``SettingError`` naming the setting (``data_dir: ...``).
-"""
+``s`` is a sweep's ``pipeline.settings.Settings``; problems are a ``SettingError`` naming the
+setting (``data_dir: ...``)."""
 
 import os
 from typing import Any
@@ -26,11 +23,8 @@ def _limit(s: Settings, split: str) -> int | None:
 
 
 def check(s: Settings, splits=SPLITS) -> dict[str, datasets.SplitInfo]:
-  """Where each split will be read from, and its size when the IDX headers tell it.
-
-  An explicit data_dir must exist and is the only place read; both splits must come
-  from one copy of the dataset.
-  """
+  """Where each split will be read from, and its size when the IDX headers tell it. An
+  explicit data_dir must exist and is the only place read; both splits come from one copy."""
   data_dir = _data_dir(s)
   if data_dir and files.is_local(data_dir) and not os.path.isdir(data_dir):
     raise SettingError(

@@ -1,8 +1,5 @@
-"""TFDS datasets, and what this machine can do to get them.
-
-What building a dataset needs is checked first, so a machine without it gets one clear
-``DataUnavailableError`` at once instead of TFDS's download retries, which last minutes
-offline (docs/performance.md).
+"""TFDS datasets. What building one needs is checked first, so a machine without it gets
+one ``DataUnavailableError`` at once, not minutes of TFDS's download retries offline.
 """
 
 import importlib.util
@@ -25,8 +22,6 @@ from top1_jax.io.splits import (
   scale_images,
 )
 
-# TFDS downloads prepared data and sources from Google Cloud Storage; reaching it
-# is the cheapest honest answer to "can TFDS download anything from here?".
 _NETWORK_PROBE = ("storage.googleapis.com", 443)
 
 
@@ -48,8 +43,8 @@ def network_available(
 ) -> bool:
   """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds.
 
-  ``host`` None: the TFDS download host, or the HTTPS proxy when one is set. This runs
-  in a daemon thread, so a resolver that hangs cannot stall the caller beyond ``timeout``.
+  ``host`` None: TFDS's download host (Google Cloud Storage), or the HTTPS proxy when one
+  is set. A resolver that hangs cannot stall the caller beyond ``timeout``.
   """
   default_port = 443
   if host is None:
@@ -71,8 +66,7 @@ def _one_line(text: str, limit: int = 300) -> str:
 def _tfds_builder(name: str, data_dir: epath.PathLike | None):
   """(tensorflow_datasets, the dataset's builder); a failure of either in one line."""
   try:
-    # Imported here: it is slow to import and only the TFDS path needs it.
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # slow to import: only the TFDS path needs it
   except ImportError as e:
     raise DataUnavailableError(
       f"tensorflow_datasets cannot be imported ({e}); install the requirements:"
@@ -221,8 +215,8 @@ def load_tfds(
   building it first only when possible.
 
   Prepared ArrayRecord data needs no TensorFlow, TFRecord data does. Unprepared data is
-  built (as ArrayRecord) only with TensorFlow and the network (or, for ImageNet-style
-  datasets, the manual download); else ``DataUnavailableError`` says which is missing.
+  built only with TensorFlow and the network (or the manual download); else
+  ``DataUnavailableError`` says which is missing.
 
   Args:
     name: TFDS name, optionally with config and version (``"cifar10:3.0.2"``).
@@ -264,6 +258,3 @@ def load_tfds(
     class_names=names,
     ids=ids,
   )
-
-
-__all__ = ["load_tfds", "network_available", "tensorflow_available"]

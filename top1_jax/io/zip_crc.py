@@ -71,12 +71,7 @@ class RunningCrc:
 
 
 def update(queued: list) -> None:
-  """Runs queued ``(running, index, bytes)``: running[index] = crc32(bytes, running[index]).
-
-  zlib lets go of the GIL over large buffers, so a thread can run them beside the reading.
-  """
+  """Runs queued ``(running, index, bytes)``: running[index] = crc32(bytes, running[index]);
+  zlib lets go of the GIL over large buffers, so a thread can run them beside the reading."""
   for running, index, data in queued:
     running[index] = zlib.crc32(data, running[index])
-
-
-__all__ = ["RunningCrc", "combine", "update", "zeros_operator"]
