@@ -1,9 +1,7 @@
-"""Merging the results of several runs of one sweep (one per seed): mean ± std across runs.
+"""Merging several runs of one sweep (one per seed): each metric's mean ± std across runs.
 
 A sweep point is matched across runs by ``KEY_COLUMNS`` (not ``seed`` nor ``source``, whose
-file name carries the seed); each merged metric is the mean of the runs' means over splits
-and its std across runs, the "± std across seeds" papers report. Table 1 and the selective
-rows merge the same way (``merge_comparison``, ``merge_selective``).
+file name carries the seed); Table 1 and the selective rows merge the same way.
 """
 
 from collections.abc import Mapping, Sequence
@@ -21,7 +19,7 @@ Row = Mapping[str, Any]
 Runs = Sequence[Sequence[Row]]
 """Each run's rows (one list per run)."""
 
-KEY_COLUMNS = tuple(c for c in tables.COLUMNS if c not in ("seed", "source"))
+KEY_COLUMNS = tuple(c for c in results.COLUMNS if c not in ("seed", "source"))
 """The columns that identify a sweep point across runs."""
 
 SETTINGS = tuple(
@@ -84,15 +82,9 @@ def _group(runs: Runs, names: list[str], key_columns: Sequence[str]) -> dict[tup
   return groups
 
 
-def _merge_groups(
-  groups: dict[tuple, list],
-  key_columns: Sequence[str],
-  metrics: Sequence[str],
-  undefinable: Sequence[str],
-  summed: Sequence[str] = (),
-) -> list[dict[str, Any]]:
-  """Each group's key, ``seeds``, ``num_runs``, ``summed`` counts totalled, and each metric's
-  mean, ``_std`` across runs and (``undefinable``) ``_num_runs``."""
+def _merge_groups(groups: dict, key_columns, metrics, undefinable, summed=()) -> list[dict]:
+  """Each group's key, ``seeds``, ``num_runs``, ``summed`` totalled, and each metric's mean,
+  ``_std`` and (``undefinable``) ``_num_runs``."""
   width = max(len(members) for members in groups.values()) if groups else 0
   # [num_points, most runs] per metric, NaN where a run is absent or leaves it undefined.
   per_run = {name: np.full((len(groups), width), np.nan) for name in metrics}
@@ -101,7 +93,6 @@ def _merge_groups(
       for name in metrics:
         value = row.get(name)
         per_run[name][i, j] = np.nan if value is None else float(value)
-  # The statistics over splits and over runs are the same rule: over the defined values.
   stats = crossval.CrossValidation.from_per_fold(range(len(groups)), per_run)
   out = []
   for i, (key, members) in enumerate(groups.items()):
@@ -124,25 +115,15 @@ def _merge_groups(
 def merge_runs(
   runs: Runs, *, names: Sequence[str] | None = None, configs: Sequence[Row] | None = None
 ) -> list[dict[str, Any]]:
-  """One row per sweep point with each metric's mean and std across runs.
+  """One row per sweep point of ``runs`` (each run's rows, ``io.results.read_results``), in
+  order of first appearance: ``KEY_COLUMNS``, ``seeds`` ("0,1,2"; None without seeds),
+  ``num_runs``, then each metric's mean over the runs that define it (undefined: None, NaN,
+  inf), its ``_std`` (ddof=1; None with fewer than two) and, for ``crossval.UNDEFINABLE``
+  metrics, ``_num_runs``. ``names`` name the runs in messages; ``configs`` (their
+  results.json configs) must agree on ``SHARED_CONFIG``.
 
-  ``<name>_std`` is the sample std (ddof=1) of the runs' means: the spread from seed to
-  seed, None with fewer than two runs defining it. A run's undefined value (None, NaN,
-  inf) is skipped; for ``crossval.UNDEFINABLE`` metrics ``<name>_num_runs`` counts the
-  runs that define it. Rows without a seed count as their own run's.
-
-  Args:
-    runs: each run's rows (``io.results.read_results``), None where undefined.
-    names: each run's name (its work dir) for error messages.
-    configs: each run's ``results.json`` config; runs must agree on ``SHARED_CONFIG``.
-
-  Returns:
-    Rows in order of first appearance: ``KEY_COLUMNS``, ``seeds`` ("0,1,2"; None without
-    seeds), ``num_runs``, then each metric, its ``_std`` and (undefinable) ``_num_runs``.
-
-  Raises:
-    ValueError: no runs, a row without a key column, the same seed of a point twice (a
-      run merged twice), or runs whose configs differ.
+  Raises ValueError: no runs, a row without a key column, the same seed of a point twice
+  (a run merged twice), or runs whose configs differ.
   """
   if not runs:
     raise ValueError("runs: expected at least one run's rows, got none")
@@ -157,8 +138,8 @@ def merge_runs(
 
 
 def count_runs(runs: Runs) -> int:
-  """How many runs the work dirs' rows hold: each dir's distinct seeds (a seed sweep's dir
-  holds several), rows without a seed one run."""
+  """How many runs the work dirs' rows hold: each dir's distinct seeds, plus one for rows
+  without a seed."""
   return sum(
     len({row.get("seed") for row in rows} - {None}) + any(row.get("seed") is None for row in rows)
     for rows in runs
@@ -181,7 +162,7 @@ COMPARISON_METRICS = (
   "multiclass_brier", "raw_top1_brier", "top1_binned_brier", "confidence_ece",
   "top1_binned_ece", "temperature", "toplabel_classes_with_own_bins",
 )  # fmt: skip
-"""Table 1's numbers (``sweep.runner.table1``), each a mean over a run's splits."""
+"""Table 1's numbers (``sweep.table1``), each a mean over a run's splits."""
 
 SELECTIVE_KEY = ("score", "n_bins", "delta", "order", "target_accuracy")
 """What identifies a selective-prediction row of a file (beside the file's ``SETTINGS``)."""
@@ -189,7 +170,7 @@ SELECTIVE_KEY = ("score", "n_bins", "delta", "order", "target_accuracy")
 SELECTIVE_METRICS = (
   "guaranteed_accuracy", "calibration_coverage", "test_coverage", "test_accuracy"
 )  # fmt: skip
-"""The selective rows' means over a run's splits (``sweep.runner.selective_rows``)."""
+"""The selective rows' means over a run's splits (``sweep.selective_rows``)."""
 
 SELECTIVE_UNDEFINED = ("guaranteed_accuracy", "test_accuracy")
 """Undefined (None) in a run where no split selected anything."""
@@ -199,9 +180,8 @@ SELECTIVE_COUNTS = ("num_splits", "num_empty", "num_below_target")
 
 
 def _with_settings(rows, tables_rows, name: str, what: str, key: tuple) -> list[dict[str, Any]]:
-  """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed``, from the results.csv
-  row of the same ``source``, and None for the ``key`` columns it lacks (e.g. top-label's
-  settings on the other variants)."""
+  """Each of ``tables_rows`` with its file's ``SETTINGS`` and ``seed`` (from the results.csv
+  row of its ``source``) and None for the ``key`` columns it lacks."""
   by_source = {row["source"]: row for row in rows if row.get("source") is not None}
   out = []
   for index, row in enumerate(tables_rows):
@@ -231,12 +211,9 @@ def _merge_table(runs, tables_runs, names, what: str, key: tuple, **merge) -> li
 def merge_comparison(
   runs: Runs, comparisons: Runs, *, names: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
-  """Table 1 of merged runs, keyed by ``SETTINGS`` and ``COMPARISON_KEY``: each of
-  ``COMPARISON_METRICS`` as mean and ``_std`` across runs (as ``merge_runs``).
-
-  ``runs`` are the runs' results.csv rows (each file's settings), ``comparisons`` their
-  Table 1 (``io.results.read_tables``). ValueError for a row of a file results.csv lacks.
-  """
+  """Table 1 of merged runs (``comparisons``: each run's, ``io.results.read_tables``) keyed
+  by ``SETTINGS`` and ``COMPARISON_KEY``, ``COMPARISON_METRICS`` as in ``merge_runs``.
+  ValueError for a row of a file the run's results.csv rows (``runs``) lack."""
   return _merge_table(
     runs, comparisons, names, "comparison", COMPARISON_KEY,
     metrics=COMPARISON_METRICS, undefinable=(),
@@ -257,11 +234,9 @@ def merge_selective(
 # --------------------------------------------------------------------------- Markdown
 
 
-def _labelled(
-  rows: Sequence[Row], comparison: Sequence[Row] = (), selective: Sequence[Row] = ()
-) -> dict[str, list[dict[str, Any]]]:
-  """Each table's rows with the label aggregate.md and the page show: the settings that
-  differ (not the seed: merged rows are means over seeds), and a Table-1 row's variant."""
+def _labelled(rows: Sequence[Row], comparison=(), selective=()) -> dict[str, list[dict]]:
+  """Each table's rows with their ``label``: the settings that differ (not the seed) and a
+  Table-1 row's variant."""
   shown = {"rows": rows, "comparison": comparison, "selective": selective}
   everything = [row for rows in shown.values() for row in rows]
   varying = tables.varying(everything, ("dataset", "model", "train_dropout_rate"))
@@ -279,11 +254,7 @@ def markdown(
   rows: Sequence[Row], comparison: Sequence[Row] = (), selective: Sequence[Row] = ()
 ) -> str:
   """Merged rows as Markdown: a table per (Top-k, bin count), then Table 1, selective rows
-  and prediction sets when given; "" for no rows.
-
-  Cells are mean ± std across runs, "–" where no run defines the metric, "(k/n)" where k of
-  the n runs do; ECE in percent.
-  """
+  and prediction sets when given; "" for no rows. Cells are ``tables.mean_std``'s."""
   shown = _labelled(rows, comparison, selective)
   set_rows = [row for row in shown["rows"] if row.get("alpha") is not None]  # prediction sets
   rows = [row for row in shown["rows"] if row.get("alpha") is None]
@@ -310,9 +281,8 @@ def markdown(
 
 def run(workdirs: list[str], out) -> str:
   """The aggregate stage: the runs of ``workdirs`` (paths or globs) merged into ``out``
-  (aggregate.{csv,md,json}, aggregate_<table>.csv, dropout-rate figures, index.html).
-
-  Returns a line saying what was merged into which files."""
+  (aggregate.{csv,md,json}, aggregate_<table>.csv, figures, index.html); returns a line
+  saying what was merged into which files."""
   names = results.expand_workdirs(workdirs or [], exclude=out)
   if not names:
     raise RunError(f"--workdirs: {','.join(workdirs or []) or '(empty)'} names no work dir")
@@ -328,7 +298,6 @@ def run(workdirs: list[str], out) -> str:
     name: merge(runs, [run_tables.get(name, []) for run_tables in tables_of_runs], names=names)
     for name, merge in (("comparison", merge_comparison), ("selective", merge_selective))
   }
-  # A work dir of a seed sweep holds several runs: "2 runs from 1 work dir".
   what = f"{_plural(count_runs(runs), 'run')} from {_plural(len(runs), 'work dir')}"
   logging.info("merged %s into %d rows", what, len(merged))
   text = markdown(merged, **merged_tables)
@@ -340,7 +309,7 @@ def run(workdirs: list[str], out) -> str:
     files.write_bytes(out / "aggregate.md", text.encode()),
     files.write_json(out / "aggregate.json", {**inputs, "rows": merged, **merged_tables}),
   ]
-  from top1_jax import plots  # matplotlib: 0.5 s of import that a refused run skips
+  from top1_jax import plots  # matplotlib, imported only once the runs are merged
 
   calibration = [row for row in merged if row.get("alpha") is None]  # not prediction sets'
   topk = {row["topk"] for row in calibration}

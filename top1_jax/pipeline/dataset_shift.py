@@ -1,9 +1,7 @@
 """Dataset shift (Ovadia et al. 2019): every method calibrated on clean data, tested shifted.
 
-A set is ``clean``, a rotation (degrees) or translation (pixels), a corruption at intensity
-1-5, or ``ood_<name>`` (images outside the label set; placeholder labels). ``run`` trains or
-reuses the networks, predicts every set into ``<workdir>/shift/predictions/`` and evaluates
-them into ``<workdir>/shift/`` (results.{csv,md,json}, ood.csv, figures/, index.html).
+``run`` trains or reuses the networks, predicts every ``ShiftSet`` into ``shift/predictions/``
+of the work dir and evaluates them into ``shift/`` (results.{csv,md,json}, ood.csv, figures/).
 """
 
 import dataclasses
@@ -24,13 +22,7 @@ from top1_jax.evaluation import accuracy_estimates, ood, protocol, recalibration
 from top1_jax.io import files, ood_sets, results
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.pipeline import jobs, prediction_sets, runs, shift_tables, sources, tables
-from top1_jax.pipeline.settings import (
-  Settings,
-  check_examples,
-  refuse_inputs,
-  smallest_calibration,
-  test_examples,
-)
+from top1_jax.pipeline.settings import Settings, check_test_examples, smallest_calibration
 
 LOG_PROBS_SCORE = shift_tables.LOG_PROBS_SCORE
 CSV_NAMES = {"recalibration": "recalibration", "accuracy": "accuracy_estimates"}
@@ -39,7 +31,9 @@ CSV_NAMES = {"recalibration": "recalibration", "accuracy": "accuracy_estimates"}
 
 @dataclasses.dataclass(frozen=True)
 class ShiftSet:
-  """One test set: a shift and its intensity (degrees, pixels, 1-5; 0 for clean and OOD)."""
+  """One test set: ``clean``, a rotation (degrees), a translation (pixels), a corruption
+  (intensity 1-5) or ``ood_<name>`` (images outside the label set); intensity 0 for clean
+  and OOD."""
 
   shift: str
   severity: int | float = 0
@@ -81,11 +75,8 @@ def first_examples(split, num: int | None):
 
 
 def make_images(shift_set: ShiftSet, images: np.ndarray, seed: int) -> np.ndarray:
-  """The set's images from the clean ones ([M, H, W, C] float32 in [0, 1]), by seed.
-
-  Corruption ``c`` draws from ``fold_in(key(seed), index of c)``, shared by its
-  intensities (a higher one corrupts the same image more); OOD sets are ``seed``'s draw.
-  """
+  """The set's images from the clean ones ([M, H, W, C] float32 in [0, 1]), by seed; a
+  corruption's intensities share its key, so a higher one corrupts the same image more."""
   if shift_set.shift == results.CLEAN:
     return images
   if shift_set.shift in shifts.GEOMETRIC:
@@ -182,16 +173,10 @@ def _evaluate_group(settings: Settings, group: Group, names: list[str]) -> tuple
     _inputs(clean), clean.splits, chosen, test_sets=[_inputs(s) for s in sets],
     n_bins=settings.n_bins,
   )  # fmt: skip
-  records = [
-    {
-      "columns": sets[r.test_set].columns,
-      "score": r.score,
-      "topk": 1,
-      "estimator": r.estimator,
-      "rows": r.metrics.rows(),
-    }
-    for r in found
-  ]
+  records = []
+  for r in found:
+    record = {"columns": sets[r.test_set].columns, "score": r.score, "topk": 1}
+    records.append({**record, "estimator": r.estimator, "rows": r.metrics.rows()})
   if not group.ood:
     return records, [], []
   reports = ood.ood_report(
@@ -216,23 +201,22 @@ def _recalibration_rows(settings: Settings, group: Group, names: list[str]) -> l
     group.clean.single_model or settings.shift_recalibrate_samples
   ):
     return []
-  sets, splits = [group.clean, *group.shifted], group.clean.splits
+  clean, splits = group.clean, group.clean.splits
+  sets = [clean, *group.shifted]
   smallest = min(int((~splits.test_mask(f)).sum()) for f in range(splits.num_splits))
-  check_num_labels(
-    settings, smallest, f"the {len(group.clean.labels)} examples of {group.clean.name}"
-  )
+  check_num_labels(settings, smallest, f"the {len(clean.labels)} examples of {clean.name}")
   found = recalibration.recalibrate(
-    _inputs(group.clean), [_inputs(s) for s in sets], group.clean.splits,
+    _inputs(clean), [_inputs(s) for s in sets], splits,
     scores=[s for s in settings.shift_recalibration_scores if s in names],
     log_probs_score=LOG_PROBS_SCORE, num_labels=settings.shift_num_labels,
-    num_draws=settings.shift_label_draws, seed=group.clean.columns["seed"],
+    num_draws=settings.shift_label_draws, seed=clean.columns["seed"],
     n_bins=settings.compare_bins, prior_strength=settings.shift_prior_strength,
   )  # fmt: skip
   rows = []
   for r in found:
     columns = sets[r.test_set].columns
     row = {**columns, "recalibration": r.recalibration, "score": r.score, "topk": 1}
-    row.update(num_labels=r.num_labels, **r.metrics.rows()[0], label=group.clean.label)
+    row.update(num_labels=r.num_labels, **r.metrics.rows()[0], label=clean.label)
     rows.append(row)
   return rows
 
@@ -336,7 +320,7 @@ def markdown(settings: Settings, evaluated: dict) -> str:
     text += ["", f"## {_model_name(key)}"]
     for metric in shift_tables.METRICS:
       title = shift_tables.metric_title(metric, n_bins)
-      for shift, axis in shift_tables.GEOMETRIC.items():
+      for shift, axis in results.GEOMETRIC_SHIFTS.items():
         if any(r["shift"] == shift for r in model_rows):
           table = shift_tables.geometric_table(model_rows, variants, shift, metric)
           text += ["", f"### {axis}: {title}", "", table]
@@ -359,10 +343,9 @@ def _sets_markdown(rows: list[dict]) -> list[str]:
   lines = [tables.md_row(header), "|---|---|---:|---|---:|---:|"]
   for r in rows:
     where = r["shift"] if r["shift"] == results.CLEAN else f"{r['shift']} {r['severity']:g}"
-    coverage, size = tables.pm_value(r, "coverage", 3), tables.pm_value(r, "mean_size", 2)
-    lines.append(
-      tables.md_row([r["label"], r["estimator"], f"{r['alpha']:g}", where, coverage, size])
-    )
+    cells = [r["label"], r["estimator"], f"{r['alpha']:g}", where]
+    cells += [tables.pm_value(r, "coverage", 3), tables.pm_value(r, "mean_size", 2)]
+    lines.append(tables.md_row(cells))
   note = (
     "Prediction sets calibrated on the clean calibration parts and applied unchanged to "
     "every set's test parts: the guarantee (coverage >= 1 - alpha) holds on clean data only."
@@ -498,9 +481,8 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   start = time.perf_counter()
   train_split, test_split = training.load_data(settings)
   pool = first_examples(test_split, settings.shift_examples)
-  refuse_inputs(settings)
   num = len(pool.labels)
-  check_examples(settings, num, pool.num_classes, test_examples(settings, num))
+  check_test_examples(settings, num, pool.num_classes)
   check_num_labels(settings, smallest_calibration(settings, num), f"the {num} shift_examples")
   out = workdir / "shift"
   if runs.is_writer():

@@ -1,17 +1,16 @@
-"""What a sweep asks for, as typed jobs made once: networks to train, predictions to write.
-
-A *training point* (model, train dropout rate, seed) trains a base network and an ensemble;
-its *prediction jobs* are the plain network, MC dropout at every rate and the ensemble. A
-job's values go to its file's meta; its file name is for people, never parsed back.
+"""What a sweep asks for: *training points* (model, train dropout rate, seed), each a base
+network and an ensemble, and their *prediction jobs* (the plain network, MC dropout at every
+rate, the ensemble). A job's values go to its file's meta; its name is never parsed back.
 """
 
 import dataclasses
+import itertools
 
 from top1_jax.pipeline.settings import Settings
 from top1_jax.version import __version__
 
 STAGES = ("base", "ensemble")
-"""What a training point trains: the base network, then the ensemble."""
+"""What a training point trains, in order."""
 
 RECIPE_DEFAULTS = {
   "optimizer": "adam",
@@ -26,8 +25,7 @@ RECIPE_DEFAULTS = {
   "crop_padding": 4,
   "half_precision": "none",
 }
-"""The recipe's fields at the values that train as before they existed (Adam, constant rate,
-float32, no weight decay or augmentation)."""
+"""The recipe's fields at the values that train as before they existed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,12 +43,9 @@ class TrainingPoint:
 
 @dataclasses.dataclass(frozen=True)
 class PredictionJob:
-  """One predictions file of a training point.
-
-  Attributes:
-    method: "deterministic" (one forward pass), "mc_dropout" or "ensemble".
-    key_index: which MC-dropout key it draws (the rate's position in ``dropout_rates``).
-  """
+  """One predictions file of a training point: ``method`` "deterministic" (one forward
+  pass), "mc_dropout" or "ensemble"; ``key_index``: its rate's index in ``dropout_rates``,
+  which MC-dropout key it draws."""
 
   point: TrainingPoint
   method: str
@@ -61,8 +56,7 @@ class PredictionJob:
 
   @property
   def kind(self) -> str:
-    """The file's stem: ``deterministic``, ``dropout_0.05`` (the rate's repr: distinct rates
-    never share one), ``ensemble``."""
+    """The file's stem: ``deterministic``, ``dropout_0.05`` (the rate's repr), ``ensemble``."""
     return f"dropout_{self.dropout_rate!r}" if self.method == "mc_dropout" else self.method
 
   @property
@@ -72,7 +66,6 @@ class PredictionJob:
 
   @property
   def stage(self) -> str:
-    """The trained stage it samples."""
     return "ensemble" if self.method == "ensemble" else "base"
 
   def meta(self, settings: Settings) -> dict:
@@ -95,12 +88,8 @@ class PredictionJob:
 
 def training_points(settings: Settings) -> list[TrainingPoint]:
   """Every (model, train dropout rate, seed) of the sweep, in the order tasks share them."""
-  return [
-    TrainingPoint(m, r, seed)
-    for m in settings.models
-    for r in settings.train_dropout_rates
-    for seed in settings.seeds
-  ]
+  grid = itertools.product(settings.models, settings.train_dropout_rates, settings.seeds)
+  return [TrainingPoint(*point) for point in grid]
 
 
 def prediction_jobs(settings: Settings, point: TrainingPoint) -> list[PredictionJob]:
@@ -116,10 +105,9 @@ def prediction_jobs(settings: Settings, point: TrainingPoint) -> list[Prediction
 
 
 def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dict:
-  """What a trained stage depends on: a stage trained with another is not resumed or reused.
-
-  Recipe fields are recorded only where used and not at their ``RECIPE_DEFAULTS``, so a
-  stage trained before they existed keeps its record."""
+  """What a trained stage depends on (a stage trained with another is not resumed or
+  reused); recipe fields only where used and not at their ``RECIPE_DEFAULTS``, so a stage
+  trained before they existed keeps its record."""
   config = {
     "dataset": settings.dataset,
     "limit_train": settings.limit_train,
@@ -141,7 +129,7 @@ def training_config(settings: Settings, point: TrainingPoint, stage: str) -> dic
 
 
 def task_share(items: list, task: tuple[int, int]) -> list:
-  """This task's share of a sweep's ``items`` (the same order in every task) in a job
-  array: ``task`` is (task index, number of tasks), the shares disjoint and complete."""
+  """This task's share of ``items`` (the same order in every task): ``task`` is (task index,
+  number of tasks), the shares disjoint and complete."""
   index, count = task
   return items[index::count]

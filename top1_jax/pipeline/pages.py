@@ -1,8 +1,6 @@
-"""What each stage's results page (``index.html``) shows, from the stage's results data.
-
-A page leads with the answer (Table 1's raw -> binned Top-1 Brier and ECE, the sweep's best
-row, the key figure), then, folded, every table, the figures, the config fields the run
-used and the timings. ``plots.page`` renders it; this module only picks and formats.
+"""What each stage's results page (``index.html``) shows: the answer first (Table 1's raw ->
+binned Top-1 Brier and ECE, the best row), then, folded, every table, the figures, the config
+and the timings. ``plots.page`` renders it; this module only picks and formats.
 """
 
 import dataclasses
@@ -19,14 +17,12 @@ from top1_jax.pipeline import runs, shift_tables, tables
 from top1_jax.pipeline.settings import Settings
 from top1_jax.plots import page  # matplotlib: this module is imported only to write a page
 
-_GROUP_STARTS = {
+_GROUP_STARTS = {  # the first field of each group of ``Settings``' fields
   "dataset": "data", "models": "training", "dropout_rates": "prediction", "inputs": "inputs",
   "scores": "sweep", "shift_examples": "shift",
 }  # fmt: skip
-"""The first field of each group of ``Settings`` (its fields are in this order)."""
-
+# The sweep fields the shift protocol reads.
 _SHIFT_SWEEP = ("n_bins", "compare_bins", "scores", "n_folds", "scheme", "figures")
-"""The sweep fields the shift protocol reads."""
 
 
 def _field_groups() -> dict[str, list[str]]:
@@ -39,8 +35,7 @@ def _field_groups() -> dict[str, list[str]]:
 
 
 def config_fields(settings: Settings, stage: str) -> list[str]:
-  """The config fields a run of ``stage`` ("evaluate" or "shift") used, in config order
-  (a user's files: ``inputs`` and the first seed, no training field)."""
+  """The config fields a run of ``stage`` ("evaluate" or "shift") used, in config order."""
   groups = _field_groups()
   if settings.inputs:
     names = ["dataset", "seeds", "inputs", "input_kind"]
@@ -197,8 +192,7 @@ def _present(folder, names: Sequence[str]) -> list[str]:
 
 
 def _sections(rows, comparison, selective, set_rows, value, accuracy_value) -> dict:
-  """A sweep page's answer, finding and folded tables (those with rows); ``value`` formats
-  a cell, ``accuracy_value`` the files' accuracies."""
+  """A sweep page's answer, finding and folded tables (those with rows)."""
   answer = answer_table(comparison, _accuracy(rows, accuracy_value), value)
   details = [
     *sweep_tables(rows, value),
@@ -245,7 +239,7 @@ def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
 
 def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs, figures, value):
   """index.html of merged runs: ``merged`` holds their labelled ``rows``, ``comparison``
-  and ``selective`` rows, ``value`` formats a merged cell (mean ± std across runs)."""
+  and ``selective`` rows, ``value`` formats a merged cell."""
   rows, comparison = merged["rows"], merged.get("comparison") or []
   set_rows = [r for r in rows if r.get("alpha") is not None]  # prediction sets'
   rows = [r for r in rows if r.get("alpha") is None]
@@ -258,8 +252,7 @@ def write_aggregate_page(out, title: str, merged: Mapping[str, Sequence], inputs
 
 
 def _of(rows, selector, metric: str, clean: bool) -> list:
-  """``metric`` of a variant's rows: on the clean set, or on every shifted set (OOD sets
-  are not among the rows)."""
+  """``metric`` of a variant's rows: on the clean set, or on every shifted set."""
   is_clean = lambda r: r["shift"] == results_io.CLEAN
   return [r.get(metric) for r in rows if is_clean(r) == clean and shift_tables.matches(r, selector)]
 

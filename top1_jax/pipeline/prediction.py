@@ -1,8 +1,5 @@
-"""The predict stage: each training point's predictions files, one per prediction job.
-
-``predictions/<point>/deterministic.npz`` (logits), ``dropout_<rate>.npz`` (mean probabilities
-and on-device scores, or all S samples with ``keep_samples``) and ``ensemble.npz``. MC dropout
-is sharded and chunked, so [S, N, K] never has to fit in memory. Current files are skipped.
+"""The predict stage: ``predictions/<point>/<job kind>.npz`` per prediction job, current
+files skipped. MC dropout is sharded and chunked: [S, N, K] never has to fit in memory.
 """
 
 import functools
@@ -51,11 +48,9 @@ def _progress(label: str, every_seconds: float = 10.0):
 def predict_images(
   settings: Settings, job: jobs.PredictionJob, meta: dict, states, x, labels, key_index: int = 0
 ) -> predictions_lib.Predictions:
-  """One predictions file's contents for ``job`` on images ``x``.
-
-  ``states(stage)`` gives the trained state; ``key_index`` (the shift job's set) is folded
-  into MC dropout's keys, so sets share no masks (0: the main job's keys).
-  """
+  """One predictions file's contents for ``job`` on images ``x``; ``states(stage)`` gives
+  the trained state, ``key_index`` (the shift job's set; 0 for none) is folded into MC
+  dropout's keys so that sets share no masks."""
   state = states(job.stage)
   apply_fn = models.make_apply_fn(state.model)
   if job.method != "mc_dropout":
@@ -88,8 +83,7 @@ def trained_states(settings: Settings, workdir, point: jobs.TrainingPoint, test_
 
 
 def run(settings: Settings, workdir, tasks=(0, 1), test_split=None) -> None:
-  """The predict stage: every missing or stale file of this task's training points
-  (``test_split``: the test split if already loaded)."""
+  """The predict stage: every missing or stale file of this task's training points."""
   if test_split is None:
     sweep_data.check(settings, ("test",))
     test_split = sweep_data.load(settings, "test")
@@ -101,9 +95,7 @@ def run(settings: Settings, workdir, tasks=(0, 1), test_split=None) -> None:
         logging.info("predict: %s done already, skipping", job.name)
         continue
       start = time.perf_counter()
-      predictions = predict_images(
-        settings, job, meta, states, test_split.images, test_split.labels
-      )
+      result = predict_images(settings, job, meta, states, test_split.images, test_split.labels)
       if is_writer():
-        predictions_lib.save_predictions(target, predictions)
+        predictions_lib.save_predictions(target, result)
         logging.info("predict: wrote %s (%.1f s)", target, time.perf_counter() - start)

@@ -1,9 +1,6 @@
-"""A file's prediction sets with a coverage guarantee, as results.csv's rows.
-
-``rows`` runs ``evaluation.sets.evaluate_sets`` on a file's splits (calibrated on its
-calibration parts; with shifted files of the same examples, scored on their test parts
-too) and gives one tidy row per (set, method, alpha): the file's columns, ``score``
-``results.SET_SCORE``, ``estimator`` the method, ``alpha``, and ``results.SET_METRICS``.
+"""A file's prediction sets with a coverage guarantee (``evaluation.sets``) as results.csv's
+rows: the file's columns, ``score`` ``results.SET_SCORE``, ``estimator`` the method,
+``alpha`` and ``results.SET_METRICS``.
 """
 
 import functools

@@ -1,8 +1,7 @@
 """The main job: train, predict and evaluate, each stage skipped where its outputs exist.
 
-Every setting is checked before training. The evaluate stage writes results.{json,csv,md},
-figures/, timings.json and index.html; with several tasks (a job array) each runs its share
-of the training points, and a final run with one task writes the tables.
+With several tasks (a job array) each runs its share of the training points, and a final
+run with one task writes the tables.
 """
 
 import time
@@ -11,7 +10,7 @@ from absl import logging
 
 from top1_jax.io import files, sweep_data
 from top1_jax.pipeline import jobs, prediction, runs, sources, sweep, training
-from top1_jax.pipeline.settings import Settings, check_examples, refuse_inputs, test_examples
+from top1_jax.pipeline.settings import Settings, check_test_examples, refuse_inputs
 
 
 def check(settings: Settings) -> None:
@@ -19,8 +18,7 @@ def check(settings: Settings) -> None:
   refuse_inputs(settings)
   test = sweep_data.check(settings)["test"]
   if test.num_examples is not None:
-    what = test_examples(settings, test.num_examples)
-    check_examples(settings, test.num_examples, test.num_classes, what)
+    check_test_examples(settings, test.num_examples, test.num_classes)
 
 
 def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
@@ -28,12 +26,9 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   check(settings)
   timings = {}
   start = tic = time.perf_counter()
-  # The data is loaded and checked before anything is written: a refused run leaves the
-  # work dir as it was.
-  data = training.load_data(settings)
+  data = training.load_data(settings)  # checked before anything is written
   train_split, test_split = data
-  num_test = len(test_split.labels)
-  check_examples(settings, num_test, test_split.num_classes, test_examples(settings, num_test))
+  check_test_examples(settings, len(test_split.labels), test_split.num_classes)
   timings["data"] = time.perf_counter() - tic
   asked = sources.asked_files(settings, workdir)
   runs.record_sweep(settings, workdir, [name for name, _ in asked], command, tasks)

@@ -1,8 +1,6 @@
-"""A run's record of itself in its work dir: what it was asked, with which versions.
-
-``config.json`` holds the command, the resolved config and the packages' versions;
-``manifest.json`` the files a sweep asks for, so that a later sweep of another config in
-the same work dir says what it replaces and never mixes two sweeps' files silently.
+"""A run's record of itself in its work dir: ``config.json`` (the command, the resolved
+config, the versions) and ``manifest.json`` (the files a sweep asks for, so that a later
+sweep of another config says what it replaces).
 """
 
 import json

@@ -1,8 +1,5 @@
-"""A run's settings: every field of a config, typed and checked once, with its rule beside it.
-
-``parse`` turns a config (``configs/default.py``) into a frozen ``Settings``; each field's
-constraint is data (``Rule``), rules tying fields together are ``_TOGETHER``'s functions.
-A broken rule is a one-line ``SettingError`` starting with the field's name.
+"""A run's settings: ``parse`` turns a config into a frozen ``Settings``, each field checked
+once by its ``Rule``, then by the rules tying fields together (``_TOGETHER``).
 """
 
 import dataclasses
@@ -22,8 +19,7 @@ from top1_jax.io import files
 
 MAX_FOLDS = 127  # core.splits stores a split's fold in an int8
 INPUT_KINDS = ("auto", "predictions", "logits", "probs")
-"""What ``inputs`` holds: predictions files, or one .npy array of logits or probs; "auto":
-.npz files are predictions files, a .npy array's rows say which it holds."""
+"""What ``inputs`` holds; "auto": .npz files are predictions files, a .npy array's rows say."""
 OPTIMIZERS = ("adam", "sgd")  # engine.optimizers (that module needs optax)
 SCHEDULES = ("constant", "cosine", "step")  # engine.optimizers
 AUGMENTATIONS = ("crop", "flip")  # engine.augment
@@ -42,15 +38,10 @@ def _names_of(source) -> tuple[str, ...] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """What one field may hold.
-
-  Attributes:
-    kind: the type of the value (of each item when ``many``): int, float, str or bool.
-    low, high: bounds; ``low`` inclusive unless ``above``, ``high`` exclusive unless ``up_to``.
-    names: the allowed strings, or a function giving them (a registry read at check time).
-    many: a tuple of values (a command line's ``(a,b)`` or ``a,b`` is split); ``empty``: it
-      may be empty; ``every``: its names may be ``("all",)``.
-    what: what a message calls the values ("splits": "expected 2 to 127 splits").
+  """What one field may hold: a ``kind`` (int, float, str, bool; of each item when ``many``)
+  between ``low`` (inclusive unless ``above``) and ``high`` (exclusive unless ``up_to``), or
+  among ``names`` (or a function giving them). ``many``: a tuple, ``empty`` if it may be;
+  ``every``: ``("all",)`` allowed; ``what``: what messages call the values ("splits").
   """
 
   kind: type
@@ -149,8 +140,6 @@ def _number(value: float) -> str:
 def _items(field: str, value) -> tuple:
   """A tuple field's items, a command line's ``(a,b)`` split; unpaired parentheses are refused
   (ml_collections keeps such an override as text: ``(0.1`` would run as 0.1)."""
-  if isinstance(value, str):
-    value = (value,)
   out = []
   for item in value if isinstance(value, (tuple, list)) else (value,):
     if isinstance(item, str):
@@ -291,8 +280,8 @@ def _lazy(module: str):
 
 
 def parse(config: Any) -> Settings:
-  """Every field of ``config`` (a ``ConfigDict`` of ``configs/default.py``'s fields, or any
-  item-access mapping) parsed by its rule, then the rules that tie fields together.
+  """Every field of ``config`` (``configs/default.py``'s fields, any item-access mapping)
+  parsed by its rule, then the rules that tie fields together.
 
   Raises ``SettingError``: one line starting with the field's name.
   """
@@ -311,7 +300,7 @@ def parse(config: Any) -> Settings:
   return settings
 
 
-# Rules that tie fields together, in order; each returns None or the settings completed.
+# Rules that tie fields together; each returns None or the settings completed.
 
 
 def _recipe(s: Settings) -> Settings:
@@ -437,10 +426,8 @@ def smallest_calibration(settings: Settings, num_examples: int) -> int:
 
 
 def check_examples(settings: Settings, num_examples: int, num_classes: int, what: str) -> int:
-  """The bins, splits and events against N examples of K classes; returns the figures' bins.
-
-  ``what`` names the N examples in messages (``test examples (limit_test=30)``).
-  """
+  """The bins, splits and events against N examples of K classes (``what``: the examples'
+  name in messages); returns the figures' bins."""
   if settings.n_folds > num_examples:
     fail(
       "n_folds",
@@ -459,10 +446,13 @@ def check_examples(settings: Settings, num_examples: int, num_classes: int, what
   return min(settings.figure_bins, smallest)
 
 
-def test_examples(settings: Settings, num_examples: int) -> str:
-  """How ``check_examples`` names N test examples (and the limit that cut them to N)."""
+def check_test_examples(settings: Settings, num_examples: int, num_classes: int) -> None:
+  """For the stages that train: ``refuse_inputs``, then ``check_examples`` of N test examples
+  (named with the limit that cut them to N)."""
+  refuse_inputs(settings)
   limited = settings.limit_test == num_examples
-  return f"test examples (limit_test={settings.limit_test})" if limited else "test examples"
+  what = f"test examples (limit_test={settings.limit_test})" if limited else "test examples"
+  check_examples(settings, num_examples, num_classes, what)
 
 
 def refuse_inputs(settings: Settings) -> None:

@@ -1,7 +1,5 @@
-"""The shift protocol's Markdown tables and the methods (*variants*) they compare.
-
-A variant is a display label and the column values that pick its tidy rows (``VARIANTS``):
-Ovadia et al.'s methods, each its own probability as P(correct), beside calibrated scores.
+"""The shift protocol's Markdown tables and the methods (*variants*, ``VARIANTS``) they
+compare: Ovadia et al.'s, each its own probability as P(correct), beside calibrated scores.
 """
 
 import math
@@ -39,8 +37,6 @@ VARIANTS: dict[str, dict] = {
 }
 """Display label -> the columns of its rows, in the tables' and figures' order."""
 
-GEOMETRIC = results.GEOMETRIC_SHIFTS
-
 
 def matches(row: Mapping, selector: Mapping) -> bool:
   return all(row.get(column) == value for column, value in selector.items())
@@ -51,7 +47,7 @@ def model_of(row: Mapping) -> tuple:
 
 
 def grouped(rows: Sequence[Mapping], key: Callable = model_of) -> dict:
-  """``rows`` by ``key(row)`` (by default their training point), in their order."""
+  """``rows`` by ``key(row)``, in their order."""
   out: dict = {}
   for row in rows:
     out.setdefault(key(row), []).append(row)
@@ -67,8 +63,8 @@ FIGURE_VARIANTS = (
 def present_variants(
   rows: Sequence[Mapping], n_bins: int, labels: Sequence[str] = tuple(VARIANTS)
 ) -> dict[str, dict]:
-  """The ``VARIANTS`` of ``labels`` with clean rows at ``n_bins``; each selector gets
-  ``n_bins`` and (MC dropout) the smallest dropout rate, so it picks one row per set."""
+  """The ``VARIANTS`` of ``labels`` with clean rows at ``n_bins``, each selector given
+  ``n_bins`` and (MC dropout) the smallest dropout rate: one row per set."""
   chosen = {}
   for label in labels:
     selector = {**VARIANTS[label], "n_bins": n_bins, "shift": results.CLEAN}
@@ -96,7 +92,7 @@ METRICS = ("accuracy", "brier", "nll", "ece", "auroc")
 
 
 def metric_title(metric: str, n_bins: int) -> str:
-  """A metric's heading; the ECE and AUROC named as every table names them."""
+  """A metric's heading."""
   if metric == "ece":
     return tables.ece_title(n_bins)
   titles = {"accuracy": "accuracy (%)", "brier": "Brier", "nll": "NLL"}
@@ -109,8 +105,8 @@ def metric_format(metric: str) -> tuple[float, int]:
 
 
 def _shown(variants: dict, metric: str) -> dict:
-  """The variants a metric's table lists: for accuracy, one per method (calibration
-  leaves it unchanged)."""
+  """The variants a metric's table lists: for accuracy, which calibration leaves unchanged,
+  one per method."""
   if metric != "accuracy":
     return variants
   return {k: v for k, v in variants.items() if v["estimator"] == "raw"} or variants
@@ -119,14 +115,11 @@ def _shown(variants: dict, metric: str) -> dict:
 def geometric_table(rows, variants, shift: str, metric: str) -> str:
   """Variants x intensities of one shift (the clean rows at 0)."""
   levels = [0, *sorted({r["severity"] for r in rows if r["shift"] == shift})]
+  sets = [(results.CLEAN if level == 0 else shift, level) for level in levels]
   scale, digits = metric_format(metric)
-  variants = _shown(variants, metric)
   lines = tables.md_head(["method", *(f"{level:g}" for level in levels)], spaced=True)
-  for label, selector in variants.items():
-    cells = []
-    for level in levels:
-      shift_name = results.CLEAN if level == 0 else shift
-      cells.append(tables.cell(_value(rows, selector, shift_name, level, metric), digits, scale))
+  for label, selector in _shown(variants, metric).items():
+    cells = [tables.cell(_value(rows, selector, *at, metric), digits, scale) for at in sets]
     lines.append(tables.md_row([label, *cells]))
   return "\n".join(lines)
 
@@ -136,11 +129,10 @@ def corruption_table(rows, variants, metric: str) -> str:
   names = [n for n in corruptions.names() if any(r["shift"] == n for r in rows)]
   levels = sorted({r["severity"] for r in rows if r["shift"] in names})
   scale, digits = metric_format(metric)
-  variants = _shown(variants, metric)
   header = ["method", "clean", *(f"{level:g}: mean (worst)" for level in levels)]
   lines = tables.md_head(header, spaced=True)
   worst = max if metric not in ("accuracy", "auroc") else min
-  for label, selector in variants.items():
+  for label, selector in _shown(variants, metric).items():
     cells = [tables.cell(_value(rows, selector, results.CLEAN, 0, metric), digits, scale)]
     for level in levels:
       values = [_value(rows, selector, n, level, metric) for n in names]
@@ -171,7 +163,6 @@ def ood_table(ood_rows, variants) -> str:
 
 
 # After m labels (recalibration.csv) and without labels (accuracy_estimates.csv).
-
 WITHIN = 0.01
 """How close to its clean ECE a recalibrated method must come (1 percentage point)."""
 
@@ -227,13 +218,13 @@ def _family(row: Mapping) -> str:
   """A set's shift family: clean, a geometric shift, corruptions, or OOD."""
   if results.is_ood(row["shift"]) or row["shift"] == results.CLEAN:
     return row["shift"]
-  return row["shift"] if row["shift"] in GEOMETRIC else "corruptions"
+  return row["shift"] if row["shift"] in results.GEOMETRIC_SHIFTS else "corruptions"
 
 
 def accuracy_table(rows: Sequence[Mapping], titles: Mapping[str, str]) -> str:
   """Per estimator and score of one model, in percentage points: its error on the clean
   set, its mean absolute error over the shifted sets (all and by family), and what it
-  predicts on each OOD set (whose true accuracy is 0)."""
+  predicts on each OOD set."""
   families = [f for f in dict.fromkeys(map(_family, rows)) if f != results.CLEAN]
   shifted = [f for f in families if not results.is_ood(f)]
   header = ["estimator", "score", "clean: error", "shifted: MAE", *(f"{f}: MAE" for f in shifted)]

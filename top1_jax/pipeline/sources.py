@@ -1,10 +1,5 @@
-"""The predictions files a sweep evaluates: which they are, and each read and scored once.
-
-A *source* is one predictions file, read a chunk of examples at a time (``io.stream``),
-its scores computed chunk by chunk, its settings columns taken from its meta, and the
-calibration/test splits drawn for it (``crossval.make_splits``). ``asked_files`` says
-which files a run's settings ask for: its training points' predictions, or the user's
-``inputs`` (predictions files, or one array made a predictions file).
+"""The predictions files a sweep evaluates (``asked_files``), each read and scored once
+(``Source``).
 """
 
 import concurrent.futures
@@ -19,15 +14,13 @@ from top1_jax.io import files, stream
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.pipeline import jobs, tables
 from top1_jax.pipeline.runs import is_writer
-from top1_jax.pipeline.settings import Settings
+from top1_jax.pipeline.settings import Settings, fail
 
 
 class Source:
-  """One predictions file, its settings (``columns``), scores and calibration/test splits.
-
-  The file is read a chunk of examples at a time (``io.stream``) and its scores
-  computed chunk by chunk (``chunked``): memory holds the [N, K] log-probabilities
-  and one chunk, never the file's [S, N, K] samples.
+  """One predictions file, its settings (``columns``, from its meta), scores and
+  calibration/test splits. It is read and scored a chunk of examples at a time: memory
+  holds the [N, K] log-probabilities and one chunk, never the file's [S, N, K] samples.
   """
 
   def __init__(self, name: str, path, settings: Settings, timings: dict):
@@ -38,13 +31,11 @@ class Source:
       concurrent.futures.ThreadPoolExecutor(1) as hashing,
     ):
       # The file's hash (which sweep points are reused) in a thread while its chunks are
-      # read and scored: hashlib lets go of the GIL (0.1-0.2 s for 200 MB here).
+      # read and scored: hashlib lets go of the GIL.
       digest = hashing.submit(reader.file_sha1)
       self.meta, self.labels = dict(reader.meta), reader.labels
       if max(settings.topk) > reader.num_classes:
-        raise SettingError(
-          f"topk: {max(settings.topk)} exceeds the {reader.num_classes} classes of {name}"
-        )
+        fail("topk", f"{max(settings.topk)} exceeds the {reader.num_classes} classes of {name}")
       num_samples = reader.num_samples or 1
       self.columns = tables.file_columns(self.meta, name, num_samples)
       if not isinstance(self.columns["seed"], int):
@@ -100,10 +91,8 @@ def check_present(asked) -> None:
 
 
 def load_sources(asked, settings: Settings, timings: dict | None = None) -> list[Source]:
-  """The predictions files ``asked`` ((name, path) pairs), checked to share their labels.
-
-  ``timings`` (if given) accumulates the seconds of ``load`` and ``scores``.
-  """
+  """The predictions files ``asked`` ((name, path) pairs), checked to share their labels;
+  ``timings`` (if given) accumulates the seconds of ``load`` and ``scores``."""
   timings = {} if timings is None else timings
   check_present(asked)
   sources = [Source(name, path, settings, timings) for name, path in asked]

@@ -1,13 +1,8 @@
 """The evaluate stage: every (file, score, Top-k event, estimator) cross-validated, and tables.
 
-Every sweep point is one file's score binned for one event by one estimator, scored by
-``crossval.cross_validate`` over all bin counts on the file's splits and saved in
-``<workdir>/sweep/`` (``<file>__<score>__top<k>[__<estimator>].json``) with its settings
-and the file's hash; a rerun reuses the points whose settings and file match, so a
-killed run resumes. Table 1 (``comparison.baseline_rows``) and selective prediction
-(``selective.validate_over_splits``) need no sweep record and run beside the sweep.
-Then ``results.{json,csv,md}`` and ``index.html``, then ``figures/`` (written by worker
-processes while the next figure is drawn), ``timings.json`` and ``index.html`` with them.
+Each sweep point is saved in ``<workdir>/sweep/`` with its settings and the file's hash; a
+rerun reuses the points whose settings and file match, so a killed run resumes. Table 1 and
+selective prediction need no sweep record and run beside the sweep.
 """
 
 import concurrent.futures
@@ -25,7 +20,7 @@ from top1_jax.core.validation import SettingError
 from top1_jax.evaluation import comparison, crossval, selective
 from top1_jax.io import files
 from top1_jax.pipeline import jobs, prediction_sets, runs, sources, tables
-from top1_jax.pipeline.settings import Settings, check_examples
+from top1_jax.pipeline.settings import Settings, check_examples, fail
 
 Source = sources.Source
 
@@ -53,9 +48,7 @@ def _points(settings: Settings, found: list[Source]) -> list[tuple]:
   every = dict.fromkeys((source, scores.for_event(score, k), k, e) for e, source, k, score in grid)
   points = [point for point in every if point[1] in point[0].scores]  # each once, if stored
   if not points:
-    raise SettingError(
-      f"scores: none of {', '.join(requested)} is available in the predictions files"
-    )
+    fail("scores", f"none of {', '.join(requested)} is available in the predictions files")
   return points
 
 
@@ -70,10 +63,9 @@ def _sweep_point(settings, source: Source, score: str, k: int, estimator: str, f
   saved = files.read_json(path)
   if saved is not None and saved.get("settings") == expected:
     return {**saved, "reused": True}
-  known = scores.lookup(score)
   cv = crossval.cross_validate(
     source.scores[score], source.correct(k), settings.n_bins, splits=source.splits,
-    estimator=estimator, increasing=known is not None and known.confident_when_high,
+    estimator=estimator, increasing=getattr(scores.lookup(score), "confident_when_high", False),
   )  # fmt: skip
   record = dict(
     settings=expected, file=str(source.path), source=source.name, columns=source.columns,
@@ -86,14 +78,9 @@ def _sweep_point(settings, source: Source, score: str, k: int, estimator: str, f
 def sweep(
   settings: Settings, found: list[Source], folder, *, log: Callable[[str], object] = print
 ) -> list[dict]:
-  """Every sweep point of ``found`` (``sources.load_sources``): cross-validated (and saved),
-  or reused from ``folder`` (a path or ``epath``); ``log`` gets a line per computed point
-  and a summary.
-
-  Returns one record per point (file, score, k, estimator): ``settings``, ``file``,
-  ``source``, ``columns`` (the file's, ``tables.file_columns``), ``score``, ``topk``,
-  ``estimator``, ``rows`` (``CrossValidation.rows()``) and ``per_fold``.
-  """
+  """Every sweep point of ``found``, cross-validated (and saved) or reused from ``folder``,
+  ``log``ged: one record per (file, score, k, estimator) with ``settings``, ``file``,
+  ``source``, ``columns``, ``score``, ``topk``, ``estimator``, ``rows`` and ``per_fold``."""
   points = _points(settings, found)
   num = len(found[0].labels)
   log(
@@ -120,8 +107,7 @@ def sweep(
 
 def baselines(settings: Settings, found: list[Source]) -> dict[str, list[dict]]:
   """Table 1's ``comparison.baseline_rows`` of each file whose headline score the sweep
-  bins at Top-1, by file name. They need no sweep record, so they may be computed
-  beside ``sweep`` (``run`` does, in a thread)."""
+  bins at Top-1, by file name."""
   points = _points(settings, found)
   out = {}
   for source in found:
@@ -200,12 +186,11 @@ def _write_tables(settings, workdir, asked, records, table1, chosen, sets_) -> l
 
 
 HEADLINE_METRICS = ("accuracy", "brier", "nll", "ece", "eor", "auroc")
-"""What the run's TensorBoard events hold of each file's headline score (Top-1, Table 1's bins)."""
+"""What the TensorBoard events hold of each file's headline score (Top-1, Table 1's bins)."""
 
 
 def _write_curves(settings: Settings, workdir, rows: list[dict]) -> None:
-  """The headline rows' metrics as TensorBoard scalars in ``<workdir>/tensorboard``
-  (``<file>/<metric>`` at step 0), beside the training curves of ``train/``."""
+  """The headline rows' metrics as TensorBoard scalars ``<file>/<metric>`` at step 0."""
   from top1_jax.io import metric_writer  # tensorboardX, in the [all] extra
 
   headline = [
@@ -224,7 +209,7 @@ def _write_curves(settings: Settings, workdir, rows: list[dict]) -> None:
 
 def write_figures(settings, workdir, sources_, records, rows, chosen, figure_bins) -> int:
   """The last step: every figure of the sweep into figures/; returns how many."""
-  from top1_jax import plots  # matplotlib: 0.5 s of import that runs without figures skip
+  from top1_jax import plots  # matplotlib, imported only by runs that draw figures
 
   binned = [r for r in records if r["estimator"] == "bins"]
   topk = settings.topk
@@ -237,7 +222,7 @@ def write_figures(settings, workdir, sources_, records, rows, chosen, figure_bin
 
 def _comparison(settings: Settings, sources_: list) -> tuple[dict, list, list, dict]:
   """Table 1's baseline rows, the selective rows, the prediction sets' rows, and the
-  seconds of the first two ("comparison") and of the sets ("sets": at scale, most of it)."""
+  seconds of the first two ("comparison") and of the sets ("sets")."""
   tic = time.perf_counter()
   baseline_rows = baselines(settings, sources_)
   chosen = selective_rows(settings, sources_)
@@ -266,16 +251,15 @@ def _beside():
 
 
 def evaluate(settings: Settings, workdir, asked, tasks=(0, 1)) -> dict:
-  """The sweep of ``asked`` (this task's share of ``sources.asked_files``); without tasks,
-  then the tables and figures. Returns the seconds of each step."""
+  """The sweep of ``asked`` (this task's share), then (one task) the tables and figures.
+  Returns the seconds of each step."""
   timings = {}
   index, count = tasks
   found = sources.load_sources(asked, settings, timings)
   num_classes = max(x.log_probs.shape[-1] for x in found)
   figure_bins = check_examples(settings, len(found[0].labels), num_classes, "examples")
   with _beside() as beside:
-    # Table 1 and the selective rows need no sweep record: their XLA passes and compiles
-    # (which let go of the GIL) run beside the sweep's host sorts; their seconds overlap.
+    # Table 1's XLA passes and compiles (which let go of the GIL) beside the host sorts.
     comparison_ = beside.submit(_comparison, settings, found) if count == 1 else None
     tic = time.perf_counter()
     records = sweep(settings, found, workdir / "sweep", log=logging.info)
@@ -324,9 +308,9 @@ def write_page(settings: Settings, workdir, timings: dict):
 
 
 def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
-  """The evaluate stage over the files the settings ask for (``sources.asked_files``), and
-  with ``shift_inputs`` the shift protocol over the shifted files, into ``shift/``."""
-  from top1_jax.pipeline import dataset_shift  # its figures. data and tables
+  """The evaluate stage over the files the settings ask for, and with ``shift_inputs`` the
+  shift protocol over the shifted files, into ``shift/``."""
+  from top1_jax.pipeline import dataset_shift  # its figures, data and tables
 
   start = time.perf_counter()
   asked = sources.asked_files(settings, workdir)

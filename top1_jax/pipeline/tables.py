@@ -1,9 +1,7 @@
 """The sweep's tables as Markdown, and its tidy rows (formatting only: no files, no maths).
 
-``tidy_rows`` are results.csv's rows: one per (file, score, k, estimator, bin count), the
-file's settings (``COLUMNS``), then each metric's mean and std over splits. A file's
-``method`` is ``deterministic`` (one network, one pass), ``mc_dropout``, ``ensemble``, or
-``external`` (a user's file whose meta names none: its kind is unknown).
+A file's ``method`` is ``deterministic`` (one network, one pass), ``mc_dropout``,
+``ensemble``, or ``external`` (a user's file whose meta names none).
 """
 
 import math
@@ -11,9 +9,6 @@ from collections.abc import Callable
 
 from top1_jax.core import metrics, scores
 from top1_jax.io import results
-
-COLUMNS = results.COLUMNS
-"""results.csv's settings columns, in order."""
 
 METHOD_ALIASES = {"plain": "deterministic"}
 """Other stored names of a method, read as the one shown (``from_arrays`` wrote "plain")."""
@@ -84,7 +79,8 @@ def varying(columns: list[dict], among: tuple[str, ...] = TRAINING) -> set[str]:
 
 
 def tidy_rows(records: list[dict]) -> list[dict]:
-  """One row per (file, score, k, estimator, bin count): settings, metrics, then ``label``."""
+  """results.csv's rows: one per (file, score, k, estimator, bin count), the file's settings
+  (``results.COLUMNS``), each metric's mean and std over splits, then ``label``."""
   mixed = varying([record["columns"] for record in records])
   rows = []
   for record in records:
@@ -114,16 +110,14 @@ def md_row(cells) -> str:
 
 def md_head(header: list[str], left: int = 1, spaced: bool = False) -> list[str]:
   """A Markdown table's header and rule: ``left`` columns aligned left, the rest right;
-  ``spaced``: the rule's cells spaced as ``md_row``'s (the shift tables')."""
+  ``spaced``: the rule's cells spaced as ``md_row``'s."""
   rule = ["---"] * left + ["---:"] * (len(header) - left)
   return [md_row(header), md_row(rule) if spaced else "|" + "|".join(rule) + "|"]
 
 
 def eor_digits(mean: float | None) -> int:
   """Decimals of an EOR cell: an odds ratio reads to about three significant digits."""
-  if mean is None or not math.isfinite(mean):
-    return 2
-  return 2 if mean < 10 else 1 if mean < 100 else 0
+  return 2 if mean is None or not math.isfinite(mean) or mean < 10 else 1 if mean < 100 else 0
 
 
 def _eor(row: dict) -> str:
@@ -243,8 +237,8 @@ def run_value(row: dict, name: str, digits: int | None, scale: float = 1.0) -> s
 
 
 def mean_std(row: dict, name: str, digits: int | None, scale: float = 1.0) -> str:
-  """A cell with its spread (``Value``): "mean ± std" (the mean alone without a std), and
-  "(k/n)" where only k of the n merged runs define it; ``digits`` None: 3 significant."""
+  """A merged cell (``Value``): "mean ± std" (the mean alone without a std), and "(k/n)"
+  where only k of the n runs define it; ``digits`` None: 3 significant."""
   mean, std = row.get(name), row.get(f"{name}_std")
   if mean is None:
     return "–"
@@ -291,8 +285,8 @@ def comparison_cells(row: dict, value: Value, per_class: bool = False) -> list[s
 def comparison_table(
   comparison: list[dict], *, value: Value = run_value, across_runs: bool = False
 ) -> str:
-  """The paper's Table 1 (``sweep.runner.table1`` rows with their ``label``); ``value``
-  formats a cell, ``across_runs`` adds a ``runs`` column for merged runs."""
+  """The paper's Table 1 (``sweep.table1``'s rows); ``value`` formats a cell,
+  ``across_runs`` adds a ``runs`` column for merged runs."""
   if not comparison:
     return ""
   n_bins, ece_bins = comparison[0]["top1_n_bins"], comparison[0]["ece_bins"]

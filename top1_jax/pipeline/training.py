@@ -1,8 +1,6 @@
-"""The train stage: each training point's base network and deep ensemble, resumable.
-
-Data-parallel over all processes' devices; a checkpoint after every epoch, so a killed run
-resumes, a finished stage is skipped, and one whose only change is more epochs trains on.
-Curves go to ``train/<point>/<stage>/tensorboard`` and the log.
+"""The train stage: each training point's base network and deep ensemble, data-parallel; a
+checkpoint after every epoch, so a killed run resumes, a finished stage is skipped, and one
+whose only change is more epochs trains on.
 """
 
 import time
@@ -62,10 +60,9 @@ def _refuse_other(where, saved: dict | None, wanted: dict, what: str) -> None:
   differing = sorted(k for k in {**saved, **wanted} if saved.get(k) != wanted.get(k))
   longer = differing == ["epochs"] and wanted["epochs"] > saved.get("epochs", 0)
   if saved != wanted and not longer:
-    fields = ", ".join(differing)
     raise RunError(
-      f"--workdir: {where} {what} with other settings (differing: {fields}); use a new "
-      "--workdir or the same config (only a larger num_epochs continues a finished stage)"
+      f"--workdir: {where} {what} with other settings (differing: {', '.join(differing)}); use "
+      "a new --workdir or the same config (only a larger num_epochs continues a finished stage)"
     )
 
 
@@ -108,8 +105,7 @@ def _evaluate(settings, stage: str, state, test_split) -> dict:
 
 
 def _curves(workdir, point, stage: str):
-  """The stage's metric writer: TensorBoard files from process 0 (the log alone without
-  tensorboardX)."""
+  """The stage's metric writer: TensorBoard files from process 0, if tensorboardX is there."""
   logdir = folder(workdir, point) / stage / "tensorboard"
   try:
     return metric_writer.MetricWriter(logdir, enabled=is_writer())
@@ -119,8 +115,8 @@ def _curves(workdir, point, stage: str):
 
 
 def _train_epochs(settings, workdir, point, stage, state, data, writer):
-  """Resumes from the last checkpoint and trains the remaining epochs, saving each; returns
-  the state, the last epoch's test metrics (None if none ran) and the evaluation's seconds."""
+  """Trains the epochs after the last checkpoint, saving each; returns the state, the last
+  epoch's test metrics (None if none ran) and the evaluation's seconds."""
   train_split, test_split = data
   label, (images, labels) = f"train/{point.name}/{stage}", (train_split.images, train_split.labels)
   key = jax.random.fold_in(jax.random.key(point.seed), 10 + jobs.STAGES.index(stage))
