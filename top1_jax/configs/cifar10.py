@@ -1,8 +1,5 @@
-r"""ResNet-20 on CIFAR-10 (TFDS) as He et al. (CVPR 2016, section 4.2) trained it.
-
-SGD, momentum 0.9, rate 0.1 at batch 128 divided by 10 at epochs 82 and 123 of 164, weight
-decay 1e-4, 4-pixel crops and flips, no dropout (MC dropout samples it). Published: 8.75 %
-test error (their ResNet-20 has zero-padded identity shortcuts; ours 1x1 projections).
+r"""ResNet-20 on CIFAR-10 (TFDS) as He et al. (CVPR 2016, section 4.2) trained it; the
+recipe and its published accuracy: docs/results.md ("Training recipes").
 
   python experiments/reproduce.py --config=cifar10 --workdir=gs://bucket/cifar10
 """
@@ -11,7 +8,7 @@ from top1_jax.configs import default
 
 
 def get_config():
-  """``default`` on CIFAR-10: He et al.'s ResNet-20 recipe, 32 samples, wider bins."""
+  """``default`` with He et al.'s ResNet-20 recipe, 32 samples, wider bins."""
   config = default.get_config()
   config.dataset = "cifar10"
   config.models = ("resnet",)

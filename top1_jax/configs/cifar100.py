@@ -1,9 +1,6 @@
 r"""ResNet-20 on CIFAR-100 (TFDS): ``cifar10``'s recipe, Top-1 and Top-5 events.
 
-He et al. report CIFAR-10 only; ResNet-20 so trained is commonly near 68-69 % on CIFAR-100
-(``cifar100_wrn`` has Zagoruyko & Komodakis's published numbers).
-
-  python experiments/reproduce.py --config=cifar100 --workdir=gs://bucket/cifar100
+python experiments/reproduce.py --config=cifar100 --workdir=gs://bucket/cifar100
 """
 
 from top1_jax.configs import cifar10

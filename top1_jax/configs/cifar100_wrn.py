@@ -1,7 +1,5 @@
 r"""Wide ResNets on CIFAR-100 (TFDS): ``cifar10_wrn``'s recipe, Top-1 and Top-5 events.
 
-Published test accuracy with dropout: WRN-16-4 76.09 %, WRN-28-10 81.15 %.
-
   python experiments/reproduce.py --config=cifar100_wrn --config.models=wrn28_10 \
       --workdir=gs://bucket/cifar100_wrn28_10
 """

@@ -1,8 +1,5 @@
-r"""Wide ResNets on CIFAR-10 (TFDS) as Zagoruyko & Komodakis (BMVC 2016) trained them.
-
-SGD, Nesterov momentum 0.9, rate 0.1 at batch 128 times 0.2 at epochs 60, 120 and 160 of
-200, weight decay 5e-4, 4-pixel crops and flips, dropout 0.3 between each block's two
-convolutions (where MC dropout samples). Published: WRN-16-4 94.76 %, WRN-28-10 96.11 %.
+r"""Wide ResNets on CIFAR-10 (TFDS) as Zagoruyko & Komodakis (BMVC 2016) trained them; the
+recipe and its published accuracy: docs/results.md ("Training recipes").
 
   python experiments/reproduce.py --config=cifar10_wrn --config.models=wrn28_10 \
       --config.half_precision=bfloat16 --workdir=gs://bucket/wrn28_10

@@ -1,8 +1,7 @@
 r"""The main job, and every field of a config with its meaning (``HELP``).
 
-A CNN, MC dropout at six rates and a deep ensemble on Fashion-MNIST; about five minutes on
-a 2-core CPU. The other configs import this one and override a few fields; ``seeds`` is a
-tuple because a seed is a sweep axis (one training point per model, rate and seed).
+A CNN, MC dropout at six rates and a deep ensemble on Fashion-MNIST. The other configs
+import this one and override a few fields.
 
   python experiments/reproduce.py --config=default            # into runs/default
   python experiments/reproduce.py --config=default \
@@ -29,7 +28,7 @@ HELP = {
   "learning_rate": "The optimizer's learning rate (the peak of a schedule)",
   "ensemble_size": "Members of the deep ensemble (0: no ensemble)",
   "ensemble_strategy": "How the members train: auto (vmap on GPU/TPU, a loop on CPU), vmap or loop",
-  # The training recipe (top1_jax.engine.optimizers, augment; the defaults train as before).
+  # The training recipe (top1_jax.engine.optimizers, augment).
   "optimizer": "adam, or sgd (with momentum and nesterov)",
   "momentum": "SGD's momentum, in [0, 1) (0: plain SGD; Adam ignores it)",
   "nesterov": "SGD with Nesterov's momentum",

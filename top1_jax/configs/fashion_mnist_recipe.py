@@ -1,7 +1,4 @@
 r"""A Fashion-MNIST training recipe a 2-core CPU runs in minutes: momentum SGD, cosine, shifts.
-
-``cnn_wide`` without dropout, SGD with Nesterov momentum 0.9 at 0.05 for batches of 128,
-cosine decay over 30 epochs, weight decay 5e-4, 1-pixel crops and flips, no ensemble.
 Time and accuracy: docs/results.md ("Training recipes").
 
   python experiments/reproduce.py --config=fashion_mnist_recipe --workdir=runs/fmnist_recipe

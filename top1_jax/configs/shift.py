@@ -3,8 +3,7 @@ r"""Calibration under dataset shift (Ovadia et al. 2019), after a training job i
   python experiments/shift.py --config=shift --workdir=runs/default           # Fashion-MNIST
   python experiments/shift.py --config=shift:cifar10 --workdir=runs/cifar10   # any config's
 
-Sized for a 2-core CPU (68 sets of the first 1,000 test examples, one MC-dropout rate with
-16 samples, Top-1, 20 bins); scale up with --config.shift_examples and friends on a GPU.
+Sized for a 2-core CPU; scale up with --config.shift_examples and friends on a GPU.
 """
 
 import importlib

@@ -1,8 +1,6 @@
 """The command line: flags, settings, one-line errors, signals; the maths lives below it.
-
-A main calls ``catch_stops`` first, so Ctrl-C or SIGTERM during its imports (JAX: a second
-or two) ends it in one line; ``runner.run`` then installs the handlers that unwind a run.
-"""
+A main calls ``catch_stops`` first, so Ctrl-C or SIGTERM during its imports (JAX) ends it in
+one line; ``runner.run`` then installs the handlers that unwind a run."""
 
 import os
 import signal

@@ -1,8 +1,6 @@
-"""Console scripts: ``top1-<name>`` does what ``python experiments/<name>.py`` does.
-
-pip installs every script with the core package (not one per extra), so a script whose
-packages are missing names the extra to install in one line and exits 2.
-"""
+"""Console scripts: ``top1-<name>`` does what ``python experiments/<name>.py`` does. pip
+installs every script with the core package, so one whose packages are missing names the
+extra to install in one line and exits 2."""
 
 import functools
 import importlib
@@ -44,14 +42,12 @@ def _launch(name: str) -> None:
       args += (runner.command(),)
     module.run(*args)
 
-  # Without --workdir: runs/<config> for reproduce; for shift, the work dir of the networks
-  # it reuses (runs/cifar10 for --config=shift:cifar10).
+  # Without --workdir: runs/<config>; for shift, its networks' (runs/cifar10 for shift:cifar10).
   default_workdir = {
     "reproduce": lambda: f"runs/{config_flag.config_name()}",
     "shift": lambda: f"runs/{config_flag.config_argument() or 'default'}",
   }.get(name)
-  per_core = name == "evaluate"
-  runner.run(main, default_workdir, cpu_device_per_core=per_core, doc=module.__doc__)
+  runner.run(main, default_workdir, cpu_device_per_core=name == "evaluate", doc=module.__doc__)
 
 
 # One callable per console script (pyproject.toml's [project.scripts] name them).

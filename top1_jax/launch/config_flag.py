@@ -1,8 +1,6 @@
-"""The ``--config`` flag (ml_collections) of the stages' mains, and its settings parsed once.
-
-``--config`` is a packaged config's name (``--config=quick``) or a path;
-``--config.<field>=<value>`` overrides a field.
-"""
+"""The ``--config`` flag (ml_collections) of the stages' mains, and its settings parsed once:
+a packaged config's name (``--config=quick``) or a path; ``--config.<field>=<value>``
+overrides a field."""
 
 import collections
 import os
@@ -50,8 +48,8 @@ def settings() -> settings_lib.Settings:
   parsed = settings_lib.parse(CONFIG.value)
   if not parsed.inputs:
     return parsed
-  ignored = sorted(given() & {"data_dir", "limit_train", "limit_test"})
-  if ignored:  # a sweep's own (quick's limit_test) made its files: no word
+  if ignored := sorted(given() & {"data_dir", "limit_train", "limit_test"}):
+    # Only those given on the command line: a sweep's own (quick's limit_test) made its files.
     named = ", ".join(f"--config.{name}" for name in ignored)
     logging.warning("evaluate: %s: for train and predict; evaluate reads files", named)
   if "dataset" in given():

@@ -92,8 +92,7 @@ def main(argv):
       name: flags.FLAGS[name].value
       for name in ("num_examples", "num_classes", "overconfidence", "n_folds", "scheme", "seed")
     }
-    config["n_bins"] = list(n_bins)
-    result = {"config": config, "version": __version__, "results": rows}
+    result = {"config": {**config, "n_bins": n_bins}, "version": __version__, "results": rows}
     files.write_json(os.path.join(runner.WORKDIR.value, "results.json"), result)
     files.write_bytes(os.path.join(runner.WORKDIR.value, "results.md"), (table + "\n").encode())
     print(f"wrote {runner.WORKDIR.value}/results.json and results.md")

@@ -1,9 +1,6 @@
-"""The command line's shared runner: work dir, processes, tasks, logging, one-line errors.
-
-Every main runs ``runner.run(main)``: flags parsed, processes joined, the work dir checked
-and locked, any failure printed as one line (exit status 1). Ctrl-C and SIGTERM stop the
-run with one line, the lock released (exit status 130 and 143).
-"""
+"""The command line's shared runner. Every main runs ``runner.run(main)``: flags parsed,
+processes joined, the work dir checked and locked, any failure printed as one line (exit
+status 1); Ctrl-C and SIGTERM stop the run with one line, the lock released (130, 143)."""
 
 import contextlib
 import os
@@ -33,7 +30,6 @@ TASK_INDEX = flags.DEFINE_integer(
 NUM_TASKS = flags.DEFINE_integer(
   "num_tasks", 1, "Tasks that split the sweep's points between them."
 )
-
 
 EXTRAS = {"train": "all", "predict": "all", "reproduce": "all", "shift": "all"}  # others: cli
 CLI_PACKAGES = ("absl", "ml_collections", "etils", "matplotlib")  # the cli extra, imported
@@ -107,12 +103,8 @@ def tasks() -> tuple[int, int]:
   return TASK_INDEX.value, NUM_TASKS.value
 
 
-_USER_ERRORS = (
-  ValueError,  # ExperimentError and the library's SettingError among them
-  OSError,  # a work dir that is a file, unwritable, full, ...
-  datasets.DataUnavailableError,
-  lock.WorkdirBusyError,
-)
+# ValueError: ExperimentError and the library's SettingError too; OSError: an unusable work dir.
+_USER_ERRORS = (ValueError, OSError, datasets.DataUnavailableError, lock.WorkdirBusyError)
 
 
 def one_line(error: BaseException) -> str:
@@ -138,14 +130,12 @@ def fail(error: BaseException, joined: bool = True) -> None:
     traceback.print_exc()
   print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
   if joined and parallel.process_count() > 1:
-    # A normal exit would wait for the other processes at JAX's shutdown barrier;
-    # ending now lets the coordinator see this process gone and stop the others.
+    # Not at JAX's shutdown barrier: the coordinator sees this process gone, stops the others.
     os._exit(1)
   sys.exit(1)
 
 
-PACKAGED_CONFIGS = os.path.dirname(os.path.abspath(configs.__file__))
-"""The configs that ship inside the package (``top1_jax/configs``)."""
+PACKAGED_CONFIGS = os.path.dirname(os.path.abspath(configs.__file__))  # top1_jax/configs
 
 
 def _config_path(arg: str) -> str:
@@ -169,8 +159,7 @@ def packaged_names() -> str:
 def check_config_file(value: str) -> None:
   """``--config``'s file (before a colon): ExperimentError if missing, a folder or binary."""
   path = value.split(":", 1)[0]
-  problem = files.not_text(path)
-  if problem:
+  if problem := files.not_text(path):
     way_out = f"give a packaged config by name ({packaged_names()}) or a Python config file"
     raise ExperimentError(f"--config: {path}: {problem}; {way_out}")
 
@@ -225,11 +214,9 @@ def _quiet_others(verbosity: int) -> None:
     sys.unraisablehook = lambda error: "loop is closed" in str(error.exc_value) or shown(error)
 
 
-_CACHE = os.path.expanduser(os.path.join("~", ".cache", "top1_jax", "xla"))
-"""Compiled XLA programs, kept between runs (unless JAX_COMPILATION_CACHE_DIR is set)."""
+_CACHE = os.path.expanduser(os.path.join("~", ".cache", "top1_jax", "xla"))  # XLA's compile cache
 
-_HELD = []
-"""The lock this process holds, for a stop that cannot wait for the unwinding."""
+_HELD = []  # the lock this process holds, for a stop that cannot wait for the unwinding
 
 
 @contextlib.contextmanager
@@ -250,8 +237,7 @@ def _holding_workdir():
       _HELD.remove(held)
 
 
-STOP_GRACE_SECONDS = 10.0
-"""How long a stopped run may unwind (temporary files, the lock) before it just exits."""
+STOP_GRACE_SECONDS = 10.0  # how long a stopped run may unwind (temporary files, the lock)
 
 
 class Stopped(KeyboardInterrupt):
@@ -282,16 +268,14 @@ def _on_signal(signum: int, frame) -> None:
   if stopping:  # a second signal: do not wait
     _exit_stopped(stopping[0])
   stopping.append(signum)
-  # Should the exception be lost (raised inside a garbage-collector callback, which
-  # Python reports and ignores), the run ends anyway.
+  # Should the exception be lost (raised in a gc callback, which Python ignores), it ends anyway.
   timer = threading.Timer(STOP_GRACE_SECONDS, _exit_stopped, (signum,))
   timer.daemon = True  # a run that fails on its way out exits 1 at once
   timer.start()
   raise Stopped(signum)
 
 
-stopping: list[int] = []
-"""The signals received; the run stops at the first."""
+stopping: list[int] = []  # the signals received; the run stops at the first
 
 
 def run(
@@ -302,11 +286,8 @@ def run(
   doc: str | None = None,
 ):
   """``app.run`` with one-line failures, the process group joined and the work dir held.
-
-  ``default_workdir`` names the work dir when --workdir is not given;
-  ``cpu_device_per_core`` gives JAX one CPU device per core (evaluate's chunks);
-  ``doc`` is what ``--help`` says first (default: ``main``'s module docstring).
-  """
+  ``default_workdir`` names the work dir without --workdir; ``cpu_device_per_core`` gives JAX
+  one CPU device per core; ``doc`` is what ``--help`` says first (default: the module's)."""
 
   def wrapped(argv):
     _quiet_others(logging.get_verbosity())

@@ -11,11 +11,8 @@ HELP_FLAGS = {"--help": False, "-h": False, "-?": False, "--helpshort": False, "
 
 
 def describe(config: Mapping[str, Any], meanings: Mapping[str, str], width: int = 80) -> str:
-  """Every field of ``config`` as ``--help`` lists it: flag and meaning, then value.
-
-  ``meanings`` (field -> meaning, ``default.HELP``) gives the order; fields it lacks (a
-  user's config may add some) come last.
-  """
+  """Every field of ``config`` as ``--help`` lists it: flag and meaning, then value; in the
+  order of ``meanings`` (field -> meaning, ``default.HELP``), fields it lacks last."""
   names = [n for n in meanings if n in config] + sorted(n for n in config if n not in meanings)
   paragraphs = []
   for name in names:

@@ -1,9 +1,6 @@
 """Figures (paper Figs. 1 and 2, reliability diagrams, sweeps, dataset shift, risk-coverage,
-image grids) and a run's results page.
-
-Figures are ``matplotlib.figure.Figure`` objects with an Agg canvas, made without pyplot:
-importing this package never switches the user's backend or opens a window.
-"""
+image grids) and a run's results page. Figures have their own Agg canvas, made without
+pyplot: importing this package never switches the user's backend or opens a window."""
 
 import importlib
 

@@ -20,23 +20,19 @@ _TEST_COLOR = "#e6550d"  # orange: test bins
 _INTERVAL_COLOR = "#08306b"  # dark blue: intervals and their annotation
 
 
-def _check_bins(name: str, bins) -> None:
-  validation.instance(name, bins, binning.Bins, "binning.Bins")
-  counts = np.shape(bins.counts)
-  if len(counts) != 1 or np.shape(bins.hits) != counts or np.shape(bins.prob) != counts:
-    raise ValueError(
-      f"{name}: expected 1-D counts, hits and prob of one shape (one binning, not a batch),"
-      f" got {counts}, {np.shape(bins.hits)}, {np.shape(bins.prob)}"
-    )
-  if int(np.sum(np.asarray(bins.counts))) <= 0:  # np.sum of a jax array would compile one
-    raise ValueError(f"{name}: no examples were counted in any bin")
-
-
 def _check_pair(train_bins, test_bins, name: str = "") -> None:
   """Checks a (calibration, test) pair; ``name`` prefixes messages for tuple arguments."""
   train_name, test_name = (f"{name}[0]", f"{name}[1]") if name else ("train_bins", "test_bins")
-  _check_bins(train_name, train_bins)
-  _check_bins(test_name, test_bins)
+  for where, bins in ((train_name, train_bins), (test_name, test_bins)):
+    validation.instance(where, bins, binning.Bins, "binning.Bins")
+    counts = np.shape(bins.counts)
+    if len(counts) != 1 or np.shape(bins.hits) != counts or np.shape(bins.prob) != counts:
+      raise ValueError(
+        f"{where}: expected 1-D counts, hits and prob of one shape (one binning, not a batch),"
+        f" got {counts}, {np.shape(bins.hits)}, {np.shape(bins.prob)}"
+      )
+    if int(np.sum(np.asarray(bins.counts))) <= 0:  # np.sum of a jax array would compile one
+      raise ValueError(f"{where}: no examples were counted in any bin")
   refit = "(count the test split with binning.refit(train_bins, ...))"
   if train_bins.n_bins != test_bins.n_bins:
     got = f"got {test_bins.n_bins} {refit}"
@@ -86,16 +82,13 @@ def _confidence(delta: float) -> str:
   return f"{text}%"
 
 
-def _draw_intervals(
-  ax: Axes, train_bins: binning.Bins, layout: _Layout, delta: float, bounds: str
-) -> tuple[np.ndarray, np.ndarray]:
+def _draw_intervals(ax: Axes, train_bins, layout: _Layout, delta: float, bounds: str):
   """Draws the per-bin intervals as error bars; returns (lower, upper)."""
   lower, upper = (
     np.asarray(b, np.float64)[layout.index]
     for b in binning.confidence_bounds(train_bins, delta, bounds)
   )
-  # The interval is around hits / counts; the prediction carries the prior, so
-  # clip in case it sits a hair outside.
+  # Clipped: the interval is around hits / counts, the prediction (with its prior) a hair off.
   yerr = np.stack([np.maximum(layout.prob - lower, 0.0), np.maximum(upper - layout.prob, 0.0)])
   many = layout.index.size > 30
   ax.errorbar(
@@ -106,9 +99,7 @@ def _draw_intervals(
   return lower, upper
 
 
-def _draw_bins(
-  ax: Axes, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event, title
-):
+def _draw_bins(ax, train_bins, test_bins, accuracy, delta, bounds, order, annotate, event, title):
   """``bin_figure``'s drawing into ``ax``, of checked arguments."""
   layout = _layout(train_bins, order)
   baseline = accuracy
@@ -130,8 +121,7 @@ def _draw_bins(
     layout.left, prob - baseline, layout.width, bottom=baseline, align="edge", color=_TRAIN_COLOR,
     edgecolor=edge, linewidth=0.6, label="calibration bins: predicted P(correct)",
   )  # fmt: skip
-  # Test bins are narrower and drawn in front, so the height gap to the calibration
-  # bar behind is the per-bin calibration error. Empty test bins have no accuracy.
+  # Narrower test bars in front: the height gap to the bar behind is the bin's calibration error.
   seen = test_counts > 0
   test_acc = test_hits[seen] / test_counts[seen]
   ax.bar(
@@ -176,8 +166,7 @@ def _annotate_ends(ax: Axes, prob, lower, upper, delta: float) -> None:
     if lower is not None:
       text += f", {_confidence(delta)} interval [{lower[i]:.3f}, {upper[i]:.3f}]"
     lines.append(text)
-  # Bars run from high on the left to low on the right when ordered by probability,
-  # so the region under the baseline on the left is empty (above it, if reversed).
+  # Ordered by probability, bars fall from left to right: the lower left is empty (else upper).
   loc = "lower left" if prob[0] >= prob[-1] else "upper left"
   box = offsetbox.AnchoredText(
     "\n".join(lines), loc=loc, prop={"size": "small", "color": _INTERVAL_COLOR}, frameon=True
@@ -242,8 +231,7 @@ def refinement_figure(
   the bin counts and both test ECEs; "" for none.
 
   Raises:
-    ValueError: an argument that is not a matching (train, test) pair of bins, or an option
-      out of range.
+    ValueError: not a matching (train, test) pair of bins, or an option out of range.
   """
   pairs = {"coarse": coarse, "fine": fine}
   for name, pair in pairs.items():
@@ -259,8 +247,7 @@ def refinement_figure(
     _draw_bins(ax, train, test, accuracy, delta, bounds, "prob", True, event, "{bins}")
   if overlay:
     layout = _layout(coarse[0], "prob")
-    # No baseline: stairs would otherwise close the outline with vertical edges down to 0 at
-    # both ends, a stray line along the y axis.
+    # No baseline: stairs would otherwise close the outline with stray vertical lines to 0.
     axes[1].stairs(
       layout.prob, np.append(layout.left, 1.0), baseline=None, color="0.1", linewidth=1.4,
       label=f"{layout.index.size}-bin predictions",
@@ -270,17 +257,14 @@ def refinement_figure(
   # Shared y: the limits of the panel drawn last would cut the other one.
   axes[0].set_ylim(min(ax.get_ylim()[0] for ax in axes), max(ax.get_ylim()[1] for ax in axes))
   axes[1].set_ylabel("")
-  title = _refinement_title(coarse, fine) if title is None else title
+  if title is None:
+    (few, few_test), (many, many_test) = coarse, fine
+    ece = metrics_lib.ece_name("each panel's", "equal-mass", calibration=True)
+    title = (
+      f"{few.n_bins} vs {many.n_bins} bins of one score: more bins resolve P(correct) more "
+      f"finely, each from fewer examples\n{ece}: {metrics_lib.binned_ece(few, few_test):.2%} "
+      f"with {few.n_bins}, {metrics_lib.binned_ece(many, many_test):.2%} with {many.n_bins}"
+    )
   if title:
     fig.suptitle(title)
   return fig
-
-
-def _refinement_title(coarse, fine) -> str:
-  (few, few_test), (many, many_test) = coarse, fine
-  ece = metrics_lib.ece_name("each panel's", "equal-mass", calibration=True)
-  return (
-    f"{few.n_bins} vs {many.n_bins} bins of one score: more bins resolve P(correct) more "
-    f"finely, each from fewer examples\n{ece}: {metrics_lib.binned_ece(few, few_test):.2%} "
-    f"with {few.n_bins}, {metrics_lib.binned_ece(many, many_test):.2%} with {many.n_bins}"
-  )

@@ -23,9 +23,7 @@ from top1_jax.io import files
 if TYPE_CHECKING:  # etils only for a URL (io.files): the plots extra is matplotlib alone
   from etils import epath
 
-
-# The widest figure, in inches: the results page shows a figure at most ~1,150 px wide, where
-# legend text of matplotlib's "small" size (8.3 pt) then stays 12 px.
+# The widest figure, in inches: at the results page's ~1,150 px, "small" (8.3 pt) text is 12 px.
 PAGE_WIDTH = 11.0
 
 
@@ -44,8 +42,7 @@ def panel_row(num_panels: int) -> tuple[Figure, list]:
 
 
 def legend_below(fig: Figure, handles: list, labels: list[str], **options) -> None:
-  """A figure legend under the panels in "small" text, in as many columns as fit the page
-  (at most 5)."""
+  """A figure legend under the panels, in as many columns as fit the page (at most 5)."""
   longest = max((len(label) for label in labels), default=1)
   # A "small" character is ~4.6 pt wide (8.3 pt text); each entry adds its handle, ~40 pt.
   columns = max(1, min(len(labels), 5, int(72 * PAGE_WIDTH // (4.6 * longest + 40))))
@@ -54,11 +51,9 @@ def legend_below(fig: Figure, handles: list, labels: list[str], **options) -> No
 
 
 def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib.Path | epath.Path:
-  """Writes ``fig`` atomically (``io.files.atomic_write``) with a tight bounding box.
-
-  ``path`` may be a URL (``gs://``); its suffix picks the format. Parent directories are
-  created. A figure made through pyplot is closed there; the object stays usable. Returns
-  ``path`` as a ``pathlib.Path`` or ``epath.Path``.
+  """Writes ``fig`` atomically (``io.files.atomic_write``, parents created) with a tight
+  bounding box; returns ``path`` as a Path. ``path`` may be a URL (``gs://``); its suffix
+  picks the format. A figure made through pyplot is closed there (the object stays usable).
 
   Raises:
     ValueError: not a Figure, or a suffix matplotlib cannot write.

@@ -33,8 +33,7 @@ def _check_images(images) -> np.ndarray:
     raise ValueError(f"images: expected at least one image, got shape {images.shape}")
   if images.shape[-1] not in (1, 3, 4):
     raise ValueError(f"images: expected 1, 3 or 4 channels, got shape {images.shape}")
-  # imshow reads integer RGB as 0..255 and clips floats outside [0, 1]: either would
-  # show a different picture from the one the model saw.
+  # imshow reads integer RGB as 0..255 and clips floats outside [0, 1]: not what the model saw.
   if images.dtype.kind != "f":
     raise ValueError(f"images: expected floats in [0, 1], got dtype {images.dtype}")
   if not np.all(np.isfinite(images)) or images.min() < 0.0 or images.max() > 1.0:
@@ -60,15 +59,6 @@ def _check_labels(name: str, labels, num: int, num_classes: int) -> np.ndarray:
   return arr
 
 
-def _check_probs(probs, num: int) -> np.ndarray:
-  probs = np.asarray(probs)
-  if probs.shape != (num,):
-    raise ValueError(f"probs: expected shape ({num},) like images, got {probs.shape}")
-  if probs.dtype.kind not in "fiu" or not np.all((probs >= 0) & (probs <= 1)):
-    raise ValueError("probs: expected probabilities in [0, 1]")
-  return probs
-
-
 def image_grid(
   images,
   given_labels,
@@ -82,12 +72,10 @@ def image_grid(
 ) -> Figure:
   """Images titled with their given label, predicted label and a probability.
 
-  Made for the mislabelled-image finder (paper supplement): pass the most confident wrong
-  predictions with ``probs`` their calibrated P(correct) (``binning.predict``) or pmax.
-
   Args:
     images: [N, H, W, C] float in [0, 1], C = 1 (shown in grayscale), 3 or 4.
-    given_labels: [N] int; ``predicted_labels`` and ``probs`` [N] likewise.
+    given_labels: [N] int; ``predicted_labels`` likewise.
+    probs: [N] in [0, 1], e.g. the most confident errors' calibrated P(correct) or pmax.
     class_names: one name per class, cut to ``max_name_chars`` with an ellipsis.
 
   Raises:
@@ -100,7 +88,11 @@ def image_grid(
     raise ValueError("class_names: expected a sequence of strings, one per class")
   given_labels = _check_labels("given_labels", given_labels, num, len(class_names))
   predicted_labels = _check_labels("predicted_labels", predicted_labels, num, len(class_names))
-  probs = _check_probs(probs, num)
+  probs = np.asarray(probs)
+  if probs.shape != (num,):
+    raise ValueError(f"probs: expected shape ({num},) like images, got {probs.shape}")
+  if probs.dtype.kind not in "fiu" or not np.all((probs >= 0) & (probs <= 1)):
+    raise ValueError("probs: expected probabilities in [0, 1]")
 
   columns = min(int(columns), num)
   rows = math.ceil(num / columns)

@@ -1,9 +1,6 @@
-"""A run's results page: one static ``index.html`` that opens from disk, no server.
-
-Rendered through the package's autoescaped Jinja template (``templates/page.html``): the
-answer first, then the details folded. Figures are linked by relative paths, so the folder
-can be moved or copied as a whole and the page still shows them.
-"""
+"""A run's results page: one static ``index.html`` that opens from disk, rendered through the
+package's autoescaped Jinja template (``templates/page.html``): the answer first, the details
+folded. Figures are linked by relative paths, so the folder can be moved as a whole."""
 
 from __future__ import annotations
 
@@ -40,11 +37,10 @@ class Table(NamedTuple):
 
 def _numeric(table: Table) -> list[bool]:
   """Columns whose cells all read as numbers ("–" for none): right-aligned."""
-  columns = list(zip(*table.rows, strict=True)) if table.rows else []
   return [
     any(cell != "–" for cell in column)
     and all(cell == "–" or _NUMBER.match(cell) for cell in column)
-    for column in columns
+    for column in zip(*table.rows, strict=True)
   ] or [False] * len(table.header)
 
 
@@ -66,10 +62,6 @@ def _seconds(value: Any) -> str:
   return f"{value:.2f}" if isinstance(value, (int, float)) else _text(value)
 
 
-def _url(path: str) -> str:
-  return urllib.parse.quote(path.replace(os.sep, "/"))
-
-
 @functools.cache
 def _template():
   import jinja2  # the plots and cli extras; a figure alone needs matplotlib only
@@ -78,22 +70,9 @@ def _template():
   environment = jinja2.Environment(
     autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True
   )
-  environment.filters["url"] = _url
+  environment.filters["url"] = lambda path: urllib.parse.quote(path.replace(os.sep, "/"))
   environment.filters["numeric"] = _numeric
   return environment.from_string(text)
-
-
-def _check(title, tables, figures, config, timings) -> None:
-  validation.instance("title", title, str, "a string")
-  for table in tables:
-    validation.instance("tables", table, Table, "plots.page.Table values")
-  if isinstance(figures, (str, bytes)) or not isinstance(figures, Sequence):
-    raise ValueError(
-      f"figures: expected a list of paths relative to the page, got {type(figures).__name__}"
-    )
-  for name, value in (("config", config), ("timings", timings)):
-    if value is not None:
-      validation.instance(name, value, Mapping, "a dict or None")
 
 
 def results_page(
@@ -123,7 +102,16 @@ def results_page(
     ValueError: a title that is not a string, a table that is not a ``Table``,
       ``figures`` not a list of paths, or ``config`` / ``timings`` not a dict.
   """
-  _check(title, [*answer, *details], figures, config, timings)
+  validation.instance("title", title, str, "a string")
+  for table in [*answer, *details]:
+    validation.instance("tables", table, Table, "plots.page.Table values")
+  if isinstance(figures, (str, bytes)) or not isinstance(figures, Sequence):
+    raise ValueError(
+      f"figures: expected a list of paths relative to the page, got {type(figures).__name__}"
+    )
+  for name, value in (("config", config), ("timings", timings)):
+    if value is not None:
+      validation.instance(name, value, Mapping, "a dict or None")
   return _template().render(
     title=title, intro=intro, answer=list(answer), findings=[line for line in findings if line],
     key_figure=key_figure, details=list(details), links=list(links),
@@ -131,22 +119,6 @@ def results_page(
     config=[(key, _text(value)) for key, value in _flatten(config)] if config else [],
     timings=[(key, _seconds(value)) for key, value in _flatten(timings)] if timings else [],
   )  # fmt: skip
-
-
-def _relative(out_dir, figures) -> list[str]:
-  relative = []
-  for path in figures:
-    path = files.as_path(path)
-    if path.is_absolute():
-      try:
-        path = path.relative_to(out_dir)
-      except ValueError:
-        raise ValueError(
-          f"figures: {path} is outside {out_dir}; the page links figures by relative paths, "
-          "so they move with it: save them under the work dir"
-        ) from None
-    relative.append(os.fspath(path))
-  return relative
 
 
 def write_results_page(
@@ -175,7 +147,17 @@ def write_results_page(
     figures = sorted(folder.glob("*.png"), key=lambda p: p.name) if folder.is_dir() else []
   if isinstance(figures, (str, bytes)):
     raise ValueError(f"figures: expected a list of paths, got {type(figures).__name__}")
-  relative = _relative(out_dir, figures)
+  relative = []
+  for path in map(files.as_path, figures):
+    if path.is_absolute():
+      try:
+        path = path.relative_to(out_dir)
+      except ValueError:
+        raise ValueError(
+          f"figures: {path} is outside {out_dir}; the page links figures by relative paths, "
+          "so they move with it: save them under the work dir"
+        ) from None
+    relative.append(os.fspath(path))
   key_figure = results.key_figure(relative) if key_figure is None else key_figure
   text = results_page(title, figures=relative, key_figure=key_figure, **content)
   return files.write_bytes(out_dir / PAGE_NAME, text.encode("utf-8"))

@@ -1,5 +1,4 @@
-"""The standard reliability diagram: confidence against accuracy in equal-mass or equal-width
-bins."""
+"""The reliability diagram: confidence against accuracy in equal-mass or equal-width bins."""
 
 from typing import NamedTuple
 
@@ -89,8 +88,7 @@ def _draw_reliability(ax: Axes, stats: _BinStats, delta: float | None, num: int)
 def _draw_counts(ax: Axes, stats: _BinStats, span: float) -> None:
   """One bar per bin across its confidence range, as high as its number of examples."""
   counts = stats.counts
-  # Equal-mass bins are narrow where confidences crowd (often near 1); a floor on the
-  # drawn width keeps such a bin visible.
+  # Equal-mass bins are narrow where confidences crowd: a floor on the width keeps them visible.
   width = np.maximum(stats.upper - stats.lower, 0.004 * span)
   ax.bar(stats.lower, counts, width, align="edge", color=_COUNT_COLOR, edgecolor="white", lw=0.5)
   spread = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}–{counts.max()}"
@@ -117,10 +115,9 @@ def reliability_diagram(
 ) -> Figure:
   """Confidence against accuracy in equal-mass or equal-width bins, the counts below.
 
-  Equal-mass bins (``binning.fit``, ties merged) rest every point on as many examples, but
-  crowd where the confidences crowd (a saturated max-softmax near 1); equal-width bins, the
-  benchmark's (``metrics.ece``), spread the points, leaving out empty bins. The legend gives
-  the ECE of these bins.
+  Equal-mass bins (``binning.fit``, ties merged) rest every point on as many examples but
+  crowd where confidences crowd; equal-width bins (the benchmark's, ``metrics.ece``) spread
+  the points, empty ones left out. The legend gives these bins' ECE.
 
   Args:
     confidence: [N] predicted P(correct) in [0, 1], e.g. the raw max-softmax; ``correct``: [N].
@@ -145,9 +142,7 @@ def reliability_diagram(
   fig = figures.new_figure((6.2, 7.0))
   diagram_ax, counts_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
   lowest = _draw_reliability(diagram_ax, stats, delta, confidence.shape[0])
-  # Zoom to the points and their intervals (max-softmax never falls below 1 / K, and
-  # a few low outliers would squeeze the rest against 100%); the same range on both
-  # axes keeps the diagonal at 45 degrees.
+  # Zoom to the points and intervals (max-softmax >= 1 / K); equal ranges keep the diagonal 45°.
   low = max(0.0, np.floor(10 * lowest - 1e-9) / 10 - 0.02)
   diagram_ax.set(xlim=(low, 1.01), ylim=(low, 1.01))
   _draw_counts(counts_ax, stats, 1.01 - low)

@@ -1,6 +1,6 @@
-"""The figures of a finished sweep, written next to its tables; each ``write_*`` returns the
-paths it wrote. ``sources`` are the sweep's loaded prediction files (``name``, ``label``,
-``slug``, ``splits``, ``scores``, ``correct(k)``)."""
+"""The figures of a finished sweep into ``out_dir/figures``; each ``write_*`` returns the paths
+it wrote. ``sources``: the sweep's loaded prediction files (``name``, ``label``, ``slug``,
+``splits``, ``scores``, ``correct(k)``)."""
 
 import fnmatch
 import os
@@ -23,12 +23,6 @@ from top1_jax.plots.shift_figures import (
   shift_curves,
 )
 from top1_jax.plots.sweeps import ablation_figure, dropout_rate_figure
-
-
-def _cv_from_record(record: dict) -> crossval.CrossValidation:
-  n_bins = tuple(r["n_bins"] for r in record["rows"])
-  return crossval.CrossValidation.from_per_fold(n_bins, record["per_fold"])
-
 
 RELIABILITY_BINS = 15  # equal-width bins of the raw reliability diagrams, as the benchmark's ECE
 
@@ -71,33 +65,22 @@ def _save(fig, out_dir, name: str):
   return save_figure(fig, out_dir / "figures" / f"{name}.png")
 
 
-def _reliability_figure(out_dir, source, test, n_bins: int):
-  """The raw max-softmax's reliability diagram (Top-1) on the test part of ``test``."""
-  correct = source.correct(1)[test]
-  # The raw confidence, as benchmarks report it: no calibration split is used. Equal-width
-  # bins (the benchmark's ECE) spread the points over the confidences, where equal-mass
-  # ones crowd them near 1 on a saturated network.
-  confidence = source.scores["pmax"][test]
-  title = f"{source.label}: raw max-softmax, Top-1\nfirst split's test part, {{bins}}"
-  fig = reliability_diagram(confidence, correct, n_bins, binning="equal-width", title=title)
-  return _save(fig, out_dir, f"reliability_{source.slug}_top1")
+def _cv_from_record(record: dict) -> crossval.CrossValidation:
+  n_bins = tuple(r["n_bins"] for r in record["rows"])
+  return crossval.CrossValidation.from_per_fold(n_bins, record["per_fold"])
 
 
 def _ablation_figure(out_dir, sources, results, k) -> list:
   """The Top-k ablation: the compared scores as lines, the first file's oracle as a reference."""
   names = {source.name: source.label for source in sources}
-  # Every score of a file without samples (the deterministic network, a user's file); for
-  # MC dropout and ensembles, the paper's measure (cov. of probs). Scores of one ranking
-  # (pmax, -log pmax: scores.RANKING_TWINS) are one line only where their rows are equal
-  # (ablation_figure merges equal curves): in float32 pmax ties where -log pmax does not.
+  # Every score of a file without samples; of MC dropout and ensembles, the paper's measure.
+  # Twins (pmax, -log pmax) share a line only where their rows are equal (float32 ties).
   sampled, measure = ("mc_dropout", "ensemble"), "covariance_norm_probs"
   curves, oracles = {}, {}
   for r in results:
     if r["topk"] != k or (r["columns"]["method"] in sampled and r["score"] != measure):
       continue
-    if scores.needs_labels(r["score"]):
-      # It needs the labels: a reference line, never one of the compared scores (nor
-      # the setter of their axis). One file's is enough to show where the ceiling is.
+    if scores.needs_labels(r["score"]):  # the oracle: a reference line, one file's enough
       oracles.setdefault(r["source"], r)
       continue
     curves[f"{names[r['source']]}: {scores.label(r['score'])}"] = _cv_from_record(r)
@@ -124,7 +107,14 @@ def write_figures(
   written = []
   for source in sources:
     test = np.asarray(source.splits.test_mask(0))
-    written.append(_reliability_figure(out_dir, source, test, reliability_bins))
+    # The raw max-softmax, as benchmarks report it (no calibration split), in equal-width bins:
+    # equal-mass ones would crowd the points near 1 on a saturated network.
+    correct, confidence = source.correct(1)[test], source.scores["pmax"][test]
+    title = f"{source.label}: raw max-softmax, Top-1\nfirst split's test part, {{bins}}"
+    fig = reliability_diagram(
+      confidence, correct, reliability_bins, binning="equal-width", title=title
+    )
+    written.append(_save(fig, out_dir, f"reliability_{source.slug}_top1"))
     score = scores.headline(source.scores)
     if score is None:
       continue
@@ -139,8 +129,7 @@ def write_figures(
   score = scores.headline(source.scores)
   if score is not None:
     test = np.asarray(source.splits.test_mask(0))
-    correct = source.correct(topks[0])
-    u = source.scores[score]
+    correct, u = source.correct(topks[0]), source.scores[score]
     pairs = [_split_bins(correct, u, test, n) for n in (min(n_bins), max(n_bins))]
     fig = refinement_figure(*pairs, event=f"Top-{topks[0]}")
     written.append(_save(fig, out_dir, f"refinement_{source.slug}_{score}"))
@@ -187,21 +176,19 @@ def write_dropout_rate_figures(out_dir, rows, topks) -> list:
 
 
 def write_shift_figures(out_dir, panels) -> list:
-  """The shift protocol's figures into ``out_dir/figures``.
-
-  ``panels`` holds one ``(name, rows, variants, p_correct, recalibrated, estimated)`` per
-  trained model: a file-name suffix ("" for a run of one model), its tidy rows, the variants
-  to compare, ``ood_histograms``' P(correct) (empty without OOD sets), and its recalibration
-  and accuracy-estimate rows by method label (empty without).
-  """
+  """The shift protocol's figures. ``panels``: per trained model, ``(name, rows, variants,
+  p_correct, recalibrated, estimated)``: a file-name suffix ("" for a run of one model), its
+  tidy rows, the variants to compare, ``ood_histograms``' P(correct), and its recalibration
+  and accuracy-estimate rows by method label (the last three empty when absent)."""
   written = []
   for name, rows, variants, p_correct, recalibrated, estimated in panels:
     suffix = f"_{name}" if name else ""
     shifts = {row["shift"] for row in rows}
     for shift in results_io.GEOMETRIC_SHIFTS:
       if shift in shifts:
-        fig = shift_curves(rows, variants, shift)
-        written.append(_save(fig, out_dir, f"shift_{shift}{suffix}"))
+        written.append(
+          _save(shift_curves(rows, variants, shift), out_dir, f"shift_{shift}{suffix}")
+        )
     if shifts - {results_io.CLEAN, *results_io.GEOMETRIC_SHIFTS}:
       fig = corruption_boxes(rows, variants, ("brier", "ece", "accuracy"))
       written.append(_save(fig, out_dir, f"shift_corruptions{suffix}"))

@@ -16,7 +16,6 @@ _CURVE_COLOR = "#08519c"  # dark blue, as the reliability diagram's points
 _POINT_COLORS = ("#e6550d", "#31a354", "#756bb1", "#636363")
 _BAR_HALF_WIDTH = 0.04  # the guarantee's bar: ±4 % of coverage around its point
 _BAR_WIDTH = 3.0  # points
-TARGET_LABEL = "dashed line: target risk, 1 − target"
 GUARANTEE_LABEL = "short bar at its coverage: guaranteed risk, 1 − bound"
 
 
@@ -66,7 +65,7 @@ def risk_coverage_figure(
     ax.plot([point.coverage], [1 - point.accuracy], "o", color=color, ms=7, label=label)
   # Every line style in the legend: the dashes and dots of each colour, once.
   if points:
-    ax.plot([], [], color="0.3", ls="--", lw=1.0, label=TARGET_LABEL)
+    ax.plot([], [], color="0.3", ls="--", lw=1.0, label="dashed line: target risk, 1 − target")
   if any(_defined(p.accuracy) and _defined(p.guaranteed_accuracy) for p in points):
     ax.plot([], [], color="0.3", ls="-", lw=_BAR_WIDTH, label=GUARANTEE_LABEL)
   ax.set(xlim=(0, 1.01), ylim=(0, max(float(np.max(risk, initial=0.0)) * 1.1, 0.02)))

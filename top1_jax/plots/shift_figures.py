@@ -1,9 +1,8 @@
-"""Calibration under dataset shift, after Ovadia et al. 2019 ("Can you trust your model's
-uncertainty?"): metrics against a shift's intensity, boxes over corruptions, histograms OOD.
+"""Calibration under dataset shift (Ovadia et al. 2019): metrics against a shift's intensity,
+boxes over corruptions, histograms out of distribution, recalibration, accuracy estimates.
 
-A variant is a display label with a column filter over tidy results rows, selecting one row
-per (shift, severity); a variant whose rows need the labels (the oracle) is a grey reference
-that never sets the axis limits."""
+A variant is a display label with a column filter selecting one tidy row per (shift, severity);
+one whose rows need the labels (the oracle) is a grey reference that never sets axis limits."""
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -59,8 +58,7 @@ def _check_variants(variants, rows) -> dict[str, dict[str, Any]]:
   for label, conditions in variants.items():
     if not isinstance(label, str) or not isinstance(conditions, Mapping):
       raise ValueError(f"variants: expected str -> dict of column values, got {label!r}")
-    unknown = sorted(set(conditions) - columns)
-    if unknown:
+    if unknown := sorted(set(conditions) - columns):
       raise ValueError(f"variants[{label!r}]: expected columns of the rows, got {unknown}")
     if not any(_matches(row, conditions) for row in rows):
       raise ValueError(f"variants[{label!r}]: {dict(conditions)} matches no row")
@@ -79,20 +77,15 @@ def _pick(rows, label: str, conditions, shifts) -> dict[tuple, Mapping[str, Any]
       found.setdefault((row["shift"], row["severity"]), []).append(row)
   for (shift, severity), matched in found.items():
     if len(matched) > 1:
-      differ = _differing_settings(matched)
+      # The settings (not metrics) that differ between the rows, results.csv's first.
+      columns = dict.fromkeys([*results.COLUMNS, *(c for r in matched for c in r)])
+      settings = [c for c in columns if c not in _METRIC_COLUMNS]
+      differ = [c for c in settings if len({repr(r.get(c)) for r in matched}) > 1]
       raise ValueError(
         f"variants[{label!r}]: expected one row per (shift, severity), got {len(matched)} at "
         f"shift {shift!r} severity {severity} (they differ in {differ[:4]}: add one to the filter)"
       )
   return {key: matched[0] for key, matched in found.items()}
-
-
-def _differing_settings(matched: Sequence[Mapping[str, Any]]) -> list[str]:
-  """The settings columns (not metrics) whose values differ between rows, results.csv's first."""
-  columns = list(dict.fromkeys([*results.COLUMNS, *(c for r in matched for c in r)]))
-  return [
-    c for c in columns if c not in _METRIC_COLUMNS and len({repr(r.get(c)) for r in matched}) > 1
-  ]
 
 
 def _prepare(rows, variants, metrics, shifts: set, what: str, ece_binning: str):
@@ -192,8 +185,7 @@ def _points(picked, shift: str) -> dict:
 
 def _curve(picked, shift: str, metric: str):
   """(severities, mean, std) of one variant along ``shift``."""
-  points = _points(picked, shift)
-  x = sorted(points)
+  x = sorted(points := _points(picked, shift))
   mean = np.asarray([_value(points[s], metric) for s in x])
   std = np.asarray([_value(points[s], f"{metric}_std") for s in x])
   return np.asarray(x, np.float64), mean, np.nan_to_num(std)
@@ -315,10 +307,9 @@ def corruption_boxes(
 ) -> Figure:
   """Box plots of metrics over the corruptions at each intensity (Ovadia et al., Figs. 2-3).
 
-  One panel per metric; at each intensity (clean, then severities 1-5) a box per variant over
-  every corruption there (the clean row alone: a dot). Arguments as ``shift_curves``; every
-  ``shift`` but ``"clean"``, ``AXIS_LABELS``' and ``"ood_*"`` is a corruption, and
-  ``corruptions`` picks those pooled (None: every one the rows hold).
+  One panel per metric; at each intensity (clean, then 1-5) a box per variant over every
+  corruption there (the clean row: a dot). Arguments as ``shift_curves``; ``corruptions``
+  picks those pooled (None: every ``shift`` but ``"clean"``, ``AXIS_LABELS``' and ``"ood_*"``).
 
   Raises:
     ValueError: as ``shift_curves``; also no corruption rows or an unknown corruption.
@@ -392,11 +383,8 @@ def ood_histograms(
   """Histograms of each variant's predicted P(correct) per input set (Ovadia et al., Fig. 5).
 
   One panel per set, ``"clean"`` first; each variant is an outline in its colour with a dotted
-  line at its mean. On inputs of no class of the model every prediction is wrong: a good
-  method puts that mass low.
-
-  ``p_correct``: variant label -> set name -> ``[N]`` predicted P(correct); a variant may
-  lack a set. ``bins``: equal-width bins of [0, 1] per histogram.
+  line at its mean. ``p_correct``: variant label -> set name -> ``[N]`` predicted P(correct)
+  (a variant may lack a set); ``bins``: equal-width bins of [0, 1] per histogram.
 
   Raises:
     ValueError: an empty mapping, an array that is not a non-empty [N] of probabilities
@@ -433,9 +421,6 @@ def ood_histograms(
   return fig
 
 
-# After m labels, and accuracy without labels (recalibration.csv, accuracy_estimates.csv).
-
-
 def recalibration_panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
   """(shift, severity) panels: each geometric shift's and the corruptions' middle and
   largest severity."""
@@ -461,12 +446,10 @@ def recalibration_curves(
 ) -> Figure:
   """Metrics against the labelled examples m, a line per recalibration (and score).
 
-  One column per (shift, severity) panel (``CORRUPTIONS``: the mean over the corruptions at
-  that intensity), one row per metric; m is evenly spaced (m = 0: the clean fit). Each
-  method's clean value is a dotted line in its colour.
-
-  ``rows`` are one model's ``recalibration.csv`` rows; ``panels`` None:
-  ``recalibration_panels(rows)``; ``{label}`` in ``title`` is the rows' ``label``.
+  ``rows``: one model's ``recalibration.csv`` rows. One column per (shift, severity) of
+  ``panels`` (default ``recalibration_panels(rows)``; ``CORRUPTIONS``: their mean), one row
+  per metric; m evenly spaced (0: the clean fit), each method's clean value dotted.
+  ``{label}`` in ``title`` is the rows' ``label``.
   """
   rows = _check_rows(rows)
   metrics = _check_metrics(metrics, rows)
@@ -494,9 +477,10 @@ def recalibration_curves(
       ax.set_xlabel("labelled shifted examples m")
       name = "corruptions (mean)" if shift == CORRUPTIONS else AXIS_LABELS[shift].split(" (")[0]
       ax.set_title(f"{name} {severity:g}", fontsize="medium")
-  names = list(styles)
-  handles = [Line2D([], [], markersize=4, **styles[n]) for n in names]
-  fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 4), fontsize="small")
+  handles = [Line2D([], [], markersize=4, **style) for style in styles.values()]
+  fig.legend(
+    handles, list(styles), loc="outside lower center", ncols=min(len(styles), 4), fontsize="small"
+  )
   if title:
     label = rows[0].get("label") or "model"
     fig.suptitle(title.format(label=label) + "; dotted: the clean fit on clean data")
@@ -511,9 +495,8 @@ def accuracy_scatter(
 ) -> Figure:
   """Predicted against true accuracy, a point per set, a panel per estimator and score.
 
-  ``rows`` are one model's ``accuracy_estimates.csv`` rows; ``titles`` maps estimator names
-  to display names (None: ``accuracy_estimates.ESTIMATORS``'); ``{label}`` in ``title`` is
-  the rows' ``label``.
+  ``rows``: one model's ``accuracy_estimates.csv`` rows; ``titles``: estimator name -> display
+  name (None: ``accuracy_estimates.ESTIMATORS``'); ``{label}`` in ``title``: the rows' label.
   """
   rows = _check_rows(rows)
   if titles is None:
@@ -534,8 +517,7 @@ def accuracy_scatter(
     for family in families:
       at = [r for r in mine if _family_of(r) == family]
       x, y = [r["accuracy"] for r in at], [r["predicted_accuracy"] for r in at]
-      style = colors[family]
-      size = 8 if family == CLEAN else 4
+      style, size = colors[family], 8 if family == CLEAN else 4
       ax.plot(x, y, linestyle="none", marker=style["marker"], color=style["color"], markersize=size)
     ax.plot([0, 1], [0, 1], color="0.4", linewidth=0.8)
     shifted = [r["absolute_error"] for r in mine if _family_of(r) not in (CLEAN, "OOD")]

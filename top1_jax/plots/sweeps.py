@@ -40,17 +40,6 @@ _LINESTYLES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D")
 
 
-def _check_results(results, metrics, references) -> None:
-  if not isinstance(results, Mapping) or not results:
-    raise ValueError("results: expected a non-empty dict of score name -> CrossValidation")
-  validation.instance("references", references, Mapping, "a dict of label -> CrossValidation")
-  for what, mapping in (("results", results), ("references", references)):
-    for name, result in mapping.items():
-      hint = "crossval.CrossValidation"
-      validation.instance(f"{what}[{name!r}]", result, crossval.CrossValidation, hint)
-  check_metrics(metrics)
-
-
 def check_metrics(metrics) -> None:
   """Refuses anything but a non-empty list of ``crossval.METRICS`` names."""
   if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
@@ -60,28 +49,22 @@ def check_metrics(metrics) -> None:
       raise ValueError(f"metrics: expected names among {crossval.METRICS}, got {metric!r}")
 
 
-def _merge_identical(
-  results: Mapping[str, crossval.CrossValidation],
-) -> dict[str, crossval.CrossValidation]:
+def _merge_identical(results: Mapping[str, crossval.CrossValidation]) -> dict:
   """One entry per distinct curve, labelled with every name that gave it: scores that order
   the examples alike (pmax, -log pmax) can give equal curves, the last drawn hiding the rest."""
   groups: list[tuple[list[str], crossval.CrossValidation]] = []
   for name, result in results.items():
     for names, first in groups:
-      if _same_curve(first, result):
+      if (
+        tuple(first.n_bins) == tuple(result.n_bins)
+        and first.per_fold.keys() == result.per_fold.keys()
+        and all(np.array_equal(first.per_fold[m], result.per_fold[m]) for m in first.per_fold)
+      ):
         names.append(name)
         break
     else:
       groups.append(([name], result))
   return {_joined_label(names): result for names, result in groups}
-
-
-def _same_curve(a: crossval.CrossValidation, b: crossval.CrossValidation) -> bool:
-  return (
-    tuple(a.n_bins) == tuple(b.n_bins)
-    and a.per_fold.keys() == b.per_fold.keys()
-    and all(np.array_equal(a.per_fold[m], b.per_fold[m]) for m in a.per_fold)
-  )
 
 
 def _joined_label(names: list[str]) -> str:
@@ -122,19 +105,10 @@ def _split_ece(bins: str) -> str:
 
 def _log_axis(ax, ticks: list, xlabel: str, fmt) -> None:
   """A log x axis with a tick at, and only at, each of ``ticks``, labelled ``fmt(tick)``."""
-  ax.set_xlabel(xlabel)
-  ax.set_xscale("log")
+  ax.set(xlabel=xlabel, xscale="log")
   ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
   ax.xaxis.set_major_formatter(ticker.FixedFormatter([fmt(t) for t in ticks]))
   ax.xaxis.set_minor_locator(ticker.NullLocator())
-
-
-def _dodge(num_lines: int, all_bins: list[int]) -> np.ndarray:
-  """Factors that shift each line's points along the log x axis, so that the error bars of
-  close lines stand side by side: a fifth of the narrowest gap between bin counts, <= ±15 %."""
-  gaps = np.diff(np.log(all_bins))
-  half = min(0.1 * float(gaps.min()) if gaps.size else 0.1, 0.14)
-  return np.exp(np.linspace(-half, half, num_lines)) if num_lines > 1 else np.ones(1)
 
 
 def _curve(result: crossval.CrossValidation, metric: str):
@@ -173,8 +147,7 @@ def _draw_references(ax, metric: str, references: Mapping[str, crossval.CrossVal
         span = _value_text(metric, values.min())
         if values.max() > values.min():
           span += f"–{_value_text(metric, values.max())}"
-        at = ", ".join(str(n) for n in x[off])
-        note = f"{name}: {span} at {at} bins (off scale {side})"
+        note = f"{name}: {span} at {', '.join(map(str, x[off]))} bins (off scale {side})"
         notes[side].append(textwrap.fill(note, _NOTE_WIDTH))  # within a page-wide panel
   ax.set_ylim(low, high)
   for side, y, va in (("below", 0.02, "bottom"), ("above", 0.98, "top")):
@@ -195,9 +168,8 @@ def ablation_figure(
   """Cross-validated metrics against the number of bins, one line per score.
 
   One panel per metric (``crossval.METRICS``); each line runs through the means with bars of
-  ± one std over the splits, the lines shifted a few percent along x so that the bars stand
-  side by side. Scores with exactly equal per-split metrics share one line ("a = b"); ties
-  that left fewer bins than requested are noted in the legend.
+  ± one std over the splits, shifted a little along x. Scores with equal per-split metrics
+  share one line ("a = b"); ties that left fewer bins than requested are noted in the legend.
 
   Args:
     results: score name -> ``crossval.cross_validate`` result.
@@ -205,16 +177,26 @@ def ablation_figure(
       limits (the oracle, which needs the labels).
 
   Raises:
-    ValueError: empty ``results``, a value that is not a ``CrossValidation``, or
-      an unknown metric.
+    ValueError: empty ``results``, a value that is not a ``CrossValidation``, an unknown metric.
   """
+  if not isinstance(results, Mapping) or not results:
+    raise ValueError("results: expected a non-empty dict of score name -> CrossValidation")
   references = {} if references is None else references
-  _check_results(results, metrics, references)
+  validation.instance("references", references, Mapping, "a dict of label -> CrossValidation")
+  for what, mapping in (("results", results), ("references", references)):
+    for name, result in mapping.items():
+      hint = "crossval.CrossValidation"
+      validation.instance(f"{what}[{name!r}]", result, crossval.CrossValidation, hint)
+  check_metrics(metrics)
   results = _merge_identical(results)
   fig, axes = figures.panel_row(len(metrics))
   all_bins = sorted({n for r in (*results.values(), *references.values()) for n in r.n_bins})
   styles = _line_styles(len(results))
-  dodge = _dodge(len(results), all_bins)
+  # Factors that shift each line along the log x axis, so that close lines' error bars stand
+  # side by side: a fifth of the narrowest gap between bin counts, at most ±15 %.
+  gaps = np.diff(np.log(all_bins))
+  half = min(0.1 * float(gaps.min()) if gaps.size else 0.1, 0.14)
+  dodge = np.exp(np.linspace(-half, half, len(results))) if len(results) > 1 else np.ones(1)
   for ax, metric in zip(axes, metrics, strict=True):
     for shift, style, (name, result) in zip(dodge, styles, results.items(), strict=True):
       x, mean, std = _curve(result, metric)
@@ -287,8 +269,7 @@ def _select(rows, topk: int, estimator: str, score: str | None):
 
 
 def _reference_key(line_key: tuple) -> tuple:
-  setting = dict(zip(_LINE_COLUMNS, line_key, strict=True))
-  return tuple(setting[c] for c in _REFERENCE_COLUMNS)
+  return tuple(line_key[_LINE_COLUMNS.index(c)] for c in _REFERENCE_COLUMNS)
 
 
 def _draw_rate_panel(ax, metric: str, lines: dict, references: dict, labels: list) -> None:
@@ -316,10 +297,9 @@ def dropout_rate_figure(
 ) -> Figure:
   """Metrics of MC dropout against the test-time dropout rate, one line per bin count.
 
-  Points are the rows' ``<metric>`` with error bars of ``<metric>_std``. The deterministic
-  network each line's samples come from is a dotted line in the line's colour, so one sees
-  at which rates sampling beats a single pass. Rows that mix models, training rates, sample
-  counts or seeds give a line per mix, named by what differs.
+  Points are the rows' ``<metric>`` with error bars of ``<metric>_std``; the deterministic
+  network each line samples is a dotted line in its colour. Rows that mix models, training
+  rates, sample counts or seeds give a line per mix, named by what differs.
 
   Args:
     rows: tidy rows (``results.csv`` or ``aggregate.csv``), None where undefined.
