@@ -22,7 +22,12 @@ from top1_jax.evaluation import accuracy_estimates, ood, protocol, recalibration
 from top1_jax.io import files, ood_sets, results
 from top1_jax.io import predictions as predictions_lib
 from top1_jax.pipeline import jobs, prediction_sets, runs, shift_tables, sources, tables
-from top1_jax.pipeline.settings import Settings, check_test_examples, smallest_calibration
+from top1_jax.pipeline.settings import (
+  Settings,
+  check_test_examples,
+  refuse_inputs,
+  smallest_calibration,
+)
 
 LOG_PROBS_SCORE = shift_tables.LOG_PROBS_SCORE
 CSV_NAMES = {"recalibration": "recalibration", "accuracy": "accuracy_estimates"}
@@ -482,6 +487,7 @@ def run(settings: Settings, workdir, tasks=(0, 1), command: str = "") -> None:
   train_split, test_split = training.load_data(settings)
   pool = first_examples(test_split, settings.shift_examples)
   num = len(pool.labels)
+  refuse_inputs(settings)
   check_test_examples(settings, num, pool.num_classes)
   check_num_labels(settings, smallest_calibration(settings, num), f"the {num} shift_examples")
   out = workdir / "shift"

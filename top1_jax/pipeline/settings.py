@@ -447,9 +447,7 @@ def check_examples(settings: Settings, num_examples: int, num_classes: int, what
 
 
 def check_test_examples(settings: Settings, num_examples: int, num_classes: int) -> None:
-  """For the stages that train: ``refuse_inputs``, then ``check_examples`` of N test examples
-  (named with the limit that cut them to N)."""
-  refuse_inputs(settings)
+  """``check_examples`` of N test examples (named with the limit that cut them to N)."""
   limited = settings.limit_test == num_examples
   what = f"test examples (limit_test={settings.limit_test})" if limited else "test examples"
   check_examples(settings, num_examples, num_classes, what)
