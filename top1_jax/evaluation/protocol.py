@@ -428,7 +428,7 @@ def _refit_predictions(method: Method, clean: Data, datas, splits, refit_on, n_b
     fits = method.entry.fit_splits(everything, refit_on, **method.options) if fast else None
     if fits is not None:
       for f, test in enumerate(tests):
-        parts[f].append(_split_rows(fits, f, test)[0])
+        parts[f].append(np.asarray(np.asarray(fits.split(f)[0])[test], np.float64))
       continue
     for f, test in enumerate(tests):
       target = _evidence(data, method, test, k)
