@@ -130,12 +130,15 @@ def _read_idx(path: pathlib.Path | epath.Path, kind: tuple[int, str] | None = No
   return array.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
 
 
+def _read_header(path: pathlib.Path | epath.Path) -> tuple[int, np.dtype, tuple[int, ...]]:
+  with _opened(path) as stream:
+    return _header(path, stream)
+
+
 def read_idx_shape(path: epath.PathLike) -> tuple[int, ...]:
   """The shape an IDX file's header declares, e.g. ``(60000, 28, 28)``, without reading
   (or checking) the data; a ValueError naming the file for a bad or truncated header."""
-  path = files.as_path(path)
-  with _opened(path) as stream:
-    return _header(path, stream)[2]
+  return _read_header(files.as_path(path))[2]
 
 
 def read_idx(path: epath.PathLike) -> np.ndarray:
@@ -210,8 +213,7 @@ def count_idx_examples(images_path: epath.PathLike, labels_path: epath.PathLike)
   counts = []
   for path, kind in ((images_path, _IMAGES), (labels_path, _LABELS)):
     path = files.as_path(path)
-    with _opened(path) as stream:
-      found, _, shape = _header(path, stream)
+    found, _, shape = _read_header(path)
     _check_magic(path, found, kind)
     counts.append(shape[0])
   _check_counts(images_path, labels_path, *counts)
