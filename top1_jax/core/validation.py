@@ -212,15 +212,11 @@ def sum_tolerance(dtype) -> float:
   return SUM_TOLERANCE
 
 
-ROUNDING = 5e-4
-"""Half a unit in the third decimal: a row of K probabilities saved with three decimals
-sums to 1 within K times this."""
-
-
 def rounding_tolerance(dtype, num_classes: int) -> float:
   """How far from 1 a row of ``num_classes`` values may sum and still be probabilities
-  passed as logits: ``sum_tolerance(dtype)`` or K * ``ROUNDING``, the wider."""
-  return max(sum_tolerance(dtype), num_classes * ROUNDING)
+  passed as logits: ``sum_tolerance(dtype)`` or K * 5e-4, the wider (K probabilities
+  saved with three decimals, each off by up to half a unit)."""
+  return max(sum_tolerance(dtype), num_classes * 5e-4)
 
 
 def probability_array(

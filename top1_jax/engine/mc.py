@@ -20,21 +20,6 @@ from jax.typing import ArrayLike
 from top1_jax.core import scores, validation
 from top1_jax.engine import parallel
 
-__all__ = [
-  "SAMPLE_PASSES_PER_STEP",
-  "STRATEGIES",
-  "ApplyFn",
-  "SampleSummary",
-  "as_prng_key",
-  "default_chunk_size",
-  "default_mesh",
-  "ensemble_logits",
-  "ensemble_size",
-  "mc_dropout_logits",
-  "pick_strategy",
-  "predict",
-]
-
 ApplyFn = Callable[..., jax.Array]
 STRATEGIES = ("auto", "vmap", "loop")
 
@@ -192,7 +177,6 @@ def ensemble_logits(
   return logits
 
 
-Progress = Callable[[int, int], None]
 SAMPLE_PASSES_PER_STEP = {"cpu": 512, "default": 8192}
 """``predict``'s default forward passes (S x examples) per device and step."""
 
@@ -355,7 +339,7 @@ def predict(
   keep_samples: bool = False,
   mesh: Mesh | None = None,
   strategy: str = "auto",
-  progress: Progress | None = None,
+  progress: Callable[[int, int], None] | None = None,
 ) -> SampleSummary:
   """Streams a dataset through MC dropout or an ensemble; scores on device.
 

@@ -62,9 +62,8 @@ def _evaluate(state: TrainState, images, labels, batch_size: int) -> dict[str, f
   for start in range(0, num_examples, batch_size):
     x, y = images[start : start + batch_size], labels[start : start + batch_size]
     valid = x.shape[0]
-    if valid < batch_size:
-      x = np.concatenate([x, np.zeros((batch_size - valid,) + x.shape[1:], x.dtype)])
-      y = np.concatenate([y, np.zeros(batch_size - valid, y.dtype)])
+    if valid < batch_size:  # zero rows, masked out
+      x, y = (np.pad(a, [(0, batch_size - valid)] + [(0, 0)] * (a.ndim - 1)) for a in (x, y))
     batch = _eval_batch(state, x, y, np.arange(batch_size) < valid)
     sums = batch if sums is None else jax.tree_util.tree_map(jnp.add, sums, batch)
   loss_sum, *top1 = sums

@@ -183,9 +183,7 @@ def put_rows(data: np.ndarray, mesh: Mesh, dtype: Any = None) -> jax.Array:
   def rows(index):
     block = data[index[0]]
     missing = len(range(*index[0].indices(padded))) - block.shape[0]
-    if not missing:
-      return block
-    return np.concatenate([block, np.zeros((missing, *data.shape[1:]), data.dtype)])
+    return np.pad(block, [(0, missing)] + [(0, 0)] * (block.ndim - 1)) if missing else block
 
   array = jax.make_array_from_callback((padded, *data.shape[1:]), sharding, rows)
   if dtype is None or array.dtype == dtype:

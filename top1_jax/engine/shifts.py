@@ -175,8 +175,7 @@ def rotate_cubic(images, degrees: float) -> jax.Array:
 
 @jax.jit
 def _translate(images: jax.Array, pixels: jax.Array) -> jax.Array:
-  width = images.shape[2]
-  pixels = jnp.clip(pixels, -width, width)  # beyond the width every column is background
+  width = images.shape[2]  # ``translate`` clips |pixels| to it: beyond, all is background
   padded = jnp.pad(images, ((0, 0), (0, 0), (width, width), (0, 0)))
   # out[j] = padded[j - pixels + width], a traced start: one program for every shift.
   return jax.lax.dynamic_slice_in_dim(padded, width - pixels, width, axis=2)
@@ -202,9 +201,6 @@ def roll(images, pixels: int) -> jax.Array:
 
 
 GEOMETRIC: dict[str, Callable[..., jax.Array]] = {
-  "rotate": rotate,
-  "translate": translate,
-  "rotate_cubic": rotate_cubic,
-  "roll": roll,
+  shift.__name__: shift for shift in (rotate, translate, rotate_cubic, roll)
 }
 """Every geometric shift by name: ``GEOMETRIC[name](images, degrees or pixels)``."""

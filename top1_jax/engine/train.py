@@ -1,7 +1,8 @@
 """Training with optax: one network, or a deep ensemble trained together.
 
 ``fit`` runs up to ``steps_per_call`` steps per jitted call (``lax.scan``), data-parallel
-over all devices; the host reads the summed loss only at a report.
+over all devices; the host reads the summed loss only at a report. The ``name as name``
+imports re-export the rest of the training API (``train_state``, ``network_metrics``).
 """
 
 import functools
@@ -19,35 +20,15 @@ from jax.typing import ArrayLike
 
 from top1_jax.core import validation
 from top1_jax.engine import batches, mc, parallel, train_state
-from top1_jax.engine.batches import TrainingData
-from top1_jax.engine.network_metrics import evaluate, evaluate_ensemble
-from top1_jax.engine.train_state import (
-  TrainState,
-  create_train_state,
-  ensemble_train_step,
-  init_ensemble,
-  member,
-  train_step,
-)
-
-__all__ = [
-  "TrainState",
-  "create_train_state",
-  "init_ensemble",
-  "train_step",
-  "ensemble_train_step",
-  "TrainingData",
-  "training_data",
-  "fit",
-  "fit_ensemble",
-  "pick_steps_per_call",
-  "slow_in_cpu_loops",
-  "evaluate",
-  "evaluate_ensemble",
-  "member",
-  "DivergedError",
-  "MAX_LOSS",
-]
+from top1_jax.engine.batches import TrainingData as TrainingData
+from top1_jax.engine.network_metrics import evaluate as evaluate
+from top1_jax.engine.network_metrics import evaluate_ensemble as evaluate_ensemble
+from top1_jax.engine.train_state import TrainState as TrainState
+from top1_jax.engine.train_state import create_train_state as create_train_state
+from top1_jax.engine.train_state import ensemble_train_step as ensemble_train_step
+from top1_jax.engine.train_state import init_ensemble as init_ensemble
+from top1_jax.engine.train_state import member as member
+from top1_jax.engine.train_state import train_step as train_step
 
 Callback = Callable[[dict[str, Any]], None]
 

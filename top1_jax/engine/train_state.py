@@ -22,8 +22,6 @@ from top1_jax.engine import augment, mc, models
 HALF_PRECISIONS = {"none": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 """The computation dtype of each ``half_precision`` setting (parameters stay float32)."""
 
-LOSS_SCALE_GROWTH_INTERVAL = 2000  # flax's default
-
 
 @struct.dataclass
 class TrainState:
@@ -58,10 +56,10 @@ def compute_dtype(half_precision: str) -> Any:
 
 
 def loss_scale(
-  half_precision: str, growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
+  half_precision: str, growth_interval: int = 2000
 ) -> dynamic_scale_lib.DynamicScale | None:
   """float16's dynamic loss scale, else None: from 2^15, halved by a skipped non-finite
-  step, doubled after ``growth_interval`` finite steps in a row."""
+  step, doubled after ``growth_interval`` (flax's default 2000) finite steps in a row."""
   compute_dtype(half_precision)
   if half_precision != "float16":
     return None
@@ -73,8 +71,10 @@ def loss_scale(
   )
 
 
-def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale) -> tuple:
-  """``create_train_state``'s arguments checked: (key, sample_input, dropout_rate)."""
+def _checked_create(
+  model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale, ensemble_size=None
+) -> TrainState:
+  """``create_train_state`` (``ensemble_size`` None) or ``init_ensemble``, arguments checked."""
   validation.instance("model", model, nn.Module, "a flax.linen.Module")
   if not hasattr(tx, "init") or not hasattr(tx, "update"):
     raise ValueError(f"tx: expected an optax GradientTransformation, got {type(tx).__name__}")
@@ -88,7 +88,9 @@ def _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynami
   key, rate = mc.as_prng_key(key), dropout_rate
   if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0 <= rate < 1:
     raise ValueError(f"dropout_rate: expected a number in [0, 1), got {rate!r}")
-  return key, sample_input, float(rate)
+  if ensemble_size is not None:
+    key = jax.random.split(key, validation.positive_int("ensemble_size", ensemble_size))
+  return _create(model, tx, key, sample_input, float(rate), augmentation, dynamic_scale)
 
 
 # Jitted: op by op, the optimizer state dispatches a small program per leaf and operation.
@@ -119,8 +121,7 @@ def create_train_state(
   dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
   """A ``TrainState`` at step 0; only the shape and dtype of ``sample_input`` matter."""
-  checked = _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
-  return _create(model, tx, *checked, augmentation, dynamic_scale)
+  return _checked_create(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
 
 
 def init_ensemble(
@@ -135,9 +136,8 @@ def init_ensemble(
   dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
   """M members, leaves [M, ...]; member m is ``create_train_state`` with ``split(key, M)[m]``."""
-  checked = _check_args(model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
-  keys = jax.random.split(checked[0], validation.positive_int("ensemble_size", ensemble_size))
-  return _create(model, tx, keys, *checked[1:], augmentation, dynamic_scale)
+  args = (model, tx, key, sample_input, dropout_rate, augmentation, dynamic_scale)
+  return _checked_create(*args, ensemble_size)
 
 
 def member(states: TrainState, index: int) -> TrainState:
