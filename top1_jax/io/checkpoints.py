@@ -149,13 +149,6 @@ def _check_files(path) -> None:
         raise DamagedCheckpointError(path, f"{manifest.name} is missing")
 
 
-def _host_copy(leaf) -> np.ndarray | None:
-  """This process's copy of a restored array, or None where it holds only a part."""
-  if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
-    return np.asarray(leaf)
-  return np.asarray(leaf.addressable_data(0)) if leaf.sharding.is_fully_replicated else None
-
-
 def _check_arrays(path, arrays, crc32s: dict | None) -> None:
   """Each array's CRC-32 (``crc32s`` None: an old checkpoint without them) and, for floats,
   no NaN or infinity (training stops before saving a diverged state)."""
@@ -164,9 +157,11 @@ def _check_arrays(path, arrays, crc32s: dict | None) -> None:
   if crc32s is not None and (differ := set(crc32s) ^ set(names)):  # else one goes unchecked
     raise DamagedCheckpointError(path, f"its CRC-32 table and its arrays differ at {min(differ)}")
   for name, (_, leaf) in zip(names, flat, strict=True):
-    host = _host_copy(leaf)
-    if host is None:
-      continue
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      if not leaf.sharding.is_fully_replicated:
+        continue  # this process holds only a part of it
+      leaf = leaf.addressable_data(0)
+    host = np.asarray(leaf)
     saved = (crc32s or {}).get(name)
     if saved is not None and saved[1] == host.dtype.str:
       if zlib.crc32(np.ascontiguousarray(host).data) != saved[0]:
@@ -260,11 +255,8 @@ class RunCheckpoints(contextlib.AbstractContextManager):
       except DamagedCheckpointError as e:
         self._set_aside(e)
     prefix = len(_LEGACY_PREFIX)  # no checkpoint of the manager's own: the older layout's
-    epochs = [
-      int(p.name[prefix:])
-      for p in self.directory.glob(f"{_LEGACY_PREFIX}*")
-      if p.name[prefix:].isdigit() and p.is_dir()
-    ]
+    found = self.directory.glob(f"{_LEGACY_PREFIX}*")
+    epochs = [int(p.name[prefix:]) for p in found if p.name[prefix:].isdigit() and p.is_dir()]
     for newest in sorted(epochs, reverse=True):
       try:
         return newest, restore_checkpoint(self.directory / f"{_LEGACY_PREFIX}{newest}", template)

@@ -133,12 +133,10 @@ _MAGIC = {
 
 def _what(head: bytes) -> str:
   """What a file starting with ``head`` is, in words."""
-  for magic, kind in _MAGIC.items():
-    if head.startswith(magic):
-      return kind
   if not head:
     return "an empty file"
-  return "text" if head.isascii() and b"\0" not in head else "binary data of another format"
+  other = "text" if head.isascii() and b"\0" not in head else "binary data of another format"
+  return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), other)
 
 
 def _np_load(path: pathlib.Path | epath.Path, kind: str, expected: str):
@@ -285,10 +283,8 @@ def load_human_probs(
       )
   with files.named(path):
     probs = prediction_checks.float_field("human_probs", array, (2,))
-    for name, want, got in (
-      ("num_examples", num_examples, probs.shape[0]),
-      ("num_classes", num_classes, probs.shape[1]),
-    ):
+    wanted = {"num_examples": num_examples, "num_classes": num_classes}
+    for (name, want), got in zip(wanted.items(), probs.shape, strict=True):
       if want is not None and want != got:
         raise ValueError(f"human_probs: expected {name}={want}, got shape {probs.shape}")
     return prediction_checks.probs_field("human_probs", probs, probs.shape[0])

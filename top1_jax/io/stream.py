@@ -1,13 +1,9 @@
 """A predictions file read a chunk of examples at a time, so [S, N, K] is never held whole.
 
-``np.savez`` stores each array as an uncompressed ``.npy`` zip member, so examples [a, b) of
-each sample lie at a known offset: ``PredictionsReader`` reads only those bytes, checking
-their CRC-32 as ``load_predictions`` would. A file in an object store is first downloaded in
-one sequential read (else a chunk would be S byte-range requests) into a temporary file. A
-zip-compressed member is inflated once into memory or (over ``IN_MEMORY_BYTES``) a temporary
-file, and an unusual stored one (Fortran order) read whole. Temporary files go to $TMPDIR,
-deleted at ``close``. Each chunk is a validated ``predictions.Predictions``; the file as a
-whole (fields, shapes, N and K, meta) is checked when the reader opens.
+``np.savez`` stores each array as an uncompressed ``.npy`` member, so a chunk's bytes lie at
+known offsets: only those are read, their CRC-32 checked. An object-store file is downloaded
+first (else a chunk would be S range requests); a compressed member is inflated once, into
+memory or (over ``IN_MEMORY_BYTES``) a temporary file in $TMPDIR, deleted at ``close``.
 """
 
 import concurrent.futures
@@ -84,9 +80,7 @@ class _Member:
         queued = []
         self.rows(start, min(self.num, start + step), queued)
         zip_crc.update(queued)
-    if self.crc.next_row != self.num:
-      return None
-    got = self.crc.value(self.num * self.row_bytes)
+    got = self.crc.value(self.num * self.row_bytes) if self.crc.next_row == self.num else None
     if got is None or got == self.crc.expected:
       return None
     return f"Bad CRC-32 (the zip directory says {self.crc.expected:08x}, its bytes give {got:08x})"
@@ -274,9 +268,8 @@ class PredictionsReader(contextlib.AbstractContextManager):
     """Refuses the file when a member of ``keys`` read whole and in order (or, with
     ``read``, read whole now) does not match the zip directory's CRC-32."""
     for key in keys:
-      member = self._members_by_name[key]
       try:
-        problem = member.crc_error(read)
+        problem = self._members_by_name[key].crc_error(read)
       except prediction_checks.READ_ERRORS:  # unreadable: the error being raised says so
         problem = None
       if problem is not None:

@@ -46,9 +46,7 @@ def network_available(
   ``host`` None: TFDS's download host (Google Cloud Storage), or the HTTPS proxy when one
   is set. A resolver that hangs cannot stall the caller beyond ``timeout``.
   """
-  default_port = 443
-  if host is None:
-    host, default_port = _proxy_address() or _NETWORK_PROBE
+  host, default_port = (host, 443) if host is not None else _proxy_address() or _NETWORK_PROBE
   port = default_port if port is None else port
 
   def probe() -> bool:
@@ -61,6 +59,11 @@ def network_available(
 def _one_line(text: str, limit: int = 300) -> str:
   text = " ".join(str(text).split())
   return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _failed(what: str, error: Exception) -> DataUnavailableError:
+  """A failure inside TFDS as one line instead of a traceback."""
+  return DataUnavailableError(f"{what}: {type(error).__name__}: {_one_line(error)}")
 
 
 def _tfds_builder(name: str, data_dir: epath.PathLike | None):
@@ -79,10 +82,8 @@ def _tfds_builder(name: str, data_dir: epath.PathLike | None):
       f"name: unknown dataset {name!r} (not an IDX dataset, not a TFDS name, and"
       " not prepared in data_dir)"
     ) from None
-  except Exception as e:  # TFDS raises many kinds; report them on one line.
-    raise DataUnavailableError(
-      f"{name}: TFDS could not open the dataset: {type(e).__name__}: {_one_line(e)}"
-    ) from None
+  except Exception as e:  # TFDS raises many kinds
+    raise _failed(f"{name}: TFDS could not open the dataset", e) from None
 
 
 def _prepare(builder, what: str) -> None:
@@ -114,11 +115,9 @@ def _prepare(builder, what: str) -> None:
     )
   try:
     builder.download_and_prepare(file_format="array_record")
-  except Exception as e:  # One line instead of a traceback from inside TFDS.
-    raise DataUnavailableError(
-      f"{builder.name}: TFDS failed to download and prepare it in"
-      f" {builder.data_path}: {type(e).__name__}: {_one_line(e)}"
-    ) from None
+  except Exception as e:
+    where = f"{builder.name}: TFDS failed to download and prepare it in {builder.data_path}"
+    raise _failed(where, e) from None
 
 
 def _feature_keys(builder) -> tuple[str, str]:
@@ -196,11 +195,8 @@ def _read_examples(tfds, builder, split: str, limit: int | None, keys, what, ima
     return _collect(examples, keys, what, image_size)
   except (ValueError, DataUnavailableError):
     raise
-  except Exception as e:  # One line instead of a traceback from inside TFDS.
-    raise DataUnavailableError(
-      f"{what}: reading the TFDS data in {builder.data_path} failed:"
-      f" {type(e).__name__}: {_one_line(e)}"
-    ) from None
+  except Exception as e:
+    raise _failed(f"{what}: reading the TFDS data in {builder.data_path} failed", e) from None
 
 
 def load_tfds(

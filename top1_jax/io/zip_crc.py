@@ -1,9 +1,6 @@
-"""The CRC-32 of a zip member read in pieces out of byte order (``stream.PredictionsReader``).
-
-A chunk of a [S, N, K] member is S byte ranges, so a CRC-32 runs per sample and the S are
-joined as zlib's ``crc32_combine`` does (Python does not expose it): crc32(a + b) is
-crc32(a) run over len(b) zero bytes, XOR crc32(b); running over n zero bytes is a 32 x 32
-matrix over GF(2), built by O(log n) squarings.
+"""The CRC-32 of a zip member read in pieces out of byte order (``stream.PredictionsReader``):
+one CRC-32 per sample of [S, N, K], joined as zlib's ``crc32_combine`` (not in Python) does.
+crc32(a + b) is crc32(a) run over len(b) zero bytes, a GF(2) 32 x 32 matrix, XOR crc32(b).
 """
 
 import zlib
@@ -41,15 +38,10 @@ def combine(first: int, second: int, operator: list[int]) -> int:
 
 
 class RunningCrc:
-  """A stored member's CRC-32, taken as its examples are read in order.
-
-  Attributes:
-    expected: the zip directory's CRC-32 of the member.
-    header_crc: the CRC-32 of its ``.npy`` header.
-    running: one CRC-32 per sample of what was read of it; None when the examples were
-      not read in order.
-    next_row: the example the next read must start at to keep the order.
-  """
+  """A stored member's CRC-32, taken as its examples are read in order: ``expected`` (the
+  zip directory's), ``header_crc`` (its ``.npy`` header's), ``running`` (one CRC-32 per
+  sample of what was read; None when not read in order) and ``next_row`` (where the next
+  read must start to keep the order)."""
 
   def __init__(self, expected: int, header_crc: int):
     self.expected, self.header_crc = expected, header_crc

@@ -14,21 +14,15 @@ BLOCK_ELEMENTS = 1 << 18
 """Elements of one [rows, K] float32 block (1 MiB): it and a few temporaries fit in L2."""
 
 
-def block_rows(num_classes: int) -> int:
-  """Rows per block for K classes (at least 1); all rows on an accelerator, which needs
-  the whole array to keep its threads busy and streams it at TB/s."""
-  if jax.default_backend() != "cpu":
-    return 1 << 62
-  return max(1, BLOCK_ELEMENTS // max(1, num_classes))
-
-
 def map_row_blocks(fn: Callable, arrays: Sequence[jax.Array]) -> tuple:
-  """The tuple of ``fn(*blocks)``'s per-row outputs over blocks of ``block_rows`` rows (of
-  the first array's last axis), for all N. ``fn`` must treat rows independently; ``arrays``
-  share their leading N >= 1. The last block is shifted back to end at N, overlapping the
-  one before, so nothing is padded."""
+  """The tuple of ``fn(*blocks)``'s per-row outputs over blocks of ``BLOCK_ELEMENTS // K``
+  rows (K: the first array's last axis), for all N. ``fn`` must treat rows independently;
+  ``arrays`` share their leading N >= 1. The last block is shifted back to end at N,
+  overlapping the one before, so nothing is padded."""
   num = arrays[0].shape[0]
-  rows = min(block_rows(arrays[0].shape[-1]), num)
+  # All rows at once on an accelerator: it needs the whole array to keep its threads busy.
+  on_cpu = jax.default_backend() == "cpu"
+  rows = min(max(1, BLOCK_ELEMENTS // max(1, arrays[0].shape[-1])), num) if on_cpu else num
   count = -(-num // rows)
   if count == 1:
     return tuple(fn(*arrays))
