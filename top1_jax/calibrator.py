@@ -71,10 +71,9 @@ class Calibrator(base.OptionParams):
 
   def _checked(self) -> tuple[base.Estimator, dict[str, Any]]:
     """The registry entry and the options its ``fit`` gets."""
-    if self.method not in registry.names():
-      raise ValueError(
-        f"method: expected one of {', '.join(registry.names())}, got {self.method!r}"
-      )
+    names = registry.names()
+    if self.method not in names:
+      raise ValueError(f"method: expected one of {', '.join(names)}, got {self.method!r}")
     entry = registry.lookup(self.method)
     if self.inputs not in scores.INPUTS:
       raise ValueError(f"inputs: expected one of {scores.INPUTS}, got {self.inputs!r}")
@@ -98,10 +97,9 @@ class Calibrator(base.OptionParams):
     options = dict(self.options)
     if "n_bins" in entry.options:
       options["n_bins"] = self.n_bins
-    if "increasing" in entry.options and "increasing" not in options:
-      options["increasing"] = (
-        not callable(self.score) and scores.lookup(self.score).confident_when_high
-      )
+    if "increasing" in entry.options:
+      high = not callable(self.score) and scores.lookup(self.score).confident_when_high
+      options.setdefault("increasing", high)
     return entry, entry.check_options(options)
 
   def _score_and_log_probs(self, x: ArrayLike, num_classes: int | None, kind: str | None = None):

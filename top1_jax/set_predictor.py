@@ -66,8 +66,7 @@ class SetPredictor(base.OptionParams):
 
   def _logits(self, x: ArrayLike, num_classes: int | None, kind: str | None = None):
     """``x`` as checked host [N, K] float32 logits, read as ``kind`` (default ``inputs_``)."""
-    kind = kind or getattr(self, "inputs_", self.inputs)
-    arr = scores.as_log_probs(x, kind, name="x", ndim=2)
+    arr = scores.as_log_probs(x, kind or getattr(self, "inputs_", self.inputs), name="x", ndim=2)
     validation.check_nonempty("x", arr)
     if num_classes is not None and arr.shape[-1] != num_classes:
       raise ValueError(
@@ -98,7 +97,8 @@ class SetPredictor(base.OptionParams):
     labels = validation.labels_array("labels", labels, logits.shape[-1], host=True)
     validation.same_length(x=logits, labels=labels)
     sets.check_sizes(method, options, logits.shape[0], "x")
-    fitted = sets.fit(method, logits, labels, seed, options)
+    u, tuning = sets.fit_draws(method, seed, logits.shape[0], options)
+    fitted = sets.calibrate(method, conformal.ranked(logits, labels), u, tuning, options)
     self._set_fitted(method, options, seed, fitted, logits.shape[-1], kind)
     return self
 

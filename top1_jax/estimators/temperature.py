@@ -87,10 +87,7 @@ def _newton(logits, row_max, label_logit, weights, log_min, log_max, log_start):
     done = converged | (jnp.abs(following - log_t) < _TOLERANCE) | (high - low < _TOLERANCE)
     return iteration + 1, following, low, high, following - log_t, last_step, done
 
-  def not_done(state):
-    iteration, *_, done = state
-    return (iteration < _MAX_ITERATIONS) & ~done
-
+  not_done = lambda state: (state[0] < _MAX_ITERATIONS) & ~state[-1]
   start = jnp.clip(log_start, log_min, log_max)
   width = log_max - log_min
   state = (0, start, log_min, log_max, width, width, jnp.zeros((), bool))
@@ -241,11 +238,9 @@ def _fit_splits_by_cumulants(logits, labels, weights, log_min, log_max, log_expa
   row_beta = jnp.clip(beta + step, jnp.exp(-log_max), jnp.exp(-log_min))
   within &= row_beta == beta + step  # a fit at the bracket's end: the exact route
   expansion, at = (at_beta, at_twice, label_logit), (step[:-1], row_beta[:-1])
-  splits = jnp.arange(weights.shape[0])
-  finite = jax.lax.map(
-    lambda f: jnp.isfinite(jnp.stack(_expanded_terms(*expansion, *at, f))).all(), splits
-  )
-  return 1 / at[1], at, within[:-1] & finite, -jnp.log(row_beta[-1]), expansion
+  finite = lambda f: jnp.isfinite(jnp.stack(_expanded_terms(*expansion, *at, f))).all()
+  within = within[:-1] & jax.lax.map(finite, jnp.arange(weights.shape[0]))
+  return 1 / at[1], at, within, -jnp.log(row_beta[-1]), expansion
 
 
 @jax.jit
@@ -272,10 +267,9 @@ def _checked(logits, labels, weights, ndim):
     return logits, labels, np.ones((1, logits.shape[0]), bool)
   # Checked on the host (a device array stays where it is); a bool mask stays bool.
   on_host = not isinstance(weights, jax.Array)
-  if getattr(weights, "dtype", None) == np.bool_:
-    weights = validation.as_array("weights", weights, ndim, host=on_host)
-  else:
-    weights = validation.float_array("weights", weights, ndim, host=on_host)
+  is_mask = getattr(weights, "dtype", None) == np.bool_
+  read = validation.as_array if is_mask else validation.float_array
+  weights = read("weights", weights, ndim, host=on_host)
   if weights.shape[-1] != logits.shape[0]:
     raise ValueError(
       f"weights: expected {logits.shape[0]} weights per row (one per example), got shape"

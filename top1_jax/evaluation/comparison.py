@@ -3,9 +3,8 @@
 Each variant is a method of ``protocol.evaluate`` on the splits the Top-1 bins are
 cross-validated on, its metrics averaged over the splits: ``"raw"`` (the softmax as it is),
 ``"temperature"`` (T fitted on each calibration part) and ``"toplabel"`` (top-label
-histogram binning, Gupta & Ramdas; P(correct) only). Its metrics: the multiclass Brier,
-the confidence ECE and the binary Top-1 Brier of its P(correct) (``baselines`` defines
-them). ``table_row`` puts a variant beside the Top-1 bins' own Brier and ECE.
+histogram binning, Gupta & Ramdas; P(correct) only). ``table_row`` puts a variant beside
+the Top-1 bins' own Brier and ECE.
 """
 
 from collections.abc import Mapping

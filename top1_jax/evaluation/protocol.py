@@ -1,12 +1,10 @@
 """The evaluation protocol: fit each method on a clean set's calibration parts, score test parts.
 
-Per split: ``fit_predict`` fits a method on the calibration part; ``held_out_bins`` bins U
-there (equal-count, per bin count); ``binned_predictions`` and ``split_metrics`` score each
-test set's part in those bins. Brier and NLL are per-example means of the test predictions;
-ECE, EOR, AUROC and the decompositions use the bins, each bin's prediction its mean test
-prediction (an empty bin: the calibration accuracy). An estimator's fast path
-(``cross_validate``, ``fit_splits``) is taken when a set is scored on its own test parts; it
-agrees with the loop to float rounding.
+Brier and NLL are per-example means of the test predictions; ECE, EOR, AUROC and the
+decompositions use equal-count bins of U fitted on the calibration part, each bin's
+prediction its mean test prediction (an empty bin: the calibration accuracy). An estimator's
+fast path (``cross_validate``, ``fit_splits``), taken for a set scored on its own test
+parts, agrees with the loop to float rounding.
 """
 
 from collections.abc import Callable, Hashable, Mapping, Sequence

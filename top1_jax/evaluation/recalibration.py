@@ -154,9 +154,7 @@ def label_draws(
 def method(
   name: str, score: str, n_bins: int, num_labels: int, prior_strength: float | None = None
 ) -> protocol.Method:
-  """The ``protocol.Method`` of a recalibration fitted on ``num_labels`` new examples."""
-  if name not in RECALIBRATIONS:
-    raise ValueError(f"recalibration: expected one of {', '.join(RECALIBRATIONS)}, got {name!r}")
+  """The ``protocol.Method`` of recalibration ``name`` fitted on ``num_labels`` new examples."""
   estimator = {"bins_refit": "bins", "bins_from_clean": "bins"}.get(name, name)
   options = {"n_bins": n_bins} if estimator == "bins" else {}
   if name == "bins_refit" and num_labels:

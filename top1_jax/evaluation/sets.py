@@ -347,14 +347,6 @@ def predict_draws(seed: int, num: int, options: dict[str, Any]) -> np.ndarray:
   return conformal.uniform_draws(key, num, options.get("randomized", False))
 
 
-def fit(
-  method: SetMethod, logits: np.ndarray, labels: np.ndarray, seed: int, options: dict[str, Any]
-) -> Calibrated:
-  """``calibrate`` with ``fit_draws`` of checked host [N, K] logits and [N] labels."""
-  u, tuning = fit_draws(method, seed, logits.shape[0], options)
-  return calibrate(method, conformal.ranked(logits, labels), u, tuning, options)
-
-
 def predict_sizes(
   method: SetMethod, fitted: Calibrated, data: conformal.Ranked, alphas, seed: int, options
 ) -> np.ndarray:
