@@ -51,12 +51,6 @@ def check_configs(configs: Sequence[Row], names: Sequence[str]) -> None:
         )
 
 
-def _describe(row: Row, key_columns: Sequence[str]) -> str:
-  """A point for an error message: its method, file and what else its key holds."""
-  rest = ", ".join(f"{c} {row[c]}" for c in key_columns if c not in SETTINGS and c != "method")
-  return f"{row['method']} ({row.get('source')}, {rest})"
-
-
 def _group(runs: Runs, names: list[str], key_columns: Sequence[str]) -> dict[tuple, list]:
   """Key -> the rows of that point, one per (run, seed), in order of first appearance."""
   groups: dict[tuple, list] = {}
@@ -73,8 +67,9 @@ def _group(runs: Runs, names: list[str], key_columns: Sequence[str]) -> dict[tup
       if (key, seed) in origin:
         where = origin[(key, seed)]
         same = "twice in " + name if where == name else f"in both {where} and {name}"
+        rest = ", ".join(f"{c} {row[c]}" for c in key_columns if c not in SETTINGS)
         raise ValueError(
-          f"seed {row['seed']} of {_describe(row, key_columns)} appears {same}: "
+          f"seed {row['seed']} of {row['method']} ({row.get('source')}, {rest}) appears {same}: "
           "the same run merged twice"
         )
       origin[(key, seed)] = name
@@ -91,8 +86,7 @@ def _merge_groups(groups: dict, key_columns, metrics, undefinable, summed=()) ->
   for i, members in enumerate(groups.values()):
     for j, row in enumerate(members):
       for name in metrics:
-        value = row.get(name)
-        per_run[name][i, j] = np.nan if value is None else float(value)
+        per_run[name][i, j] = np.nan if row.get(name) is None else float(row[name])
   stats = crossval.CrossValidation.from_per_fold(range(len(groups)), per_run)
   out = []
   for i, (key, members) in enumerate(groups.items()):

@@ -30,8 +30,6 @@ from top1_jax.pipeline.settings import (
 )
 
 LOG_PROBS_SCORE = shift_tables.LOG_PROBS_SCORE
-CSV_NAMES = {"recalibration": "recalibration", "accuracy": "accuracy_estimates"}
-"""The tables after m labels and of the label-free accuracy estimates, by their rows' key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,11 +289,6 @@ _LABEL = operator.itemgetter("label")
 _TABLES = ("rows", "ood_rows", "recalibration_rows", "accuracy_rows", "set_rows")
 
 
-def _model_name(key: tuple) -> str:
-  dataset, model, rate, seed = key
-  return f"{dataset or 'predictions'}, {model or 'model'}, train dropout {rate}, seed {seed}"
-
-
 def _by_model(evaluated: dict) -> dict[tuple, dict[str, list]]:
   """Per model (in the results' order), its rows of each of ``evaluate``'s tables."""
   return {
@@ -319,10 +312,11 @@ def markdown(settings: Settings, evaluated: dict) -> str:
     "isotonic and top-label rows calibrate a score. Corruptions: the mean over the "
     "corruptions at each intensity, and the worst in parentheses.",
   ]
-  for key, mine in _by_model(evaluated).items():
+  for (dataset, model, rate, seed), mine in _by_model(evaluated).items():
     model_rows = mine["rows"]
     variants = shift_tables.present_variants(model_rows, n_bins)
-    text += ["", f"## {_model_name(key)}"]
+    name = f"{dataset or 'predictions'}, {model or 'model'}, train dropout {rate}, seed {seed}"
+    text += ["", f"## {name}"]
     for metric in shift_tables.METRICS:
       title = shift_tables.metric_title(metric, n_bins)
       for shift, axis in results.GEOMETRIC_SHIFTS.items():
@@ -416,7 +410,7 @@ def write(folder, settings: Settings, evaluated: dict) -> None:
   files.write_csv(folder / "ood.csv", evaluated["ood_rows"])
   summary = {"results": evaluated["rows"], "ood": evaluated["ood_rows"]}
   summary["sets"] = evaluated["set_rows"]
-  for name, stem in CSV_NAMES.items():
+  for name, stem in (("recalibration", "recalibration"), ("accuracy", "accuracy_estimates")):
     written = unlabelled(evaluated[f"{name}_rows"])
     files.write_csv(folder / f"{stem}.csv", written)
     summary[stem] = written

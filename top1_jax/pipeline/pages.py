@@ -72,9 +72,8 @@ _FILE_SETTINGS = tuple(c for c in results_io.COLUMNS if c not in _NOT_THE_FILE)
 
 def _file(row: Mapping[str, Any]) -> Any:
   """A row's predictions file: its ``source``, or its settings across merged runs."""
-  if row.get("source") is not None:
-    return row["source"]
-  return tuple(row.get(column) for column in _FILE_SETTINGS)
+  source = row.get("source")
+  return source if source is not None else tuple(row.get(column) for column in _FILE_SETTINGS)
 
 
 def answer_table(comparison: Sequence[Mapping], accuracy: Mapping[str, str], value) -> Any:
@@ -208,12 +207,8 @@ def _sections(rows, comparison, selective, set_rows, value, accuracy_value) -> d
 
 
 def _accuracy(rows: Sequence[Mapping], value) -> dict[Any, str]:
-  """Each file's Top-1 accuracy (mean over its test parts), by ``_file``."""
-  out = {}
-  for r in rows:
-    if r["topk"] == 1:
-      out.setdefault(_file(r), value(r, "accuracy", 4, 1.0))
-  return out
+  """Each file's Top-1 accuracy (mean over its test parts; its first row's), by ``_file``."""
+  return {_file(r): value(r, "accuracy", 4, 1.0) for r in reversed(rows) if r["topk"] == 1}
 
 
 def write_run_page(settings: Settings, workdir, timings: Mapping[str, Any]):
