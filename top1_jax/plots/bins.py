@@ -75,11 +75,9 @@ def _layout(train_bins: binning.Bins, order: str) -> _Layout:
 
 def _confidence(delta: float) -> str:
   """1 - delta as a percentage with the digits it needs: 95%, 99.5%."""
-  for digits in range(4):
-    text = f"{100 * (1 - delta):.{digits}f}"
-    if abs(float(text) - 100 * (1 - delta)) < 1e-9:
-      break
-  return f"{text}%"
+  percent = 100 * (1 - delta)
+  digits = next((d for d in range(3) if abs(float(f"{percent:.{d}f}") - percent) < 1e-9), 3)
+  return f"{percent:.{digits}f}%"
 
 
 def _draw_intervals(ax: Axes, train_bins, layout: _Layout, delta: float, bounds: str):

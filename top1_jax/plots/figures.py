@@ -74,7 +74,6 @@ def save_figure(fig: Figure, path: epath.PathLike, *, dpi: int = 150) -> pathlib
       return path
     return files.atomic_write(path, lambda file: fig.savefig(file, **options))
   finally:
-    # Only figures made through pyplot are registered there; ours are not.
     if "matplotlib.pyplot" in sys.modules:
       sys.modules["matplotlib.pyplot"].close(fig)
 

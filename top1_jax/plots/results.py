@@ -184,11 +184,8 @@ def write_shift_figures(out_dir, panels) -> list:
   for name, rows, variants, p_correct, recalibrated, estimated in panels:
     suffix = f"_{name}" if name else ""
     shifts = {row["shift"] for row in rows}
-    for shift in results_io.GEOMETRIC_SHIFTS:
-      if shift in shifts:
-        written.append(
-          _save(shift_curves(rows, variants, shift), out_dir, f"shift_{shift}{suffix}")
-        )
+    for shift in [s for s in results_io.GEOMETRIC_SHIFTS if s in shifts]:
+      written.append(_save(shift_curves(rows, variants, shift), out_dir, f"shift_{shift}{suffix}"))
     if shifts - {results_io.CLEAN, *results_io.GEOMETRIC_SHIFTS}:
       fig = corruption_boxes(rows, variants, ("brier", "ece", "accuracy"))
       written.append(_save(fig, out_dir, f"shift_corruptions{suffix}"))

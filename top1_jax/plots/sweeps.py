@@ -272,20 +272,6 @@ def _reference_key(line_key: tuple) -> tuple:
   return tuple(line_key[_LINE_COLUMNS.index(c)] for c in _REFERENCE_COLUMNS)
 
 
-def _draw_rate_panel(ax, metric: str, lines: dict, references: dict, labels: list) -> None:
-  styles = _line_styles(len(lines))
-  for style, label, (key, points) in zip(styles, labels, lines.items(), strict=True):
-    points = sorted(points, key=lambda r: r["dropout_rate"])
-    x = [r["dropout_rate"] for r in points]
-    mean = [np.nan if r.get(metric) is None else r[metric] for r in points]
-    std = [r.get(f"{metric}_std") or 0.0 for r in points]
-    ax.errorbar(x, mean, yerr=std, capsize=3, markersize=4, label=label, **style)
-    reference = references.get(_reference_key(key))
-    if reference is not None and reference.get(metric) is not None:
-      ax.axhline(reference[metric], color=style["color"], linestyle=":", linewidth=1.2)
-  format_panel(ax, metric, _split_ece("each line's"))
-
-
 def dropout_rate_figure(
   rows: Sequence[Mapping[str, Any]],
   *,
@@ -324,8 +310,18 @@ def dropout_rate_figure(
   labels = [_line_label(key, varying) + _rows_ties_note(lines[key], key[-1]) for key in lines]
   fig, axes = figures.panel_row(len(metrics))
   rates = sorted({r["dropout_rate"] for r in mc})
+  styles = _line_styles(len(lines))
   for ax, metric in zip(axes, metrics, strict=True):
-    _draw_rate_panel(ax, metric, lines, references, labels)
+    for style, label, (key, points) in zip(styles, labels, lines.items(), strict=True):
+      points = sorted(points, key=lambda r: r["dropout_rate"])
+      x = [r["dropout_rate"] for r in points]
+      mean = [np.nan if r.get(metric) is None else r[metric] for r in points]
+      std = [r.get(f"{metric}_std") or 0.0 for r in points]
+      ax.errorbar(x, mean, yerr=std, capsize=3, markersize=4, label=label, **style)
+      reference = references.get(_reference_key(key))
+      if reference is not None and reference.get(metric) is not None:
+        ax.axhline(reference[metric], color=style["color"], linestyle=":", linewidth=1.2)
+    format_panel(ax, metric, _split_ece("each line's"))
     _log_axis(ax, rates, "test-time dropout rate", "{:g}".format)
     ax.set_xlim(min(rates) / 1.5, max(rates) * 1.5)
   handles, labels = axes[0].get_legend_handles_labels()
