@@ -153,6 +153,7 @@ def test_rows():
     ({"n_folds": 1}, "n_folds: expected at least 2"),
     ({"scheme": "loo"}, "scheme: expected one of"),
     ({"splits": crossval.make_splits(10, 2)}, "splits: made for 10 examples, u has 600"),
+    ({"splits": np.zeros((2, 600), bool)}, "splits: expected crossval.Splits from make_splits"),
   ],
 )
 def test_bad_input(kwargs, message):

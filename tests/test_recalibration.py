@@ -117,6 +117,14 @@ def test_label_draws_of_a_whole_calibration_part_draw_once():
   assert draws.num_splits == SPLITS.num_splits and masks.sum(1).tolist() == [whole] * 4
 
 
+def test_label_draws_and_recalibrate_refuse_what_is_not_splits():
+  message = "splits: expected crossval.Splits from make_splits, got ndarray"
+  with pytest.raises(ValueError, match=message):
+    recalibration.label_draws(SPLITS.fold, 20, 1)
+  with pytest.raises(ValueError, match=message):
+    recalibration.recalibrate(CLEAN, [SHIFTED], SPLITS.fold, scores=SCORES, log_probs_score="x")
+
+
 @pytest.mark.parametrize(
   "num_labels, message",
   [

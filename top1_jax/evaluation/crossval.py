@@ -80,8 +80,7 @@ def cross_validate(
     raise ValueError(f"u: cross-validation needs at least 2 examples, got {num}")
   if splits is None:
     splits = make_splits(num, n_folds, seed, scheme)
-  elif splits.fold.shape[-1] != num:
-    raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, u has {num}")
+  protocol.check_splits(splits, num, "u")
   n_bins = protocol.bin_counts(n_bins, splits)
   data = protocol.Data(correct_host, {_SCORE: u_host})
   (result,) = protocol.evaluate_checked(data, splits, [method], None, n_bins, k=1)
