@@ -393,9 +393,7 @@ def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece
   datas = [data for _, data in sets]
   u = np.stack([data.scores[score] for data in datas])  # [S, N]
   correct = np.stack([data.correct for data in datas])
-  log_probs = None
-  if not all(m.entry.scores_only for m in group):
-    log_probs = np.stack([data.log_probs for data in datas])  # [S, N, K]
+  needs_log_probs = not all(m.entry.scores_only for m in group)
   sums, extras = [[] for _ in group], [[] for _ in group]
   if refit_on is not None:
     refit = [_refit_predictions(m, clean, datas, splits, refit_on, n_bins, k) for m in group]
@@ -405,8 +403,8 @@ def _loop(group: list[Method], clean: Data, sets, splits: Splits, n_bins, k, ece
     u_cal, correct_cal = clean.scores[score][cal], clean.correct[cal]
     held = held_out_bins(u_cal, correct_cal, u[:, test], correct[:, test], n_bins)
     target = base.Evidence(u[:, test].reshape(-1), k=k)
-    if log_probs is not None:
-      target = target._replace(log_probs=log_probs[:, test].reshape(-1, log_probs.shape[-1]))
+    if needs_log_probs:  # each set's test rows: never every set's [N, K] stacked at once
+      target = target._replace(log_probs=np.concatenate([data.log_probs[test] for data in datas]))
     for i, m in enumerate(group):
       p = fit_predict(m, clean, cal, target, n_bins) if refit_on is None else refit[i][f]
       sums[i].append(binned_predictions(held, p))
