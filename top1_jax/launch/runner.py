@@ -3,6 +3,7 @@ processes joined, the work dir checked and locked, any failure printed as one li
 status 1); Ctrl-C and SIGTERM stop the run with one line, the lock released (130, 143)."""
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -169,24 +170,25 @@ def _parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
   argv = [_config_path(arg) for arg in argv]
   given = next((a.removeprefix("--config=") for a in argv[::-1] if a.startswith("--config=")), None)
   asked = [usage.HELP_FLAGS[arg] for arg in argv if arg in usage.HELP_FLAGS]
+  refuse = functools.partial(fail, joined=False)  # no process is joined before the flags
   try:
     if given is not None:
       check_config_file(given)
     parsed = flags.FLAGS([arg for arg in argv if arg not in usage.HELP_FLAGS])
   except flags.UnrecognizedFlagError as e:
-    fail(ExperimentError(usage.unknown_flag(e.flagname, flags.FLAGS)), joined=False)
+    refuse(ExperimentError(usage.unknown_flag(e.flagname, flags.FLAGS)))
   except flags.Error as e:
-    fail(ValueError(f"{e} (--help lists every flag)"), joined=False)
+    refuse(ValueError(f"{e} (--help lists every flag)"))
   except SyntaxError as e:  # a config file that is not Python
-    fail(ExperimentError(f"--config: {given}: not Python ({e.msg}, line {e.lineno})"), False)
+    refuse(ExperimentError(f"--config: {given}: not Python ({e.msg}, line {e.lineno})"))
   except (AttributeError, KeyError) as e:  # --config.<no such field>
     if "get_config" in str(e):
-      fail(ExperimentError(f"--config: {given} defines no get_config() (see configs/quick.py)"), 0)
-    fail(ExperimentError(usage.unknown_field(argv)), False)
+      refuse(ExperimentError(f"--config: {given} defines no get_config() (see configs/quick.py)"))
+    refuse(ExperimentError(usage.unknown_field(argv)))
   except Exception as e:  # noqa: BLE001 -- a config file that does not load, among others
     if given is not None:  # its own error (a raise, a RecursionError): the file named
       e = ExperimentError(f"--config: {given}: {type(e).__name__}: {' '.join(str(e).split())}")
-    fail(e, joined=False)
+    refuse(e)
   if asked:
     print(usage.help_text(flags.FLAGS, doc, full=any(asked)))
     sys.exit(0)
