@@ -268,7 +268,7 @@ def test_ood_bad_inputs():
 
 def test_scoring_many_sets_never_stacks_their_log_probabilities():
   # The loop gathers each split's test rows set by set: the peak is about one [S * T, K]
-  # target (T: a test part), not every set's [S, N, K] stacked first (2.5x it, was).
+  # target (T: a test part), not every set's [S, N, K] stacked first (2.2x it, was).
   import tracemalloc
 
   num, num_classes, num_sets = 2000, 100, 16
