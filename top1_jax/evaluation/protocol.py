@@ -208,17 +208,17 @@ def checked_sets(name: str, sets, needed, k: int, clean: Data, labelled: bool, o
   return out
 
 
-def check_splits(splits, num: int, name: str) -> None:
-  """A one-line ValueError unless ``splits`` are ``Splits`` made for ``name``'s ``num``
-  examples."""
+def check_splits(splits, num: int | None = None, name: str = "") -> None:
+  """A one-line ValueError unless ``splits`` are ``Splits`` (made for ``name``'s ``num``
+  examples, where ``num`` is given)."""
   validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
-  if splits.fold.shape[-1] != num:
+  if num is not None and splits.fold.shape[-1] != num:
     raise ValueError(f"splits: made for {splits.fold.shape[-1]} examples, {name} has {num}")
 
 
 def checked_clean(clean, splits, methods_: Sequence[Method], k) -> tuple[Data, int]:
   """The clean set and ``k``, checked against each other and the splits."""
-  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
+  check_splits(splits)  # its type first: a bad ``splits`` is told before a bad ``clean``
   k = validation.positive_int("k", k)
   data = checked("clean", clean, {m.score for m in methods_}, k, None, labelled=True)
   num, num_classes = data.log_probs.shape

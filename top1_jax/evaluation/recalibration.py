@@ -133,7 +133,7 @@ def label_draws(
   split f is split ``d * F + f``. The draws are nested in m; where m is every split's whole
   part, D is 1.
   """
-  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
+  protocol.check_splits(splits)
   masks = [splits.test_mask(f) for f in range(splits.num_splits)]
   sizes = [int(np.count_nonzero(~test)) for test in masks]
   num_labels = validation.positive_int("num_labels", num_labels)
@@ -195,7 +195,7 @@ def recalibrate(
   Returns:
     One ``Recalibrated`` per (m, method, set), in that order.
   """
-  validation.instance("splits", splits, Splits, "crossval.Splits from make_splits")
+  protocol.check_splits(splits)
   smallest = min(int(np.count_nonzero(~splits.test_mask(f))) for f in range(splits.num_splits))
   num_labels = checked_num_labels(num_labels, smallest)
   number = isinstance(prior_strength, (int, float)) and not isinstance(prior_strength, bool)
